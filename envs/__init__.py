@@ -1,0 +1,44 @@
+"""Pure-JAX environments with a functional, gymnax-style API and gymnasium's episode-end split.
+
+    import envs
+    env, params = envs.make("CartPole-v1")
+    obs, state = env.reset(key, params)
+    obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+
+from envs.core import Env
+from envs.spaces import Box, Discrete
+
+# id -> (module, class). Add new envs here once their module imports cleanly.
+REGISTRY: dict[str, tuple[str, str]] = {
+    "GridWorld": ("envs.gridworld", "GridWorld"),
+    "CartPole-v1": ("envs.cartpole", "CartPole"),
+}
+
+
+def registered_ids() -> list[str]:
+    """The ids `make` accepts."""
+    return sorted(REGISTRY)
+
+
+def make(env_id: str, **param_overrides):
+    """(env, params) for a registered id, with some env params replaced.
+
+    Raises ValueError for an unknown id (listing the known ones, suggesting the closest) and for
+    unknown param names.
+    """
+    if env_id not in REGISTRY:
+        close = difflib.get_close_matches(str(env_id), REGISTRY, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown env id {env_id!r}.{hint} Known ids: {', '.join(registered_ids())}")
+    module_name, class_name = REGISTRY[env_id]
+    env = getattr(importlib.import_module(module_name), class_name)()
+    return env, env.make_params(**param_overrides)
+
+
+__all__ = ["Env", "Box", "Discrete", "make", "registered_ids", "REGISTRY"]

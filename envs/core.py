@@ -1,0 +1,89 @@
+"""The environment contract: pure functions over explicit state, with auto-reset.
+
+    env, params = envs.make("CartPole-v1")
+    obs, state = env.reset(key, params)
+    obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
+
+An env implements four things and inherits `reset`/`step` from `Env`:
+
+    default_params                      -> params pytree (flax.struct dataclass)
+    reset_env(key, params)              -> (obs, state)
+    step_env(key, state, action, params) -> (obs, state, reward, terminated, info)
+    observation_space(params), action_space(params)
+
+Conventions every env follows:
+  * `state` has an integer field `time` (steps taken in the current episode) and `params` a field
+    `max_steps_in_episode`; `Env.step` sets `truncated = time >= max_steps_in_episode and not terminated`
+    (gymnasium's TimeLimit), so truncation is never reported as termination.
+  * `Env.step` auto-resets: when `terminated | truncated`, the returned `obs` and `state` are those of
+    a fresh episode, and `info["final_obs"]` holds the observation the transition actually reached.
+    `info["final_obs"]` is present on every step (it equals `obs` when the episode goes on), so agents
+    bootstrap from it unconditionally: target = r + gamma * (1 - terminated) * V(info["final_obs"]).
+  * Everything is pure and jit/vmap-able; `params` is a pytree, so env variants can be vmapped too.
+    Fields that fix array shapes (a grid's size) are static (`pytree_node=False`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from envs.spaces import Space, check_action
+
+
+class Env:
+    """Base of every env: `reset` and auto-resetting `step` around the env's own `reset_env`/`step_env`.
+
+    Subclasses define `name`, `default_params`, `reset_env`, `step_env`, `observation_space` and
+    `action_space` (see the module docstring).
+    """
+
+    name: str = "Env"
+
+    def reset(self, key: jax.Array, params: Any = None) -> tuple[jax.Array, Any]:
+        """Start an episode: (obs, state)."""
+        params = self.default_params if params is None else params
+        return self.reset_env(key, params)
+
+    def step(self, key: jax.Array, state: Any, action: Any, params: Any = None):
+        """One transition with gymnasium's episode-end split and auto-reset.
+
+        Returns (obs, state, reward, terminated, truncated, info) where reward is float32,
+        terminated/truncated are bool scalars and info["final_obs"] is the pre-reset observation.
+        """
+        params = self.default_params if params is None else params
+        action = check_action(self.action_space(params), action, self.name)
+        key_step, key_reset = jax.random.split(key)
+        next_obs, next_state, reward, terminated, info = self.step_env(key_step, state, action, params)
+        terminated = jnp.asarray(terminated, jnp.bool_)
+        truncated = jnp.logical_and(next_state.time >= params.max_steps_in_episode, jnp.logical_not(terminated))
+        done = jnp.logical_or(terminated, truncated)
+        reset_obs, reset_state = self.reset_env(key_reset, params)
+        state = jax.tree.map(lambda r, s: jnp.where(done, r, s), reset_state, next_state)
+        obs = jnp.where(done, reset_obs, next_obs)
+        info = dict(info)
+        info["final_obs"] = next_obs
+        return obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated, info
+
+    def make_params(self, **overrides: Any) -> Any:
+        """The default params with some fields replaced; an unknown field raises ValueError naming it."""
+        params = self.default_params
+        known = [f.name for f in dataclasses.fields(params)]
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise ValueError(f"{self.name}: unknown env param(s) {unknown}; known params: {known}")
+        return params.replace(**overrides)
+
+    @property
+    def num_actions(self) -> int:
+        """Number of discrete actions (only for discrete action spaces)."""
+        space = self.action_space(self.default_params)
+        if not hasattr(space, "n"):
+            raise ValueError(f"{self.name} has a continuous action space {space}; num_actions is undefined")
+        return int(space.n)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
