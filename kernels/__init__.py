@@ -1,0 +1,39 @@
+"""Hot ops of the agents as Triton kernels, each with a plain-JAX reference (see launch.py).
+
+Every op takes ``backend=`` ("triton", "reference", "interpret"); the default comes from
+:func:`set_backend` / :func:`use_backend`, the FUSEDRL_KERNEL_BACKEND environment variable, or the
+device (GPU with jax_triton -> "triton", else "reference").
+"""
+
+from kernels.launch import (
+    BACKENDS,
+    BackendUnavailableError,
+    available_backends,
+    default_backend,
+    get_backend,
+    resolve_backend,
+    set_backend,
+    use_backend,
+)
+# from kernels.returns import discounted_returns  (enabled when returns.py lands)
+# from kernels.gae import gae  (enabled when gae.py lands)
+
+# --- ops added by kernels-2 (softmax.py, policy_head.py, projection.py): edit these lines ---
+# from kernels.softmax import softmax
+# from kernels.policy_head import categorical_log_prob_entropy
+# from kernels.projection import categorical_projection
+# --- end of kernels-2 lines ---
+
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailableError",
+    "available_backends",
+    "default_backend",
+    "get_backend",
+    "resolve_backend",
+    "set_backend",
+    "use_backend",
+    # "discounted_returns",
+    # "gae",
+    # kernels-2: "softmax", "categorical_log_prob_entropy", "categorical_projection",
+]

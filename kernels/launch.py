@@ -1,0 +1,389 @@
+"""The launch layer shared by every kernel op: backend choice, vmap folding, launching.
+
+Backends
+--------
+``"triton"``     the op's ``@triton.jit`` kernel through ``jax_triton.triton_call`` (GPU only).
+``"reference"``  the op's plain-JAX implementation: the correctness oracle and the CPU default.
+``"interpret"``  the *same* ``@triton.jit`` kernel run by Triton's CPU interpreter on torch CPU
+                 tensors, reached from JAX through ``jax.pure_callback``. It goes through the same
+                 :func:`launch` call, grid and vmap folding as ``"triton"``; only the last step
+                 differs. Tests use it to check the kernel source without a GPU.
+
+Which backend runs, first match wins:
+  1. the op's ``backend=`` keyword argument;
+  2. the process-wide setting: :func:`set_backend` or the :func:`use_backend` context manager
+     (``rl``'s config calls these);
+  3. the environment variable ``FUSEDRL_KERNEL_BACKEND``;
+  4. automatic: ``"triton"`` when JAX's default device is a GPU and ``jax_triton`` imports,
+     else ``"reference"``.
+An unknown name raises ``ValueError`` listing the valid ones; asking for a backend that cannot run
+here raises :class:`BackendUnavailableError` saying why. The choice is made when the op is traced
+(inside ``jit`` it is fixed at trace time).
+
+How an op plugs in
+------------------
+An op file (``returns.py``, ``gae.py``, ``softmax.py``, ...) holds its Triton kernel(s), its
+plain-JAX reference and its public function. The public function:
+
+1. validates its inputs at trace time (:func:`check_float_array`, :func:`check_same_shape`,
+   which raise ``ValueError`` naming the argument and the shapes);
+2. picks the backend: ``name = resolve_backend(backend)``; for ``"reference"`` it simply returns the
+   reference (plain JAX needs no custom rules: jit, vmap and grad all work);
+3. otherwise calls a kernel path built from two pieces of this module:
+
+   * a *core* function ``core(*arrays, lead)``: every positional argument is a JAX array carrying
+     ``lead`` extra leading axes (vmapped axes folded in so far; the same sizes on every argument),
+     followed by the op's own shape. The core reshapes them to a canonical layout (e.g.
+     ``[B, T, N]`` with :func:`time_major_3d` or ``[rows, cols]`` with :func:`rows_2d`), computes the
+     grid and calls :func:`launch` once, and reshapes the outputs back (they carry the same
+     ``lead`` axes). Static choices (backend, block sizes) are closed over, not passed.
+   * :func:`fold_vmap(core) <fold_vmap>` turns it into a ``jax.custom_batching.custom_vmap`` function
+     ``f(*arrays)`` = ``core(*arrays, lead=0)``. Under ``jax.vmap`` its rule broadcasts the
+     unbatched arguments to the batch size, calls ``core`` with ``lead + 1`` and marks every output
+     batched, so nested vmaps (seeds x envs x hyperparameters) still end in ONE launch whose grid
+     covers the folded axes.
+
+   Where the op is differentiable, wrap the folded function in a ``jax.custom_vjp`` (outside the
+   custom_vmap, as JAX requires); its backward pass is again a ``fold_vmap`` function (usually
+   another Triton kernel). Build these once per backend, e.g. with ``functools.lru_cache``.
+
+Example (a scaled copy, ``y = a * x`` with ``a`` a traced scalar)::
+
+    @triton.jit
+    def _scale_kernel(x_ptr, a_ptr, n, y_ptr, BLOCK: tl.constexpr):  # inputs, scalars, then outputs
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        a = tl.load(a_ptr + tl.program_id(1))          # one scalar per folded batch row
+        x = tl.load(x_ptr + tl.program_id(1) * n + offs, mask=offs < n)
+        tl.store(y_ptr + tl.program_id(1) * n + offs, a * x, mask=offs < n)
+
+    def _scale_core(x, a, *, lead, backend):
+        x2, restore = rows_2d(x, lead)                  # [B, n]
+        a1 = a.reshape(-1)                              # [B]
+        y = launch(_scale_kernel, x2, a1, x2.shape[1], backend=backend,
+                   out_shape=jax.ShapeDtypeStruct(x2.shape, x2.dtype),
+                   grid=(cdiv(x2.shape[1], 1024), x2.shape[0]), BLOCK=1024)
+        return restore(y)
+
+    def scale(x, a, *, backend=None):
+        name = resolve_backend(backend)
+        if name == "reference":
+            return a * x
+        return fold_vmap(functools.partial(_scale_core, backend=name))(x, a)
+
+:func:`launch` arguments follow ``triton_call``: arrays and Python ``int`` scalars in the kernel's
+order, then one pointer per output (``out_shape``), then ``tl.constexpr`` keyword arguments.
+Never pass Python floats (they become fp64 in the kernel) and never pass traced values as
+scalars: pass them as arrays (gamma, lambda and discounts may be traced in a sweep).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+BACKENDS: tuple[str, ...] = ("triton", "reference", "interpret")
+ENV_VAR = "FUSEDRL_KERNEL_BACKEND"
+
+_process_backend: str | None = None
+
+
+class BackendUnavailableError(RuntimeError):
+    """A kernel backend was asked for where it cannot run (e.g. ``triton`` without a GPU)."""
+
+
+# --------------------------------------------------------------------------- backend choice
+
+
+def _check_name(name: str, where: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(
+            f"unknown kernel backend {name!r} ({where}); valid backends: {', '.join(BACKENDS)}"
+        )
+    return name
+
+
+def set_backend(name: str | None) -> None:
+    """Sets the process-wide kernel backend (``None`` restores the automatic choice)."""
+    global _process_backend
+    if name is not None:
+        _check_name(name, "set_backend")
+    _process_backend = name
+
+
+def get_backend() -> str | None:
+    """The process-wide setting made by :func:`set_backend`, or ``None`` when automatic."""
+    return _process_backend
+
+
+@contextlib.contextmanager
+def use_backend(name: str | None) -> Iterator[None]:
+    """Context manager: ``with use_backend("interpret"): ...`` then restores the previous setting."""
+    previous = _process_backend
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_triton_import_error() -> str | None:
+    try:
+        import jax_triton  # noqa: F401  (lazy: it raises ImportError with a CPU-only jax)
+    except Exception as err:  # ImportError, or anything a half-installed CUDA stack raises
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _on_gpu() -> bool:
+    try:
+        return jax.default_backend() == "gpu"
+    except RuntimeError:
+        return False
+
+
+def triton_unavailable_reason() -> str | None:
+    """Why the ``triton`` backend cannot run here, or ``None`` when it can."""
+    if not _on_gpu():
+        return f"JAX's default backend is {jax.default_backend()!r}, not a GPU"
+    error = _jax_triton_import_error()
+    if error is not None:
+        return f"jax_triton does not import ({error})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def interpret_unavailable_reason() -> str | None:
+    """Why the ``interpret`` backend cannot run here (needs triton and torch), or ``None``."""
+    try:
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+        from triton.runtime.interpreter import InterpretedFunction  # noqa: F401
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def available_backends() -> tuple[str, ...]:
+    """The backends that can run in this process, in :data:`BACKENDS` order."""
+    names = []
+    if triton_unavailable_reason() is None:
+        names.append("triton")
+    names.append("reference")
+    if interpret_unavailable_reason() is None:
+        names.append("interpret")
+    return tuple(names)
+
+
+def default_backend() -> str:
+    """The automatic choice: ``triton`` on a GPU with jax_triton, else ``reference``."""
+    return "triton" if triton_unavailable_reason() is None else "reference"
+
+
+def resolve_backend(backend: str | None = None) -> str:
+    """The backend an op call should use (see the module docstring for the order), checked."""
+    if backend is not None:
+        name = _check_name(backend, "backend= argument")
+    elif _process_backend is not None:
+        name = _process_backend
+    elif os.environ.get(ENV_VAR):
+        name = _check_name(os.environ[ENV_VAR], f"environment variable {ENV_VAR}")
+    else:
+        return default_backend()
+    if name == "triton":
+        reason = triton_unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(f"kernel backend 'triton' cannot run here: {reason}")
+    elif name == "interpret":
+        reason = interpret_unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(
+                f"kernel backend 'interpret' needs triton and torch (CPU): {reason}"
+            )
+    return name
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def check_float_array(name: str, x: Any, *, min_ndim: int = 0, ndim: int | None = None) -> jax.Array:
+    """Returns ``x`` as a JAX array after checking it is floating point with the right rank."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype} with shape {tuple(x.shape)}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name} must have rank {ndim}, got shape {tuple(x.shape)}")
+    if x.ndim < min_ndim:
+        raise ValueError(f"{name} must have rank >= {min_ndim}, got shape {tuple(x.shape)}")
+    return jnp.asarray(x)
+
+
+def check_same_shape(reference_name: str, reference: jax.Array, **others: jax.Array) -> None:
+    """Raises ``ValueError`` naming the argument whose shape differs from ``reference``'s."""
+    for name, x in others.items():
+        if tuple(x.shape) != tuple(reference.shape):
+            raise ValueError(
+                f"{name} must have the shape of {reference_name} {tuple(reference.shape)}, "
+                f"got {tuple(x.shape)}"
+            )
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def time_major_3d(x: jax.Array, lead: int) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
+    """Views ``x`` of shape ``[*lead_axes, T, *batch]`` as ``[B, T, N]`` (a reshape, no copy).
+
+    ``B`` is the product of the ``lead`` folded vmap axes, ``N`` the product of the trailing batch
+    axes. Returns the 3-d array and a function mapping a ``[B, T, N]`` result back to ``x``'s shape.
+    """
+    shape = tuple(x.shape)
+    b = math.prod(shape[:lead])
+    t = shape[lead]
+    n = math.prod(shape[lead + 1 :])
+    return x.reshape(b, t, n), lambda y: y.reshape(shape)
+
+
+def rows_2d(x: jax.Array, lead: int, core_ndim: int = 1) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
+    """Views ``x`` as ``[rows, *last core_ndim axes flattened]``; everything else becomes rows.
+
+    ``lead`` is accepted for symmetry with :func:`time_major_3d`: leading folded axes are rows too.
+    """
+    del lead
+    shape = tuple(x.shape)
+    split = len(shape) - core_ndim
+    rows = math.prod(shape[:split])
+    cols = math.prod(shape[split:])
+    return x.reshape(rows, cols), lambda y: y.reshape(shape[:split] + tuple(y.shape[1:]))
+
+
+# --------------------------------------------------------------------------- vmap folding
+
+
+def fold_vmap(core: Callable[..., Any], lead: int = 0) -> Callable[..., Any]:
+    """``f(*arrays) = core(*arrays, lead=lead)`` with a custom_vmap rule that folds vmapped axes.
+
+    Under ``jax.vmap`` the rule receives the batched arguments with the vmapped axis first,
+    broadcasts the unbatched ones to the same leading size, and calls ``fold_vmap(core, lead + 1)``
+    on them, so the vmapped axis becomes one more leading axis of every argument and the kernel's
+    grid covers it: one launch for any depth of nested vmaps. All outputs are marked batched.
+    Positional arguments must be JAX arrays (not pytrees, not Python scalars).
+    """
+
+    @jax.custom_batching.custom_vmap
+    def folded(*arrays):
+        return core(*arrays, lead=lead)
+
+    @folded.def_vmap
+    def _rule(axis_size, in_batched, *arrays):
+        arrays = [
+            a if batched else jnp.broadcast_to(a, (axis_size,) + tuple(jnp.shape(a)))
+            for a, batched in zip(arrays, in_batched)
+        ]
+        out = fold_vmap(core, lead + 1)(*arrays)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return folded
+
+
+# --------------------------------------------------------------------------- launching
+
+
+ShapeDtype = Any  # anything with .shape and .dtype, e.g. jax.ShapeDtypeStruct
+
+
+def launch(
+    kernel: Any,
+    *args: Any,
+    out_shape: ShapeDtype | Sequence[ShapeDtype],
+    grid: tuple[int, ...],
+    backend: str,
+    zeroed_outputs: Sequence[int] = (),
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    **constexprs: Any,
+) -> Any:
+    """Runs ``kernel`` (a ``@triton.jit`` function) on ``backend`` ("triton" or "interpret").
+
+    ``args``: JAX arrays and Python ``int`` scalars in the kernel's parameter order; the kernel then
+    receives one pointer per entry of ``out_shape``, and ``constexprs`` as ``tl.constexpr``
+    keywords. ``grid`` is a tuple of up to 3 ints. Outputs listed in ``zeroed_outputs`` start as
+    zeros; the others start undefined (NaN / garbage under ``interpret``, to catch unwritten
+    elements). Returns one array or a list, matching ``out_shape``.
+    """
+    single = not isinstance(out_shape, (list, tuple))
+    out_shapes = [out_shape] if single else list(out_shape)
+    out_shapes = [jax.ShapeDtypeStruct(tuple(s.shape), s.dtype) for s in out_shapes]
+    grid = tuple(int(g) for g in grid)
+    for a in args:
+        if isinstance(a, float):
+            raise TypeError("launch: pass float scalars as np.float32 or as arrays, not Python floats")
+    if backend == "triton":
+        import jax_triton  # lazy: ImportError with a CPU-only jax
+
+        out = jax_triton.triton_call(
+            *args,
+            kernel=kernel,
+            out_shape=out_shapes,
+            grid=grid,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            zeroed_outputs=tuple(zeroed_outputs),
+            **constexprs,
+        )
+    elif backend == "interpret":
+        out = _interpret_call(kernel, args, out_shapes, grid, tuple(zeroed_outputs), constexprs)
+    else:
+        raise ValueError(f"launch needs backend 'triton' or 'interpret', got {backend!r}")
+    return out[0] if single else list(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _interpreted(kernel: Any) -> Any:
+    """An interpreter twin of an already-decorated ``@triton.jit`` kernel (TRITON_INTERPRET not needed)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(kernel.fn)
+
+
+def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs):
+    array_positions = [i for i, a in enumerate(args) if not isinstance(a, (int, np.integer, np.floating, bool))]
+    arrays = [args[i] for i in array_positions]
+
+    def host(*host_arrays):
+        import torch
+
+        kernel_args = list(args)
+        for i, a in zip(array_positions, host_arrays):
+            kernel_args[i] = torch.from_numpy(np.array(a, copy=True))
+        for i, a in enumerate(kernel_args):  # the interpreter wants Python scalars
+            if isinstance(a, (np.integer, bool)):
+                kernel_args[i] = int(a)
+            elif isinstance(a, np.floating):
+                kernel_args[i] = float(a)
+        outs = []
+        for j, s in enumerate(out_shapes):
+            t = torch.from_numpy(np.zeros(s.shape, s.dtype))
+            if j not in zeroed_outputs:
+                t.fill_(float("nan") if np.issubdtype(s.dtype, np.floating) else -7)
+            outs.append(t)
+        _interpreted(kernel)[grid](*kernel_args, *outs, **constexprs)
+        return [o.numpy() for o in outs]
+
+    return jax.pure_callback(host, out_shapes, *arrays)
