@@ -18,6 +18,7 @@ from envs.spaces import Box, Discrete
 REGISTRY: dict[str, tuple[str, str]] = {
     "GridWorld": ("envs.gridworld", "GridWorld"),
     "CartPole-v1": ("envs.cartpole", "CartPole"),
+    "Pendulum-v1": ("envs.pendulum", "Pendulum"),
 }
 
 

@@ -87,3 +87,14 @@ class Env:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def concrete_or(value: Any, default: float) -> float:
+    """`value` as a Python float when it is concrete, else `default`.
+
+    Spaces need concrete bounds; when a param that sets a bound is traced (under a vmap over params),
+    the space falls back to the default param's bound (the dynamics still use the traced value).
+    """
+    if isinstance(value, jax.core.Tracer):
+        return float(default)
+    return float(value)

@@ -88,8 +88,11 @@ def check_action(space: Space, action, env_name: str) -> jax.Array:
 
     Shape and dtype are checked at trace time (a wrong shape or a float action for a discrete space
     raises `ValueError`). Values are checked only when the action is concrete (not traced): a discrete
-    action outside [0, n) raises `ValueError`. Traced out-of-range values cannot raise inside `jit`;
-    the envs clip them into the space (documented in each env).
+    action outside [0, n) raises `ValueError`; a continuous action with a NaN or infinite entry raises
+    `ValueError`. Traced out-of-range values cannot raise inside `jit`; the envs clip them into the
+    space (documented in each env). Finite continuous values outside the Box are never an error,
+    concrete or traced: the continuous envs clip them, as gymnasium's do, so eager and jitted code
+    behave the same and Gaussian policies need no clipping of their own.
     """
     shape = tuple(jnp.shape(action))
     dtype = jnp.result_type(action)
@@ -107,6 +110,8 @@ def check_action(space: Space, action, env_name: str) -> jax.Array:
         raise ValueError(f"{env_name}.step: action must have shape {space.shape}, got shape {shape}")
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"{env_name}.step: continuous action must be a float array, got dtype {dtype}")
+    if not isinstance(action, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(action))):
+        raise ValueError(f"{env_name}.step: continuous action must be finite, got {np.asarray(action).tolist()}")
     return jnp.asarray(action, space.dtype)
 
 
