@@ -19,6 +19,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "GridWorld": ("envs.gridworld", "GridWorld"),
     "CartPole-v1": ("envs.cartpole", "CartPole"),
     "Pendulum-v1": ("envs.pendulum", "Pendulum"),
+    "MountainCar-v0": ("envs.mountain_car", "MountainCar"),
+    "MountainCarContinuous-v0": ("envs.mountain_car_continuous", "MountainCarContinuous"),
 }
 
 

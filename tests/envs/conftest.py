@@ -31,6 +31,15 @@ def random_rollout(env, params, key, num_steps, sample_action):
     return jax.tree.map(np.asarray, run(key))
 
 
+def step_from_states(env, params, states, actions, key=None):
+    """One `env.step` from each of a batch of states (vmapped), in the layout of `random_rollout`."""
+    key = jax.random.key(0) if key is None else key
+    keys = jax.random.split(key, len(actions))
+    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
+    obs, _, reward, terminated, truncated, info = step(keys, states, actions, params)
+    return jax.tree.map(np.asarray, (states, actions, info["final_obs"], reward, terminated, truncated, obs))
+
+
 def gymnasium_parity(gym_env, set_state, trajectory, to_gym_action, obs_atol, reward_atol):
     """Step `gym_env.unwrapped` from each of our pre-step states with our action; compare one step.
 
@@ -82,6 +91,11 @@ def check_time_limit(env, params, gym_id, set_state, action, to_gym_action):
 @pytest.fixture
 def time_limit():
     return check_time_limit
+
+
+@pytest.fixture
+def from_states():
+    return step_from_states
 
 
 @pytest.fixture
