@@ -1,0 +1,207 @@
+"""Networks as a pair of pure functions, with Flax (default) or Haiku behind one interface.
+
+    net = networks.build(networks.q_mlp(num_actions=2, hidden=(64, 64)), backend="flax")
+    params = net.init(key, obs)                  # obs: one observation or a batch
+    q_values = net.apply(params, obs)            # noisy layers: net.apply(params, obs, rng=key)
+
+A network is written ONCE as a plain function `fn(layers, *inputs)` against the tiny `Layers`
+interface below (`dense`, `noisy_dense`, `param`); `build` turns it into a Flax linen module or a
+Haiku transform. Both backends create the same parameters with the same initialisers, so an agent
+never sees which one it runs on (`agent.network_backend: flax | haiku` in a config).
+
+Initialisation follows the usual PPO/DQN practice: orthogonal weights with a per-layer gain
+(sqrt(2) for hidden ReLU/tanh layers; 0.01 for policy logits; 1 for values), zero biases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+BACKENDS = ("flax", "haiku")
+
+ACTIVATIONS: dict[str, Callable] = {"relu": jax.nn.relu, "tanh": jnp.tanh, "gelu": jax.nn.gelu, "silu": jax.nn.silu, "elu": jax.nn.elu}
+
+
+@dataclass(frozen=True)
+class Network:
+    """`init(key, *inputs) -> params`, `apply(params, *inputs, rng=None) -> outputs`."""
+
+    init: Callable
+    apply: Callable
+
+
+def activation(name: str) -> Callable:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+# ---------------------------------------------------------------- the Layers interface
+
+
+def _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key):
+    """Factorised-Gaussian noisy linear layer (Fortunato et al. 2018):
+
+    y = x (w_mu + w_sigma * (f(e_in) f(e_out)^T)) + b_mu + b_sigma * f(e_out),  f(e) = sign(e) sqrt(|e|),
+    with e_in ~ N(0, I_in), e_out ~ N(0, I_out) drawn from `key`; with key None the noise is zero.
+    """
+    if key is None:
+        return x @ w_mu + b_mu
+    k_in, k_out = jax.random.split(key)
+    f = lambda e: jnp.sign(e) * jnp.sqrt(jnp.abs(e))
+    e_in = f(jax.random.normal(k_in, (x.shape[-1],)))
+    e_out = f(jax.random.normal(k_out, (features,)))
+    # x (w_sigma * e_in e_out^T) = ((x * e_in) @ w_sigma) * e_out: no [in, out] noise matrix.
+    return x @ w_mu + ((x * e_in) @ w_sigma) * e_out + b_mu + b_sigma * e_out
+
+
+def _noisy_inits(fan_in: int, sigma0: float):
+    bound = 1.0 / math.sqrt(fan_in)
+    uniform = lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
+    constant = lambda key, shape, dtype=jnp.float32: jnp.full(shape, sigma0 / math.sqrt(fan_in), dtype)
+    return uniform, constant
+
+
+class FlaxLayers:
+    """`Layers` on Flax linen: called inside a compact module."""
+
+    def __init__(self, module):
+        self.module = module
+        self.noisy_count = 0
+
+    def dense(self, x, features: int, scale: float = math.sqrt(2), name: str | None = None):
+        import flax.linen as nn
+
+        layer = nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, name=name)
+        return layer(x)
+
+    def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
+        if name is None:
+            name, self.noisy_count = f"noisy_{self.noisy_count}", self.noisy_count + 1
+        fan_in = x.shape[-1]
+        uniform, constant = _noisy_inits(fan_in, sigma0)
+        m = self.module
+        w_mu = m.param(f"{name}_w_mu", uniform, (fan_in, features))
+        w_sigma = m.param(f"{name}_w_sigma", constant, (fan_in, features))
+        b_mu = m.param(f"{name}_b_mu", uniform, (features,))
+        b_sigma = m.param(f"{name}_b_sigma", constant, (features,))
+        key = m.make_rng("noise") if m.has_rng("noise") else None
+        return _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key)
+
+    def param(self, name: str, shape: Sequence[int], init: Callable):
+        return self.module.param(name, init, tuple(shape))
+
+
+class HaikuLayers:
+    """`Layers` on Haiku: called inside `hk.transform`."""
+
+    def __init__(self):
+        self.noisy_count = 0
+
+    def dense(self, x, features: int, scale: float = math.sqrt(2), name: str | None = None):
+        import haiku as hk
+
+        return hk.Linear(features, w_init=hk.initializers.Orthogonal(scale), b_init=jnp.zeros, name=name)(x)
+
+    def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
+        import haiku as hk
+
+        if name is None:
+            name, self.noisy_count = f"noisy_{self.noisy_count}", self.noisy_count + 1
+        fan_in = x.shape[-1]
+        uniform, constant = _noisy_inits(fan_in, sigma0)
+        haiku_init = lambda init: (lambda shape, dtype: init(hk.next_rng_key(), shape, dtype))
+        with hk.name_scope(name):
+            w_mu = hk.get_parameter("w_mu", (fan_in, features), init=haiku_init(uniform))
+            w_sigma = hk.get_parameter("w_sigma", (fan_in, features), init=lambda s, d: constant(None, s, d))
+            b_mu = hk.get_parameter("b_mu", (features,), init=haiku_init(uniform))
+            b_sigma = hk.get_parameter("b_sigma", (features,), init=lambda s, d: constant(None, s, d))
+        key = hk.maybe_next_rng_key()
+        return _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key)
+
+    def param(self, name: str, shape: Sequence[int], init: Callable):
+        import haiku as hk
+
+        return hk.get_parameter(name, tuple(shape), init=lambda s, d: init(hk.next_rng_key(), s, d))
+
+
+# ---------------------------------------------------------------- building a Network
+
+
+def build(fn: Callable, backend: str = "flax") -> Network:
+    """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku".
+
+    `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean net).
+    """
+    if backend == "flax":
+        return _build_flax(fn)
+    if backend == "haiku":
+        return _build_haiku(fn)
+    raise ValueError(f"unknown network backend {backend!r}; known: {', '.join(BACKENDS)}")
+
+
+def _build_flax(fn: Callable) -> Network:
+    import flax.linen as nn
+
+    class Module(nn.Module):
+        @nn.compact
+        def __call__(self, *inputs):
+            return fn(FlaxLayers(self), *inputs)
+
+    module = Module()
+
+    def init(key, *inputs):
+        params_key, noise_key = jax.random.split(key)
+        return module.init({"params": params_key, "noise": noise_key}, *inputs)
+
+    def apply(params, *inputs, rng=None):
+        return module.apply(params, *inputs, rngs=None if rng is None else {"noise": rng})
+
+    return Network(init=init, apply=apply)
+
+
+def _build_haiku(fn: Callable) -> Network:
+    import haiku as hk
+
+    transformed = hk.transform(lambda *inputs: fn(HaikuLayers(), *inputs))
+
+    def init(key, *inputs):
+        return transformed.init(key, *inputs)
+
+    def apply(params, *inputs, rng=None):
+        return transformed.apply(params, rng, *inputs)
+
+    return Network(init=init, apply=apply)
+
+
+# ---------------------------------------------------------------- shared pieces
+
+
+def mlp(layers, x, hidden: Sequence[int], act: str = "relu", noisy: bool = False):
+    """Hidden layers `act(dense(x))` of the given widths (orthogonal init, gain sqrt(2))."""
+    f = activation(act)
+    for i, width in enumerate(hidden):
+        x = f(layers.noisy_dense(x, width) if noisy else layers.dense(x, width))
+    return x
+
+
+def preprocess_obs(obs, num_discrete_obs: int | None = None):
+    """Float features from observations: one-hot for discrete observations, float32 otherwise."""
+    if num_discrete_obs is not None:
+        return jax.nn.one_hot(obs, num_discrete_obs, dtype=jnp.float32)
+    return jnp.asarray(obs, jnp.float32)
+
+
+def q_mlp(num_actions: int, hidden: Sequence[int] = (64, 64), act: str = "relu", num_discrete_obs: int | None = None):
+    """Q-network: MLP torso and a linear head of `num_actions` Q-values (gain 1)."""
+
+    def fn(layers, obs):
+        x = mlp(layers, preprocess_obs(obs, num_discrete_obs), hidden, act)
+        return layers.dense(x, num_actions, scale=1.0)
+
+    return fn
