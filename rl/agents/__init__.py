@@ -1,5 +1,10 @@
-"""Agents. Each module exposes `Config` (a frozen dataclass of hyperparameters) and
-`make_train(config) -> train(key, hparams=None) -> (final_state, metrics)`.
+"""Agents. Each module exposes `Config` (a frozen dataclass of hyperparameters),
+`make_trainer(config) -> Trainer` and `make_train(config) -> train(key, hparams=None) -> (final_state, metrics)`.
+
+A `Trainer` splits a run so it can be checkpointed and resumed between compiled chunks:
+`init(key, hparams) -> state` (the whole training state: params, optimiser state, env states,
+buffers, PRNG key, counters) and `run(state, hparams, num_log_points) -> (state, metrics)`, a
+`lax.scan` over log points. `train(key) = run(init(key), all log points)`.
 
 `train` is pure: `jax.jit(jax.vmap(train))(keys)` trains many seeds in one program, and
 `jax.vmap(train, in_axes=(None, 0))(key, grid)` sweeps the sweepable hyperparameters (a dict of
@@ -11,6 +16,24 @@ over the episodes that ended since the previous log point, NaN where none ended)
 from __future__ import annotations
 
 import importlib
+from typing import Callable, NamedTuple
+
+
+class Trainer(NamedTuple):
+    init: Callable  # (key, hparams) -> state; state is a dict with at least "params"
+    run: Callable  # (state, hparams, num_log_points) -> (state, metrics); num_log_points is static
+    num_log_points: int  # log points in a whole run
+
+
+def train_from_trainer(trainer: Trainer, agent_config) -> Callable:
+    """`train(key, hparams=None) -> (final_state, metrics)` running every log point of `trainer`."""
+    from rl.config import hyperparams
+
+    def train(key, hparams=None):
+        hparams = hyperparams(agent_config) if hparams is None else hparams
+        return trainer.run(trainer.init(key, hparams), hparams, trainer.num_log_points)
+
+    return train
 
 # name -> module. Add new agents here once their module imports cleanly.
 AGENTS: dict[str, str] = {

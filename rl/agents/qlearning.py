@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 import envs
 from envs.spaces import Discrete
-from rl.config import ConfigError, hp, hyperparams
+from rl.agents import Trainer, train_from_trainer
+from rl.config import ConfigError, hp
 from rl.logging import emit
 
 
@@ -84,27 +85,27 @@ def greedy_episode_length(q, env, params, max_steps):
     return length
 
 
-def make_train(config):
+def make_trainer(config) -> Trainer:
     env, env_params = envs.make(config.env.id, **dict(config.env.params))
     agent = config.agent
     num_states = env.observation_space(env_params).n
     num_actions = env.action_space(env_params).n
-    num_log_points = agent.total_steps // agent.log_interval
     eval_steps = int(env_params.max_steps_in_episode)
 
-    def train(key, hparams=None):
-        hp_ = hyperparams(agent) if hparams is None else hparams
+    def init(key, hparams):
         key, reset_key = jax.random.split(key)
         obs, env_state = env.reset(reset_key, env_params)
         q = jnp.zeros((num_states, num_actions), jnp.float32)
+        return {"params": q, "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0), "episode_return": jnp.float32(0.0), "episode_length": jnp.int32(0)}
 
+    def run(state, hparams, num_log_points):
         def env_step(carry, noise):
             q, obs, env_state, step, ep_return, ep_length, stats = carry
             step_key, explore_u, random_action, tie_noise = noise
-            epsilon = linear_schedule(hp_["epsilon_start"], hp_["epsilon_end"], agent.epsilon_decay_steps, step)
+            epsilon = linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
             action = epsilon_greedy(q[obs], epsilon, explore_u, random_action, tie_noise)
             next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
-            q = q_update(q, obs, action, reward, info["final_obs"], terminated, hp_["lr"], hp_["gamma"])
+            q = q_update(q, obs, action, reward, info["final_obs"], terminated, hparams["lr"], hparams["gamma"])
             done = terminated | truncated
             ep_return, ep_length = ep_return + reward, ep_length + 1
             ended_return, ended_length, episodes = stats
@@ -112,19 +113,19 @@ def make_train(config):
             ep_return, ep_length = jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
             return (q, next_obs, env_state, step + 1, ep_return, ep_length, stats), None
 
-        def log_period(carry, period_key):
+        def log_period(state, _):
+            key, period_key = jax.random.split(state["key"])
             keys = jax.random.split(period_key, 4)
             n = agent.log_interval
-            noise = (
+            noise = (  # all randomness of the period drawn at once: cheaper than per-step draws
                 jax.random.split(keys[0], n),
                 jax.random.uniform(keys[1], (n,)),
                 jax.random.randint(keys[2], (n,), 0, num_actions),
                 jax.random.uniform(keys[3], (n, num_actions)),
             )
-            q, obs, env_state, step, ep_return, ep_length = carry
             zero_stats = (jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
-            inner = (q, obs, env_state, step, ep_return, ep_length, zero_stats)
-            (q, obs, env_state, step, ep_return, ep_length, stats), _ = jax.lax.scan(env_step, inner, noise, unroll=4)
+            carry = (state["params"], state["obs"], state["env_state"], state["step"], state["episode_return"], state["episode_length"], zero_stats)
+            (q, obs, env_state, step, ep_return, ep_length, stats), _ = jax.lax.scan(env_step, carry, noise, unroll=4)
             ended_return, ended_length, episodes = stats
             metrics = {
                 "step": step,
@@ -133,11 +134,22 @@ def make_train(config):
                 "episodes": episodes,
                 "greedy_episode_length": greedy_episode_length(q, env, env_params, eval_steps),
             }
-            return (q, obs, env_state, step, ep_return, ep_length), emit(metrics)
+            state = {"params": q, "obs": obs, "env_state": env_state, "key": key, "step": step, "episode_return": ep_return, "episode_length": ep_length}
+            return state, emit(metrics)
 
-        carry = (q, obs, env_state, jnp.int32(0), jnp.float32(0.0), jnp.int32(0))
-        carry, metrics = jax.lax.scan(log_period, carry, jax.random.split(key, num_log_points))
-        final_state = {"params": carry[0], "env_state": carry[2]}
-        return final_state, metrics
+        return jax.lax.scan(log_period, state, None, length=num_log_points)
 
-    return train
+    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
+
+
+def make_train(config):
+    return train_from_trainer(make_trainer(config), config.agent)
+
+
+def make_policy(config):
+    """`policy(params, obs, key) -> action`: the greedy action of the Q-table (first index on ties)."""
+
+    def policy(q, obs, key):
+        return jnp.argmax(q[obs]).astype(jnp.int32)
+
+    return policy
