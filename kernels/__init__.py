@@ -15,8 +15,8 @@ from kernels.launch import (
     set_backend,
     use_backend,
 )
-# from kernels.returns import discounted_returns  (enabled when returns.py lands)
-# from kernels.gae import gae  (enabled when gae.py lands)
+from kernels.returns import discounted_returns
+from kernels.gae import gae
 
 # --- ops added by kernels-2 (softmax.py, policy_head.py, projection.py): edit these lines ---
 # from kernels.softmax import softmax
@@ -33,7 +33,7 @@ __all__ = [
     "resolve_backend",
     "set_backend",
     "use_backend",
-    # "discounted_returns",
-    # "gae",
+    "discounted_returns",
+    "gae",
     # kernels-2: "softmax", "categorical_log_prob_entropy", "categorical_projection",
 ]

@@ -82,6 +82,7 @@ import contextlib
 import functools
 import math
 import os
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -354,12 +355,39 @@ def launch(
     return out[0] if single else list(out)
 
 
-@functools.lru_cache(maxsize=None)
+_interpreted_cache: dict[int, tuple[Any, Any]] = {}
+_interpreter_lock = threading.Lock()
+
+
 def _interpreted(kernel: Any) -> Any:
-    """An interpreter twin of an already-decorated ``@triton.jit`` kernel (TRITON_INTERPRET not needed)."""
+    """The interpreter twin of an already-decorated ``@triton.jit`` function.
+
+    Triton picks interpret mode from TRITON_INTERPRET when a function is *decorated*; wrapping the
+    undecorated Python function (``kernel.fn``) in ``InterpretedFunction`` gets the interpreter on
+    demand without touching how the same kernel compiles for the GPU. Keyed by identity: hashing a
+    JITFunction parses its source, which fails while the interpreter has patched triton.language.
+    """
     from triton.runtime.interpreter import InterpretedFunction
 
-    return InterpretedFunction(kernel.fn)
+    entry = _interpreted_cache.get(id(kernel))
+    if entry is None:
+        entry = _interpreted_cache[id(kernel)] = (kernel, InterpretedFunction(kernel.fn))
+    return entry[1]
+
+
+@contextlib.contextmanager
+def _interpret_device_calls() -> Iterator[None]:
+    """Routes calls of ``@triton.jit`` helpers (``tl.min``, combine functions, our own helpers)
+    made from an interpreted kernel to their interpreter twins, for the duration of one launch."""
+    from triton.runtime.jit import JITFunction
+
+    with _interpreter_lock:
+        original = JITFunction.__call__
+        JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted(self)(*args, **kwargs)
+        try:
+            yield
+        finally:
+            JITFunction.__call__ = original
 
 
 def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs):
@@ -383,7 +411,8 @@ def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs):
             if j not in zeroed_outputs:
                 t.fill_(float("nan") if np.issubdtype(s.dtype, np.floating) else -7)
             outs.append(t)
-        _interpreted(kernel)[grid](*kernel_args, *outs, **constexprs)
+        with _interpret_device_calls():
+            _interpreted(kernel)[grid](*kernel_args, *outs, **constexprs)
         return [o.numpy() for o in outs]
 
     return jax.pure_callback(host, out_shapes, *arrays)

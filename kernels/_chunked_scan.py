@@ -1,0 +1,145 @@
+"""Pieces shared by the time-axis scan kernels (returns.py, gae.py).
+
+Both ops are first-order linear recurrences over time on a ``[B, T, N]`` array (B = folded vmap
+axes, N = flattened batch columns):
+
+    reverse (anti-causal):  y_t = x_t + c_t * y_{t+1},      y_T given (the carry-in)
+    forward (causal):       y_t = x_t + c_{t-1} * y_{t-1},  y_{-1} = 0   (the adjoint of reverse)
+
+A program owns ``BLOCK_N`` columns and walks the time axis in tiles of ``CHUNK_T`` rows. Inside a
+tile the recurrence is an associative scan over the affine maps ``y -> x + m * y`` (``m`` the
+coefficient that multiplies the neighbour), giving ``(X_t, M_t)`` with ``y_t = X_t + M_t * carry``;
+the tile's boundary row is the carry for the next tile. Loading a whole tile at once keeps many
+loads in flight, unlike a row-at-a-time loop.
+
+Two ways to cover the grid (:class:`ScanConfig`):
+  * loop (``chained=False``): grid ``(column blocks, B)``; each program loops over all tiles of its
+    columns, the carry stays in registers. Good when there are many column blocks (large N).
+  * chained (``chained=True``): one tile per program, grid ``(tiles * B * column blocks,)``, so small
+    N still fills the GPU. A program scans its tile, then waits for the carry published by the
+    program owning the next tile in scan order, applies it, and publishes its own boundary row
+    (chained scan). Carries travel through a scratch buffer of 64-bit words (float bits | ready
+    flag), so value and flag arrive together. Tiles are handed out in scan order by an atomic
+    ticket counter, so a program only waits on a program that already started: no deadlock, also
+    in the interpreter, which runs programs one after another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import triton
+import triton.language as tl
+
+from kernels.launch import cdiv, next_power_of_2
+
+READY = 1 << 32  # high word of a published carry: the ready flag
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanConfig:
+    """Tiling of a time-axis scan: ``chunk_t`` x ``block_n`` tiles, loop or chained grid."""
+
+    chunk_t: int
+    block_n: int
+    chained: bool
+    num_warps: int = 4
+    num_stages: int | None = None
+
+    def __post_init__(self):
+        for name in ("chunk_t", "block_n"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"ScanConfig.{name} must be a power of two, got {v}")
+
+
+def choose_config(b: int, t: int, n: int) -> ScanConfig:
+    """Picks the tiling from the shape: enough programs in flight, tiles of a few thousand elements."""
+    block_n = min(next_power_of_2(n), 128)
+    col_programs = b * cdiv(n, block_n)
+    if col_programs >= 512 or t <= 16:
+        chunk_t = min(next_power_of_2(t), max(8, 4096 // block_n))
+        return ScanConfig(chunk_t=chunk_t, block_n=block_n, chained=False, num_warps=4)
+    block_n = min(next_power_of_2(n), 64)
+    chunk_t = min(next_power_of_2(t), 64)
+    return ScanConfig(chunk_t=chunk_t, block_n=block_n, chained=True, num_warps=8)
+
+
+def grid_and_scratch(config: ScanConfig, b: int, t: int, n: int):
+    """Returns ``(grid, n_chunks, counter_size, flag_words)`` for a ``[b, t, n]`` scan."""
+    n_chunks = cdiv(t, config.chunk_t)
+    col_blocks = cdiv(n, config.block_n)
+    if config.chained:
+        return (n_chunks * b * col_blocks,), n_chunks, 1, b * n_chunks * n
+    return (col_blocks, b), n_chunks, 1, 1
+
+
+@triton.jit
+def affine_combine(x_a, m_a, x_b, m_b):
+    """Composes ``y -> x_a + m_a y`` (nearer the carry) into ``y -> x_b + m_b y`` (the next step)."""
+    return x_b + m_b * x_a, m_b * m_a
+
+
+@triton.jit
+def program_coords(counter_ptr, n_chunks, N, CHAINED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(batch row b, column block, first tile index in scan order, number of tiles) of this program."""
+    if CHAINED:
+        col_blocks = tl.cdiv(N, BLOCK_N)
+        ticket = tl.atomic_add(counter_ptr, 1)
+        per_tile = tl.num_programs(0) // n_chunks
+        j = ticket // per_tile
+        rem = ticket % per_tile
+        b = rem // col_blocks
+        pid_n = rem % col_blocks
+        n_iter = 1
+    else:
+        pid_n = tl.program_id(0)
+        b = tl.program_id(1)
+        j = 0
+        n_iter = n_chunks
+    return b, pid_n, j, n_iter
+
+
+@triton.jit
+def tile_times(j, T, REVERSE: tl.constexpr, CHUNK_T: tl.constexpr):
+    """Times of the rows of tile ``j`` (in scan order: from the end when REVERSE), ascending."""
+    rows = tl.arange(0, CHUNK_T)
+    if REVERSE:
+        t = T - (j + 1) * CHUNK_T + rows
+    else:
+        t = j * CHUNK_T + rows
+    return t
+
+
+@triton.jit
+def boundary_row(y, REVERSE: tl.constexpr, CHUNK_T: tl.constexpr):
+    """The row of a scanned tile that carries into the next tile (first row when REVERSE, else last)."""
+    rows = tl.arange(0, CHUNK_T)
+    if REVERSE:
+        pick = rows == 0
+    else:
+        pick = rows == CHUNK_T - 1
+    return tl.sum(tl.where(pick[:, None], y, 0.0), axis=0)
+
+
+@triton.jit
+def wait_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask):
+    """Chained grid: the carry published by tile ``j - 1`` (spin until ready); ``carry`` when j == 0."""
+    if j > 0:
+        words = flags_ptr.to(tl.pointer_type(tl.int64))
+        ptrs = words + (b.to(tl.int64) * n_chunks + (j - 1)) * N + cols
+        w = tl.load(ptrs, mask=col_mask, other=4294967296, volatile=True)
+        while tl.min((w >> 32).to(tl.int32), axis=0) == 0:
+            w = tl.load(ptrs, mask=col_mask, other=4294967296, volatile=True)
+        carry = (w & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    return carry
+
+
+@triton.jit
+def publish_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask):
+    """Chained grid: publishes tile ``j``'s boundary row as (float bits | ready flag) words."""
+    if j < n_chunks - 1:
+        words = flags_ptr.to(tl.pointer_type(tl.int64))
+        ptrs = words + (b.to(tl.int64) * n_chunks + j) * N + cols
+        w = carry.to(tl.uint32, bitcast=True).to(tl.int64) | 4294967296
+        tl.atomic_xchg(ptrs, w, mask=col_mask)
