@@ -21,6 +21,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "Pendulum-v1": ("envs.pendulum", "Pendulum"),
     "MountainCar-v0": ("envs.mountain_car", "MountainCar"),
     "MountainCarContinuous-v0": ("envs.mountain_car_continuous", "MountainCarContinuous"),
+    "Acrobot-v1": ("envs.acrobot", "Acrobot"),
 }
 
 
