@@ -90,8 +90,8 @@ class CartPole(Env):
         return _obs(new_state), new_state, jnp.float32(1.0), terminated, {}
 
     def observation_space(self, params: CartPoleParams) -> Box:
-        """gymnasium's bounds: twice the termination thresholds, unbounded velocities (float32 max)."""
-        defaults, big = CartPoleParams(), float(np.finfo(np.float32).max)
+        """gymnasium's (1.x) bounds: twice the termination thresholds, unbounded (infinite) velocities."""
+        defaults, big = CartPoleParams(), np.inf
         high = np.array([defaults.x_threshold * 2, big, defaults.theta_threshold_radians * 2, big], dtype=np.float32)
         return Box(low=-high, high=high, shape=(4,))
 
