@@ -47,7 +47,7 @@ def test_final_obs_is_the_pre_reset_observation_for_continuous_obs():
     obs, new_state, _, terminated, _, info = env.step(jax.random.key(0), state, jnp.int32(1), params)
     assert bool(terminated)
     # Euler: x' = x + tau x_dot, theta' = theta + tau theta_dot (from the pre-step velocities)
-    np.testing.assert_allclose(info["final_obs"][[0, 2]], [2.39 + 0.02 * 1.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(info["final_obs"])[[0, 2]], [2.39 + 0.02 * 1.0, 0.0], rtol=1e-6)
     assert float(info["final_obs"][0]) > 2.4
     assert np.all(np.abs(np.asarray(obs)) <= 0.05)  # the reset observation
     assert int(new_state.time) == 0
