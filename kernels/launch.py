@@ -262,7 +262,10 @@ def time_major_3d(x: jax.Array, lead: int) -> tuple[jax.Array, Callable[[jax.Arr
 
 
 def rows_2d(x: jax.Array, lead: int, core_ndim: int = 1) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
-    """Views ``x`` as ``[rows, *last core_ndim axes flattened]``; everything else becomes rows.
+    """Views ``x`` as ``[rows, cols]``: the last ``core_ndim`` axes flattened into cols, the rest rows.
+
+    The returned ``restore(y)`` maps ``y [rows, cols]`` back to ``x``'s shape, and ``y [rows, *tail]``
+    with another trailing shape to ``[*row axes, *tail]``.
 
     ``lead`` is accepted for symmetry with :func:`time_major_3d`: leading folded axes are rows too.
     """
@@ -271,7 +274,12 @@ def rows_2d(x: jax.Array, lead: int, core_ndim: int = 1) -> tuple[jax.Array, Cal
     split = len(shape) - core_ndim
     rows = math.prod(shape[:split])
     cols = math.prod(shape[split:])
-    return x.reshape(rows, cols), lambda y: y.reshape(shape[:split] + tuple(y.shape[1:]))
+
+    def restore(y: jax.Array) -> jax.Array:
+        # same trailing size as x: x's shape; otherwise (e.g. a per-row result) the rows' shape + y's tail
+        return y.reshape(shape if tuple(y.shape[1:]) == (cols,) else shape[:split] + tuple(y.shape[1:]))
+
+    return x.reshape(rows, cols), restore
 
 
 # --------------------------------------------------------------------------- vmap folding

@@ -1,0 +1,133 @@
+"""The launch layer: backend choice and its errors, vmap folding into one launch, the interpreter."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import triton
+import triton.language as tl
+
+import kernels
+from kernels import launch as L
+
+
+@triton.jit
+def _affine_kernel(x_ptr, a_ptr, n, y_ptr, BLOCK: tl.constexpr):
+    """y[b, i] = a[b] * x[b, i] + 1 over a [B, n] array, grid (column blocks, B)."""
+    row = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + row)
+    x = tl.load(x_ptr + row * n + offs, mask=mask)
+    tl.store(y_ptr + row * n + offs, a * x + 1.0, mask=mask)
+
+
+@triton.jit
+def _writes_nothing_kernel(x_ptr, y_ptr):
+    pass
+
+
+def _affine_core(x, a, *, lead, backend, launches):
+    x2, restore = L.rows_2d(x, lead, core_ndim=x.ndim - lead)
+    launches.append(x2.shape)
+    y = L.launch(_affine_kernel, x2, a.reshape(-1), x2.shape[1], backend=backend,
+                 out_shape=jax.ShapeDtypeStruct(x2.shape, x2.dtype),
+                 grid=(L.cdiv(x2.shape[1], 8), x2.shape[0]), BLOCK=8)
+    return restore(y)
+
+
+# ------------------------------------------------------------------------- backend choice
+
+
+def test_unknown_backend_names_the_valid_ones(monkeypatch):
+    with pytest.raises(ValueError, match="unknown kernel backend 'cuda'.*triton, reference, interpret"):
+        L.resolve_backend("cuda")
+    with pytest.raises(ValueError, match="unknown kernel backend 'gpu'"):
+        L.set_backend("gpu")
+    monkeypatch.setenv(L.ENV_VAR, "fast")
+    with pytest.raises(ValueError, match="FUSEDRL_KERNEL_BACKEND"):
+        L.resolve_backend()
+    with pytest.raises(ValueError, match="unknown kernel backend"):
+        kernels.gae(*[np.zeros((2, 1), np.float32)] * 4, np.float32(0.5), backend="nope")
+
+
+def test_priority_call_then_setting_then_env_then_automatic(monkeypatch):
+    monkeypatch.delenv(L.ENV_VAR, raising=False)
+    assert L.resolve_backend() == L.default_backend()
+    monkeypatch.setenv(L.ENV_VAR, "reference")
+    assert L.resolve_backend() == "reference"
+    with L.use_backend("interpret"):
+        assert L.get_backend() == "interpret"
+        assert L.resolve_backend() == "interpret"
+        assert L.resolve_backend("reference") == "reference"
+    assert L.get_backend() is None
+    L.set_backend("interpret")
+    try:
+        assert L.resolve_backend() == "interpret"
+    finally:
+        L.set_backend(None)
+    assert L.resolve_backend() == "reference"
+
+
+def test_automatic_choice_matches_the_device():
+    on_gpu = jax.default_backend() == "gpu" and L.triton_unavailable_reason() is None
+    assert L.default_backend() == ("triton" if on_gpu else "reference")
+    assert set(L.available_backends()) <= set(L.BACKENDS)
+
+
+@pytest.mark.skipif(L.triton_unavailable_reason() is None, reason="triton can run on this machine")
+def test_triton_where_it_cannot_run_is_a_clear_error():
+    with pytest.raises(L.BackendUnavailableError, match="kernel backend 'triton' cannot run here"):
+        L.resolve_backend("triton")
+    with pytest.raises(L.BackendUnavailableError, match="cannot run here"):
+        kernels.discounted_returns(np.zeros((2, 1), np.float32), np.zeros((2, 1), np.float32),
+                                   np.zeros(1, np.float32), backend="triton")
+
+
+# ------------------------------------------------------------------------- launching and folding
+
+
+def test_vmap_folds_into_one_launch(kernel_backend):
+    launches = []
+    op = functools.partial(_affine_core, backend=kernel_backend, launches=launches)
+    x = jnp.arange(3 * 4 * 5, dtype=jnp.float32).reshape(3, 4, 5)
+    a = jnp.array([1.0, -2.0, 3.0, 0.5], jnp.float32)
+
+    # seeds (x batched, a not) x hyper-parameters (a batched, x not): partial batching at each level
+    f = jax.vmap(jax.vmap(lambda a_, x_: L.fold_vmap(op)(x_, a_), in_axes=(None, 0)), in_axes=(0, None))
+    out = jax.jit(f)(a, x)
+    np.testing.assert_allclose(out, a[:, None, None, None] * x[None] + 1.0)
+    # the program holds one kernel call, on both vmapped axes folded into the grid's rows
+    text = str(jax.make_jaxpr(f)(a, x))
+    assert text.count("pure_callback[") + text.count("triton_kernel_call[") == 1
+    assert launches[-1] == (4 * 3, 4 * 5)
+
+
+def test_launch_rejects_python_floats(kernel_backend):
+    with pytest.raises(TypeError, match="np.float32"):
+        L.launch(_affine_kernel, jnp.zeros((1, 8)), jnp.ones(1), 0.5, backend=kernel_backend,
+                 out_shape=jax.ShapeDtypeStruct((1, 8), jnp.float32), grid=(1, 1), BLOCK=8)
+
+
+def test_interpreter_marks_unwritten_outputs():
+    if L.interpret_unavailable_reason() is not None:
+        pytest.skip(L.interpret_unavailable_reason())
+    out = L.launch(_writes_nothing_kernel, jnp.zeros(4), backend="interpret",
+                   out_shape=jax.ShapeDtypeStruct((4,), jnp.float32), grid=(1,))
+    assert np.isnan(np.asarray(out)).all()
+    zeroed = L.launch(_writes_nothing_kernel, jnp.zeros(4), backend="interpret",
+                      out_shape=[jax.ShapeDtypeStruct((4,), jnp.float32)], grid=(1,), zeroed_outputs=(0,))
+    np.testing.assert_array_equal(zeroed[0], 0.0)
+
+
+def test_shape_helpers():
+    x = jnp.zeros((2, 3, 7, 4, 5))
+    x3, restore = L.time_major_3d(x, lead=2)
+    assert x3.shape == (6, 7, 20) and restore(x3).shape == x.shape
+    x2, restore2 = L.rows_2d(jnp.zeros((2, 3, 4)), lead=0)
+    assert x2.shape == (6, 4) and restore2(x2).shape == (2, 3, 4)
+    assert [L.next_power_of_2(n) for n in (1, 2, 3, 17)] == [1, 2, 4, 32]
