@@ -1,0 +1,281 @@
+"""C51 categorical (L2) projection onto a fixed support, as a Triton kernel.
+
+Given a source distribution with atoms z_i and masses p_i (i < K_src) and a
+sorted target support s_0 < s_1 < ... < s_{K-1}, each atom is clipped to
+[s_0, s_{K-1}], placed in its bracket s_l <= z_i <= s_{l+1}, and its mass is
+split linearly between the two ends:
+
+    w_i   = (z_i - s_l) / (s_{l+1} - s_l)
+    out_l     += p_i * (1 - w_i)
+    out_{l+1} += p_i * w_i
+
+This is rlax's ``categorical_l2_project`` (the sum over i of a triangular hat
+function centred on each target atom), computed without the [B, K, K_src]
+tensor: the kernel keeps a [rows, K] accumulator in registers, finds each
+source atom's bracket by binary search over the support (evenly spaced or
+not), and writes each output row once.
+
+The projection is linear in ``probs``; the backward is a gather:
+
+    d p_i = (1 - w_i) g_l + w_i g_{l+1}
+    d z_i = p_i (g_{l+1} - g_l) / (s_{l+1} - s_l)   if s_0 < z_i < s_{K-1}, else 0
+
+(at an atom lying exactly on an interior support point the right-hand
+derivative is used). No gradient flows into ``target_support``.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+import triton.language as tl
+
+from kernels.launch import cdiv, check_float_array, fold_vmap, launch, next_power_of_2, resolve_backend, rows_2d
+from kernels.softmax import row_tiling
+
+__all__ = ["categorical_projection", "categorical_projection_reference"]
+
+
+@triton.jit
+def _bracket(z, support_row, K: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """Largest l in [0, K-2] with support_row[l] <= z (z already clipped to the range).
+
+    Binary search, SEARCH_STEPS = ceil(log2(K - 1)) halvings of [lo, hi); support_row is a
+    pointer (or a tensor of pointers shaped like z, or broadcasting to it).
+    """
+    lo = tl.zeros(z.shape, tl.int32)
+    hi = tl.full(z.shape, K - 1, tl.int32)
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        go_right = tl.load(support_row + mid) <= z
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid)
+    return lo
+
+
+@triton.jit
+def _projection_fwd_kernel(
+    atoms_ptr, probs_ptr, support_ptr, n_rows, rows_per_support, out_ptr,
+    K_SRC: tl.constexpr, K: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+):
+    """BLOCK_R rows per program; loop over source atoms, scatter into a [BLOCK_R, K] tile.
+
+    Row r uses support row r // rows_per_support (a vmapped support has one per batch).
+    """
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n_rows
+    cols = tl.arange(0, BLOCK_K)
+    src_base = rows.to(tl.int64) * K_SRC
+    support_row = support_ptr + (tl.minimum(rows, n_rows - 1) // rows_per_support).to(tl.int64) * K
+    v_min = tl.load(support_row)
+    v_max = tl.load(support_row + (K - 1))
+    acc = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
+    for i in range(K_SRC):
+        z = tl.load(atoms_ptr + src_base + i, mask=row_ok, other=0.0)
+        p = tl.load(probs_ptr + src_base + i, mask=row_ok, other=0.0)
+        z = tl.minimum(tl.maximum(z, v_min), v_max)
+        lo = _bracket(z, support_row, K, SEARCH_STEPS)
+        s_lo = tl.load(support_row + lo)
+        s_hi = tl.load(support_row + lo + 1)
+        gap = s_hi - s_lo
+        w = tl.where(gap > 0.0, (z - s_lo) / gap, 0.0)
+        to_lo = p * (1.0 - w)
+        to_hi = p * w
+        acc += tl.where(
+            cols[None, :] == lo[:, None], to_lo[:, None],
+            tl.where(cols[None, :] == (lo + 1)[:, None], to_hi[:, None], 0.0),
+        )
+    out_offs = rows[:, None].to(tl.int64) * K + cols[None, :]
+    tl.store(out_ptr + out_offs, acc, mask=row_ok[:, None] & (cols[None, :] < K))
+
+
+@triton.jit
+def _projection_bwd_kernel(
+    atoms_ptr, probs_ptr, support_ptr, g_ptr, n_rows, rows_per_support, d_probs_ptr, d_atoms_ptr,
+    K_SRC: tl.constexpr, K: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+):
+    """Per source atom: find the bracket again and gather the two cotangents."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n_rows
+    srcs = tl.arange(0, BLOCK_S)
+    support_row = support_ptr + (tl.minimum(rows, n_rows - 1) // rows_per_support).to(tl.int64)[:, None] * K
+    v_min = tl.load(support_row)
+    v_max = tl.load(support_row + (K - 1))
+    for start in range(0, K_SRC, BLOCK_S):
+        s = start + srcs
+        mask = row_ok[:, None] & (s[None, :] < K_SRC)
+        offs = rows[:, None].to(tl.int64) * K_SRC + s[None, :]
+        raw = tl.load(atoms_ptr + offs, mask=mask, other=0.0)
+        p = tl.load(probs_ptr + offs, mask=mask, other=0.0)
+        z = tl.minimum(tl.maximum(raw, v_min), v_max)
+        lo = _bracket(z, support_row, K, SEARCH_STEPS)
+        s_lo = tl.load(support_row + lo)
+        s_hi = tl.load(support_row + lo + 1)
+        gap = s_hi - s_lo
+        inv_gap = tl.where(gap > 0.0, 1.0 / gap, 0.0)
+        w = (z - s_lo) * inv_gap
+        g_base = rows[:, None].to(tl.int64) * K
+        g_lo = tl.load(g_ptr + g_base + lo, mask=mask, other=0.0)
+        g_hi = tl.load(g_ptr + g_base + lo + 1, mask=mask, other=0.0)
+        inside = (raw > v_min) & (raw < v_max)
+        tl.store(d_probs_ptr + offs, g_lo * (1.0 - w) + g_hi * w, mask=mask)
+        tl.store(d_atoms_ptr + offs, tl.where(inside, p * (g_hi - g_lo) * inv_gap, 0.0), mask=mask)
+
+
+# ----------------------------------------------------------------------------
+# Kernel paths: atoms/probs [*lead, *batch, K_src], support [*lead, K]; one launch each.
+# ----------------------------------------------------------------------------
+_MIN_PROGRAMS = 528
+
+
+def _search_steps(k: int) -> int:
+    """ceil(log2(k - 1)): halvings that shrink [0, k - 1) to one bracket."""
+    return (k - 2).bit_length()
+
+
+def _layout(atoms, probs, support, lead):
+    atoms2, _ = rows_2d(atoms, lead)
+    probs2, _ = rows_2d(probs, lead)
+    support2 = support.reshape(-1, support.shape[-1])
+    n_rows = atoms2.shape[0]
+    rows_per_support = max(1, n_rows // support2.shape[0])
+    return atoms2, probs2, support2, n_rows, rows_per_support
+
+
+def _forward_core(atoms, probs, support, *, lead, backend):
+    atoms2, probs2, support2, n_rows, rows_per_support = _layout(atoms, probs, support, lead)
+    k_src, k = atoms2.shape[1], support2.shape[1]
+    out_shape = atoms.shape[:-1] + (k,)
+    if n_rows == 0:
+        return jnp.zeros(out_shape, jnp.float32)
+    block_k = next_power_of_2(k)
+    block_r = max(1, 2048 // block_k)
+    while block_r > 1 and cdiv(n_rows, block_r) < _MIN_PROGRAMS:
+        block_r //= 2
+    out = launch(
+        _projection_fwd_kernel, atoms2, probs2, support2, n_rows, rows_per_support,
+        out_shape=jax.ShapeDtypeStruct((n_rows, k), jnp.float32),
+        grid=(cdiv(n_rows, block_r),), backend=backend, num_warps=4,
+        K_SRC=k_src, K=k, BLOCK_R=block_r, BLOCK_K=block_k, SEARCH_STEPS=_search_steps(k),
+    )
+    return out.reshape(out_shape)
+
+
+def _backward_core(atoms, probs, support, g, *, lead, backend):
+    atoms2, probs2, support2, n_rows, rows_per_support = _layout(atoms, probs, support, lead)
+    k_src, k = atoms2.shape[1], support2.shape[1]
+    if n_rows == 0:
+        zeros = jnp.zeros(atoms.shape, jnp.float32)
+        return zeros, zeros
+    block_r, block_s, num_warps, _ = row_tiling(n_rows, k_src, max_tile_columns=1024)
+    src = jax.ShapeDtypeStruct(atoms2.shape, jnp.float32)
+    d_probs, d_atoms = launch(
+        _projection_bwd_kernel, atoms2, probs2, support2, g.reshape(n_rows, k),
+        n_rows, rows_per_support,
+        out_shape=[src, src], grid=(cdiv(n_rows, block_r),), backend=backend,
+        num_warps=num_warps,
+        K_SRC=k_src, K=k, BLOCK_R=block_r, BLOCK_S=block_s, SEARCH_STEPS=_search_steps(k),
+    )
+    return d_probs.reshape(atoms.shape), d_atoms.reshape(atoms.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_op(backend: str):
+    """(atoms, probs, support) -> projected probs; VJP in atoms and probs (support: zero)."""
+    forward = fold_vmap(functools.partial(_forward_core, backend=backend))
+    backward = fold_vmap(functools.partial(_backward_core, backend=backend))
+
+    @jax.custom_vjp
+    def op(atoms, probs, support):
+        return forward(atoms, probs, support)
+
+    def op_fwd(atoms, probs, support):
+        return forward(atoms, probs, support), (atoms, probs, support)
+
+    def op_bwd(residuals, g):
+        atoms, probs, support = residuals
+        d_probs, d_atoms = backward(atoms, probs, support, g)
+        return d_atoms, d_probs, jnp.zeros_like(support)
+
+    op.defvjp(op_fwd, op_bwd)
+    return op
+
+
+# ----------------------------------------------------------------------------
+# Reference and public function.
+# ----------------------------------------------------------------------------
+def categorical_projection_reference(atoms, probs, target_support):
+    """Plain JAX, the XLA formulation: a [..., K, K_src] tensor of hat-function weights.
+
+    For target atom s_j and clipped source atom z_i, with d = z_i - s_j:
+    weight_ji = clip(1 - d / (s_{j+1} - s_j), 0, 1) if d >= 0 else
+                clip(1 + d / (s_j - s_{j-1}), 0, 1)   (a missing neighbour: 1/gap = 0);
+    out_j = sum_i weight_ji p_i.
+    """
+    support = target_support
+    z = jnp.clip(atoms, support[0], support[-1])[..., None, :]           # [..., 1, K_src]
+    gaps = support[1:] - support[:-1]
+    zero = jnp.zeros((1,), support.dtype)
+    gap_up = jnp.concatenate([gaps, zero])[:, None]                       # s_{j+1} - s_j
+    gap_down = jnp.concatenate([zero, gaps])[:, None]                     # s_j - s_{j-1}
+    inv_up = jnp.where(gap_up > 0, 1.0 / jnp.where(gap_up > 0, gap_up, 1.0), 0.0)
+    inv_down = jnp.where(gap_down > 0, 1.0 / jnp.where(gap_down > 0, gap_down, 1.0), 0.0)
+    d = z - support[:, None]                                              # [..., K, K_src]
+    distance = jnp.where(d >= 0, d * inv_up, -d * inv_down)
+    weights = jnp.clip(1.0 - distance, 0.0, 1.0)
+    return jnp.sum(weights * probs[..., None, :], axis=-1)
+
+
+def _check_support(target_support):
+    support = check_float_array("target_support", target_support, ndim=1)
+    if support.shape[0] < 2:
+        raise ValueError(f"target_support needs at least 2 atoms, got shape {tuple(support.shape)}")
+    if not isinstance(target_support, jax.core.Tracer):
+        values = np.asarray(support)
+        if not np.all(np.diff(values) > 0):
+            raise ValueError(
+                f"target_support must be strictly increasing, got {values.tolist()} "
+                f"(shape {tuple(support.shape)})"
+            )
+    return support
+
+
+def categorical_projection(atoms, probs, target_support, *, backend: str | None = None):
+    """Projects the distribution (atoms, probs) onto ``target_support`` (C51's L2 projection).
+
+    Semantics of rlax's ``categorical_l2_project``: atoms are clipped to
+    [target_support[0], target_support[-1]] and each atom's mass is split linearly
+    between the two support points around it.
+
+    Args:
+      atoms: float array ``[*batch, K_src]`` (e.g. r + gamma * z).
+      probs: float array ``[*batch, K_src]``, the masses of ``atoms``.
+      target_support: float array ``[K]``, K >= 2, strictly increasing (evenly
+        spaced or not; checked when concrete).
+      backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
+
+    Returns ``[*batch, K]``. Differentiable in ``probs`` (the projection is linear in
+    them) and in ``atoms`` (piecewise linear); ``target_support`` gets no gradient.
+    Raises ValueError at trace time for bad dtypes, ranks or shapes (naming them).
+    """
+    atoms = check_float_array("atoms", atoms, min_ndim=1)
+    probs = check_float_array("probs", probs, min_ndim=1)
+    if tuple(probs.shape) != tuple(atoms.shape):
+        raise ValueError(
+            f"probs must have the shape of atoms {tuple(atoms.shape)}, got {tuple(probs.shape)}"
+        )
+    if atoms.shape[-1] == 0:
+        raise ValueError(f"atoms must have at least one atom, got shape {tuple(atoms.shape)}")
+    support = jax.lax.stop_gradient(_check_support(target_support))
+    dtype = jnp.result_type(atoms, probs)
+    name = resolve_backend(backend)
+    if name == "reference":
+        return categorical_projection_reference(atoms.astype(dtype), probs.astype(dtype), support.astype(dtype))
+    f32 = jnp.float32
+    out = _kernel_op(name)(atoms.astype(f32), probs.astype(f32), support.astype(f32))
+    return out.astype(dtype)
