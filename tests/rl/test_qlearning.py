@@ -1,0 +1,243 @@
+"""Tabular Q-learning: learns the 5x5 GridWorld, vmap == per seed, tie-breaking, schedule, TD update,
+truncation bootstrapping, chunked runs, sweeps."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envs.gridworld import GridWorld, make_gridworld_params, move
+from rl.agents import qlearning
+from rl.config import build_config, hyperparams, load_config
+from rl.train import seed_keys, train_many
+
+
+def make_config(env_params=None, seeds=1, **agent):
+    agent = {"name": "qlearning", "total_steps": 2000, "log_interval": 500, **agent}
+    return build_config({"env": {"id": "GridWorld", "params": env_params or {}}, "agent": agent, "run": {"seeds": seeds}})
+
+
+def assert_trees_equal(a, b):
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+def assert_trees_close(a, b):
+    """Integer leaves (counters, actions taken, episode lengths) equal; floats to float32 round-off
+    (XLA may fuse a batched program's arithmetic differently, e.g. into FMAs)."""
+
+    def check(x, y):
+        x, y = np.asarray(x), np.asarray(y)
+        if np.issubdtype(x.dtype, np.floating):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(x, y)
+
+    jax.tree.map(check, a, b)
+
+
+def test_default_config_trains_all_30_seeds_to_the_optimal_path():
+    config = load_config("configs/qlearning_gridworld.yaml")
+    assert config.run.seeds == 30
+    optimal = GridWorld.shortest_path_length(make_gridworld_params(**config.env.params))
+    assert optimal == 8
+    final_state, metrics = train_many(config)
+    greedy = np.asarray(metrics["greedy_episode_length"])
+    assert greedy.shape == (1, 30, config.agent.total_steps // config.agent.log_interval)
+    np.testing.assert_array_equal(greedy[0, :, -1], np.full(30, optimal))
+    # the greedy policy of every final table, rolled out independently of the agent, walks 8 steps
+    env, params = GridWorld(), make_gridworld_params(**config.env.params)
+    policy = qlearning.make_policy(config)
+    for q in np.asarray(final_state["params"])[0]:
+        cell, steps = int(params.start), 0
+        while cell != int(params.goal) and steps < 100:
+            cell, steps = int(move(jnp.int32(cell), policy(q, cell, None), params)), steps + 1
+        assert steps == optimal
+    # behaviour episodes got short too (epsilon_end = 0.05 keeps some exploration)
+    assert np.all(np.asarray(metrics["episode_length"])[0, :, -1] < 10)
+    np.testing.assert_array_equal(np.asarray(metrics["step"])[0, 0], np.arange(1000, 20001, 1000))
+
+
+def test_vmap_over_seeds_equals_each_seed_alone():
+    config = make_config(seeds=4)
+    train = qlearning.make_train(config)
+    keys = seed_keys(config)
+    batched = jax.jit(jax.vmap(train))(keys)
+    single = jax.jit(train)
+    for i in range(len(keys)):
+        alone = single(keys[i])
+        assert_trees_close(jax.tree.map(lambda x: x[i], batched), alone)
+    # train_many (settings x seeds) is the same program: seed i there is seed i here
+    from_cli_path = train_many(config)
+    assert_trees_equal(jax.tree.map(lambda x: x[0], from_cli_path), batched)
+    # and different seeds really differ
+    assert not np.array_equal(np.asarray(batched[0]["params"][0]), np.asarray(batched[0]["params"][1]))
+
+
+def test_same_seed_same_result():
+    config = make_config()
+    train = jax.jit(qlearning.make_train(config))
+    assert_trees_equal(train(jax.random.PRNGKey(3)), train(jax.random.PRNGKey(3)))
+
+
+def test_random_tie_breaking_from_a_zero_table_picks_every_action():
+    q = jnp.zeros(4)
+    draw = jax.jit(jax.vmap(lambda key: qlearning.epsilon_greedy(q, 0.0, *_noise(key))))
+    actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(0), 400)))
+    counts = np.bincount(actions, minlength=4)
+    assert (counts > 60).all(), counts  # ~100 each
+
+
+def test_ties_are_broken_only_among_maximal_values():
+    q = jnp.array([1.0, 0.0, 1.0, -3.0])
+    draw = jax.jit(jax.vmap(lambda key: qlearning.epsilon_greedy(q, 0.0, *_noise(key))))
+    actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(1), 400)))
+    assert set(actions.tolist()) == {0, 2}
+
+
+def test_epsilon_greedy_explores_with_probability_epsilon():
+    q = jnp.array([0.0, 2.0, 1.0, 0.5])
+    draw = jax.jit(jax.vmap(lambda key: qlearning.epsilon_greedy(q, 0.4, *_noise(key))))
+    actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(2), 20000)))
+    # greedy with prob 1 - eps + eps / 4, each other action eps / 4
+    freq = np.bincount(actions, minlength=4) / actions.size
+    np.testing.assert_allclose(freq, [0.1, 0.7, 0.1, 0.1], atol=0.015)
+
+
+def _noise(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    return jax.random.uniform(k1), jax.random.randint(k2, (), 0, 4), jax.random.uniform(k3, (4,))
+
+
+@settings(max_examples=30, deadline=None)
+@given(start=st.floats(0, 1), end=st.floats(0, 1), duration=st.integers(1, 10_000), step=st.integers(0, 30_000))
+def test_linear_epsilon_schedule(start, end, duration, step):
+    value = float(qlearning.linear_schedule(jnp.float32(start), jnp.float32(end), duration, jnp.int32(step)))
+    expected = start + (end - start) * min(step / duration, 1.0)
+    assert value == pytest.approx(expected, abs=1e-6)
+    assert min(start, end) - 1e-6 <= value <= max(start, end) + 1e-6
+
+
+def test_epsilon_schedule_in_training_explores_then_exploits():
+    # epsilon 1 -> 0 over the first half: the first log period is random walk (long episodes), the
+    # last one greedy on a learned table (optimal episodes).
+    config = make_config(total_steps=6000, log_interval=1000, epsilon_start=1.0, epsilon_end=0.0, epsilon_decay_steps=3000)
+    _, metrics = jax.jit(qlearning.make_train(config))(jax.random.PRNGKey(0))
+    lengths = np.asarray(metrics["episode_length"])
+    assert lengths[0] > 20
+    assert lengths[-1] == 8.0
+
+
+def test_td_update_hand_computed():
+    q = jnp.zeros((3, 2)).at[2].set(jnp.array([0.5, 2.0])).at[0, 1].set(1.0)
+    # target = 0.5 + 0.9 * 2.0 = 2.3; Q(0, 1) = 1 + 0.25 * (2.3 - 1) = 1.325
+    new = qlearning.q_update(q, 0, 1, 0.5, 2, False, 0.25, 0.9)
+    expected = np.asarray(q).copy()
+    expected[0, 1] = 1.325
+    np.testing.assert_allclose(np.asarray(new), expected, rtol=1e-6)
+    # terminated: no bootstrap, target = 0.5; Q(0, 1) = 1 + 0.25 * (0.5 - 1) = 0.875
+    new = qlearning.q_update(q, 0, 1, 0.5, 2, True, 0.25, 0.9)
+    assert float(new[0, 1]) == pytest.approx(0.875)
+    assert float(new[2, 1]) == 2.0 and float(new[1, 0]) == 0.0
+
+
+def test_one_training_step_matches_hand_computed_update_with_truncation_bootstrap():
+    """Episodes of one step from cell 1 (goal 0): LEFT terminates (target 1), every other action is
+    truncated and must bootstrap from the cell reached (info["final_obs"]), not the reset cell."""
+    lr, gamma = 0.5, 0.9
+    config = make_config(
+        env_params={"start": 1, "goal": 0, "max_steps_in_episode": 1},
+        total_steps=1, log_interval=1, lr=lr, gamma=gamma, epsilon_start=1.0, epsilon_end=1.0,
+    )
+    trainer = qlearning.make_trainer(config)
+    hp = hyperparams(config.agent)
+    q0 = jnp.tile(jnp.arange(25, dtype=jnp.float32)[:, None] / 10.0, (1, 4))  # Q(s, .) = s / 10
+
+    def one_step(key):
+        state = trainer.init(key, hp)
+        state = {**state, "params": q0}
+        return trainer.run(state, hp, 1)
+
+    final_state, metrics = jax.jit(jax.vmap(one_step))(jax.random.split(jax.random.PRNGKey(0), 64))
+    seen = set()
+    params = make_gridworld_params(start=1, goal=0, max_steps_in_episode=1)
+    for q in np.asarray(final_state["params"]):
+        changed = np.argwhere(q != np.asarray(q0))
+        assert len(changed) == 1 and changed[0][0] == 1
+        action = int(changed[0][1])
+        reached = int(move(jnp.int32(1), jnp.int32(action), params))
+        if reached == 0:  # terminated: target = reward 1
+            target = 1.0
+        else:  # truncated: bootstrap from the reached cell's value reached / 10, not the reset cell's 0.1
+            target = gamma * reached / 10.0
+        assert q[1, action] == pytest.approx(0.1 + lr * (target - 0.1), abs=1e-6), (action, reached)
+        seen.add(action)
+    assert seen == {0, 1, 2, 3}
+    np.testing.assert_array_equal(np.asarray(metrics["episode_length"])[:, 0], 1.0)
+
+
+def test_chunked_runs_equal_one_run():
+    config = make_config(total_steps=2000, log_interval=250)
+    trainer = qlearning.make_trainer(config)
+    hp = hyperparams(config.agent)
+    run = jax.jit(trainer.run, static_argnums=2)
+    state = trainer.init(jax.random.PRNGKey(5), hp)
+    whole_state, whole_metrics = run(state, hp, 8)
+    chunk_state, first = run(state, hp, 3)
+    chunk_state, second = run(chunk_state, hp, 5)
+    assert_trees_equal(chunk_state, whole_state)
+    assert_trees_equal(jax.tree.map(lambda a, b: jnp.concatenate([a, b]), first, second), whole_metrics)
+    # and train(key) is the same as the trainer run in one go
+    assert_trees_equal(jax.jit(qlearning.make_train(config))(jax.random.PRNGKey(5)), (whole_state, whole_metrics))
+
+
+def test_sweep_gives_one_result_per_setting_matching_single_runs():
+    config = make_config(seeds=2)
+    grid = [{"lr": 0.1, "gamma": 0.9}, {"lr": 0.5, "gamma": 0.9}, {"lr": 0.1, "gamma": 0.99}]
+    final_state, metrics = train_many(config, grid)
+    assert final_state["params"].shape == (3, 2, 25, 4)
+    assert metrics["step"].shape == (3, 2, 4)
+    single = jax.jit(jax.vmap(qlearning.make_train(config), in_axes=(0, None)))
+    for s, setting in enumerate(grid):
+        hp = {**hyperparams(config.agent), **{k: jnp.float32(v) for k, v in setting.items()}}
+        single_state, single_metrics = single(seed_keys(config), hp)
+        assert_trees_close(jax.tree.map(lambda x: x[s], (final_state, metrics)), (single_state, single_metrics))
+    assert not np.array_equal(np.asarray(final_state["params"][0]), np.asarray(final_state["params"][1]))
+
+
+def test_metrics_layout_and_nan_when_no_episode_ended():
+    config = make_config(env_params={"goal": (0, 0), "walls": [(0, 1), (1, 0)]}, total_steps=200, log_interval=50)
+    _, metrics = jax.jit(qlearning.make_train(config))(jax.random.PRNGKey(0))
+    assert {"step", "episode_return", "episode_length", "episodes", "greedy_episode_length"} <= set(metrics)
+    np.testing.assert_array_equal(np.asarray(metrics["step"]), [50, 100, 150, 200])
+    ret, length, episodes = (np.asarray(metrics[k]) for k in ("episode_return", "episode_length", "episodes"))
+    # unreachable goal, 100-step limit: episodes end only by truncation, at steps 100 and 200
+    np.testing.assert_array_equal(episodes, [0, 1, 0, 1])
+    assert np.isnan(ret[[0, 2]]).all() and np.isnan(length[[0, 2]]).all()
+    np.testing.assert_array_equal(ret[[1, 3]], [0.0, 0.0])
+    np.testing.assert_array_equal(length[[1, 3]], [100.0, 100.0])
+    np.testing.assert_array_equal(np.asarray(metrics["greedy_episode_length"]), 100)
+
+
+def test_make_policy_is_greedy():
+    policy = qlearning.make_policy(make_config())
+    q = jnp.zeros((25, 4)).at[7, 2].set(1.0).at[3, 3].set(-1.0)
+    assert int(policy(q, 7, None)) == 2
+    assert int(policy(q, 3, None)) == 0
+
+
+def test_rejects_continuous_observation_env():
+    from rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="env.id: qlearning needs discrete"):
+        build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "qlearning"}})
+
+
+def test_total_steps_must_be_a_multiple_of_log_interval():
+    from rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="agent.total_steps"):
+        make_config(total_steps=1000, log_interval=300)
