@@ -13,6 +13,15 @@ import importlib
 
 from envs.core import Env
 from envs.spaces import Box, Discrete
+from envs.wrappers import (
+    ClipAction,
+    EpisodeStatistics,
+    NormalizeObservation,
+    NormalizeReward,
+    RescaleAction,
+    Wrapper,
+    vectorize,
+)
 
 # id -> (module, class). Add new envs here once their module imports cleanly.
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -45,4 +54,18 @@ def make(env_id: str, **param_overrides):
     return env, env.make_params(**param_overrides)
 
 
-__all__ = ["Env", "Box", "Discrete", "make", "registered_ids", "REGISTRY"]
+__all__ = [
+    "Env",
+    "Box",
+    "Discrete",
+    "make",
+    "registered_ids",
+    "REGISTRY",
+    "vectorize",
+    "Wrapper",
+    "EpisodeStatistics",
+    "NormalizeObservation",
+    "NormalizeReward",
+    "ClipAction",
+    "RescaleAction",
+]
