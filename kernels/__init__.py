@@ -19,9 +19,9 @@ from kernels.returns import discounted_returns
 from kernels.gae import gae
 
 # --- ops added by kernels-2 (softmax.py, policy_head.py, projection.py): edit these lines ---
-# from kernels.softmax import softmax
-# from kernels.policy_head import categorical_log_prob_entropy
-# from kernels.projection import categorical_projection
+from kernels.softmax import softmax
+from kernels.policy_head import categorical_log_prob_entropy
+from kernels.projection import categorical_projection
 # --- end of kernels-2 lines ---
 
 __all__ = [
@@ -35,5 +35,7 @@ __all__ = [
     "use_backend",
     "discounted_returns",
     "gae",
-    # kernels-2: "softmax", "categorical_log_prob_entropy", "categorical_projection",
+    "softmax",
+    "categorical_log_prob_entropy",
+    "categorical_projection",
 ]
