@@ -1,0 +1,289 @@
+"""Speed of the kernel ops: Triton vs the plain-JAX reference, against a device copy's bandwidth.
+
+Usage (GPU machine):
+    python benchmarks/kernels.py                       # every registered op and shape
+    python benchmarks/kernels.py --ops gae --json out.json
+    python benchmarks/kernels.py --sweep               # time scan tilings (ScanConfig) per shape
+Smoke test on a CPU (tiny shapes, the interpreter standing in for the GPU):
+    python benchmarks/kernels.py --small --kernel-backend interpret --runs 2
+
+Method (DESIGN.md "How speed is measured"): every timed function is jitted and runs the op on
+``reps`` distinct input sets in one program (distinct, so XLA cannot merge the calls and the L2
+cache does not flatter small shapes: together they span several times the L2 size); a call is timed
+on the host with ``block_until_ready``, after a warm-up call, and the median over ``--runs`` calls
+is divided by ``reps``. Bandwidth = the op's minimal traffic (every input read once, every output
+written once) / time; "copy" is the bandwidth of ``x + 1`` over a large float32 array (read +
+write), measured in the same run.
+
+Adding an op: write a function ``my_cases(args) -> list[Case]`` and add it to ``CASE_BUILDERS``
+(key = the op name used by ``--ops``). A Case carries the shape label, an input factory, the
+reference and Triton functions, the traffic in bytes, and optional extra baselines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+L2_BYTES = 50 * 2**20  # H100/H200 L2: 50 MiB
+
+
+@dataclasses.dataclass
+class Case:
+    """One op at one shape. ``make_inputs(key)`` returns a tuple of device arrays; ``reference`` and
+    ``triton`` map those inputs to the op's outputs; ``bytes_moved`` is the minimal traffic."""
+
+    op: str
+    shape: str
+    make_inputs: Callable[[jax.Array], tuple]
+    reference: Callable[..., Any]
+    triton: Callable[..., Any]
+    bytes_moved: int
+    extra: dict[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
+    atol: float = 1e-3  # tolerance of the Triton output vs the reference (checked before timing)
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def _reps_for(bytes_per_call: int, max_reps: int) -> int:
+    return int(min(max_reps, max(4, math.ceil(4 * L2_BYTES / max(bytes_per_call, 1)))))
+
+
+def time_per_call(fn: Callable[..., Any], input_sets: list[tuple], runs: int) -> float:
+    """Median seconds per op call: ``fn`` on every input set in one jitted program, / number of sets."""
+    many = jax.jit(lambda sets: [fn(*s) for s in sets])
+    jax.block_until_ready(many(input_sets))  # compile + warm up
+    jax.block_until_ready(many(input_sets))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(many(input_sets))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / len(input_sets)
+
+
+def copy_bandwidth(runs: int, n_floats: int) -> float:
+    """Bytes/s of ``x + 1`` (read + write) over float32 arrays of ``n_floats``, distinct buffers."""
+    reps = 8
+    keys = jax.random.split(jax.random.PRNGKey(0), reps)
+    sets = [(jax.random.normal(k, (n_floats,), jnp.float32),) for k in keys]
+    seconds = time_per_call(lambda x: x + 1.0, sets, runs)
+    return 2 * 4 * n_floats / seconds
+
+
+def max_abs_diff(a, b) -> float:
+    leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    return max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32)))) for x, y in zip(leaves_a, leaves_b))
+
+
+# ----------------------------------------------------------------------------- scan ops
+
+
+def _scan_inputs(kind: str, t: int, n: int):
+    def make(key):
+        k = jax.random.split(key, 5)
+        shape = (t, n)
+        rewards = jax.random.normal(k[0], shape, jnp.float32)
+        done = jax.random.uniform(k[1], shape) < 0.02
+        discounts = 0.99 * (1.0 - done.astype(jnp.float32))
+        if kind == "returns":
+            return rewards, discounts, jax.random.normal(k[2], (n,), jnp.float32)
+        values = jax.random.normal(k[2], shape, jnp.float32)
+        next_values = jax.random.normal(k[3], shape, jnp.float32)
+        return rewards, values, next_values, discounts, jnp.float32(0.95)
+
+    return make
+
+
+def gae_associative_scan(rewards, values, next_values, discounts, lambda_):
+    """GAE with lax.associative_scan over the time axis (a baseline)."""
+    deltas = rewards + discounts * next_values - values
+    coeffs = discounts * lambda_
+
+    def combine(later, earlier):  # elements in reversed-time order; compose affine maps
+        x_l, c_l = later
+        x_e, c_e = earlier
+        return x_e + c_e * x_l, c_e * c_l
+
+    adv, _ = jax.lax.associative_scan(combine, (deltas, coeffs), reverse=True, axis=0)
+    return adv, adv + values
+
+
+def returns_cases(args) -> list[Case]:
+    from kernels import discounted_returns
+    from kernels.returns import discounted_returns_reference
+
+    cases = []
+    for t, n in args.scan_shapes:
+        cases.append(Case(
+            op="discounted_returns", shape=f"T={t} x N={n}",
+            make_inputs=_scan_inputs("returns", t, n),
+            reference=discounted_returns_reference,
+            triton=lambda r, d, b, cfg=None: discounted_returns(r, d, b, backend=args.kernel_backend, config=cfg),
+            bytes_moved=4 * (3 * t * n + n),
+        ))
+    return cases
+
+
+def gae_cases(args) -> list[Case]:
+    from kernels import gae
+    from kernels.gae import gae_reference
+
+    cases = []
+    for t, n in args.scan_shapes:
+        cases.append(Case(
+            op="gae", shape=f"T={t} x N={n}",
+            make_inputs=_scan_inputs("gae", t, n),
+            reference=gae_reference,
+            triton=lambda *a, cfg=None: gae(*a, backend=args.kernel_backend, config=cfg),
+            bytes_moved=4 * 6 * t * n,
+            extra={"lax.associative_scan": gae_associative_scan},  # the reference is the lax.scan
+        ))
+    return cases
+
+
+# kernels-2: add softmax_cases, policy_head_cases, projection_cases here.
+CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
+    "discounted_returns": returns_cases,
+    "gae": gae_cases,
+}
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def run_case(case: Case, args, copy_bw: float) -> dict:
+    keys = jax.random.split(jax.random.PRNGKey(1), args.max_reps)
+    first = case.make_inputs(keys[0])
+    reps = _reps_for(case.bytes_moved, args.max_reps)
+    sets = [first] + [case.make_inputs(k) for k in keys[1:reps]]
+    error = max_abs_diff(jax.jit(case.triton)(*first), jax.jit(case.reference)(*first))
+    row = {"op": case.op, "shape": case.shape, "reps": reps, "max_abs_err": error}
+    row["reference_us"] = 1e6 * time_per_call(case.reference, sets, args.runs)
+    row["triton_us"] = 1e6 * time_per_call(case.triton, sets, args.runs)
+    row["speedup"] = row["reference_us"] / row["triton_us"]
+    row["triton_GBps"] = case.bytes_moved / row["triton_us"] / 1e3
+    row["frac_copy_bw"] = row["triton_GBps"] * 1e9 / copy_bw
+    for name, fn in case.extra.items():
+        row[f"{name}_us"] = 1e6 * time_per_call(fn, sets, args.runs)
+    if error > case.atol:
+        row["WRONG"] = True
+    return row
+
+
+def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
+    """Times ScanConfig tilings for gae and discounted_returns at each scan shape."""
+    from kernels._chunked_scan import ScanConfig, choose_config
+
+    rows = []
+    loop = [(16, 128, 4), (32, 128, 8), (32, 64, 4), (64, 64, 8), (16, 256, 8), (32, 32, 4)]
+    chained = [(32, 32, 4), (64, 32, 4), (64, 64, 8), (128, 32, 8), (128, 64, 8), (32, 64, 4), (16, 64, 4), (16, 128, 8)]
+    configs = []
+    if args.sweep in ("loop", "all"):
+        configs += [ScanConfig(t, n, False, w) for t, n, w in loop]
+    if args.sweep in ("chained", "all"):
+        configs += [ScanConfig(t, n, True, w) for t, n, w in chained]
+    builders = [gae_cases] if args.sweep_ops == "gae" else [gae_cases, returns_cases]
+    for builder in builders:
+        for case in builder(args):
+            keys = jax.random.split(jax.random.PRNGKey(1), args.max_reps)
+            reps = _reps_for(case.bytes_moved, args.max_reps)
+            sets = [case.make_inputs(k) for k in keys[:reps]]
+            want = jax.jit(case.reference)(*sets[0])
+            t, n = (int(s.split("=")[1]) for s in case.shape.split(" x "))
+            auto = choose_config(1, t, n)
+            for cfg in ([None] if args.sweep == "all" else []) + configs:
+                fn = lambda *a, cfg=cfg: case.triton(*a, cfg=cfg)
+                label = "auto " + _cfg_label(auto) if cfg is None else _cfg_label(cfg)
+                try:
+                    err = max_abs_diff(jax.jit(fn)(*sets[0]), want)
+                    us = 1e6 * time_per_call(fn, sets, args.runs)
+                except Exception as e:  # a tiling the compiler rejects (registers, shared memory)
+                    print(f"  {case.op:18s} {case.shape:16s} {label:28s} FAILED {type(e).__name__}: {str(e)[:100]}")
+                    continue
+                gbps = case.bytes_moved / us / 1e3
+                row = {"op": case.op, "shape": case.shape, "config": label, "us": us, "GBps": gbps,
+                       "frac_copy_bw": gbps * 1e9 / copy_bw, "max_abs_err": err}
+                rows.append(row)
+                print(f"  {case.op:18s} {case.shape:16s} {label:28s} {us:9.1f} us {gbps:7.0f} GB/s "
+                      f"{row['frac_copy_bw']:5.2f} copy  err {err:.1e}", flush=True)
+    return rows
+
+
+def _cfg_label(cfg) -> str:
+    return f"{'chain' if cfg.chained else 'loop'} t{cfg.chunk_t} n{cfg.block_n} w{cfg.num_warps}"
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "jax": jax.__version__}
+    for name in ("jaxlib", "triton", "jax_triton"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception as e:  # noqa: BLE001
+            out[name] = f"unavailable ({type(e).__name__})"
+    out["device"] = str(jax.devices()[0].device_kind) if jax.devices() else "?"
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ops", default=",".join(CASE_BUILDERS), help="comma-separated op names")
+    parser.add_argument("--runs", type=int, default=30, help="timed calls per measurement (median)")
+    parser.add_argument("--max-reps", type=int, default=24, help="most distinct input sets per timed call")
+    parser.add_argument("--kernel-backend", default="triton", help="triton (GPU) or interpret (CPU smoke test)")
+    parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
+    parser.add_argument("--sweep", choices=["loop", "chained", "all"], help="time ScanConfig tilings of the scan ops")
+    parser.add_argument("--sweep-ops", default="gae", choices=["gae", "both"], help="ops the sweep times")
+    parser.add_argument("--json", help="write the rows and versions to this path")
+    args = parser.parse_args(argv)
+    args.scan_shapes = [(16, 32), (33, 8)] if args.small else [(1024, 4096), (128, 4096), (128, 65536)]
+
+    info = versions()
+    info["date"] = datetime.date.today().isoformat()
+    info["command"] = "python benchmarks/kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(" ".join(f"{k}={v}" for k, v in info.items()), flush=True)
+    copy_bw = copy_bandwidth(args.runs, 2**16 if args.small else 2**26)
+    print(f"copy bandwidth (x + 1, float32, 256 MiB): {copy_bw / 1e9:.0f} GB/s", flush=True)
+
+    rows = []
+    if args.sweep:
+        rows = sweep_scan_configs(args, copy_bw)
+    else:
+        for op in args.ops.split(","):
+            if op not in CASE_BUILDERS:
+                raise SystemExit(f"unknown op {op!r}; registered: {', '.join(CASE_BUILDERS)}")
+            for case in CASE_BUILDERS[op](args):
+                row = run_case(case, args, copy_bw)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        print()
+        print(f"| op | shape | reference us | triton us | ratio | GB/s | of copy ({copy_bw / 1e9:.0f} GB/s) | other baselines | max err |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            extras = ", ".join(f"{k[:-3]} {v:.0f} us" for k, v in r.items() if k.endswith("_us") and k not in ("reference_us", "triton_us"))
+            flag = " WRONG" if r.get("WRONG") else ""
+            print(f"| {r['op']} | {r['shape']} | {r['reference_us']:.1f} | {r['triton_us']:.1f} | {r['speedup']:.1f}x | "
+                  f"{r['triton_GBps']:.0f} | {100 * r['frac_copy_bw']:.0f}% | {extras} | {r['max_abs_err']:.1e}{flag} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "copy_GBps": copy_bw / 1e9, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
