@@ -12,6 +12,7 @@ import difflib
 import importlib
 
 from envs.core import Env
+from envs.rendering import render, save_gif
 from envs.spaces import Box, Discrete
 from envs.wrappers import (
     ClipAction,
@@ -68,4 +69,6 @@ __all__ = [
     "NormalizeReward",
     "ClipAction",
     "RescaleAction",
+    "render",
+    "save_gif",
 ]

@@ -37,6 +37,7 @@ import numpy as np
 from flax import struct
 
 from envs.core import Env
+from envs.rendering import canvas, draw_line, fill_circle, fill_polygon, rotated_rectangle
 from envs.spaces import Box, Discrete
 
 
@@ -168,3 +169,18 @@ class Acrobot(Env):
 
     def action_space(self, params: AcrobotParams) -> Discrete:
         return Discrete(3)
+
+    def render(self, state: AcrobotState, params: AcrobotParams, size: int = 500) -> np.ndarray:
+        """rgb_array frame: both links hanging from the centre, the goal height as a line."""
+        l1, l2 = float(params.link_length_1), float(params.link_length_2)
+        scale = size / (2 * (l1 + l2 + 0.2))
+        center = np.array([size / 2, size / 2])
+        image = canvas(size, size)
+        draw_line(image, center + (-(l1 + l2 + 0.2) * scale, -l1 * scale), center + ((l1 + l2 + 0.2) * scale, -l1 * scale), 1, (0, 0, 0))
+        theta1, theta12 = float(state.theta1), float(state.theta1) + float(state.theta2)
+        joint = center + np.array([np.sin(theta1), np.cos(theta1)]) * l1 * scale  # screen y is down
+        for start, angle, length in [(center, theta1, l1), (joint, theta12, l2)]:
+            # a link pointing along (sin a, -cos a) in the world: screen angle a - pi/2
+            fill_polygon(image, rotated_rectangle(start, length * scale, 0.2 * scale, angle - math.pi / 2, anchor="start"), (0, 204, 204))
+            fill_circle(image, start, 0.1 * scale, (204, 204, 0))
+        return image

@@ -23,6 +23,7 @@ import numpy as np
 from flax import struct
 
 from envs.core import Env
+from envs.rendering import canvas, draw_line, fill_circle, fill_polygon, rotated_rectangle
 from envs.spaces import Box, Discrete
 
 
@@ -97,3 +98,14 @@ class CartPole(Env):
 
     def action_space(self, params: CartPoleParams) -> Discrete:
         return Discrete(2)
+
+    def render(self, state: CartPoleState, params: CartPoleParams, width: int = 600, height: int = 400) -> np.ndarray:
+        """rgb_array frame: track, cart at x, pole at angle theta (the view spans +-2 x_threshold)."""
+        scale = width / (4 * float(params.x_threshold))
+        cart_x, cart_y = float(state.x) * scale + width / 2, height - 100
+        image = canvas(height, width)
+        draw_line(image, (0, cart_y), (width, cart_y), 1, (0, 0, 0))
+        fill_polygon(image, rotated_rectangle((cart_x, cart_y - 15), 50, 30, 0.0), (0, 0, 0))
+        pole = rotated_rectangle((cart_x, cart_y - 22), 2 * float(params.length) * scale, 10, math.pi / 2 - float(state.theta), anchor="start")
+        fill_polygon(image, pole, (202, 152, 101))
+        return fill_circle(image, (cart_x, cart_y - 22), 5, (129, 132, 203))

@@ -22,6 +22,7 @@ import numpy as np
 from flax import struct
 
 from envs.core import Env
+from envs.rendering import canvas, fill_circle, fill_polygon
 from envs.spaces import Discrete
 
 # (row, col) offsets of the four actions: right, up, left, down.
@@ -124,6 +125,20 @@ class GridWorld(Env):
 
     def action_space(self, params: GridWorldParams) -> Discrete:
         return Discrete(4)
+
+    def render(self, state: GridWorldState, params: GridWorldParams, cell_pixels: int = 40) -> np.ndarray:
+        """rgb_array frame: walls dark grey, goal green, agent red, on a grid of `cell_pixels` cells."""
+        size, c = params.size, cell_pixels
+        image = canvas(size * c, size * c)
+        walls = np.asarray(params.walls)
+        for cell in range(size * size):
+            row, col = divmod(cell, size)
+            color = (70, 70, 70) if walls[cell] else (90, 180, 90) if cell == int(params.goal) else None
+            if color is not None:
+                fill_polygon(image, [(col * c, row * c), ((col + 1) * c, row * c), ((col + 1) * c, (row + 1) * c), (col * c, (row + 1) * c)], color)
+        image[::c, :] = image[:, ::c] = 200  # grid lines
+        row, col = divmod(int(state.cell), size)
+        return fill_circle(image, ((col + 0.5) * c, (row + 0.5) * c), 0.35 * c, (210, 60, 60))
 
     @staticmethod
     def shortest_path_length(params: GridWorldParams) -> int:

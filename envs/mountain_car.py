@@ -23,6 +23,7 @@ import numpy as np
 from flax import struct
 
 from envs.core import Env
+from envs.rendering import canvas, draw_line, draw_polyline, fill_circle, fill_polygon, rotated_rectangle
 from envs.spaces import Box, Discrete
 
 
@@ -50,7 +51,7 @@ def car_observation(state) -> jax.Array:
     return jnp.stack([state.position, state.velocity]).astype(jnp.float32)
 
 
-def height(position):
+def height_of(position):
     """Height of the hill at `position`: sin(3 x) * 0.45 + 0.55."""
     return np.sin(3 * np.asarray(position)) * 0.45 + 0.55
 
@@ -67,6 +68,31 @@ def move_car(position, velocity, min_position, max_position):
     position = jnp.clip(position + velocity, min_position, max_position)
     velocity = jnp.where((position == min_position) & (velocity < 0), 0.0, velocity)
     return position.astype(jnp.float32), velocity.astype(jnp.float32)
+
+
+def render_car(position: float, params, width: int = 600, height: int = 400) -> np.ndarray:
+    """rgb_array frame of either MountainCar: the hill, the car on it (tilted with the slope), the flag."""
+    low, high = float(params.min_position), float(params.max_position)
+    scale = width / (high - low)
+
+    def to_screen(x, y):
+        return (x - low) * scale, height - y * scale
+
+    image = canvas(height, width)
+    xs = np.linspace(low, high, 100)
+    draw_polyline(image, np.stack(to_screen(xs, height_of(xs)), -1), 2, (0, 0, 0))
+    flag_x, flag_y = to_screen(float(params.goal_position), float(height_of(params.goal_position)))
+    draw_line(image, (flag_x, flag_y), (flag_x, flag_y - 50), 2, (0, 0, 0))
+    fill_polygon(image, [(flag_x, flag_y - 50), (flag_x, flag_y - 40), (flag_x + 25, flag_y - 45)], (204, 204, 0))
+    angle = float(np.arctan(1.35 * np.cos(3 * position)))  # slope of the hill
+    x, y = to_screen(position, float(height_of(position)))
+    normal = np.array([-np.sin(angle), -np.cos(angle)])  # up, perpendicular to the slope, screen coordinates
+    body_center = np.array([x, y]) + normal * 20
+    fill_polygon(image, rotated_rectangle(body_center, 40, 20, angle), (0, 0, 0))
+    for offset in (-10, 10):
+        wheel = np.array([x, y]) + normal * 7 + np.array([np.cos(angle), -np.sin(angle)]) * offset
+        fill_circle(image, wheel, 7, (128, 128, 128))
+    return image
 
 
 class MountainCar(Env):
@@ -97,3 +123,7 @@ class MountainCar(Env):
 
     def action_space(self, params: MountainCarParams) -> Discrete:
         return Discrete(3)
+
+    def render(self, state: MountainCarState, params: MountainCarParams) -> np.ndarray:
+        """rgb_array frame: the hill, the car, the flag at the goal."""
+        return render_car(float(state.position), params)

@@ -24,7 +24,7 @@ import numpy as np
 from flax import struct
 
 from envs.core import Env, concrete_or
-from envs.mountain_car import car_observation, move_car, reset_car
+from envs.mountain_car import car_observation, move_car, render_car, reset_car
 from envs.spaces import Box
 
 
@@ -81,3 +81,7 @@ class MountainCarContinuous(Env):
         low = concrete_or(params.min_action, defaults.min_action)
         high = concrete_or(params.max_action, defaults.max_action)
         return Box(low=low, high=high, shape=(1,))
+
+    def render(self, state: MountainCarContinuousState, params: MountainCarContinuousParams) -> np.ndarray:
+        """rgb_array frame: the hill, the car, the flag at the goal."""
+        return render_car(float(state.position), params)

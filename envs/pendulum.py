@@ -17,12 +17,15 @@ Actions: a float array of shape (1,). Finite values outside [-max_torque, max_to
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
 from envs.core import Env, concrete_or
+from envs.rendering import canvas, draw_line, fill_circle, fill_polygon, rotated_rectangle
 from envs.spaces import Box
 
 
@@ -91,4 +94,16 @@ class Pendulum(Env):
     def action_space(self, params: PendulumParams) -> Box:
         max_torque = concrete_or(params.max_torque, PendulumParams().max_torque)
         return Box(low=-max_torque, high=max_torque, shape=(1,))
+
+    def render(self, state: PendulumState, params: PendulumParams, size: int = 500) -> np.ndarray:
+        """rgb_array frame: the rod at angle theta (0 up, counter-clockwise), the last torque as a bar."""
+        scale = size / 4.4
+        center = (size / 2, size / 2)
+        image = canvas(size, size)
+        rod = rotated_rectangle(center, float(params.l) * scale, 0.2 * scale, math.pi / 2 + float(state.theta), anchor="start")
+        fill_polygon(image, rod, (204, 77, 77))
+        fill_circle(image, center, 0.05 * scale, (0, 0, 0))
+        torque = float(state.last_u) / max(float(params.max_torque), 1e-6)
+        draw_line(image, (size / 2, size - 20), (size / 2 + torque * size / 4, size - 20), 8, (77, 77, 204))
+        return image
 
