@@ -53,7 +53,7 @@ def _policy_head_fwd_kernel(
     denom = tl.sum(e, axis=1)
     log_denom = tl.log(denom)
     # sum_k p_k * shifted_k, with 0 * (-inf) read as 0.
-    weighted = tl.sum(tl.where(e > 0.0, e * shifted, 0.0), axis=1) / denom
+    weighted = tl.sum(e * tl.where(e > 0.0, shifted, 0.0), axis=1) / denom
     picked = tl.sum(tl.where(cols[None, :] == action[:, None], shifted, 0.0), axis=1)
     valid = (action >= 0) & (action < A)
     log_prob = tl.where(valid, picked - log_denom, float("nan"))
@@ -83,7 +83,7 @@ def _policy_head_bwd_kernel(
     log_p = x - lse[:, None]
     p = tl.exp(log_p)
     onehot = tl.where(cols[None, :] == action[:, None], 1.0, 0.0)
-    ent_term = tl.where(p > 0.0, p * (log_p + entropy[:, None]), 0.0)
+    ent_term = p * tl.where(p > 0.0, log_p + entropy[:, None], 0.0)
     dx = g_lp[:, None] * (onehot - p) - g_ent[:, None] * ent_term
     tl.store(dlogits_ptr + offs, dx, mask=mask)
 
@@ -163,9 +163,10 @@ def categorical_log_prob_entropy_reference(logits, actions):
     An out-of-range action gives a NaN log_prob; terms with p == 0 add 0 to the entropy.
     """
     log_p = jax.nn.log_softmax(logits, axis=-1)
-    log_prob = jnp.take_along_axis(
-        log_p, actions[..., None].astype(jnp.int32), axis=-1, mode="fill", fill_value=jnp.nan
-    )[..., 0]
+    n_actions = logits.shape[-1]
+    valid = (actions >= 0) & (actions < n_actions)
+    index = jnp.clip(actions, 0, n_actions - 1).astype(jnp.int32)[..., None]
+    log_prob = jnp.where(valid, jnp.take_along_axis(log_p, index, axis=-1)[..., 0], jnp.nan)
     p = jnp.exp(log_p)
     entropy = -jnp.sum(jnp.where(p > 0, p * log_p, 0.0), axis=-1)
     return log_prob, entropy
