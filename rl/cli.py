@@ -1,15 +1,22 @@
 """The `rl` command line.
 
-    rl train CONFIG.yaml [--seeds N] [--sweep agent.lr=1e-3,3e-3 ...] [dotted.key=value ...]
+    rl train CONFIG.yaml [--seeds N] [--sweep agent.lr=1e-3,3e-3 ...] [--devices all] [dotted.key=value ...]
+    rl train --resume RUN_DIR              continue a stopped run from its newest good checkpoint
+    rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif]
+    rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric episode_return]
 
 Bad input (missing or unparsable file, unknown key, wrong type, value out of range, unknown env or
-agent) prints one line `rl: error: ...` and exits with status 2 before anything is written.
+agent) prints one line `rl: error: ...` and exits with status 2 before anything is written. A run
+that diverges (NaN or infinite loss or params) or cannot write its run directory (disk full, no
+permission) prints one line and exits with status 1; Ctrl-C saves a checkpoint and exits with 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import math
 import sys
 import time
@@ -20,6 +27,8 @@ import numpy as np
 from rl.config import ConfigError, Config, load_config, parse_sweep
 
 EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1  # training diverged or the run directory could not be written
+EXIT_INTERRUPTED = 130  # Ctrl-C (a checkpoint was saved)
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -31,13 +40,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog="rl", description="Train JAX RL agents from config files.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
     train = commands.add_parser("train", help="train an agent from a config file")
-    train.add_argument("config", help="path of a YAML config file")
+    train.add_argument("config", nargs="?", help="path of a YAML config file")
     train.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. agent.lr=0.05")
     train.add_argument("--seeds", type=int, help="number of seeds trained at once (run.seeds)")
     train.add_argument("--sweep", action="append", default=[], metavar="agent.KEY=V1,V2", help="sweep a hyperparameter over values (repeatable: the grid of all combinations)")
     train.add_argument("--output-dir", help="parent folder of the run directory (run.output_dir)")
     train.add_argument("--name", help="run directory name (run.name)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest good checkpoint")
+    train.add_argument("--devices", metavar="N|all", help="shard the seed axis over N local devices (or all of them)")
+    train.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: address of process 0 (jax.distributed), or 'auto'")
+    train.add_argument("--num-processes", type=int, help="multi-process run: number of processes")
+    train.add_argument("--process-id", type=int, help="multi-process run: this process's index")
+
+    evaluate = commands.add_parser("eval", help="evaluate a trained run's deterministic policy")
+    evaluate.add_argument("run_dir", help="a run directory written by rl train")
+    evaluate.add_argument("--episodes", type=int, default=100, help="episodes per seed (default 100)")
+    evaluate.add_argument("--checkpoint", type=int, metavar="STEP", help="use the checkpoint at this env step instead of the final params")
+    evaluate.add_argument("--render", metavar="FILE.gif", help="save a GIF of one episode (setting 0, seed 0)")
+    evaluate.add_argument("--seed", type=int, default=0, help="PRNG seed of the evaluation episodes")
+
+    plot = commands.add_parser("plot", help="plot learning curves of runs as a PNG")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("-o", "--output", help="PNG file (default RUN_DIR/learning_curve.png of the first run)")
+    plot.add_argument("--metric", default="episode_return", help="metric to plot (default episode_return)")
     return parser
 
 
@@ -49,8 +75,14 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extras:  # overrides given after options land here
         args.overrides = list(getattr(args, "overrides", [])) + extras
+    if extras and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
     if args.command == "train":
         return train_command(args)
+    if args.command == "eval":
+        return eval_command(args)
+    if args.command == "plot":
+        return plot_command(args)
     return EXIT_BAD_INPUT
 
 
@@ -73,30 +105,122 @@ def resolve_train_config(args) -> tuple[Config, list[dict]]:
     return config, grid
 
 
-def make_run_dir(config: Config) -> Path:
+def make_run_dir(config: Config, exist_ok: bool = False) -> Path:
     """A new run directory; ConfigError if it exists already or cannot be created."""
     name = config.run.name or f"{config.agent.name}-{config.env.id}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(config.run.output_dir) / name
-    if path.exists():
+    if path.exists() and not exist_ok:
         raise ConfigError(f"run directory {str(path)!r} already exists; choose another run.name")
     try:
-        path.mkdir(parents=True)
+        path.mkdir(parents=True, exist_ok=exist_ok)
     except OSError as err:
         raise ConfigError(f"cannot create run directory {str(path)!r}: {err.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"run directory {str(path)!r} is not writable")
     return path
 
 
-def train_command(args) -> int:
-    try:
-        config, grid = resolve_train_config(args)
-        run_dir = make_run_dir(config)
-    except ConfigError as err:
-        print(f"rl: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    from rl.train import run_training
+def resolve_resume(args) -> tuple[Config, list[dict], Path]:
+    """The saved config and grid of `rl train --resume RUN_DIR` (ConfigError on bad input)."""
+    from rl.train import load_run_config
 
-    summary = run_training(config, grid, run_dir)
-    print_summary(summary, run_dir)
+    given = [flag for flag, value in (("a config file", args.config), ("overrides", args.overrides), ("--sweep", args.sweep), ("--seeds", args.seeds), ("--output-dir", args.output_dir), ("--name", args.name)) if value]
+    if given:
+        raise ConfigError(f"--resume continues a run with its saved config; it takes no {', '.join(given)}")
+    config, grid = load_run_config(args.resume)
+    if args.no_progress:
+        config = dataclasses.replace(config, run=dataclasses.replace(config.run, progress=False))
+    run_dir = Path(args.resume)
+    if not os.access(run_dir, os.W_OK):
+        raise ConfigError(f"run directory {str(run_dir)!r} is not writable")
+    return config, grid, run_dir
+
+
+def _error(message: str, status: int) -> int:
+    print(f"rl: error: {message}", file=sys.stderr)
+    return status
+
+
+def _os_error(err: BaseException):
+    """The OSError behind `err` (orbax and others wrap them), or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def train_command(args) -> int:
+    from rl import distributed
+
+    try:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        if args.resume:
+            config, grid, run_dir = resolve_resume(args)
+        else:
+            if args.config is None:
+                raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
+            config, grid = resolve_train_config(args)
+        distributed.select_devices(args.devices or 1, config.run.seeds)
+        multi_process = distributed.jax.process_count() > 1
+        if multi_process and not args.resume and not config.run.name:
+            raise ConfigError("a multi-process run needs run.name (--name) so that every process writes the same run directory")
+        if not args.resume:
+            run_dir = make_run_dir(config, exist_ok=multi_process and not distributed.is_main_process())
+    except ConfigError as err:
+        return _error(str(err), EXIT_BAD_INPUT)
+    from rl.train import NonFiniteError, TrainingInterrupted, run_training
+
+    try:
+        summary = run_training(config, grid, run_dir, resume=bool(args.resume), devices=args.devices)
+    except NonFiniteError as err:
+        return _error(str(err), EXIT_FAILED)
+    except TrainingInterrupted as err:
+        print(f"rl: {err}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:
+        os_error = _os_error(err)
+        if os_error is None:
+            raise
+        where = os_error.filename or run_dir
+        return _error(f"cannot write the run directory {str(run_dir)!r} ({where}): {os_error.strerror or os_error}", EXIT_FAILED)
+    if distributed.is_main_process():
+        print_summary(summary, run_dir)
+    return 0
+
+
+# ---------------------------------------------------------------- rl eval and rl plot
+
+
+def eval_command(args) -> int:
+    from rl.evaluate import evaluate_run, print_evaluation
+
+    try:
+        if args.episodes < 1:
+            raise ConfigError(f"--episodes: expected a positive integer, got {args.episodes}")
+        if args.render is not None and not args.render.lower().endswith(".gif"):
+            raise ConfigError(f"--render: expected a .gif file name, got {args.render!r}")
+        result = evaluate_run(args.run_dir, episodes=args.episodes, checkpoint=args.checkpoint, render=args.render, seed=args.seed)
+    except ConfigError as err:
+        return _error(str(err), EXIT_BAD_INPUT)
+    except OSError as err:
+        return _error(f"cannot write {err.filename or args.render}: {err.strerror or err}", EXIT_FAILED)
+    print_evaluation(result)
+    return 0
+
+
+def plot_command(args) -> int:
+    from rl.plot import plot_runs
+
+    try:
+        path = plot_runs(args.run_dirs, output=args.output, metric=args.metric)
+    except ConfigError as err:
+        return _error(str(err), EXIT_BAD_INPUT)
+    except OSError as err:
+        return _error(f"cannot write {err.filename or args.output}: {err.strerror or err}", EXIT_FAILED)
+    print(f"wrote {path}")
     return 0
 
 

@@ -60,6 +60,8 @@ class RunConfig:
     output_dir: str = hp("runs", doc="parent folder of run directories")
     name: typing.Optional[str] = hp(None, doc="run directory name (default: <agent>-<env>-<time>)")
     progress: bool = hp(True, doc="show a progress bar")
+    checkpoint_every: int = hp(10, low=0, doc="log points between checkpoints (0: only at the end)")
+    keep_checkpoints: int = hp(3, low=1, doc="newest checkpoints kept in RUN_DIR/checkpoints")
 
 
 @dataclass(frozen=True)

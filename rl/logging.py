@@ -92,3 +92,183 @@ class ProgressBar:
     def close(self) -> None:
         self.stream.write("\n")
         self.stream.flush()
+
+
+# ---------------------------------------------------------------- run directory writers
+
+
+NAN_ALLOWED_PREFIX = "episode"  # episode_return/episode_length are NaN when no episode ended
+
+
+class RunLogger:
+    """A sink writing each log point of a run to `metrics.jsonl`, `metrics.csv` and TensorBoard
+    event files (`tensorboard/<setting>/seed_<i>/`, one TensorBoard run per seed), as it arrives.
+
+    Log points carry `{name: [settings, seeds]}` arrays. Each JSONL/CSV row is one (setting, seed, log
+    point) with every metric, plus host-side `steps_per_second` (env steps per second summed over all
+    seeds and settings, measured between consecutive log points) and `wall_time` (seconds since the
+    run started). Rows are buffered and the files flushed at most every `flush_seconds` (and by
+    `flush()`, which the runner calls before each checkpoint), so the host work stays bounded however
+    often log points arrive. Event files are written synchronously with tensorboardX's protobufs (no
+    TensorFlow, no writer threads).
+    """
+
+    def __init__(self, run_dir, grid: list[dict], num_seeds: int, flush_seconds: float = 2.0):
+        from pathlib import Path
+
+        self.run_dir = Path(run_dir)
+        self.grid = grid
+        self.num_seeds = num_seeds
+        self.flush_seconds = flush_seconds
+        self.columns: list[str] | None = None
+        self.pending: list[dict] = []
+        self.host = {"steps_per_second": [], "wall_time": []}
+        self.received = 0  # log points received since the start of the run (including restored ones)
+        self.start = time.perf_counter()
+        self.wall_offset = 0.0
+        self.last_time = None
+        self.last_step = None
+        self.last_flush = time.perf_counter()
+        self.tb = {}
+        self.tb_suffix = ""
+        self.purge_step = None
+        self._jsonl = self._csv = None
+
+    # ---- starting and resuming
+
+    def open(self, history: dict | None = None) -> None:
+        """Create the files, or (resuming) rewrite them from a checkpoint's `history` so they hold
+        exactly the restored log points (rows a killed process wrote after its checkpoint go away)."""
+        _prefetch_tensorboardx()
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "w")
+        self._csv = open(self.run_dir / "metrics.csv", "w")
+        if history is None or not history.get("seed"):
+            return
+        seed_metrics = history["seed"]
+        points = next(iter(seed_metrics.values())).shape[-1]
+        self.host = {k: [float(v) for v in np.asarray(history["host"].get(k, np.full(points, np.nan)))] for k in self.host}
+        self.wall_offset = self.host["wall_time"][-1] if points else 0.0
+        for t in range(points):
+            values = {k: v[..., t] for k, v in seed_metrics.items()}
+            self._queue_rows(values, t, self.host["steps_per_second"][t], self.host["wall_time"][t])
+        self.received = points
+        self.last_step = int(np.max(seed_metrics["step"][..., -1])) if points else None
+        self.purge_step = self.last_step + 1 if points else None
+        self.tb_suffix = f".resumed{points}"
+        self.flush()
+
+    # ---- the sink
+
+    def __call__(self, values: dict) -> None:
+        now = time.perf_counter()
+        step = np.asarray(values["step"])
+        if step.ndim != 2:  # not a run's [settings, seeds] batch (e.g. an unbatched train call)
+            return
+        newest = int(step.max())
+        reference_time = self.last_time if self.last_time is not None else self.start
+        reference_step = self.last_step if self.last_step is not None else 0
+        elapsed = now - reference_time
+        rate = (newest - reference_step) * step.size / elapsed if elapsed > 0 else float("nan")
+        wall = self.wall_offset + (now - self.start)
+        self.last_time, self.last_step = now, newest
+        self.host["steps_per_second"].append(float(rate))
+        self.host["wall_time"].append(float(wall))
+        self._queue_rows(values, self.received, rate, wall)
+        self.received += 1
+        if now - self.last_flush >= self.flush_seconds:
+            self.flush()
+
+    def mark_start(self) -> None:
+        """Start the clock for steps per second (call just before the compiled program runs)."""
+        self.start = self.last_time = time.perf_counter()
+
+    def host_history(self) -> dict:
+        return {k: np.asarray(v, np.float64) for k, v in self.host.items()}
+
+    # ---- writing
+
+    def _queue_rows(self, values: dict, log_point: int, rate: float, wall: float) -> None:
+        arrays = {k: np.asarray(v) for k, v in values.items()}
+        if self.columns is None:
+            self.columns = ["setting", "seed", "log_point"] + [k for k in arrays if arrays[k].ndim == 2] + ["steps_per_second", "wall_time"]
+            self._csv.write(",".join(self.columns) + "\n")
+        settings, seeds = arrays["step"].shape
+        for s in range(settings):
+            for i in range(seeds):
+                row = {"setting": s, "seed": i, "log_point": log_point}
+                row.update({k: _python_number(v[s, i]) for k, v in arrays.items() if v.ndim == 2})
+                row["steps_per_second"] = _python_number(np.float64(rate))
+                row["wall_time"] = round(wall, 4)
+                self.pending.append(row)
+
+    def flush(self) -> None:
+        """Write the buffered rows to every file and flush them."""
+        import json
+
+        rows, self.pending = self.pending, []
+        if rows:
+            _TBX_IMPORT.join()
+        for row in rows:
+            self._jsonl.write(json.dumps(row) + "\n")
+            self._csv.write(",".join("" if row.get(c) is None else repr(row[c]) if isinstance(row.get(c), float) else str(row[c]) for c in self.columns) + "\n")
+            self._write_event(row)
+        self._jsonl.flush()
+        self._csv.flush()
+        for writer in self.tb.values():
+            writer.flush()
+        self.last_flush = time.perf_counter()
+
+    def _event_writer(self, setting: int, seed: int):
+        key = (setting, seed)
+        if key not in self.tb:
+            from tensorboardX.event_file_writer import EventsWriter
+            from tensorboardX.proto import event_pb2
+
+            folder = self.run_dir / "tensorboard" / f"setting_{setting}" / f"seed_{seed}"
+            folder.mkdir(parents=True, exist_ok=True)
+            writer = EventsWriter(str(folder / "events"), self.tb_suffix)
+            if self.purge_step is not None:  # TensorBoard drops the killed process's later events
+                writer.write_event(event_pb2.Event(wall_time=time.time(), step=self.purge_step, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+            self.tb[key] = writer
+        return self.tb[key]
+
+    def _write_event(self, row: dict) -> None:
+        from tensorboardX.proto import event_pb2, summary_pb2
+
+        values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items() if k not in ("setting", "seed", "log_point", "step", "wall_time") and v is not None]
+        event = event_pb2.Event(wall_time=time.time(), step=int(row["step"]), summary=summary_pb2.Summary(value=values))
+        self._event_writer(row["setting"], row["seed"]).write_event(event)
+
+    def close(self) -> None:
+        if self._jsonl is None:
+            return
+        self.flush()
+        self._jsonl.close()
+        self._csv.close()
+        for writer in self.tb.values():
+            writer.close()
+        self._jsonl = self._csv = None
+
+
+def _import_tensorboardx() -> None:
+    import tensorboardX.event_file_writer  # noqa: F401
+    import tensorboardX.proto.event_pb2  # noqa: F401
+
+
+# Importing tensorboardX imports torch when torch is installed (seconds): do it in the background,
+# while the training program compiles.
+_TBX_IMPORT = threading.Thread(target=_import_tensorboardx, daemon=True)
+
+
+def _prefetch_tensorboardx() -> None:
+    with _LOCK:
+        if _TBX_IMPORT.ident is None:
+            _TBX_IMPORT.start()
+
+
+def _python_number(value):
+    """A NumPy scalar as a JSON-ready Python number (None for NaN and infinities)."""
+    import math
+
+    value = np.asarray(value).item()
+    return None if isinstance(value, float) and not math.isfinite(value) else value

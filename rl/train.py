@@ -6,15 +6,26 @@ and write the run directory.
     config = load_config("configs/qlearning_gridworld.yaml", ["run.seeds=30"])
     final_state, metrics = train_many(config)       # leading axes: [settings, seeds, ...]
 
-Run directory (`run_training`): `config.yaml` (the resolved config and sweep grid), `metrics.jsonl`
-(one row per setting, seed and log point), `final_params.msgpack` (flax serialisation of the final
-params, leading axes [settings, seeds]) and `summary.json` (what the CLI prints).
+`run_training` (what `rl train` runs) compiles the agent's Trainer as two programs, `init` and
+`run` over a chunk of `run.checkpoint_every` log points, and loops over chunks on the host: after
+each chunk it checks that the metrics and params are finite, flushes the logs and saves a
+checkpoint (rl.checkpoint). Chunked runs equal one long run exactly (the Trainer contract), so a run
+resumed from a checkpoint ends with the same params as one that was never stopped.
+
+Run directory: `config.yaml` (the resolved config and sweep grid), `metrics.jsonl` and
+`metrics.csv` (one row per setting, seed and log point, streamed while training),
+`tensorboard/setting_<s>/seed_<i>/` (event files), `checkpoints/<step>/` (orbax),
+`final_params.msgpack` (flax serialisation of the final params, leading axes [settings, seeds]) and
+`summary.json` (what the CLI prints).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -90,9 +101,10 @@ def _json_number(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def summarise(config: Config, grid: list[dict], metrics: dict, compile_seconds: float, train_seconds: float) -> dict:
+def summarise(config: Config, grid: list[dict], metrics: dict, compile_seconds: float, train_seconds: float, steps_trained: int | None = None) -> dict:
+    """`steps_trained`: env steps per seed trained in this process (default: the whole run)."""
     finals = final_returns(metrics)
-    total_steps = config.agent.total_steps * config.run.seeds * len(grid)
+    total_steps = (config.agent.total_steps if steps_trained is None else steps_trained) * config.run.seeds * len(grid)
     settings = []
     for s, setting in enumerate(grid):
         values = finals[s]
@@ -117,28 +129,250 @@ def summarise(config: Config, grid: list[dict], metrics: dict, compile_seconds: 
     }
 
 
-def run_training(config: Config, grid: list[dict], run_dir: Path) -> dict:
-    """Compile, train and write the run directory (see the module docstring); returns the summary."""
+# ---------------------------------------------------------------- the chunked, checkpointed runner
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a NaN or infinity in a loss or the params; the message names where."""
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C: the run stopped after saving a checkpoint (or, on a second Ctrl-C, without one)."""
+
+
+def load_run_config(run_dir) -> tuple[Config, list[dict]]:
+    """The resolved config and sweep grid a run directory was trained with (ConfigError if missing)."""
+    from rl.config import ConfigError, build_config, read_yaml
+
+    path = Path(run_dir) / "config.yaml"
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"run directory {str(run_dir)!r} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"{str(path)!r} does not exist: is {str(run_dir)!r} a run directory?")
+    data = read_yaml(path)
+    grid = data.pop("sweep", None) or [{}]
+    return build_config(data), [dict(setting) for setting in grid]
+
+
+def make_programs(config: Config, grid: list[dict], mesh):
+    """(init, chunk, keys, hparams) for the settings x seeds of a run, placed on `mesh`.
+
+    `init(keys, hparams) -> state` and `chunk(num_log_points)(state, hparams) -> (state, metrics)` are
+    jitted with the seed axis sharded over the mesh; every output has leading axes [settings, seeds].
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from rl.distributed import SEED_AXIS, put_replicated, replicated, seed_sharding
+
+    trainer = get_agent_module(config.agent.name).make_trainer(config)
+    state_sharding = seed_sharding(mesh)
+    keys = jax.make_array_from_callback((config.run.seeds, 2), NamedSharding(mesh, PartitionSpec(SEED_AXIS)), lambda index: np.asarray(seed_keys(config))[index])
+    hparams = {k: put_replicated(v, mesh) for k, v in stacked_hyperparams(config, grid).items()}
+    init_many = jax.vmap(jax.vmap(trainer.init, in_axes=(0, None)), in_axes=(None, 0))
+    init = jax.jit(init_many, out_shardings=state_sharding)
+    chunks = {}
+
+    def chunk(num_log_points: int):
+        if num_log_points not in chunks:
+            run_one = lambda state, hp: trainer.run(state, hp, num_log_points)
+            run_many = jax.vmap(jax.vmap(run_one, in_axes=(0, None)), in_axes=(0, 0))
+            chunks[num_log_points] = jax.jit(run_many, out_shardings=(state_sharding, state_sharding))
+        return chunks[num_log_points]
+
+    return trainer, init, chunk, keys, hparams
+
+
+def find_non_finite(metrics: dict, finite_params: dict, step_range: tuple[int, int]) -> str | None:
+    """A message naming the first non-finite metric (its step, setting and seed) or params leaf, or None.
+
+    Metrics named `episode*` may be NaN by design (no episode ended since the last log point)."""
+    from rl.logging import NAN_ALLOWED_PREFIX
+
+    first = None
+    for name, values in metrics.items():
+        values = np.asarray(values)
+        if name == "step" or name.startswith(NAN_ALLOWED_PREFIX) or not np.issubdtype(values.dtype, np.floating):
+            continue
+        bad = np.argwhere(~np.isfinite(values))
+        if bad.size:
+            s, i, t = min(bad.tolist(), key=lambda index: index[2])
+            if first is None or t < first[0]:
+                first = (t, f"non-finite {name} ({values[s, i, t]}) at step {int(np.asarray(metrics['step'])[s, i, t])} (setting {s}, seed {i})")
+    if first is not None:
+        return first[1]
+    for path, finite in jax.tree_util.tree_leaves_with_path(finite_params):
+        bad = np.argwhere(~np.asarray(finite))
+        if bad.size:
+            s, i = bad[0].tolist()
+            return f"non-finite params{jax.tree_util.keystr(path)} between step {step_range[0]} and step {step_range[1]} (setting {s}, seed {i})"
+    return None
+
+
+@jax.jit
+def _finite_per_instance(tree):
+    """Per leaf, bool[settings, seeds]: whether that instance's values are all finite."""
+    def check(x):
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            return jnp.ones(x.shape[:2], bool)
+        return jnp.isfinite(x).reshape(x.shape[0], x.shape[1], -1).all(-1)
+
+    return jax.tree.map(check, tree)
+
+
+def _wait_interruptibly(tree) -> None:
+    """block_until_ready, polling so that signal handlers (Ctrl-C) run while the program computes."""
+    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    if threading.current_thread() is not threading.main_thread():
+        jax.block_until_ready(leaves)
+        return
+    while not all(x.is_ready() for x in leaves):
+        time.sleep(0.02)
+
+
+class _SigintGuard:
+    """First Ctrl-C asks the runner to stop after the chunk in progress (saving a checkpoint); a second
+    one stops at once, keeping the checkpoints already written."""
+
+    def __init__(self, message: str):
+        self.requested = False
+        self.message = message
+        self.previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\nrl: {self.message}", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
+
+
+def _concat_history(history: dict | None, metrics: dict) -> dict:
+    metrics = {k: np.asarray(v) for k, v in metrics.items() if np.ndim(v) == 3}
+    if not history:
+        return metrics
+    return {k: np.concatenate([history[k], v], axis=-1) for k, v in metrics.items()}
+
+
+def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: bool = False, devices=None) -> dict:
+    """Compile, train chunk by chunk with checkpoints, write the run directory; returns the summary.
+
+    `resume=True` continues the run in `run_dir` from its newest good checkpoint (from scratch if it
+    has none). `devices`: None (the default device), a count or "all" to shard the seed axis.
+    Raises NonFiniteError (training diverged: the bad chunk is not checkpointed), TrainingInterrupted
+    (Ctrl-C) and OSError (the run directory cannot be written).
+    """
     from flax import serialization
 
+    from rl.checkpoint import Checkpoints, abstract_like
+    from rl.distributed import is_main_process, seed_mesh, seed_sharding, select_devices, to_host
+    from rl.logging import ProgressBar, RunLogger
+
     run_dir = Path(run_dir)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({**config.to_dict(), "sweep": grid}, sort_keys=False))
+    main = is_main_process()
+    if main and not resume:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({**config.to_dict(), "sweep": grid}, sort_keys=False))
     apply_kernel_backend(config)
-    program, keys, hparams = build_program(config, grid)
+    mesh = seed_mesh(select_devices(devices if devices is not None else 1, config.run.seeds))
+    trainer, init, chunk, keys, hparams = make_programs(config, grid, mesh)
+    total = trainer.num_log_points
+    every = config.run.checkpoint_every or total
+    checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
+
     start = time.perf_counter()
-    compiled = program.lower(keys, hparams).compile()
+    compiled_init = init.lower(keys, hparams).compile()
     compile_seconds = time.perf_counter() - start
-    bar = ProgressBar(config.agent.total_steps, label=f"{config.agent.name}/{config.env.id}") if config.run.progress else None
-    start = time.perf_counter()
-    if bar is not None:
-        with sink(bar):
-            final_state, metrics = jax.block_until_ready(compiled(keys, hparams))
-        bar.close()
+    abstract_state = abstract_like(jax.eval_shape(init, keys, hparams), seed_sharding(mesh))
+    restored = checkpoints.restore_latest(abstract_state) if resume else None
+    if restored is not None:
+        checkpoint_step, state, history, meta = restored
+        done, seed_history = int(meta["log_points"]), history["seed"]
+        print(f"rl: resuming from checkpoint {checkpoints.directory / str(checkpoint_step)} ({done}/{total} log points)", file=sys.stderr)
     else:
-        final_state, metrics = jax.block_until_ready(compiled(keys, hparams))
-    train_seconds = time.perf_counter() - start
-    write_metrics_jsonl(run_dir / "metrics.jsonl", metrics, grid)
-    (run_dir / "final_params.msgpack").write_bytes(serialization.msgpack_serialize(jax.device_get(final_state["params"])))
-    summary = summarise(config, grid, metrics, compile_seconds, train_seconds)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        state, done, history, seed_history, checkpoint_step = compiled_init(keys, hparams), 0, None, None, None
+
+    logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
+    bar = ProgressBar(config.agent.total_steps, label=f"{config.agent.name}/{config.env.id}") if (config.run.progress and main) else None
+    if logger is not None:
+        logger.open(history)
+    sinks = [s for s in (logger, bar) if s is not None]
+    train_seconds, steps_start = 0.0, (int(np.max(seed_history["step"][..., -1])) if seed_history else 0)
+    last_step, compiled_chunks = steps_start, {}
+    guard = _SigintGuard("stopping after the current chunk and saving a checkpoint (Ctrl-C again to stop without saving)")
+    try:
+        with guard, _sinks(sinks):
+            while done < total:
+                size = min(every, total - done)
+                if size not in compiled_chunks:
+                    t0 = time.perf_counter()
+                    compiled_chunks[size] = chunk(size).lower(state, hparams).compile()
+                    compile_seconds += time.perf_counter() - t0
+                if logger is not None:
+                    logger.mark_start()
+                t0 = time.perf_counter()
+                new_state, metrics = compiled_chunks[size](state, hparams)
+                _wait_interruptibly((new_state, metrics))
+                train_seconds += time.perf_counter() - t0
+                metrics = to_host(metrics)
+                if logger is not None and logger.received < done + size:  # the agent did not stream every log point
+                    for t in range(logger.received - done, size):
+                        logger({k: np.asarray(v)[..., t] for k, v in metrics.items()})
+                new_step = int(np.max(np.asarray(metrics["step"])[..., -1]))
+                problem = find_non_finite(metrics, to_host(_finite_per_instance(new_state["params"])), (last_step, new_step))
+                if logger is not None:
+                    logger.flush()
+                if problem is not None:
+                    checkpoints.wait()
+                    kept = f"last good checkpoint: {checkpoints.directory / str(checkpoint_step)}" if checkpoint_step is not None else "no checkpoint was saved before it"
+                    raise NonFiniteError(f"{problem}; training stopped, {kept}")
+                state, done, last_step = new_state, done + size, new_step
+                seed_history = _concat_history(seed_history, metrics)
+                host_history = logger.host_history() if logger is not None else {"steps_per_second": np.full(done, np.nan)}
+                meta = {"log_points": done, "step": new_step, "total_log_points": total, "agent": config.agent.name, "env": config.env.id}
+                checkpoints.save(new_step, state, {"seed": seed_history, "host": host_history}, meta)
+                checkpoint_step = new_step
+                if guard.requested and done < total:
+                    checkpoints.wait()
+                    raise TrainingInterrupted(f"interrupted at step {new_step} ({done}/{total} log points); checkpoint saved in {checkpoints.directory / str(new_step)}; continue with: rl train --resume {run_dir}")
+            checkpoints.wait()
+    except KeyboardInterrupt:
+        kept = f"last checkpoint: {checkpoints.directory / str(checkpoint_step)}" if checkpoint_step is not None else "no checkpoint was saved"
+        raise TrainingInterrupted(f"interrupted without saving; {kept}") from None
+    finally:
+        if bar is not None:
+            bar.close()
+        if logger is not None:
+            logger.close()
+        checkpoints.close()
+
+    params = to_host(state["params"])
+    summary = summarise(config, grid, seed_history, compile_seconds, train_seconds, steps_trained=last_step - steps_start)
+    if main:
+        (run_dir / "final_params.msgpack").write_bytes(serialization.msgpack_serialize(params))
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+class _sinks:
+    """Register several rl.logging sinks at once."""
+
+    def __init__(self, fns):
+        from contextlib import ExitStack
+
+        self.fns, self.stack = fns, ExitStack()
+
+    def __enter__(self):
+        for fn in self.fns:
+            self.stack.enter_context(sink(fn))
+        return self
+
+    def __exit__(self, *exc):
+        return self.stack.__exit__(*exc)

@@ -1,0 +1,192 @@
+"""Evaluate a trained run: the agent's deterministic policy on fresh episodes, and a GIF of one.
+
+    rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif]
+
+Params come from `RUN_DIR/final_params.msgpack`, or from the checkpoint at env step STEP, or (a run
+that was stopped before the end) from the newest checkpoint. The policy is the agent module's
+`make_policy(config) -> policy(params, obs, key) -> action`. Every (setting, seed) plays `episodes`
+episodes in one compiled program (vmapped over settings, seeds and episodes); each episode runs
+the env's own transition `step_env` from `reset` until it terminates or reaches
+`max_steps_in_episode` (no auto-reset, so the final state can be rendered), and its return is the
+undiscounted sum of rewards.
+
+Rendering calls the env's host-side `env.render(state, params) -> uint8[H, W, 3]` on every state of
+one episode of setting 0, seed 0 (the reset state, then the state after each step, the terminal
+one included), written as a GIF with Pillow.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs
+from rl.agents import get_agent_module
+from rl.config import Config, ConfigError
+
+
+def make_env(config: Config):
+    """The env an agent is evaluated on (the agent module may supply `make_eval_env(config)`)."""
+    module = get_agent_module(config.agent.name)
+    if hasattr(module, "make_eval_env"):
+        return module.make_eval_env(config)
+    return envs.make(config.env.id, **dict(config.env.params))
+
+
+def rollout(env, env_params, policy, params, key, max_steps: int):
+    """One deterministic-policy episode: (return, length, states [max_steps + 1], done [max_steps + 1]).
+
+    states[t] is the state after t steps, frozen once the episode has ended; done[t] says whether it
+    had ended by then. reward_t counts only while the episode runs."""
+    reset_key, key = jax.random.split(key)
+    obs, state = env.reset(reset_key, env_params)
+
+    def step(carry, _):
+        obs, state, key, total, length, done = carry
+        key, policy_key, step_key = jax.random.split(key, 3)
+        action = policy(params, obs, policy_key)
+        next_obs, next_state, reward, terminated, info = env.step_env(step_key, state, action, env_params)
+        truncated = next_state.time >= env_params.max_steps_in_episode
+        total = total + jnp.where(done, 0.0, jnp.asarray(reward, jnp.float32))
+        length = length + jnp.where(done, 0, 1)
+        keep = lambda old, new: jnp.where(done, old, new)
+        state = jax.tree.map(keep, state, next_state)
+        obs = keep(obs, next_obs)
+        done = done | jnp.asarray(terminated, bool) | truncated
+        return (obs, state, key, total, length, done), (state, done)
+
+    init = (obs, state, key, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False))
+    (_, _, _, total, length, _), (states, dones) = jax.lax.scan(step, init, None, length=max_steps)
+    states = jax.tree.map(lambda first, rest: jnp.concatenate([first[None], rest]), state, states)
+    dones = jnp.concatenate([jnp.zeros((1,), bool), dones])
+    return total, length, states, dones
+
+
+def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | None = None):
+    """(params with leading axes [settings, seeds], description of where they came from)."""
+    from flax import serialization
+
+    from rl.checkpoint import Checkpoints, abstract_like
+    from rl.train import make_programs
+    from rl.distributed import seed_mesh
+
+    run_dir = Path(run_dir)
+    mesh = seed_mesh(jax.devices()[:1])
+    _, init, _, keys, hparams = make_programs(config, grid, mesh)
+    abstract_state = abstract_like(jax.eval_shape(init, keys, hparams), jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    final = run_dir / "final_params.msgpack"
+    if checkpoint is None and final.is_file():
+        target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_state["params"])
+        return serialization.from_bytes(target, final.read_bytes()), str(final)
+    checkpoints = Checkpoints(run_dir, read_only=True)
+    steps = checkpoints.steps()
+    if checkpoint is None:
+        restored = checkpoints.restore_latest(abstract_state, with_history=False)
+        if restored is None:
+            raise ConfigError(f"{str(run_dir)!r} has neither final_params.msgpack nor a checkpoint")
+        step, state, _, _ = restored
+    else:
+        if checkpoint not in steps:
+            raise ConfigError(f"--checkpoint {checkpoint}: no such checkpoint in {str(checkpoints.directory)!r}; available steps: {', '.join(map(str, steps)) or 'none'}")
+        step = checkpoint
+        state, _, _ = checkpoints.restore(step, abstract_state, with_history=False)
+    return state["params"], str(checkpoints.directory / str(step))
+
+
+def evaluate(config: Config, params, episodes: int, seed: int = 0):
+    """Returns and lengths, each [settings, seeds, episodes], of the deterministic policy."""
+    env, env_params = make_env(config)
+    policy = get_agent_module(config.agent.name).make_policy(config)
+    max_steps = int(env_params.max_steps_in_episode)
+
+    def one(params, key):
+        total, length, _, _ = rollout(env, env_params, policy, params, key, max_steps)
+        return total, length
+
+    over_episodes = jax.vmap(one, in_axes=(None, 0))
+    over_seeds = jax.vmap(over_episodes, in_axes=(0, None))
+    over_settings = jax.jit(jax.vmap(over_seeds, in_axes=(0, None)))
+    keys = jax.random.split(jax.random.PRNGKey(seed), episodes)
+    returns, lengths = over_settings(params, keys)
+    return np.asarray(returns), np.asarray(lengths)
+
+
+def render_episode(config: Config, params_one, path, seed: int = 0, fps: int = 10) -> int:
+    """Write a GIF of one episode of the policy with `params_one` (one seed's params); returns frames."""
+    env, env_params = make_env(config)
+    if not hasattr(env, "render"):
+        raise ConfigError(f"--render: env {config.env.id} cannot render (it has no render method)")
+    policy = get_agent_module(config.agent.name).make_policy(config)
+    max_steps = int(env_params.max_steps_in_episode)
+    _, length, states, _ = jax.jit(lambda p, k: rollout(env, env_params, policy, p, k, max_steps))(params_one, jax.random.PRNGKey(seed))
+    count = int(length) + 1  # the reset state and the state after every step
+    states = jax.tree.map(lambda x: x[:count], states)
+    states = jax.device_get(states)
+    frames = np.stack([np.asarray(env.render(jax.tree.map(lambda x: x[t], states), env_params)) for t in range(count)])
+    write_gif(frames, path, fps=fps)
+    return count
+
+
+def write_gif(frames: np.ndarray, path, fps: int = 10) -> None:
+    """uint8 frames [T, H, W, 3] as an animated GIF (each frame 1/fps s, looping)."""
+    from PIL import Image
+
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"write_gif: frames must be [T, H, W, 3], got shape {frames.shape}")
+    images = [Image.fromarray(np.clip(frame, 0, 255).astype(np.uint8)) for frame in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=max(1, int(1000 / fps)), loop=0)
+
+
+def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, render=None, seed: int = 0) -> dict:
+    """Evaluate a run directory (see the module docstring); returns a result dict for printing."""
+    from rl.train import apply_kernel_backend, load_run_config
+
+    config, grid = load_run_config(run_dir)
+    apply_kernel_backend(config)
+    params, source = load_params(run_dir, config, grid, checkpoint)
+    returns, lengths = evaluate(config, params, episodes, seed)
+    settings = []
+    for s, setting in enumerate(grid):
+        per_seed = returns[s].mean(axis=-1)
+        settings.append(
+            {
+                "hyperparams": setting,
+                "seeds": int(returns.shape[1]),
+                "episodes": int(returns.shape[2]),
+                "return_mean": float(returns[s].mean()),
+                "return_std": float(returns[s].std()),
+                "return_median": float(np.median(returns[s])),
+                "return_min": float(returns[s].min()),
+                "return_max": float(returns[s].max()),
+                "seed_mean_std": float(per_seed.std()),
+                "length_mean": float(lengths[s].mean()),
+            }
+        )
+    result = {"run_dir": str(run_dir), "params": source, "agent": config.agent.name, "env": config.env.id, "settings": settings}
+    if render is not None:
+        one = jax.tree.map(lambda x: x[0, 0], params)
+        result["render"] = {"path": str(render), "frames": render_episode(config, one, render, seed)}
+    return result
+
+
+def _fmt(value: float) -> str:
+    return "nan" if math.isnan(value) else f"{value:.4g}"
+
+
+def print_evaluation(result: dict) -> None:
+    print(f"{result['agent']} on {result['env']}, params from {result['params']}")
+    for row in result["settings"]:
+        label = ", ".join(f"{k}={v}" for k, v in row["hyperparams"].items()) or "config"
+        print(
+            f"  [{label}] return {_fmt(row['return_mean'])} +- {_fmt(row['return_std'])} "
+            f"(median {_fmt(row['return_median'])}, min {_fmt(row['return_min'])}, max {_fmt(row['return_max'])}; "
+            f"spread of seed means {_fmt(row['seed_mean_std'])}) over {row['episodes']} episodes x {row['seeds']} seeds, "
+            f"mean length {_fmt(row['length_mean'])}"
+        )
+    if "render" in result:
+        print(f"wrote {result['render']['path']} ({result['render']['frames']} frames)")

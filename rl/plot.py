@@ -1,0 +1,109 @@
+"""Learning curves of run directories as a PNG.
+
+    rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric episode_return]
+
+One line per run, or per sweep setting of a run: the median over seeds of `metric` (read from each
+run's `metrics.jsonl`) against env steps, with the band between the 25th and 75th percentiles over
+seeds shaded. Log points where a seed has no value (NaN: no episode ended) are left out of that
+seed's statistics. Drawn with matplotlib's Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from rl.config import ConfigError
+
+INTERVAL = (25.0, 75.0)
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """The rows of `RUN_DIR/metrics.jsonl` (ConfigError if it is missing or unreadable)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"run directory {str(run_dir)!r} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"{str(path)!r} does not exist: is {str(run_dir)!r} a run directory?")
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{str(path)!r} cannot be read: {err}") from None
+
+
+def curves(rows: list[dict], metric: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """{setting: (steps [T], values [seeds, T])} from metrics rows (NaN where a value is missing)."""
+    if rows and metric not in rows[0]:
+        known = sorted(k for k in rows[0] if k not in ("setting", "seed", "log_point"))
+        raise ConfigError(f"--metric: no metric {metric!r} in the run; known metrics: {', '.join(known)}")
+    by_setting: dict[int, dict] = {}
+    for row in rows:
+        point = row.get("log_point")
+        point = point if point is not None else row["step"]
+        table = by_setting.setdefault(row.get("setting", 0), {})
+        table[(row["seed"], point)] = (row["step"], row.get(metric))
+    result = {}
+    for setting, table in sorted(by_setting.items()):
+        seeds = sorted({seed for seed, _ in table})
+        points = sorted({point for _, point in table})
+        values = np.full((len(seeds), len(points)), np.nan)
+        steps = np.zeros(len(points))
+        for (seed, point), (step, value) in table.items():
+            j = points.index(point)
+            steps[j] = max(steps[j], step)
+            if value is not None:
+                values[seeds.index(seed), j] = value
+        result[setting] = (steps, values)
+    return result
+
+
+def _setting_labels(run_dir) -> list[str]:
+    """Labels of a run's sweep settings from its config.yaml ("" for a run without a sweep)."""
+    import yaml
+
+    try:
+        grid = (yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("sweep") or [{}]
+    except (OSError, yaml.YAMLError):
+        return []
+    return [", ".join(f"{k}={v}" for k, v in setting.items()) for setting in grid]
+
+
+def plot_runs(run_dirs, output=None, metric: str = "episode_return") -> Path:
+    """Draw the curves of every run (see the module docstring) into `output`; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = [(Path(run_dir), curves(read_metrics(run_dir), metric)) for run_dir in run_dirs]
+    output = Path(output) if output is not None else Path(run_dirs[0]) / "learning_curve.png"
+    if output.suffix.lower() != ".png":
+        raise ConfigError(f"-o: expected a .png file name, got {str(output)!r}")
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for run_dir, settings in data:
+        labels = _setting_labels(run_dir)
+        for setting, (steps, values) in settings.items():
+            with warnings.catch_warnings():  # all-NaN log points (no episode ended yet) stay NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                median = np.nanmedian(values, axis=0)
+                low, high = np.nanpercentile(values, INTERVAL, axis=0)
+            label = run_dir.name
+            if setting < len(labels) and labels[setting]:
+                label += f" [{labels[setting]}]"
+            label += f" ({values.shape[0]} seeds)"
+            (line,) = axes.plot(steps, median, label=label)
+            axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.25, linewidth=0)
+    axes.set_xlabel("env steps per seed")
+    axes.set_ylabel(metric)
+    axes.set_title(f"{metric}: median over seeds, {INTERVAL[0]:g}-{INTERVAL[1]:g}th percentile band")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    try:
+        figure.savefig(output, format="png")
+    finally:
+        plt.close(figure)
+    return output

@@ -1,0 +1,104 @@
+"""Helpers shared by the run-directory tests (checkpoint, logging, eval, plot, failures, sharding):
+a tiny Q-learning config, `rl` invoked in-process or in a subprocess, and comparisons of runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+# 20 log points of 1000 steps; checkpoints every 4 log points (at steps 4000, 8000, ...).
+TINY = {
+    "env": {"id": "GridWorld", "params": {"size": 5, "max_steps_in_episode": 50}},
+    "agent": {"name": "qlearning", "total_steps": 20_000, "log_interval": 1_000, "epsilon_decay_steps": 10_000},
+    "run": {"seed": 0, "seeds": 2, "checkpoint_every": 4, "progress": False},
+}
+
+
+def write_config(folder: Path, data: dict | None = None, **run) -> Path:
+    data = json.loads(json.dumps(data or TINY))
+    data["run"].update(run)
+    data["run"].setdefault("output_dir", str(folder / "runs"))
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_cli(args: list[str], capsys=None) -> int:
+    """`rl ARGS` in this process (the interface `rl.cli.main` keeps for tests)."""
+    from rl.cli import main
+
+    return main([str(a) for a in args])
+
+
+def subprocess_env(**extra) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+# A subprocess running `rl` that signals itself when a log point reaches step `signal_at` (once):
+# deterministic "Ctrl-C / kill -9 in the middle of a chunk".
+SIGNAL_SELF = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    from rl import logging as rl_logging
+    from rl.cli import main
+
+    signal_at, signal_name, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    sent = []
+
+    def send(values):
+        if not sent and int(np.max(values["step"])) >= signal_at:
+            sent.append(True)
+            os.kill(os.getpid(), getattr(signal, signal_name))
+
+    with rl_logging.sink(send):
+        code = main(args)
+    sys.exit(code)
+    """
+)
+
+
+def run_signalled(args: list[str], signal_at: int, signal_name: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", SIGNAL_SELF, str(signal_at), signal_name, *map(str, args)],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl rows without the host timing columns (which differ between runs)."""
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in ("steps_per_second", "wall_time")} for row in rows]
+
+
+def final_params(run_dir: Path):
+    from flax import serialization
+
+    return serialization.msgpack_restore((Path(run_dir) / "final_params.msgpack").read_bytes())
+
+
+_TRAINED: dict = {}
+
+
+def trained_run(tmp_path_factory) -> Path:
+    """One finished tiny run per test session (shared by the logging, eval and plot tests)."""
+    if "run" not in _TRAINED:
+        folder = tmp_path_factory.mktemp("trained")
+        assert run_cli(["train", write_config(folder), "--name", "tiny"]) == 0
+        _TRAINED["run"] = folder / "runs" / "tiny"
+    return _TRAINED["run"]

@@ -1,0 +1,106 @@
+"""Checkpoint and resume: a run killed with SIGKILL in the middle of a chunk and resumed with
+`rl train --resume` ends with exactly the params (and metrics) of an uninterrupted run; damaged or
+half-written checkpoints are never used; chunked runs equal one long run."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from rl.checkpoint import Checkpoints, abstract_like, strip_keys, restore_keys
+from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
+
+
+def assert_same_params(a, b):
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+def test_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(tmp_path, tmp_path_factory, capsys):
+    reference = trained_run(tmp_path_factory)  # same config, never interrupted
+    config = write_config(tmp_path)
+    killed = run_signalled(["train", config, "--name", "killed"], signal_at=13_000, signal_name="SIGKILL")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "killed"
+    assert not (run_dir / "final_params.msgpack").exists()
+    steps = Checkpoints(run_dir, read_only=True).steps()
+    assert steps and max(steps) <= 12_000 and set(steps) <= {4000, 8000, 12_000}
+
+    # A damaged newer checkpoint (files cut short) and a leftover temporary directory must be skipped.
+    damaged = run_dir / "checkpoints" / "16000"
+    shutil.copytree(run_dir / "checkpoints" / str(max(steps)), damaged)
+    for path in (damaged / "state").rglob("*"):
+        if path.is_file():
+            path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
+    (run_dir / "checkpoints" / "20000.orbax-checkpoint-tmp-1234567").mkdir()
+
+    capsys.readouterr()
+    assert run_cli(["train", "--resume", run_dir]) == 0
+    err = capsys.readouterr().err
+    assert "16000" in err and "cannot be used" in err and f"resuming from checkpoint" in err
+    assert (run_dir / "damaged_checkpoints" / "16000").is_dir()
+    assert_same_params(final_params(run_dir), final_params(reference))
+    assert metric_rows(run_dir) == metric_rows(reference)  # rows written after the checkpoint were replaced
+    assert Checkpoints(run_dir, read_only=True).steps()[-1] == 20_000
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path_factory, capsys):
+    run_dir = trained_run(tmp_path_factory)
+    before = (run_dir / "final_params.msgpack").read_bytes()
+    assert run_cli(["train", "--resume", run_dir]) == 0
+    assert (run_dir / "final_params.msgpack").read_bytes() == before
+
+
+def test_chunked_runner_equals_one_compiled_program(tmp_path_factory):
+    from rl.train import load_run_config, train_many
+
+    run_dir = trained_run(tmp_path_factory)
+    config, grid = load_run_config(run_dir)
+    state, metrics = train_many(config, grid)
+    assert_same_params(final_params(run_dir), np.asarray(state["params"]))
+    rows = metric_rows(run_dir)
+    returns = np.asarray(metrics["episode_return"])
+    for row in rows:
+        expected = returns[row["setting"], row["seed"], row["log_point"]]
+        assert (row["episode_return"] is None and np.isnan(expected)) or row["episode_return"] == pytest.approx(float(expected), rel=0, abs=0)
+
+
+def test_checkpoint_roundtrip_keeps_structure_and_typed_keys(tmp_path):
+    from flax import struct
+
+    @struct.dataclass
+    class EnvState:
+        cell: jax.Array
+        time: jax.Array
+
+    state = {
+        "params": {"w": np.arange(12, dtype=np.float32).reshape(1, 2, 6)},
+        "env_state": EnvState(cell=np.ones((1, 2), np.int32), time=np.zeros((1, 2), np.int32)),
+        "key": jax.random.split(jax.random.key(3), 2)[None],  # typed keys
+        "raw_key": np.zeros((1, 2, 2), np.uint32),
+    }
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    state = jax.device_put(state, sharding)
+    checkpoints = Checkpoints(tmp_path)
+    history = {"seed": {"step": np.array([[[10]] * 2])}, "host": {"steps_per_second": np.array([1.0])}}
+    checkpoints.save(10, state, history, {"log_points": 1})
+    checkpoints.close()
+    restored_state, restored_history, meta = Checkpoints(tmp_path, read_only=True).restore(10, abstract_like(state))
+    assert isinstance(restored_state["env_state"], EnvState)
+    assert jax.dtypes.issubdtype(restored_state["key"].dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(jax.random.key_data(restored_state["key"]), jax.random.key_data(state["key"]))
+    np.testing.assert_array_equal(restored_state["params"]["w"], state["params"]["w"])
+    assert meta == {"log_points": 1}
+    np.testing.assert_array_equal(restored_history["seed"]["step"], history["seed"]["step"])
+
+
+def test_checkpoint_of_another_shape_is_refused(tmp_path):
+    checkpoints = Checkpoints(tmp_path)
+    checkpoints.save(1, {"params": np.zeros((1, 2, 3), np.float32)}, {"seed": {"step": np.ones((1, 2, 1))}, "host": {"x": np.ones(1)}}, {"log_points": 1})
+    checkpoints.close()
+    wrong = {"params": jax.ShapeDtypeStruct((1, 2, 4), np.float32, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}
+    warnings = []
+    assert Checkpoints(tmp_path, read_only=True).restore_latest(wrong, warn=warnings.append) is None
+    assert warnings and "cannot be used" in warnings[0]
