@@ -205,3 +205,107 @@ def q_mlp(num_actions: int, hidden: Sequence[int] = (64, 64), act: str = "relu",
         return layers.dense(x, num_actions, scale=1.0)
 
     return fn
+
+
+def constant_init(value: float) -> Callable:
+    """Initialiser filling a parameter with `value` (for `layers.param`)."""
+    return lambda key, shape, dtype=jnp.float32: jnp.full(shape, value, dtype)
+
+
+def actor_critic(action_dim: int, continuous: bool = False, hidden: Sequence[int] = (64, 64), act: str = "tanh", shared: bool = False, log_std_init: float = 0.0, num_discrete_obs: int | None = None):
+    """PPO's actor-critic: `fn(layers, obs) -> (policy, value)`.
+
+    Discrete: policy = logits [..., action_dim] (head gain 0.01). Continuous: policy = (mean, log_std),
+    both [..., action_dim]: a diagonal Gaussian whose mean comes from the actor (gain 0.01) and whose
+    log-std is one state-independent learned parameter per action dimension (initial `log_std_init`).
+    value: [...] from a gain-1 head. `shared=True` puts both heads on one torso; otherwise actor and
+    critic have separate MLP torsos of the same widths (both in one parameter tree).
+    """
+
+    def fn(layers, obs):
+        x = preprocess_obs(obs, num_discrete_obs)
+        actor_h = mlp(layers, x, hidden, act)
+        critic_h = actor_h if shared else mlp(layers, x, hidden, act)
+        head = layers.dense(actor_h, action_dim, scale=0.01)
+        value = layers.dense(critic_h, 1, scale=1.0)[..., 0]
+        if continuous:
+            log_std = layers.param("log_std", (action_dim,), constant_init(log_std_init))
+            return (head, jnp.broadcast_to(log_std, head.shape)), value
+        return head, value
+
+    return fn
+
+
+def squashed_gaussian_actor(action_dim: int, hidden: Sequence[int] = (256, 256), act: str = "relu", log_std_min: float = -5.0, log_std_max: float = 2.0):
+    """SAC's actor: `fn(layers, obs) -> (mean, log_std)` of the pre-tanh Gaussian, [..., action_dim].
+
+    The log-std is bounded smoothly: log_std = min + (max - min) * (tanh(raw) + 1) / 2.
+    """
+
+    def fn(layers, obs):
+        x = mlp(layers, preprocess_obs(obs), hidden, act)
+        mean = layers.dense(x, action_dim, scale=0.01)
+        raw = layers.dense(x, action_dim, scale=0.01)
+        log_std = log_std_min + 0.5 * (log_std_max - log_std_min) * (jnp.tanh(raw) + 1.0)
+        return mean, log_std
+
+    return fn
+
+
+def twin_q(hidden: Sequence[int] = (256, 256), act: str = "relu", num_actions: int | None = None):
+    """Two independent Q-networks in one parameter tree (SAC's clipped double Q).
+
+    Continuous (`num_actions=None`): `fn(layers, obs, action) -> (q1, q2)`, each [...], from
+    concat(obs, action). Discrete: `fn(layers, obs) -> (q1, q2)`, each [..., num_actions].
+    """
+
+    def fn(layers, obs, action=None):
+        x = preprocess_obs(obs)
+        if num_actions is None:
+            x = jnp.concatenate([x, jnp.asarray(action, jnp.float32)], axis=-1)
+        outs = []
+        for _ in range(2):
+            h = mlp(layers, x, hidden, act)
+            q = layers.dense(h, 1 if num_actions is None else num_actions, scale=1.0)
+            outs.append(q[..., 0] if num_actions is None else q)
+        return tuple(outs)
+
+    return fn
+
+
+def rainbow_q(
+    num_actions: int,
+    hidden: Sequence[int] = (128, 128),
+    head_hidden: int = 0,
+    num_atoms: int = 1,
+    dueling: bool = True,
+    noisy: bool = True,
+    act: str = "relu",
+    num_discrete_obs: int | None = None,
+):
+    """Q-network of Rainbow with every part switchable: an MLP torso of `hidden` widths (plain
+    dense), then a head giving `[..., num_actions, num_atoms]` outputs (logits over atoms when
+    `num_atoms` > 1, Q-values when 1).
+
+    Head: an optional hidden layer of `head_hidden` units per stream, then a linear output; layers
+    of the head are factorised-noisy when `noisy`. Dueling (Wang et al. 2016) combines a value
+    stream V [..., 1, atoms] and an advantage stream A [..., actions, atoms] as
+    V + A - mean_actions(A); without it one stream outputs [..., actions, atoms] directly.
+    """
+    f = activation(act)
+
+    def stream(layers, x, outputs):
+        if head_hidden:
+            x = f(layers.noisy_dense(x, head_hidden) if noisy else layers.dense(x, head_hidden))
+        return layers.noisy_dense(x, outputs) if noisy else layers.dense(x, outputs, scale=1.0)
+
+    def fn(layers, obs):
+        x = mlp(layers, preprocess_obs(obs, num_discrete_obs), hidden, act)
+        shape = x.shape[:-1] + (num_actions, num_atoms)
+        if not dueling:
+            return stream(layers, x, num_actions * num_atoms).reshape(shape)
+        value = stream(layers, x, num_atoms).reshape(x.shape[:-1] + (1, num_atoms))
+        advantage = stream(layers, x, num_actions * num_atoms).reshape(shape)
+        return value + advantage - advantage.mean(axis=-2, keepdims=True)
+
+    return fn

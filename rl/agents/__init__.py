@@ -38,6 +38,9 @@ def train_from_trainer(trainer: Trainer, agent_config) -> Callable:
 # name -> module. Add new agents here once their module imports cleanly.
 AGENTS: dict[str, str] = {
     "qlearning": "rl.agents.qlearning",
+    "dqn": "rl.agents.dqn",
+    "rainbow": "rl.agents.rainbow",
+    "ppo": "rl.agents.ppo",
 }
 
 

@@ -1,0 +1,413 @@
+"""Proximal Policy Optimisation (PPO, clipped objective) with GAE, discrete and continuous actions,
+compiled end to end (PureJaxRL's make_train is the model).
+
+One update: `num_envs` envs step `num_steps` times with the current policy; advantages come from
+`kernels.gae`; then `num_epochs` passes over the batch in `num_minibatches` shuffled minibatches
+minimise
+
+    L = -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))                     clipped surrogate
+        + vf_coef * 0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2))
+        - ent_coef * mean(H[pi])
+
+with rho = pi(a|s) / pi_old(a|s), A the advantages normalised per minibatch (optional) and R = A + V_old
+the GAE value targets. Gradients are clipped to a global norm (`max_grad_norm`); Adam's step size is
+annealed linearly to 0 over the run (optional).
+
+Truncation: every step bootstraps from V(info["final_obs"]) (the observation actually reached, before
+auto-reset), so with d_t = gamma (1 - terminated_t) and lambda_t = lambda (1 - (terminated_t | truncated_t)):
+
+    delta_t = r_t + d_t V(final_obs_t) - V(s_t),     A_t = delta_t + d_t lambda_t A_{t+1}
+
+a time-limit end still bootstraps, and no advantage chain runs across an episode boundary.
+
+Policies: categorical over logits (log-probability and entropy from
+`kernels.categorical_log_prob_entropy`), or a diagonal Gaussian with a state-independent learned
+log-std for Box actions. Continuous choice (documented): the Gaussian lives in a normalised action
+space; a sample `u` is stored and scored unclipped (so log-probabilities stay exact), and the env
+receives `low + (clip(u, -1, 1) + 1) (high - low) / 2`, i.e. actions are clipped to the bounds rather
+than tanh-squashed. The greedy policy (evaluation, `make_policy`) uses the argmax / the mean.
+
+Initialisation: orthogonal weights, gain sqrt(2) for hidden layers, 0.01 for the policy head and 1 for
+the value head, zero biases (rl.networks.actor_critic). Actor and critic are separate torsos unless
+`shared_network`.
+
+Sweepable hyperparameters (lr, gamma, gae_lambda, clip_eps, vf_clip_eps, ent_coef, vf_coef,
+max_grad_norm, reward_scale) are read from `hparams` inside the compiled program, so a grid of settings
+is one more vmap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import envs
+import kernels
+from envs.spaces import Box, Discrete
+from rl import networks
+from rl.agents import Trainer, train_from_trainer
+from rl.config import ConfigError, hp
+from rl.logging import emit
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = "ppo"
+    total_steps: int = hp(500_000, low=1, doc="env steps per seed (all envs counted), rounded down to whole updates")
+    num_envs: int = hp(4, low=1, doc="parallel envs")
+    num_steps: int = hp(128, low=1, doc="rollout length per env per update")
+    num_epochs: int = hp(4, low=1, doc="passes over each rollout")
+    num_minibatches: int = hp(4, low=1, doc="minibatches per pass")
+    lr: float = hp(2.5e-4, low=0.0, low_open=True, sweep=True, doc="Adam step size (annealed to 0 if anneal_lr)")
+    anneal_lr: bool = hp(True, doc="linear learning-rate decay to 0 over the run")
+    gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
+    gae_lambda: float = hp(0.95, low=0.0, high=1.0, sweep=True, doc="GAE lambda")
+    clip_eps: float = hp(0.2, low=0.0, sweep=True, doc="surrogate clip range")
+    clip_value_loss: bool = hp(True, doc="clip the value update around the old values")
+    vf_clip_eps: float = hp(0.2, low=0.0, sweep=True, doc="value clip range (if clip_value_loss)")
+    ent_coef: float = hp(0.01, low=0.0, sweep=True, doc="entropy bonus coefficient")
+    vf_coef: float = hp(0.5, low=0.0, sweep=True, doc="value loss coefficient")
+    max_grad_norm: float = hp(0.5, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip")
+    normalize_advantages: bool = hp(True, doc="normalise advantages per minibatch")
+    reward_scale: float = hp(1.0, low=0.0, low_open=True, sweep=True, doc="rewards are multiplied by this for learning")
+    hidden: tuple[int, ...] = hp((64, 64), doc="hidden layer widths")
+    activation: str = hp("tanh", choices=tuple(networks.ACTIVATIONS), doc="hidden activation")
+    shared_network: bool = hp(False, doc="one torso for actor and critic")
+    log_std_init: float = hp(0.0, doc="initial log-std of the Gaussian policy (continuous actions)")
+    network_backend: str = hp("flax", choices=networks.BACKENDS)
+    log_interval: int = hp(8, low=1, doc="updates between log points")
+    eval_envs: int = hp(0, low=0, doc="greedy evaluation episodes at each log point (0: no evaluation)")
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_steps // self.batch_size
+
+    def validate(self):
+        if self.batch_size % self.num_minibatches:
+            raise ConfigError(f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})")
+        if self.num_updates < 1:
+            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be at least agent.num_envs * agent.num_steps ({self.batch_size})")
+        if self.num_updates % self.log_interval:
+            raise ConfigError(
+                f"agent.log_interval ({self.log_interval} updates) must divide the number of updates "
+                f"agent.total_steps // (agent.num_envs * agent.num_steps) = {self.num_updates}"
+            )
+        if not self.hidden or any(w < 1 for w in self.hidden):
+            raise ConfigError(f"agent.hidden must list positive widths, got {list(self.hidden)}")
+
+
+def check_env(config) -> None:
+    """PPO needs Discrete or bounded Box actions."""
+    env, params = envs.make(config.env.id, **dict(config.env.params))
+    space = env.action_space(params)
+    if isinstance(space, Box) and not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+        raise ConfigError(f"env.id: ppo needs bounded Box actions; {config.env.id} has {space}")
+    if not isinstance(space, (Box, Discrete)):
+        raise ConfigError(f"env.id: ppo needs Discrete or Box actions; {config.env.id} has {space}")
+
+
+# ---------------------------------------------------------------- policy distributions
+
+
+def categorical_log_prob_entropy(logits, actions):
+    """(log pi(a), H[pi]) of categorical policies: log_softmax(logits)[a] and -sum p log p (kernels op)."""
+    op = getattr(kernels, "categorical_log_prob_entropy", None)
+    if op is not None:
+        return op(logits, actions)
+    log_p = jax.nn.log_softmax(logits)  # TEMPORARY until the kernels op is exported
+    return jnp.take_along_axis(log_p, actions[..., None], axis=-1)[..., 0], -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+
+
+def gaussian_log_prob_entropy(mean, log_std, actions):
+    """Diagonal Gaussian, summed over the last axis:
+    log pi(a) = sum -((a - mu) / sigma)^2 / 2 - log sigma - log(2 pi) / 2;  H = sum log sigma + log(2 pi e) / 2."""
+    z = (actions - mean) * jnp.exp(-log_std)
+    log_prob = jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi), axis=-1)
+    entropy = jnp.sum(log_std + 0.5 * math.log(2 * math.pi * math.e), axis=-1)
+    return log_prob, entropy
+
+
+def log_prob_entropy(policy, actions, continuous: bool):
+    if continuous:
+        mean, log_std = policy
+        return gaussian_log_prob_entropy(mean, log_std, actions)
+    return categorical_log_prob_entropy(policy, actions)
+
+
+def sample_action(policy, key, continuous: bool):
+    """A sample of the policy: categorical index (int32) or mean + sigma * N(0, I)."""
+    if continuous:
+        mean, log_std = policy
+        return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+    return jax.random.categorical(key, policy).astype(jnp.int32)
+
+
+def greedy_action(policy, continuous: bool):
+    """argmax of the logits, or the Gaussian's mean."""
+    if continuous:
+        return policy[0]
+    return jnp.argmax(policy, axis=-1).astype(jnp.int32)
+
+
+def to_env_action(action, low, high):
+    """Normalised action u -> env action low + (clip(u, -1, 1) + 1) (high - low) / 2."""
+    return low + (jnp.clip(action, -1.0, 1.0) + 1.0) * 0.5 * (high - low)
+
+
+# ---------------------------------------------------------------- loss pieces
+
+
+def normalize(x, eps: float = 1e-8):
+    """(x - mean(x)) / (std(x) + eps)."""
+    return (x - x.mean()) / (x.std() + eps)
+
+
+def clipped_surrogate_loss(ratio, advantages, clip_eps):
+    """-mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))."""
+    return -jnp.mean(jnp.minimum(ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages))
+
+
+def value_loss(values, old_values, targets, clip_eps, clip: bool):
+    """0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2)), or 0.5 mean((V - R)^2) unclipped."""
+    unclipped = jnp.square(values - targets)
+    if not clip:
+        return 0.5 * jnp.mean(unclipped)
+    clipped = jnp.square(old_values + jnp.clip(values - old_values, -clip_eps, clip_eps) - targets)
+    return 0.5 * jnp.mean(jnp.maximum(unclipped, clipped))
+
+
+def truncation_aware_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
+    """GAE with d_t = gamma (1 - terminated_t), lambda_t = lambda (1 - (terminated_t | truncated_t)), time-major;
+    `next_values` = V(final_obs). Returns (advantages, targets)."""
+    discounts = gamma * (1.0 - terminated.astype(jnp.float32))
+    lambdas = gae_lambda * (1.0 - (terminated | truncated).astype(jnp.float32))
+    return kernels.gae(rewards, values, next_values, discounts, lambdas)
+
+
+class Transition(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+def make_network(config):
+    env, env_params = envs.make(config.env.id, **dict(config.env.params))
+    agent = config.agent
+    action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
+    continuous = isinstance(action_space, Box)
+    action_dim = int(np.prod(action_space.shape)) if continuous else int(action_space.n)
+    fn = networks.actor_critic(
+        action_dim,
+        continuous=continuous,
+        hidden=agent.hidden,
+        act=agent.activation,
+        shared=agent.shared_network,
+        log_std_init=agent.log_std_init,
+        num_discrete_obs=obs_space.n if isinstance(obs_space, Discrete) else None,
+    )
+    return networks.build(fn, agent.network_backend), continuous
+
+
+def make_trainer(config) -> Trainer:
+    agent = config.agent
+    env, env_params = envs.make(config.env.id, **dict(config.env.params))
+    net, continuous = make_network(config)
+    action_space = env.action_space(env_params)
+    if continuous:
+        low = jnp.asarray(np.broadcast_to(np.asarray(action_space.low, np.float32), action_space.shape))
+        high = jnp.asarray(np.broadcast_to(np.asarray(action_space.high, np.float32), action_space.shape))
+        env_action = lambda a: to_env_action(a, low, high)
+    else:
+        env_action = lambda a: a
+    num_envs, num_steps, num_updates = agent.num_envs, agent.num_steps, agent.num_updates
+    minibatch_size = agent.batch_size // agent.num_minibatches
+    grad_steps_per_update = agent.num_epochs * agent.num_minibatches
+    max_eval_steps = int(env_params.max_steps_in_episode)
+    vreset = jax.vmap(env.reset, in_axes=(0, None))
+    vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def make_optimizer(hparams):
+        def learning_rate(count):
+            if not agent.anneal_lr:
+                return hparams["lr"]
+            return hparams["lr"] * (1.0 - (count // grad_steps_per_update) / num_updates)
+
+        return optax.chain(optax.clip_by_global_norm(hparams["max_grad_norm"]), optax.adam(learning_rate, eps=1e-5))
+
+    def init(key, hparams):
+        key, net_key, reset_key = jax.random.split(key, 3)
+        obs, env_state = vreset(jax.random.split(reset_key, num_envs), env_params)
+        params = net.init(net_key, obs[0])
+        return {
+            "params": params,
+            "opt_state": make_optimizer(hparams).init(params),
+            "obs": obs,
+            "env_state": env_state,
+            "key": key,
+            "step": jnp.int32(0),
+            "update": jnp.int32(0),
+            "episode_return": jnp.zeros(num_envs, jnp.float32),
+            "episode_length": jnp.zeros(num_envs, jnp.int32),
+        }
+
+    def loss_fn(params, batch, hparams):
+        (trans, advantages, targets) = batch
+        policy, values = net.apply(params, trans.obs)
+        log_prob, entropy = log_prob_entropy(policy, trans.action, continuous)
+        log_ratio = log_prob - trans.log_prob
+        ratio = jnp.exp(log_ratio)
+        if agent.normalize_advantages:
+            advantages = normalize(advantages)
+        policy_loss = clipped_surrogate_loss(ratio, advantages, hparams["clip_eps"])
+        v_loss = value_loss(values, trans.value, targets, hparams["vf_clip_eps"], agent.clip_value_loss)
+        entropy = jnp.mean(entropy)
+        total = policy_loss + hparams["vf_coef"] * v_loss - hparams["ent_coef"] * entropy
+        aux = {
+            "policy_loss": policy_loss,
+            "value_loss": v_loss,
+            "entropy": entropy,
+            "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
+            "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > hparams["clip_eps"]).astype(jnp.float32)),
+        }
+        return total, aux
+
+    def run(state, hparams, num_log_points):
+        optimizer = make_optimizer(hparams)
+
+        def env_step(carry, key):
+            params, obs, env_state, ep_return, ep_length, stats = carry
+            act_key, env_key = jax.random.split(key)
+            policy, value = net.apply(params, obs)
+            action = sample_action(policy, act_key, continuous)
+            log_prob, _ = log_prob_entropy(policy, action, continuous)
+            next_obs, env_state, reward, terminated, truncated, info = vstep(jax.random.split(env_key, num_envs), env_state, env_action(action), env_params)
+            done = terminated | truncated
+            ep_return, ep_length = ep_return + reward, ep_length + 1
+            sum_return, sum_length, episodes = stats
+            stats = (sum_return + jnp.sum(jnp.where(done, ep_return, 0.0)), sum_length + jnp.sum(jnp.where(done, ep_length, 0)), episodes + jnp.sum(done))
+            ep_return, ep_length = jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
+            transition = Transition(obs, action, log_prob, value, reward, terminated, truncated, info["final_obs"])
+            return (params, next_obs, env_state, ep_return, ep_length, stats), transition
+
+        def update(carry, _):
+            state, stats = carry
+            key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
+            params = state["params"]
+            rollout_carry = (params, state["obs"], state["env_state"], state["episode_return"], state["episode_length"], stats)
+            (_, obs, env_state, ep_return, ep_length, stats), traj = jax.lax.scan(env_step, rollout_carry, jax.random.split(rollout_key, num_steps))
+            # bootstrap every step from the value of the observation actually reached (final_obs)
+            _, next_values = net.apply(params, traj.final_obs)
+            advantages, targets = truncation_aware_gae(
+                traj.reward * hparams["reward_scale"], traj.value, next_values, traj.terminated, traj.truncated, hparams["gamma"], hparams["gae_lambda"]
+            )
+            flat = jax.tree.map(lambda x: x.reshape((agent.batch_size,) + x.shape[2:]), (traj, advantages, targets))
+
+            def epoch(carry, key):
+                def minibatch_step(carry, batch):
+                    params, opt_state = carry
+                    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, hparams)
+                    updates, opt_state = optimizer.update(grads, opt_state, params)
+                    return (optax.apply_updates(params, updates), opt_state), aux
+
+                order = jax.random.permutation(key, agent.batch_size)
+                shuffled = jax.tree.map(lambda x: jnp.take(x, order, axis=0).reshape((agent.num_minibatches, minibatch_size) + x.shape[1:]), flat)
+                return jax.lax.scan(minibatch_step, carry, shuffled)
+
+            (params, opt_state), aux = jax.lax.scan(epoch, (params, state["opt_state"]), jax.random.split(shuffle_key, agent.num_epochs))
+            state = {
+                "params": params,
+                "opt_state": opt_state,
+                "obs": obs,
+                "env_state": env_state,
+                "key": key,
+                "step": state["step"] + agent.batch_size,
+                "update": state["update"] + 1,
+                "episode_return": ep_return,
+                "episode_length": ep_length,
+            }
+            return (state, stats), jax.tree.map(jnp.mean, aux)
+
+        def log_period(state, _):
+            zero_stats = (jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
+            (state, (sum_return, sum_length, episodes)), aux = jax.lax.scan(update, (state, zero_stats), None, length=agent.log_interval)
+            metrics = {
+                "step": state["step"],
+                "episode_return": jnp.where(episodes > 0, sum_return / jnp.maximum(episodes, 1), jnp.nan),
+                "episode_length": jnp.where(episodes > 0, sum_length / jnp.maximum(episodes, 1), jnp.nan),
+                "episodes": episodes,
+                **jax.tree.map(jnp.mean, aux),
+            }
+            if agent.eval_envs:
+                key, eval_key = jax.random.split(state["key"])
+                state = {**state, "key": key}
+                eval_return, eval_length = evaluate(state["params"], eval_key)
+                metrics["eval_return"], metrics["eval_length"] = eval_return, eval_length
+            return state, emit(metrics)
+
+        return jax.lax.scan(log_period, state, None, length=num_log_points)
+
+    def evaluate(params, key):
+        """Mean return and length of the first episode of `eval_envs` envs under the greedy policy."""
+        reset_key, key = jax.random.split(key)
+        obs, env_state = vreset(jax.random.split(reset_key, agent.eval_envs), env_params)
+        zeros = jnp.zeros(agent.eval_envs, jnp.float32)
+        done0 = jnp.zeros(agent.eval_envs, jnp.bool_)
+
+        def cond(carry):
+            t, _, _, _, _, done, _ = carry
+            return (t < max_eval_steps) & ~jnp.all(done)
+
+        def body(carry):
+            t, obs, env_state, returns, lengths, done, key = carry
+            key, step_key = jax.random.split(key)
+            policy, _ = net.apply(params, obs)
+            obs, env_state, reward, terminated, truncated, _ = vstep(jax.random.split(step_key, agent.eval_envs), env_state, env_action(greedy_action(policy, continuous)), env_params)
+            returns = returns + jnp.where(done, 0.0, reward)
+            lengths = lengths + jnp.where(done, 0.0, 1.0)
+            return t + 1, obs, env_state, returns, lengths, done | terminated | truncated, key
+
+        _, _, _, returns, lengths, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), obs, env_state, zeros, zeros, done0, key))
+        return returns.mean(), lengths.mean()
+
+    return Trainer(init=init, run=run, num_log_points=agent.num_updates // agent.log_interval)
+
+
+def make_train(config):
+    return train_from_trainer(make_trainer(config), config.agent)
+
+
+def make_policy(config):
+    """`policy(params, obs, key) -> action`: argmax of the logits, or the Gaussian mean clipped and scaled
+    to the action bounds (the key is unused)."""
+    env, env_params = envs.make(config.env.id, **dict(config.env.params))
+    net, continuous = make_network(config)
+    space = env.action_space(env_params)
+
+    def policy(params, obs, key):
+        out, _ = net.apply(params, obs)
+        action = greedy_action(out, continuous)
+        if continuous:
+            low = jnp.asarray(np.broadcast_to(np.asarray(space.low, np.float32), space.shape))
+            high = jnp.asarray(np.broadcast_to(np.asarray(space.high, np.float32), space.shape))
+            return to_env_action(action, low, high)
+        return action
+
+    return policy
