@@ -35,6 +35,15 @@ REGISTRY: dict[str, tuple[str, str]] = {
 }
 
 
+def __getattr__(name: str):
+    """`envs.to_gymnasium` / `envs.from_gymnasium`, imported on first use (gymnasium stays optional to import envs)."""
+    if name in ("to_gymnasium", "from_gymnasium"):
+        from envs import gymnasium as interop
+
+        return getattr(interop, name)
+    raise AttributeError(f"module 'envs' has no attribute {name!r}")
+
+
 def registered_ids() -> list[str]:
     """The ids `make` accepts."""
     return sorted(REGISTRY)
@@ -71,4 +80,6 @@ __all__ = [
     "RescaleAction",
     "render",
     "save_gif",
+    "to_gymnasium",
+    "from_gymnasium",
 ]

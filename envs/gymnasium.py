@@ -1,0 +1,396 @@
+"""Gymnasium interop, both ways.
+
+`to_gymnasium(env, params, num_envs=1)`: one of our JAX envs as a `gymnasium.Env` (num_envs=1) or a
+`gymnasium.vector.VectorEnv` (num_envs > 1), so any gymnasium-consuming library can drive it.
+  * Reset and step are jitted; observations come back as NumPy (float32 for Box, int for Discrete).
+  * Seeding: `reset(seed=s)` starts a JAX key stream from `jax.random.key(s)`; `reset()` without a
+    seed continues from the env's `np_random`, so a seeded run is reproducible.
+  * Single env: a step that ends the episode returns the observation it reached (gymnasium's
+    convention), and the next call must be `reset`. Our time limit is reported as `truncated`.
+  * Vector env: same-step autoreset (`metadata["autoreset_mode"] = AutoresetMode.SAME_STEP`), as our
+    envs do: the returned observation of a finished env is the next episode's first one and
+    `info["final_obs"]` (an object array, `None` where no episode ended) with its mask
+    `info["_final_obs"]` holds the observation the episode ended on.
+  * `render_mode="rgb_array"` renders through `envs.render`.
+
+`from_gymnasium(id_or_env)`: any gymnasium env (Python, CPU, not written in JAX) behind our functional
+API, through host callbacks (`jax.pure_callback`), so our agents can train on it at Python speed.
+  * The state is a *token*: which host env instance (`handle`), a step counter (`token`) and the
+    episode's `time`. The host instances hold the real state, so a state can be stepped only once:
+    stepping an older (stale) state, or two streams sharing an instance, raises a RuntimeError
+    naming the handle instead of silently mixing trajectories.
+  * Under `jax.vmap` (over seeds or envs) each batch element gets its own env instance: a batched
+    `reset` uses instance i for the i-th element of the (flattened) batch, creating instances on
+    demand (`gymnasium.make` again for an id or a factory; `copy.deepcopy` of a given instance). The
+    batch is stepped in one host call, the instances one after the other. Use a separate
+    `from_gymnasium` object for each independent stream (e.g. training and evaluation envs).
+  * Params are fixed at construction (a gymnasium env's configuration is not an array): the params
+    pytree has no leaves, so there is nothing to vmap over; passing other params raises ValueError.
+    For env variants, make one `from_gymnasium` env per variant.
+  * Episode ends follow the wrapped env (its own TimeLimit gives `truncated`); `step` auto-resets on
+    the host with a seed drawn from the step's key, and `info["final_obs"]` is the pre-reset
+    observation, as for our envs. No gradients, and each step is a host round trip.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any, Callable
+
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from envs.core import Env
+from envs.rendering import render as render_frame
+from envs.spaces import Discrete, check_action
+from envs.spaces import from_gymnasium as space_from_gymnasium
+
+# --- ours -> gymnasium ---------------------------------------------------------------------------
+
+
+def _key_from_seed(seed) -> jax.Array:
+    return jax.random.key(int(seed) % (2**32))
+
+
+def _to_numpy_obs(obs, space):
+    obs = np.asarray(obs)
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return obs.astype(np.int64) if obs.ndim else int(obs)
+    return obs.astype(space.dtype, copy=False)
+
+
+def _to_jax_action(action, space):
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return jnp.asarray(np.asarray(action), jnp.int32)
+    return jnp.asarray(np.asarray(action, np.float32))
+
+
+class GymnasiumEnv(gymnasium.Env):
+    """One of our envs as a `gymnasium.Env` (see the module docstring)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, env: Env, params: Any = None, render_mode: str | None = None):
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"to_gymnasium: render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.env = env
+        self.params = env.default_params if params is None else params
+        self.observation_space = env.observation_space(self.params).to_gymnasium()
+        self.action_space = env.action_space(self.params).to_gymnasium()
+        self.render_mode = render_mode
+        self._reset = jax.jit(env.reset)
+        self._step = jax.jit(env.step)
+        self._key = None
+        self._state = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is None:
+            seed = int(self.np_random.integers(2**31))
+        self._key, reset_key = jax.random.split(_key_from_seed(seed))
+        obs, self._state = self._reset(reset_key, self.params)
+        return _to_numpy_obs(obs, self.observation_space), {}
+
+    def step(self, action):
+        if self._state is None:
+            raise RuntimeError(f"{self.env.name}: call reset() before step()")
+        if isinstance(self.action_space, gymnasium.spaces.Discrete) and not self.action_space.contains(action):
+            raise ValueError(f"{self.env.name}: action {action!r} is outside {self.action_space}")
+        self._key, step_key = jax.random.split(self._key)
+        _, self._state, reward, terminated, truncated, info = self._step(
+            step_key, self._state, _to_jax_action(action, self.action_space), self.params
+        )
+        obs = _to_numpy_obs(info["final_obs"], self.observation_space)
+        return obs, float(reward), bool(terminated), bool(truncated), {}
+
+    def render(self):
+        if self.render_mode != "rgb_array" or self._state is None:
+            return None
+        return render_frame(self.env, self._state, self.params)
+
+
+class GymnasiumVectorEnv(VectorEnv):
+    """`num_envs` of our envs as a `gymnasium.vector.VectorEnv` with same-step autoreset."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30, "autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, env: Env, params: Any = None, num_envs: int = 2, render_mode: str | None = None):
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"to_gymnasium: render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.env = env
+        self.params = env.default_params if params is None else params
+        self.num_envs = int(num_envs)
+        self.single_observation_space = env.observation_space(self.params).to_gymnasium()
+        self.single_action_space = env.action_space(self.params).to_gymnasium()
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.render_mode = render_mode
+        self._reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+        self._step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
+        self._key = None
+        self._state = None
+
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        if isinstance(seed, (list, tuple)):
+            if len(seed) != self.num_envs:
+                raise ValueError(f"reset: {len(seed)} seeds for {self.num_envs} envs")
+            super().reset(seed=int(seed[0]))
+            keys = jnp.stack([_key_from_seed(s) for s in seed])
+            self._key = jax.random.fold_in(keys[0], 1)
+        else:
+            super().reset(seed=seed)
+            base = _key_from_seed(int(self.np_random.integers(2**31)) if seed is None else seed)
+            self._key, reset_key = jax.random.split(base)
+            keys = jax.random.split(reset_key, self.num_envs)
+        obs, self._state = self._reset(keys, self.params)
+        return _to_numpy_obs(obs, self.single_observation_space), {}
+
+    def step(self, actions):
+        if self._state is None:
+            raise RuntimeError(f"{self.env.name}: call reset() before step()")
+        actions = np.asarray(actions)
+        if actions.shape[:1] != (self.num_envs,):
+            raise ValueError(f"{self.env.name} x {self.num_envs}: actions must have a leading axis of {self.num_envs}, got shape {actions.shape}")
+        if isinstance(self.single_action_space, gymnasium.spaces.Discrete) and not self.action_space.contains(actions.astype(np.int64)):
+            raise ValueError(f"{self.env.name} x {self.num_envs}: actions {actions.tolist()} are outside {self.action_space}")
+        self._key, step_key = jax.random.split(self._key)
+        keys = jax.random.split(step_key, self.num_envs)
+        obs, self._state, reward, terminated, truncated, info = self._step(
+            keys, self._state, _to_jax_action(actions, self.single_action_space), self.params
+        )
+        terminated, truncated = np.asarray(terminated), np.asarray(truncated)
+        done = terminated | truncated
+        infos: dict[str, Any] = {}
+        if done.any():
+            final_obs = _to_numpy_obs(info["final_obs"], self.single_observation_space)
+            infos["final_obs"] = np.full(self.num_envs, None, dtype=object)
+            for i in np.flatnonzero(done):
+                infos["final_obs"][i] = final_obs[i]
+            infos["_final_obs"] = done.copy()
+            infos["final_info"] = {}
+            infos["_final_info"] = done.copy()
+        obs = _to_numpy_obs(obs, self.single_observation_space)
+        return obs, np.asarray(reward, np.float64), terminated, truncated, infos
+
+    def render(self):
+        if self.render_mode != "rgb_array" or self._state is None:
+            return None
+        return tuple(render_frame(self.env, self._state, self.params, index=i) for i in range(self.num_envs))
+
+
+def to_gymnasium(env: Env, params: Any = None, num_envs: int = 1, render_mode: str | None = None):
+    """Our `env` (with `params`, default its default params) as a gymnasium Env or VectorEnv."""
+    if int(num_envs) < 1:
+        raise ValueError(f"to_gymnasium: num_envs must be >= 1, got {num_envs}")
+    if int(num_envs) == 1:
+        return GymnasiumEnv(env, params, render_mode)
+    return GymnasiumVectorEnv(env, params, int(num_envs), render_mode)
+
+
+# --- gymnasium -> ours ---------------------------------------------------------------------------
+
+
+@struct.dataclass
+class FromGymnasiumParams:
+    """Fixed at construction; no array leaves (nothing to vmap over)."""
+
+    env_id: str = struct.field(pytree_node=False, default="")
+    max_steps_in_episode: int | None = struct.field(pytree_node=False, default=None)
+
+
+@struct.dataclass
+class FromGymnasiumState:
+    handle: jax.Array  # int32: which host env instance
+    token: jax.Array  # int32: the instance's step counter when this state was made (stale-state check)
+    time: jax.Array  # int32: steps in the current episode
+
+
+class _HostEnvs:
+    """The host side: env instances by handle, each with its current token and episode time."""
+
+    def __init__(self, factory: Callable[[], gymnasium.Env]):
+        self.factory = factory
+        self.instances: dict[int, gymnasium.Env] = {}
+        self.tokens: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def instance(self, handle: int) -> gymnasium.Env:
+        if handle not in self.instances:
+            self.instances[handle] = self.factory()
+            self.tokens[handle] = 0
+        return self.instances[handle]
+
+    def advance(self, handle: int) -> int:
+        self.tokens[handle] = (self.tokens[handle] + 1) % (2**31 - 1)
+        return self.tokens[handle]
+
+
+class FromGymnasium(Env):
+    """A gymnasium env behind our functional API through host callbacks (module docstring)."""
+
+    def __init__(self, factory: Callable[[], gymnasium.Env], name: str):
+        self.name = name
+        probe = factory()
+        self._host = _HostEnvs(factory)
+        self._host.instances[0], self._host.tokens[0] = probe, 0
+        self._gym_observation_space = probe.observation_space
+        self._gym_action_space = probe.action_space
+        self._obs_space = space_from_gymnasium(probe.observation_space)
+        self._action_space = space_from_gymnasium(probe.action_space)
+        spec = getattr(probe, "spec", None)
+        self._params = FromGymnasiumParams(env_id=name, max_steps_in_episode=getattr(spec, "max_episode_steps", None))
+        self._obs_dtype = jnp.int32 if isinstance(self._obs_space, Discrete) else jnp.float32
+
+    @property
+    def default_params(self) -> FromGymnasiumParams:
+        return self._params
+
+    def observation_space(self, params):
+        return self._obs_space
+
+    def action_space(self, params):
+        return self._action_space
+
+    def _check_params(self, params):
+        if params is not None and params != self._params:
+            raise ValueError(
+                f"{self.name}: a from_gymnasium env's params are fixed at construction ({self._params}); got {params}. "
+                "Make one from_gymnasium env per variant."
+            )
+
+    # host callbacks (receive NumPy arrays with any leading batch shape, return the same batch shape)
+
+    def _obs_to_numpy(self, obs) -> np.ndarray:
+        return np.asarray(obs, dtype=np.dtype(self._obs_dtype)).reshape(self._obs_space.shape)
+
+    def _host_reset(self, seeds: np.ndarray):
+        batch = seeds.shape
+        flat_seeds = seeds.reshape(-1)
+        obs, tokens = [], []
+        with self._host.lock:
+            for handle, seed in enumerate(flat_seeds):
+                env = self._host.instance(handle)
+                o, _ = env.reset(seed=int(seed))
+                obs.append(self._obs_to_numpy(o))
+                tokens.append(self._host.advance(handle))
+        handles = np.arange(len(flat_seeds), dtype=np.int32).reshape(batch)
+        return (
+            np.stack(obs).reshape(batch + self._obs_space.shape),
+            handles,
+            np.asarray(tokens, np.int32).reshape(batch),
+        )
+
+    def _host_step(self, handles, tokens, actions, seeds, times):
+        batch = handles.shape
+        flat_actions = actions.reshape((-1,) + self._action_space.shape)
+        out = {k: [] for k in ("obs", "final_obs", "reward", "terminated", "truncated", "time", "token")}
+        with self._host.lock:
+            for handle, token, action, seed, time in zip(
+                handles.reshape(-1), tokens.reshape(-1), flat_actions, seeds.reshape(-1), times.reshape(-1)
+            ):
+                handle, token = int(handle), int(token)
+                if handle not in self._host.instances or self._host.tokens[handle] != token:
+                    raise RuntimeError(
+                        f"{self.name} (from_gymnasium): stale state for env instance {handle} (state token {token}, "
+                        f"instance at {self._host.tokens.get(handle)}): a host-backed state can be stepped only once, "
+                        "and independent streams need separate from_gymnasium envs"
+                    )
+                env = self._host.instances[handle]
+                gym_action = int(action) if isinstance(self._action_space, Discrete) else np.asarray(action, self._gym_action_space.dtype)
+                obs, reward, terminated, truncated, _ = env.step(gym_action)
+                final_obs = self._obs_to_numpy(obs)
+                time = int(time) + 1
+                if terminated or truncated:
+                    obs, _ = env.reset(seed=int(seed))
+                    time = 0
+                out["obs"].append(self._obs_to_numpy(obs))
+                out["final_obs"].append(final_obs)
+                out["reward"].append(np.float32(reward))
+                out["terminated"].append(bool(terminated))
+                out["truncated"].append(bool(truncated))
+                out["time"].append(time)
+                out["token"].append(self._host.advance(handle))
+        shape = batch + self._obs_space.shape
+        return (
+            np.stack(out["obs"]).reshape(shape),
+            np.stack(out["final_obs"]).reshape(shape),
+            np.asarray(out["reward"], np.float32).reshape(batch),
+            np.asarray(out["terminated"], bool).reshape(batch),
+            np.asarray(out["truncated"], bool).reshape(batch),
+            np.asarray(out["time"], np.int32).reshape(batch),
+            np.asarray(out["token"], np.int32).reshape(batch),
+        )
+
+    # the functional API
+
+    def reset(self, key, params=None):
+        self._check_params(params)
+        seed = jax.random.randint(key, (), 0, 2**31 - 1, dtype=jnp.int32)
+        obs_struct = jax.ShapeDtypeStruct(self._obs_space.shape, self._obs_dtype)
+        scalar = jax.ShapeDtypeStruct((), jnp.int32)
+        obs, handle, token = jax.pure_callback(self._host_reset, (obs_struct, scalar, scalar), seed, vmap_method="broadcast_all")
+        return obs, FromGymnasiumState(handle=handle, token=token, time=jnp.int32(0))
+
+    def step(self, key, state: FromGymnasiumState, action, params=None):
+        self._check_params(params)
+        action = check_action(self._action_space, action, self.name)
+        seed = jax.random.randint(key, (), 0, 2**31 - 1, dtype=jnp.int32)
+        obs_struct = jax.ShapeDtypeStruct(self._obs_space.shape, self._obs_dtype)
+        scalar_i, scalar_f, scalar_b = (jax.ShapeDtypeStruct((), t) for t in (jnp.int32, jnp.float32, jnp.bool_))
+        result_shapes = (obs_struct, obs_struct, scalar_f, scalar_b, scalar_b, scalar_i, scalar_i)
+        obs, final_obs, reward, terminated, truncated, time, token = jax.pure_callback(
+            self._host_step, result_shapes, state.handle, state.token, action, seed, state.time, vmap_method="broadcast_all"
+        )
+        new_state = FromGymnasiumState(handle=state.handle, token=token, time=time)
+        return obs, new_state, reward, terminated, truncated, {"final_obs": final_obs}
+
+    def reset_env(self, key, params):
+        raise NotImplementedError("from_gymnasium envs implement reset/step directly (host callbacks)")
+
+    def step_env(self, key, state, action, params):
+        raise NotImplementedError("from_gymnasium envs implement reset/step directly (host callbacks)")
+
+    def __repr__(self) -> str:
+        return f"from_gymnasium({self.name!r})"
+
+
+def from_gymnasium(id_or_env: str | gymnasium.Env | Callable[[], gymnasium.Env], **make_kwargs) -> tuple[FromGymnasium, FromGymnasiumParams]:
+    """(env, params): a gymnasium env behind our functional API (module docstring for the limits).
+
+    `id_or_env` is a registered gymnasium id (made with `gymnasium.make(id, **make_kwargs)`, so its
+    TimeLimit applies), a zero-argument factory returning a gymnasium env, or an env instance (extra
+    instances for a batch are deep copies of it). Only Discrete (starting at 0) and Box observation
+    and action spaces are supported.
+    """
+    if isinstance(id_or_env, str):
+        env_id = id_or_env
+
+        def factory():
+            return gymnasium.make(env_id, **make_kwargs)
+
+        name = env_id
+    elif isinstance(id_or_env, gymnasium.Env):
+        if make_kwargs:
+            raise ValueError(f"from_gymnasium: keyword arguments {sorted(make_kwargs)} only apply to an env id")
+        instance, used = id_or_env, [False]
+
+        def factory():
+            if not used[0]:
+                used[0] = True
+                return instance
+            return copy.deepcopy(instance)
+
+        spec = getattr(id_or_env, "spec", None)
+        name = spec.id if spec is not None else type(id_or_env.unwrapped).__name__
+    elif callable(id_or_env):
+        factory, name = id_or_env, getattr(id_or_env, "__name__", "gymnasium env")
+    else:
+        raise ValueError(f"from_gymnasium: expected a gymnasium id, env or factory, got {id_or_env!r}")
+    env = FromGymnasium(factory, name)
+    return env, env.default_params
