@@ -39,7 +39,6 @@ def train_from_trainer(trainer: Trainer, agent_config) -> Callable:
 AGENTS: dict[str, str] = {
     "qlearning": "rl.agents.qlearning",
     "dqn": "rl.agents.dqn",
-    "dqn": "rl.agents.dqn",
     "rainbow": "rl.agents.rainbow",
     "ppo": "rl.agents.ppo",
 }
