@@ -235,8 +235,8 @@ def _check_support(target_support):
     support = check_float_array("target_support", target_support, ndim=1)
     if support.shape[0] < 2:
         raise ValueError(f"target_support needs at least 2 atoms, got shape {tuple(support.shape)}")
-    if not isinstance(target_support, jax.core.Tracer):
-        values = np.asarray(support)
+    if not isinstance(target_support, jax.core.Tracer):  # concrete: NumPy, list or a jax.Array
+        values = np.asarray(target_support)
         if not np.all(np.diff(values) > 0):
             raise ValueError(
                 f"target_support must be strictly increasing, got {values.tolist()} "
