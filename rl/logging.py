@@ -150,7 +150,8 @@ class RunLogger:
         self.wall_offset = self.host["wall_time"][-1] if points else 0.0
         for t in range(points):
             values = {k: v[..., t] for k, v in seed_metrics.items()}
-            self._queue_rows(values, t, self.host["steps_per_second"][t], self.host["wall_time"][t])
+            # TensorBoard already holds these (flushed before their checkpoint): files only.
+            self._queue_rows(values, t, self.host["steps_per_second"][t], self.host["wall_time"][t], tensorboard=False)
         self.received = points
         self.last_step = int(np.max(seed_metrics["step"][..., -1])) if points else None
         self.purge_step = self.last_step + 1 if points else None
@@ -187,7 +188,7 @@ class RunLogger:
 
     # ---- writing
 
-    def _queue_rows(self, values: dict, log_point: int, rate: float, wall: float) -> None:
+    def _queue_rows(self, values: dict, log_point: int, rate: float, wall: float, tensorboard: bool = True) -> None:
         arrays = {k: np.asarray(v) for k, v in values.items()}
         if self.columns is None:
             self.columns = ["setting", "seed", "log_point"] + [k for k in arrays if arrays[k].ndim == 2] + ["steps_per_second", "wall_time"]
@@ -199,7 +200,7 @@ class RunLogger:
                 row.update({k: _python_number(v[s, i]) for k, v in arrays.items() if v.ndim == 2})
                 row["steps_per_second"] = _python_number(np.float64(rate))
                 row["wall_time"] = round(wall, 4)
-                self.pending.append(row)
+                self.pending.append((row, tensorboard))
 
     def flush(self) -> None:
         """Write the buffered rows to every file and flush them."""
@@ -208,10 +209,11 @@ class RunLogger:
         rows, self.pending = self.pending, []
         if rows:
             _TBX_IMPORT.join()
-        for row in rows:
+        for row, tensorboard in rows:
             self._jsonl.write(json.dumps(row) + "\n")
             self._csv.write(",".join("" if row.get(c) is None else repr(row[c]) if isinstance(row.get(c), float) else str(row[c]) for c in self.columns) + "\n")
-            self._write_event(row)
+            if tensorboard:
+                self._write_event(row)
         self._jsonl.flush()
         self._csv.flush()
         for writer in self.tb.values():

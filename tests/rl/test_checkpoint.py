@@ -44,6 +44,17 @@ def test_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(tmp_path, tmp
     assert_same_params(final_params(run_dir), final_params(reference))
     assert metric_rows(run_dir) == metric_rows(reference)  # rows written after the checkpoint were replaced
     assert Checkpoints(run_dir, read_only=True).steps()[-1] == 20_000
+    # TensorBoard drops the killed process's events after the checkpoint (a purge marker at resume).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for run in (run_dir, reference):
+        accumulator = EventAccumulator(str(run / "tensorboard" / "setting_0" / "seed_0"))
+        accumulator.Reload()
+        lengths = [(e.step, e.value) for e in accumulator.Scalars("episode_length")]
+        assert [step for step, _ in lengths] == list(range(1000, 20_001, 1000))
+        if run is run_dir:
+            resumed = lengths
+    assert resumed == lengths
 
 
 def test_resume_of_a_finished_run_changes_nothing(tmp_path_factory, capsys):

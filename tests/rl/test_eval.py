@@ -1,0 +1,87 @@
+"""`rl eval`: the deterministic policy of a trained run's final (or chosen) params, vmapped over
+episodes, agrees with the greedy evaluation done during training; a GIF of one episode."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rl.evaluate import evaluate, load_params, write_gif
+from rl.train import load_run_config
+from run_helpers import run_cli, trained_run
+
+
+def last_metric(run_dir, name):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = max(r["log_point"] for r in rows)
+    return {r["seed"]: r[name] for r in rows if r["log_point"] == last}
+
+
+def test_eval_matches_greedy_episode_length_measured_in_training(tmp_path_factory):
+    run_dir = trained_run(tmp_path_factory)
+    config, grid = load_run_config(run_dir)
+    params, source = load_params(run_dir, config, grid)
+    assert source.endswith("final_params.msgpack")
+    returns, lengths = evaluate(config, params, episodes=5)
+    assert returns.shape == lengths.shape == (1, 2, 5)
+    max_steps = config.env.params["max_steps_in_episode"]
+    for seed, greedy_length in last_metric(run_dir, "greedy_episode_length").items():
+        np.testing.assert_array_equal(lengths[0, seed], min(greedy_length, max_steps))
+        np.testing.assert_array_equal(returns[0, seed], 1.0 if greedy_length < max_steps else 0.0)
+
+
+def test_eval_command_prints_return_and_writes_a_gif(tmp_path_factory, tmp_path, capsys):
+    from PIL import Image
+
+    run_dir = trained_run(tmp_path_factory)
+    gif = tmp_path / "episode.gif"
+    capsys.readouterr()
+    assert run_cli(["eval", run_dir, "--episodes", "4", "--render", gif]) == 0
+    out = capsys.readouterr().out
+    assert "return" in out and "4 episodes x 2 seeds" in out and str(gif) in out
+    config, grid = load_run_config(run_dir)
+    params, _ = load_params(run_dir, config, grid)
+    _, lengths = evaluate(config, params, episodes=1)
+    with Image.open(gif) as image:
+        assert image.format == "GIF"
+        assert image.n_frames == int(lengths[0, 0, 0]) + 1  # the reset state and one frame per step
+        first = np.asarray(image.convert("RGB"))
+        image.seek(image.n_frames - 1)
+        last = np.asarray(image.convert("RGB"))
+    assert first.shape == last.shape and first.ndim == 3
+    assert not np.array_equal(first, last)  # the agent moved
+
+
+def test_eval_of_a_chosen_checkpoint(tmp_path_factory, capsys):
+    run_dir = trained_run(tmp_path_factory)
+    capsys.readouterr()
+    assert run_cli(["eval", run_dir, "--episodes", "2", "--checkpoint", "12000"]) == 0
+    assert "checkpoints/12000" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--checkpoint", "1234"], "no such checkpoint"),
+        (["--episodes", "0"], "--episodes"),
+        (["--render", "x.png"], ".gif"),
+    ],
+)
+def test_eval_bad_input_is_one_line_exit_2(tmp_path_factory, capsys, args, message):
+    run_dir = trained_run(tmp_path_factory)
+    capsys.readouterr()
+    assert run_cli(["eval", run_dir, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rl: error:") and message in err and err.count("\n") == 1
+
+
+def test_eval_of_a_missing_run_dir(tmp_path, capsys):
+    assert run_cli(["eval", tmp_path / "nope"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_write_gif_checks_frame_shape(tmp_path):
+    with pytest.raises(ValueError, match="frames must be"):
+        write_gif(np.zeros((3, 4, 4)), tmp_path / "x.gif")

@@ -1,0 +1,80 @@
+"""Logs of a run: metrics streamed from inside the compiled loop (one host call per log point for
+all seeds and settings), written as JSONL, CSV and TensorBoard event files that TensorBoard's own
+event reader reads back with the same values."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from rl.logging import sink
+from run_helpers import TINY, trained_run
+
+
+def tensorboard_scalars(folder, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(folder))
+    accumulator.Reload()
+    return {event.step: event.value for event in accumulator.Scalars(tag)}
+
+
+def jsonl_rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_jsonl_has_one_row_per_setting_seed_and_log_point(tmp_path_factory):
+    rows = jsonl_rows(trained_run(tmp_path_factory))
+    points = TINY["agent"]["total_steps"] // TINY["agent"]["log_interval"]
+    assert len(rows) == TINY["run"]["seeds"] * points
+    assert {(r["seed"], r["log_point"]) for r in rows} == {(s, t) for s in range(2) for t in range(points)}
+    for row in rows:
+        assert row["step"] == (row["log_point"] + 1) * TINY["agent"]["log_interval"]
+        assert {"episode_return", "episode_length", "steps_per_second", "wall_time"} <= set(row)
+        assert row["steps_per_second"] is None or row["steps_per_second"] > 0
+
+
+def test_csv_matches_jsonl(tmp_path_factory):
+    run_dir = trained_run(tmp_path_factory)
+    with open(run_dir / "metrics.csv") as f:
+        table = list(csv.DictReader(f))
+    rows = jsonl_rows(run_dir)
+    assert len(table) == len(rows)
+    for line, row in zip(table, rows):
+        for key, value in row.items():
+            if value is None:
+                assert line[key] == ""
+            else:
+                assert float(line[key]) == pytest.approx(value, rel=1e-12)
+
+
+def test_tensorboard_event_reader_reads_the_metrics_back(tmp_path_factory):
+    run_dir = trained_run(tmp_path_factory)
+    rows = [r for r in jsonl_rows(run_dir) if r["seed"] == 1]
+    folder = run_dir / "tensorboard" / "setting_0" / "seed_1"
+    returns = tensorboard_scalars(folder, "episode_return")
+    expected = {r["step"]: r["episode_return"] for r in rows if r["episode_return"] is not None}
+    assert set(returns) == set(expected)
+    for step, value in expected.items():
+        assert returns[step] == pytest.approx(value, rel=1e-6)
+    rates = tensorboard_scalars(folder, "steps_per_second")
+    assert len(rates) == len(rows) and all(v > 0 for v in rates.values())
+
+
+def test_emit_is_one_host_call_per_log_point_for_all_seeds_and_settings():
+    from rl.config import build_config
+    from rl.train import train_many
+
+    config = build_config({**TINY, "run": {"seeds": 3}})
+    calls = []
+    with sink(lambda values: calls.append({k: np.asarray(v) for k, v in values.items()})):
+        _, metrics = train_many(config, [{"lr": 0.1}, {"lr": 0.5}])
+        jax.block_until_ready(metrics)
+    assert len(calls) == TINY["agent"]["total_steps"] // TINY["agent"]["log_interval"]
+    assert all(call["step"].shape == (2, 3) for call in calls)
+    streamed = np.stack([call["episode_length"] for call in calls], axis=-1)
+    np.testing.assert_array_equal(streamed, np.asarray(metrics["episode_length"]))

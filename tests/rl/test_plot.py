@@ -1,0 +1,48 @@
+"""`rl plot`: a PNG learning curve (median and percentile band over seeds), one line per run or
+sweep setting."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rl.plot import curves, read_metrics
+from run_helpers import run_cli, trained_run, write_config
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_writes_a_png(tmp_path_factory, tmp_path, capsys):
+    import matplotlib.pyplot as plt
+
+    run_dir = trained_run(tmp_path_factory)
+    out = tmp_path / "curve.png"
+    assert run_cli(["plot", run_dir, "-o", out]) == 0
+    data = out.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 5000
+    image = plt.imread(out)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image[..., :3].std() > 0.01  # something is drawn
+
+
+def test_plot_default_output_and_several_runs_with_a_sweep(tmp_path_factory, tmp_path):
+    run_dir = trained_run(tmp_path_factory)
+    config = write_config(tmp_path, seeds=2)
+    assert run_cli(["train", config, "--name", "sweep", "--sweep", "agent.lr=0.05,0.5", "agent.total_steps=4000"]) == 0
+    sweep_dir = tmp_path / "runs" / "sweep"
+    assert run_cli(["plot", sweep_dir, run_dir]) == 0
+    assert (sweep_dir / "learning_curve.png").read_bytes().startswith(PNG_SIGNATURE)
+    by_setting = curves(read_metrics(sweep_dir), "episode_return")
+    assert sorted(by_setting) == [0, 1]
+    steps, values = by_setting[1]
+    np.testing.assert_array_equal(steps, [1000, 2000, 3000, 4000])
+    assert values.shape == (2, 4)
+
+
+def test_plot_bad_input(tmp_path_factory, tmp_path, capsys):
+    run_dir = trained_run(tmp_path_factory)
+    assert run_cli(["plot", tmp_path / "missing"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert run_cli(["plot", run_dir, "--metric", "nonsense"]) == 2
+    err = capsys.readouterr().err
+    assert "nonsense" in err and "episode_return" in err
+    assert not list(tmp_path.glob("*.png"))
