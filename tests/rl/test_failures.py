@@ -1,0 +1,176 @@
+"""Failure handling: a diverging run stops with a message naming the metric and step and keeps its
+last good checkpoint; Ctrl-C saves a checkpoint and exits cleanly (and the run resumes exactly);
+unwritable or full run directories give one clear line, not a traceback."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import rl.agents
+from rl.agents import Trainer, train_from_trainer
+from rl.checkpoint import Checkpoints
+from rl.config import hp
+from rl.logging import emit
+from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
+
+# ---------------------------------------------------------------- a diverging agent
+
+
+@dataclass(frozen=True)
+class DivergingConfig:
+    """Gradient descent on loss(w) = w^2 / 2 with a step size above 2: w <- (1 - lr) w diverges."""
+
+    name: str = "diverging"
+    total_steps: int = hp(200, low=1)
+    log_interval: int = hp(10, low=1)
+    lr: float = hp(3.0, low=0.0, sweep=True)
+    emit_loss: bool = hp(True)
+
+
+def make_trainer(config):
+    agent = config.agent
+
+    def init(key, hparams):
+        return {"params": {"w": jnp.float32(1.0)}, "key": key, "step": jnp.int32(0)}
+
+    def run(state, hparams, num_log_points):
+        def period(state, _):
+            def sgd(carry, _):
+                w, loss = carry
+                return (w - hparams["lr"] * w, 0.5 * w * w), None
+
+            (w, loss), _ = jax.lax.scan(sgd, (state["params"]["w"], jnp.float32(0.0)), None, length=agent.log_interval)
+            step = state["step"] + agent.log_interval
+            metrics = {"step": step, "episode_return": jnp.float32(jnp.nan), "episode_length": jnp.float32(jnp.nan)}
+            if agent.emit_loss:
+                metrics["loss"] = loss
+            return {**state, "params": {"w": w}, "step": step}, emit(metrics)
+
+        return jax.lax.scan(period, state, None, length=num_log_points)
+
+    return Trainer(init, run, agent.total_steps // agent.log_interval)
+
+
+@pytest.fixture
+def diverging_agent(monkeypatch):
+    module = types.ModuleType("diverging_agent")
+    module.Config = DivergingConfig
+    module.make_trainer = make_trainer
+    module.make_train = lambda config: train_from_trainer(make_trainer(config), config.agent)
+    module.make_policy = lambda config: (lambda params, obs, key: jnp.int32(0))
+    monkeypatch.setitem(sys.modules, "diverging_agent", module)
+    monkeypatch.setitem(rl.agents.AGENTS, "diverging", "diverging_agent")
+
+
+def first_overflow(lr: float, log_interval: int, of_loss: bool) -> int:
+    """Env step of the first log point whose last-step loss (or w) is not finite, in float32."""
+    w = np.float32(1.0)
+    with np.errstate(all="ignore"):
+        for step in range(1, 10_000):
+            loss = np.float32(0.5) * w * w
+            w = w - np.float32(lr) * w
+            value = loss if of_loss else w
+            if not np.isfinite(value):
+                return -(-step // log_interval) * log_interval
+    raise AssertionError("no overflow")
+
+
+@pytest.mark.parametrize("emit_loss", [True, False])
+def test_non_finite_loss_or_params_stop_the_run_keeping_the_last_good_checkpoint(tmp_path, capsys, diverging_agent, emit_loss):
+    data = {"env": {"id": "GridWorld"}, "agent": {"name": "diverging", "emit_loss": emit_loss}, "run": {"seeds": 2, "checkpoint_every": 2, "progress": False}}
+    config = write_config(tmp_path, data)
+    capsys.readouterr()
+    assert run_cli(["train", config, "--name", "nan"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rl: error: non-finite")
+    run_dir = tmp_path / "runs" / "nan"
+    steps = Checkpoints(run_dir, read_only=True).steps()
+    bad = first_overflow(3.0, 10, of_loss=emit_loss)
+    chunk_start = (bad - 1) // 20 * 20
+    assert steps[-1] == chunk_start  # the chunk holding the bad step was not checkpointed
+    assert f"last good checkpoint: {run_dir / 'checkpoints' / str(chunk_start)}" in err
+    if emit_loss:
+        assert f"non-finite loss (inf) at step {bad} (setting 0, seed 0)" in err
+    else:
+        assert f"non-finite params['w'] between step {chunk_start} and step {chunk_start + 20}" in err
+    assert not (run_dir / "final_params.msgpack").exists()
+
+
+# ---------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_saves_a_checkpoint_exits_cleanly_and_resumes_exactly(tmp_path, tmp_path_factory, capsys):
+    reference = trained_run(tmp_path_factory)
+    config = write_config(tmp_path)
+    interrupted = run_signalled(["train", config, "--name", "ctrl-c"], signal_at=13_000, signal_name="SIGINT")
+    assert interrupted.returncode == 130, interrupted.stderr[-2000:]
+    assert "Traceback" not in interrupted.stderr
+    assert "interrupted at step 16000" in interrupted.stderr and "rl train --resume" in interrupted.stderr
+    run_dir = tmp_path / "runs" / "ctrl-c"
+    assert Checkpoints(run_dir, read_only=True).steps()[-1] == 16_000
+    assert not (run_dir / "final_params.msgpack").exists()
+    assert run_cli(["train", "--resume", run_dir]) == 0
+    jax.tree.map(np.testing.assert_array_equal, final_params(run_dir), final_params(reference))
+    assert metric_rows(run_dir) == metric_rows(reference)
+
+
+# ---------------------------------------------------------------- unwritable and full run directories
+
+
+def test_run_directory_that_cannot_be_created(tmp_path, capsys):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    config = write_config(tmp_path, output_dir=str(blocker))
+    assert run_cli(["train", config]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rl: error: cannot create run directory") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux) to simulate a full disk")
+def test_full_disk_is_one_clear_line(tmp_path, tmp_path_factory, capsys):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained_run(tmp_path_factory), run_dir)
+    (run_dir / "metrics.jsonl").unlink()
+    (run_dir / "metrics.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
+    capsys.readouterr()
+    assert run_cli(["train", "--resume", run_dir]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("rl: resuming from checkpoint") and len(lines) == 2
+    assert lines[1].startswith("rl: error: cannot write the run directory") and "No space left on device" in lines[1]
+
+
+def test_checkpoint_folder_that_cannot_be_written(tmp_path, tmp_path_factory, capsys):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained_run(tmp_path_factory), run_dir)
+    shutil.rmtree(run_dir / "checkpoints")
+    (run_dir / "checkpoints").write_text("in the way")
+    capsys.readouterr()
+    assert run_cli(["train", "--resume", run_dir]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rl: error: cannot write the run directory") and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--resume", "/nonexistent/run"], "does not exist"),
+        (["CONFIG", "--resume", "RUN"], "takes no a config file"),
+        ([], "needs a config file"),
+    ],
+)
+def test_resume_bad_input(tmp_path_factory, capsys, args, message):
+    run_dir = trained_run(tmp_path_factory)
+    args = [str(run_dir / "config.yaml") if a == "CONFIG" else str(run_dir) if a == "RUN" else a for a in args]
+    assert run_cli(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rl: error:") and message in err and err.count("\n") == 1
