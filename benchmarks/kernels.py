@@ -158,10 +158,111 @@ def gae_cases(args) -> list[Case]:
     return cases
 
 
-# kernels-2: add softmax_cases, policy_head_cases, projection_cases here.
+# ----------------------------------------------------------------------------- row-wise ops (kernels-2)
+
+
+def _with_vjp(op):
+    """(x..., cotangent) -> (outputs, input cotangents): one forward and one backward pass."""
+    def fwd_bwd(*args):
+        *primals, cotangent = args
+        out, vjp = jax.vjp(op, *primals)
+        return out, vjp(cotangent)
+    return fwd_bwd
+
+
+def softmax_cases(args) -> list[Case]:
+    """softmax forward+backward vs jax.nn.softmax; bytes: fwd reads x, writes p; bwd reads p, g, writes dx."""
+    from kernels import softmax
+    from kernels.softmax import softmax_reference
+
+    shapes = [(8, 2), (8, 3, 51), (4, 300)] if args.small else [
+        (65536, 2), (65536, 6), (65536, 18), (65536, 51), (4096, 18, 51), (4096, 4096)]
+    cases = []
+    for shape in shapes:
+        def make(key, shape=shape):
+            k1, k2 = jax.random.split(key)
+            return 3.0 * jax.random.normal(k1, shape, jnp.float32), jax.random.normal(k2, shape, jnp.float32)
+
+        cases.append(Case(
+            op="softmax fwd+bwd", shape=" x ".join(map(str, shape)), make_inputs=make,
+            reference=_with_vjp(softmax_reference),
+            triton=_with_vjp(lambda x: softmax(x, backend=args.kernel_backend)),
+            bytes_moved=5 * 4 * math.prod(shape), atol=1e-5,
+        ))
+    return cases
+
+
+def policy_head_cases(args) -> list[Case]:
+    """categorical_log_prob_entropy forward+backward vs the XLA path (log_softmax, gather, entropy).
+
+    Bytes: every input (logits, actions, the two cotangents) read once and every output
+    (log_prob, entropy, d logits) written once."""
+    from kernels import categorical_log_prob_entropy
+    from kernels.policy_head import categorical_log_prob_entropy_reference
+
+    shapes = [(16, 2), (9, 18)] if args.small else [(65536, 2), (65536, 6), (65536, 18), (4096, 18)]
+    cases = []
+    for rows, n_actions in shapes:
+        def make(key, rows=rows, n_actions=n_actions):
+            k1, k2, k3, k4 = jax.random.split(key, 4)
+            logits = 2.0 * jax.random.normal(k1, (rows, n_actions), jnp.float32)
+            actions = jax.random.randint(k2, (rows,), 0, n_actions)
+            cotangent = (jax.random.normal(k3, (rows,), jnp.float32), jax.random.normal(k4, (rows,), jnp.float32))
+            return logits, actions, cotangent
+
+        def fwd_bwd(op):
+            def f(logits, actions, cotangent):
+                out, vjp = jax.vjp(lambda x: op(x, actions), logits)
+                return out, vjp(cotangent)
+            return f
+
+        cases.append(Case(
+            op="policy head fwd+bwd", shape=f"{rows} x {n_actions}", make_inputs=make,
+            reference=fwd_bwd(categorical_log_prob_entropy_reference),
+            triton=fwd_bwd(lambda x, a: categorical_log_prob_entropy(x, a, backend=args.kernel_backend)),
+            bytes_moved=4 * (2 * rows * n_actions + 5 * rows), atol=1e-4,
+        ))
+    return cases
+
+
+def projection_cases(args) -> list[Case]:
+    """C51 projection (forward) vs the [B, K, K] XLA formulation; plus forward+backward (atoms, probs)."""
+    from kernels import categorical_projection
+    from kernels.projection import categorical_projection_reference
+
+    k = 51
+    support = jnp.linspace(-10.0, 10.0, k)
+    batches = [8, 33] if args.small else [4096, 65536]
+    cases = []
+    for b in batches:
+        def make(key, b=b):
+            k1, k2, k3, k4 = jax.random.split(key, 4)
+            rewards = jax.random.normal(k1, (b, 1), jnp.float32) * 2.0
+            discounts = 0.99 * (jax.random.uniform(k2, (b, 1)) > 0.05)
+            atoms = rewards + discounts * support                      # a C51 Bellman target
+            probs = jax.nn.softmax(jax.random.normal(k3, (b, k)), axis=-1)
+            return atoms, probs, jax.random.normal(k4, (b, k), jnp.float32)
+
+        reference = lambda a, p, g: categorical_projection_reference(a, p, support)
+        triton = lambda a, p, g: categorical_projection(a, p, support, backend=args.kernel_backend)
+        cases.append(Case(
+            op="categorical_projection", shape=f"B={b} x K={k}", make_inputs=make,
+            reference=reference, triton=triton, bytes_moved=4 * 3 * b * k, atol=1e-5,
+        ))
+        grad = lambda f: lambda a, p, g: jax.vjp(lambda a_, p_: f(a_, p_, g), a, p)[1](g)
+        cases.append(Case(
+            op="projection bwd (atoms, probs)", shape=f"B={b} x K={k}", make_inputs=make,
+            reference=grad(reference), triton=grad(triton), bytes_moved=4 * 5 * b * k, atol=1e-4,
+        ))
+    return cases
+
+
 CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "discounted_returns": returns_cases,
     "gae": gae_cases,
+    "softmax": softmax_cases,
+    "policy_head": policy_head_cases,
+    "projection": projection_cases,
 }
 
 
