@@ -293,8 +293,9 @@ def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
     from kernels._chunked_scan import ScanConfig, choose_config
 
     rows = []
-    loop = [(16, 128, 4), (32, 128, 8), (32, 64, 4), (64, 64, 8), (16, 256, 8), (32, 32, 4)]
-    chained = [(32, 32, 4), (64, 32, 4), (64, 64, 8), (128, 32, 8), (128, 64, 8), (32, 64, 4), (16, 64, 4), (16, 128, 8)]
+    loop = [(32, 64, 4), (16, 64, 4), (64, 64, 4), (32, 32, 4), (16, 128, 4), (32, 64, 2), (64, 32, 4)]
+    chained = [(64, 32, 4), (32, 32, 4), (128, 32, 4), (64, 16, 4), (32, 64, 4), (64, 64, 4), (128, 32, 8),
+               (16, 64, 4), (256, 16, 4), (128, 16, 4), (64, 32, 2)]
     configs = []
     if args.sweep in ("loop", "all"):
         configs += [ScanConfig(t, n, False, w) for t, n, w in loop]

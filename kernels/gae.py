@@ -39,7 +39,7 @@ def _gae_kernel(
     T, N, n_chunks,
     adv_ptr, tgt_ptr, counter_ptr, flags_ptr,
     LAMBDA_PER_STEP: tl.constexpr, CHAINED: tl.constexpr,
-    CHUNK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    CHUNK_T: tl.constexpr, BLOCK_N: tl.constexpr, PREFIX_LOOKUP: tl.constexpr,
 ):
     """GAE over [B, T, N]; lam is [B, T, N] when LAMBDA_PER_STEP, else one value per batch row [B]."""
     b, pid_n, j0, n_iter = cs.program_coords(counter_ptr, n_chunks, N, CHAINED, BLOCK_N)
@@ -65,12 +65,15 @@ def _gae_kernel(
             c = d * lam_b
         delta = r + d * nv - v
         xs, ms = tl.associative_scan((delta, c), 0, cs.affine_combine, reverse=True)
-        if CHAINED:
-            carry = cs.wait_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask)
+        if CHAINED:  # publish this tile's map, look back for the carry, publish the carry out
+            x0 = cs.boundary_row(xs, True, CHUNK_T)
+            m0 = cs.boundary_row(ms, True, CHUNK_T)
+            cs.publish_aggregate(flags_ptr, x0, m0, b, j, n_chunks, N, cols, col_mask)
+            carry = cs.lookback_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask, PREFIX_LOOKUP)
+            cs.publish_carry(flags_ptr, x0 + m0 * carry, b, j, n_chunks, N, cols, col_mask)
         adv = xs + ms * carry[None, :]
-        carry = cs.boundary_row(adv, True, CHUNK_T)
-        if CHAINED:
-            cs.publish_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask)
+        if not CHAINED:
+            carry = cs.boundary_row(adv, True, CHUNK_T)
         tl.store(adv_ptr + offs, adv.to(adv_ptr.dtype.element_ty), mask=mask)
         tl.store(tgt_ptr + offs, (adv + v).to(tgt_ptr.dtype.element_ty), mask=mask)
 
@@ -105,6 +108,7 @@ def _gae_core(rewards, values, next_values, discounts, lambda_, *, lead, backend
         CHAINED=cfg.chained,
         CHUNK_T=cfg.chunk_t,
         BLOCK_N=cfg.block_n,
+        PREFIX_LOOKUP=cfg.prefix_lookup,
     )
     return restore(adv), restore(tgt)
 

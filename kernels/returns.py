@@ -40,7 +40,7 @@ def _linear_scan_kernel(
     T, N, n_chunks,
     y_ptr, counter_ptr, flags_ptr,
     REVERSE: tl.constexpr, HAS_INIT: tl.constexpr, CHAINED: tl.constexpr,
-    CHUNK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    CHUNK_T: tl.constexpr, BLOCK_N: tl.constexpr, PREFIX_LOOKUP: tl.constexpr,
 ):
     """y = the linear recurrence of ``_chunked_scan`` over [B, T, N]; init [B, N] when HAS_INIT."""
     b, pid_n, j0, n_iter = cs.program_coords(counter_ptr, n_chunks, N, CHAINED, BLOCK_N)
@@ -62,12 +62,15 @@ def _linear_scan_kernel(
         else:  # the coefficient entering step t is c_{t-1}
             m = tl.load(c_ptr + offs - N, mask=mask & (t >= 1)[:, None], other=0.0).to(tl.float32)
         xs, ms = tl.associative_scan((x, m), 0, cs.affine_combine, reverse=REVERSE)
-        if CHAINED:
-            carry = cs.wait_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask)
+        if CHAINED:  # publish this tile's map, look back for the carry, publish the carry out
+            x0 = cs.boundary_row(xs, REVERSE, CHUNK_T)
+            m0 = cs.boundary_row(ms, REVERSE, CHUNK_T)
+            cs.publish_aggregate(flags_ptr, x0, m0, b, j, n_chunks, N, cols, col_mask)
+            carry = cs.lookback_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask, PREFIX_LOOKUP)
+            cs.publish_carry(flags_ptr, x0 + m0 * carry, b, j, n_chunks, N, cols, col_mask)
         y = xs + ms * carry[None, :]
-        carry = cs.boundary_row(y, REVERSE, CHUNK_T)
-        if CHAINED:
-            cs.publish_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask)
+        if not CHAINED:
+            carry = cs.boundary_row(y, REVERSE, CHUNK_T)
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -99,6 +102,7 @@ def _linear_scan_core(x, c, *init, lead, reverse, backend, config):
         CHAINED=cfg.chained,
         CHUNK_T=cfg.chunk_t,
         BLOCK_N=cfg.block_n,
+        PREFIX_LOOKUP=cfg.prefix_lookup,
     )
     return restore(y)
 

@@ -12,7 +12,12 @@ from kernels import gae
 from kernels._chunked_scan import ScanConfig
 from kernels.gae import gae_reference
 
-CONFIGS = [None, ScanConfig(chunk_t=4, block_n=4, chained=False), ScanConfig(chunk_t=4, block_n=8, chained=True)]
+CONFIGS = [
+    None,
+    ScanConfig(chunk_t=4, block_n=4, chained=False),
+    ScanConfig(chunk_t=4, block_n=8, chained=True),
+    ScanConfig(chunk_t=2, block_n=4, chained=True, prefix_lookup=False),  # look-back composes aggregates
+]
 
 
 def numpy_gae(rewards, values, next_values, discounts, lambda_):

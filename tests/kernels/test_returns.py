@@ -13,7 +13,12 @@ from kernels._chunked_scan import ScanConfig
 from kernels.returns import discounted_returns_reference
 
 # tilings that exercise both grids on small shapes (partial tiles, several tiles per column)
-CONFIGS = [None, ScanConfig(chunk_t=4, block_n=4, chained=False), ScanConfig(chunk_t=4, block_n=8, chained=True)]
+CONFIGS = [
+    None,
+    ScanConfig(chunk_t=4, block_n=4, chained=False),
+    ScanConfig(chunk_t=4, block_n=8, chained=True),
+    ScanConfig(chunk_t=2, block_n=4, chained=True, prefix_lookup=False),  # look-back composes aggregates
+]
 
 
 def numpy_returns(rewards, discounts, bootstrap):
