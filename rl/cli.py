@@ -168,7 +168,7 @@ def train_command(args) -> int:
         if multi_process and not args.resume and not config.run.name:
             raise ConfigError("a multi-process run needs run.name (--name) so that every process writes the same run directory")
         if not args.resume:
-            run_dir = make_run_dir(config, exist_ok=multi_process and not distributed.is_main_process())
+            run_dir = make_run_dir(config, exist_ok=multi_process)  # every process of a multi-process run makes it
     except ConfigError as err:
         return _error(str(err), EXIT_BAD_INPUT)
     from rl.train import NonFiniteError, TrainingInterrupted, run_training

@@ -1,0 +1,118 @@
+"""Seed-axis sharding with jax.sharding: `--devices 4` on 4 forced CPU devices gives the same
+per-seed results as one device, and so do two processes joined by jax.distributed (2 devices each).
+
+XLA_FLAGS=--xla_force_host_platform_device_count must be set before JAX starts, so every run here
+is a subprocess."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from run_helpers import REPO, final_params, metric_rows, subprocess_env, write_config
+
+SHARDED = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    from rl.cli import main
+    from rl.config import load_config
+    from rl.distributed import seed_mesh, select_devices
+    from rl.train import make_programs
+
+    config_path, out = sys.argv[1], {}
+    out["devices"] = len(jax.devices())
+    out["sharded"] = main(["train", config_path, "--name", "sharded", "--devices", "4"])
+    out["all"] = main(["train", config_path, "--name", "all", "--devices", "all"])
+    out["single"] = main(["train", config_path, "--name", "single"])
+    out["uneven"] = main(["train", config_path, "--name", "uneven", "--devices", "3"])
+    out["too_many"] = main(["train", config_path, "--name", "many", "--devices", "8"])
+    # where the state lives: each of the 4 devices holds one seed
+    config = load_config(config_path)
+    _, init, _, keys, hparams = make_programs(config, [{}], seed_mesh(select_devices("all", 4)))
+    params = init(keys, hparams)["params"]
+    out["shard_shapes"] = sorted({tuple(s.data.shape) for s in params.addressable_shards})
+    out["shard_devices"] = len({s.device for s in params.addressable_shards})
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def run_script(script, *args, devices=4, **env):
+    flags = f"--xla_force_host_platform_device_count={devices}"
+    return subprocess.Popen([sys.executable, "-c", script, *map(str, args)], cwd=REPO, env=subprocess_env(XLA_FLAGS=flags, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result_of(process, timeout=400):
+    out, err = process.communicate(timeout=timeout)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert process.returncode == 0 and lines, err[-3000:]
+    return json.loads(lines[-1][len("RESULT "):]), err
+
+
+def assert_same_run(a, b):
+    """Per seed: integer metrics (steps, episode counts, greedy path lengths) identical, floats to
+    float32 round-off. A device holding 1 seed runs a program vectorised over 1 instead of 4, and
+    XLA may then contract multiply-adds differently (see tests/rl/test_qlearning.py)."""
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), final_params(a), final_params(b))
+    rows_a, rows_b = metric_rows(a), metric_rows(b)
+    assert len(rows_a) == len(rows_b)
+    for row_a, row_b in zip(rows_a, rows_b):
+        assert row_a.keys() == row_b.keys()
+        for key, value in row_a.items():
+            if isinstance(value, float):
+                assert value == pytest.approx(row_b[key], rel=1e-5, abs=1e-6), key
+            else:
+                assert value == row_b[key], key
+
+
+def test_sharded_seeds_equal_unsharded_on_4_cpu_devices(tmp_path):
+    config = write_config(tmp_path, seeds=4)
+    result, err = result_of(run_script(SHARDED, config))
+    assert result["devices"] == 4
+    assert result["sharded"] == result["all"] == result["single"] == 0
+    assert result["uneven"] == 2 and "must be a multiple of the number of devices (3)" in err
+    assert result["too_many"] == 2 and "only 4 cpu device(s)" in err
+    assert result["shard_devices"] == 4 and result["shard_shapes"] == [[1, 1, 25, 4]]  # [settings, seeds per device, states, actions]
+    runs = tmp_path / "runs"
+    assert_same_run(runs / "sharded", runs / "single")
+    assert_same_run(runs / "all", runs / "single")
+
+
+MULTI_PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    from rl.cli import main
+
+    config_path, port, process_id = sys.argv[1], sys.argv[2], sys.argv[3]
+    code = main(["train", config_path, "--name", "two-processes", "--devices", "all", "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", process_id])
+    import jax
+    print("RESULT " + json.dumps({"code": code, "processes": jax.process_count(), "devices": len(jax.devices()), "local": len(jax.local_devices())}))
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_through_jax_distributed_equal_one_process(tmp_path):
+    config = write_config(tmp_path, seeds=4)
+    single = run_script("import sys; from rl.cli import main; print('RESULT', main(['train', sys.argv[1], '--name', 'single']))", config, devices=1)
+    port = free_port()
+    processes = [run_script(MULTI_PROCESS, config, port, i, devices=2) for i in range(2)]
+    results = [result_of(p)[0] for p in processes]
+    assert result_of(single)[0] == 0
+    for result in results:
+        assert result == {"code": 0, "processes": 2, "devices": 4, "local": 2}
+    runs = tmp_path / "runs"
+    assert_same_run(runs / "two-processes", runs / "single")
