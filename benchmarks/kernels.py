@@ -274,7 +274,9 @@ def run_case(case: Case, args, copy_bw: float) -> dict:
     first = case.make_inputs(keys[0])
     reps = _reps_for(case.bytes_moved, args.max_reps)
     sets = [first] + [case.make_inputs(k) for k in keys[1:reps]]
-    error = max_abs_diff(jax.jit(case.triton)(*first), jax.jit(case.reference)(*first))
+    want, triton_fn = jax.jit(case.reference)(*first), jax.jit(case.triton)
+    error = max(max_abs_diff(triton_fn(*s), want if s is first else jax.jit(case.reference)(*s))
+                for s in ([first] * args.checks + sets[1:args.checks]))
     row = {"op": case.op, "shape": case.shape, "reps": reps, "max_abs_err": error}
     row["reference_us"] = 1e6 * time_per_call(case.reference, sets, args.runs)
     row["triton_us"] = 1e6 * time_per_call(case.triton, sets, args.runs)
@@ -352,6 +354,7 @@ def main(argv=None) -> None:
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     parser.add_argument("--sweep", choices=["loop", "chained", "all"], help="time ScanConfig tilings of the scan ops")
     parser.add_argument("--sweep-ops", default="gae", choices=["gae", "both"], help="ops the sweep times")
+    parser.add_argument("--checks", type=int, default=1, help="repeat the correctness check (races)")
     parser.add_argument("--json", help="write the rows and versions to this path")
     args = parser.parse_args(argv)
     args.scan_shapes = [(16, 32), (33, 8)] if args.small else [(1024, 4096), (128, 4096), (128, 65536)]
