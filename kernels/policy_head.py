@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend, rows_2d
-from kernels.softmax import MAX_TILE_COLUMNS, row_tiling
+from kernels.softmax import MAX_TILE_COLUMNS, concrete_value, row_tiling
 
 __all__ = ["categorical_log_prob_entropy", "categorical_log_prob_entropy_reference"]
 
@@ -185,8 +185,8 @@ def _check_actions(actions, logits):
             f"(logits {tuple(logits.shape)}), got {tuple(actions.shape)}"
         )
     n_actions = logits.shape[-1]
-    if not isinstance(actions, jax.core.Tracer) and actions.size:
-        concrete = np.asarray(actions)
+    concrete = concrete_value(actions)
+    if concrete is not None and concrete.size:
         low, high = concrete.min(), concrete.max()
         if low < 0 or high >= n_actions:
             raise ValueError(

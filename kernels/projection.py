@@ -12,8 +12,9 @@ split linearly between the two ends:
 This is rlax's ``categorical_l2_project`` (the sum over i of a triangular hat
 function centred on each target atom), computed without the [B, K, K_src]
 tensor: the kernel keeps a [rows, K] accumulator in registers, finds each
-source atom's bracket by binary search over the support (evenly spaced or
-not), and writes each output row once.
+source atom's bracket (a guess by interpolation, exact for an evenly spaced
+support, else a binary search over the sorted support), and writes each
+output row once.
 
 The projection is linear in ``probs``; the backward is a gather:
 
@@ -34,7 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, next_power_of_2, resolve_backend, rows_2d
-from kernels.softmax import row_tiling
+from kernels.softmax import concrete_value, row_tiling
 
 __all__ = ["categorical_projection", "categorical_projection_reference"]
 
@@ -54,6 +55,28 @@ def _bracket(z, support_row, K: tl.constexpr, SEARCH_STEPS: tl.constexpr):
         lo = tl.where(go_right, mid, lo)
         hi = tl.where(go_right, hi, mid)
     return lo
+
+
+@triton.jit
+def _find_bracket(z, support_row, v_min, v_max, K: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """(l, s_l, s_{l+1}) with l the largest index in [0, K-2] where s_l <= z (z clipped).
+
+    Guesses l by linear interpolation between v_min and v_max (right for an evenly spaced
+    support, where it costs one pair of loads), checks s_l <= z < s_{l+1} (or l = K-2), and
+    runs the binary search for the whole program if any guess in it is wrong (uneven
+    supports, rounding at the support points).
+    """
+    span = v_max - v_min
+    t = tl.where(span > 0.0, (z - v_min) / span, 0.0) * (K - 1)
+    lo = tl.minimum(tl.maximum(t.to(tl.int32), 0), K - 2)
+    s_lo = tl.load(support_row + lo)
+    s_hi = tl.load(support_row + lo + 1)
+    good = (s_lo <= z) & ((z < s_hi) | (lo == K - 2))
+    if tl.sum(tl.where(good, 0, 1)) > 0:
+        lo = _bracket(z, support_row, K, SEARCH_STEPS)
+        s_lo = tl.load(support_row + lo)
+        s_hi = tl.load(support_row + lo + 1)
+    return lo, s_lo, s_hi
 
 
 @triton.jit
@@ -78,9 +101,7 @@ def _projection_fwd_kernel(
         z = tl.load(atoms_ptr + src_base + i, mask=row_ok, other=0.0)
         p = tl.load(probs_ptr + src_base + i, mask=row_ok, other=0.0)
         z = tl.minimum(tl.maximum(z, v_min), v_max)
-        lo = _bracket(z, support_row, K, SEARCH_STEPS)
-        s_lo = tl.load(support_row + lo)
-        s_hi = tl.load(support_row + lo + 1)
+        lo, s_lo, s_hi = _find_bracket(z, support_row, v_min, v_max, K, SEARCH_STEPS)
         gap = s_hi - s_lo
         w = tl.where(gap > 0.0, (z - s_lo) / gap, 0.0)
         to_lo = p * (1.0 - w)
@@ -113,9 +134,7 @@ def _projection_bwd_kernel(
         raw = tl.load(atoms_ptr + offs, mask=mask, other=0.0)
         p = tl.load(probs_ptr + offs, mask=mask, other=0.0)
         z = tl.minimum(tl.maximum(raw, v_min), v_max)
-        lo = _bracket(z, support_row, K, SEARCH_STEPS)
-        s_lo = tl.load(support_row + lo)
-        s_hi = tl.load(support_row + lo + 1)
+        lo, s_lo, s_hi = _find_bracket(z, support_row, v_min, v_max, K, SEARCH_STEPS)
         gap = s_hi - s_lo
         inv_gap = tl.where(gap > 0.0, 1.0 / gap, 0.0)
         w = (z - s_lo) * inv_gap
@@ -235,8 +254,8 @@ def _check_support(target_support):
     support = check_float_array("target_support", target_support, ndim=1)
     if support.shape[0] < 2:
         raise ValueError(f"target_support needs at least 2 atoms, got shape {tuple(support.shape)}")
-    if not isinstance(target_support, jax.core.Tracer):  # concrete: NumPy, list or a jax.Array
-        values = np.asarray(target_support)
+    values = concrete_value(target_support)  # None under jit/vmap (traced)
+    if values is not None:
         if not np.all(np.diff(values) > 0):
             raise ValueError(
                 f"target_support must be strictly increasing, got {values.tolist()} "

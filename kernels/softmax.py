@@ -210,6 +210,14 @@ def softmax_reference(x, axis: int = -1):
     return jax.nn.softmax(x, axis=axis)
 
 
+def concrete_value(x):
+    """``x`` as a NumPy array when its value is known at trace time, else ``None`` (a tracer)."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
 def _check_axis(axis, x) -> int:
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise ValueError(f"axis must be an int, got {axis!r} for x of shape {tuple(x.shape)}")
