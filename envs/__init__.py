@@ -53,12 +53,20 @@ def make(env_id: str, **param_overrides):
     """(env, params) for a registered id, with some env params replaced.
 
     Raises ValueError for an unknown id (listing the known ones, suggesting the closest) and for
-    unknown param names.
+    unknown param names. An id "gymnasium:<id>" wraps gymnasium's own env through host callbacks,
+    `from_gymnasium("<id>", **param_overrides)` (the overrides go to `gymnasium.make`).
     """
+    if isinstance(env_id, str) and env_id.startswith("gymnasium:"):
+        from envs.gymnasium import from_gymnasium
+
+        return from_gymnasium(env_id[len("gymnasium:"):], **param_overrides)
     if env_id not in REGISTRY:
         close = difflib.get_close_matches(str(env_id), REGISTRY, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown env id {env_id!r}.{hint} Known ids: {', '.join(registered_ids())}")
+        raise ValueError(
+            f"unknown env id {env_id!r}.{hint} Known ids: {', '.join(registered_ids())} "
+            "(or 'gymnasium:<id>' for a gymnasium env through host callbacks)"
+        )
     module_name, class_name = REGISTRY[env_id]
     env = getattr(importlib.import_module(module_name), class_name)()
     return env, env.make_params(**param_overrides)

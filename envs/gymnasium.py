@@ -15,15 +15,26 @@
 
 `from_gymnasium(id_or_env)`: any gymnasium env (Python, CPU, not written in JAX) behind our functional
 API, through host callbacks (`jax.pure_callback`), so our agents can train on it at Python speed.
-  * The state is a *token*: which host env instance (`handle`), a step counter (`token`) and the
-    episode's `time`. The host instances hold the real state, so a state can be stepped only once:
-    stepping an older (stale) state, or two streams sharing an instance, raises a RuntimeError
-    naming the handle instead of silently mixing trajectories.
-  * Under `jax.vmap` (over seeds or envs) each batch element gets its own env instance: a batched
-    `reset` uses instance i for the i-th element of the (flattened) batch, creating instances on
-    demand (`gymnasium.make` again for an id or a factory; `copy.deepcopy` of a given instance). The
-    batch is stepped in one host call, the instances one after the other. Use a separate
-    `from_gymnasium` object for each independent stream (e.g. training and evaluation envs).
+  * The state is a *token*: which host env instance (`handle`), a unique state id (`token`) and the
+    episode's `time`. The host instances hold the real state. A state made by `reset` is
+    restorable (gymnasium's reset with a seed is deterministic), so it can be stepped any number of
+    times: XLA may hoist a reset with a constant key out of a loop, and an unbatched reset may feed
+    a batch of steps. Every later state can be stepped once; repeating its transition exactly (same
+    action and key) returns the memoised result, because a vmapped `lax.while_loop` (or `lax.cond`)
+    runs its body for finished elements and discards the result. Any other reuse (branching from
+    an old state, two streams driving one instance) raises a RuntimeError naming the instance,
+    instead of silently mixing trajectories.
+  * Instances: every `reset` call site (each place `reset` is traced, or each eager call) owns its
+    own instances, and under `jax.vmap` (over seeds or envs) each element of the (flattened) batch
+    gets its own one: the i-th element of site s uses instance (s, i), for the reset and for the
+    first step from it. So a training stream and an evaluation loop that resets the same env
+    elsewhere in the program do not collide, and a reset inside a `lax.scan` body reuses its
+    instances on every iteration. Instances are created on demand (`gymnasium.make` again for an
+    id or a factory; `copy.deepcopy` of a given instance) and live as long as the `from_gymnasium`
+    env; each eager `reset` call is a new site, so reset eagerly in a Python loop only a handful of
+    times (or jit the reset). A jitted function that resets, called again, reuses its site's
+    instances: the stepped states from the earlier call go stale. A batch is stepped in one host
+    call, its instances one after the other.
   * Params are fixed at construction (a gymnasium env's configuration is not an array): the params
     pytree has no leaves, so there is nothing to vmap over; passing other params raises ValueError.
     For env variants, make one `from_gymnasium` env per variant.
@@ -35,6 +46,7 @@ API, through host callbacks (`jax.pure_callback`), so our agents can train on it
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from typing import Any, Callable
 
@@ -212,23 +224,54 @@ class FromGymnasiumState:
 
 
 class _HostEnvs:
-    """The host side: env instances by handle, each with its current token and episode time."""
+    """The host side: env instances by handle, each with the token of the state it is in.
+
+    Tokens are unique over the whole env (a counter). A handle is allocated per (reset call site,
+    batch position) and reused by that pair. `reset_tokens` maps each token a reset produced to
+    (site, seed), so such a state can be restored on any instance by resetting it with that seed.
+    """
 
     def __init__(self, factory: Callable[[], gymnasium.Env]):
         self.factory = factory
         self.instances: dict[int, gymnasium.Env] = {}
         self.tokens: dict[int, int] = {}
+        self.handles: dict[tuple[int, int], int] = {}
+        self.last: dict[int, tuple] = {}  # handle -> (inputs, result) of its last transition
+        self.reset_tokens: dict[int, tuple[int, int]] = {}  # token -> (site, seed) of a reset state
+        self.num_sites = 0
+        self.next_token = 1
         self.lock = threading.Lock()
 
-    def instance(self, handle: int) -> gymnasium.Env:
-        if handle not in self.instances:
+    def new_site(self) -> int:
+        with self.lock:
+            self.num_sites += 1
+            return self.num_sites - 1
+
+    def handle(self, site: int, position: int) -> int:
+        """The instance of batch element `position` of reset site `site`, created on first use."""
+        if (site, position) not in self.handles:
+            handle = len(self.instances)
             self.instances[handle] = self.factory()
             self.tokens[handle] = 0
-        return self.instances[handle]
+            self.handles[(site, position)] = handle
+        return self.handles[(site, position)]
 
     def advance(self, handle: int) -> int:
-        self.tokens[handle] = (self.tokens[handle] + 1) % (2**31 - 1)
-        return self.tokens[handle]
+        """A fresh token for the instance's new state."""
+        token = self.next_token
+        self.next_token = self.next_token + 1 if self.next_token < 2**31 - 2 else 1
+        self.tokens[handle] = token
+        self.last.pop(handle, None)
+        return token
+
+    def reset(self, handle: int, site: int, seed: int):
+        """Reset the instance with `seed`; returns (obs, token) and records the token as restorable."""
+        obs, _ = self.instances[handle].reset(seed=seed)
+        token = self.advance(handle)
+        self.reset_tokens[token] = (site, seed)
+        if len(self.reset_tokens) > 100_000:  # forget the oldest (dicts keep insertion order)
+            self.reset_tokens.pop(next(iter(self.reset_tokens)))
+        return obs, token
 
 
 class FromGymnasium(Env):
@@ -236,9 +279,14 @@ class FromGymnasium(Env):
 
     def __init__(self, factory: Callable[[], gymnasium.Env], name: str):
         self.name = name
-        probe = factory()
+        try:
+            probe = factory()
+        except gymnasium.error.Error as error:  # unknown id, missing dependency, ...
+            raise ValueError(f"from_gymnasium({name!r}): {error}") from error
         self._host = _HostEnvs(factory)
-        self._host.instances[0], self._host.tokens[0] = probe, 0
+        self._host.instances[0], self._host.tokens[0] = probe, 0  # the first reset site's first element
+        self._host.handles[(0, 0)] = 0
+        self._host.num_sites = 0
         self._gym_observation_space = probe.observation_space
         self._gym_action_space = probe.action_space
         self._obs_space = space_from_gymnasium(probe.observation_space)
@@ -269,53 +317,33 @@ class FromGymnasium(Env):
     def _obs_to_numpy(self, obs) -> np.ndarray:
         return np.asarray(obs, dtype=np.dtype(self._obs_dtype)).reshape(self._obs_space.shape)
 
-    def _host_reset(self, seeds: np.ndarray):
+    def _host_reset(self, site: int, seeds: np.ndarray):
         batch = seeds.shape
-        flat_seeds = seeds.reshape(-1)
-        obs, tokens = [], []
+        obs, handles, tokens = [], [], []
         with self._host.lock:
-            for handle, seed in enumerate(flat_seeds):
-                env = self._host.instance(handle)
-                o, _ = env.reset(seed=int(seed))
+            for position, seed in enumerate(seeds.reshape(-1)):
+                handle = self._host.handle(site, position)
+                o, token = self._host.reset(handle, site, int(seed))
                 obs.append(self._obs_to_numpy(o))
-                tokens.append(self._host.advance(handle))
-        handles = np.arange(len(flat_seeds), dtype=np.int32).reshape(batch)
+                handles.append(handle)
+                tokens.append(token)
         return (
             np.stack(obs).reshape(batch + self._obs_space.shape),
-            handles,
+            np.asarray(handles, np.int32).reshape(batch),
             np.asarray(tokens, np.int32).reshape(batch),
         )
 
     def _host_step(self, handles, tokens, actions, seeds, times):
         batch = handles.shape
         flat_actions = actions.reshape((-1,) + self._action_space.shape)
-        out = {k: [] for k in ("obs", "final_obs", "reward", "terminated", "truncated", "time", "token")}
+        results = []
         with self._host.lock:
-            for handle, token, action, seed, time in zip(
-                handles.reshape(-1), tokens.reshape(-1), flat_actions, seeds.reshape(-1), times.reshape(-1)
+            for position, (handle, token, action, seed, time) in enumerate(
+                zip(handles.reshape(-1), tokens.reshape(-1), flat_actions, seeds.reshape(-1), times.reshape(-1))
             ):
-                handle, token = int(handle), int(token)
-                if handle not in self._host.instances or self._host.tokens[handle] != token:
-                    raise RuntimeError(
-                        f"{self.name} (from_gymnasium): stale state for env instance {handle} (state token {token}, "
-                        f"instance at {self._host.tokens.get(handle)}): a host-backed state can be stepped only once, "
-                        "and independent streams need separate from_gymnasium envs"
-                    )
-                env = self._host.instances[handle]
-                gym_action = int(action) if isinstance(self._action_space, Discrete) else np.asarray(action, self._gym_action_space.dtype)
-                obs, reward, terminated, truncated, _ = env.step(gym_action)
-                final_obs = self._obs_to_numpy(obs)
-                time = int(time) + 1
-                if terminated or truncated:
-                    obs, _ = env.reset(seed=int(seed))
-                    time = 0
-                out["obs"].append(self._obs_to_numpy(obs))
-                out["final_obs"].append(final_obs)
-                out["reward"].append(np.float32(reward))
-                out["terminated"].append(bool(terminated))
-                out["truncated"].append(bool(truncated))
-                out["time"].append(time)
-                out["token"].append(self._host.advance(handle))
+                results.append(self._host_step_one(int(handle), int(token), np.asarray(action), int(seed), int(time), position))
+        keys = ("obs", "final_obs", "reward", "terminated", "truncated", "time", "token", "handle")
+        out = {k: [r[i] for r in results] for i, k in enumerate(keys)}
         shape = batch + self._obs_space.shape
         return (
             np.stack(out["obs"]).reshape(shape),
@@ -325,7 +353,49 @@ class FromGymnasium(Env):
             np.asarray(out["truncated"], bool).reshape(batch),
             np.asarray(out["time"], np.int32).reshape(batch),
             np.asarray(out["token"], np.int32).reshape(batch),
+            np.asarray(out["handle"], np.int32).reshape(batch),
         )
+
+    def _host_step_one(self, handle: int, token: int, action: np.ndarray, seed: int, time: int, position: int):
+        """One transition from the state (handle, token): step, and on an episode end auto-reset with `seed`.
+
+        * A state made by `reset` is restorable: it is stepped on the instance of (its reset site, this
+          element's batch position), which is first reset again with the same seed if it has moved on.
+          So a reset state can be stepped any number of times (XLA may hoist a reset with a constant
+          key out of a loop; an unbatched reset may feed a batch of steps).
+        * A later state must be the instance's current one, except that repeating the last transition
+          exactly (same token, action, key) returns the memoised result without stepping (vmapped
+          `while_loop`s and `cond`s run the body for finished elements and discard the result).
+        * Anything else is a stale state: RuntimeError.
+        """
+        host = self._host
+        inputs = (token, action.tobytes(), seed, time)
+        if token in host.reset_tokens:
+            site, reset_seed = host.reset_tokens[token]
+            handle = host.handle(site, position)
+        last = host.last.get(handle)
+        if handle in host.instances and host.tokens[handle] != token and last is not None and last[0] == inputs:
+            return last[1]
+        if token in host.reset_tokens and host.tokens[handle] != token:
+            host.instances[handle].reset(seed=reset_seed)  # restore the reset state
+            host.tokens[handle] = token
+        if handle not in host.instances or host.tokens[handle] != token:
+            raise RuntimeError(
+                f"{self.name} (from_gymnasium): stale state for env instance {handle} (state token {token}, "
+                f"instance at {host.tokens.get(handle)}): a host-backed state after a step can be stepped only once "
+                "(repeating the same action and key is allowed); only states made by reset can be reused"
+            )
+        env = host.instances[handle]
+        gym_action = int(action) if isinstance(self._action_space, Discrete) else np.asarray(action, self._gym_action_space.dtype)
+        obs, reward, terminated, truncated, _ = env.step(gym_action)
+        final_obs = self._obs_to_numpy(obs)
+        time += 1
+        if terminated or truncated:
+            obs, _ = env.reset(seed=seed)
+            time = 0
+        result = (self._obs_to_numpy(obs), final_obs, np.float32(reward), bool(terminated), bool(truncated), time, host.advance(handle), handle)
+        host.last[handle] = (inputs, result)
+        return result
 
     # the functional API
 
@@ -334,7 +404,9 @@ class FromGymnasium(Env):
         seed = jax.random.randint(key, (), 0, 2**31 - 1, dtype=jnp.int32)
         obs_struct = jax.ShapeDtypeStruct(self._obs_space.shape, self._obs_dtype)
         scalar = jax.ShapeDtypeStruct((), jnp.int32)
-        obs, handle, token = jax.pure_callback(self._host_reset, (obs_struct, scalar, scalar), seed, vmap_method="broadcast_all")
+        site = self._host.new_site()
+        host_reset = functools.partial(self._host_reset, site)
+        obs, handle, token = jax.pure_callback(host_reset, (obs_struct, scalar, scalar), seed, vmap_method="broadcast_all")
         return obs, FromGymnasiumState(handle=handle, token=token, time=jnp.int32(0))
 
     def step(self, key, state: FromGymnasiumState, action, params=None):
@@ -343,11 +415,11 @@ class FromGymnasium(Env):
         seed = jax.random.randint(key, (), 0, 2**31 - 1, dtype=jnp.int32)
         obs_struct = jax.ShapeDtypeStruct(self._obs_space.shape, self._obs_dtype)
         scalar_i, scalar_f, scalar_b = (jax.ShapeDtypeStruct((), t) for t in (jnp.int32, jnp.float32, jnp.bool_))
-        result_shapes = (obs_struct, obs_struct, scalar_f, scalar_b, scalar_b, scalar_i, scalar_i)
-        obs, final_obs, reward, terminated, truncated, time, token = jax.pure_callback(
+        result_shapes = (obs_struct, obs_struct, scalar_f, scalar_b, scalar_b, scalar_i, scalar_i, scalar_i)
+        obs, final_obs, reward, terminated, truncated, time, token, handle = jax.pure_callback(
             self._host_step, result_shapes, state.handle, state.token, action, seed, state.time, vmap_method="broadcast_all"
         )
-        new_state = FromGymnasiumState(handle=state.handle, token=token, time=time)
+        new_state = FromGymnasiumState(handle=handle, token=token, time=time)
         return obs, new_state, reward, terminated, truncated, {"final_obs": final_obs}
 
     def reset_env(self, key, params):

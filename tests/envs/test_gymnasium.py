@@ -213,17 +213,81 @@ def test_from_gymnasium_vmap_gives_each_element_its_own_instance():
             np.testing.assert_array_equal(o, obs[t, i])
 
 
-def test_from_gymnasium_stale_state_and_shared_instances_raise():
+def test_from_gymnasium_stale_state_raises_but_reset_states_are_restorable():
     env, params = from_gymnasium("CartPole-v1")
-    _, state = env.reset(jax.random.key(0), params)
-    env.step(jax.random.key(1), state, jnp.int32(0), params)
-    with pytest.raises(Exception, match="stale state for env instance 0"):
-        env.step(jax.random.key(2), state, jnp.int32(0), params)  # the same state a second time
-    # a second stream resetting instance 0 invalidates the first stream's state
-    _, state = env.reset(jax.random.key(0), params)
-    env.reset(jax.random.key(5), params)
-    with pytest.raises(Exception, match="stale state"):
-        env.step(jax.random.key(1), state, jnp.int32(0), params)
+    obs0, reset_state = env.reset(jax.random.key(0), params)
+    first = env.step(jax.random.key(1), reset_state, jnp.int32(0), params)
+    later = env.step(jax.random.key(2), first[1], jnp.int32(1), params)
+    # a reset state is restored (reset again with its seed) and can be stepped again, with the same result
+    again = env.step(jax.random.key(1), reset_state, jnp.int32(0), params)
+    np.testing.assert_array_equal(again[0], first[0])
+    # a stepped state that the instance has moved past is stale
+    with pytest.raises(Exception, match="stale state for env instance"):
+        env.step(jax.random.key(3), first[1], jnp.int32(0), params)
+    # repeating the last transition exactly returns the memoised result without stepping
+    repeat = env.step(jax.random.key(4), again[1], jnp.int32(1), params)
+    np.testing.assert_array_equal(env.step(jax.random.key(4), again[1], jnp.int32(1), params)[0], repeat[0])
+    assert later[1].token != repeat[1].token
+
+
+def test_from_gymnasium_vmapped_while_loop_stops_at_episode_end():
+    """A vmapped evaluation loop: finished elements re-run the body with the same inputs (memoised)."""
+    env, params = from_gymnasium("CartPole-v1")
+
+    def episode_length(key, push):
+        obs, state = env.reset(key, params)
+
+        def not_done(carry):
+            return ~carry[2]
+
+        def body(carry):
+            obs, state, _, length = carry
+            obs, state, _, terminated, truncated, _ = env.step(jax.random.key(0), state, push, params)
+            return obs, state, terminated | truncated, length + 1
+
+        return jax.lax.while_loop(not_done, body, (obs, state, jnp.bool_(False), jnp.int32(0)))[3]
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    pushes = jnp.array([0, 1, 1], jnp.int32)
+    lengths = jax.jit(jax.vmap(episode_length))(keys, pushes)
+    reference = []
+    for key, push in zip(keys, pushes):
+        gym_env = gymnasium.make("CartPole-v1")
+        gym_env.reset(seed=seeds_of(key[None])[0])
+        length, done = 0, False
+        while not done:
+            _, _, term, trunc, _ = gym_env.step(int(push))
+            length, done = length + 1, term or trunc
+        reference.append(length)
+    np.testing.assert_array_equal(lengths, reference)
+    assert len(set(reference)) > 1  # the elements finished at different steps
+
+
+def test_from_gymnasium_reset_sites_own_their_instances():
+    """A training stream and an evaluation reset elsewhere in the same program do not collide."""
+    env, params = from_gymnasium("CartPole-v1")
+
+    @jax.jit
+    def train_with_eval(key):
+        _, state = env.reset(key, params)
+
+        def period(state, key):
+            def body(state, key):
+                _, state, reward, *_ = env.step(key, state, jnp.int32(1), params)
+                return state, reward
+
+            state, rewards = jax.lax.scan(body, state, jax.random.split(key, 5))
+            # an evaluation episode start from its own reset site, inside the loop
+            eval_obs, eval_state = env.reset(jax.random.key(0), params)
+            eval_obs, *_ = env.step(jax.random.key(0), eval_state, jnp.int32(0), params)
+            return state, (rewards.sum(), eval_obs)
+
+        return jax.lax.scan(period, state, jax.random.split(key, 4))
+
+    state, (rewards, eval_obs) = train_with_eval(jax.random.key(1))
+    np.testing.assert_array_equal(rewards, 5.0)
+    np.testing.assert_array_equal(eval_obs, np.broadcast_to(eval_obs[0], eval_obs.shape))  # same eval episode each time
+    assert len(env._host.instances) == 2  # one per reset site, reused across iterations
 
 
 def test_from_gymnasium_params_are_fixed():
@@ -282,7 +346,35 @@ def test_round_trip_through_both_directions_passes_the_env_checker():
         check_env(to_gymnasium(env, params), skip_render_check=True)
 
 
+def test_make_with_the_gymnasium_prefix():
+    env, params = envs.make("gymnasium:CartPole-v1", max_episode_steps=20)
+    assert params.max_steps_in_episode == 20 and env.name == "CartPole-v1"
+    with pytest.raises(ValueError, match="NoSuchEnv"):
+        envs.make("gymnasium:NoSuchEnv-v0")
+    with pytest.raises(ValueError, match="gymnasium:<id>"):
+        envs.make("NoSuchEnv-v0")
+
+
 def test_exported_from_the_package():
     import envs.gymnasium as interop
 
     assert envs.to_gymnasium is interop.to_gymnasium and envs.from_gymnasium is interop.from_gymnasium
+
+
+def test_an_agent_trains_on_a_from_gymnasium_env():
+    """Tabular Q-learning (rl.agents.qlearning, vmapped over 2 seeds, its greedy evaluation inside the
+    compiled loop) on gymnasium's own FrozenLake through `envs.make("gymnasium:FrozenLake-v1")`."""
+    from rl.config import build_config
+    from rl.train import train_many
+
+    config = build_config(
+        {
+            "env": {"id": "gymnasium:FrozenLake-v1", "params": {"is_slippery": False}},
+            "agent": {"name": "qlearning", "total_steps": 4000, "log_interval": 500, "epsilon_decay_steps": 2000, "lr": 0.5},
+            "run": {"seeds": 2},
+        }
+    )
+    _, metrics = train_many(config)
+    greedy = np.asarray(metrics["greedy_episode_length"])[0]
+    np.testing.assert_array_equal(greedy[:, -1], [6, 6])  # the shortest path on the 4x4 map
+    assert np.all(np.asarray(metrics["episode_return"])[0, :, -1] > 0.8)  # the goal pays 1
