@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from gymnasium.wrappers.utils import RunningMeanStd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import envs
 from envs.wrappers import (
@@ -147,6 +149,30 @@ def test_running_mean_var_matches_gymnasium_running_mean_std():
     np.testing.assert_allclose(ours.count, theirs.count, rtol=1e-6)
     single = RunningMeanVar.create(()).update(jnp.float32(2.0), 0)  # one sample, no batch axis
     np.testing.assert_allclose([single.mean, single.count], [2.0 / (1 + 1e-4), 1 + 1e-4], rtol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    scale=st.floats(1e-2, 1e2),
+    offset=st.floats(-1e2, 1e2),
+)
+def test_running_mean_var_is_independent_of_how_the_data_is_batched(sizes, scale, offset):
+    """Merging batches one by one gives the statistics of all the data at once (up to the 1e-4 prior)."""
+    rng = np.random.default_rng(len(sizes))
+    data = rng.normal(offset, scale, (sum(sizes), 2))
+    stats = RunningMeanVar.create((2,))
+    start = 0
+    for size in sizes:
+        stats = stats.update(jnp.asarray(data[start : start + size]), 1)
+        start += size
+    n = len(data)
+    prior = 1e-4  # the initial (mean 0, var 1) pseudo-sample's weight
+    mean = data.sum(0) / (n + prior)
+    var = (((data - mean) ** 2).sum(0) + prior * (1.0 + mean**2)) / (n + prior)
+    np.testing.assert_allclose(stats.mean, mean, rtol=1e-4, atol=1e-4 * scale)
+    np.testing.assert_allclose(stats.var, var, rtol=2e-3, atol=1e-5 * scale**2)
+    assert float(stats.count) == pytest.approx(n + prior)
 
 
 # --- observation normalisation -------------------------------------------------------------------
