@@ -11,6 +11,11 @@ Actions are epsilon-greedy, epsilon decaying linearly from `epsilon_start` to `e
 
 The run is one `lax.scan` over log points, each a `lax.scan` over `log_interval` env steps, so
 `jax.vmap(train)(keys)` trains many agents in one compiled program. Observations must be discrete.
+
+Speed notes (benchmarks/qlearning.py): each env step draws just two uniforms, both drawn for the whole
+log period at once; the inner scan is NOT unrolled (on XLA:CPU an unrolled body with the in-place table
+update runs ~15x slower per step); the greedy evaluation at each log point stops as soon as its
+episode ends (a `while_loop`, not a scan over the step limit).
 """
 
 from __future__ import annotations
@@ -55,33 +60,52 @@ def linear_schedule(start, end, duration, step):
     return start + (end - start) * jnp.minimum(step / duration, 1.0)
 
 
-def epsilon_greedy(q_values, epsilon, explore_u, random_action, tie_noise):
-    """Random action with probability epsilon, else a uniformly random maximiser of `q_values`.
+def epsilon_greedy(q_values, epsilon, explore_u, choice_u):
+    """Epsilon-greedy with uniformly random tie-breaking, from two uniforms in [0, 1).
 
-    `explore_u` ~ U[0, 1), `random_action` ~ U{0..A-1} and `tie_noise` ~ U[0, 1)^A are drawn by the caller.
+    The candidates are every action if `explore_u < epsilon` (probability epsilon), else the
+    maximisers of `q_values`; the action is the floor(choice_u * #candidates)-th candidate, so each
+    candidate has probability 1 / #candidates. Overall: P(a) = epsilon / A + (1 - epsilon) [a maximal] / #maximal.
     """
-    greedy = jnp.argmax(jnp.where(q_values == q_values.max(), tie_noise, -1.0))
-    return jnp.where(explore_u < epsilon, random_action, greedy).astype(jnp.int32)
+    candidates = jnp.where(explore_u < epsilon, True, q_values == q_values.max())
+    count = candidates.sum()
+    pick = jnp.minimum(jnp.floor(choice_u * count).astype(jnp.int32), count - 1)
+    rank = jnp.cumsum(candidates) - 1
+    return jnp.argmax(candidates & (rank == pick)).astype(jnp.int32)
 
 
 def q_update(q, obs, action, reward, next_obs, terminated, lr, gamma):
-    """One TD(0) update of the table (see the module docstring)."""
-    target = reward + gamma * (1.0 - terminated) * q[next_obs].max()
-    return q.at[obs, action].add(lr * (target - q[obs, action]))
+    """One TD(0) update of the table (see the module docstring):
+    Q(s, a) += lr * (r + gamma * (1 - terminated) * max_a' Q(s', a') - Q(s, a)).
+
+    Written so that a vmapped and an unbatched program round identically (seed i of a batch equals
+    seed i alone): XLA:CPU contracts `x + y * z` into a fused multiply-add in some fusions and not
+    others, and one ulp flips exact ties between Q-values, hence (random tie-breaking) whole
+    trajectories. A select between each product and its sum keeps both programs unfused.
+    """
+    target = reward + jnp.where(terminated, 0.0, gamma * q[next_obs].max())
+    row = q[obs]
+    is_action = jnp.arange(row.shape[0]) == action
+    return q.at[obs].set(row + jnp.where(is_action, lr * (target - row), 0.0))
 
 
 def greedy_episode_length(q, env, params, max_steps):
     """Steps the greedy policy (argmax, first index on ties) takes to end an episode from reset,
-    or `max_steps` if it has not ended by then. GridWorld's reset ignores the key."""
-    obs, state = env.reset(jax.random.PRNGKey(0), params)
+    or `max_steps` if it has not ended by then. Stops as soon as the episode ends. Uses a fixed key:
+    the greedy policy is evaluated on the env's PRNGKey(0) episode (GridWorld ignores keys)."""
+    key = jax.random.PRNGKey(0)
+    obs, state = env.reset(key, params)
 
-    def step(carry, _):
-        obs, state, ended, length = carry
-        obs, state, _, terminated, truncated, _ = env.step(jax.random.PRNGKey(0), state, jnp.argmax(q[obs]).astype(jnp.int32), params)
-        length = length + jnp.where(ended, 0, 1)
-        return (obs, state, ended | terminated | truncated, length), None
+    def not_ended(carry):
+        _, _, ended, length = carry
+        return jnp.logical_not(ended) & (length < max_steps)
 
-    (_, _, _, length), _ = jax.lax.scan(step, (obs, state, jnp.bool_(False), jnp.int32(0)), None, length=max_steps)
+    def step(carry):
+        obs, state, _, length = carry
+        obs, state, _, terminated, truncated, _ = env.step(key, state, jnp.argmax(q[obs]).astype(jnp.int32), params)
+        return obs, state, terminated | truncated, length + 1
+
+    _, _, _, length = jax.lax.while_loop(not_ended, step, (obs, state, jnp.bool_(False), jnp.int32(0)))
     return length
 
 
@@ -101,9 +125,9 @@ def make_trainer(config) -> Trainer:
     def run(state, hparams, num_log_points):
         def env_step(carry, noise):
             q, obs, env_state, step, ep_return, ep_length, stats = carry
-            step_key, explore_u, random_action, tie_noise = noise
+            step_key, uniforms = noise
             epsilon = linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
-            action = epsilon_greedy(q[obs], epsilon, explore_u, random_action, tie_noise)
+            action = epsilon_greedy(q[obs], epsilon, uniforms[0], uniforms[1])
             next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
             q = q_update(q, obs, action, reward, info["final_obs"], terminated, hparams["lr"], hparams["gamma"])
             done = terminated | truncated
@@ -114,18 +138,13 @@ def make_trainer(config) -> Trainer:
             return (q, next_obs, env_state, step + 1, ep_return, ep_length, stats), None
 
         def log_period(state, _):
-            key, period_key = jax.random.split(state["key"])
-            keys = jax.random.split(period_key, 4)
+            key, env_keys_key, uniforms_key = jax.random.split(state["key"], 3)
             n = agent.log_interval
-            noise = (  # all randomness of the period drawn at once: cheaper than per-step draws
-                jax.random.split(keys[0], n),
-                jax.random.uniform(keys[1], (n,)),
-                jax.random.randint(keys[2], (n,), 0, num_actions),
-                jax.random.uniform(keys[3], (n, num_actions)),
-            )
+            # all randomness of the period drawn at once; step keys an env ignores are compiled away
+            noise = (jax.random.split(env_keys_key, n), jax.random.uniform(uniforms_key, (n, 2)))
             zero_stats = (jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
             carry = (state["params"], state["obs"], state["env_state"], state["step"], state["episode_return"], state["episode_length"], zero_stats)
-            (q, obs, env_state, step, ep_return, ep_length, stats), _ = jax.lax.scan(env_step, carry, noise, unroll=4)
+            (q, obs, env_state, step, ep_return, ep_length, stats), _ = jax.lax.scan(env_step, carry, noise)
             ended_return, ended_length, episodes = stats
             metrics = {
                 "step": step,
