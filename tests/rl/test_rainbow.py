@@ -1,0 +1,228 @@
+"""Rainbow: n-step transitions and C51 projection targets on hand-made cases (truncation bootstraps,
+termination does not, at every position of the window), the loss and priorities by hand, the
+network head switches, short runs (loss falls, finite Q) with every component on and off, vmap over
+seeds equals per-seed runs, both network backends, config errors, the shipped configs."""
+
+from __future__ import annotations
+
+import glob
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl import networks
+from rl.agents import rainbow
+from rl.config import ConfigError, build_config, hyperparams, load_config
+
+SMALL = dict(
+    name="rainbow", total_steps=1024, buffer_size=512, learning_starts=128, batch_size=16, train_freq=64,
+    gradient_steps=8, target_update_interval=16, hidden=[16, 16], log_interval=256, eval_episodes=2,
+    num_atoms=11, v_min=0.0, v_max=10.0, lr=1e-3,
+)
+
+
+def make_config(env_params=None, **agent):
+    return build_config({"env": {"id": "CartPole-v1", "params": env_params or {}}, "agent": {**SMALL, **agent}})
+
+
+# ---------------------------------------------------------------- n-step transitions
+
+
+def window_of(rewards, terminated, truncated):
+    """A window [n, envs] whose obs / final_obs encode (step, env) so gathers can be checked."""
+    rewards = np.asarray(rewards, np.float32)
+    n, e = rewards.shape
+    idx = np.arange(n)[:, None] * 10 + np.arange(e)[None, :]
+    return {
+        "obs": jnp.asarray(np.stack([idx, -idx], -1), jnp.float32),
+        "action": jnp.asarray(idx % 2, jnp.int32),
+        "reward": jnp.asarray(rewards),
+        "final_obs": jnp.asarray(np.stack([idx + 100, -idx - 100], -1), jnp.float32),
+        "terminated": jnp.asarray(terminated),
+        "truncated": jnp.asarray(truncated),
+    }
+
+
+def test_n_step_transition_cuts_at_the_first_episode_end():
+    g = 0.9
+    F, T = False, True
+    # env 0: no end; 1: truncated at k=1; 2: terminated at k=0; 3: terminated at k=2;
+    # 4: truncated at k=0 then terminated at k=2 (only the first end counts); 5: truncated at k=2
+    rewards = [[1, 1, 1, 1, 1, 1], [2, 2, 2, 2, 2, 2], [4, 4, 4, 4, 4, 4]]
+    terminated = [[F, F, T, F, F, F], [F, F, F, F, F, F], [F, F, F, T, T, F]]
+    truncated = [[F, F, F, F, T, F], [F, T, F, F, F, F], [F, F, F, F, F, T]]
+    out = jax.jit(rainbow.n_step_transition)(window_of(rewards, terminated, truncated), g)
+    full = 1 + g * 2 + g * g * 4
+    np.testing.assert_allclose(out["reward"], [full, 1 + g * 2, 1, full, 1, full], rtol=1e-6)
+    np.testing.assert_array_equal(out["bootstrap_steps"], [3, 2, 1, 3, 1, 3])
+    np.testing.assert_array_equal(out["terminated"], [F, F, T, T, F, F])
+    end = np.array([2, 1, 0, 2, 0, 2])
+    np.testing.assert_array_equal(out["next_obs"][:, 0], end * 10 + np.arange(6) + 100)  # final_obs of the end step
+    np.testing.assert_array_equal(out["obs"][:, 0], np.arange(6))  # the oldest step
+    # the bootstrap discount gamma^steps * (1 - terminated): truncation keeps it, termination zeroes it
+    discount = g ** np.asarray(out["bootstrap_steps"], np.float64) * (1 - np.asarray(out["terminated"]))
+    np.testing.assert_allclose(discount, [g**3, g**2, 0, 0, g, g**3], rtol=1e-6)
+
+
+def test_one_step_window_is_the_plain_transition():
+    out = rainbow.n_step_transition(window_of([[3.0, 5.0]], [[False, True]], [[True, False]]), 0.99)
+    np.testing.assert_allclose(out["reward"], [3.0, 5.0])
+    np.testing.assert_array_equal(out["bootstrap_steps"], [1, 1])
+    np.testing.assert_array_equal(out["terminated"], [False, True])
+    np.testing.assert_array_equal(out["next_obs"][:, 0], [100, 101])
+
+
+def test_push_window_keeps_the_last_n_steps():
+    window = {"x": jnp.zeros((3, 2))}
+    for t in range(1, 5):
+        window = rainbow.push_window(window, {"x": jnp.full((2,), float(t))})
+    np.testing.assert_array_equal(window["x"][:, 0], [2, 3, 4])
+
+
+# ---------------------------------------------------------------- C51 targets and the loss
+
+
+def test_categorical_target_projects_by_hand():
+    support = jnp.array([0.0, 1.0, 2.0])
+    one_hot = jnp.array([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5], [0.0, 0.0, 1.0]])
+    # row 0: atoms 0.5 + z = [0.5, 1.5, 2.5], all mass on 0.5 -> half to 0, half to 1
+    # row 1: terminal (discount 0): every atom at 1.25 -> 0.75 to atom 1, 0.25 to atom 2
+    # row 2: atoms -1 + 0.5 z = [-1, -0.5, 0]: mass on 0 -> atom 0
+    m = rainbow.categorical_target(jnp.array([0.5, 1.25, -1.0]), jnp.array([1.0, 0.0, 0.5]), one_hot, support)
+    np.testing.assert_allclose(m, [[0.5, 0.5, 0.0], [0.0, 0.75, 0.25], [1.0, 0.0, 0.0]], atol=1e-6)
+
+
+def fixed_apply(logits_by_obs):
+    """A fake network: obs [B, 1] holds an id; returns logits_by_obs[id] ([A, atoms])."""
+    table = jnp.asarray(logits_by_obs, jnp.float32)
+    return lambda params, obs, rng=None: table[obs[..., 0].astype(jnp.int32)]
+
+
+def test_distributional_loss_and_priorities_by_hand():
+    support = jnp.array([0.0, 1.0, 2.0])
+    logits = np.log(np.array([
+        [[0.2, 0.5, 0.3], [0.6, 0.2, 0.2]],  # obs 0 (the state)
+        [[1.0, 1e-9, 1e-9], [1e-9, 1e-9, 1.0]],  # obs 1 (next state): action 1 has the higher mean
+    ]))
+    apply = fixed_apply(logits)
+    batch = {"obs": jnp.array([[0.0], [0.0]]), "action": jnp.array([0, 1]), "reward": jnp.array([0.0, 0.5]),
+             "next_obs": jnp.array([[1.0], [1.0]]), "terminated": jnp.array([False, True]), "bootstrap_steps": jnp.array([2, 1])}
+    weights = jnp.array([1.0, 0.5])
+    keys = (None, None, None)
+    loss, (priorities, q) = rainbow.rainbow_loss(apply, None, None, batch, weights, keys, 0.5, support, True, "huber")
+    # row 0: next action 1 (all mass at z=2), discount 0.5^2: atom 0.5 -> m = [0.5, 0.5, 0]
+    # row 1: terminal: atom 0.5 -> m = [0.5, 0.5, 0]
+    m = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]])
+    p = np.array([[0.2, 0.5, 0.3], [0.6, 0.2, 0.2]])
+    ce = -(m * np.log(p)).sum(1)
+    kl = ce + (m[m > 0] * np.log(m[m > 0])).reshape(2, 2).sum(1)
+    np.testing.assert_allclose(loss, (ce * [1.0, 0.5]).mean(), rtol=1e-5)
+    np.testing.assert_allclose(priorities, kl, rtol=1e-5)
+    np.testing.assert_allclose(q, (p * [0, 1, 2]).sum(1), rtol=1e-5)
+
+
+def test_scalar_loss_bootstraps_on_truncation_only():
+    apply = fixed_apply(np.array([[[1.0], [0.0]], [[3.0], [2.0]]]))  # Q(obs 0) = [1, 0], Q(obs 1) = [3, 2]
+    batch = {"obs": jnp.zeros((2, 1)), "action": jnp.array([0, 0]), "reward": jnp.array([1.0, 1.0]),
+             "next_obs": jnp.ones((2, 1)), "terminated": jnp.array([False, True]), "bootstrap_steps": jnp.array([3, 3])}
+    _, (priorities, _) = rainbow.rainbow_loss(apply, None, None, batch, jnp.ones(2), (None,) * 3, 0.5, None, False, "mse")
+    np.testing.assert_allclose(priorities, [abs(1.0 - (1.0 + 0.125 * 3.0)), 0.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dueling", [True, False])
+@pytest.mark.parametrize("noisy", [True, False])
+@pytest.mark.parametrize("backend", ["flax", "haiku"])
+def test_head_shapes_dueling_mean_and_noise(dueling, noisy, backend):
+    net = networks.build(networks.rainbow_q(3, (8,), head_hidden=4, num_atoms=5, dueling=dueling, noisy=noisy), backend)
+    obs = jnp.ones((7, 4))
+    params = net.init(jax.random.PRNGKey(0), obs)
+    out = net.apply(params, obs)
+    assert out.shape == (7, 3, 5)
+    a, b = net.apply(params, obs, rng=jax.random.PRNGKey(1)), net.apply(params, obs, rng=jax.random.PRNGKey(2))
+    assert bool(jnp.any(a != b)) == noisy  # noise only with noisy layers and an rng
+    np.testing.assert_array_equal(net.apply(params, obs), out)  # no rng: the mean network
+
+
+# ---------------------------------------------------------------- training runs
+
+
+COMPONENTS = ["noisy", "dueling", "distributional", "double_q", "per"]
+
+
+@pytest.mark.parametrize("off, backend", [(None, "flax"), ("noisy+per", "haiku"), ("distributional+dueling+double_q", "flax")])
+def test_short_run_minimises_its_loss_and_q_stays_finite(off, backend):
+    """gamma = 0: the target is the reward 1, on the support (distributional) or as a scalar, so the
+    loss must fall; Q must approach 1. Both network backends."""
+    switches = {name: False for name in (off or "").split("+") if name}
+    config = make_config(total_steps=2048, gamma=0.0, gradient_steps=32, lr=3e-3, n_step=2, network_backend=backend, **switches)
+    state, metrics = jax.jit(rainbow.make_train(config))(jax.random.PRNGKey(1))
+    loss, q = np.asarray(metrics["loss"]), np.asarray(metrics["q_mean"])
+    assert np.all(np.isfinite(loss)) and np.all(np.isfinite(q))
+    assert loss[-1] < 0.2 * loss[0], loss
+    assert abs(q[-1] - 1.0) < 0.1, q
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
+
+
+@pytest.fixture(scope="module")
+def small_run():
+    config = make_config(n_step=3)
+    train = rainbow.make_train(config)
+    keys = jnp.stack([jax.random.PRNGKey(i) for i in (5, 6)])
+    return config, train, keys, jax.jit(jax.vmap(train))(keys)
+
+
+def test_vmap_over_seeds_equals_per_seed_runs(small_run):
+    config, train, keys, (states, metrics) = small_run
+    single = jax.jit(train)
+    for i in range(len(keys)):
+        state_i, metrics_i = single(keys[i])
+        for name in ("eval_return", "episode_return", "step"):
+            np.testing.assert_allclose(metrics[name][i], metrics_i[name], rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(metrics["loss"][i], metrics_i["loss"], rtol=1e-3)
+        np.testing.assert_allclose(states["buffer"].tree[i], state_i["buffer"].tree, rtol=1e-3)
+        for a, b in zip(jax.tree.leaves(states["params"]), jax.tree.leaves(state_i["params"])):
+            np.testing.assert_allclose(a[i], b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_prioritized_buffer_holds_n_step_transitions(small_run):
+    config, _, _, (states, _) = small_run
+    buf = states["buffer"]
+    size = np.asarray(buf.size)
+    np.testing.assert_array_equal(size, [512, 512])  # 1024 steps - (n - 1) stored, capacity 512
+    steps = np.asarray(buf.data["bootstrap_steps"])
+    assert set(np.unique(steps)) <= {1, 2, 3} and (steps == 3).mean() > 0.5
+    leaves = np.asarray(buf.tree)[:, 512:]
+    assert np.all(leaves > 0)  # every stored item can be sampled
+
+
+# ---------------------------------------------------------------- configs
+
+
+@pytest.mark.parametrize(
+    "agent, message",
+    [
+        ({"v_min": 5.0, "v_max": 5.0}, "agent.v_min \\(5.0\\) must be below agent.v_max \\(5.0\\)"),
+        ({"n_step": 0}, "agent.n_step: 0 is out of range"),
+        ({"num_atoms": 1}, "agent.num_atoms: 1 is out of range"),
+        ({"per_beta_start": 1.5}, "agent.per_beta_start: 1.5 is out of range"),
+        ({"noisy": "yes"}, "agent.noisy: expected true or false"),
+        ({"train_freq": 60, "num_envs": 8}, "agent.train_freq \\(60\\) must be a multiple of agent.num_envs"),
+        ({"dueling_net": True}, "unknown key 'agent.dueling_net'"),
+    ],
+)
+def test_config_errors_name_the_key(agent, message):
+    with pytest.raises(ConfigError, match=message):
+        make_config(**agent)
+
+
+def test_shipped_configs_load_and_ablations_differ_in_one_component():
+    full = load_config("configs/rainbow_cartpole.yaml").agent
+    assert all(getattr(full, name) for name in COMPONENTS) and full.n_step > 1
+    ablations = sorted(glob.glob("configs/rainbow_cartpole_no_*.yaml"))
+    assert len(ablations) == 6
+    for path in ablations:
+        agent = load_config(path).agent
+        changed = [name for name in COMPONENTS + ["n_step"] if getattr(agent, name) != getattr(full, name)]
+        assert len(changed) == 1, (path, changed)
