@@ -1,0 +1,227 @@
+"""Config loading: every bad input raises ConfigError naming the key; good input round-trips."""
+
+from __future__ import annotations
+
+import re
+
+import jax.numpy as jnp
+import pytest
+import yaml
+
+from rl.config import ConfigError, build_config, hyperparams, load_config, parse_override, parse_sweep, sweepable
+
+DEFAULT = "configs/qlearning_gridworld.yaml"
+
+
+def base():
+    return {"env": {"id": "GridWorld", "params": {"size": 5}}, "agent": {"name": "qlearning", "total_steps": 2000, "log_interval": 500}, "run": {"seeds": 2}}
+
+
+def with_value(dotted: str, value):
+    data = base()
+    node = data
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return data
+
+
+def error_of(data) -> str:
+    with pytest.raises(ConfigError) as info:
+        build_config(data)
+    message = str(info.value)
+    assert "\n" not in message, "one line"
+    return message
+
+
+def test_default_config_loads_with_expected_values():
+    config = load_config(DEFAULT)
+    assert config.env.id == "GridWorld" and config.agent.name == "qlearning"
+    assert config.agent.lr == 0.1 and config.agent.gamma == 0.99 and config.run.seeds == 30
+    assert config.agent.total_steps == 20_000
+
+
+def test_to_dict_round_trips():
+    config = load_config(DEFAULT, ["agent.lr=0.3", "run.seeds=4"])
+    again = build_config(yaml.safe_load(yaml.safe_dump(config.to_dict())))
+    assert again == config
+
+
+def test_overrides_set_nested_values_and_parse_yaml_scalars():
+    config = load_config(DEFAULT, ["agent.lr=0.05", "run.seeds=3", "env.params.max_steps_in_episode=50", "run.progress=false", "agent.gamma=1"])
+    assert config.agent.lr == 0.05 and isinstance(config.agent.gamma, float) and config.agent.gamma == 1.0
+    assert config.run.seeds == 3 and config.run.progress is False
+    assert config.env.params["max_steps_in_episode"] == 50
+
+
+def test_yaml_exponent_without_dot_is_a_number():
+    assert build_config(with_value("agent.lr", "1e-3")).agent.lr == pytest.approx(1e-3)
+
+
+def test_hyperparams_are_the_sweepable_fields_as_float32():
+    config = build_config(base())
+    hp = hyperparams(config.agent)
+    assert set(hp) == set(sweepable(config.agent)) >= {"lr", "gamma", "epsilon_start", "epsilon_end"}
+    assert "total_steps" not in hp and "epsilon_decay_steps" not in hp
+    assert all(v.dtype == jnp.float32 and v.shape == () for v in hp.values())
+    assert float(hp["lr"]) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    "dotted, value, pattern",
+    [
+        # unknown keys, with the closest known key suggested
+        ("agent.lrr", 0.1, r"unknown key 'agent\.lrr' \(did you mean 'agent\.lr'\?\)"),
+        ("agent.gama", 0.9, r"unknown key 'agent\.gama' \(did you mean 'agent\.gamma'\?\)"),
+        ("run.sed", 1, r"unknown key 'run\.sed' \(did you mean 'run\.seed'\?\)"),
+        ("env.idd", "GridWorld", r"unknown key 'env\.idd' \(did you mean 'env\.id'\?\)"),
+        ("agent.zzzz", 1, r"unknown key 'agent\.zzzz'; known keys: "),
+        # wrong types
+        ("agent.lr", "fast", r"agent\.lr: expected a number, got 'fast'"),
+        ("agent.lr", True, r"agent\.lr: expected a number"),
+        ("agent.lr", [0.1], r"agent\.lr: expected a number"),
+        ("agent.total_steps", 1.5, r"agent\.total_steps: expected an integer"),
+        ("agent.total_steps", "many", r"agent\.total_steps: expected an integer"),
+        ("run.seeds", "3", r"run\.seeds: expected an integer"),
+        ("run.progress", "yes", r"run\.progress: expected true or false"),
+        ("env.id", 5, r"env\.id: expected a string"),
+        ("env.params", [1, 2], r"env\.params: expected a mapping"),
+        # out of range
+        ("agent.lr", -0.1, r"agent\.lr: -0\.1 is out of range \(must be > 0"),
+        ("agent.lr", 0.0, r"agent\.lr: 0\.0 is out of range \(must be > 0"),
+        ("agent.gamma", 1.5, r"agent\.gamma: 1\.5 is out of range \(must be <= 1"),
+        ("agent.gamma", -0.01, r"agent\.gamma: -0\.01 is out of range \(must be >= 0"),
+        ("agent.epsilon_start", 2.0, r"agent\.epsilon_start: 2\.0 is out of range"),
+        ("run.seeds", 0, r"run\.seeds: 0 is out of range \(must be >= 1\)"),
+        ("run.seeds", -3, r"run\.seeds: -3 is out of range"),
+        ("run.seed", -1, r"run\.seed: -1 is out of range"),
+        ("agent.total_steps", 0, r"agent\.total_steps: 0 is out of range"),
+        ("agent.log_interval", 300, r"agent\.total_steps \(2000\) must be a multiple of agent\.log_interval \(300\)"),
+        ("kernels.backend", "tritonn", r"kernels\.backend: 'tritonn' is not one of .* \(did you mean 'kernels\.triton'\?\)|kernels\.backend: 'tritonn' is not one of"),
+        # unknown env, env param, agent
+        ("env.id", "GridWorl", r"env\.id: unknown env id 'GridWorl'\. Did you mean 'GridWorld'\?"),
+        ("env.id", "Nope-v0", r"env\.id: unknown env id 'Nope-v0'"),
+        ("env.params", {"colour": "red"}, r"env\.params: .*unknown env param.*colour"),
+        ("env.params", {"size": 1}, r"env\.params: .*size must be at least 2"),
+        ("agent.name", "qlearnin", r"agent\.name: unknown agent 'qlearnin' \(did you mean 'qlearning'\?\)"),
+        ("agent.name", "alphazero", r"agent\.name: unknown agent 'alphazero'.*known agents: .*qlearning"),
+    ],
+)
+def test_bad_values_name_the_key(dotted, value, pattern):
+    message = error_of(with_value(dotted, value))
+    assert re.search(pattern, message), message
+
+
+def test_agent_incompatible_with_env_is_named():
+    data = base()
+    data["env"] = {"id": "CartPole-v1"}
+    assert error_of(data).startswith("env.id: qlearning needs discrete")
+
+
+@pytest.mark.parametrize("missing", ["env", "agent"])
+def test_missing_section(missing):
+    data = base()
+    del data[missing]
+    assert error_of(data) == f"missing section '{missing}'"
+
+
+def test_missing_agent_name():
+    data = base()
+    del data["agent"]["name"]
+    assert error_of(data).startswith("agent.name is required")
+
+
+def test_unknown_section_with_suggestion():
+    data = base()
+    data["agnet"] = data.pop("agent")
+    assert re.search(r"unknown section 'agnet' \(did you mean 'agent'\?\)", error_of(data))
+
+
+def test_section_that_is_not_a_mapping():
+    data = base()
+    data["run"] = [1, 2]
+    assert "run: expected a mapping" in error_of(data)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match=r"config file 'nope/missing\.yaml' does not exist"):
+        load_config("nope/missing.yaml")
+
+
+def test_unparsable_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("agent: {name: qlearning\nenv: [\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml' cannot be parsed") as info:
+        load_config(path)
+    assert "\n" not in str(info.value)
+
+
+def test_file_that_is_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping of sections, got list"):
+        load_config(path)
+
+
+def test_empty_file_reports_the_missing_section(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    with pytest.raises(ConfigError, match="missing section 'env'"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("agent.lr", r"override 'agent\.lr' must look like dotted\.key=value"),
+        ("=0.1", r"override '=0\.1' has an empty key"),
+        ("agent..lr=0.1", r"override 'agent\.\.lr=0\.1' has an empty key"),
+        ("agent.lr.x=1", r"override 'agent\.lr\.x=1': agent\.lr is not a section"),
+        ("agent.lrr=0.1", r"unknown key 'agent\.lrr' \(did you mean 'agent\.lr'\?\)"),
+        ("agent.lr=-1", r"agent\.lr: -1\.0 is out of range"),
+        ("agent.gamma=abc", r"agent\.gamma: expected a number, got 'abc'"),
+        ("run.seeds=0", r"run\.seeds: 0 is out of range"),
+    ],
+)
+def test_bad_overrides(override, pattern):
+    with pytest.raises(ConfigError) as info:
+        load_config(DEFAULT, [override])
+    assert re.search(pattern, str(info.value)), str(info.value)
+
+
+def test_parse_override_keeps_strings_and_parses_values():
+    assert parse_override("a.b=3") == (["a", "b"], 3)
+    assert parse_override("a=x=y") == (["a"], "x=y")
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+
+
+def test_sweep_grid_is_the_product_of_values():
+    agent = build_config(base()).agent
+    grid = parse_sweep(["agent.lr=0.1,0.5", "gamma=0.9,0.95,0.99"], agent)
+    assert len(grid) == 6
+    assert grid[0] == {"lr": 0.1, "gamma": 0.9} and grid[-1] == {"lr": 0.5, "gamma": 0.99}
+
+
+@pytest.mark.parametrize(
+    "spec, pattern",
+    [
+        ("agent.lr", r"--sweep 'agent\.lr' must look like agent\.key=v1,v2"),
+        ("agent.lrr=0.1,0.2", r"--sweep: unknown key 'agent\.lrr' \(did you mean 'lr'\?\)|--sweep: unknown key 'agent\.lrr'"),
+        ("agent.total_steps=100,200", r"--sweep: agent\.total_steps cannot be swept; sweepable: "),
+        ("agent.lr=0.1,", r"--sweep 'agent\.lr=0\.1,': empty value"),
+        ("agent.lr=0.1,-0.5", r"agent\.lr: -0\.5 is out of range"),
+        ("agent.gamma=0.9,high", r"agent\.gamma: expected a number, got 'high'"),
+    ],
+)
+def test_bad_sweep_specs(spec, pattern):
+    agent = build_config(base()).agent
+    with pytest.raises(ConfigError) as info:
+        parse_sweep([spec], agent)
+    assert re.search(pattern, str(info.value)), str(info.value)
+
+
+def test_sweep_key_given_twice():
+    agent = build_config(base()).agent
+    with pytest.raises(ConfigError, match=r"agent\.lr is given twice"):
+        parse_sweep(["agent.lr=0.1", "lr=0.2"], agent)
