@@ -32,6 +32,16 @@ from kernels.softmax import MAX_TILE_COLUMNS, concrete_value, row_tiling
 
 __all__ = ["categorical_log_prob_entropy", "categorical_log_prob_entropy_reference"]
 
+# Tiling (module settings so that benchmarks can sweep them; see softmax.row_tiling).
+TILE_ELEMENTS = 2048
+MIN_PROGRAMS = 528
+NUM_WARPS = None
+
+
+def _tiling(n_rows: int, n_actions: int):
+    return row_tiling(n_rows, n_actions, tile_elements=TILE_ELEMENTS,
+                      min_programs=MIN_PROGRAMS, num_warps=NUM_WARPS)
+
 @triton.jit
 def _policy_head_fwd_kernel(
     logits_ptr, actions_ptr, n_rows, log_prob_ptr, entropy_ptr, lse_ptr,
@@ -102,7 +112,7 @@ def _forward_core(logits, actions, *, lead, backend):
     if n_rows == 0:
         empty = jnp.zeros(actions.shape, jnp.float32)
         return empty, empty, empty
-    block_r, block_a, num_warps, _ = row_tiling(n_rows, n_actions)
+    block_r, block_a, num_warps, _ = _tiling(n_rows, n_actions)
     row = jax.ShapeDtypeStruct((n_rows,), jnp.float32)
     log_prob, entropy, lse = launch(
         _policy_head_fwd_kernel, logits2, actions1, n_rows,
@@ -118,7 +128,7 @@ def _backward_core(logits, actions, lse, entropy, g_log_prob, g_entropy, *, lead
     n_rows, n_actions = logits2.shape
     if n_rows == 0:
         return jnp.zeros(logits.shape, jnp.float32)
-    block_r, block_a, num_warps, _ = row_tiling(n_rows, n_actions)
+    block_r, block_a, num_warps, _ = _tiling(n_rows, n_actions)
     dlogits = launch(
         _policy_head_bwd_kernel, logits2, actions1,
         lse.reshape(-1), entropy.reshape(-1), g_log_prob.reshape(-1), g_entropy.reshape(-1),

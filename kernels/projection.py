@@ -11,10 +11,10 @@ split linearly between the two ends:
 
 This is rlax's ``categorical_l2_project`` (the sum over i of a triangular hat
 function centred on each target atom), computed without the [B, K, K_src]
-tensor: the kernel keeps a [rows, K] accumulator in registers, finds each
-source atom's bracket (a guess by interpolation, exact for an evenly spaced
-support, else a binary search over the sorted support), and writes each
-output row once.
+tensor in memory: each program loads a tile of rows, finds each source
+atom's bracket (a guess by interpolation, exact for an evenly spaced support,
+else a binary search over the sorted support), spreads the masses over a
+[rows, K] accumulator in registers and writes each output row once.
 
 The projection is linear in ``probs``; the backward is a gather:
 
@@ -26,6 +26,7 @@ derivative is used). No gradient flows into ``target_support``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -83,33 +84,38 @@ def _find_bracket(z, support_row, v_min, v_max, K: tl.constexpr, SEARCH_STEPS: t
 def _projection_fwd_kernel(
     atoms_ptr, probs_ptr, support_ptr, n_rows, rows_per_support, out_ptr,
     K_SRC: tl.constexpr, K: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, SEARCH_STEPS: tl.constexpr,
 ):
-    """BLOCK_R rows per program; loop over source atoms, scatter into a [BLOCK_R, K] tile.
+    """BLOCK_R rows per program, BLOCK_S source atoms at a time, all in registers.
 
-    Row r uses support row r // rows_per_support (a vmapped support has one per batch).
+    Each source atom i gets its fractional position in the support, l_i + w_i; target j
+    then receives p_i * max(0, 1 - |(j - l_i) - w_i|), which is p_i (1 - w_i) at j = l_i,
+    p_i w_i at j = l_i + 1 and 0 elsewhere: the bracket split, summed over i as a
+    [BLOCK_R, BLOCK_K, BLOCK_S] register tile. Row r uses support row r // rows_per_support
+    (a vmapped support has one per batch element).
     """
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     cols = tl.arange(0, BLOCK_K)
-    src_base = rows.to(tl.int64) * K_SRC
-    support_row = support_ptr + (tl.minimum(rows, n_rows - 1) // rows_per_support).to(tl.int64) * K
+    srcs = tl.arange(0, BLOCK_S)
+    support_row = support_ptr + (tl.minimum(rows, n_rows - 1) // rows_per_support).to(tl.int64)[:, None] * K
     v_min = tl.load(support_row)
     v_max = tl.load(support_row + (K - 1))
     acc = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
-    for i in range(K_SRC):
-        z = tl.load(atoms_ptr + src_base + i, mask=row_ok, other=0.0)
-        p = tl.load(probs_ptr + src_base + i, mask=row_ok, other=0.0)
+    for start in range(0, K_SRC, BLOCK_S):
+        s = start + srcs
+        mask = row_ok[:, None] & (s[None, :] < K_SRC)
+        offs = rows[:, None].to(tl.int64) * K_SRC + s[None, :]
+        z = tl.load(atoms_ptr + offs, mask=mask, other=0.0)
+        p = tl.load(probs_ptr + offs, mask=mask, other=0.0)
         z = tl.minimum(tl.maximum(z, v_min), v_max)
         lo, s_lo, s_hi = _find_bracket(z, support_row, v_min, v_max, K, SEARCH_STEPS)
         gap = s_hi - s_lo
         w = tl.where(gap > 0.0, (z - s_lo) / gap, 0.0)
-        to_lo = p * (1.0 - w)
-        to_hi = p * w
-        acc += tl.where(
-            cols[None, :] == lo[:, None], to_lo[:, None],
-            tl.where(cols[None, :] == (lo + 1)[:, None], to_hi[:, None], 0.0),
-        )
+        # (j - l_i) is exact in float32; subtracting w_i last keeps the weights exact to 1 ulp.
+        offset = (cols[None, :, None] - lo[:, None, :]).to(tl.float32) - w[:, None, :]
+        hat = tl.maximum(1.0 - tl.abs(offset), 0.0)
+        acc += tl.sum(hat * p[:, None, :], axis=2)
     out_offs = rows[:, None].to(tl.int64) * K + cols[None, :]
     tl.store(out_ptr + out_offs, acc, mask=row_ok[:, None] & (cols[None, :] < K))
 
@@ -152,6 +158,26 @@ def _projection_bwd_kernel(
 _MIN_PROGRAMS = 528
 
 
+@dataclasses.dataclass(frozen=True)
+class ProjectionConfig:
+    """Tiling of the forward kernel: rows per program, source atoms per step, warps."""
+
+    block_rows: int = 2
+    block_src: int = 64
+    num_warps: int = 4
+
+
+def choose_config(n_rows: int, k_src: int, k: int) -> ProjectionConfig:
+    """About 8192 (row, target, source) triples per program and step, fewer rows per
+    program while that leaves under _MIN_PROGRAMS programs."""
+    block_k = next_power_of_2(k)
+    block_src = min(64, next_power_of_2(k_src))
+    block_rows = max(1, 8192 // (block_k * block_src))
+    while block_rows > 1 and cdiv(n_rows, block_rows) < _MIN_PROGRAMS:
+        block_rows //= 2
+    return ProjectionConfig(block_rows, block_src, 4)
+
+
 def _search_steps(k: int) -> int:
     """ceil(log2(k - 1)): halvings that shrink [0, k - 1) to one bracket."""
     return (k - 2).bit_length()
@@ -166,21 +192,19 @@ def _layout(atoms, probs, support, lead):
     return atoms2, probs2, support2, n_rows, rows_per_support
 
 
-def _forward_core(atoms, probs, support, *, lead, backend):
+def _forward_core(atoms, probs, support, *, lead, backend, config):
     atoms2, probs2, support2, n_rows, rows_per_support = _layout(atoms, probs, support, lead)
     k_src, k = atoms2.shape[1], support2.shape[1]
     out_shape = atoms.shape[:-1] + (k,)
     if n_rows == 0:
         return jnp.zeros(out_shape, jnp.float32)
-    block_k = next_power_of_2(k)
-    block_r = max(1, 2048 // block_k)
-    while block_r > 1 and cdiv(n_rows, block_r) < _MIN_PROGRAMS:
-        block_r //= 2
+    cfg = config or choose_config(n_rows, k_src, k)
     out = launch(
         _projection_fwd_kernel, atoms2, probs2, support2, n_rows, rows_per_support,
         out_shape=jax.ShapeDtypeStruct((n_rows, k), jnp.float32),
-        grid=(cdiv(n_rows, block_r),), backend=backend, num_warps=4,
-        K_SRC=k_src, K=k, BLOCK_R=block_r, BLOCK_K=block_k, SEARCH_STEPS=_search_steps(k),
+        grid=(cdiv(n_rows, cfg.block_rows),), backend=backend, num_warps=cfg.num_warps,
+        K_SRC=k_src, K=k, BLOCK_R=cfg.block_rows, BLOCK_K=next_power_of_2(k),
+        BLOCK_S=min(cfg.block_src, next_power_of_2(k_src)), SEARCH_STEPS=_search_steps(k),
     )
     return out.reshape(out_shape)
 
@@ -204,9 +228,9 @@ def _backward_core(atoms, probs, support, g, *, lead, backend):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_op(backend: str):
+def _kernel_op(backend: str, config: ProjectionConfig | None):
     """(atoms, probs, support) -> projected probs; VJP in atoms and probs (support: zero)."""
-    forward = fold_vmap(functools.partial(_forward_core, backend=backend))
+    forward = fold_vmap(functools.partial(_forward_core, backend=backend, config=config))
     backward = fold_vmap(functools.partial(_backward_core, backend=backend))
 
     @jax.custom_vjp
@@ -264,7 +288,8 @@ def _check_support(target_support):
     return support
 
 
-def categorical_projection(atoms, probs, target_support, *, backend: str | None = None):
+def categorical_projection(atoms, probs, target_support, *, backend: str | None = None,
+                           config: ProjectionConfig | None = None):
     """Projects the distribution (atoms, probs) onto ``target_support`` (C51's L2 projection).
 
     Semantics of rlax's ``categorical_l2_project``: atoms are clipped to
@@ -277,6 +302,8 @@ def categorical_projection(atoms, probs, target_support, *, backend: str | None 
       target_support: float array ``[K]``, K >= 2, strictly increasing (evenly
         spaced or not; checked when concrete).
       backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
+      config: tiling override of the forward kernel (:class:`ProjectionConfig`), for
+        tests and benchmarks; ``None`` = :func:`choose_config`.
 
     Returns ``[*batch, K]``. Differentiable in ``probs`` (the projection is linear in
     them) and in ``atoms`` (piecewise linear); ``target_support`` gets no gradient.
@@ -296,5 +323,5 @@ def categorical_projection(atoms, probs, target_support, *, backend: str | None 
     if name == "reference":
         return categorical_projection_reference(atoms.astype(dtype), probs.astype(dtype), support.astype(dtype))
     f32 = jnp.float32
-    out = _kernel_op(name)(atoms.astype(f32), probs.astype(f32), support.astype(f32))
+    out = _kernel_op(name, config)(atoms.astype(f32), probs.astype(f32), support.astype(f32))
     return out.astype(dtype)

@@ -25,10 +25,12 @@ __all__ = ["softmax", "softmax_reference"]
 
 # Rows up to this many columns are held in registers whole; wider rows loop.
 MAX_TILE_COLUMNS = 8192
-# Elements one program of the narrow-row kernels works on.
-_TILE_ELEMENTS = 2048
-# Keep at least this many programs in flight when splitting rows across them.
-_MIN_PROGRAMS = 528
+# Tiling of the row kernels (module settings so that benchmarks can sweep them):
+# elements one program of the narrow-row kernels works on, the fewest programs to keep
+# in flight when splitting rows across them, and warps per program (None: by tile size).
+TILE_ELEMENTS = 2048
+MIN_PROGRAMS = 528
+NUM_WARPS = None
 
 
 # ----------------------------------------------------------------------------
@@ -124,22 +126,29 @@ def _softmax_bwd_loop_kernel(
 # ----------------------------------------------------------------------------
 # Tiling: how many rows and columns one program handles.
 # ----------------------------------------------------------------------------
-def row_tiling(n_rows: int, n_cols: int, *, max_tile_columns: int | None = None):
+def row_tiling(n_rows: int, n_cols: int, *, max_tile_columns: int | None = None,
+               tile_elements: int | None = None, min_programs: int | None = None,
+               num_warps: int | None = None):
     """(BLOCK_R, BLOCK_N, num_warps, looped) for a row-wise kernel over [n_rows, n_cols].
 
     BLOCK_N is n_cols rounded up to a power of two; narrow rows share a program
-    (BLOCK_R * BLOCK_N ~ _TILE_ELEMENTS) while at least _MIN_PROGRAMS programs
+    (BLOCK_R * BLOCK_N ~ tile_elements) while at least min_programs programs
     remain; rows wider than ``max_tile_columns`` are streamed (``looped``).
+    Unset arguments take this module's MAX_TILE_COLUMNS, TILE_ELEMENTS, MIN_PROGRAMS, NUM_WARPS.
     """
     limit = MAX_TILE_COLUMNS if max_tile_columns is None else max_tile_columns
+    tile_elements = TILE_ELEMENTS if tile_elements is None else tile_elements
+    min_programs = MIN_PROGRAMS if min_programs is None else min_programs
+    num_warps = NUM_WARPS if num_warps is None else num_warps
     block_n = next_power_of_2(n_cols)
     if block_n > limit:
-        return 1, limit, 8, True
-    block_r = max(1, _TILE_ELEMENTS // block_n)
-    while block_r > 1 and cdiv(n_rows, block_r) < _MIN_PROGRAMS:
+        return 1, limit, num_warps or 8, True
+    block_r = max(1, tile_elements // block_n)
+    while block_r > 1 and cdiv(n_rows, block_r) < min_programs:
         block_r //= 2
     elements = block_r * block_n
-    num_warps = 4 if elements <= 2048 else (8 if elements <= 4096 else 16)
+    if num_warps is None:
+        num_warps = 4 if elements <= 2048 else (8 if elements <= 4096 else 16)
     return block_r, block_n, num_warps, False
 
 
