@@ -1,0 +1,190 @@
+"""`rl train`: a tiny run writes a complete run directory; every bad input exits 2 with one line on
+stderr and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from rl.cli import main
+
+TINY = {
+    "env": {"id": "GridWorld", "params": {"size": 3, "max_steps_in_episode": 20}},
+    "agent": {"name": "qlearning", "total_steps": 400, "log_interval": 100, "epsilon_decay_steps": 200},
+    "run": {"seed": 7, "seeds": 3, "progress": False},
+}
+
+
+def write_config(tmp_path, data=None, name="tiny.yaml"):
+    data = TINY if data is None else data
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_cli(argv):
+    """(exit status, stdout, stderr) of rl.cli.main, whether it returns or exits."""
+    try:
+        return main([str(a) for a in argv])
+    except SystemExit as exit:
+        return exit.code
+
+
+def test_train_writes_a_complete_run_directory(tmp_path, capsys):
+    config_path = write_config(tmp_path)
+    out = tmp_path / "runs"
+    status = run_cli(["train", config_path, "--output-dir", out, "--name", "tiny"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    run_dir = out / "tiny"
+    assert run_dir.is_dir()
+
+    # the resolved config: every default filled in, reloadable as the same config
+    from rl.config import build_config
+
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["agent"]["lr"] == 0.1 and saved["agent"]["gamma"] == 0.99 and saved["agent"]["total_steps"] == 400
+    assert saved["run"]["seeds"] == 3 and saved["run"]["output_dir"] == str(out) and saved["run"]["name"] == "tiny"
+    assert saved["env"] == TINY["env"]
+    config = build_config({k: v for k, v in saved.items() if k in ("env", "agent", "run", "kernels")})
+    assert config.agent.epsilon_decay_steps == 200
+
+    # metrics: one row per seed and log point, with the required metrics
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * 4
+    assert sorted({row["seed"] for row in rows}) == [0, 1, 2]
+    for seed in range(3):
+        steps = [row["step"] for row in rows if row["seed"] == seed]
+        assert steps == [100, 200, 300, 400]
+    assert {"step", "episode_return", "episode_length", "greedy_episode_length"} <= set(rows[0])
+
+    # final params: [settings, seeds, states, actions], equal to training the same seeds as a library
+    from flax import serialization
+
+    params = np.asarray(serialization.msgpack_restore((run_dir / "final_params.msgpack").read_bytes()))
+    assert params.shape == (1, 3, 9, 4)
+    from rl.train import train_many
+
+    final_state, metrics = train_many(config)
+    np.testing.assert_array_equal(params, np.asarray(final_state["params"]))
+    jsonl_returns = np.array([[row["episode_return"] if row["episode_return"] is not None else np.nan for row in rows if row["seed"] == s] for s in range(3)])
+    np.testing.assert_array_equal(jsonl_returns, np.asarray(metrics["episode_return"])[0])
+
+    # summary: written and printed
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["agent"] == "qlearning" and summary["env"] == "GridWorld"
+    assert len(summary["settings"]) == 1 and summary["settings"][0]["seeds"] == 3
+    assert len(summary["settings"][0]["final_returns"]) == 3
+    assert summary["settings"][0]["final_return_mean"] == pytest.approx(1.0)  # every episode that ends reaches the goal
+    assert summary["compile_seconds"] > 0 and summary["env_steps_per_second"] > 0
+    assert f"run directory: {run_dir}" in captured.out
+    assert "final return 1 +- 0" in captured.out and "3 seeds" in captured.out
+
+
+def test_overrides_after_options_are_applied(tmp_path, capsys):
+    config_path = write_config(tmp_path)
+    out = tmp_path / "runs"
+    status = run_cli(["train", config_path, "--output-dir", out, "agent.lr=0.3", "--seeds", "2", "run.name=after", "agent.gamma=0.9"])
+    assert status == 0, capsys.readouterr().err
+    saved = yaml.safe_load((out / "after" / "config.yaml").read_text())
+    assert saved["agent"]["lr"] == 0.3 and saved["agent"]["gamma"] == 0.9 and saved["run"]["seeds"] == 2
+    rows = (out / "after" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2 * 4
+
+
+def _bad(tmp_path, **changes):
+    """A config file with some top-level sections replaced (None deletes one)."""
+    data = {k: dict(v) for k, v in TINY.items()}
+    for section, value in changes.items():
+        if value is None:
+            data.pop(section)
+        else:
+            data[section] = value
+    return write_config(tmp_path, data, "bad.yaml")
+
+
+BAD_INPUTS = {
+    "missing file": (lambda p: ["train", p / "nope.yaml"], "config file .*nope.yaml' does not exist"),
+    "unparsable file": (lambda p: ["train", _text(p, "agent: {name: [\n")], "cannot be parsed"),
+    "not a mapping": (lambda p: ["train", _text(p, "- 1\n")], "must hold a mapping"),
+    "unknown key": (lambda p: ["train", _bad(p, agent={**TINY["agent"], "lrr": 0.1})], r"unknown key 'agent\.lrr' \(did you mean 'agent\.lr'\?\)"),
+    "unknown key override": (lambda p: ["train", write_config(p), "agent.epsilon_stat=0.5"], r"unknown key 'agent\.epsilon_stat' \(did you mean 'agent\.epsilon_start'\?\)"),
+    "wrong type": (lambda p: ["train", write_config(p), "agent.lr=fast"], r"agent\.lr: expected a number"),
+    "negative lr": (lambda p: ["train", write_config(p), "agent.lr=-0.1"], r"agent\.lr: -0\.1 is out of range"),
+    "gamma above 1": (lambda p: ["train", write_config(p), "agent.gamma=1.5"], r"agent\.gamma: 1\.5 is out of range"),
+    "gamma below 0": (lambda p: ["train", _bad(p, agent={**TINY["agent"], "gamma": -0.5})], r"agent\.gamma: -0\.5 is out of range"),
+    "zero seeds flag": (lambda p: ["train", write_config(p), "--seeds", "0"], r"run\.seeds: 0 is out of range"),
+    "zero seeds override": (lambda p: ["train", write_config(p), "run.seeds=0"], r"run\.seeds: 0 is out of range"),
+    "unknown env": (lambda p: ["train", write_config(p), "env.id=GridWorl"], r"env\.id: unknown env id 'GridWorl'\. Did you mean 'GridWorld'\?"),
+    "unknown env param": (lambda p: ["train", write_config(p), "env.params.colour=red"], r"env\.params: .*colour"),
+    "unknown agent": (lambda p: ["train", write_config(p), "agent.name=qlearnin"], r"agent\.name: unknown agent 'qlearnin' \(did you mean 'qlearning'\?\)"),
+    "missing section": (lambda p: ["train", _bad(p, agent=None)], r"missing section 'agent'"),
+    "bad override syntax": (lambda p: ["train", write_config(p), "=0.3"], r"override '=0\.3' has an empty key"),
+    "override into a value": (lambda p: ["train", write_config(p), "agent.lr.x=1"], r"agent\.lr( is not a section|: expected a number)"),
+    "bad sweep spec": (lambda p: ["train", write_config(p), "--sweep", "agent.lr"], r"--sweep 'agent\.lr' must look like"),
+    "unsweepable key": (lambda p: ["train", write_config(p), "--sweep", "agent.total_steps=100,200"], r"agent\.total_steps cannot be swept"),
+    "bad sweep value": (lambda p: ["train", write_config(p), "--sweep", "agent.lr=0.1,-2"], r"agent\.lr: -2(\.0)? is out of range"),
+    "steps not a multiple": (lambda p: ["train", write_config(p), "agent.log_interval=300"], r"must be a multiple of agent\.log_interval"),
+    "unknown option": (lambda p: ["train", write_config(p), "--sedes", "3"], r"unrecognized arguments: --sedes"),
+    "non-integer seeds": (lambda p: ["train", write_config(p), "--seeds", "many"], r"--seeds: invalid int value"),
+}
+
+
+def _text(tmp_path, text):
+    path = tmp_path / "text.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, tmp_path, capsys):
+    make_argv, pattern = BAD_INPUTS[case]
+    out = tmp_path / "out"
+    argv = make_argv(tmp_path) + ["--output-dir", out, "--name", "run"]
+    before = sorted(os.listdir(tmp_path))
+    status = run_cli(argv)
+    captured = capsys.readouterr()
+    assert status == 2, (case, captured)
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("rl: error: ")
+    import re
+
+    assert re.search(pattern, lines[0]), lines[0]
+    assert captured.out == ""
+    assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_existing_run_directory_is_refused_and_left_alone(tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "run").mkdir(parents=True)
+    (out / "run" / "keep.txt").write_text("mine")
+    status = run_cli(["train", write_config(tmp_path), "--output-dir", out, "--name", "run"])
+    captured = capsys.readouterr()
+    assert status == 2 and "already exists" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert os.listdir(out / "run") == ["keep.txt"]
+
+
+def test_console_script_reports_bad_input(tmp_path):
+    """The installed `rl` entry point (or `python -m rl.cli` where it is not installed)."""
+    out = tmp_path / "out"
+    argv = ["train", str(write_config(tmp_path)), "agent.gamma=2", "--output-dir", str(out)]
+    command = ["rl", *argv] if _has_console_script() else [sys.executable, "-m", "rl.cli", *argv]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == ["rl: error: agent.gamma: 2.0 is out of range (must be <= 1.0)"]
+    assert not out.exists()
+
+
+def _has_console_script() -> bool:
+    import shutil
+
+    return shutil.which("rl") is not None
