@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from envs.spaces import Space, check_action
+from envs.spaces import Space, check_action, is_concrete
 
 
 class Env:
@@ -95,6 +95,6 @@ def concrete_or(value: Any, default: float) -> float:
     Spaces need concrete bounds; when a param that sets a bound is traced (under a vmap over params),
     the space falls back to the default param's bound (the dynamics still use the traced value).
     """
-    if isinstance(value, jax.core.Tracer):
+    if not is_concrete(value):
         return float(default)
     return float(value)

@@ -83,6 +83,15 @@ class Box:
 Space = Discrete | Box
 
 
+def is_concrete(x) -> bool:
+    """True when `x` has a value now (not a tracer inside jit/vmap/grad), by trying to read it."""
+    try:
+        np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return False
+    return True
+
+
 def check_action(space: Space, action, env_name: str) -> jax.Array:
     """Validate an action against its space and return it as a JAX array of the space's dtype.
 
@@ -101,7 +110,7 @@ def check_action(space: Space, action, env_name: str) -> jax.Array:
             raise ValueError(f"{env_name}.step: action must be a scalar integer in [0, {space.n}), got shape {shape}")
         if not jnp.issubdtype(dtype, jnp.integer):
             raise ValueError(f"{env_name}.step: action must be an integer in [0, {space.n}), got dtype {dtype}")
-        if not isinstance(action, jax.core.Tracer):
+        if is_concrete(action):
             value = int(np.asarray(action))
             if not 0 <= value < space.n:
                 raise ValueError(f"{env_name}.step: action {value} is outside Discrete({space.n}) = [0, {space.n})")
@@ -110,7 +119,7 @@ def check_action(space: Space, action, env_name: str) -> jax.Array:
         raise ValueError(f"{env_name}.step: action must have shape {space.shape}, got shape {shape}")
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"{env_name}.step: continuous action must be a float array, got dtype {dtype}")
-    if not isinstance(action, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(action))):
+    if is_concrete(action) and not np.all(np.isfinite(np.asarray(action))):
         raise ValueError(f"{env_name}.step: continuous action must be finite, got {np.asarray(action).tolist()}")
     return jnp.asarray(action, space.dtype)
 

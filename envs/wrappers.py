@@ -39,7 +39,7 @@ import numpy as np
 from flax import struct
 
 from envs.core import Env
-from envs.spaces import Box, Discrete
+from envs.spaces import Box, Discrete, is_concrete
 
 
 class Wrapper(Env):
@@ -134,7 +134,7 @@ class VectorizedEnv(Wrapper):
                 f"{self.name} x {self.num_envs}: actions must have shape {expected} (num_envs, *action_shape), "
                 f"got shape {tuple(jnp.shape(action))}"
             )
-        if isinstance(space, Discrete) and not isinstance(action, jax.core.Tracer):
+        if isinstance(space, Discrete) and is_concrete(action):
             values = np.asarray(action)
             if np.issubdtype(values.dtype, np.integer) and ((values < 0) | (values >= space.n)).any():
                 bad = values[(values < 0) | (values >= space.n)]
