@@ -97,6 +97,7 @@ def _projection_fwd_kernel(
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     cols = tl.arange(0, BLOCK_K)
+    cols_f = cols.to(tl.float32)
     srcs = tl.arange(0, BLOCK_S)
     support_row = support_ptr + (tl.minimum(rows, n_rows - 1) // rows_per_support).to(tl.int64)[:, None] * K
     v_min = tl.load(support_row)
@@ -113,7 +114,7 @@ def _projection_fwd_kernel(
         gap = s_hi - s_lo
         w = tl.where(gap > 0.0, (z - s_lo) / gap, 0.0)
         # (j - l_i) is exact in float32; subtracting w_i last keeps the weights exact to 1 ulp.
-        offset = (cols[None, :, None] - lo[:, None, :]).to(tl.float32) - w[:, None, :]
+        offset = (cols_f[None, :, None] - lo.to(tl.float32)[:, None, :]) - w[:, None, :]
         hat = tl.maximum(1.0 - tl.abs(offset), 0.0)
         acc += tl.sum(hat * p[:, None, :], axis=2)
     out_offs = rows[:, None].to(tl.int64) * K + cols[None, :]
@@ -155,7 +156,13 @@ def _projection_bwd_kernel(
 # ----------------------------------------------------------------------------
 # Kernel paths: atoms/probs [*lead, *batch, K_src], support [*lead, K]; one launch each.
 # ----------------------------------------------------------------------------
-_MIN_PROGRAMS = 528
+# Tiling of the forward kernel (module settings so that benchmarks can sweep them):
+# (row, target, source) triples per program and step, source atoms per step, warps, and the
+# fewest programs to keep in flight.
+TRIPLES_PER_PROGRAM = 8192
+BLOCK_SRC = 64
+NUM_WARPS = 4
+MIN_PROGRAMS = 528
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,14 +175,14 @@ class ProjectionConfig:
 
 
 def choose_config(n_rows: int, k_src: int, k: int) -> ProjectionConfig:
-    """About 8192 (row, target, source) triples per program and step, fewer rows per
-    program while that leaves under _MIN_PROGRAMS programs."""
+    """About TRIPLES_PER_PROGRAM (row, target, source) triples per program and step, fewer
+    rows per program while that leaves under MIN_PROGRAMS programs."""
     block_k = next_power_of_2(k)
-    block_src = min(64, next_power_of_2(k_src))
-    block_rows = max(1, 8192 // (block_k * block_src))
-    while block_rows > 1 and cdiv(n_rows, block_rows) < _MIN_PROGRAMS:
+    block_src = min(BLOCK_SRC, next_power_of_2(k_src))
+    block_rows = max(1, TRIPLES_PER_PROGRAM // (block_k * block_src))
+    while block_rows > 1 and cdiv(n_rows, block_rows) < MIN_PROGRAMS:
         block_rows //= 2
-    return ProjectionConfig(block_rows, block_src, 4)
+    return ProjectionConfig(block_rows, block_src, NUM_WARPS)
 
 
 def _search_steps(k: int) -> int:
