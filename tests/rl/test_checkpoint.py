@@ -115,3 +115,42 @@ def test_checkpoint_of_another_shape_is_refused(tmp_path):
     warnings = []
     assert Checkpoints(tmp_path, read_only=True).restore_latest(wrong, warn=warnings.append) is None
     assert warnings and "cannot be used" in warnings[0]
+
+
+# Tiny configs of the neural agents (replay buffers, optimiser states, target networks, normalisers).
+NEURAL = {
+    "dqn": {"env": {"id": "CartPole-v1"}, "agent": {"name": "dqn", "total_steps": 1024, "log_interval": 256, "learning_starts": 256, "buffer_size": 1000, "train_freq": 64, "gradient_steps": 4, "batch_size": 16, "hidden": [16], "eval_episodes": 2}},
+    "rainbow": {"env": {"id": "CartPole-v1"}, "agent": {"name": "rainbow", "total_steps": 1024, "log_interval": 256, "learning_starts": 256, "buffer_size": 1000, "train_freq": 64, "gradient_steps": 4, "batch_size": 16, "hidden": [16], "eval_episodes": 2, "num_atoms": 11}},
+    "ppo": {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo", "total_steps": 1024, "num_envs": 2, "num_steps": 64, "num_epochs": 2, "num_minibatches": 2, "hidden": [16], "log_interval": 2}},
+    "sac": {"env": {"id": "Pendulum-v1"}, "agent": {"name": "sac", "total_steps": 600, "log_interval": 200, "learning_starts": 200, "buffer_size": 1000, "batch_size": 16, "hidden": [16], "eval_episodes": 1}},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent", sorted(NEURAL))
+def test_neural_agent_interrupted_and_resumed_equals_uninterrupted(agent, tmp_path, capsys):
+    """Ctrl-C after the first log point (in-process: the signal handler is the real one), resume."""
+    import os
+    import signal
+
+    from rl import logging as rl_logging
+    from rl.agents import registered_agents
+
+    if agent not in registered_agents():
+        pytest.skip(f"agent {agent} is not registered")
+    config = write_config(tmp_path, {**NEURAL[agent], "run": {"seeds": 2, "checkpoint_every": 1, "progress": False}})
+    assert run_cli(["train", config, "--name", "full"]) == 0
+    sent = []
+
+    def interrupt(values):
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with rl_logging.sink(interrupt):
+        assert run_cli(["train", config, "--name", "stopped"]) == 130
+    assert "interrupted at step" in capsys.readouterr().err
+    assert run_cli(["train", "--resume", tmp_path / "runs" / "stopped"]) == 0
+    runs = tmp_path / "runs"
+    assert (runs / "stopped" / "final_params.msgpack").read_bytes() == (runs / "full" / "final_params.msgpack").read_bytes()
+    assert metric_rows(runs / "stopped") == metric_rows(runs / "full")
