@@ -14,7 +14,7 @@ The run is one `lax.scan` over log points, each a `lax.scan` over `log_interval`
 
 Speed notes (benchmarks/qlearning.py): each env step draws just two uniforms, both drawn for the whole
 log period at once; the inner scan is NOT unrolled (on XLA:CPU an unrolled body with the in-place table
-update runs ~15x slower per step); the greedy evaluation at each log point stops as soon as its
+update ran ~14x slower per step here); the greedy evaluation at each log point stops as soon as its
 episode ends (a `while_loop`, not a scan over the step limit).
 """
 
