@@ -201,12 +201,16 @@ def _coerce(value, annotation, where: str):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         if isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-        if not isinstance(value, (int, float)):
+        elif isinstance(value, (int, float)):
+            number = float(value)
+        else:
             raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+        if number != number:  # NaN passes every range check (comparisons are False)
+            raise ConfigError(f"{where}: expected a number, got NaN")
+        return number
     if annotation is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
