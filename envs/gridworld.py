@@ -73,6 +73,8 @@ def make_gridworld_params(size: int = 5, start=None, goal=None, walls=(), max_st
         wall_mask[_cell_index(wall, size, "wall")] = True
     if wall_mask[start_index] or wall_mask[goal_index]:
         raise ValueError("GridWorld: the start and goal cells cannot be walls")
+    if start_index == goal_index:
+        raise ValueError(f"GridWorld: start and goal must be different cells, both are cell {start_index}")
     return GridWorldParams(
         start=jnp.int32(start_index),
         goal=jnp.int32(goal_index),

@@ -63,6 +63,11 @@ class RunConfig:
     checkpoint_every: int = hp(10, low=0, doc="log points between checkpoints (0: only at the end)")
     keep_checkpoints: int = hp(3, low=1, doc="newest checkpoints kept in RUN_DIR/checkpoints")
 
+    def validate(self):
+        """run.name is one directory name inside run.output_dir (no path separators, not . or ..)."""
+        if self.name is not None and (self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name):
+            raise ConfigError(f"run.name: {self.name!r} must be a plain directory name (no '/', not '.' or '..')")
+
 
 @dataclass(frozen=True)
 class KernelsConfig:

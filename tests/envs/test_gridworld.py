@@ -152,6 +152,7 @@ def test_optimal_path_reaches_goal_in_shortest_path_length_steps():
         (dict(walls=[(4, 4)]), "start and goal"),
         (dict(walls=[(0, 0)]), "start and goal"),
         (dict(max_steps_in_episode=0), "max_steps_in_episode"),
+        (dict(start=(0, 0)), "start and goal must be different"),
     ],
 )
 def test_bad_params_raise_naming_the_field(kwargs, words):

@@ -131,6 +131,7 @@ BAD_INPUTS = {
     "unsweepable key": (lambda p: ["train", write_config(p), "--sweep", "agent.total_steps=100,200"], r"agent\.total_steps cannot be swept"),
     "bad sweep value": (lambda p: ["train", write_config(p), "--sweep", "agent.lr=0.1,-2"], r"agent\.lr: -2(\.0)? is out of range"),
     "steps not a multiple": (lambda p: ["train", write_config(p), "agent.log_interval=300"], r"must be a multiple of agent\.log_interval"),
+    "run name outside the output dir": (lambda p: ["train", write_config(p), "run.name=../escaped"], r"run\.name: '\.\./escaped' must be a plain directory name"),
     "unknown option": (lambda p: ["train", write_config(p), "--sedes", "3"], r"unrecognized arguments: --sedes"),
     "non-integer seeds": (lambda p: ["train", write_config(p), "--seeds", "many"], r"--seeds: invalid int value"),
 }
@@ -146,7 +147,9 @@ def _text(tmp_path, text):
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, tmp_path, capsys):
     make_argv, pattern = BAD_INPUTS[case]
     out = tmp_path / "out"
-    argv = make_argv(tmp_path) + ["--output-dir", out, "--name", "run"]
+    argv = make_argv(tmp_path) + ["--output-dir", out]
+    if not any(str(arg).startswith("run.name=") for arg in argv):
+        argv += ["--name", "run"]
     before = sorted(os.listdir(tmp_path))
     status = run_cli(argv)
     captured = capsys.readouterr()
