@@ -11,10 +11,13 @@ split linearly between the two ends:
 
 This is rlax's ``categorical_l2_project`` (the sum over i of a triangular hat
 function centred on each target atom), computed without the [B, K, K_src]
-tensor in memory: each program loads a tile of rows, finds each source
-atom's bracket (a guess by interpolation, exact for an evenly spaced support,
-else a binary search over the sorted support), spreads the masses over a
-[rows, K] accumulator in registers and writes each output row once.
+tensor in memory. For each source atom the kernel finds its bracket (a guess by
+interpolation, exact for an evenly spaced support, else a binary search over the
+sorted support), then, by default, adds the two shares into the output row with
+atomic adds (O(K_src) work per row; the output starts at zero). A second forward
+kernel (``ProjectionConfig(method="dense")``) spreads the masses over a
+[rows, K] register accumulator as a rows x targets x sources tile instead
+(O(K * K_src) per row, fixed summation order).
 
 The projection is linear in ``probs``; the backward is a gather:
 
@@ -122,6 +125,37 @@ def _projection_fwd_kernel(
 
 
 @triton.jit
+def _projection_scatter_kernel(
+    atoms_ptr, probs_ptr, support_ptr, n_rows, rows_per_support, out_ptr,
+    K_SRC: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+):
+    """O(K) per row: BLOCK consecutive (row, source atom) pairs of the flattened [n_rows, K_SRC]
+    input per program; each atom's two bracket shares are added into its row of the output
+    (zeroed before the launch) with relaxed atomic adds: out[l] += p (1 - w), out[l+1] += p w.
+
+    Loads are contiguous (no padding of K_SRC to a power of two); rows are independent, so two
+    adds meet at one address only when atoms of one row share a bracket end (few, and nearby in
+    the same program). The sum order of those few adds is not fixed on the GPU: results can
+    differ between runs in the last bit.
+    """
+    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = e < n_rows * K_SRC
+    row = tl.minimum(e // K_SRC, n_rows - 1)
+    z = tl.load(atoms_ptr + e, mask=ok, other=0.0)
+    p = tl.load(probs_ptr + e, mask=ok, other=0.0)
+    support_row = support_ptr + (row // rows_per_support) * K
+    v_min = tl.load(support_row)
+    v_max = tl.load(support_row + (K - 1))
+    z = tl.minimum(tl.maximum(z, v_min), v_max)
+    lo, s_lo, s_hi = _find_bracket(z, support_row, v_min, v_max, K, SEARCH_STEPS)
+    gap = s_hi - s_lo
+    w = tl.where(gap > 0.0, (z - s_lo) / gap, 0.0)
+    target = out_ptr + row * K + lo
+    tl.atomic_add(target, p * (1.0 - w), mask=ok, sem="relaxed")
+    tl.atomic_add(target + 1, p * w, mask=ok, sem="relaxed")
+
+
+@triton.jit
 def _projection_bwd_kernel(
     atoms_ptr, probs_ptr, support_ptr, g_ptr, n_rows, rows_per_support, d_probs_ptr, d_atoms_ptr,
     K_SRC: tl.constexpr, K: tl.constexpr,
@@ -156,7 +190,7 @@ def _projection_bwd_kernel(
 # ----------------------------------------------------------------------------
 # Kernel paths: atoms/probs [*lead, *batch, K_src], support [*lead, K]; one launch each.
 # ----------------------------------------------------------------------------
-# Tiling of the forward kernel (module settings so that benchmarks can sweep them):
+# Tiling of the dense forward kernel (module settings so that benchmarks can sweep them):
 # (row, target, source) triples per program and step, source atoms per step, warps, and the
 # fewest programs to keep in flight.
 TRIPLES_PER_PROGRAM = 8192
@@ -165,24 +199,45 @@ NUM_WARPS = 4
 MIN_PROGRAMS = 528
 
 
+SCATTER_BLOCK = 1024  # (row, source atom) pairs per program of the scatter kernel
+SCATTER_WARPS = 4
+
+
 @dataclasses.dataclass(frozen=True)
 class ProjectionConfig:
-    """Tiling of the forward kernel: rows per program, source atoms per step, warps."""
+    """Forward kernel and its tiling.
+
+    ``method="scatter"`` (the default): O(K) per row, ``block`` (row, source) pairs per program,
+    atomic adds into a zeroed output. ``method="dense"``: a register tile of ``block_rows`` rows x
+    targets x ``block_src`` sources reduced over sources (O(K * K_src) per row; the summation
+    order is fixed, so results are bitwise reproducible on the GPU).
+    """
 
     block_rows: int = 2
     block_src: int = 64
     num_warps: int = 4
+    method: str = "scatter"
+    block: int = 1024
+
+    def __post_init__(self):
+        if self.method not in ("scatter", "dense"):
+            raise ValueError(f"ProjectionConfig.method must be 'scatter' or 'dense', got {self.method!r}")
+        if self.block < 1 or self.block & (self.block - 1):
+            raise ValueError(f"ProjectionConfig.block must be a power of two, got {self.block}")
 
 
-def choose_config(n_rows: int, k_src: int, k: int) -> ProjectionConfig:
-    """About TRIPLES_PER_PROGRAM (row, target, source) triples per program and step, fewer
-    rows per program while that leaves under MIN_PROGRAMS programs."""
+def choose_config(n_rows: int, k_src: int, k: int, method: str = "scatter") -> ProjectionConfig:
+    """Scatter: SCATTER_BLOCK pairs per program. Dense: about TRIPLES_PER_PROGRAM (row, target,
+    source) triples per program and step, fewer rows per program while that leaves under
+    MIN_PROGRAMS programs."""
+    if method == "scatter":
+        return ProjectionConfig(num_warps=SCATTER_WARPS, method="scatter", block=SCATTER_BLOCK)
     block_k = next_power_of_2(k)
     block_src = min(BLOCK_SRC, next_power_of_2(k_src))
     block_rows = max(1, TRIPLES_PER_PROGRAM // (block_k * block_src))
     while block_rows > 1 and cdiv(n_rows, block_rows) < MIN_PROGRAMS:
         block_rows //= 2
-    return ProjectionConfig(block_rows, block_src, NUM_WARPS)
+    return ProjectionConfig(block_rows, block_src, NUM_WARPS, method="dense")
 
 
 def _search_steps(k: int) -> int:
@@ -206,6 +261,14 @@ def _forward_core(atoms, probs, support, *, lead, backend, config):
     if n_rows == 0:
         return jnp.zeros(out_shape, jnp.float32)
     cfg = config or choose_config(n_rows, k_src, k)
+    if cfg.method == "scatter":
+        out = launch(
+            _projection_scatter_kernel, atoms2, probs2, support2, n_rows, rows_per_support,
+            out_shape=jax.ShapeDtypeStruct((n_rows, k), jnp.float32),
+            grid=(cdiv(n_rows * k_src, cfg.block),), backend=backend, zeroed_outputs=(0,),
+            num_warps=cfg.num_warps, K_SRC=k_src, K=k, BLOCK=cfg.block, SEARCH_STEPS=_search_steps(k),
+        )
+        return out.reshape(out_shape)
     out = launch(
         _projection_fwd_kernel, atoms2, probs2, support2, n_rows, rows_per_support,
         out_shape=jax.ShapeDtypeStruct((n_rows, k), jnp.float32),

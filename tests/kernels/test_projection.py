@@ -87,15 +87,47 @@ def test_matches_float64_numpy(backend, batch, k_src, k, even, spread, seed):
     assert_close(out.sum(-1), probs.astype(np.float64).sum(-1), atol=1e-5)  # mass is conserved
 
 
-@pytest.mark.parametrize("config", [ProjectionConfig(1, 4, 4), ProjectionConfig(4, 8, 2), ProjectionConfig(2, 64, 4)], ids=str)
+TILINGS = [
+    ProjectionConfig(1, 4, 4, method="dense"), ProjectionConfig(4, 8, 2, method="dense"),
+    ProjectionConfig(2, 64, 4, method="dense"),
+    ProjectionConfig(method="scatter", block=16, num_warps=1),  # programs end mid-row
+    ProjectionConfig(method="scatter", block=128, num_warps=4),
+]
+
+
+@pytest.mark.parametrize("config", TILINGS, ids=str)
 @pytest.mark.parametrize("even", [True, False])
 def test_tilings(kernel_backend, config, even):
-    """Source atoms in several chunks, partial row tiles, interpolated and searched brackets."""
+    """Dense: source atoms in several chunks, partial row tiles. Scatter (atomic adds): programs
+    that start and end inside a row. Both: interpolated and searched brackets."""
     rng = np.random.default_rng(8)
     support = make_support(rng, 13, even)
     atoms, probs = random_distribution(rng, (5,), 21, 8.0)
     out = categorical_projection(atoms, probs, support, backend=kernel_backend, config=config)
     assert_close(out, numpy_projection(atoms, probs, support), atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["scatter", "dense"])
+@pytest.mark.parametrize("even", [True, False])
+def test_many_atoms_into_one_target(kernel_backend, method, even):
+    """Atoms clipped onto the ends and atoms sharing a bracket: many adds meet at one address."""
+    rng = np.random.default_rng(3)
+    support = make_support(rng, 7, even)
+    atoms = np.concatenate([
+        np.full((6, 20), 1e3, np.float32), np.full((6, 20), -1e3, np.float32),
+        (support[2] + 0.3 * (support[3] - support[2]) + rng.uniform(0, 1e-3, (6, 20))).astype(np.float32),
+    ], axis=1)
+    probs = rng.uniform(0.0, 1.0, atoms.shape).astype(np.float32)
+    config = ProjectionConfig(method=method, block=32)
+    out = categorical_projection(atoms, probs, support, backend=kernel_backend, config=config)
+    assert_close(out, numpy_projection(atoms, probs, support), atol=1e-5)
+
+
+def test_bad_config_raises():
+    with pytest.raises(ValueError, match="method"):
+        ProjectionConfig(method="sparse")
+    with pytest.raises(ValueError, match="power of two"):
+        ProjectionConfig(block=100)
 
 
 def test_atoms_on_support_points_keep_their_mass(backend):
