@@ -85,6 +85,34 @@ def test_ties_are_broken_only_among_maximal_values():
     assert set(actions.tolist()) == {0, 2}
 
 
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(st.integers(-2, 2), min_size=4, max_size=4), epsilon=st.floats(0, 1), explore_u=st.floats(0, 0.999))
+def test_epsilon_greedy_picks_each_candidate_for_an_equal_share_of_choice_u(values, epsilon, explore_u):
+    """Over an even grid of choice_u, each candidate (every action when exploring, else each
+    maximiser) is picked equally often, and nothing else is ever picked."""
+    q = jnp.asarray(values, jnp.float32)
+    explore = np.float32(explore_u) < np.float32(epsilon)  # compared in float32, as the agent does
+    candidates = set(range(4)) if explore else {i for i, v in enumerate(values) if v == max(values)}
+    grid = (jnp.arange(120) + 0.5) / 120  # 120 is divisible by 1, 2, 3 and 4 candidates
+    pick = jax.jit(jax.vmap(lambda u: qlearning.epsilon_greedy(q, jnp.float32(epsilon), jnp.float32(explore_u), u)))
+    counts = np.bincount(np.asarray(pick(grid)), minlength=4)
+    expected = [120 // len(candidates) if a in candidates else 0 for a in range(4)]
+    np.testing.assert_array_equal(counts, expected)
+
+
+def test_first_greedy_step_from_a_zero_table_takes_every_action():
+    """In the trainer: epsilon 0, all-zero table, one step from the corner (4, 4) over many seeds.
+    RIGHT and DOWN stay in cell 24, UP reaches 19, LEFT reaches 23."""
+    config = make_config(total_steps=1, log_interval=1, epsilon_start=0.0, epsilon_end=0.0)
+    trainer = qlearning.make_trainer(config)
+    hp = hyperparams(config.agent)
+    step = jax.jit(jax.vmap(lambda key: trainer.run(trainer.init(key, hp), hp, 1)[0]["obs"]))
+    cells = np.asarray(step(jax.random.split(jax.random.PRNGKey(0), 400)))
+    share = {cell: np.mean(cells == cell) for cell in (24, 19, 23)}
+    assert set(np.unique(cells)) == {19, 23, 24}
+    assert abs(share[24] - 0.5) < 0.08 and abs(share[19] - 0.25) < 0.07 and abs(share[23] - 0.25) < 0.07
+
+
 def test_epsilon_greedy_explores_with_probability_epsilon():
     q = jnp.array([0.0, 2.0, 1.0, 0.5])
     draw = jax.jit(jax.vmap(lambda key: qlearning.epsilon_greedy(q, 0.4, *_noise(key))))
