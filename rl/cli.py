@@ -183,6 +183,10 @@ def train_command(args) -> int:
         return _error(str(err), EXIT_FAILED)
     except TrainingInterrupted as err:
         print(f"rl: {err}", file=sys.stderr)
+        if err.immediate:  # the abandoned chunk still runs inside XLA: leave without waiting for it
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except Exception as err:
         os_error = _os_error(err)

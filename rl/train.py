@@ -137,7 +137,10 @@ class NonFiniteError(RuntimeError):
 
 
 class TrainingInterrupted(Exception):
-    """Ctrl-C: the run stopped after saving a checkpoint (or, on a second Ctrl-C, without one)."""
+    """Ctrl-C: the run stopped after saving a checkpoint (or, on a second Ctrl-C, without one: then
+    `immediate` is True and the abandoned chunk may still be computing in a daemon thread)."""
+
+    immediate = False
 
 
 def load_run_config(run_dir) -> tuple[Config, list[dict]]:
@@ -219,14 +222,27 @@ def _finite_per_instance(tree):
     return jax.tree.map(check, tree)
 
 
-def _wait_interruptibly(tree) -> None:
-    """block_until_ready, polling so that signal handlers (Ctrl-C) run while the program computes."""
-    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+def _call_interruptibly(fn, *args):
+    """`jax.block_until_ready(fn(*args))`, run in a worker thread while the main thread waits in short
+    joins, so that Python signal handlers (Ctrl-C) run at once: a compiled program with host
+    callbacks can otherwise hold the main thread inside XLA until the whole chunk is done."""
     if threading.current_thread() is not threading.main_thread():
-        jax.block_until_ready(leaves)
-        return
-    while not all(x.is_ready() for x in leaves):
-        time.sleep(0.02)
+        return jax.block_until_ready(fn(*args))
+    result = {}
+
+    def target():
+        try:
+            result["value"] = jax.block_until_ready(fn(*args))
+        except BaseException as err:  # re-raised in the main thread
+            result["error"] = err
+
+    worker = threading.Thread(target=target, name="rl-train-chunk", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.05)
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 class _SigintGuard:
@@ -318,8 +334,7 @@ def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: boo
                 if logger is not None:
                     logger.mark_start()
                 t0 = time.perf_counter()
-                new_state, metrics = compiled_chunks[size](state, hparams)
-                _wait_interruptibly((new_state, metrics))
+                new_state, metrics = _call_interruptibly(compiled_chunks[size], state, hparams)
                 train_seconds += time.perf_counter() - t0
                 metrics = to_host(metrics)
                 if logger is not None and logger.received < done + size:  # the agent did not stream every log point
@@ -345,7 +360,9 @@ def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: boo
             checkpoints.wait()
     except KeyboardInterrupt:
         kept = f"last checkpoint: {checkpoints.directory / str(checkpoint_step)}" if checkpoint_step is not None else "no checkpoint was saved"
-        raise TrainingInterrupted(f"interrupted without saving; {kept}") from None
+        error = TrainingInterrupted(f"interrupted without saving; {kept}; continue with: rl train --resume {run_dir}")
+        error.immediate = True  # the chunk is still computing in a worker thread
+        raise error from None
     finally:
         if bar is not None:
             bar.close()

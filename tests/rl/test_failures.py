@@ -174,3 +174,37 @@ def test_resume_bad_input(tmp_path_factory, capsys, args, message):
     assert run_cli(["train", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rl: error:") and message in err and err.count("\n") == 1
+
+
+DOUBLE_CTRL_C = """
+import os, signal, sys, time
+import numpy as np
+from rl import logging as rl_logging
+from rl.cli import main
+
+def send(values):
+    step = int(np.max(values["step"]))
+    if step in (6000, 7000):  # both inside the chunk of log points 5..8
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # let the main thread's handler run before the next one
+
+with rl_logging.sink(send):
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_second_ctrl_c_stops_at_once_keeping_the_checkpoints_written(tmp_path, tmp_path_factory):
+    import subprocess
+
+    from run_helpers import REPO, subprocess_env
+
+    reference = trained_run(tmp_path_factory)
+    config = write_config(tmp_path)
+    done = subprocess.run([sys.executable, "-c", DOUBLE_CTRL_C, "train", str(config), "--name", "twice"], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    run_dir = tmp_path / "runs" / "twice"
+    assert f"interrupted without saving; last checkpoint: {run_dir / 'checkpoints' / '4000'}" in done.stderr
+    assert Checkpoints(run_dir, read_only=True).steps() == [4000]
+    assert run_cli(["train", "--resume", run_dir]) == 0
+    jax.tree.map(np.testing.assert_array_equal, final_params(run_dir), final_params(reference))
