@@ -9,9 +9,11 @@ Smoke test on a CPU (tiny shapes, the interpreter standing in for the GPU):
 
 Method (DESIGN.md "How speed is measured"): every timed function is jitted and runs the op on
 ``reps`` distinct input sets in one program (distinct, so XLA cannot merge the calls and the L2
-cache does not flatter small shapes: together they span several times the L2 size); a call is timed
-on the host with ``block_until_ready``, after a warm-up call, and the median over ``--runs`` calls
-is divided by ``reps``. Bandwidth = the op's minimal traffic (every input read once, every output
+cache does not flatter small shapes: together they span several times the L2 size). Before any
+timing the device runs matrix products for ``--warmup`` seconds (clocks up from idle); each
+measurement runs its program for 0.2 s first, then takes ``--runs`` samples, each dispatching the
+program back to back for about 2 ms and syncing once (host dispatch overlaps device work); the
+median sample is divided by ``reps`` (see ``time_per_call``). Bandwidth = the op's minimal traffic (every input read once, every output
 written once) / time; "copy" is the bandwidth of ``x + 1`` over a large float32 array (read +
 write), measured in the same run.
 
@@ -65,17 +67,54 @@ def _reps_for(bytes_per_call: int, max_reps: int) -> int:
     return int(min(max_reps, max(4, math.ceil(4 * L2_BYTES / max(bytes_per_call, 1)))))
 
 
+def warm_up_device(seconds: float) -> None:
+    """Keeps the device busy for ``seconds`` (matrix products) so that its clocks leave idle.
+
+    An idle H200 was seen at 345 MHz SM clock right before timing; its first calls then run
+    slow and the medians drift. Called once before any timing (``--warmup``)."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (4096, 4096), jnp.float32)
+    step = jax.jit(lambda a: (a @ a) * (1.0 / 4096))
+    jax.block_until_ready(step(x))
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(8):
+            x = step(x)
+        jax.block_until_ready(x)
+
+
+WARM_SECONDS = 0.2  # each measurement first runs its program for this long (clocks, caches, allocator)
+GROUP_SECONDS = 2e-3  # a timed sample dispatches programs back to back for about this long
+
+
 def time_per_call(fn: Callable[..., Any], input_sets: list[tuple], runs: int) -> float:
-    """Median seconds per op call: ``fn`` on every input set in one jitted program, / number of sets."""
+    """Median seconds per op call.
+
+    ``fn`` runs on every input set in one jitted program (``len(input_sets)`` calls per
+    program). After compiling, the program runs for ``WARM_SECONDS``; then each of ``runs``
+    samples dispatches the program ``calls`` times back to back (no host sync in between, so the
+    host's dispatch overlaps the device's work) and blocks once: sample = elapsed / (calls *
+    sets). ``calls`` is chosen so a sample lasts about ``GROUP_SECONDS``.
+    """
     many = jax.jit(lambda sets: [fn(*s) for s in sets])
-    jax.block_until_ready(many(input_sets))  # compile + warm up
-    jax.block_until_ready(many(input_sets))
+    jax.block_until_ready(many(input_sets))  # compile
+    count, start = 0, time.perf_counter()
+    while True:
+        out = many(input_sets)
+        count += 1
+        if count >= 2 and time.perf_counter() - start >= WARM_SECONDS:
+            jax.block_until_ready(out)
+            if time.perf_counter() - start >= WARM_SECONDS:
+                break
+    per_program = (time.perf_counter() - start) / count
+    calls = int(max(1, min(200, round(GROUP_SECONDS / max(per_program, 1e-7)))))
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        jax.block_until_ready(many(input_sets))
-        times.append(time.perf_counter() - start)
-    time_per_call.last_min = min(times) / len(input_sets)  # also reported: the least disturbed call
+        for _ in range(calls):
+            out = many(input_sets)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - start) / calls)
+    time_per_call.last_min = min(times) / len(input_sets)  # also reported: the least disturbed sample
     return statistics.median(times) / len(input_sets)
 
 
@@ -229,7 +268,7 @@ def policy_head_cases(args) -> list[Case]:
 def projection_cases(args) -> list[Case]:
     """C51 projection (forward) vs the [B, K, K] XLA formulation; plus forward+backward (atoms, probs)."""
     from kernels import categorical_projection
-    from kernels.projection import categorical_projection_reference
+    from kernels.projection import ProjectionConfig, categorical_projection_reference
 
     k = 51
     support = jnp.linspace(-10.0, 10.0, k)
@@ -246,9 +285,16 @@ def projection_cases(args) -> list[Case]:
 
         reference = lambda a, p, g: categorical_projection_reference(a, p, support)
         triton = lambda a, p, g: categorical_projection(a, p, support, backend=args.kernel_backend)
+        dense = lambda a, p, g: categorical_projection(a, p, support, backend=args.kernel_backend,
+                                                       config=ProjectionConfig(method="dense"))
         cases.append(Case(
             op="categorical_projection", shape=f"B={b} x K={k}", make_inputs=make,
             reference=reference, triton=triton, bytes_moved=4 * 3 * b * k, atol=1e-5,
+            extra={"dense kernel": dense,
+                   "scatter b256 w2": lambda a, p, g: categorical_projection(
+                       a, p, support, backend=args.kernel_backend, config=ProjectionConfig(num_warps=2, block=256)),
+                   "scatter b4096 w8": lambda a, p, g: categorical_projection(
+                       a, p, support, backend=args.kernel_backend, config=ProjectionConfig(num_warps=8, block=4096))},
         ))
         grad = lambda f: lambda a, p, g: jax.vjp(lambda a_, p_: f(a_, p_, g), a, p)[1](g)
         # atol: d atoms jumps where an atom lies exactly on a support point (a kink of the
@@ -300,14 +346,15 @@ def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
     from kernels._chunked_scan import ScanConfig, choose_config
 
     rows = []
-    loop = [(32, 64, 4), (16, 64, 4), (64, 64, 4), (32, 32, 4), (16, 128, 4), (32, 64, 2), (64, 32, 4)]
-    chained = [(64, 32, 4), (32, 32, 4), (128, 32, 4), (64, 16, 4), (32, 64, 4), (64, 64, 4), (128, 32, 8),
-               (16, 64, 4), (256, 16, 4), (128, 16, 4), (64, 32, 2)]
+    # (chunk_t, block_n, num_warps, num_stages)
+    loop = [(64, 32, 4, 3), (64, 32, 8, 3), (128, 32, 8, 3), (32, 32, 4, 4), (64, 16, 4, 3),
+            (128, 16, 4, 3), (128, 8, 4, 3), (256, 8, 4, 2), (64, 16, 2, 4), (32, 64, 4, 3), (32, 16, 2, 4)]
+    chained = [(64, 32, 4, 3), (32, 32, 4, 3), (64, 64, 4, 3), (128, 32, 8, 3)]
     configs = []
     if args.sweep in ("loop", "all"):
-        configs += [ScanConfig(t, n, False, w) for t, n, w in loop]
+        configs += [ScanConfig(t, n, False, w, st) for t, n, w, st in loop]
     if args.sweep in ("chained", "all"):
-        configs += [ScanConfig(t, n, True, w) for t, n, w in chained]
+        configs += [ScanConfig(t, n, True, w, st) for t, n, w, st in chained]
     builders = [gae_cases] if args.sweep_ops == "gae" else [gae_cases, returns_cases]
     for builder in builders:
         for case in builder(args):
@@ -339,7 +386,7 @@ def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
 
 
 def _cfg_label(cfg) -> str:
-    return f"{'chain' if cfg.chained else 'loop'} t{cfg.chunk_t} n{cfg.block_n} w{cfg.num_warps}"
+    return f"{'chain' if cfg.chained else 'loop'} t{cfg.chunk_t} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
 
 
 def versions() -> dict:
@@ -364,6 +411,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep-ops", default="gae", choices=["gae", "both"], help="ops the sweep times")
     parser.add_argument("--sweep-shapes", default="", help="e.g. 1024x4096,128x4096 (default: all)")
     parser.add_argument("--checks", type=int, default=1, help="repeat the correctness check (races)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of device work before any timing")
     parser.add_argument("--json", help="write the rows and versions to this path")
     args = parser.parse_args(argv)
     args.scan_shapes = [(16, 32), (33, 8)] if args.small else [(1024, 4096), (128, 4096), (128, 65536)]
@@ -372,6 +420,7 @@ def main(argv=None) -> None:
     info["date"] = datetime.date.today().isoformat()
     info["command"] = "python benchmarks/kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(" ".join(f"{k}={v}" for k, v in info.items()), flush=True)
+    warm_up_device(args.warmup)
     copy_bw = copy_bandwidth(args.runs, 2**16 if args.small else 2**26)
     print(f"copy bandwidth (x + 1, float32, 256 MiB): {copy_bw / 1e9:.0f} GB/s", flush=True)
 

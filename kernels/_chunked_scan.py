@@ -108,10 +108,15 @@ def program_coords(counter_ptr, n_chunks, N, CHAINED: tl.constexpr, BLOCK_N: tl.
 
 @triton.jit
 def tile_times(j, T, REVERSE: tl.constexpr, CHUNK_T: tl.constexpr):
-    """Times of the rows of tile ``j`` (in scan order: from the end when REVERSE), ascending."""
+    """Times of the rows of tile ``j``, in scan order: row 0 is the row nearest the carry-in.
+
+    REVERSE (an anti-causal scan, from the end): descending times, so the scan along the rows is
+    always a forward ``tl.associative_scan`` (no flip of the tile) and the carry-out is always
+    the last row.
+    """
     rows = tl.arange(0, CHUNK_T)
     if REVERSE:
-        t = T - (j + 1) * CHUNK_T + rows
+        t = T - 1 - (j * CHUNK_T + rows)
     else:
         t = j * CHUNK_T + rows
     return t
@@ -119,12 +124,10 @@ def tile_times(j, T, REVERSE: tl.constexpr, CHUNK_T: tl.constexpr):
 
 @triton.jit
 def boundary_row(y, REVERSE: tl.constexpr, CHUNK_T: tl.constexpr):
-    """The row of a scanned tile that carries into the next tile (first row when REVERSE, else last)."""
+    """The row of a scanned tile that carries into the next tile: the last row in scan order
+    (``tile_times`` puts rows in scan order in both directions; REVERSE is kept for symmetry)."""
     rows = tl.arange(0, CHUNK_T)
-    if REVERSE:
-        pick = rows == 0
-    else:
-        pick = rows == CHUNK_T - 1
+    pick = rows == CHUNK_T - 1
     return tl.sum(tl.where(pick[:, None], y, 0.0), axis=0)
 
 

@@ -64,7 +64,7 @@ def _gae_kernel(
         else:
             c = d * lam_b
         delta = r + d * nv - v
-        xs, ms = tl.associative_scan((delta, c), 0, cs.affine_combine, reverse=True)
+        xs, ms = tl.associative_scan((delta, c), 0, cs.affine_combine)
         if CHAINED:  # publish this tile's map, look back for the carry, publish the carry out
             x0 = cs.boundary_row(xs, True, CHUNK_T)
             m0 = cs.boundary_row(ms, True, CHUNK_T)

@@ -61,7 +61,7 @@ def _linear_scan_kernel(
             m = tl.load(c_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         else:  # the coefficient entering step t is c_{t-1}
             m = tl.load(c_ptr + offs - N, mask=mask & (t >= 1)[:, None], other=0.0).to(tl.float32)
-        xs, ms = tl.associative_scan((x, m), 0, cs.affine_combine, reverse=REVERSE)
+        xs, ms = tl.associative_scan((x, m), 0, cs.affine_combine)
         if CHAINED:  # publish this tile's map, look back for the carry, publish the carry out
             x0 = cs.boundary_row(xs, REVERSE, CHUNK_T)
             m0 = cs.boundary_row(ms, REVERSE, CHUNK_T)
