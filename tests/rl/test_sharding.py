@@ -116,3 +116,24 @@ def test_two_processes_through_jax_distributed_equal_one_process(tmp_path):
         assert result == {"code": 0, "processes": 2, "devices": 4, "local": 2}
     runs = tmp_path / "runs"
     assert_same_run(runs / "two-processes", runs / "single")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--devices", "abc"], "--devices: expected a positive integer or 'all'"),
+        (["--devices", "0"], "--devices: expected a positive integer or 'all'"),
+        (["--devices", "2"], "only 1 cpu device(s)"),
+        (["--num-processes", "2"], "need --coordinator"),
+        (["--coordinator", "localhost:1"], "needs --num-processes and --process-id"),
+        (["--coordinator", "localhost:1", "--num-processes", "2", "--process-id", "2"], "--process-id: expected 0 <= id < 2"),
+    ],
+)
+def test_bad_device_arguments_are_one_line_and_write_nothing(tmp_path, capsys, args, message):
+    from run_helpers import run_cli
+
+    config = write_config(tmp_path)
+    assert run_cli(["train", config, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rl: error:") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
