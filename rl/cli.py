@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=100, help="episodes per seed (default 100)")
     evaluate.add_argument("--checkpoint", type=int, metavar="STEP", help="use the checkpoint at this env step instead of the final params")
     evaluate.add_argument("--render", metavar="FILE.gif", help="save a GIF of one episode (setting 0, seed 0)")
+    evaluate.add_argument("--fps", type=int, default=10, help="frames per second of the GIF (default 10)")
     evaluate.add_argument("--seed", type=int, default=0, help="PRNG seed of the evaluation episodes")
 
     plot = commands.add_parser("plot", help="plot learning curves of runs as a PNG")
@@ -210,7 +211,9 @@ def eval_command(args) -> int:
             raise ConfigError(f"--episodes: expected a positive integer, got {args.episodes}")
         if args.render is not None and not args.render.lower().endswith(".gif"):
             raise ConfigError(f"--render: expected a .gif file name, got {args.render!r}")
-        result = evaluate_run(args.run_dir, episodes=args.episodes, checkpoint=args.checkpoint, render=args.render, seed=args.seed)
+        if args.fps < 1:
+            raise ConfigError(f"--fps: expected a positive integer, got {args.fps}")
+        result = evaluate_run(args.run_dir, episodes=args.episodes, checkpoint=args.checkpoint, render=args.render, seed=args.seed, fps=args.fps)
     except ConfigError as err:
         return _error(str(err), EXIT_BAD_INPUT)
     except OSError as err:

@@ -142,7 +142,7 @@ def write_gif(frames: np.ndarray, path, fps: int = 10) -> None:
     images[0].save(path, save_all=True, append_images=images[1:], duration=max(1, int(1000 / fps)), loop=0)
 
 
-def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, render=None, seed: int = 0) -> dict:
+def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, render=None, seed: int = 0, fps: int = 10) -> dict:
     """Evaluate a run directory (see the module docstring); returns a result dict for printing."""
     from rl.train import apply_kernel_backend, load_run_config
 
@@ -170,7 +170,7 @@ def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, re
     result = {"run_dir": str(run_dir), "params": source, "agent": config.agent.name, "env": config.env.id, "settings": settings}
     if render is not None:
         one = jax.tree.map(lambda x: x[0, 0], params)
-        result["render"] = {"path": str(render), "frames": render_episode(config, one, render, seed)}
+        result["render"] = {"path": str(render), "frames": render_episode(config, one, render, seed, fps)}
     return result
 
 
