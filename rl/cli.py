@@ -168,7 +168,8 @@ def train_command(args) -> int:
             if args.config is None:
                 raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
             config, grid = resolve_train_config(args)
-        distributed.select_devices(args.devices or 1, config.run.seeds)
+        devices = args.devices or ("all" if args.coordinator else 1)  # a multi-process run spans every device
+        distributed.select_devices(devices, config.run.seeds)
         multi_process = distributed.jax.process_count() > 1
         if multi_process and not args.resume and not config.run.name:
             raise ConfigError("a multi-process run needs run.name (--name) so that every process writes the same run directory")
@@ -179,7 +180,7 @@ def train_command(args) -> int:
     from rl.train import NonFiniteError, TrainingInterrupted, run_training
 
     try:
-        summary = run_training(config, grid, run_dir, resume=bool(args.resume), devices=args.devices)
+        summary = run_training(config, grid, run_dir, resume=bool(args.resume), devices=devices)
     except NonFiniteError as err:
         return _error(str(err), EXIT_FAILED)
     except TrainingInterrupted as err:

@@ -13,7 +13,7 @@ Multi-host: start one process per host with the same command plus
     rl train CONFIG --devices all --coordinator HOST0:PORT --num-processes P --process-id I
 
 (`jax.distributed.initialize` under the hood; on SLURM and TPU pods `--coordinator auto` lets JAX
-detect the cluster). The mesh then spans every device of every process; process 0 writes metrics,
+detect the cluster; `--devices` then defaults to all). The mesh spans every device of every process; process 0 writes metrics,
 logs and final params, and all processes write their shards of each checkpoint (orbax) into the
 same run directory, which must be on a shared filesystem. On CPU hosts the cross-process
 collectives go through gloo.

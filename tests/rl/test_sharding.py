@@ -92,7 +92,7 @@ MULTI_PROCESS = textwrap.dedent(
     from rl.cli import main
 
     config_path, port, process_id = sys.argv[1], sys.argv[2], sys.argv[3]
-    code = main(["train", config_path, "--name", "two-processes", "--devices", "all", "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", process_id])
+    code = main(["train", config_path, "--name", "two-processes", "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", process_id])
     import jax
     print("RESULT " + json.dumps({"code": code, "processes": jax.process_count(), "devices": len(jax.devices()), "local": len(jax.local_devices())}))
     """
