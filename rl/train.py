@@ -196,11 +196,15 @@ def find_non_finite(metrics: dict, finite_params: dict, step_range: tuple[int, i
         values = np.asarray(values)
         if name == "step" or name.startswith(NAN_ALLOWED_PREFIX) or not np.issubdtype(values.dtype, np.floating):
             continue
-        bad = np.argwhere(~np.isfinite(values))
+        if values.ndim < 3:
+            continue
+        flat = values.reshape(*values.shape[:3], -1)  # [settings, seeds, log points, any extra axes]
+        bad = np.argwhere(~np.isfinite(flat).all(-1))
         if bad.size:
             s, i, t = min(bad.tolist(), key=lambda index: index[2])
+            value = flat[s, i, t][~np.isfinite(flat[s, i, t])][0]
             if first is None or t < first[0]:
-                first = (t, f"non-finite {name} ({values[s, i, t]}) at step {int(np.asarray(metrics['step'])[s, i, t])} (setting {s}, seed {i})")
+                first = (t, f"non-finite {name} ({value}) at step {int(np.asarray(metrics['step'])[s, i, t])} (setting {s}, seed {i})")
     if first is not None:
         return first[1]
     for path, finite in jax.tree_util.tree_leaves_with_path(finite_params):
