@@ -347,9 +347,10 @@ def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
 
     rows = []
     # (chunk_t, block_n, num_warps, num_stages)
-    loop = [(64, 32, 4, 3), (64, 32, 8, 3), (128, 32, 8, 3), (32, 32, 4, 4), (64, 16, 4, 3),
-            (128, 16, 4, 3), (128, 8, 4, 3), (256, 8, 4, 2), (64, 16, 2, 4), (32, 64, 4, 3), (32, 16, 2, 4)]
-    chained = [(64, 32, 4, 3), (32, 32, 4, 3), (64, 64, 4, 3), (128, 32, 8, 3)]
+    # run 1 of 2026-11-21 swept 11 loop tilings (32..256 x 8..64); the best were tall and narrow
+    loop = [(128, 8, 4, 3), (256, 8, 4, 3), (128, 8, 2, 3), (64, 8, 2, 4), (256, 8, 8, 3), (128, 8, 4, 4),
+            (256, 4, 4, 3), (128, 16, 4, 4), (512, 8, 8, 2)]
+    chained = [(64, 32, 4, 3)]
     configs = []
     if args.sweep in ("loop", "all"):
         configs += [ScanConfig(t, n, False, w, st) for t, n, w, st in loop]

@@ -61,11 +61,17 @@ class ScanConfig:
 def choose_config(b: int, t: int, n: int) -> ScanConfig:
     """Picks the tiling from the shape (tuned with ``benchmarks/kernels.py --sweep`` on an H200).
 
-    Tiles of 32 x 64 (loop) or 64 x 32 (chained) elements with 4 warps did best; the loop grid
-    when there are enough column blocks to fill the GPU, else the chained grid.
+    * many columns (``b * n / 64 >= 512``) or short time axes: the loop grid with 32 x 64 tiles;
+    * else, while narrow column blocks still give >= 256 programs: the loop grid with tall,
+      narrow tiles (128 x 8: one 32-byte sector per row, 512 programs at N=4096, each streaming
+      its columns' whole time axis, 3 tiles in flight);
+    * else (few columns, long time axis): the chained grid with 64 x 32 tiles and look-back.
     """
     if b * cdiv(n, 64) >= 512 or t <= 32:
         return ScanConfig(chunk_t=min(next_power_of_2(t), 32), block_n=min(next_power_of_2(n), 64), chained=False)
+    if b * cdiv(n, 8) >= 256:
+        return ScanConfig(chunk_t=min(next_power_of_2(t), 128), block_n=min(next_power_of_2(n), 8),
+                          chained=False, num_warps=4, num_stages=3)
     return ScanConfig(chunk_t=min(next_power_of_2(t), 64), block_n=min(next_power_of_2(n), 32), chained=True)
 
 
