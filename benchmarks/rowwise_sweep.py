@@ -1,8 +1,8 @@
 """Tiling sweep for softmax, categorical_log_prob_entropy and categorical_projection (GPU).
 
 Times each tiling of the three row-wise ops (the module settings TILE_ELEMENTS / NUM_WARPS of
-kernels.softmax and kernels.policy_head, TRIPLES_PER_PROGRAM / BLOCK_SRC / NUM_WARPS of
-kernels.projection) on a few shapes with benchmarks/kernels.py's timing (median of RUNS calls,
+kernels.softmax and kernels.policy_head, SCATTER_BLOCK / SCATTER_WARPS of
+kernels.projection's default scatter kernel) on a few shapes with benchmarks/kernels.py's timing (median of RUNS calls,
 fastest call too), picks per op the tiling with the smallest geometric mean of the fastest
 calls, applies it, and runs benchmarks/kernels.py's cases for the three ops with it; prints a
 table and writes $OUT/final.json. Usage on the GPU machine: python benchmarks/rowwise_sweep.py
@@ -45,13 +45,12 @@ def sweep(op, cases, configs, apply, fn_of=lambda case, cfg: case.triton):
 row_cfgs = [(512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 4), (4096, 8), (8192, 8), (8192, 16)]
 def set_sm(c): sm.TILE_ELEMENTS, sm.NUM_WARPS = c
 def set_ph(c): ph.TILE_ELEMENTS, ph.NUM_WARPS = c
-def set_pj(c): pj.TRIPLES_PER_PROGRAM, pj.BLOCK_SRC, pj.NUM_WARPS = c
+def set_pj(c): pj.SCATTER_BLOCK, pj.SCATTER_WARPS = c
 narrow = [c for c in bench.softmax_cases(A) if c.shape in ("65536 x 18", "65536 x 51", "4096 x 18 x 51")]
 chosen = {"softmax": sweep("softmax", narrow, row_cfgs, set_sm)}
 chosen["policy_head"] = sweep("policy_head", [c for c in bench.policy_head_cases(A) if c.shape in ("65536 x 2", "65536 x 18")], row_cfgs, set_ph)
 proj = [c for c in bench.projection_cases(A) if c.op == "categorical_projection"]
-proj_cfgs = [(4096, 64, 4), (8192, 64, 4), (8192, 64, 8), (16384, 64, 8), (4096, 16, 4), (8192, 16, 4), (8192, 8, 4),
-             (16384, 8, 8), (4096, 32, 4), (8192, 32, 8), (2048, 8, 2), (4096, 4, 4)]
+proj_cfgs = [(256, 2), (512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 8)]
 chosen["projection"] = sweep("projection", proj, proj_cfgs, set_pj)
 print("CHOSEN", json.dumps(chosen), flush=True)
 
