@@ -83,7 +83,11 @@ def main(argv=None) -> int:
             # Sharded runs gather each log point's metric scalars to device 0 for the host call (on
             # purpose: one call for all seeds); XLA's partitioner warns about that on every compile.
             os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        return train_command(args)
+        try:
+            return train_command(args)
+        except KeyboardInterrupt:  # Ctrl-C while loading (training itself handles its own)
+            print("\nrl: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
     if args.command == "eval":
         return eval_command(args)
     if args.command == "plot":

@@ -226,17 +226,18 @@ def _finite_per_instance(tree):
     return jax.tree.map(check, tree)
 
 
-def _call_interruptibly(fn, *args):
+def _call_interruptibly(fn, *args, block: bool = True):
     """`jax.block_until_ready(fn(*args))`, run in a worker thread while the main thread waits in short
     joins, so that Python signal handlers (Ctrl-C) run at once: a compiled program with host
     callbacks can otherwise hold the main thread inside XLA until the whole chunk is done."""
+    wait = jax.block_until_ready if block else (lambda x: x)
     if threading.current_thread() is not threading.main_thread():
-        return jax.block_until_ready(fn(*args))
+        return wait(fn(*args))
     result = {}
 
     def target():
         try:
-            result["value"] = jax.block_until_ready(fn(*args))
+            result["value"] = wait(fn(*args))
         except BaseException as err:  # re-raised in the main thread
             result["error"] = err
 
@@ -307,60 +308,64 @@ def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: boo
     every = config.run.checkpoint_every or total
     checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
 
-    start = time.perf_counter()
-    compiled_init = init.lower(keys, hparams).compile()
-    compile_seconds = time.perf_counter() - start
-    abstract_state = abstract_like(jax.eval_shape(init, keys, hparams), seed_sharding(mesh))
-    restored = checkpoints.restore_latest(abstract_state) if resume else None
-    if restored is not None:
-        checkpoint_step, state, history, meta = restored
-        done, seed_history = int(meta["log_points"]), history["seed"]
-        print(f"rl: resuming from checkpoint {checkpoints.directory / str(checkpoint_step)} ({done}/{total} log points)", file=sys.stderr)
-    else:
-        state, done, history, seed_history, checkpoint_step = compiled_init(keys, hparams), 0, None, None, None
-
-    logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
-    bar = ProgressBar(config.agent.total_steps, label=f"{config.agent.name}/{config.env.id}") if (config.run.progress and main) else None
-    if logger is not None:
-        logger.open(history)
-    sinks = [s for s in (logger, bar) if s is not None]
-    train_seconds, steps_start = 0.0, (int(np.max(seed_history["step"][..., -1])) if seed_history else 0)
-    last_step, compiled_chunks = steps_start, {}
     guard = _SigintGuard("stopping after the current chunk and saving a checkpoint (Ctrl-C again to stop without saving)")
+    logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
+    bar, checkpoint_step = None, None
     try:
-        with guard, _sinks(sinks):
-            while done < total:
-                size = min(every, total - done)
-                if size not in compiled_chunks:
+        with guard:
+            start = time.perf_counter()
+            compiled_init = _call_interruptibly(lambda: init.lower(keys, hparams).compile(), block=False)
+            compile_seconds = time.perf_counter() - start
+            abstract_state = abstract_like(jax.eval_shape(init, keys, hparams), seed_sharding(mesh))
+            restored = checkpoints.restore_latest(abstract_state) if resume else None
+            if restored is not None:
+                checkpoint_step, state, history, meta = restored
+                done, seed_history = int(meta["log_points"]), history["seed"]
+                print(f"rl: resuming from checkpoint {checkpoints.directory / str(checkpoint_step)} ({done}/{total} log points)", file=sys.stderr)
+            else:
+                state, done, history, seed_history = _call_interruptibly(compiled_init, keys, hparams), 0, None, None
+            if logger is not None:
+                logger.open(history)
+            bar = ProgressBar(config.agent.total_steps, label=f"{config.agent.name}/{config.env.id}") if (config.run.progress and main) else None
+            train_seconds, steps_start = 0.0, (int(np.max(seed_history["step"][..., -1])) if seed_history else 0)
+            last_step, compiled_chunks = steps_start, {}
+            with _sinks([s for s in (logger, bar) if s is not None]):
+                while done < total:
+                    if guard.requested:
+                        where = f"checkpoint {checkpoints.directory / str(checkpoint_step)} kept" if checkpoint_step is not None else "no checkpoint yet"
+                        raise TrainingInterrupted(f"interrupted before step {last_step + 1} ({done}/{total} log points, {where}); continue with: rl train --resume {run_dir}")
+                    size = min(every, total - done)
+                    if size not in compiled_chunks:
+                        t0 = time.perf_counter()
+                        compiled_chunks[size] = _call_interruptibly(lambda: chunk(size).lower(state, hparams).compile(), block=False)
+                        compile_seconds += time.perf_counter() - t0
+                        continue  # check for Ctrl-C during the compile before running
+                    if logger is not None:
+                        logger.mark_start()
                     t0 = time.perf_counter()
-                    compiled_chunks[size] = chunk(size).lower(state, hparams).compile()
-                    compile_seconds += time.perf_counter() - t0
-                if logger is not None:
-                    logger.mark_start()
-                t0 = time.perf_counter()
-                new_state, metrics = _call_interruptibly(compiled_chunks[size], state, hparams)
-                train_seconds += time.perf_counter() - t0
-                metrics = to_host(metrics)
-                if logger is not None and logger.received < done + size:  # the agent did not stream every log point
-                    for t in range(logger.received - done, size):
-                        logger({k: np.asarray(v)[..., t] for k, v in metrics.items()})
-                new_step = int(np.max(np.asarray(metrics["step"])[..., -1]))
-                problem = find_non_finite(metrics, to_host(_finite_per_instance(new_state["params"])), (last_step, new_step))
-                if logger is not None:
-                    logger.flush()
-                if problem is not None:
-                    checkpoints.wait()
-                    kept = f"last good checkpoint: {checkpoints.directory / str(checkpoint_step)}" if checkpoint_step is not None else "no checkpoint was saved before it"
-                    raise NonFiniteError(f"{problem}; training stopped, {kept}")
-                state, done, last_step = new_state, done + size, new_step
-                seed_history = _concat_history(seed_history, metrics)
-                host_history = logger.host_history() if logger is not None else {"steps_per_second": np.full(done, np.nan)}
-                meta = {"log_points": done, "step": new_step, "total_log_points": total, "agent": config.agent.name, "env": config.env.id}
-                checkpoints.save(new_step, state, {"seed": seed_history, "host": host_history}, meta)
-                checkpoint_step = new_step
-                if guard.requested and done < total:
-                    checkpoints.wait()
-                    raise TrainingInterrupted(f"interrupted at step {new_step} ({done}/{total} log points); checkpoint saved in {checkpoints.directory / str(new_step)}; continue with: rl train --resume {run_dir}")
+                    new_state, metrics = _call_interruptibly(compiled_chunks[size], state, hparams)
+                    train_seconds += time.perf_counter() - t0
+                    metrics = to_host(metrics)
+                    if logger is not None and logger.received < done + size:  # the agent did not stream every log point
+                        for t in range(logger.received - done, size):
+                            logger({k: np.asarray(v)[..., t] for k, v in metrics.items()})
+                    new_step = int(np.max(np.asarray(metrics["step"])[..., -1]))
+                    problem = find_non_finite(metrics, to_host(_finite_per_instance(new_state["params"])), (last_step, new_step))
+                    if logger is not None:
+                        logger.flush()
+                    if problem is not None:
+                        checkpoints.wait()
+                        kept = f"last good checkpoint: {checkpoints.directory / str(checkpoint_step)}" if checkpoint_step is not None else "no checkpoint was saved before it"
+                        raise NonFiniteError(f"{problem}; training stopped, {kept}")
+                    state, done, last_step = new_state, done + size, new_step
+                    seed_history = _concat_history(seed_history, metrics)
+                    host_history = logger.host_history() if logger is not None else {"steps_per_second": np.full(done, np.nan), "wall_time": np.full(done, np.nan)}
+                    meta = {"log_points": done, "step": new_step, "total_log_points": total, "agent": config.agent.name, "env": config.env.id}
+                    checkpoints.save(new_step, state, {"seed": seed_history, "host": host_history}, meta)
+                    checkpoint_step = new_step
+                    if guard.requested and done < total:
+                        checkpoints.wait()
+                        raise TrainingInterrupted(f"interrupted at step {new_step} ({done}/{total} log points); checkpoint saved in {checkpoints.directory / str(new_step)}; continue with: rl train --resume {run_dir}")
             checkpoints.wait()
     except KeyboardInterrupt:
         kept = f"last checkpoint: {checkpoints.directory / str(checkpoint_step)}" if checkpoint_step is not None else "no checkpoint was saved"
