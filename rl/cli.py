@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest good checkpoint")
     train.add_argument("--devices", metavar="N|all", help="shard the seed axis over N local devices (or all of them)")
+    train.add_argument("--shard", choices=("seeds", "envs"), default="seeds", help="axis split over --devices: seeds (default) or, for one large agent, its parallel envs (agent.num_envs)")
     train.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: address of process 0 (jax.distributed), or 'auto'")
     train.add_argument("--num-processes", type=int, help="multi-process run: number of processes")
     train.add_argument("--process-id", type=int, help="multi-process run: this process's index")
@@ -173,7 +174,12 @@ def train_command(args) -> int:
                 raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
             config, grid = resolve_train_config(args)
         devices = args.devices or ("all" if args.coordinator else 1)  # a multi-process run spans every device
-        distributed.select_devices(devices, config.run.seeds)
+        if args.shard == "envs":
+            from rl.train import env_axis_size
+
+            env_axis_size(config, len(distributed.select_devices(devices, None)))
+        else:
+            distributed.select_devices(devices, config.run.seeds)
         multi_process = distributed.jax.process_count() > 1
         if multi_process and not args.resume and not config.run.name:
             raise ConfigError("a multi-process run needs run.name (--name) so that every process writes the same run directory")
@@ -184,7 +190,7 @@ def train_command(args) -> int:
     from rl.train import NonFiniteError, TrainingInterrupted, run_training
 
     try:
-        summary = run_training(config, grid, run_dir, resume=bool(args.resume), devices=devices)
+        summary = run_training(config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard)
     except NonFiniteError as err:
         return _error(str(err), EXIT_FAILED)
     except TrainingInterrupted as err:

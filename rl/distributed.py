@@ -44,7 +44,7 @@ def parse_devices(spec) -> int | None:
     return count
 
 
-def select_devices(spec, num_seeds: int) -> list:
+def select_devices(spec, num_seeds: int | None) -> list:
     """The devices the seed axis is spread over (all processes' devices for multi-host runs).
 
     ConfigError if more devices are asked for than exist, or if the seeds do not split evenly.
@@ -55,19 +55,19 @@ def select_devices(spec, num_seeds: int) -> list:
         count = len(available)
     if count > len(available):
         raise ConfigError(f"--devices {count}: only {len(available)} {available[0].platform} device(s) are visible")
-    if num_seeds % count:
+    if num_seeds is not None and num_seeds % count:
         raise ConfigError(f"run.seeds ({num_seeds}) must be a multiple of the number of devices ({count}) to shard the seed axis")
     return available[:count]
 
 
-def seed_mesh(devices) -> Mesh:
-    """A one-axis mesh named "seeds" over `devices`."""
-    return Mesh(np.asarray(devices), (SEED_AXIS,))
+def seed_mesh(devices, axis: str = SEED_AXIS) -> Mesh:
+    """A one-axis mesh over `devices`, named "seeds" (or `axis`)."""
+    return Mesh(np.asarray(devices), (axis,))
 
 
 def seed_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of an array with leading axes [settings, seeds, ...]: seeds split over the mesh."""
-    return NamedSharding(mesh, PartitionSpec(None, SEED_AXIS))
+    return NamedSharding(mesh, PartitionSpec(None, mesh.axis_names[0]))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

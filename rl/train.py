@@ -157,21 +157,42 @@ def load_run_config(run_dir) -> tuple[Config, list[dict]]:
     return build_config(data), [dict(setting) for setting in grid]
 
 
-def make_programs(config: Config, grid: list[dict], mesh):
-    """(init, chunk, keys, hparams) for the settings x seeds of a run, placed on `mesh`.
+def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
+    """(trainer, init, chunk, keys, hparams) for the settings x seeds of a run, placed on `mesh`.
 
     `init(keys, hparams) -> state` and `chunk(num_log_points)(state, hparams) -> (state, metrics)` are
-    jitted with the seed axis sharded over the mesh; every output has leading axes [settings, seeds].
+    jitted with explicit output shardings; every output has leading axes [settings, seeds].
+    `shard="seeds"`: the seed axis is split over the mesh. `shard="envs"` (one large agent): every
+    state leaf with the agent's `num_envs` as its third axis (env states, observations, episode
+    statistics) is split on that axis; params, optimiser state and the rest are replicated, and XLA's
+    SPMD partitioner inserts the collectives the update needs (e.g. the mean of a loss over envs).
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from rl.distributed import SEED_AXIS, put_replicated, replicated, seed_sharding
+    from rl.distributed import put_replicated, replicated, seed_sharding
 
     trainer = get_agent_module(config.agent.name).make_trainer(config)
-    state_sharding = seed_sharding(mesh)
-    keys = jax.make_array_from_callback((config.run.seeds, 2), NamedSharding(mesh, PartitionSpec(SEED_AXIS)), lambda index: np.asarray(seed_keys(config))[index])
+    axis = mesh.axis_names[0]
+    host_keys = np.asarray(seed_keys(config))
     hparams = {k: put_replicated(v, mesh) for k, v in stacked_hyperparams(config, grid).items()}
     init_many = jax.vmap(jax.vmap(trainer.init, in_axes=(0, None)), in_axes=(None, 0))
+    if shard == "seeds":
+        state_sharding = metrics_sharding = seed_sharding(mesh)
+        keys = jax.make_array_from_callback(host_keys.shape, NamedSharding(mesh, PartitionSpec(axis)), lambda index: host_keys[index])
+    elif shard == "envs":
+        num_envs = env_axis_size(config, mesh.size)
+        keys = put_replicated(host_keys, mesh)
+        env_sharding = NamedSharding(mesh, PartitionSpec(None, None, axis))
+
+        def place(path, leaf):
+            top = str(getattr(path[0], "key", "")) if path else ""
+            learned = "param" in top or "opt" in top
+            return env_sharding if (not learned and leaf.ndim >= 3 and leaf.shape[2] == num_envs) else replicated(mesh)
+
+        state_sharding = jax.tree_util.tree_map_with_path(place, jax.eval_shape(init_many, keys, hparams))
+        metrics_sharding = replicated(mesh)
+    else:
+        raise ValueError(f"shard must be 'seeds' or 'envs', got {shard!r}")
     init = jax.jit(init_many, out_shardings=state_sharding)
     chunks = {}
 
@@ -179,10 +200,22 @@ def make_programs(config: Config, grid: list[dict], mesh):
         if num_log_points not in chunks:
             run_one = lambda state, hp: trainer.run(state, hp, num_log_points)
             run_many = jax.vmap(jax.vmap(run_one, in_axes=(0, None)), in_axes=(0, 0))
-            chunks[num_log_points] = jax.jit(run_many, out_shardings=(state_sharding, state_sharding))
+            chunks[num_log_points] = jax.jit(run_many, out_shardings=(state_sharding, metrics_sharding))
         return chunks[num_log_points]
 
     return trainer, init, chunk, keys, hparams
+
+
+def env_axis_size(config: Config, num_devices: int) -> int:
+    """The agent's `num_envs`, checked to split evenly over `num_devices` (ConfigError otherwise)."""
+    from rl.config import ConfigError
+
+    num_envs = getattr(config.agent, "num_envs", None)
+    if not isinstance(num_envs, int):
+        raise ConfigError(f"--shard envs: agent {config.agent.name} has no agent.num_envs to shard")
+    if num_envs % num_devices:
+        raise ConfigError(f"--shard envs: agent.num_envs ({num_envs}) must be a multiple of the number of devices ({num_devices})")
+    return num_envs
 
 
 def find_non_finite(metrics: dict, finite_params: dict, step_range: tuple[int, int]) -> str | None:
@@ -283,11 +316,12 @@ def _concat_history(history: dict | None, metrics: dict) -> dict:
     return {k: np.concatenate([history[k], v], axis=-1) for k, v in metrics.items()}
 
 
-def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: bool = False, devices=None) -> dict:
+def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: bool = False, devices=None, shard: str = "seeds") -> dict:
     """Compile, train chunk by chunk with checkpoints, write the run directory; returns the summary.
 
     `resume=True` continues the run in `run_dir` from its newest good checkpoint (from scratch if it
-    has none). `devices`: None (the default device), a count or "all" to shard the seed axis.
+    has none). `devices`: None (the default device), a count or "all" to shard the seed axis (or, with
+    `shard="envs"`, the env axis: see `make_programs`).
     Raises NonFiniteError (training diverged: the bad chunk is not checkpointed), TrainingInterrupted
     (Ctrl-C) and OSError (the run directory cannot be written).
     """
@@ -302,8 +336,11 @@ def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: boo
     if main and not resume:
         (run_dir / "config.yaml").write_text(yaml.safe_dump({**config.to_dict(), "sweep": grid}, sort_keys=False))
     apply_kernel_backend(config)
-    mesh = seed_mesh(select_devices(devices if devices is not None else 1, config.run.seeds))
-    trainer, init, chunk, keys, hparams = make_programs(config, grid, mesh)
+    if shard == "envs":
+        mesh = seed_mesh(select_devices(devices if devices is not None else 1, None), axis="envs")
+    else:
+        mesh = seed_mesh(select_devices(devices if devices is not None else 1, config.run.seeds))
+    trainer, init, chunk, keys, hparams = make_programs(config, grid, mesh, shard)
     total = trainer.num_log_points
     every = config.run.checkpoint_every or total
     checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
@@ -316,7 +353,7 @@ def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: boo
             start = time.perf_counter()
             compiled_init = _call_interruptibly(lambda: init.lower(keys, hparams).compile(), block=False)
             compile_seconds = time.perf_counter() - start
-            abstract_state = abstract_like(jax.eval_shape(init, keys, hparams), seed_sharding(mesh))
+            abstract_state = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), jax.eval_shape(init, keys, hparams), compiled_init.output_shardings)
             restored = checkpoints.restore_latest(abstract_state) if resume else None
             if restored is not None:
                 checkpoint_step, state, history, meta = restored

@@ -137,3 +137,41 @@ def test_bad_device_arguments_are_one_line_and_write_nothing(tmp_path, capsys, a
     err = capsys.readouterr().err
     assert err.startswith("rl: error:") and message in err and err.count("\n") == 1
     assert not (tmp_path / "runs").exists()
+
+
+ENV_SHARDED = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    from rl.cli import main
+    from rl.config import load_config
+    from rl.distributed import seed_mesh, select_devices
+    from rl.train import make_programs
+
+    config_path, out = sys.argv[1], {}
+    out["sharded"] = main(["train", config_path, "--name", "envs4", "--devices", "4", "--shard", "envs"])
+    out["single"] = main(["train", config_path, "--name", "envs1"])
+    out["uneven"] = main(["train", config_path, "--name", "uneven", "--devices", "3", "--shard", "envs"])
+    config = load_config(config_path)
+    _, init, _, keys, hparams = make_programs(config, [{}], seed_mesh(select_devices(4, None), axis="envs"), shard="envs")
+    state = init(keys, hparams)
+    split = lambda x: len({tuple(s.data.shape) == tuple(x.shape) for s in x.addressable_shards}) == 1 and x.addressable_shards[0].data.shape != x.shape
+    out["split"] = sorted({jax.tree_util.keystr(path[:1]) for path, x in jax.tree_util.tree_leaves_with_path(state) if split(x)})
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def test_env_axis_of_one_large_agent_sharded_equals_one_device(tmp_path):
+    from rl.agents import registered_agents
+
+    if "ppo" not in registered_agents():
+        pytest.skip("needs the PPO agent")
+    data = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo", "total_steps": 512, "num_envs": 4, "num_steps": 32, "num_epochs": 1, "num_minibatches": 2, "hidden": [8], "log_interval": 2}, "run": {"seeds": 1, "checkpoint_every": 1, "progress": False}}
+    config = write_config(tmp_path, data)
+    result, err = result_of(run_script(ENV_SHARDED, config))
+    assert result["sharded"] == result["single"] == 0
+    assert result["uneven"] == 2 and "agent.num_envs (4) must be a multiple of the number of devices (3)" in err
+    assert result["split"] and not any("param" in key or "opt" in key for key in result["split"])
+    runs = tmp_path / "runs"
+    assert_same_run(runs / "envs4", runs / "envs1")
