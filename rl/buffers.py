@@ -29,6 +29,10 @@ two children, level by level. So every internal node always equals fl(left + rig
 children, whatever the number of updates; errors cannot accumulate (tests check this over more than
 a million updates). Duplicate indices in one batched update are resolved deterministically: the
 LAST occurrence in the batch wins (the others are dropped before the scatter).
+
+Cost note (XLA:CPU, measured): inside a scan that samples from and updates the same tree, XLA keeps
+a copy of the tree per step, so a step costs time proportional to the capacity (about 1 ms at
+capacity 100,000, 70 us at 4,096); size prioritized buffers to what the task needs.
 """
 
 from __future__ import annotations
@@ -172,6 +176,11 @@ def sumtree_leaves(tree) -> jax.Array:
     return tree[tree.shape[-1] // 2 :]
 
 
+def sumtree_get(tree, indices) -> jax.Array:
+    """Leaf values at `indices` (a gather; slicing out all leaves first would copy them)."""
+    return tree[tree.shape[-1] // 2 + jnp.asarray(indices, jnp.int32)]
+
+
 def last_occurrence(indices) -> jax.Array:
     """Bool mask: True where no later entry of `indices` has the same value (O(B^2), B is a batch)."""
     n = indices.shape[0]
@@ -233,7 +242,7 @@ def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
 def prioritized_add(buffer: PrioritizedBuffer, items, valid=True) -> PrioritizedBuffer:
     """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is False)."""
     rows, write_rows, position, size = _write_indices(buffer, items, valid)
-    leaves = sumtree_leaves(buffer.tree)[rows]
+    leaves = sumtree_get(buffer.tree, rows)
     values = jnp.where(jnp.asarray(valid, jnp.bool_), buffer.max_leaf, leaves)
     return PrioritizedBuffer(
         data=_store(buffer.data, items, write_rows),
@@ -246,7 +255,7 @@ def prioritized_add(buffer: PrioritizedBuffer, items, valid=True) -> Prioritized
 
 def sampling_probabilities(buffer: PrioritizedBuffer, indices) -> jax.Array:
     """P(i) = leaf_i / total for the given indices."""
-    return sumtree_leaves(buffer.tree)[indices] / sumtree_total(buffer.tree)
+    return sumtree_get(buffer.tree, indices) / sumtree_total(buffer.tree)
 
 
 def importance_weights(probabilities, size, beta) -> jax.Array:
