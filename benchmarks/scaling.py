@@ -11,7 +11,8 @@ same inputs), synchronising the devices after each. It reports the median env st
 summed over all seeds, and the speed-up against the first device count measured in the same run.
 
 Weak scaling (default): `--seeds-per-device` seeds on each device, so the work grows with D. Strong
-scaling: `--seeds N` fixes the total (N must be a multiple of every D).
+scaling: `--seeds N` fixes the total (N must be a multiple of every D). `--shard envs --seeds 1`
+splits one agent's parallel envs instead (agent.num_envs must be a multiple of every D).
 
 For a multi-GPU figure in benchmarks/RESULTS.md, name the machine, date, versions and command.
 On the CPU, `XLA_FLAGS=--xla_force_host_platform_device_count=4` gives 4 host devices that share the
@@ -31,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def measure(config_path: str, overrides: list[str], devices: int, seeds: int, log_points: int, repeats: int) -> dict:
+def measure(config_path: str, overrides: list[str], devices: int, seeds: int, log_points: int, repeats: int, shard: str = "seeds") -> dict:
     import jax
     import numpy as np
 
@@ -41,8 +42,8 @@ def measure(config_path: str, overrides: list[str], devices: int, seeds: int, lo
 
     config = load_config(config_path, [*overrides, f"run.seeds={seeds}", "run.progress=false"])
     apply_kernel_backend(config)
-    mesh = seed_mesh(select_devices(devices, seeds))
-    trainer, init, chunk, keys, hparams = make_programs(config, [{}], mesh)
+    mesh = seed_mesh(select_devices(devices, seeds if shard == "seeds" else None), axis=shard)
+    trainer, init, chunk, keys, hparams = make_programs(config, [{}], mesh, shard)
     log_points = min(log_points, trainer.num_log_points)
     start = time.perf_counter()
     state = jax.block_until_ready(init(keys, hparams))
@@ -60,6 +61,7 @@ def measure(config_path: str, overrides: list[str], devices: int, seeds: int, lo
     seconds = statistics.median(times)
     return {
         "devices": devices,
+        "shard": shard,
         "seeds": seeds,
         "log_points_per_chunk": log_points,
         "env_steps_per_seed_per_chunk": steps_per_chunk,
@@ -78,6 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, help="strong scaling: total seeds (overrides --seeds-per-device)")
     parser.add_argument("--log-points", type=int, default=5, help="log points per timed chunk")
     parser.add_argument("--repeats", type=int, default=5, help="timed chunks per device count")
+    parser.add_argument("--shard", choices=("seeds", "envs"), default="seeds", help="axis split over the devices (envs: one large agent; give --seeds 1)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
 
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
     rows = []
     for count in counts:
         seeds = args.seeds if args.seeds is not None else args.seeds_per_device * count
-        rows.append(measure(args.config, args.overrides, count, seeds, args.log_points, args.repeats))
+        rows.append(measure(args.config, args.overrides, count, seeds, args.log_points, args.repeats, args.shard))
         print(json.dumps(rows[-1]), flush=True)
     import jaxlib
 
