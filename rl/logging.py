@@ -97,7 +97,7 @@ class ProgressBar:
 # ---------------------------------------------------------------- run directory writers
 
 
-NAN_ALLOWED_PREFIX = "episode"  # episode_return/episode_length are NaN when no episode ended
+NAN_ALLOWED_PREFIXES = ("episode", "eval_")  # returns and lengths are NaN when no episode ended
 
 
 class RunLogger:

@@ -218,24 +218,34 @@ def env_axis_size(config: Config, num_devices: int) -> int:
     return num_envs
 
 
-def find_non_finite(metrics: dict, finite_params: dict, step_range: tuple[int, int]) -> str | None:
-    """A message naming the first non-finite metric (its step, setting and seed) or params leaf, or None.
+def find_non_finite(metrics: dict, finite_params: dict, step_range: tuple[int, int], history: dict | None = None) -> str | None:
+    """A message naming the first diverged metric (its value, step, setting and seed) or params leaf
+    in a chunk, or None.
 
-    Metrics named `episode*` may be NaN by design (no episode ended since the last log point)."""
-    from rl.logging import NAN_ALLOWED_PREFIX
+    A metric has diverged at a log point where it is infinite, or NaN after having been finite
+    earlier in the run (`history` holds the earlier log points): a metric that is NaN from the start
+    means "no value yet" (a loss before learning starts). Metrics named `episode_*` or `eval_*` may
+    be NaN at any time (no episode ended since the last log point); they stop the run only when
+    infinite. Params must be finite."""
+    from rl.logging import NAN_ALLOWED_PREFIXES
 
     first = None
     for name, values in metrics.items():
         values = np.asarray(values)
-        if name == "step" or name.startswith(NAN_ALLOWED_PREFIX) or not np.issubdtype(values.dtype, np.floating):
+        if name == "step" or not np.issubdtype(values.dtype, np.floating) or values.ndim < 3:
             continue
-        if values.ndim < 3:
-            continue
-        flat = values.reshape(*values.shape[:3], -1)  # [settings, seeds, log points, any extra axes]
-        bad = np.argwhere(~np.isfinite(flat).all(-1))
+        earlier = np.asarray(history[name]) if history and name in history else values[:, :, :0]
+        full = np.concatenate([earlier, values], axis=2)
+        flat = full.reshape(*full.shape[:3], -1)  # [settings, seeds, log points, any extra axes]
+        bad = np.isinf(flat).any(-1)
+        if not name.startswith(NAN_ALLOWED_PREFIXES):
+            finite_before = np.cumsum(np.isfinite(flat).all(-1), axis=2) - np.isfinite(flat).all(-1) > 0
+            bad |= np.isnan(flat).any(-1) & finite_before
+        bad = np.argwhere(bad[:, :, earlier.shape[2]:])
         if bad.size:
             s, i, t = min(bad.tolist(), key=lambda index: index[2])
-            value = flat[s, i, t][~np.isfinite(flat[s, i, t])][0]
+            point = flat[s, i, earlier.shape[2] + t]
+            value = point[~np.isfinite(point)][0]
             if first is None or t < first[0]:
                 first = (t, f"non-finite {name} ({value}) at step {int(np.asarray(metrics['step'])[s, i, t])} (setting {s}, seed {i})")
     if first is not None:
@@ -387,7 +397,7 @@ def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: boo
                         for t in range(logger.received - done, size):
                             logger({k: np.asarray(v)[..., t] for k, v in metrics.items()})
                     new_step = int(np.max(np.asarray(metrics["step"])[..., -1]))
-                    problem = find_non_finite(metrics, to_host(_finite_per_instance(new_state["params"])), (last_step, new_step))
+                    problem = find_non_finite(metrics, to_host(_finite_per_instance(new_state["params"])), (last_step, new_step), seed_history)
                     if logger is not None:
                         logger.flush()
                     if problem is not None:

@@ -34,6 +34,7 @@ class DivergingConfig:
     log_interval: int = hp(10, low=1)
     lr: float = hp(3.0, low=0.0, sweep=True)
     emit_loss: bool = hp(True)
+    nan_until: int = hp(0, low=0, doc="loss reported as NaN (no value yet) up to this step, like a loss before learning starts")
 
 
 def make_trainer(config):
@@ -52,7 +53,7 @@ def make_trainer(config):
             step = state["step"] + agent.log_interval
             metrics = {"step": step, "episode_return": jnp.float32(jnp.nan), "episode_length": jnp.float32(jnp.nan)}
             if agent.emit_loss:
-                metrics["loss"] = loss
+                metrics["loss"] = jnp.where(step <= agent.nan_until, jnp.nan, loss)
             return {**state, "params": {"w": w}, "step": step}, emit(metrics)
 
         return jax.lax.scan(period, state, None, length=num_log_points)
@@ -103,6 +104,13 @@ def test_non_finite_loss_or_params_stop_the_run_keeping_the_last_good_checkpoint
     else:
         assert f"non-finite params['w'] between step {chunk_start} and step {chunk_start + 20}" in err
     assert not (run_dir / "final_params.msgpack").exists()
+
+
+def test_a_loss_that_is_nan_until_learning_starts_does_not_stop_the_run(tmp_path, capsys, diverging_agent):
+    data = {"env": {"id": "GridWorld"}, "agent": {"name": "diverging", "lr": 0.5, "nan_until": 50}, "run": {"seeds": 2, "checkpoint_every": 2, "progress": False}}
+    assert run_cli(["train", write_config(tmp_path, data), "--name", "late"]) == 0
+    rows = metric_rows(tmp_path / "runs" / "late")
+    assert [r["loss"] is None for r in rows if r["seed"] == 0] == [True] * 5 + [False] * 15
 
 
 # ---------------------------------------------------------------- Ctrl-C
