@@ -16,6 +16,14 @@ over the episodes that ended since the previous log point, NaN where none ended)
 from __future__ import annotations
 
 import importlib
+import os
+
+# XLA's CPU "concurrency optimized" scheduler (jaxlib 0.10.2) can hang forever (every thread idle) on
+# some vmapped training programs, e.g. SAC's under the sweep x seed vmap of rl.train. Turned off
+# before the CPU backend starts; an XLA_FLAGS that already sets it wins.
+_CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
+if _CPU_SCHEDULER_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_CPU_SCHEDULER_FLAG}=false".strip()
 from typing import Callable, NamedTuple
 
 
@@ -41,6 +49,7 @@ AGENTS: dict[str, str] = {
     "dqn": "rl.agents.dqn",
     "rainbow": "rl.agents.rainbow",
     "ppo": "rl.agents.ppo",
+    "sac": "rl.agents.sac",
 }
 
 
