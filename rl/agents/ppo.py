@@ -121,11 +121,7 @@ def check_env(config) -> None:
 
 def categorical_log_prob_entropy(logits, actions):
     """(log pi(a), H[pi]) of categorical policies: log_softmax(logits)[a] and -sum p log p (kernels op)."""
-    op = getattr(kernels, "categorical_log_prob_entropy", None)
-    if op is not None:
-        return op(logits, actions)
-    log_p = jax.nn.log_softmax(logits)  # TEMPORARY until the kernels op is exported
-    return jnp.take_along_axis(log_p, actions[..., None], axis=-1)[..., 0], -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+    return kernels.categorical_log_prob_entropy(logits, actions)
 
 
 def gaussian_log_prob_entropy(mean, log_std, actions):
