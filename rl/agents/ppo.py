@@ -314,7 +314,9 @@ def make_trainer(config) -> Trainer:
             advantages, targets = truncation_aware_gae(
                 traj.reward * hparams["reward_scale"], traj.value, next_values, traj.terminated, traj.truncated, hparams["gamma"], hparams["gae_lambda"]
             )
-            flat = jax.tree.map(lambda x: x.reshape((agent.batch_size,) + x.shape[2:]), (traj, advantages, targets))
+            # only what the loss reads is shuffled into minibatches
+            learn_data = (traj._replace(reward=None, terminated=None, truncated=None, final_obs=None), advantages, targets)
+            flat = jax.tree.map(lambda x: x.reshape((agent.batch_size,) + x.shape[2:]), learn_data)
 
             def epoch(carry, key):
                 def minibatch_step(carry, batch):

@@ -137,10 +137,12 @@ def test_discrete_losses_by_hand():
 
 def test_sac_learns_pendulum():
     config = make_config(total_steps=4000, learning_starts=500, batch_size=64, hidden=[64, 64], log_interval=500, eval_episodes=4)
-    _, metrics = jax.jit(sac.make_train(config))(jax.random.PRNGKey(0))
+    state, metrics = jax.jit(sac.make_train(config))(jax.random.PRNGKey(0))
     ev = np.asarray(metrics["eval_return"])
     assert np.all(np.isfinite(metrics["critic_loss"][1:]))
     assert ev[-2:].mean() > ev[0] + 300 and ev[-1] > -700, ev
+    action = sac.make_policy(config)(state["params"], jnp.array([1.0, 0.0, 0.0]), jax.random.PRNGKey(0))
+    assert action.shape == (1,) and -2.0 <= float(action[0]) <= 2.0
 
 
 def test_discrete_sac_trains_on_cartpole():
@@ -174,13 +176,6 @@ def test_chunked_run_equals_one_run():
     for name in whole:
         np.testing.assert_array_equal(np.concatenate([first[name], second[name]]), whole[name], err_msg=name)
     jax.tree.map(np.testing.assert_array_equal, half, whole_state)
-
-
-def test_policy_respects_bounds():
-    config = make_config()
-    state, _ = jax.jit(sac.make_train(config))(jax.random.PRNGKey(0))
-    action = sac.make_policy(config)(state["params"], jnp.array([1.0, 0.0, 0.0]), jax.random.PRNGKey(0))
-    assert action.shape == (1,) and -2.0 <= float(action[0]) <= 2.0
 
 
 @pytest.mark.parametrize(
