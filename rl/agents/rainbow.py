@@ -68,7 +68,7 @@ class Config:
     name: str = "rainbow"
     total_steps: int = hp(61_440, low=1, doc="env steps per seed (all envs counted)")
     num_envs: int = hp(1, low=1, doc="envs stepped together")
-    buffer_size: int = hp(100_000, low=1, doc="replay capacity (transitions)")
+    buffer_size: int = hp(16_384, low=1, doc="replay capacity (transitions); PER steps cost O(capacity) on XLA:CPU")
     learning_starts: int = hp(1_000, low=0, doc="env steps before the first gradient step")
     batch_size: int = hp(64, low=1)
     train_freq: int = hp(256, low=1, doc="env steps between training phases (multiple of num_envs)")
@@ -97,7 +97,7 @@ class Config:
     per_beta_steps: int = hp(0, low=0, doc="env steps of the beta annealing (0: total_steps)")
     per_eps: float = hp(1e-6, low=0.0, low_open=True, sweep=True, doc="added to priorities")
     loss: str = hp("huber", choices=("huber", "mse"), doc="scalar (non-distributional) TD loss")
-    hidden: tuple[int, ...] = hp((256, 256), doc="MLP torso widths")
+    hidden: tuple[int, ...] = hp((128, 128), doc="MLP torso widths")
     head_hidden: int = hp(0, low=0, doc="hidden units of each head stream (0: linear streams)")
     activation: str = hp("relu", choices=tuple(networks.ACTIVATIONS))
     network_backend: str = hp("flax", choices=networks.BACKENDS)
