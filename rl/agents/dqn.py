@@ -36,6 +36,7 @@ from rl import buffers, networks
 from rl.agents import Trainer, train_from_trainer
 from rl.config import ConfigError, hp
 from rl.logging import emit
+from rl.rollout import greedy_episodes
 
 
 @dataclass(frozen=True)
@@ -145,25 +146,6 @@ def episode_metrics(ended):
     }
 
 
-def evaluate(greedy_action, env, env_params, key, num_episodes):
-    """Mean return of `num_episodes` episodes on fresh eval envs acting with `greedy_action(obs[E]) -> [E]`.
-    Runs `max_steps_in_episode` steps; each env counts rewards until its first episode end."""
-    reset_keys = jax.random.split(key, num_episodes + 1)
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(reset_keys[1:], env_params)
-
-    def step(carry, step_key):
-        obs, state, alive, total = carry
-        keys = jax.random.split(step_key, num_episodes)
-        obs, state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, greedy_action(obs), env_params)
-        total = total + jnp.where(alive, reward, 0.0)
-        return (obs, state, alive & ~(terminated | truncated), total), None
-
-    carry = (obs, state, jnp.ones((num_episodes,), jnp.bool_), jnp.zeros((num_episodes,), jnp.float32))
-    steps = int(env_params.max_steps_in_episode)
-    (_, _, _, total), _ = jax.lax.scan(step, carry, jax.random.split(reset_keys[0], steps))
-    return total.mean()
-
-
 # ---------------------------------------------------------------- the loss
 
 
@@ -264,7 +246,7 @@ def make_trainer(config) -> Trainer:
             metrics = {
                 "step": state["step"],
                 **episode_metrics(ended),
-                "eval_return": evaluate(greedy, env, env_params, k_eval, agent.eval_episodes),
+                "eval_return": greedy_episodes(env, env_params, greedy, k_eval, agent.eval_episodes)[0].mean(),
                 "loss": jnp.nanmean(loss),
                 "q_mean": jnp.nanmean(q_mean),
                 "epsilon": buffers.linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, state["step"]),

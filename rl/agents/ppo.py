@@ -54,6 +54,7 @@ from rl import networks
 from rl.agents import Trainer, train_from_trainer
 from rl.config import ConfigError, hp
 from rl.logging import emit
+from rl.rollout import greedy_episodes
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,6 @@ def make_trainer(config) -> Trainer:
     num_envs, num_steps, num_updates = agent.num_envs, agent.num_steps, agent.num_updates
     minibatch_size = agent.batch_size // agent.num_minibatches
     grad_steps_per_update = agent.num_epochs * agent.num_minibatches
-    max_eval_steps = int(env_params.max_steps_in_episode)
     vreset = jax.vmap(env.reset, in_axes=(0, None))
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
@@ -364,25 +364,8 @@ def make_trainer(config) -> Trainer:
 
     def evaluate(params, key):
         """Mean return and length of the first episode of `eval_envs` envs under the greedy policy."""
-        reset_key, key = jax.random.split(key)
-        obs, env_state = vreset(jax.random.split(reset_key, agent.eval_envs), env_params)
-        zeros = jnp.zeros(agent.eval_envs, jnp.float32)
-        done0 = jnp.zeros(agent.eval_envs, jnp.bool_)
-
-        def cond(carry):
-            t, _, _, _, _, done, _ = carry
-            return (t < max_eval_steps) & ~jnp.all(done)
-
-        def body(carry):
-            t, obs, env_state, returns, lengths, done, key = carry
-            key, step_key = jax.random.split(key)
-            policy, _ = net.apply(params, obs)
-            obs, env_state, reward, terminated, truncated, _ = vstep(jax.random.split(step_key, agent.eval_envs), env_state, env_action(greedy_action(policy, continuous)), env_params)
-            returns = returns + jnp.where(done, 0.0, reward)
-            lengths = lengths + jnp.where(done, 0.0, 1.0)
-            return t + 1, obs, env_state, returns, lengths, done | terminated | truncated, key
-
-        _, _, _, returns, lengths, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), obs, env_state, zeros, zeros, done0, key))
+        act = lambda obs: env_action(greedy_action(net.apply(params, obs)[0], continuous))
+        returns, lengths = greedy_episodes(env, env_params, act, key, agent.eval_envs)
         return returns.mean(), lengths.mean()
 
     return Trainer(init=init, run=run, num_log_points=agent.num_updates // agent.log_interval)

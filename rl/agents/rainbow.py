@@ -50,7 +50,6 @@ from rl.agents.dqn import (
     check_env,  # noqa: F401  (discrete actions, re-exported for rl.config)
     episode_metrics,
     epsilon_greedy,
-    evaluate,
     init_episode_stats,
     num_discrete_obs,
     optimiser,
@@ -61,6 +60,7 @@ from rl.agents.dqn import (
 )
 from rl.config import ConfigError, hp
 from rl.logging import emit
+from rl.rollout import greedy_episodes
 
 
 @dataclass(frozen=True)
@@ -295,7 +295,7 @@ def make_trainer(config) -> Trainer:
             metrics = {
                 "step": state["step"],
                 **episode_metrics(ended),
-                "eval_return": evaluate(greedy, env, env_params, k_eval, agent.eval_episodes),
+                "eval_return": greedy_episodes(env, env_params, greedy, k_eval, agent.eval_episodes)[0].mean(),
                 "loss": jnp.nanmean(loss),
                 "q_mean": jnp.nanmean(q_mean),
                 "epsilon": epsilon_at(state["step"]),

@@ -49,6 +49,7 @@ from rl import buffers, networks
 from rl.agents import Trainer, train_from_trainer
 from rl.config import ConfigError, hp
 from rl.logging import emit
+from rl.rollout import greedy_episodes
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,6 @@ def make_trainer(config) -> Trainer:
         env_action = lambda a: a
     num_envs = agent.num_envs
     iterations_per_log = agent.log_interval // num_envs
-    max_eval_steps = int(env_params.max_steps_in_episode)
     vreset = jax.vmap(env.reset, in_axes=(0, None))
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
@@ -359,23 +359,8 @@ def make_trainer(config) -> Trainer:
 
     def evaluate(actor_params, key):
         """Mean return of `eval_episodes` episodes (one per env, from reset) under the greedy policy."""
-        reset_key, key = jax.random.split(key)
-        obs, env_state = vreset(jax.random.split(reset_key, agent.eval_episodes), env_params)
-        returns = jnp.zeros(agent.eval_episodes, jnp.float32)
-        done = jnp.zeros(agent.eval_episodes, jnp.bool_)
-
-        def cond(carry):
-            t, _, _, _, done, _ = carry
-            return (t < max_eval_steps) & ~jnp.all(done)
-
-        def body(carry):
-            t, obs, env_state, returns, done, key = carry
-            key, step_key = jax.random.split(key)
-            obs, env_state, reward, terminated, truncated, _ = vstep(jax.random.split(step_key, agent.eval_episodes), env_state, env_action(greedy(actor_params, obs)), env_params)
-            return t + 1, obs, env_state, returns + jnp.where(done, 0.0, reward), done | terminated | truncated, key
-
-        _, _, _, returns, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), obs, env_state, returns, done, key))
-        return returns.mean()
+        act = lambda obs: env_action(greedy(actor_params, obs))
+        return greedy_episodes(env, env_params, act, key, agent.eval_episodes)[0].mean()
 
     return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 

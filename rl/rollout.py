@@ -1,0 +1,39 @@
+"""Greedy evaluation episodes run inside a compiled training program."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def greedy_episodes(env, env_params, act: Callable, key: jax.Array, num_episodes: int):
+    """Return and length of the first episode of each of `num_episodes` fresh envs.
+
+    `act(obs[E, ...]) -> actions[E, ...]` is the (deterministic) policy on the batch of envs. Every env
+    counts rewards until its first episode end (terminated or truncated); the loop stops once all have
+    ended, after at most `max_steps_in_episode` steps (a `while_loop`, so short episodes cost little).
+    Returns (returns[E], lengths[E]) as float32.
+    """
+    reset_key, key = jax.random.split(key)
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_episodes), env_params)
+    max_steps = env_params.max_steps_in_episode
+    zeros = jnp.zeros(num_episodes, jnp.float32)
+
+    def running(carry):
+        t, _, _, _, _, done, _ = carry
+        return (t < max_steps) & ~jnp.all(done)
+
+    def step(carry):
+        t, obs, state, returns, lengths, done, key = carry
+        key, step_key = jax.random.split(key)
+        keys = jax.random.split(step_key, num_episodes)
+        obs, state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, act(obs), env_params)
+        returns = returns + jnp.where(done, 0.0, reward)
+        lengths = lengths + jnp.where(done, 0.0, 1.0)
+        return t + 1, obs, state, returns, lengths, done | terminated | truncated, key
+
+    init = (jnp.int32(0), obs, state, zeros, zeros, jnp.zeros(num_episodes, jnp.bool_), key)
+    _, _, _, returns, lengths, _, _ = jax.lax.while_loop(running, step, init)
+    return returns, lengths
