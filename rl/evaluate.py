@@ -127,19 +127,8 @@ def render_episode(config: Config, params_one, path, seed: int = 0, fps: int = 1
     states = jax.tree.map(lambda x: x[:count], states)
     states = jax.device_get(states)
     frames = np.stack([np.asarray(env.render(jax.tree.map(lambda x: x[t], states), env_params)) for t in range(count)])
-    write_gif(frames, path, fps=fps)
+    envs.save_gif(list(frames), path, fps=fps)
     return count
-
-
-def write_gif(frames: np.ndarray, path, fps: int = 10) -> None:
-    """uint8 frames [T, H, W, 3] as an animated GIF (each frame 1/fps s, looping)."""
-    from PIL import Image
-
-    frames = np.asarray(frames)
-    if frames.ndim != 4 or frames.shape[-1] != 3:
-        raise ValueError(f"write_gif: frames must be [T, H, W, 3], got shape {frames.shape}")
-    images = [Image.fromarray(np.clip(frame, 0, 255).astype(np.uint8)) for frame in frames]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=max(1, int(1000 / fps)), loop=0)
 
 
 def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, render=None, seed: int = 0, fps: int = 10) -> dict:

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from rl.evaluate import evaluate, load_params, write_gif
+import envs
+from rl.evaluate import evaluate, load_params
 from rl.train import load_run_config
 from run_helpers import run_cli, trained_run
 
@@ -82,6 +83,6 @@ def test_eval_of_a_missing_run_dir(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_write_gif_checks_frame_shape(tmp_path):
-    with pytest.raises(ValueError, match="frames must be"):
-        write_gif(np.zeros((3, 4, 4)), tmp_path / "x.gif")
+def test_gif_writer_checks_frame_shape(tmp_path):
+    with pytest.raises(ValueError, match="must be uint8 \\[H, W, 3\\]"):
+        envs.save_gif(np.zeros((3, 4, 4)), tmp_path / "x.gif")
