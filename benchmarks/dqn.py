@@ -154,7 +154,11 @@ def main(argv=None):
             p.add_argument("--seeds", dest="seeds_list", type=int, nargs="+", default=[1, 16, 64])
             p.add_argument("--steps", type=int, default=20_480, help="env steps per seed (a multiple of the log interval)")
             p.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)  # overrides may also follow the options
+    unknown = [a for a in extras if a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = list(args.overrides) + extras
     result = run_learning(args) if args.mode == "learning" else run_throughput(args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -155,7 +155,7 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, default=12, help="learning table rows")
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     result = {"machine": machine()}
     if args.mode == "throughput":
         result["throughput"] = throughput(args)

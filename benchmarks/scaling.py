@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed chunks per device count")
     parser.add_argument("--shard", choices=("seeds", "envs"), default="seeds", help="axis split over the devices (envs: one large agent; give --seeds 1)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
 
     import jax
 
