@@ -163,10 +163,6 @@ ENV_SHARDED = textwrap.dedent(
 
 
 def test_env_axis_of_one_large_agent_sharded_equals_one_device(tmp_path):
-    from rl.agents import registered_agents
-
-    if "ppo" not in registered_agents():
-        pytest.skip("needs the PPO agent")
     data = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo", "total_steps": 512, "num_envs": 4, "num_steps": 32, "num_epochs": 1, "num_minibatches": 2, "hidden": [8], "log_interval": 2}, "run": {"seeds": 1, "checkpoint_every": 1, "progress": False}}
     config = write_config(tmp_path, data)
     result, err = result_of(run_script(ENV_SHARDED, config))
