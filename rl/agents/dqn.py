@@ -168,6 +168,27 @@ def td_loss(q_apply, params, target_params, batch, gamma, double_q: bool, loss: 
 # ---------------------------------------------------------------- training
 
 
+def make_phase(env_step, gradient_step, env_iterations: int, gradient_steps: int, learning_starts: int):
+    """`phase((state, ended), key) -> ((state, ended), (losses, q_means))`: `env_iterations` steps of the
+    batched envs, then `gradient_steps` gradient steps once `state["step"] >= learning_starts` (NaN
+    losses before that). `gradient_step(state, key) -> (state, (loss, q_mean))`."""
+
+    def train_phase(state, key):
+        return jax.lax.scan(gradient_step, state, jax.random.split(key, gradient_steps))
+
+    def skip_phase(state, key):
+        nan = jnp.full((gradient_steps,), jnp.nan, jnp.float32)
+        return state, (nan, nan)
+
+    def phase(carry, key):
+        k_roll, k_train = jax.random.split(key)
+        (state, ended), _ = jax.lax.scan(env_step, carry, jax.random.split(k_roll, env_iterations))
+        state, (loss, q_mean) = jax.lax.cond(state["step"] >= learning_starts, train_phase, skip_phase, state, k_train)
+        return (state, ended), (loss, q_mean)
+
+    return phase
+
+
 def make_trainer(config) -> Trainer:
     env, env_params = envs.make(config.env.id, **dict(config.env.params))
     agent = config.agent
@@ -225,19 +246,7 @@ def make_trainer(config) -> Trainer:
             state = {**state, "params": params, "target_params": target, "opt_state": opt_state, "updates": num_updates}
             return state, (loss, q_taken.mean())
 
-        def train_phase(state, key):
-            return jax.lax.scan(gradient_step, state, jax.random.split(key, agent.gradient_steps))
-
-        def skip_phase(state, key):
-            nan = jnp.full((agent.gradient_steps,), jnp.nan, jnp.float32)
-            return state, (nan, nan)
-
-        def phase(carry, key):
-            """`train_freq` env steps, then `gradient_steps` gradient steps once learning has started."""
-            k_roll, k_train = jax.random.split(key)
-            (state, ended), _ = jax.lax.scan(env_step, carry, jax.random.split(k_roll, iterations_per_phase))
-            state, (loss, q_mean) = jax.lax.cond(state["step"] >= agent.learning_starts, train_phase, skip_phase, state, k_train)
-            return (state, ended), (loss, q_mean)
+        phase = make_phase(env_step, gradient_step, iterations_per_phase, agent.gradient_steps, agent.learning_starts)
 
         def log_period(state, _):
             key, k_phases, k_eval = jax.random.split(state["key"], 3)

@@ -51,6 +51,7 @@ from rl.agents.dqn import (
     episode_metrics,
     epsilon_greedy,
     init_episode_stats,
+    make_phase,
     num_discrete_obs,
     optimiser,
     track_episodes,
@@ -274,19 +275,7 @@ def make_trainer(config) -> Trainer:
             state = {**state, "params": params, "target_params": target, "opt_state": opt_state, "buffer": buffer, "updates": num_updates}
             return state, (loss, q_taken.mean())
 
-        def train_phase(state, key):
-            return jax.lax.scan(gradient_step, state, jax.random.split(key, agent.gradient_steps))
-
-        def skip_phase(state, key):
-            nan = jnp.full((agent.gradient_steps,), jnp.nan, jnp.float32)
-            return state, (nan, nan)
-
-        def phase(carry, key):
-            """`train_freq` env steps, then `gradient_steps` gradient steps once learning has started."""
-            k_roll, k_train = jax.random.split(key)
-            (state, ended), _ = jax.lax.scan(env_step, carry, jax.random.split(k_roll, iterations_per_phase))
-            state, (loss, q_mean) = jax.lax.cond(state["step"] >= agent.learning_starts, train_phase, skip_phase, state, k_train)
-            return (state, ended), (loss, q_mean)
+        phase = make_phase(env_step, gradient_step, iterations_per_phase, agent.gradient_steps, agent.learning_starts)
 
         def log_period(state, _):
             key, k_phases, k_eval = jax.random.split(state["key"], 3)
