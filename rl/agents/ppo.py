@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
 import envs
 import kernels
@@ -54,7 +55,7 @@ from rl import networks
 from rl.agents import Trainer, train_from_trainer
 from rl.config import ConfigError, hp
 from rl.logging import emit
-from rl.rollout import greedy_episodes
+from rl.rollout import completed_episodes, greedy_episodes
 
 
 @dataclass(frozen=True)
@@ -192,14 +193,24 @@ def truncation_aware_gae(rewards, values, next_values, terminated, truncated, ga
 
 
 class Transition(NamedTuple):
+    """One rollout step, as the acting loop records it (values are computed afterwards, in one batch)."""
+
     obs: jax.Array
     action: jax.Array
     log_prob: jax.Array
-    value: jax.Array
     reward: jax.Array
     terminated: jax.Array
     truncated: jax.Array
     final_obs: jax.Array
+
+
+class LearnBatch(NamedTuple):
+    """What the loss reads of a step: observation, action, and the behaviour policy's log-prob and value."""
+
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
 
 
 # ---------------------------------------------------------------- the trainer
@@ -254,7 +265,7 @@ def make_trainer(config) -> Trainer:
         params = net.init(net_key, obs[0])
         return {
             "params": params,
-            "opt_state": make_optimizer(hparams).init(params),
+            "opt_state": make_optimizer(hparams).init(ravel_pytree(params)[0]),
             "obs": obs,
             "env_state": env_state,
             "key": key,
@@ -285,53 +296,60 @@ def make_trainer(config) -> Trainer:
         }
         return total, aux
 
+    def rollout_keys(key):
+        """Per step: the action-sampling key and one env key per env (split up front, outside the loop)."""
+        pairs = jax.vmap(jax.random.split)(jax.random.split(key, num_steps))
+        return pairs[:, 0], jax.vmap(lambda k: jax.random.split(k, num_envs))(pairs[:, 1])
+
     def run(state, hparams, num_log_points):
         optimizer = make_optimizer(hparams)
 
-        def env_step(carry, key):
-            params, obs, env_state, ep_return, ep_length, stats = carry
-            act_key, env_key = jax.random.split(key)
-            policy, value = net.apply(params, obs)
+        def env_step(carry, keys):
+            # acting needs only the policy: the critic runs once per update on the whole batch below
+            params, obs, env_state = carry
+            act_key, env_keys = keys
+            policy, _ = net.apply(params, obs)
             action = sample_action(policy, act_key, continuous)
             log_prob, _ = log_prob_entropy(policy, action, continuous)
-            next_obs, env_state, reward, terminated, truncated, info = vstep(jax.random.split(env_key, num_envs), env_state, env_action(action), env_params)
-            done = terminated | truncated
-            ep_return, ep_length = ep_return + reward, ep_length + 1
-            sum_return, sum_length, episodes = stats
-            stats = (sum_return + jnp.sum(jnp.where(done, ep_return, 0.0)), sum_length + jnp.sum(jnp.where(done, ep_length, 0)), episodes + jnp.sum(done))
-            ep_return, ep_length = jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
-            transition = Transition(obs, action, log_prob, value, reward, terminated, truncated, info["final_obs"])
-            return (params, next_obs, env_state, ep_return, ep_length, stats), transition
+            next_obs, env_state, reward, terminated, truncated, info = vstep(env_keys, env_state, env_action(action), env_params)
+            transition = Transition(obs, action, log_prob, reward, terminated, truncated, info["final_obs"])
+            return (params, next_obs, env_state), transition
 
         def update(carry, _):
             state, stats = carry
             key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
             params = state["params"]
-            rollout_carry = (params, state["obs"], state["env_state"], state["episode_return"], state["episode_length"], stats)
-            (_, obs, env_state, ep_return, ep_length, stats), traj = jax.lax.scan(env_step, rollout_carry, jax.random.split(rollout_key, num_steps))
-            # bootstrap every step from the value of the observation actually reached (final_obs)
-            _, next_values = net.apply(params, traj.final_obs)
+            (_, obs, env_state), traj = jax.lax.scan(env_step, (params, state["obs"], state["env_state"]), rollout_keys(rollout_key))
+            sum_return, sum_length, episodes, ep_return, ep_length = completed_episodes(
+                traj.reward, traj.terminated | traj.truncated, state["episode_return"], state["episode_length"]
+            )
+            stats = (stats[0] + sum_return, stats[1] + sum_length, stats[2] + episodes)
+            # V(s_t) and V(final_obs_t) (the observation actually reached, for bootstrapping) in one pass
+            _, values = net.apply(params, jnp.stack([traj.obs, traj.final_obs]))
             advantages, targets = truncation_aware_gae(
-                traj.reward * hparams["reward_scale"], traj.value, next_values, traj.terminated, traj.truncated, hparams["gamma"], hparams["gae_lambda"]
+                traj.reward * hparams["reward_scale"], values[0], values[1], traj.terminated, traj.truncated, hparams["gamma"], hparams["gae_lambda"]
             )
             # only what the loss reads is shuffled into minibatches
-            learn_data = (traj._replace(reward=None, terminated=None, truncated=None, final_obs=None), advantages, targets)
+            learn_data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values[0]), advantages, targets)
             flat = jax.tree.map(lambda x: x.reshape((agent.batch_size,) + x.shape[2:]), learn_data)
+            # the optimiser sees one flat parameter vector: one fused Adam update instead of one per array
+            flat_params, unravel = ravel_pytree(params)
+            loss_of_flat = lambda p, batch: loss_fn(unravel(p), batch, hparams)
 
             def epoch(carry, key):
                 def minibatch_step(carry, batch):
-                    params, opt_state = carry
-                    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, hparams)
-                    updates, opt_state = optimizer.update(grads, opt_state, params)
-                    return (optax.apply_updates(params, updates), opt_state), aux
+                    flat_params, opt_state = carry
+                    (_, aux), grads = jax.value_and_grad(loss_of_flat, has_aux=True)(flat_params, batch)
+                    updates, opt_state = optimizer.update(grads, opt_state, flat_params)
+                    return (optax.apply_updates(flat_params, updates), opt_state), aux
 
                 order = jax.random.permutation(key, agent.batch_size)
                 shuffled = jax.tree.map(lambda x: jnp.take(x, order, axis=0).reshape((agent.num_minibatches, minibatch_size) + x.shape[1:]), flat)
                 return jax.lax.scan(minibatch_step, carry, shuffled)
 
-            (params, opt_state), aux = jax.lax.scan(epoch, (params, state["opt_state"]), jax.random.split(shuffle_key, agent.num_epochs))
+            (flat_params, opt_state), aux = jax.lax.scan(epoch, (flat_params, state["opt_state"]), jax.random.split(shuffle_key, agent.num_epochs))
             state = {
-                "params": params,
+                "params": unravel(flat_params),
                 "opt_state": opt_state,
                 "obs": obs,
                 "env_state": env_state,
