@@ -22,6 +22,7 @@ from kernels.gae import gae
 from kernels.softmax import softmax
 from kernels.policy_head import categorical_log_prob_entropy
 from kernels.projection import categorical_projection
+from kernels.ppo_grads import ppo_actor_critic_grads
 # --- end of kernels-2 lines ---
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "softmax",
     "categorical_log_prob_entropy",
     "categorical_projection",
+    "ppo_actor_critic_grads",
 ]

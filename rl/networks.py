@@ -309,3 +309,38 @@ def rainbow_q(
         return value + advantage - advantage.mean(axis=-2, keepdims=True)
 
     return fn
+
+
+# ---------------------------------------------------------------- dense layers by position
+
+_WEIGHT_NAMES, _BIAS_NAMES = ("kernel", "w"), ("bias", "b")
+
+
+def _layer_index(module_name: str) -> int:
+    """Creation index of a flax `Dense_3` / haiku `linear_3` module (`linear` alone is 0)."""
+    head, _, tail = module_name.rpartition("_")
+    return int(tail) if head and tail.isdigit() else 0
+
+
+def dense_layers(params) -> list[tuple[jax.Array, jax.Array]]:
+    """The (weight [in, out], bias [out]) pairs of a network of plain dense layers, in creation order,
+    for either backend (flax `Dense_i/{kernel,bias}`, haiku `linear_i/{w,b}`). ValueError if the
+    tree holds anything else (e.g. a learned log-std or noisy layers)."""
+    modules = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        module, name = keys[-2] if len(keys) >= 2 else None, keys[-1]
+        if module is None or name not in _WEIGHT_NAMES + _BIAS_NAMES:
+            raise ValueError(f"dense_layers: parameter {'/'.join(map(str, keys))} is not a dense layer's weight or bias")
+        modules.setdefault(module, {})["w" if name in _WEIGHT_NAMES else "b"] = leaf
+    ordered = sorted(modules, key=_layer_index)
+    return [(modules[m]["w"], modules[m]["b"]) for m in ordered]
+
+
+def replace_dense_layers(params, layers):
+    """`params` with its dense layers (in creation order, as `dense_layers` lists them) replaced."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    keys = [[getattr(k, "key", getattr(k, "name", None)) for k in path] for path, _ in leaves]
+    order = {m: i for i, m in enumerate(sorted({k[-2] for k in keys}, key=_layer_index))}
+    new = [layers[order[k[-2]]][0 if k[-1] in _WEIGHT_NAMES else 1] for k in keys]
+    return jax.tree_util.tree_unflatten(treedef, new)

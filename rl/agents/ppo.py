@@ -83,6 +83,7 @@ class Config:
     shared_network: bool = hp(False, doc="one torso for actor and critic")
     log_std_init: float = hp(0.0, doc="initial log-std of the Gaussian policy (continuous actions)")
     network_backend: str = hp("flax", choices=networks.BACKENDS)
+    fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads) when the kernel backend is triton/interpret and the network fits it; else autodiff")
     log_interval: int = hp(8, low=1, doc="updates between log points")
     eval_envs: int = hp(0, low=0, doc="greedy evaluation episodes at each log point (0: no evaluation)")
 
@@ -192,6 +193,44 @@ def truncation_aware_gae(rewards, values, next_values, terminated, truncated, ga
     return kernels.gae(rewards, values, next_values, discounts, lambdas)
 
 
+def fused_update_unfit_reason(config) -> str | None:
+    """Why `kernels.ppo_actor_critic_grads` cannot compute this config's gradient, or None if it can:
+    it needs Discrete actions, a flat Box observation, separate actor and critic with two hidden
+    layers, tanh or relu, and sizes within `kernels.ppo_grads.LIMITS`."""
+    agent = config.agent
+    env, env_params = envs.make(config.env.id, **dict(config.env.params))
+    action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
+    limits = kernels.ppo_grads.LIMITS
+    if not isinstance(action_space, Discrete):
+        return "continuous actions (the kernel is for categorical policies)"
+    if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
+        return f"observation space {obs_space} is not a flat Box"
+    if agent.shared_network or len(agent.hidden) != 2 or agent.activation not in ("tanh", "relu"):
+        return "the kernel needs separate actor and critic MLPs with two tanh or relu hidden layers"
+    if max(agent.hidden) > limits["hidden"] or obs_space.shape[0] > limits["obs_dim"] or action_space.n > limits["actions"]:
+        return f"sizes beyond the kernel's limits {limits}"
+    return None
+
+
+def fused_loss_grads(params, batch, hparams, agent):
+    """(grads, stats) of the PPO loss for `actor_critic`'s separate two-layer torsos, from the fused
+    kernel; the same numbers as `jax.grad(loss_fn)` (up to float rounding). Dense layers in creation
+    order: actor hidden 1-2, critic hidden 1-2, actor head, critic head."""
+    trans, advantages, targets = batch
+    if agent.normalize_advantages:
+        advantages = normalize(advantages)
+    (a1, a2, c1, c2, a3, c3) = networks.dense_layers(params)
+    g_actor, g_critic, stats = kernels.ppo_actor_critic_grads(
+        trans.obs, trans.action, trans.log_prob, trans.value, advantages, targets,
+        (*a1, *a2, *a3), (*c1, *c2, *c3),
+        hparams["clip_eps"], hparams["vf_clip_eps"], hparams["ent_coef"], hparams["vf_coef"],
+        activation=agent.activation, clip_value_loss=agent.clip_value_loss,
+    )
+    pairs = lambda g: [(g[0], g[1]), (g[2], g[3]), (g[4], g[5])]
+    (ga1, ga2, ga3), (gc1, gc2, gc3) = pairs(g_actor), pairs(g_critic)
+    return networks.replace_dense_layers(params, [ga1, ga2, gc1, gc2, ga3, gc3]), stats
+
+
 class Transition(NamedTuple):
     """One rollout step, as the acting loop records it (values are computed afterwards, in one batch)."""
 
@@ -249,6 +288,8 @@ def make_trainer(config) -> Trainer:
     minibatch_size = agent.batch_size // agent.num_minibatches
     grad_steps_per_update = agent.num_epochs * agent.num_minibatches
     vreset = jax.vmap(env.reset, in_axes=(0, None))
+    # the kernel backend is fixed when the program is traced, as for every kernels op
+    use_fused_update = agent.fused_update and kernels.resolve_backend() != "reference" and fused_update_unfit_reason(config) is None
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def make_optimizer(hparams):
@@ -336,10 +377,17 @@ def make_trainer(config) -> Trainer:
             flat_params, unravel = ravel_pytree(params)
             loss_of_flat = lambda p, batch: loss_fn(unravel(p), batch, hparams)
 
+            def flat_grads(flat_params, batch):
+                if use_fused_update:
+                    grads, aux = fused_loss_grads(unravel(flat_params), batch, hparams, agent)
+                    return ravel_pytree(grads)[0], aux
+                (_, aux), grads = jax.value_and_grad(loss_of_flat, has_aux=True)(flat_params, batch)
+                return grads, aux
+
             def epoch(carry, key):
                 def minibatch_step(carry, batch):
                     flat_params, opt_state = carry
-                    (_, aux), grads = jax.value_and_grad(loss_of_flat, has_aux=True)(flat_params, batch)
+                    grads, aux = flat_grads(flat_params, batch)
                     updates, opt_state = optimizer.update(grads, opt_state, flat_params)
                     return (optax.apply_updates(flat_params, updates), opt_state), aux
 

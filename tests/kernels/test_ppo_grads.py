@@ -1,0 +1,113 @@
+"""kernels.ppo_actor_critic_grads: the fused kernel (triton / interpret) against the plain-JAX
+reference (autodiff of the loss), under jit, nested vmap and row chunking; bad input errors.
+The reference itself is checked against the PPO agent's own loss and network in tests/rl/test_ppo.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernels.ppo_grads as ppo_grads
+from kernels import ppo_actor_critic_grads
+
+
+def make_case(rng, m=40, d=4, h1=16, h2=24, a=3, lead=()):
+    def arr(*shape, scale=0.5):
+        return jnp.asarray(rng.normal(size=lead + shape).astype(np.float32) * scale)
+
+    actor = (arr(d, h1), arr(h1), arr(h1, h2), arr(h2), arr(h2, a), arr(a))
+    critic = (arr(d, h1), arr(h1), arr(h1, h2), arr(h2), arr(h2, 1), arr(1))
+    obs = arr(m, d, scale=1.0)
+    actions = jnp.asarray(rng.integers(0, a, lead + (m,)), jnp.int32)
+    # behaviour log-probs near the current ones so that some ratios fall inside the clip range, some outside
+    old_log_probs = jnp.full(lead + (m,), -np.log(a), jnp.float32) + arr(m, scale=0.3)
+    rows = (old_log_probs, arr(m), arr(m, scale=1.0), arr(m, scale=1.0))
+    return (obs, actions, *rows, actor, critic)
+
+
+def assert_close(got, want, rtol=2e-4, atol=2e-6):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.shape == w.shape
+        scale = float(jnp.max(jnp.abs(w))) + 1e-6
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol + rtol * scale)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    m=st.integers(1, 70), d=st.integers(1, 6), h1=st.sampled_from([8, 16, 20]), h2=st.sampled_from([8, 16, 33]),
+    a=st.integers(2, 5), activation=st.sampled_from(["tanh", "relu"]), clip_value_loss=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_matches_the_reference(backend, m, d, h1, h2, a, activation, clip_value_loss, seed):
+    case = make_case(np.random.default_rng(seed), m, d, h1, h2, a)
+    hparams = (0.2, 0.15, 0.01, 0.5)
+    kw = dict(activation=activation, clip_value_loss=clip_value_loss, dot_precision="ieee")
+    got = ppo_actor_critic_grads(*case, *hparams, backend=backend, **kw)
+    want = ppo_grads.ppo_actor_critic_grads_reference(*case, *hparams, **kw)
+    assert_close(got, want)
+
+
+def test_statistics_are_the_hand_computed_ones(backend):
+    """Zero weights: uniform policy (entropy log A, ratio exp(log(1/A) - lp_old)), value 0."""
+    rng = np.random.default_rng(1)
+    obs, actions, lp_old, v_old, adv, targets, actor, critic = make_case(rng, m=20, a=4)
+    actor = tuple(jnp.zeros_like(w) for w in actor)
+    critic = tuple(jnp.zeros_like(w) for w in critic)
+    _, _, stats = ppo_actor_critic_grads(obs, actions, lp_old, v_old, adv, targets, actor, critic, 0.2, 0.1, 0.01, 0.5, backend=backend)
+    ratio = np.exp(np.log(0.25) - np.asarray(lp_old, np.float64))
+    a = np.asarray(adv, np.float64)
+    policy_loss = -np.mean(np.minimum(ratio * a, np.clip(ratio, 0.8, 1.2) * a))
+    v_clipped = np.asarray(v_old) + np.clip(0.0 - np.asarray(v_old), -0.1, 0.1)
+    value_loss = 0.5 * np.mean(np.maximum(np.asarray(targets) ** 2, (v_clipped - np.asarray(targets)) ** 2))
+    np.testing.assert_allclose(float(stats["policy_loss"]), policy_loss, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(stats["value_loss"]), value_loss, rtol=1e-5)
+    np.testing.assert_allclose(float(stats["entropy"]), np.log(4), rtol=1e-6)
+    np.testing.assert_allclose(float(stats["approx_kl"]), np.mean(ratio - 1 - np.log(ratio)), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(float(stats["clip_fraction"]), np.mean(np.abs(ratio - 1) > 0.2), atol=1e-6)
+
+
+def test_nested_vmap_under_jit_equals_a_loop(kernel_backend):
+    """[2 settings, 3 seeds] folded into one launch; the hyperparameters vary over the outer axis only."""
+    rng = np.random.default_rng(2)
+    case = make_case(rng, m=24, lead=(2, 3))
+    clip = jnp.array([0.1, 0.3], jnp.float32)
+    f = lambda c, *x: ppo_actor_critic_grads(*x, c, 0.2, 0.02, 0.5, backend=kernel_backend, dot_precision="ieee")
+    batched = jax.jit(jax.vmap(jax.vmap(f, in_axes=(None,) + (0,) * 8), in_axes=(0,) + (0,) * 8))(clip, *case)
+    for i in range(2):
+        for j in range(3):
+            one = jax.tree.map(lambda x: x[i, j], case)
+            want = ppo_grads.ppo_actor_critic_grads_reference(*one, clip[i], 0.2, 0.02, 0.5, dot_precision="ieee")
+            assert_close(jax.tree.map(lambda x: x[i, j], batched), want)
+
+
+def test_rows_split_over_programs_give_the_same_gradient(kernel_backend, monkeypatch):
+    """A large minibatch is cut into row chunks whose partial gradients are summed."""
+    rng = np.random.default_rng(3)
+    case = make_case(rng, m=100)
+    one_chunk = ppo_actor_critic_grads(*case, 0.2, 0.2, 0.01, 0.5, backend=kernel_backend, dot_precision="ieee")
+    monkeypatch.setattr(ppo_grads, "MIN_PROGRAMS", 10**6)
+    assert ppo_grads._row_chunks(1, 100)[1] == 4
+    ppo_grads._kernel_op.cache_clear()
+    chunked = ppo_actor_critic_grads(*case, 0.2, 0.2, 0.01, 0.5, backend=kernel_backend, dot_precision="ieee")
+    ppo_grads._kernel_op.cache_clear()
+    assert_close(chunked, one_chunk, rtol=1e-5)
+
+
+def test_bad_inputs_name_the_argument():
+    rng = np.random.default_rng(4)
+    obs, actions, lp, v, adv, tg, actor, critic = make_case(rng)
+    hp = (0.2, 0.2, 0.01, 0.5)
+    with pytest.raises(ValueError, match=r"actions must be an integer array of shape \(40,\)"):
+        ppo_actor_critic_grads(obs, actions[:5], lp, v, adv, tg, actor, critic, *hp)
+    with pytest.raises(ValueError, match=r"targets must have shape \(40,\)"):
+        ppo_actor_critic_grads(obs, actions, lp, v, adv, tg[:3], actor, critic, *hp)
+    bad_critic = (critic[0][:2],) + critic[1:]
+    with pytest.raises(ValueError, match=r"critic\[0\] must have shape \(4, 16\)"):
+        ppo_actor_critic_grads(obs, actions, lp, v, adv, tg, actor, bad_critic, *hp)
+    wide = make_case(rng, h1=200)
+    with pytest.raises(ValueError, match="hidden widths .* exceed"):
+        ppo_actor_critic_grads(*wide, *hp)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ppo_actor_critic_grads(obs, actions, lp, v, adv, tg, actor, critic, *hp, activation="gelu")
