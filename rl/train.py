@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from rl.agents import get_agent_module
+from rl.agents import get_agent_module, vmap_sequentially_on_cpu
 from rl.config import Config, hyperparams
 from rl.logging import ProgressBar, sink
 
@@ -175,7 +175,8 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     axis = mesh.axis_names[0]
     host_keys = np.asarray(seed_keys(config))
     hparams = {k: put_replicated(v, mesh) for k, v in stacked_hyperparams(config, grid).items()}
-    init_many = jax.vmap(jax.vmap(trainer.init, in_axes=(0, None)), in_axes=(None, 0))
+    init_one = vmap_sequentially_on_cpu(trainer.init)  # batched QRs can hang XLA:CPU: see rl.agents
+    init_many = jax.vmap(jax.vmap(init_one, in_axes=(0, None)), in_axes=(None, 0))
     if shard == "seeds":
         state_sharding = metrics_sharding = seed_sharding(mesh)
         keys = jax.make_array_from_callback(host_keys.shape, NamedSharding(mesh, PartitionSpec(axis)), lambda index: host_keys[index])

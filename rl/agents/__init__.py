@@ -10,21 +10,17 @@ buffers, PRNG key, counters) and `run(state, hparams, num_log_points) -> (state,
 `jax.vmap(train, in_axes=(None, 0))(key, grid)` sweeps the sweepable hyperparameters (a dict of
 float32 scalars, see `rl.config.hyperparams`). `metrics` is a dict of arrays whose leading axis is
 the log point; it always has "step" (env steps so far), "episode_return" and "episode_length" (means
-over the episodes that ended since the previous log point, NaN where none ended).
+over the episodes that ended since the previous log point, NaN where none ended). Under vmap on
+the CPU, `train` runs its init one instance at a time (`vmap_sequentially_on_cpu`: batched
+orthogonal init can hang XLA:CPU); code that vmaps a Trainer's `init` itself should wrap it too.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-
-# XLA's CPU "concurrency optimized" scheduler (jaxlib 0.10.2) can hang forever (every thread idle) on
-# some vmapped training programs, e.g. SAC's under the sweep x seed vmap of rl.train. Turned off
-# before the CPU backend starts; an XLA_FLAGS that already sets it wins.
-_CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
-if _CPU_SCHEDULER_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_CPU_SCHEDULER_FLAG}=false".strip()
 from typing import Callable, NamedTuple
+
+import jax
 
 
 class Trainer(NamedTuple):
@@ -33,13 +29,59 @@ class Trainer(NamedTuple):
     num_log_points: int  # log points in a whole run
 
 
+def vmap_sequentially_on_cpu(init: Callable) -> Callable:
+    """`init` (a Trainer's init), unchanged when called, but vmapped on the CPU as a loop over the
+    instances (`lax.map`) instead of as one batched program; on other platforms vmap batches as usual.
+    The values are the same either way.
+
+    Why: network init draws orthogonal weights with a LAPACK QR. Batched by vmap (seeds, sweep
+    settings), XLA:CPU's LAPACK kernel (jaxlib 0.10.2) splits the batch over the intra-op thread pool
+    and blocks its worker thread until the pieces are done. When as many such QRs run at once as the
+    pool has threads (2 on a 2-core machine; XLA's default, concurrency-optimized scheduler does run
+    independent ones at once) every worker waits on pieces that no thread is left to run: the
+    program hangs forever with every thread idle. Unbatched, a QR runs inline and cannot block. Init
+    runs once per run, so looping over the instances costs next to nothing. `train_from_trainer` and
+    rl.train apply it; code that vmaps `trainer.init` itself should too.
+    """
+    looped = jax.custom_batching.custom_vmap(init)
+
+    @looped.def_vmap
+    def rule(axis_size, in_batched, *args):
+        in_axes = tuple(jax.tree.map(lambda batched: 0 if batched else None, list(in_batched)))
+
+        def one_at_a_time(*args):
+            batched, unbatched = _split(in_batched, args)
+            return jax.lax.map(lambda batched: looped(*_merge(in_batched, batched, unbatched)), batched)
+
+        out = jax.lax.platform_dependent(*args, cpu=one_at_a_time, default=jax.vmap(init, in_axes=in_axes))
+        return out, jax.tree.map(lambda _: True, out)
+
+    return looped
+
+
+def _split(in_batched, args):
+    """(batched leaves, unbatched leaves) of `args` as two lists of leaves, by the pytree of flags."""
+    flags, leaves = jax.tree.leaves(list(in_batched)), jax.tree.leaves(list(args))
+    return [x for x, b in zip(leaves, flags) if b], [x for x, b in zip(leaves, flags) if not b]
+
+
+def _merge(in_batched, batched, unbatched):
+    """The inverse of `_split`: the argument list with the leaves put back in place."""
+    batched, unbatched = iter(batched), iter(unbatched)
+    leaves = [next(batched) if b else next(unbatched) for b in jax.tree.leaves(list(in_batched))]
+    return jax.tree.unflatten(jax.tree.structure(list(in_batched)), leaves)
+
+
 def train_from_trainer(trainer: Trainer, agent_config) -> Callable:
-    """`train(key, hparams=None) -> (final_state, metrics)` running every log point of `trainer`."""
+    """`train(key, hparams=None) -> (final_state, metrics)` running every log point of `trainer`
+    (its init vmapped sequentially on the CPU: see `vmap_sequentially_on_cpu`)."""
     from rl.config import hyperparams
+
+    init = vmap_sequentially_on_cpu(trainer.init)
 
     def train(key, hparams=None):
         hparams = hyperparams(agent_config) if hparams is None else hparams
-        return trainer.run(trainer.init(key, hparams), hparams, trainer.num_log_points)
+        return trainer.run(init(key, hparams), hparams, trainer.num_log_points)
 
     return train
 
