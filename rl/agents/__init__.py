@@ -32,7 +32,10 @@ class Trainer(NamedTuple):
 def vmap_sequentially_on_cpu(init: Callable) -> Callable:
     """`init` (a Trainer's init), unchanged when called, but vmapped on the CPU as a loop over the
     instances (`lax.map`) instead of as one batched program; on other platforms vmap batches as usual.
-    The values are the same either way.
+    The values are the same either way, and so is which outputs come out batched: as under a plain
+    vmap, an output that depends on no batched input (a step counter, an empty buffer) stays
+    unbatched, so that e.g. a `lax.cond` on the step counter stays a branch instead of becoming a
+    select that computes both sides.
 
     Why: network init draws orthogonal weights with a LAPACK QR. Batched by vmap (seeds, sweep
     settings), XLA:CPU's LAPACK kernel (jaxlib 0.10.2) splits the batch over the intra-op thread pool
@@ -47,29 +50,41 @@ def vmap_sequentially_on_cpu(init: Callable) -> Callable:
 
     @looped.def_vmap
     def rule(axis_size, in_batched, *args):
+        flags, arg_tree = jax.tree.flatten(list(in_batched))
         in_axes = tuple(jax.tree.map(lambda batched: 0 if batched else None, list(in_batched)))
 
         def one_at_a_time(*args):
-            batched, unbatched = _split(in_batched, args)
-            return jax.lax.map(lambda batched: looped(*_merge(in_batched, batched, unbatched)), batched)
+            leaves = jax.tree.leaves(list(args))
+            batched = [x for x, b in zip(leaves, flags) if b]
+
+            def instance(batched):
+                batched = iter(batched)
+                return looped(*arg_tree.unflatten([next(batched) if b else x for x, b in zip(leaves, flags)]))
+
+            return jax.lax.map(instance, batched)
 
         out = jax.lax.platform_dependent(*args, cpu=one_at_a_time, default=jax.vmap(init, in_axes=in_axes))
-        return out, jax.tree.map(lambda _: True, out)
+        out_leaves, out_tree = jax.tree.flatten(out)
+        out_batched = _depends_on(init, arg_tree, jax.tree.leaves(list(args)), flags)
+        out_leaves = [x if b else x[0] for x, b in zip(out_leaves, out_batched)]
+        return out_tree.unflatten(out_leaves), out_tree.unflatten(out_batched)
 
     return looped
 
 
-def _split(in_batched, args):
-    """(batched leaves, unbatched leaves) of `args` as two lists of leaves, by the pytree of flags."""
-    flags, leaves = jax.tree.leaves(list(in_batched)), jax.tree.leaves(list(args))
-    return [x for x, b in zip(leaves, flags) if b], [x for x, b in zip(leaves, flags) if not b]
+def _depends_on(fn, arg_tree, leaves, flags) -> list[bool]:
+    """For each output leaf of `fn(*args)`: whether it depends on an argument leaf flagged True (those
+    carry a leading batch axis in `leaves`). Read off fn's jaxpr, conservatively: an equation's
+    outputs all depend on everything its inputs depend on."""
+    from jax.extend.core import Var
 
-
-def _merge(in_batched, batched, unbatched):
-    """The inverse of `_split`: the argument list with the leaves put back in place."""
-    batched, unbatched = iter(batched), iter(unbatched)
-    leaves = [next(batched) if b else next(unbatched) for b in jax.tree.leaves(list(in_batched))]
-    return jax.tree.unflatten(jax.tree.structure(list(in_batched)), leaves)
+    shapes = [jax.ShapeDtypeStruct(x.shape[1:] if b else x.shape, x.dtype) for x, b in zip(leaves, flags)]
+    jaxpr = jax.make_jaxpr(lambda *xs: fn(*arg_tree.unflatten(xs)))(*shapes).jaxpr
+    tainted = {v for v, b in zip(jaxpr.invars, flags) if b}
+    for eqn in jaxpr.eqns:
+        if any(isinstance(v, Var) and v in tainted for v in eqn.invars):
+            tainted.update(eqn.outvars)
+    return [isinstance(v, Var) and v in tainted for v in jaxpr.outvars]
 
 
 def train_from_trainer(trainer: Trainer, agent_config) -> Callable:

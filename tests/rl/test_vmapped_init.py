@@ -85,6 +85,26 @@ def test_looped_init_equals_batched_and_single_calls():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_outputs_that_depend_on_no_batched_input_stay_unbatched():
+    """As under a plain vmap: the step counter and the empty replay buffer do not depend on the key,
+    so they stay unbatched (out_axes=None accepts them), which keeps SAC's and DQN's `lax.cond` on
+    `step >= learning_starts` a branch; params and env states depend on the key and are batched."""
+    from rl.agents import sac
+    from rl.config import hyperparams
+
+    config = tiny_config("sac")
+    trainer = sac.make_trainer(config)
+    hparams = hyperparams(config.agent)
+    init = vmap_sequentially_on_cpu(trainer.init)
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    unbatched = jax.jit(jax.vmap(lambda key: (init(key, hparams)["step"], init(key, hparams)["buffer"]), out_axes=None))(keys)
+    assert int(unbatched[0]) == 0 and int(unbatched[1].size) == 0
+    obs = jax.jit(jax.vmap(lambda key: init(key, hparams)["obs"]))(keys)
+    assert obs.shape[0] == 3 and not np.allclose(obs[0], obs[1])
+    with pytest.raises(ValueError):  # the obs are batched: they cannot leave with out_axes=None
+        jax.vmap(lambda key: init(key, hparams)["obs"], out_axes=None)(keys)
+
+
 SAC_SWEEP = textwrap.dedent(
     """
     import jax
