@@ -18,12 +18,10 @@ from kernels.launch import (
 from kernels.returns import discounted_returns
 from kernels.gae import gae
 
-# --- ops added by kernels-2 (softmax.py, policy_head.py, projection.py): edit these lines ---
 from kernels.softmax import softmax
 from kernels.policy_head import categorical_log_prob_entropy
 from kernels.projection import categorical_projection
-from kernels.ppo_grads import ppo_actor_critic_grads
-# --- end of kernels-2 lines ---
+from kernels.ppo_grads import ppo_actor_critic_grads, ppo_objective
 
 __all__ = [
     "BACKENDS",
@@ -40,4 +38,5 @@ __all__ = [
     "categorical_log_prob_entropy",
     "categorical_projection",
     "ppo_actor_critic_grads",
+    "ppo_objective",
 ]

@@ -53,7 +53,7 @@ import triton.language as tl
 
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, next_power_of_2, resolve_backend
 
-__all__ = ["ppo_actor_critic_grads", "ppo_actor_critic_grads_reference", "LIMITS"]
+__all__ = ["ppo_actor_critic_grads", "ppo_actor_critic_grads_reference", "ppo_objective", "clipped_surrogate_loss", "clipped_value_loss", "LIMITS"]
 
 ACTIVATIONS = ("tanh", "relu")
 PRECISIONS = ("tf32", "ieee")
@@ -351,6 +351,46 @@ def _mlp(layers, x, activation: str, precision):
     return dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3
 
 
+def clipped_surrogate_loss(ratio, advantages, clip_eps):
+    """PPO's clipped surrogate (Schulman et al. 2017): -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))."""
+    return -jnp.mean(jnp.minimum(ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages))
+
+
+def clipped_value_loss(values, old_values, targets, clip_eps, clip: bool = True):
+    """0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2)); 0.5 mean((V - R)^2) when not `clip`."""
+    unclipped = jnp.square(values - targets)
+    if not clip:
+        return 0.5 * jnp.mean(unclipped)
+    clipped = jnp.square(old_values + jnp.clip(values - old_values, -clip_eps, clip_eps) - targets)
+    return 0.5 * jnp.mean(jnp.maximum(unclipped, clipped))
+
+
+def ppo_objective(log_prob, entropy, values, old_log_probs, old_values, advantages, targets,
+                  clip_eps, vf_clip_eps, ent_coef, vf_coef, clip_value_loss: bool = True):
+    """(L, stats) of one minibatch, from the per-row log pi(a|s), entropy H and value V of the
+    current policy (any action distribution):
+
+        L = clipped_surrogate_loss(rho, A, eps) + vf_coef clipped_value_loss(V, V_old, R, eps_v) - ent_coef mean(H)
+
+    with rho = exp(log pi(a|s) - log pi_old(a|s)); stats: policy_loss, value_loss, entropy,
+    approx_kl = mean(rho - 1 - log rho), clip_fraction = mean(|rho - 1| > eps). The fused kernels
+    compute the gradient of this function; `rl.losses.ppo_loss` is this function."""
+    log_ratio = log_prob - old_log_probs
+    ratio = jnp.exp(log_ratio)
+    policy_loss = clipped_surrogate_loss(ratio, advantages, clip_eps)
+    value_loss = clipped_value_loss(values, old_values, targets, vf_clip_eps, clip_value_loss)
+    entropy = jnp.mean(entropy)
+    total = policy_loss + vf_coef * value_loss - ent_coef * entropy
+    stats = {
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
+        "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)),
+    }
+    return total, stats
+
+
 def ppo_actor_critic_grads_reference(obs, actions, old_log_probs, old_values, advantages, targets, actor, critic,
                                      clip_eps, vf_clip_eps, ent_coef, vf_coef, *, activation="tanh", clip_value_loss=True, dot_precision="tf32"):
     """Plain JAX: `jax.value_and_grad` of the loss in the module docstring (same signature and outputs)."""
@@ -362,24 +402,8 @@ def ppo_actor_critic_grads_reference(obs, actions, old_log_probs, old_values, ad
         log_p = jax.nn.log_softmax(logits)
         log_prob = jnp.take_along_axis(log_p, actions[..., None].astype(jnp.int32), axis=-1)[..., 0]
         entropy = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
-        log_ratio = log_prob - old_log_probs
-        ratio = jnp.exp(log_ratio)
-        policy_loss = -jnp.mean(jnp.minimum(ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages))
-        unclipped = jnp.square(value - targets)
-        if clip_value_loss:
-            clipped = jnp.square(old_values + jnp.clip(value - old_values, -vf_clip_eps, vf_clip_eps) - targets)
-            value_loss = 0.5 * jnp.mean(jnp.maximum(unclipped, clipped))
-        else:
-            value_loss = 0.5 * jnp.mean(unclipped)
-        total = policy_loss + vf_coef * value_loss - ent_coef * jnp.mean(entropy)
-        stats = {
-            "policy_loss": policy_loss,
-            "value_loss": value_loss,
-            "entropy": jnp.mean(entropy),
-            "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
-            "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)),
-        }
-        return total, stats
+        return ppo_objective(log_prob, entropy, value, old_log_probs, old_values, advantages, targets,
+                             clip_eps, vf_clip_eps, ent_coef, vf_coef, clip_value_loss)
 
     (_, stats), (g_actor, g_critic) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(tuple(actor), tuple(critic))
     return g_actor, g_critic, stats

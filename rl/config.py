@@ -251,6 +251,10 @@ def build_dataclass(cls, data: Mapping, section: str, ignore: tuple[str, ...] = 
         if key not in fields:
             raise ConfigError(f"unknown key '{section}.{key}'{_suggest(key, fields, section)}; known keys: {', '.join(fields)}")
         where = f"{section}.{key}"
+        if dataclasses.is_dataclass(hints[key]):
+            value = _nested(fields[key], hints[key], value, where)
+            values[key] = value
+            continue
         value = _coerce(value, hints[key], where)
         _check_range(value, fields[key].metadata, where)
         values[key] = value
@@ -259,7 +263,7 @@ def build_dataclass(cls, data: Mapping, section: str, ignore: tuple[str, ...] = 
     except TypeError as err:
         raise ConfigError(f"{section}: {err}") from None
     for name, f in fields.items():  # defaults are validated too (catches a bad default early)
-        if name not in values and f.metadata:
+        if name not in values and f.metadata and not dataclasses.is_dataclass(hints[name]):
             _check_range(getattr(instance, name), f.metadata, f"{section}.{name}")
     validate = getattr(instance, "validate", None)
     if callable(validate):
@@ -267,10 +271,20 @@ def build_dataclass(cls, data: Mapping, section: str, ignore: tuple[str, ...] = 
     return instance
 
 
+def _nested(f, cls, value, where: str):
+    """A nested config section (e.g. `agent.network`): the given keys over the field's defaults."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of {', '.join(x.name for x in dataclasses.fields(cls))}, got {value!r}")
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else cls()
+    return build_dataclass(cls, {**_plain(dataclasses.asdict(default)), **value}, where)
+
+
 def build_config(data: Mapping) -> Config:
     """A validated Config from a nested mapping (a parsed YAML file with overrides applied)."""
     import envs
-    from rl.agents import get_agent_module, registered_agents
+    from rl.registry import get_agent_module, registered_agents
 
     known = ("env", "agent", "run", "kernels")
     for key in data:
@@ -283,7 +297,7 @@ def build_config(data: Mapping) -> Config:
     if not isinstance(env.params, Mapping):
         raise ConfigError(f"env.params: expected a mapping, got {env.params!r}")
     try:
-        envs.make(env.id, **dict(env.params))
+        env_and_params = envs.make(env.id, **dict(env.params))
     except ValueError as err:
         where = "env.id" if env.id not in envs.REGISTRY else "env.params"
         raise ConfigError(f"{where}: {err}") from None
@@ -300,7 +314,7 @@ def build_config(data: Mapping) -> Config:
     config = Config(env=env, agent=agent, run=run, kernels=kernels)
     check_compatible = getattr(module, "check_env", None)
     if callable(check_compatible):
-        check_compatible(config)
+        check_compatible(config, *env_and_params)
     return config
 
 

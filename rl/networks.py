@@ -1,13 +1,18 @@
 """Networks as a pair of pure functions, with Flax (default) or Haiku behind one interface.
 
-    net = networks.build(networks.q_mlp(num_actions=2, hidden=(64, 64)), backend="flax")
+    torso = networks.make_torso(networks.NetworkConfig(hidden=(64, 64)))
+    net = networks.build(networks.with_head(torso, networks.q_head(2)), backend="flax")
     params = net.init(key, obs)                  # obs: one observation or a batch
     q_values = net.apply(params, obs)            # noisy layers: net.apply(params, obs, rng=key)
 
 A network is written ONCE as a plain function `fn(layers, *inputs)` against the tiny `Layers`
 interface below (`dense`, `noisy_dense`, `param`); `build` turns it into a Flax linen module or a
 Haiku transform. Both backends create the same parameters with the same initialisers, so an agent
-never sees which one it runs on (`agent.network_backend: flax | haiku` in a config).
+never sees which one it runs on (`agent.network.backend: flax | haiku` in a config).
+
+A network is a torso (observations -> features; `make_torso` from `agent.network`) and heads
+(Q, Rainbow's dueling/noisy/distributional, categorical and Gaussian policies, value), joined by
+`with_head`, `actor_critic` or `twin_q`.
 
 Initialisation follows the usual PPO/DQN practice: orthogonal weights with a per-layer gain
 (sqrt(2) for hidden ReLU/tanh layers; 0.01 for policy logits; 1 for values), zero biases.
@@ -16,11 +21,13 @@ Initialisation follows the usual PPO/DQN practice: orthogonal weights with a per
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+
+from rl.config import ConfigError, hp
 
 BACKENDS = ("flax", "haiku")
 
@@ -179,13 +186,36 @@ def _build_haiku(fn: Callable) -> Network:
     return Network(init=init, apply=apply)
 
 
-# ---------------------------------------------------------------- shared pieces
+# ---------------------------------------------------------------- torsos
+
+
+TORSOS = ("mlp",)
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """`agent.network` in a config: the torso that turns observations into features, and the
+    backend. Each agent puts its own heads on the torso."""
+
+    torso: str = hp("mlp", choices=TORSOS, doc="observation encoder")
+    hidden: tuple[int, ...] = hp((64, 64), doc="hidden widths of the torso")
+    activation: str = hp("relu", choices=tuple(ACTIVATIONS), doc="hidden activation")
+    backend: str = hp("flax", choices=BACKENDS, doc="flax (linen) or haiku")
+
+    def validate(self):
+        if not self.hidden or any(width < 1 for width in self.hidden):
+            raise ConfigError(f"agent.network.hidden must list positive widths, got {list(self.hidden)}")
+
+
+def network_config(**defaults) -> Any:
+    """A dataclass field holding a `NetworkConfig` with an agent's own defaults."""
+    return field(default_factory=lambda: NetworkConfig(**defaults), metadata=dict(doc="torso and backend (NetworkConfig)"))
 
 
 def mlp(layers, x, hidden: Sequence[int], act: str = "relu", noisy: bool = False):
-    """Hidden layers `act(dense(x))` of the given widths (orthogonal init, gain sqrt(2))."""
+    """Hidden layers h <- act(h W + b) of the given widths (orthogonal init, gain sqrt(2))."""
     f = activation(act)
-    for i, width in enumerate(hidden):
+    for width in hidden:
         x = f(layers.noisy_dense(x, width) if noisy else layers.dense(x, width))
     return x
 
@@ -197,101 +227,71 @@ def preprocess_obs(obs, num_discrete_obs: int | None = None):
     return jnp.asarray(obs, jnp.float32)
 
 
-def q_mlp(num_actions: int, hidden: Sequence[int] = (64, 64), act: str = "relu", num_discrete_obs: int | None = None):
-    """Q-network: MLP torso and a linear head of `num_actions` Q-values (gain 1)."""
-
-    def fn(layers, obs):
-        x = mlp(layers, preprocess_obs(obs, num_discrete_obs), hidden, act)
-        return layers.dense(x, num_actions, scale=1.0)
-
-    return fn
+def num_discrete_obs(obs_space) -> int | None:
+    """n for a Discrete observation space (one-hot encoded by the torso), else None."""
+    return int(obs_space.n) if type(obs_space).__name__ == "Discrete" else None
 
 
-def constant_init(value: float) -> Callable:
-    """Initialiser filling a parameter with `value` (for `layers.param`)."""
-    return lambda key, shape, dtype=jnp.float32: jnp.full(shape, value, dtype)
+def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
+    """`torso(layers, obs) -> features [..., F]` for `config.torso`:
+
+    mlp: obs (one-hot if `obs_space` is Discrete, else float32 and flat) -> the `hidden` layers.
+    Each call of `torso` creates a new set of layers (two calls: two torsos)."""
+    if config.torso != "mlp":
+        raise ValueError(f"unknown torso {config.torso!r}; known: {', '.join(TORSOS)}")
+    n = None if obs_space is None else num_discrete_obs(obs_space)
+    return lambda layers, obs: mlp(layers, preprocess_obs(obs, n), config.hidden, config.activation)
 
 
-def actor_critic(action_dim: int, continuous: bool = False, hidden: Sequence[int] = (64, 64), act: str = "tanh", shared: bool = False, log_std_init: float = 0.0, num_discrete_obs: int | None = None):
-    """PPO's actor-critic: `fn(layers, obs) -> (policy, value)`.
-
-    Discrete: policy = logits [..., action_dim] (head gain 0.01). Continuous: policy = (mean, log_std),
-    both [..., action_dim]: a diagonal Gaussian whose mean comes from the actor (gain 0.01) and whose
-    log-std is one state-independent learned parameter per action dimension (initial `log_std_init`).
-    value: [...] from a gain-1 head. `shared=True` puts both heads on one torso; otherwise actor and
-    critic have separate MLP torsos of the same widths (both in one parameter tree).
-    """
-
-    def fn(layers, obs):
-        x = preprocess_obs(obs, num_discrete_obs)
-        actor_h = mlp(layers, x, hidden, act)
-        critic_h = actor_h if shared else mlp(layers, x, hidden, act)
-        head = layers.dense(actor_h, action_dim, scale=0.01)
-        value = layers.dense(critic_h, 1, scale=1.0)[..., 0]
-        if continuous:
-            log_std = layers.param("log_std", (action_dim,), constant_init(log_std_init))
-            return (head, jnp.broadcast_to(log_std, head.shape)), value
-        return head, value
-
-    return fn
+# ---------------------------------------------------------------- heads
 
 
-def squashed_gaussian_actor(action_dim: int, hidden: Sequence[int] = (256, 256), act: str = "relu", log_std_min: float = -5.0, log_std_max: float = 2.0):
-    """SAC's actor: `fn(layers, obs) -> (mean, log_std)` of the pre-tanh Gaussian, [..., action_dim].
+def q_head(num_actions: int) -> Callable:
+    """Q-values [..., num_actions] from features: one linear layer (gain 1)."""
+    return lambda layers, x: layers.dense(x, num_actions, scale=1.0)
 
-    The log-std is bounded smoothly: log_std = min + (max - min) * (tanh(raw) + 1) / 2.
-    """
 
-    def fn(layers, obs):
-        x = mlp(layers, preprocess_obs(obs), hidden, act)
+def value_head() -> Callable:
+    """A state value [...] from features: one linear unit (gain 1)."""
+    return lambda layers, x: layers.dense(x, 1, scale=1.0)[..., 0]
+
+
+def categorical_policy_head(num_actions: int) -> Callable:
+    """Logits [..., num_actions] from features (gain 0.01: a near-uniform initial policy)."""
+    return lambda layers, x: layers.dense(x, num_actions, scale=0.01)
+
+
+def gaussian_policy_head(action_dim: int, log_std_init: float = 0.0) -> Callable:
+    """(mean, log_std) of a diagonal Gaussian, both [..., action_dim]: the mean from features (gain
+    0.01), the log-std one learned state-independent parameter per dimension (initial `log_std_init`)."""
+
+    def head(layers, x):
+        mean = layers.dense(x, action_dim, scale=0.01)
+        log_std = layers.param("log_std", (action_dim,), constant_init(log_std_init))
+        return mean, jnp.broadcast_to(log_std, mean.shape)
+
+    return head
+
+
+def squashed_gaussian_head(action_dim: int, log_std_min: float = -5.0, log_std_max: float = 2.0) -> Callable:
+    """(mean, log_std) of SAC's pre-tanh Gaussian, [..., action_dim], the log-std bounded smoothly:
+    log_std = min + (max - min) (tanh(raw) + 1) / 2."""
+
+    def head(layers, x):
         mean = layers.dense(x, action_dim, scale=0.01)
         raw = layers.dense(x, action_dim, scale=0.01)
-        log_std = log_std_min + 0.5 * (log_std_max - log_std_min) * (jnp.tanh(raw) + 1.0)
-        return mean, log_std
+        return mean, log_std_min + 0.5 * (log_std_max - log_std_min) * (jnp.tanh(raw) + 1.0)
 
-    return fn
-
-
-def twin_q(hidden: Sequence[int] = (256, 256), act: str = "relu", num_actions: int | None = None):
-    """Two independent Q-networks in one parameter tree (SAC's clipped double Q).
-
-    Continuous (`num_actions=None`): `fn(layers, obs, action) -> (q1, q2)`, each [...], from
-    concat(obs, action). Discrete: `fn(layers, obs) -> (q1, q2)`, each [..., num_actions].
-    """
-
-    def fn(layers, obs, action=None):
-        x = preprocess_obs(obs)
-        if num_actions is None:
-            x = jnp.concatenate([x, jnp.asarray(action, jnp.float32)], axis=-1)
-        outs = []
-        for _ in range(2):
-            h = mlp(layers, x, hidden, act)
-            q = layers.dense(h, 1 if num_actions is None else num_actions, scale=1.0)
-            outs.append(q[..., 0] if num_actions is None else q)
-        return tuple(outs)
-
-    return fn
+    return head
 
 
-def rainbow_q(
-    num_actions: int,
-    hidden: Sequence[int] = (128, 128),
-    head_hidden: int = 0,
-    num_atoms: int = 1,
-    dueling: bool = True,
-    noisy: bool = True,
-    act: str = "relu",
-    num_discrete_obs: int | None = None,
-):
-    """Q-network of Rainbow with every part switchable: an MLP torso of `hidden` widths (plain
-    dense), then a head giving `[..., num_actions, num_atoms]` outputs (logits over atoms when
-    `num_atoms` > 1, Q-values when 1).
+def rainbow_head(num_actions: int, num_atoms: int = 1, dueling: bool = True, noisy: bool = True, head_hidden: int = 0, act: str = "relu") -> Callable:
+    """Rainbow's head, every part switchable: outputs [..., num_actions, num_atoms] (logits over
+    atoms when num_atoms > 1, Q-values when 1).
 
-    Head: an optional hidden layer of `head_hidden` units per stream, then a linear output; layers
-    of the head are factorised-noisy when `noisy`. Dueling (Wang et al. 2016) combines a value
-    stream V [..., 1, atoms] and an advantage stream A [..., actions, atoms] as
-    V + A - mean_actions(A); without it one stream outputs [..., actions, atoms] directly.
-    """
+    Each stream: an optional hidden layer of `head_hidden` units, then a linear output; factorised
+    noisy layers when `noisy`. Dueling (Wang et al. 2016): Q = V + A - mean_a A from a value stream
+    V [..., 1, atoms] and an advantage stream A [..., actions, atoms]; else one stream."""
     f = activation(act)
 
     def stream(layers, x, outputs):
@@ -299,14 +299,55 @@ def rainbow_q(
             x = f(layers.noisy_dense(x, head_hidden) if noisy else layers.dense(x, head_hidden))
         return layers.noisy_dense(x, outputs) if noisy else layers.dense(x, outputs, scale=1.0)
 
-    def fn(layers, obs):
-        x = mlp(layers, preprocess_obs(obs, num_discrete_obs), hidden, act)
+    def head(layers, x):
         shape = x.shape[:-1] + (num_actions, num_atoms)
         if not dueling:
             return stream(layers, x, num_actions * num_atoms).reshape(shape)
         value = stream(layers, x, num_atoms).reshape(x.shape[:-1] + (1, num_atoms))
         advantage = stream(layers, x, num_actions * num_atoms).reshape(shape)
         return value + advantage - advantage.mean(axis=-2, keepdims=True)
+
+    return head
+
+
+def constant_init(value: float) -> Callable:
+    """Initialiser filling a parameter with `value` (for `layers.param`)."""
+    return lambda key, shape, dtype=jnp.float32: jnp.full(shape, value, dtype)
+
+
+# ---------------------------------------------------------------- torso + head
+
+
+def with_head(torso: Callable, head: Callable) -> Callable:
+    """`fn(layers, obs) = head(layers, torso(layers, obs))`."""
+    return lambda layers, obs: head(layers, torso(layers, obs))
+
+
+def actor_critic(torso: Callable, policy_head: Callable, shared: bool = False) -> Callable:
+    """`fn(layers, obs) -> (policy, value)`: separate actor and critic torsos (or one shared torso),
+    the policy head on the actor's features and a value head on the critic's."""
+    value = value_head()
+
+    def fn(layers, obs):
+        actor_features = torso(layers, obs)
+        critic_features = actor_features if shared else torso(layers, obs)
+        return policy_head(layers, actor_features), value(layers, critic_features)
+
+    return fn
+
+
+def twin_q(torso: Callable, num_actions: int | None = None) -> Callable:
+    """Two independent Q-networks in one parameter tree (clipped double Q).
+
+    Continuous (`num_actions=None`): `fn(layers, obs, action) -> (q1, q2)`, each [...], each torso
+    reading concat(obs, action). Discrete: `fn(layers, obs) -> (q1, q2)`, each [..., num_actions]."""
+    head = value_head() if num_actions is None else q_head(num_actions)
+
+    def fn(layers, obs, action=None):
+        x = obs
+        if num_actions is None:
+            x = jnp.concatenate([jnp.asarray(obs, jnp.float32), jnp.asarray(action, jnp.float32)], axis=-1)
+        return tuple(head(layers, torso(layers, x)) for _ in range(2))
 
     return fn
 

@@ -1,0 +1,212 @@
+"""One pure function per RL idea, with its maths, in the style of rlax.
+
+Arrays are batched along leading axes unless a docstring says otherwise; `backend=` is the kernel
+backend (see `kernels`) for the functions that run a kernels op. Nothing here holds state, reads a
+config or calls a network: agents compute network outputs and pass arrays in.
+
+Truncation is not termination throughout: a transition's discount is gamma (1 - terminated), so a
+time-limit end still bootstraps from the observation actually reached (`info["final_obs"]`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import kernels
+from kernels.ppo_grads import clipped_surrogate_loss, clipped_value_loss, ppo_objective
+
+__all__ = [
+    "episode_discount", "n_step_discount", "bootstrap_value", "q_learning_target", "td_loss", "n_step_transition",
+    "categorical_q_values", "categorical_td_target", "categorical_cross_entropy",
+    "normalize", "gae_coefficients", "truncation_aware_gae", "clipped_surrogate_loss", "clipped_value_loss", "ppo_loss",
+    "gaussian_log_prob_entropy", "tanh_log_det_jacobian", "squashed_gaussian_sample", "squashed_gaussian_log_prob",
+    "soft_value", "soft_value_discrete", "twin_q_loss", "sac_actor_loss", "sac_actor_loss_discrete", "temperature_loss",
+]
+
+# ---------------------------------------------------------------- value-based (DQN, Rainbow)
+
+
+def episode_discount(gamma, terminated):
+    """gamma_t = gamma (1 - terminated_t): zero only where the episode terminated."""
+    return gamma * (1.0 - terminated.astype(jnp.float32))
+
+
+def n_step_discount(gamma, steps, terminated):
+    """gamma^n (1 - terminated) for an n-step transition that bootstraps `steps` steps ahead."""
+    return gamma ** steps.astype(jnp.float32) * (1.0 - terminated.astype(jnp.float32))
+
+
+def bootstrap_value(q_next_target, q_next_selector):
+    """Q_target(s', argmax_a Q_selector(s', a)), per row of [..., A] Q-values: DQN (Mnih et al.
+    2015) selects with the target network itself, double Q-learning (van Hasselt et al. 2016) with
+    the online network."""
+    action = jnp.argmax(q_next_selector, axis=-1)
+    return jnp.take_along_axis(q_next_target, action[..., None], axis=-1)[..., 0]
+
+
+def q_learning_target(reward, discount, next_value):
+    """y = r + gamma_t V(s'), held fixed (no gradient)."""
+    return jax.lax.stop_gradient(reward + discount * next_value)
+
+
+def td_loss(td_error, kind: str = "huber"):
+    """Per-item loss of a TD error: huber (delta 1: 0.5 d^2 for |d| <= 1, |d| - 0.5 beyond) or mse (d^2)."""
+    if kind == "huber":
+        return optax.huber_loss(td_error, delta=1.0)
+    if kind == "mse":
+        return jnp.square(td_error)
+    raise ValueError(f"td_loss: kind must be 'huber' or 'mse', got {kind!r}")
+
+
+def n_step_transition(window, gamma, *, backend: str | None = None):
+    """The n-step transition of the oldest step of a window of the last n steps of each env.
+
+    window: {"obs", "action", "reward", "final_obs", "terminated", "truncated"}, each [n, envs, ...].
+    With k the first step of the window at which the episode ended (terminated or truncated), or
+    n - 1 if none did:
+
+        reward = sum_{i <= k} gamma^i r_i,   next_obs = final_obs_k,   terminated = terminated_k,
+        bootstrap_steps = k + 1
+
+    so the target is reward + gamma^(k+1) (1 - terminated_k) max_a Q(next_obs, a) (`n_step_discount`).
+    The discounted sum runs through `kernels.discounted_returns`.
+    """
+    n = window["reward"].shape[0]
+    done = window["terminated"] | window["truncated"]
+    discounts = gamma * (1.0 - done.astype(jnp.float32))
+    ret = kernels.discounted_returns(window["reward"], discounts, jnp.zeros_like(window["reward"][0]), backend=backend)[0]
+    last = jnp.arange(n)[:, None] == n - 1
+    end = jnp.argmax(done | last, axis=0)
+    take = lambda x: jnp.take_along_axis(x, end.reshape((1, -1) + (1,) * (x.ndim - 2)), axis=0)[0]
+    return {
+        "obs": window["obs"][0],
+        "action": window["action"][0],
+        "reward": ret,
+        "next_obs": take(window["final_obs"]),
+        "terminated": take(window["terminated"]),
+        "bootstrap_steps": (end + 1).astype(jnp.int32),
+    }
+
+
+def categorical_q_values(logits, support, *, backend: str | None = None):
+    """Q(s, a) = sum_i softmax(logits)_i z_i over the atoms z (last axis of `logits`)."""
+    return jnp.sum(kernels.softmax(logits, axis=-1, backend=backend) * support, axis=-1)
+
+
+def categorical_td_target(reward, discount, next_probs, support, *, backend: str | None = None):
+    """C51's target distribution (Bellemare et al. 2017), no gradient: the distribution of
+    r + gamma_t z under `next_probs` [B, K], projected onto the support z [K]
+    (`kernels.categorical_projection`). `reward`, `discount`: [B]."""
+    atoms = reward[:, None] + discount[:, None] * support[None, :]
+    return jax.lax.stop_gradient(kernels.categorical_projection(atoms, next_probs, support, backend=backend))
+
+
+def categorical_cross_entropy(logits, target_probs):
+    """(-sum_i m_i log p_i, KL(m || p)) per row, p = softmax(logits), m the target distribution.
+    The KL (clipped at 0) is Rainbow's replay priority."""
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    cross_entropy = -jnp.sum(target_probs * log_p, axis=-1)
+    neg_entropy = jnp.sum(jnp.where(target_probs > 0, target_probs * jnp.log(jnp.where(target_probs > 0, target_probs, 1.0)), 0.0), axis=-1)
+    return cross_entropy, jnp.maximum(cross_entropy + neg_entropy, 0.0)
+
+
+# ---------------------------------------------------------------- policy gradient (PPO)
+
+
+def normalize(x, eps: float = 1e-8):
+    """(x - mean(x)) / (std(x) + eps)."""
+    return (x - x.mean()) / (x.std() + eps)
+
+
+def gae_coefficients(terminated, truncated, gamma, gae_lambda):
+    """(d_t, lambda_t) for truncation-aware GAE: d_t = gamma (1 - terminated_t) bootstraps through a
+    time limit, lambda_t = lambda (1 - (terminated_t | truncated_t)) stops the advantage chain at any
+    episode end."""
+    discounts = gamma * (1.0 - terminated.astype(jnp.float32))
+    lambdas = gae_lambda * (1.0 - (terminated | truncated).astype(jnp.float32))
+    return discounts, lambdas
+
+
+def truncation_aware_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda, *, backend: str | None = None):
+    """(advantages, value targets) of a time-major rollout, GAE (Schulman et al. 2016) with the
+    coefficients of `gae_coefficients` and next_values = V(final_obs_t):
+
+        delta_t = r_t + d_t V(final_obs_t) - V(s_t),   A_t = delta_t + d_t lambda_t A_{t+1},   R_t = A_t + V(s_t)
+
+    through `kernels.gae`."""
+    discounts, lambdas = gae_coefficients(terminated, truncated, gamma, gae_lambda)
+    return kernels.gae(rewards, values, next_values, discounts, lambdas, backend=backend)
+
+
+ppo_loss = ppo_objective
+
+
+def gaussian_log_prob_entropy(mean, log_std, actions):
+    """Diagonal Gaussian, summed over the last axis:
+    log pi(a) = sum -((a - mu) / sigma)^2 / 2 - log sigma - log(2 pi) / 2;  H = sum log sigma + log(2 pi e) / 2."""
+    z = (actions - mean) * jnp.exp(-log_std)
+    log_prob = jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi), axis=-1)
+    entropy = jnp.sum(log_std + 0.5 * math.log(2 * math.pi * math.e), axis=-1)
+    return log_prob, entropy
+
+
+# ---------------------------------------------------------------- soft actor-critic (SAC)
+
+
+def tanh_log_det_jacobian(u):
+    """log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), elementwise, stable for large |u|."""
+    return 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+
+
+def squashed_gaussian_sample(mean, log_std, key):
+    """(a, log pi(a)) with a = tanh(u), u = mu + sigma eps, eps ~ N(0, I) (reparameterised):
+
+        log pi(a) = sum_j [log N(u_j; mu_j, sigma_j) - log(1 - tanh(u_j)^2)]   (over the last axis)."""
+    eps = jax.random.normal(key, mean.shape)
+    u = mean + jnp.exp(log_std) * eps
+    log_normal = -0.5 * eps * eps - log_std - 0.5 * math.log(2.0 * math.pi)
+    return jnp.tanh(u), jnp.sum(log_normal - tanh_log_det_jacobian(u), axis=-1)
+
+
+def squashed_gaussian_log_prob(mean, log_std, u):
+    """log pi(tanh(u)) of the squashed Gaussian for a given pre-squash u (see `squashed_gaussian_sample`)."""
+    z = (u - mean) * jnp.exp(-log_std)
+    return jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2.0 * math.pi) - tanh_log_det_jacobian(u), axis=-1)
+
+
+def soft_value(q1, q2, log_prob, alpha):
+    """V(s') = min(Q1, Q2)(s', a') - alpha log pi(a'|s') for a sampled a' (clipped double Q)."""
+    return jnp.minimum(q1, q2) - alpha * log_prob
+
+
+def soft_value_discrete(log_pi, q1, q2, alpha):
+    """V(s') = sum_a pi(a|s') (min(Q1, Q2)(s', a) - alpha log pi(a|s')) for a categorical policy
+    (Christodoulou 2019); `log_pi`, `q1`, `q2`: [..., A]."""
+    return jnp.sum(jnp.exp(log_pi) * (jnp.minimum(q1, q2) - alpha * log_pi), axis=-1)
+
+
+def twin_q_loss(q1, q2, target):
+    """L_Q = (mean((Q1 - y)^2) + mean((Q2 - y)^2)) / 2, y held fixed."""
+    target = jax.lax.stop_gradient(target)
+    return 0.5 * (jnp.mean(jnp.square(q1 - target)) + jnp.mean(jnp.square(q2 - target)))
+
+
+def sac_actor_loss(log_prob, q1, q2, alpha):
+    """L_pi = mean(alpha log pi(a|s) - min(Q1, Q2)(s, a)), a reparameterised sample of pi(s)."""
+    return jnp.mean(alpha * log_prob - jnp.minimum(q1, q2))
+
+
+def sac_actor_loss_discrete(log_pi, q1, q2, alpha):
+    """L_pi = mean(sum_a pi(a|s) (alpha log pi(a|s) - min(Q1, Q2)(s, a))), the Q-values held fixed."""
+    q = jax.lax.stop_gradient(jnp.minimum(q1, q2))
+    return jnp.mean(jnp.sum(jnp.exp(log_pi) * (alpha * log_pi - q), axis=-1))
+
+
+def temperature_loss(log_alpha, entropy, target_entropy):
+    """L_alpha = -log_alpha (log pi + target_entropy) = log_alpha (H - target_entropy), H held fixed:
+    alpha grows while the policy's entropy H is below the target."""
+    return log_alpha * (jax.lax.stop_gradient(entropy) - target_entropy)

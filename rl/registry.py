@@ -1,0 +1,25 @@
+"""Agent names -> agent modules. `rl.config` looks agents up here; agent modules import nothing from it."""
+
+from __future__ import annotations
+
+import importlib
+
+AGENTS: dict[str, str] = {
+    "qlearning": "rl.agents.qlearning",
+    "dqn": "rl.agents.dqn",
+    "rainbow": "rl.agents.rainbow",
+    "ppo": "rl.agents.ppo",
+    "sac": "rl.agents.sac",
+}
+
+
+def registered_agents() -> list[str]:
+    """The agent names, sorted."""
+    return sorted(AGENTS)
+
+
+def get_agent_module(name: str):
+    """The agent's module (with `Config`, `make_trainer`, `make_train`, `make_policy`); ValueError for an unknown name."""
+    if name not in AGENTS:
+        raise ValueError(f"unknown agent {name!r}; known agents: {', '.join(registered_agents())}")
+    return importlib.import_module(AGENTS[name])
