@@ -11,6 +11,7 @@ Every function is pure and traceable; none holds state between calls.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import jax
@@ -19,9 +20,58 @@ import numpy as np
 import optax
 
 import envs
-from envs.spaces import Box
+from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction
+from rl.config import ConfigError, hp
 from rl.logging import emit
+
+# ---------------------------------------------------------------- the replay loop's settings
+
+
+@dataclass(frozen=True)
+class ReplayLoopConfig:
+    """Settings of the act-then-train loop of value-based replay agents (DQN, Rainbow), which
+    extend it: `num_envs` envs step together with epsilon-greedy actions; after every `train_freq`
+    env steps (all envs counted) come `gradient_steps` gradient steps on batches of `batch_size`, once
+    `learning_starts` env steps are stored; the target network follows the online one every
+    `target_update_interval` gradient steps (target <- tau online + (1 - tau) target)."""
+
+    total_steps: int = hp(102_400, low=1, doc="env steps per seed (all envs counted)")
+    num_envs: int = hp(1, low=1, doc="envs stepped together")
+    buffer_size: int = hp(100_000, low=1, doc="replay capacity (transitions)")
+    learning_starts: int = hp(1_000, low=0, doc="env steps before the first gradient step")
+    batch_size: int = hp(64, low=1)
+    train_freq: int = hp(256, low=1, doc="env steps between training phases (multiple of num_envs)")
+    gradient_steps: int = hp(128, low=1, doc="gradient steps per training phase")
+    lr: float = hp(5e-4, low=0.0, low_open=True, sweep=True, doc="Adam step size")
+    gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
+    max_grad_norm: float = hp(10.0, low=0.0, low_open=True, sweep=True, doc="global-norm gradient clipping")
+    target_update_interval: int = hp(256, low=1, doc="gradient steps between target updates")
+    tau: float = hp(1.0, low=0.0, high=1.0, low_open=True, sweep=True, doc="target <- tau * online + (1 - tau) * target")
+    epsilon_start: float = hp(1.0, low=0.0, high=1.0, sweep=True)
+    epsilon_end: float = hp(0.04, low=0.0, high=1.0, sweep=True)
+    epsilon_decay_steps: int = hp(8_000, low=1, doc="env steps of the linear epsilon decay")
+    log_interval: int = hp(2_560, low=1, doc="env steps between log points (multiple of train_freq)")
+    eval_episodes: int = hp(10, low=1, doc="greedy episodes per log point, on separate eval envs")
+
+    def validate(self):
+        """The step counts nest: num_envs | train_freq | log_interval | total_steps; one step fits the buffer."""
+        if self.train_freq % self.num_envs:
+            raise ConfigError(f"agent.train_freq ({self.train_freq}) must be a multiple of agent.num_envs ({self.num_envs})")
+        if self.log_interval % self.train_freq:
+            raise ConfigError(f"agent.log_interval ({self.log_interval}) must be a multiple of agent.train_freq ({self.train_freq})")
+        if self.total_steps % self.log_interval:
+            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})")
+        if self.num_envs > self.buffer_size:
+            raise ConfigError(f"agent.buffer_size ({self.buffer_size}) must hold at least one step of agent.num_envs ({self.num_envs}) envs")
+
+
+def check_discrete_actions(config, env, env_params) -> None:
+    """ConfigError unless the env's actions are Discrete (Q-learning with a network needs them)."""
+    space = env.action_space(env_params)
+    if not isinstance(space, Discrete):
+        raise ConfigError(f"env.id: {config.agent.name} needs discrete actions; {config.env.id} has {space}")
+
 
 # ---------------------------------------------------------------- the env an agent trains on
 
