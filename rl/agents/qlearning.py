@@ -7,15 +7,13 @@ auto-reset, so a time-limit truncation still bootstraps):
 
 Actions are epsilon-greedy, epsilon decaying linearly from `epsilon_start` to `epsilon_end` over
 `epsilon_decay_steps`; the greedy action breaks ties uniformly at random among the maximal Q-values
-(with argmax's first-index ties an agent on an all-zero table would always pick action 0).
+(`loop.epsilon_greedy_random_ties`: with argmax's first-index ties an agent on an all-zero table
+would always pick action 0).
 
 The run is one `lax.scan` over log points, each a `lax.scan` over `log_interval` env steps, so
 `jax.vmap(train)(keys)` trains many agents in one compiled program. Observations must be discrete.
-
-Speed notes (benchmarks/qlearning.py): each env step draws just two uniforms, both drawn for the whole
-log period at once; the inner scan is NOT unrolled (on XLA:CPU an unrolled body with the in-place table
-update ran ~14x slower per step here); the greedy evaluation at each log point stops as soon as its
-episode ends (a `while_loop`, not a scan over the step limit).
+Each env step draws two uniforms, drawn for the whole log period at once; the greedy evaluation at
+each log point stops as soon as its episode ends (a `while_loop`).
 """
 
 from __future__ import annotations
@@ -25,11 +23,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-import envs
 from envs.spaces import Discrete
-from rl.agents import Trainer, train_from_trainer
+from rl import loop
 from rl.config import ConfigError, hp
-from rl.logging import emit
+from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
@@ -48,34 +45,15 @@ class Config:
             raise ConfigError(f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})")
 
 
-def check_env(config) -> None:
+def check_env(config, env, env_params) -> None:
     """Tabular Q-learning needs discrete observations and actions."""
-    env, params = envs.make(config.env.id, **dict(config.env.params))
-    if not isinstance(env.observation_space(params), Discrete) or not isinstance(env.action_space(params), Discrete):
-        raise ConfigError(f"env.id: qlearning needs discrete observations and actions; {config.env.id} has {env.observation_space(params)}")
-
-
-def linear_schedule(start, end, duration, step):
-    """start + (end - start) * min(step / duration, 1)."""
-    return start + (end - start) * jnp.minimum(step / duration, 1.0)
-
-
-def epsilon_greedy(q_values, epsilon, explore_u, choice_u):
-    """Epsilon-greedy with uniformly random tie-breaking, from two uniforms in [0, 1).
-
-    The candidates are every action if `explore_u < epsilon` (probability epsilon), else the
-    maximisers of `q_values`; the action is the floor(choice_u * #candidates)-th candidate, so each
-    candidate has probability 1 / #candidates. Overall: P(a) = epsilon / A + (1 - epsilon) [a maximal] / #maximal.
-    """
-    candidates = jnp.where(explore_u < epsilon, True, q_values == q_values.max())
-    count = candidates.sum()
-    pick = jnp.minimum(jnp.floor(choice_u * count).astype(jnp.int32), count - 1)
-    rank = jnp.cumsum(candidates) - 1
-    return jnp.argmax(candidates & (rank == pick)).astype(jnp.int32)
+    observations, actions = env.observation_space(env_params), env.action_space(env_params)
+    if not isinstance(observations, Discrete) or not isinstance(actions, Discrete):
+        raise ConfigError(f"env.id: qlearning needs discrete observations and actions; {config.env.id} has {observations}")
 
 
 def q_update(q, obs, action, reward, next_obs, terminated, lr, gamma):
-    """One TD(0) update of the table (see the module docstring):
+    """One TD(0) update of the table:
     Q(s, a) += lr * (r + gamma * (1 - terminated) * max_a' Q(s', a') - Q(s, a)).
 
     Written so that a vmapped and an unbatched program round identically (seed i of a batch equals
@@ -91,8 +69,8 @@ def q_update(q, obs, action, reward, next_obs, terminated, lr, gamma):
 
 def greedy_episode_length(q, env, params, max_steps):
     """Steps the greedy policy (argmax, first index on ties) takes to end an episode from reset,
-    or `max_steps` if it has not ended by then. Stops as soon as the episode ends. Uses a fixed key:
-    the greedy policy is evaluated on the env's PRNGKey(0) episode (GridWorld ignores keys)."""
+    or `max_steps` if it has not ended by then. Uses a fixed key: the greedy policy is evaluated
+    on the env's PRNGKey(0) episode (GridWorld ignores keys)."""
     key = jax.random.PRNGKey(0)
     obs, state = env.reset(key, params)
 
@@ -110,8 +88,8 @@ def greedy_episode_length(q, env, params, max_steps):
 
 
 def make_trainer(config) -> Trainer:
-    env, env_params = envs.make(config.env.id, **dict(config.env.params))
     agent = config.agent
+    env, env_params = loop.make_env(config)
     num_states = env.observation_space(env_params).n
     num_actions = env.action_space(env_params).n
     eval_steps = int(env_params.max_steps_in_episode)
@@ -120,45 +98,30 @@ def make_trainer(config) -> Trainer:
         key, reset_key = jax.random.split(key)
         obs, env_state = env.reset(reset_key, env_params)
         q = jnp.zeros((num_states, num_actions), jnp.float32)
-        return {"params": q, "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0), "episode_return": jnp.float32(0.0), "episode_length": jnp.int32(0)}
+        return {"params": q, "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0)}
 
     def run(state, hparams, num_log_points):
         def env_step(carry, noise):
-            q, obs, env_state, step, ep_return, ep_length, stats = carry
-            step_key, uniforms = noise
-            epsilon = linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
-            action = epsilon_greedy(q[obs], epsilon, uniforms[0], uniforms[1])
-            next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
+            (q, obs, env_state, step), totals = carry
+            step_key, (explore_u, choice_u) = noise
+            epsilon = loop.linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
+            action = loop.epsilon_greedy_random_ties(q[obs], epsilon, explore_u, choice_u)
+            next_obs, env_state, reward, terminated, _, info = env.step(step_key, env_state, action, env_params)
             q = q_update(q, obs, action, reward, info["final_obs"], terminated, hparams["lr"], hparams["gamma"])
-            done = terminated | truncated
-            ep_return, ep_length = ep_return + reward, ep_length + 1
-            ended_return, ended_length, episodes = stats
-            stats = (ended_return + jnp.where(done, ep_return, 0.0), ended_length + jnp.where(done, ep_length, 0), episodes + done)
-            ep_return, ep_length = jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
-            return (q, next_obs, env_state, step + 1, ep_return, ep_length, stats), None
+            return ((q, next_obs, env_state, step + 1), loop.add_episodes(totals, info)), None
 
-        def log_period(state, _):
+        def log_period(state):
             key, env_keys_key, uniforms_key = jax.random.split(state["key"], 3)
             n = agent.log_interval
-            # all randomness of the period drawn at once; step keys an env ignores are compiled away
             noise = (jax.random.split(env_keys_key, n), jax.random.uniform(uniforms_key, (n, 2)))
-            zero_stats = (jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
-            carry = (state["params"], state["obs"], state["env_state"], state["step"], state["episode_return"], state["episode_length"], zero_stats)
-            (q, obs, env_state, step, ep_return, ep_length, stats), _ = jax.lax.scan(env_step, carry, noise)
-            ended_return, ended_length, episodes = stats
-            metrics = {
-                "step": step,
-                "episode_return": jnp.where(episodes > 0, ended_return / jnp.maximum(episodes, 1), jnp.nan),
-                "episode_length": jnp.where(episodes > 0, ended_length / jnp.maximum(episodes, 1), jnp.nan),
-                "episodes": episodes,
-                "greedy_episode_length": greedy_episode_length(q, env, env_params, eval_steps),
-            }
-            state = {"params": q, "obs": obs, "env_state": env_state, "key": key, "step": step, "episode_return": ep_return, "episode_length": ep_length}
-            return state, emit(metrics)
+            carry = ((state["params"], state["obs"], state["env_state"], state["step"]), loop.no_episodes())
+            ((q, obs, env_state, step), totals), _ = jax.lax.scan(env_step, carry, noise)
+            metrics = {"step": step, **loop.episode_metrics(totals), "greedy_episode_length": greedy_episode_length(q, env, env_params, eval_steps)}
+            return {"params": q, "obs": obs, "env_state": env_state, "key": key, "step": step}, metrics
 
-        return jax.lax.scan(log_period, state, None, length=num_log_points)
+        return loop.scan_log_points(log_period, state, num_log_points)
 
-    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
+    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval, per_env=())
 
 
 def make_train(config):

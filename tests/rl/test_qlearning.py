@@ -1,5 +1,6 @@
-"""Tabular Q-learning: learns the 5x5 GridWorld, vmap == per seed, tie-breaking, schedule, TD update,
-truncation bootstrapping, chunked runs, sweeps."""
+"""Tabular Q-learning: learns the 5x5 GridWorld, vmap == per seed, tie-breaking and the epsilon
+schedule in the trainer, TD update, truncation bootstrapping, chunked runs, sweeps. The exploration
+pieces themselves (loop.epsilon_greedy_random_ties, loop.linear_schedule) are tested in test_loop.py."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from envs.gridworld import GridWorld, make_gridworld_params, move
 from rl.agents import qlearning
@@ -70,36 +69,6 @@ def test_same_seed_same_result():
     assert_trees_equal(train(jax.random.PRNGKey(3)), train(jax.random.PRNGKey(3)))
 
 
-def test_random_tie_breaking_from_a_zero_table_picks_every_action():
-    q = jnp.zeros(4)
-    draw = jax.jit(jax.vmap(lambda key: qlearning.epsilon_greedy(q, 0.0, *_noise(key))))
-    actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(0), 400)))
-    counts = np.bincount(actions, minlength=4)
-    assert (counts > 60).all(), counts  # ~100 each
-
-
-def test_ties_are_broken_only_among_maximal_values():
-    q = jnp.array([1.0, 0.0, 1.0, -3.0])
-    draw = jax.jit(jax.vmap(lambda key: qlearning.epsilon_greedy(q, 0.0, *_noise(key))))
-    actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(1), 400)))
-    assert set(actions.tolist()) == {0, 2}
-
-
-@settings(max_examples=40, deadline=None)
-@given(values=st.lists(st.integers(-2, 2), min_size=4, max_size=4), epsilon=st.floats(0, 1), explore_u=st.floats(0, 0.999))
-def test_epsilon_greedy_picks_each_candidate_for_an_equal_share_of_choice_u(values, epsilon, explore_u):
-    """Over an even grid of choice_u, each candidate (every action when exploring, else each
-    maximiser) is picked equally often, and nothing else is ever picked."""
-    q = jnp.asarray(values, jnp.float32)
-    explore = np.float32(explore_u) < np.float32(epsilon)  # compared in float32, as the agent does
-    candidates = set(range(4)) if explore else {i for i, v in enumerate(values) if v == max(values)}
-    grid = (jnp.arange(120) + 0.5) / 120  # 120 is divisible by 1, 2, 3 and 4 candidates
-    pick = jax.jit(jax.vmap(lambda u: qlearning.epsilon_greedy(q, jnp.float32(epsilon), jnp.float32(explore_u), u)))
-    counts = np.bincount(np.asarray(pick(grid)), minlength=4)
-    expected = [120 // len(candidates) if a in candidates else 0 for a in range(4)]
-    np.testing.assert_array_equal(counts, expected)
-
-
 def test_first_greedy_step_from_a_zero_table_takes_every_action():
     """In the trainer: epsilon 0, all-zero table, one step from the corner (4, 4) over many seeds.
     RIGHT and DOWN stay in cell 24, UP reaches 19, LEFT reaches 23."""
@@ -111,29 +80,6 @@ def test_first_greedy_step_from_a_zero_table_takes_every_action():
     share = {cell: np.mean(cells == cell) for cell in (24, 19, 23)}
     assert set(np.unique(cells)) == {19, 23, 24}
     assert abs(share[24] - 0.5) < 0.08 and abs(share[19] - 0.25) < 0.07 and abs(share[23] - 0.25) < 0.07
-
-
-def test_epsilon_greedy_explores_with_probability_epsilon():
-    q = jnp.array([0.0, 2.0, 1.0, 0.5])
-    draw = jax.jit(jax.vmap(lambda key: qlearning.epsilon_greedy(q, 0.4, *_noise(key))))
-    actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(2), 20000)))
-    # greedy with prob 1 - eps + eps / 4, each other action eps / 4
-    freq = np.bincount(actions, minlength=4) / actions.size
-    np.testing.assert_allclose(freq, [0.1, 0.7, 0.1, 0.1], atol=0.015)
-
-
-def _noise(key):
-    explore_u, choice_u = jax.random.uniform(key, (2,))
-    return explore_u, choice_u
-
-
-@settings(max_examples=30, deadline=None)
-@given(start=st.floats(0, 1), end=st.floats(0, 1), duration=st.integers(1, 10_000), step=st.integers(0, 30_000))
-def test_linear_epsilon_schedule(start, end, duration, step):
-    value = float(qlearning.linear_schedule(jnp.float32(start), jnp.float32(end), duration, jnp.int32(step)))
-    expected = start + (end - start) * min(step / duration, 1.0)
-    assert value == pytest.approx(expected, abs=1e-6)
-    assert min(start, end) - 1e-6 <= value <= max(start, end) + 1e-6
 
 
 def test_epsilon_schedule_in_training_explores_then_exploits():

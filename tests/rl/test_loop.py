@@ -1,0 +1,284 @@
+"""The shared training-loop pieces of rl/loop.py: the training env, schedules and exploration,
+target-network updates, episode totals, the act-then-train phase and the scan over log points."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import envs
+from envs.spaces import Box, Discrete
+from envs.wrappers import EpisodeStatistics, RescaleAction
+from rl import logging as rl_logging
+from rl import loop
+from rl.config import EnvConfig, KernelsConfig
+
+
+def env_config(env_id, **params):
+    """The part of a Config that make_env reads (no agent needed)."""
+    return SimpleNamespace(env=EnvConfig(id=env_id, params=params))
+
+# ---------------------------------------------------------------- make_env
+
+
+def test_make_env_rescales_box_actions_and_adds_episode_statistics():
+    config = env_config("Pendulum-v1", max_steps_in_episode=3)
+    env, params = loop.make_env(config)
+    assert isinstance(env, EpisodeStatistics) and isinstance(env.env, RescaleAction)
+    assert int(params.max_steps_in_episode) == 3  # env.params reach the env
+    space = env.action_space(params)
+    assert isinstance(space, Box) and float(space.low) == -1.0 and float(space.high) == 1.0
+    raw, raw_params = envs.make("Pendulum-v1", max_steps_in_episode=3)
+    key = jax.random.PRNGKey(0)
+    obs, state = env.reset(key, params)
+    raw_obs, raw_state = raw.reset(key, raw_params)
+    np.testing.assert_array_equal(obs, raw_obs)
+    # the agent's [-1, 1] maps affinely onto the env's [-2, 2]: 0.5 -> 1.0, and 3 is clipped to 1 -> 2.0
+    for agent_action, env_action in ((0.5, 1.0), (-1.0, -2.0), (3.0, 2.0)):
+        wrapped = env.step(key, state, jnp.array([agent_action]), params)
+        direct = raw.step(key, raw_state, jnp.array([env_action]), raw_params)
+        np.testing.assert_array_equal(wrapped[0], direct[0])
+        assert float(wrapped[2]) == float(direct[2])
+    # episode statistics in info: an episode of 3 steps ends on the third
+    returns, infos = 0.0, []
+    for _ in range(3):
+        obs, state, reward, terminated, truncated, info = env.step(key, state, jnp.array([0.0]), params)
+        returns += float(reward)
+        infos.append(info)
+    assert [bool(i["episode_done"]) for i in infos] == [False, False, True]
+    assert float(infos[-1]["episode_return"]) == pytest.approx(returns, rel=1e-5)
+    assert int(infos[-1]["episode_length"]) == 3
+
+
+def test_make_env_keeps_discrete_actions_and_always_adds_episode_statistics():
+    config = env_config("CartPole-v1")
+    env, params = loop.make_env(config)
+    assert isinstance(env, EpisodeStatistics) and not isinstance(env.env, RescaleAction)
+    assert isinstance(env.action_space(params), Discrete)
+    obs, state = env.reset(jax.random.PRNGKey(0), params)
+    info = env.step(jax.random.PRNGKey(1), state, jnp.int32(0), params)[-1]
+    assert {"episode_done", "episode_return", "episode_length", "final_obs"} <= set(info)
+
+
+def test_batched_steps_every_env_with_its_own_key():
+    config = env_config("CartPole-v1")
+    env, params = loop.make_env(config)
+    reset, step = loop.batched(env)
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    obs, states = reset(keys, params)
+    assert obs.shape == (3, 4)
+    for i in range(3):
+        np.testing.assert_array_equal(obs[i], env.reset(keys[i], params)[0])
+    next_obs, _, reward, *_ = step(keys, states, jnp.array([0, 1, 0], jnp.int32), params)
+    assert next_obs.shape == (3, 4) and reward.shape == (3,)
+    np.testing.assert_array_equal(next_obs[1], env.step(keys[1], jax.tree.map(lambda x: x[1], states), jnp.int32(1), params)[0])
+
+
+# ---------------------------------------------------------------- schedules and exploration
+
+
+@settings(max_examples=30, deadline=None)
+@given(start=st.floats(0, 1), end=st.floats(0, 1), duration=st.integers(1, 10_000), step=st.integers(0, 30_000))
+def test_linear_schedule(start, end, duration, step):
+    value = float(loop.linear_schedule(jnp.float32(start), jnp.float32(end), duration, jnp.int32(step)))
+    expected = start + (end - start) * min(step / duration, 1.0)
+    assert value == pytest.approx(expected, abs=1e-6)
+    assert min(start, end) - 1e-6 <= value <= max(start, end) + 1e-6
+
+
+def test_linear_schedule_hand_computed():
+    values = [float(loop.linear_schedule(1.0, 0.1, 100, s)) for s in (0, 50, 100, 1000)]
+    np.testing.assert_allclose(values, [1.0, 0.55, 0.1, 0.1], rtol=1e-6)
+
+
+def test_epsilon_greedy_is_greedy_with_first_index_ties_at_epsilon_zero():
+    q = jnp.array([[0.0, 2.0, 2.0], [5.0, -1.0, 5.0], [0.0, 0.0, 0.0]])
+    actions = loop.epsilon_greedy(jax.random.PRNGKey(0), q, 0.0)
+    assert actions.dtype == jnp.int32 and actions.shape == (3,)
+    np.testing.assert_array_equal(actions, [1, 0, 0])
+
+
+def test_epsilon_greedy_explores_uniformly_with_probability_epsilon():
+    q = jnp.tile(jnp.array([0.0, 2.0, 1.0, 0.5]), (20000, 1))
+    actions = np.asarray(loop.epsilon_greedy(jax.random.PRNGKey(2), q, 0.4))
+    # greedy with prob 1 - eps + eps / 4, each other action eps / 4
+    freq = np.bincount(actions, minlength=4) / actions.size
+    np.testing.assert_allclose(freq, [0.1, 0.7, 0.1, 0.1], atol=0.015)
+    # epsilon 1: uniform
+    freq = np.bincount(np.asarray(loop.epsilon_greedy(jax.random.PRNGKey(3), q, 1.0)), minlength=4) / q.shape[0]
+    np.testing.assert_allclose(freq, 0.25, atol=0.015)
+
+
+def _noise(key):
+    explore_u, choice_u = jax.random.uniform(key, (2,))
+    return explore_u, choice_u
+
+
+def test_random_tie_breaking_from_a_zero_table_picks_every_action():
+    q = jnp.zeros(4)
+    draw = jax.jit(jax.vmap(lambda key: loop.epsilon_greedy_random_ties(q, 0.0, *_noise(key))))
+    actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(0), 400)))
+    counts = np.bincount(actions, minlength=4)
+    assert (counts > 60).all(), counts  # ~100 each
+
+
+def test_random_ties_are_broken_only_among_maximal_values():
+    q = jnp.array([1.0, 0.0, 1.0, -3.0])
+    draw = jax.jit(jax.vmap(lambda key: loop.epsilon_greedy_random_ties(q, 0.0, *_noise(key))))
+    actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(1), 400)))
+    assert set(actions.tolist()) == {0, 2}
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(st.integers(-2, 2), min_size=4, max_size=4), epsilon=st.floats(0, 1), explore_u=st.floats(0, 0.999))
+def test_random_ties_pick_each_candidate_for_an_equal_share_of_choice_u(values, epsilon, explore_u):
+    """Over an even grid of choice_u, each candidate (every action when exploring, else each
+    maximiser) is picked equally often, and nothing else is ever picked."""
+    q = jnp.asarray(values, jnp.float32)
+    explore = np.float32(explore_u) < np.float32(epsilon)  # compared in float32, as the function does
+    candidates = set(range(4)) if explore else {i for i, v in enumerate(values) if v == max(values)}
+    grid = (jnp.arange(120) + 0.5) / 120  # 120 is divisible by 1, 2, 3 and 4 candidates
+    pick = jax.jit(jax.vmap(lambda u: loop.epsilon_greedy_random_ties(q, jnp.float32(epsilon), jnp.float32(explore_u), u)))
+    counts = np.bincount(np.asarray(pick(grid)), minlength=4)
+    expected = [120 // len(candidates) if a in candidates else 0 for a in range(4)]
+    np.testing.assert_array_equal(counts, expected)
+
+
+def test_random_ties_explore_with_probability_epsilon():
+    q = jnp.array([0.0, 2.0, 1.0, 0.5])
+    draw = jax.jit(jax.vmap(lambda key: loop.epsilon_greedy_random_ties(q, 0.4, *_noise(key))))
+    actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(2), 20000)))
+    freq = np.bincount(actions, minlength=4) / actions.size
+    np.testing.assert_allclose(freq, [0.1, 0.7, 0.1, 0.1], atol=0.015)
+
+
+# ---------------------------------------------------------------- target networks
+
+
+TARGET = {"w": jnp.array([0.0, 4.0]), "b": {"c": jnp.array(8.0)}}
+ONLINE = {"w": jnp.array([1.0, 0.0]), "b": {"c": jnp.array(0.0)}}
+
+
+def test_polyak_averages_leaf_by_leaf():
+    new = loop.polyak(TARGET, ONLINE, 0.25)
+    np.testing.assert_allclose(new["w"], [0.25, 3.0])
+    np.testing.assert_allclose(new["b"]["c"], 6.0)
+    copy = loop.polyak(TARGET, ONLINE, 1.0)
+    jax.tree.map(np.testing.assert_array_equal, copy, ONLINE)
+
+
+def test_periodic_polyak_updates_only_when_asked():
+    update = jax.jit(lambda flag: loop.periodic_polyak(TARGET, ONLINE, 0.5, flag))
+    jax.tree.map(np.testing.assert_array_equal, update(jnp.bool_(False)), TARGET)
+    jax.tree.map(np.testing.assert_allclose, update(jnp.bool_(True)), loop.polyak(TARGET, ONLINE, 0.5))
+    np.testing.assert_allclose(update(jnp.bool_(True))["w"], [0.5, 2.0])
+
+
+# ---------------------------------------------------------------- episode statistics
+
+
+def test_add_episodes_and_episode_metrics_on_a_hand_made_batch():
+    # two steps of three envs: episodes end in env 0 (return 5, length 4) and env 2 (return 1,
+    # length 2) on the first step, in env 1 (return 9, length 10) on the second. The returns of
+    # envs that did not end (stale values of earlier episodes) must not count.
+    info = {
+        "episode_done": jnp.array([[True, False, True], [False, True, False]]),
+        "episode_return": jnp.array([[5.0, 100.0, 1.0], [5.0, 9.0, 1.0]]),
+        "episode_length": jnp.array([[4, 70, 2], [4, 10, 2]], jnp.int32),
+    }
+    totals = loop.add_episodes(loop.no_episodes(), info)
+    assert float(totals.returns) == 15.0 and int(totals.lengths) == 16 and int(totals.count) == 3
+    metrics = loop.episode_metrics(totals)
+    assert float(metrics["episode_return"]) == pytest.approx(5.0)
+    assert float(metrics["episode_length"]) == pytest.approx(16 / 3)
+    assert int(metrics["episodes"]) == 3
+    # adding step by step gives the same totals
+    stepwise = loop.no_episodes()
+    for t in range(2):
+        stepwise = loop.add_episodes(stepwise, jax.tree.map(lambda x: x[t], info))
+    assert stepwise == totals
+
+
+def test_episode_metrics_are_nan_when_no_episode_ended():
+    info = {"episode_done": jnp.zeros(4, bool), "episode_return": jnp.full(4, 7.0), "episode_length": jnp.full(4, 3, jnp.int32)}
+    metrics = loop.episode_metrics(loop.add_episodes(loop.no_episodes(), info))
+    assert np.isnan(metrics["episode_return"]) and np.isnan(metrics["episode_length"])
+    assert int(metrics["episodes"]) == 0
+
+
+# ---------------------------------------------------------------- act then train, log points
+
+
+def _toy_phase(learning_starts, env_iterations=2, gradient_steps=3):
+    """An env step that counts steps and ends an episode of return 1 and length 1 every step, and a
+    gradient step that counts updates and returns (loss = updates so far, a uniform of its key)."""
+
+    def env_step(carry, key):
+        state, totals = carry
+        info = {"episode_done": jnp.bool_(True), "episode_return": jnp.float32(1.0), "episode_length": jnp.int32(1)}
+        return ({**state, "step": state["step"] + 1}, loop.add_episodes(totals, info)), None
+
+    def gradient_step(state, key):
+        updates = state["updates"] + 1
+        return {**state, "updates": updates}, {"loss": updates.astype(jnp.float32), "draw": jax.random.uniform(key)}
+
+    return jax.jit(loop.act_then_train(env_step, gradient_step, env_iterations, gradient_steps, learning_starts))
+
+
+def test_act_then_train_returns_nan_aux_before_learning_starts_then_trains():
+    phase = _toy_phase(learning_starts=4)
+    carry = ({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes())
+    # phase 1: 2 env steps (step 2 < 4): no gradient step, aux NaN with the gradient steps' shape
+    carry, aux = phase(carry, jax.random.PRNGKey(0))
+    assert int(carry[0]["step"]) == 2 and int(carry[0]["updates"]) == 0
+    assert aux["loss"].shape == (3,) and np.isnan(aux["loss"]).all() and np.isnan(aux["draw"]).all()
+    # phase 2: step 4 >= learning_starts: 3 gradient steps after the env steps, each with its own key
+    carry, aux = phase(carry, jax.random.PRNGKey(1))
+    assert int(carry[0]["step"]) == 4 and int(carry[0]["updates"]) == 3
+    np.testing.assert_array_equal(aux["loss"], [1.0, 2.0, 3.0])
+    assert len(set(np.asarray(aux["draw"]).tolist())) == 3
+    # phase 3: trains again, and the episode totals ran through every env step
+    carry, aux = phase(carry, jax.random.PRNGKey(2))
+    assert int(carry[0]["updates"]) == 6
+    np.testing.assert_array_equal(aux["loss"], [4.0, 5.0, 6.0])
+    assert int(carry[1].count) == 6 and float(carry[1].returns) == 6.0
+
+
+def test_act_then_train_with_learning_starts_zero_trains_from_the_first_phase():
+    phase = _toy_phase(learning_starts=0, env_iterations=1, gradient_steps=2)
+    carry, aux = phase(({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes()), jax.random.PRNGKey(0))
+    assert int(carry[0]["updates"]) == 2
+    np.testing.assert_array_equal(aux["loss"], [1.0, 2.0])
+
+
+def test_scan_log_points_emits_every_log_point_and_stacks_metrics():
+    def log_period(state):
+        state = state + 10
+        return state, {"step": state, "half": state / 2}
+
+    received = []
+    with rl_logging.sink(received.append):
+        state, metrics = jax.jit(lambda s: loop.scan_log_points(log_period, s, 3))(jnp.int32(0))
+    assert int(state) == 30
+    np.testing.assert_array_equal(metrics["step"], [10, 20, 30])
+    np.testing.assert_allclose(metrics["half"], [5.0, 10.0, 15.0])
+    assert [int(r["step"]) for r in received] == [10, 20, 30]
+    assert [float(r["half"]) for r in received] == [5.0, 10.0, 15.0]
+
+
+# ---------------------------------------------------------------- the kernel backend as a value
+
+
+def test_kernel_backend_is_the_configs_choice_and_sets_nothing_process_wide():
+    import kernels
+
+    before = kernels.resolve_backend(None)
+    assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="interpret"))) == "interpret"
+    assert kernels.resolve_backend(None) == before
+    assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == before
