@@ -16,9 +16,9 @@ Two ways to cover the grid (:class:`ScanConfig`):
   * loop (``chained=False``): grid ``(column blocks, B)``; each program loops over all tiles of its
     columns, the carry stays in registers. Good when there are many column blocks (large N).
   * chained (``chained=True``): one tile per program, grid ``(tiles * B * column blocks,)``, so small
-    N still fills the GPU. A program scans its tile, then waits for the carry published by the
-    carry into it (decoupled look-back, as in single-pass GPU prefix scans): it publishes its own
-    composed map (aggregate) at once, then walks back over earlier tiles, composing their aggregates
+    N still fills the GPU. A program scans its tile, then finds the carry into it by decoupled
+    look-back (as in single-pass GPU prefix scans): it publishes its own composed map (aggregate)
+    at once, then walks back over earlier tiles, composing their aggregates
     until it meets a published carry; then it publishes its own carry and writes its outputs.
     Values travel through a scratch buffer of 64-bit words (float bits | ready flag), so value and
     flag arrive together. Tiles are handed out in scan order by an atomic
@@ -59,7 +59,8 @@ class ScanConfig:
 
 
 def choose_config(b: int, t: int, n: int) -> ScanConfig:
-    """Picks the tiling from the shape (tuned with ``benchmarks/kernels.py --sweep`` on an H200).
+    """Picks the tiling from the shape (thresholds from ``benchmarks/kernels.py --sweep``; the sweep's
+    figures, machine and command are in benchmarks/RESULTS.md, "Kernels").
 
     * many columns (``b * n / 64 >= 512``) or short time axes: the loop grid with 32 x 64 tiles;
     * else, while narrow column blocks still give >= 256 programs: the loop grid with tall,

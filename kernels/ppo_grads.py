@@ -124,7 +124,10 @@ def _torso(x, w1, b1, w2, b2, RELU: tl.constexpr, PRECISION: tl.constexpr):
 @triton.jit
 def _backprop(x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU: tl.constexpr, PRECISION: tl.constexpr):
     """Adds this block's weight gradients, given dL/d(out) for its rows (zero on padded rows).
-    (Transposing w2 and w3 once before the row loop instead measured 35% slower on the H200.)"""
+
+    w2 and w3 stay as loaded ([in, out]) and are transposed inside each ``tl.dot``: the forward
+    pass reads them untransposed, so the row loop holds one on-chip copy of each weight, not two
+    (benchmarks/RESULTS.md, "PPO throughput after the rework", times the hoisted-transpose variant)."""
     g_w3 += tl.dot(tl.trans(h2), d_out, input_precision=PRECISION)
     g_b3 += tl.sum(d_out, axis=0)
     d_z2 = tl.dot(d_out, tl.trans(w3), input_precision=PRECISION) * _activation_grad(h2, RELU)
