@@ -12,7 +12,7 @@ Backends
 Which backend runs, first match wins:
   1. the op's ``backend=`` keyword argument;
   2. the process-wide setting: :func:`set_backend` or the :func:`use_backend` context manager
-     (``rl``'s config calls these);
+     (for scripts and tests; library code passes ``backend=`` instead);
   3. the environment variable ``FUSEDRL_KERNEL_BACKEND``;
   4. automatic: ``"triton"`` when JAX's default device is a GPU and ``jax_triton`` imports,
      else ``"reference"``.
