@@ -15,7 +15,7 @@ from rl.config import ConfigError, build_config, hyperparams
 
 SMALL = dict(
     name="dqn", total_steps=1024, buffer_size=512, learning_starts=128, batch_size=16, train_freq=64,
-    gradient_steps=8, target_update_interval=16, hidden=[16, 16], log_interval=256, eval_episodes=2,
+    gradient_steps=8, target_update_interval=16, network={"hidden": [16, 16]}, log_interval=256, eval_episodes=2,
     epsilon_decay_steps=512, lr=1e-3,
 )
 
@@ -41,10 +41,10 @@ def test_td_target_bootstraps_on_truncation_and_not_on_termination():
         "next_obs": jnp.array([[1.0, 1.0], [1.0, 1.0]]),  # Q_target(s') = [3, 2], Q_online(s') = [1, 2]
         "terminated": jnp.array([False, True]),  # the first was truncated (terminated False): bootstrap
     }
-    _, (td, q_taken) = dqn.td_loss(linear_q, online, target, batch, 0.9, double_q=False, loss="mse")
+    _, (td, q_taken) = dqn.q_loss(linear_q, online, target, batch, 0.9, double_q=False, kind="mse")
     np.testing.assert_allclose(q_taken, [1.0, 1.0])
     np.testing.assert_allclose(td, [1.0 - (1.0 + 0.9 * 3.0), 1.0 - 1.0], rtol=1e-6)
-    _, (td, _) = dqn.td_loss(linear_q, online, target, batch, 0.9, double_q=True, loss="mse")
+    _, (td, _) = dqn.q_loss(linear_q, online, target, batch, 0.9, double_q=True, kind="mse")
     np.testing.assert_allclose(td, [1.0 - (1.0 + 0.9 * 2.0), 0.0], rtol=1e-6)  # online picks action 1
 
 
@@ -52,8 +52,8 @@ def test_huber_and_mse_losses():
     params = jnp.zeros((2, 2))
     batch = {"obs": jnp.ones((2, 2)), "action": jnp.array([0, 1]), "reward": jnp.array([3.0, 0.5]),
              "next_obs": jnp.ones((2, 2)), "terminated": jnp.array([True, True])}
-    mse, _ = dqn.td_loss(linear_q, params, params, batch, 0.99, False, "mse")
-    huber, _ = dqn.td_loss(linear_q, params, params, batch, 0.99, False, "huber")
+    mse, _ = dqn.q_loss(linear_q, params, params, batch, 0.99, False, "mse")
+    huber, _ = dqn.q_loss(linear_q, params, params, batch, 0.99, False, "huber")
     np.testing.assert_allclose(mse, (9.0 + 0.25) / 2, rtol=1e-6)
     np.testing.assert_allclose(huber, ((3.0 - 0.5) + 0.5 * 0.25) / 2, rtol=1e-6)
 
@@ -134,7 +134,7 @@ def test_chunked_runs_equal_one_run(small_run):
 
 
 def test_haiku_backend_trains_like_flax():
-    config = make_config(network_backend="haiku", total_steps=512, gradient_steps=4)
+    config = make_config(network={"backend": "haiku", "hidden": [16, 16]}, total_steps=512, gradient_steps=4)
     state, metrics = jax.jit(dqn.make_train(config))(jax.random.PRNGKey(0))
     assert np.all(np.isfinite(np.asarray(metrics["loss"])[1:]))
     flax_params = jax.jit(dqn.make_trainer(make_config()).init)(jax.random.PRNGKey(0), hyperparams(config.agent))["params"]
@@ -149,7 +149,8 @@ def test_policy_is_greedy_in_the_q_network():
     obs = jnp.array([0.01, -0.02, 0.03, 0.04])
     from rl import networks
 
-    net = networks.build(networks.q_mlp(2, (16, 16)), "flax")
+    torso = networks.make_torso(networks.NetworkConfig(hidden=(16, 16)))
+    net = networks.build(networks.with_head(torso, networks.q_head(2)), "flax")
     assert int(policy(params, obs, None)) == int(jnp.argmax(net.apply(params, obs)))
 
 
@@ -165,8 +166,8 @@ def test_policy_is_greedy_in_the_q_network():
         ({"loss": "l1"}, "CartPole-v1", "agent.loss: 'l1' is not one of"),
         ({"batch_size": 0}, "CartPole-v1", "agent.batch_size: 0 is out of range"),
         ({"gamma": 1.5}, "CartPole-v1", "agent.gamma: 1.5 is out of range"),
-        ({"network_backend": "torch"}, "CartPole-v1", "agent.network_backend"),
-        ({"hidden": [16, 0]}, "CartPole-v1", "agent.hidden: widths must be positive"),
+        ({"network": {"backend": "torch"}}, "CartPole-v1", "agent.network.backend"),
+        ({"network": {"hidden": [16, 0]}}, "CartPole-v1", "agent.network.hidden must list positive widths"),
         ({"double": True}, "CartPole-v1", "unknown key 'agent.double'.*did you mean 'agent.double_q'"),
         ({}, "Pendulum-v1", "env.id: dqn needs discrete actions"),
     ],

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from envs.spaces import Discrete
 from rl import networks
 
 KEY = jax.random.PRNGKey(0)
@@ -31,11 +32,20 @@ def noisy_mlp(num_actions=3, hidden=(16,)):
     return fn
 
 
+def q_net(num_actions, hidden=(64, 64), obs_space=None):
+    torso = networks.make_torso(networks.NetworkConfig(hidden=hidden), obs_space)
+    return networks.with_head(torso, networks.q_head(num_actions))
+
+
+def rainbow_net(num_actions, hidden, **head):
+    return networks.with_head(networks.make_torso(networks.NetworkConfig(hidden=hidden)), networks.rainbow_head(num_actions, **head))
+
+
 NETS = {
-    "q_mlp": (lambda: networks.q_mlp(4, hidden=(32, 16)), (jnp.ones((5, 6)),), (5, 4), 6 * 32 + 32 + 32 * 16 + 16 + 16 * 4 + 4),
-    "q_mlp_discrete_obs": (lambda: networks.q_mlp(4, hidden=(8,), num_discrete_obs=25), (jnp.arange(7),), (7, 4), 25 * 8 + 8 + 8 * 4 + 4),
+    "q_mlp": (lambda: q_net(4, hidden=(32, 16)), (jnp.ones((5, 6)),), (5, 4), 6 * 32 + 32 + 32 * 16 + 16 + 16 * 4 + 4),
+    "q_mlp_discrete_obs": (lambda: q_net(4, hidden=(8,), obs_space=Discrete(25)), (jnp.arange(7),), (7, 4), 25 * 8 + 8 + 8 * 4 + 4),
     "noisy": (lambda: noisy_mlp(), (jnp.ones((5, 6)),), (5, 3), 2 * (6 * 16 + 16) + 2 * (16 * 3 + 3)),
-    "rainbow_noisy_dueling": (lambda: networks.rainbow_q(3, hidden=(16,), num_atoms=5), (jnp.ones((2, 4)),), (2, 3, 5), (4 * 16 + 16) + 2 * (16 * 5 + 5) + 2 * (16 * 15 + 15)),
+    "rainbow_noisy_dueling": (lambda: rainbow_net(3, (16,), num_atoms=5), (jnp.ones((2, 4)),), (2, 3, 5), (4 * 16 + 16) + 2 * (16 * 5 + 5) + 2 * (16 * 15 + 15)),
 }
 
 
@@ -58,18 +68,19 @@ def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
 @pytest.mark.parametrize("backend", networks.BACKENDS)
 def test_actor_critic_and_twin_q_shapes(backend):
     obs = jnp.ones((3, 4))
-    ac = networks.build(networks.actor_critic(2, continuous=True, hidden=(8, 8)), backend)
+    torso = networks.make_torso(networks.NetworkConfig(hidden=(8, 8)))
+    ac = networks.build(networks.actor_critic(torso, networks.gaussian_policy_head(2)), backend)
     params = ac.init(KEY, obs)
     (mean, log_std), value = ac.apply(params, obs)
     assert mean.shape == log_std.shape == (3, 2) and value.shape == (3,)
-    twin = networks.build(networks.twin_q(hidden=(8,)), backend)
+    twin = networks.build(networks.twin_q(networks.make_torso(networks.NetworkConfig(hidden=(8,)))), backend)
     q1, q2 = twin.apply(twin.init(KEY, obs, jnp.ones((3, 2))), obs, jnp.ones((3, 2)))
     assert q1.shape == q2.shape == (3,) and not np.allclose(q1, q2)  # two independent networks
 
 
 @pytest.mark.parametrize("backend", networks.BACKENDS)
 def test_dense_init_is_orthogonal_with_gain_and_zero_bias(backend):
-    net = networks.build(networks.q_mlp(4, hidden=(32,)), backend)
+    net = networks.build(q_net(4, hidden=(32,)), backend)
     params = net.init(KEY, jnp.ones((1, 64)))
     weights = sorted((x for x in jax.tree.leaves(params) if x.ndim == 2), key=lambda w: w.shape[0])
     biases = [x for x in jax.tree.leaves(params) if x.ndim == 1]
@@ -126,7 +137,7 @@ def test_noisy_dense_matches_the_explicit_noise_matrix():
 
 @pytest.mark.parametrize("backend", networks.BACKENDS)
 def test_batched_apply_equals_per_example_apply(backend):
-    net = networks.build(networks.q_mlp(2, hidden=(8,)), backend)
+    net = networks.build(q_net(2, hidden=(8,)), backend)
     obs = jax.random.normal(jax.random.PRNGKey(4), (6, 3))
     params = net.init(KEY, obs[0])
     batched = net.apply(params, obs)
@@ -136,6 +147,40 @@ def test_batched_apply_equals_per_example_apply(backend):
 
 def test_bad_backend_and_activation():
     with pytest.raises(ValueError, match="unknown network backend 'torch'"):
-        networks.build(networks.q_mlp(2), "torch")
+        networks.build(q_net(2), "torch")
     with pytest.raises(ValueError, match="unknown activation 'sigmoidish'"):
         networks.activation("sigmoidish")
+
+
+def test_network_config_from_yaml_merges_over_the_agents_defaults_and_names_bad_keys():
+    from rl.config import ConfigError, build_config
+
+    base = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}}
+    assert build_config(base).agent.network == networks.NetworkConfig(hidden=(64, 64), activation="tanh")
+    config = build_config({**base, "agent": {"name": "ppo", "network": {"hidden": [32]}}})
+    assert config.agent.network.hidden == (32,) and config.agent.network.activation == "tanh"  # default kept
+    with pytest.raises(ConfigError, match="agent.network.hidden"):
+        build_config({**base, "agent": {"name": "ppo", "network": {"hidden": [8, 0]}}})
+    with pytest.raises(ConfigError, match="unknown key 'agent.network.hiden'.*did you mean 'agent.network.hidden'"):
+        build_config({**base, "agent": {"name": "ppo", "network": {"hiden": [8]}}})
+    with pytest.raises(ConfigError, match="agent.network.torso"):
+        build_config({**base, "agent": {"name": "ppo", "network": {"torso": "transformer"}}})
+    with pytest.raises(ConfigError, match="agent.network: expected a mapping"):
+        build_config({**base, "agent": {"name": "ppo", "network": [64, 64]}})
+
+
+@pytest.mark.parametrize("backend", networks.BACKENDS)
+def test_torso_and_heads_compose(backend):
+    """Two torso calls make two torsos; a shared actor-critic has one; heads give their shapes."""
+    torso = networks.make_torso(networks.NetworkConfig(hidden=(8,)))
+    obs = jnp.ones((3, 4))
+    separate = networks.build(networks.actor_critic(torso, networks.categorical_policy_head(5)), backend)
+    shared = networks.build(networks.actor_critic(torso, networks.categorical_policy_head(5), shared=True), backend)
+    p_sep, p_shared = separate.init(KEY, obs), shared.init(KEY, obs)
+    assert count(p_sep) == 2 * (4 * 8 + 8) + (8 * 5 + 5) + (8 + 1)
+    assert count(p_shared) == (4 * 8 + 8) + (8 * 5 + 5) + (8 + 1)
+    logits, value = separate.apply(p_sep, obs)
+    assert logits.shape == (3, 5) and value.shape == (3,)
+    squashed = networks.build(networks.with_head(torso, networks.squashed_gaussian_head(2, -5.0, 2.0)), backend)
+    mean, log_std = squashed.apply(squashed.init(KEY, obs), obs * 100.0)
+    assert mean.shape == log_std.shape == (3, 2) and np.all((log_std >= -5.0) & (log_std <= 2.0))

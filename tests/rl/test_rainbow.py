@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import glob
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import networks
+from rl import losses, networks
 from rl.agents import rainbow
 from rl.config import ConfigError, build_config, hyperparams, load_config
 
 SMALL = dict(
     name="rainbow", total_steps=1024, buffer_size=512, learning_starts=128, batch_size=16, train_freq=64,
-    gradient_steps=8, target_update_interval=16, hidden=[16, 16], log_interval=256, eval_episodes=2,
+    gradient_steps=8, target_update_interval=16, network={"hidden": [16, 16]}, log_interval=256, eval_episodes=2,
     num_atoms=11, v_min=0.0, v_max=10.0, lr=1e-3,
 )
 
@@ -53,7 +55,7 @@ def test_n_step_transition_cuts_at_the_first_episode_end():
     rewards = [[1, 1, 1, 1, 1, 1], [2, 2, 2, 2, 2, 2], [4, 4, 4, 4, 4, 4]]
     terminated = [[F, F, T, F, F, F], [F, F, F, F, F, F], [F, F, F, T, T, F]]
     truncated = [[F, F, F, F, T, F], [F, T, F, F, F, F], [F, F, F, F, F, T]]
-    out = jax.jit(rainbow.n_step_transition)(window_of(rewards, terminated, truncated), g)
+    out = jax.jit(losses.n_step_transition)(window_of(rewards, terminated, truncated), g)
     full = 1 + g * 2 + g * g * 4
     np.testing.assert_allclose(out["reward"], [full, 1 + g * 2, 1, full, 1, full], rtol=1e-6)
     np.testing.assert_array_equal(out["bootstrap_steps"], [3, 2, 1, 3, 1, 3])
@@ -67,7 +69,7 @@ def test_n_step_transition_cuts_at_the_first_episode_end():
 
 
 def test_one_step_window_is_the_plain_transition():
-    out = rainbow.n_step_transition(window_of([[3.0, 5.0]], [[False, True]], [[True, False]]), 0.99)
+    out = losses.n_step_transition(window_of([[3.0, 5.0]], [[False, True]], [[True, False]]), 0.99)
     np.testing.assert_allclose(out["reward"], [3.0, 5.0])
     np.testing.assert_array_equal(out["bootstrap_steps"], [1, 1])
     np.testing.assert_array_equal(out["terminated"], [False, True])
@@ -90,7 +92,7 @@ def test_categorical_target_projects_by_hand():
     # row 0: atoms 0.5 + z = [0.5, 1.5, 2.5], all mass on 0.5 -> half to 0, half to 1
     # row 1: terminal (discount 0): every atom at 1.25 -> 0.75 to atom 1, 0.25 to atom 2
     # row 2: atoms -1 + 0.5 z = [-1, -0.5, 0]: mass on 0 -> atom 0
-    m = rainbow.categorical_target(jnp.array([0.5, 1.25, -1.0]), jnp.array([1.0, 0.0, 0.5]), one_hot, support)
+    m = losses.categorical_td_target(jnp.array([0.5, 1.25, -1.0]), jnp.array([1.0, 0.0, 0.5]), one_hot, support)
     np.testing.assert_allclose(m, [[0.5, 0.5, 0.0], [0.0, 0.75, 0.25], [1.0, 0.0, 0.0]], atol=1e-6)
 
 
@@ -98,6 +100,11 @@ def fixed_apply(logits_by_obs):
     """A fake network: obs [B, 1] holds an id; returns logits_by_obs[id] ([A, atoms])."""
     table = jnp.asarray(logits_by_obs, jnp.float32)
     return lambda params, obs, rng=None: table[obs[..., 0].astype(jnp.int32)]
+
+
+def fake_setup(apply, support, double_q=True, loss="huber"):
+    agent = SimpleNamespace(double_q=double_q, loss=loss, noisy=False)
+    return rainbow.Setup(None, None, networks.Network(init=None, apply=apply), support, agent, "reference")
 
 
 def test_distributional_loss_and_priorities_by_hand():
@@ -111,7 +118,7 @@ def test_distributional_loss_and_priorities_by_hand():
              "next_obs": jnp.array([[1.0], [1.0]]), "terminated": jnp.array([False, True]), "bootstrap_steps": jnp.array([2, 1])}
     weights = jnp.array([1.0, 0.5])
     keys = (None, None, None)
-    loss, (priorities, q) = rainbow.rainbow_loss(apply, None, None, batch, weights, keys, 0.5, support, True, "huber")
+    loss, (priorities, q) = rainbow.rainbow_loss(fake_setup(apply, support), None, None, batch, weights, keys, 0.5)
     # row 0: next action 1 (all mass at z=2), discount 0.5^2: atom 0.5 -> m = [0.5, 0.5, 0]
     # row 1: terminal: atom 0.5 -> m = [0.5, 0.5, 0]
     m = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]])
@@ -127,7 +134,7 @@ def test_scalar_loss_bootstraps_on_truncation_only():
     apply = fixed_apply(np.array([[[1.0], [0.0]], [[3.0], [2.0]]]))  # Q(obs 0) = [1, 0], Q(obs 1) = [3, 2]
     batch = {"obs": jnp.zeros((2, 1)), "action": jnp.array([0, 0]), "reward": jnp.array([1.0, 1.0]),
              "next_obs": jnp.ones((2, 1)), "terminated": jnp.array([False, True]), "bootstrap_steps": jnp.array([3, 3])}
-    _, (priorities, _) = rainbow.rainbow_loss(apply, None, None, batch, jnp.ones(2), (None,) * 3, 0.5, None, False, "mse")
+    _, (priorities, _) = rainbow.rainbow_loss(fake_setup(apply, None, double_q=False, loss="mse"), None, None, batch, jnp.ones(2), (None,) * 3, 0.5)
     np.testing.assert_allclose(priorities, [abs(1.0 - (1.0 + 0.125 * 3.0)), 0.0], rtol=1e-6)
 
 
@@ -135,7 +142,9 @@ def test_scalar_loss_bootstraps_on_truncation_only():
 @pytest.mark.parametrize("noisy", [True, False])
 @pytest.mark.parametrize("backend", ["flax", "haiku"])
 def test_head_shapes_dueling_mean_and_noise(dueling, noisy, backend):
-    net = networks.build(networks.rainbow_q(3, (8,), head_hidden=4, num_atoms=5, dueling=dueling, noisy=noisy), backend)
+    torso = networks.make_torso(networks.NetworkConfig(hidden=(8,)))
+    head = networks.rainbow_head(3, num_atoms=5, dueling=dueling, noisy=noisy, head_hidden=4)
+    net = networks.build(networks.with_head(torso, head), backend)
     obs = jnp.ones((7, 4))
     params = net.init(jax.random.PRNGKey(0), obs)
     out = net.apply(params, obs)
@@ -156,7 +165,7 @@ def test_short_run_minimises_its_loss_and_q_stays_finite(off, backend):
     """gamma = 0: the target is the reward 1, on the support (distributional) or as a scalar, so the
     loss must fall; Q must approach 1. Both network backends."""
     switches = {name: False for name in (off or "").split("+") if name}
-    config = make_config(total_steps=2048, gamma=0.0, gradient_steps=32, lr=3e-3, n_step=2, network_backend=backend, **switches)
+    config = make_config(total_steps=2048, gamma=0.0, gradient_steps=32, lr=3e-3, n_step=2, network={"backend": backend, "hidden": [16, 16]}, **switches)
     state, metrics = jax.jit(rainbow.make_train(config))(jax.random.PRNGKey(1))
     loss, q = np.asarray(metrics["loss"]), np.asarray(metrics["q_mean"])
     assert np.all(np.isfinite(loss)) and np.all(np.isfinite(q))
