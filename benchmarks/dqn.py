@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl.config import load_config  # noqa: E402
-from rl.train import apply_kernel_backend, build_program  # noqa: E402
+from rl.train import build_program  # noqa: E402
 
 BUDGETS = {"dqn": (20_000, 40_000, 60_000, 80_000, 100_000), "rainbow": (10_000, 20_000, 30_000, 40_000, 50_000, 60_000)}
 
@@ -53,7 +53,6 @@ def machine() -> dict:
 
 
 def compiled_program(config):
-    apply_kernel_backend(config)
     program, keys, hparams = build_program(config)
     start = time.perf_counter()
     compiled = program.lower(keys, hparams).compile()

@@ -38,10 +38,9 @@ def measure(config_path: str, overrides: list[str], devices: int, seeds: int, lo
 
     from rl.config import load_config
     from rl.distributed import seed_mesh, select_devices
-    from rl.train import apply_kernel_backend, make_programs
+    from rl.train import make_programs
 
     config = load_config(config_path, [*overrides, f"run.seeds={seeds}", "run.progress=false"])
-    apply_kernel_backend(config)
     mesh = seed_mesh(select_devices(devices, seeds if shard == "seeds" else None), axis=shard)
     trainer, init, chunk, keys, hparams = make_programs(config, [{}], mesh, shard)
     log_points = min(log_points, trainer.num_log_points)

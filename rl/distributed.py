@@ -8,6 +8,10 @@ since seeds are independent no collective runs inside the training step. The per
 (`rl.logging.emit`) gathers the small metric scalars to device 0, so the host still receives one
 call per log point carrying every seed.
 
+`--shard envs` (one large agent) splits the env axis instead: the mesh axis is named "envs", the
+state entries the agent's `Trainer.per_env` names are placed with `P(None, None, "envs")` and the
+rest (params, optimiser state) replicated (`rl.train.env_sharding`).
+
 Multi-host: start one process per host with the same command plus
 
     rl train CONFIG --devices all --coordinator HOST0:PORT --num-processes P --process-id I

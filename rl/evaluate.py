@@ -4,9 +4,11 @@
 
 Params come from `RUN_DIR/final_params.msgpack`, or from the checkpoint at env step STEP, or (a run
 that was stopped before the end) from the newest checkpoint. The policy is the agent module's
-`make_policy(config) -> policy(params, obs, key) -> action`. Every (setting, seed) plays `episodes`
-episodes in one compiled program (vmapped over settings, seeds and episodes); each episode runs
-the env's own transition `step_env` from `reset` until it terminates or reaches
+`make_policy(config) -> policy(params, obs, key) -> action`, which takes the raw env's observations
+and returns actions in the raw env's action space (`envs.make(config.env.id, **config.env.params)`,
+no training wrappers). The agent reads its kernel backend from `config.kernels` itself. Every
+(setting, seed) plays `episodes` episodes in one compiled program (vmapped over settings, seeds and
+episodes); each episode runs the env's own transition `step_env` from `reset` until it terminates or reaches
 `max_steps_in_episode` (no auto-reset, so the final state can be rendered), and its return is the
 undiscounted sum of rewards.
 
@@ -25,15 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
-from rl.agents import get_agent_module
 from rl.config import Config, ConfigError
+from rl.registry import get_agent_module
 
 
 def make_env(config: Config):
-    """The env an agent is evaluated on (the agent module may supply `make_eval_env(config)`)."""
-    module = get_agent_module(config.agent.name)
-    if hasattr(module, "make_eval_env"):
-        return module.make_eval_env(config)
+    """The env an agent is evaluated on: the raw env of the config, without training wrappers."""
     return envs.make(config.env.id, **dict(config.env.params))
 
 
@@ -71,8 +70,8 @@ def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | Non
     from flax import serialization
 
     from rl.checkpoint import Checkpoints, abstract_like
-    from rl.train import make_programs
     from rl.distributed import seed_mesh
+    from rl.train import make_programs
 
     run_dir = Path(run_dir)
     mesh = seed_mesh(jax.devices()[:1])
@@ -133,10 +132,9 @@ def render_episode(config: Config, params_one, path, seed: int = 0, fps: int = 1
 
 def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, render=None, seed: int = 0, fps: int = 10) -> dict:
     """Evaluate a run directory (see the module docstring); returns a result dict for printing."""
-    from rl.train import apply_kernel_backend, load_run_config
+    from rl.train import load_run_config
 
     config, grid = load_run_config(run_dir)
-    apply_kernel_backend(config)
     params, source = load_params(run_dir, config, grid, checkpoint)
     returns, lengths = evaluate(config, params, episodes, seed)
     settings = []

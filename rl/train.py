@@ -34,17 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from rl.agents import get_agent_module, vmap_sequentially_on_cpu
 from rl.config import Config, hyperparams
 from rl.logging import ProgressBar, sink
-
-
-def apply_kernel_backend(config: Config) -> None:
-    """Make the config's kernel backend the process default (`auto` leaves the automatic choice)."""
-    if config.kernels.backend != "auto":
-        import kernels
-
-        kernels.set_backend(config.kernels.backend)
+from rl.registry import get_agent_module
+from rl.trainer import vmap_sequentially_on_cpu
 
 
 def seed_keys(config: Config) -> jax.Array:
@@ -69,7 +62,6 @@ def build_program(config: Config, grid: list[dict] | None = None):
 
 def train_many(config: Config, grid: list[dict] | None = None):
     """Train every seed of every setting; outputs have leading axes [settings, seeds]."""
-    apply_kernel_backend(config)
     program, keys, hparams = build_program(config, grid)
     return program(keys, hparams)
 
@@ -162,10 +154,10 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
 
     `init(keys, hparams) -> state` and `chunk(num_log_points)(state, hparams) -> (state, metrics)` are
     jitted with explicit output shardings; every output has leading axes [settings, seeds].
-    `shard="seeds"`: the seed axis is split over the mesh. `shard="envs"` (one large agent): every
-    state leaf with the agent's `num_envs` as its third axis (env states, observations, episode
-    statistics) is split on that axis; params, optimiser state and the rest are replicated, and XLA's
-    SPMD partitioner inserts the collectives the update needs (e.g. the mean of a loss over envs).
+    `shard="seeds"`: the seed axis is split over the mesh. `shard="envs"` (one large agent): the
+    state entries the Trainer names `per_env` (env states, observations) are split on their env
+    axis; params, optimiser state and the rest are replicated, and XLA's SPMD partitioner inserts the
+    collectives the update needs (e.g. the mean of a loss over envs).
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -175,22 +167,14 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     axis = mesh.axis_names[0]
     host_keys = np.asarray(seed_keys(config))
     hparams = {k: put_replicated(v, mesh) for k, v in stacked_hyperparams(config, grid).items()}
-    init_one = vmap_sequentially_on_cpu(trainer.init)  # batched QRs can hang XLA:CPU: see rl.agents
+    init_one = vmap_sequentially_on_cpu(trainer.init)
     init_many = jax.vmap(jax.vmap(init_one, in_axes=(0, None)), in_axes=(None, 0))
     if shard == "seeds":
         state_sharding = metrics_sharding = seed_sharding(mesh)
         keys = jax.make_array_from_callback(host_keys.shape, NamedSharding(mesh, PartitionSpec(axis)), lambda index: host_keys[index])
     elif shard == "envs":
-        num_envs = env_axis_size(config, mesh.size)
         keys = put_replicated(host_keys, mesh)
-        env_sharding = NamedSharding(mesh, PartitionSpec(None, None, axis))
-
-        def place(path, leaf):
-            top = str(getattr(path[0], "key", "")) if path else ""
-            learned = "param" in top or "opt" in top
-            return env_sharding if (not learned and leaf.ndim >= 3 and leaf.shape[2] == num_envs) else replicated(mesh)
-
-        state_sharding = jax.tree_util.tree_map_with_path(place, jax.eval_shape(init_many, keys, hparams))
+        state_sharding = env_sharding(trainer, jax.eval_shape(init_many, keys, hparams), mesh, env_axis_size(config, mesh.size))
         metrics_sharding = replicated(mesh)
     else:
         raise ValueError(f"shard must be 'seeds' or 'envs', got {shard!r}")
@@ -205,6 +189,33 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
         return chunks[num_log_points]
 
     return trainer, init, chunk, keys, hparams
+
+
+def env_sharding(trainer, abstract_state: dict, mesh, num_envs: int):
+    """Shardings of a state with leading axes [settings, seeds]: every leaf of the entries in
+    `trainer.per_env` split over the mesh on its env axis (axis 2, of size `num_envs`), every other
+    leaf replicated. ValueError if a per-env leaf has no such axis (the agent broke the contract)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from rl.config import ConfigError
+    from rl.distributed import replicated
+
+    per_env = set(trainer.per_env)
+    if not per_env:
+        raise ConfigError("--shard envs: the agent's training state has no per-env entries to shard")
+    unknown = per_env - set(abstract_state)
+    if unknown:
+        raise ValueError(f"Trainer.per_env names {sorted(unknown)}, which the state does not have (its entries: {sorted(abstract_state)})")
+    split = NamedSharding(mesh, PartitionSpec(None, None, mesh.axis_names[0]))
+
+    def place(path, leaf):
+        if path[0].key not in per_env:
+            return replicated(mesh)
+        if leaf.ndim < 3 or leaf.shape[2] != num_envs:
+            raise ValueError(f"per-env state{jax.tree_util.keystr(path)} has shape {leaf.shape}: expected [settings, seeds, num_envs={num_envs}, ...]")
+        return split
+
+    return jax.tree_util.tree_map_with_path(place, abstract_state)
 
 
 def env_axis_size(config: Config, num_devices: int) -> int:
@@ -336,103 +347,166 @@ def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: boo
     Raises NonFiniteError (training diverged: the bad chunk is not checkpointed), TrainingInterrupted
     (Ctrl-C) and OSError (the run directory cannot be written).
     """
-    from flax import serialization
-
-    from rl.checkpoint import Checkpoints, abstract_like
-    from rl.distributed import is_main_process, seed_mesh, seed_sharding, select_devices, to_host
-    from rl.logging import ProgressBar, RunLogger
+    from rl.distributed import is_main_process
 
     run_dir = Path(run_dir)
     main = is_main_process()
     if main and not resume:
         (run_dir / "config.yaml").write_text(yaml.safe_dump({**config.to_dict(), "sweep": grid}, sort_keys=False))
-    apply_kernel_backend(config)
+    programs = make_programs(config, grid, run_mesh(config, devices, shard), shard)
+    run = _ChunkedRun(config, grid, run_dir, programs, main)
+    run.train(resume)
+    return run.finish()
+
+
+def run_mesh(config: Config, devices, shard: str):
+    """The one-axis device mesh of a run: over the seeds (which must split evenly) or the envs."""
+    from rl.distributed import seed_mesh, select_devices
+
+    devices = devices if devices is not None else 1
     if shard == "envs":
-        mesh = seed_mesh(select_devices(devices if devices is not None else 1, None), axis="envs")
-    else:
-        mesh = seed_mesh(select_devices(devices if devices is not None else 1, config.run.seeds))
-    trainer, init, chunk, keys, hparams = make_programs(config, grid, mesh, shard)
-    total = trainer.num_log_points
-    every = config.run.checkpoint_every or total
-    checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
+        return seed_mesh(select_devices(devices, None), axis="envs")
+    return seed_mesh(select_devices(devices, config.run.seeds))
 
-    guard = _SigintGuard("stopping after the current chunk and saving a checkpoint (Ctrl-C again to stop without saving)")
-    logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
-    bar, checkpoint_step = None, None
-    try:
-        with guard:
+
+class _ChunkedRun:
+    """The host loop of `run_training` and where it stands: `state` after `done` of `total` log
+    points, `history` (per-seed metrics so far, [settings, seeds, log points]), `last_step` (env steps
+    per seed so far) and the newest checkpoint written or restored (`checkpoint_step`)."""
+
+    def __init__(self, config: Config, grid: list[dict], run_dir: Path, programs, main: bool):
+        from rl.checkpoint import Checkpoints
+        from rl.logging import RunLogger
+
+        self.config, self.grid, self.run_dir, self.main = config, grid, run_dir, main
+        trainer, self.init, self.chunk, self.keys, self.hparams = programs
+        self.total = trainer.num_log_points
+        self.every = config.run.checkpoint_every or self.total
+        self.checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
+        self.logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
+        self.guard = _SigintGuard("stopping after the current chunk and saving a checkpoint (Ctrl-C again to stop without saving)")
+        self.compiled_chunks: dict = {}
+        self.state, self.done, self.history, self.checkpoint_step = None, 0, None, None
+        self.compile_seconds = self.train_seconds = 0.0
+        self.steps_start = self.last_step = 0
+
+    def train(self, resume: bool) -> None:
+        """Every remaining chunk, each checkpointed; Ctrl-C and divergence raise (see run_training)."""
+        bar = None
+        try:
+            with self.guard:
+                self.start(resume)
+                if self.config.run.progress and self.main:
+                    bar = ProgressBar(self.config.agent.total_steps, label=f"{self.config.agent.name}/{self.config.env.id}")
+                with _sinks([s for s in (self.logger, bar) if s is not None]):
+                    while self.done < self.total:
+                        self.advance()
+                self.checkpoints.wait()
+        except KeyboardInterrupt:
+            error = TrainingInterrupted(f"interrupted without saving; {self.kept('last checkpoint', 'no checkpoint was saved')}; continue with: rl train --resume {self.run_dir}")
+            error.immediate = True  # the chunk is still computing in a worker thread
+            raise error from None
+        finally:
+            if bar is not None:
+                bar.close()
+            if self.logger is not None:
+                self.logger.close()
+            self.checkpoints.close()
+
+    def start(self, resume: bool) -> None:
+        """Compile `init`; then restore the newest good checkpoint (`resume`) or initialise."""
+        start = time.perf_counter()
+        compiled_init = _call_interruptibly(lambda: self.init.lower(self.keys, self.hparams).compile(), block=False)
+        self.compile_seconds += time.perf_counter() - start
+        shapes = jax.eval_shape(self.init, self.keys, self.hparams)
+        abstract_state = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes, compiled_init.output_shardings)
+        restored = self.checkpoints.restore_latest(abstract_state) if resume else None
+        history = None
+        if restored is not None:
+            self.checkpoint_step, self.state, history, meta = restored
+            self.done, self.history = int(meta["log_points"]), history["seed"]
+            print(f"rl: resuming from checkpoint {self.checkpoints.directory / str(self.checkpoint_step)} ({self.done}/{self.total} log points)", file=sys.stderr)
+        else:
+            self.state = _call_interruptibly(compiled_init, self.keys, self.hparams)
+        if self.logger is not None:
+            self.logger.open(history)
+        self.steps_start = self.last_step = int(np.max(self.history["step"][..., -1])) if self.history else 0
+
+    def advance(self) -> None:
+        """One turn of the host loop: stop if Ctrl-C was pressed, else compile the next chunk's
+        program (then come back, to check for Ctrl-C during the compile), else run and save it."""
+        if self.guard.requested:
+            where = f"checkpoint {self.checkpoints.directory / str(self.checkpoint_step)} kept" if self.checkpoint_step is not None else "no checkpoint yet"
+            raise TrainingInterrupted(f"interrupted before step {self.last_step + 1} ({self.done}/{self.total} log points, {where}); continue with: rl train --resume {self.run_dir}")
+        size = min(self.every, self.total - self.done)
+        if size not in self.compiled_chunks:
             start = time.perf_counter()
-            compiled_init = _call_interruptibly(lambda: init.lower(keys, hparams).compile(), block=False)
-            compile_seconds = time.perf_counter() - start
-            abstract_state = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), jax.eval_shape(init, keys, hparams), compiled_init.output_shardings)
-            restored = checkpoints.restore_latest(abstract_state) if resume else None
-            if restored is not None:
-                checkpoint_step, state, history, meta = restored
-                done, seed_history = int(meta["log_points"]), history["seed"]
-                print(f"rl: resuming from checkpoint {checkpoints.directory / str(checkpoint_step)} ({done}/{total} log points)", file=sys.stderr)
-            else:
-                state, done, history, seed_history = _call_interruptibly(compiled_init, keys, hparams), 0, None, None
-            if logger is not None:
-                logger.open(history)
-            bar = ProgressBar(config.agent.total_steps, label=f"{config.agent.name}/{config.env.id}") if (config.run.progress and main) else None
-            train_seconds, steps_start = 0.0, (int(np.max(seed_history["step"][..., -1])) if seed_history else 0)
-            last_step, compiled_chunks = steps_start, {}
-            with _sinks([s for s in (logger, bar) if s is not None]):
-                while done < total:
-                    if guard.requested:
-                        where = f"checkpoint {checkpoints.directory / str(checkpoint_step)} kept" if checkpoint_step is not None else "no checkpoint yet"
-                        raise TrainingInterrupted(f"interrupted before step {last_step + 1} ({done}/{total} log points, {where}); continue with: rl train --resume {run_dir}")
-                    size = min(every, total - done)
-                    if size not in compiled_chunks:
-                        t0 = time.perf_counter()
-                        compiled_chunks[size] = _call_interruptibly(lambda: chunk(size).lower(state, hparams).compile(), block=False)
-                        compile_seconds += time.perf_counter() - t0
-                        continue  # check for Ctrl-C during the compile before running
-                    if logger is not None:
-                        logger.mark_start()
-                    t0 = time.perf_counter()
-                    new_state, metrics = _call_interruptibly(compiled_chunks[size], state, hparams)
-                    train_seconds += time.perf_counter() - t0
-                    metrics = to_host(metrics)
-                    if logger is not None and logger.received < done + size:  # the agent did not stream every log point
-                        for t in range(logger.received - done, size):
-                            logger({k: np.asarray(v)[..., t] for k, v in metrics.items()})
-                    new_step = int(np.max(np.asarray(metrics["step"])[..., -1]))
-                    problem = find_non_finite(metrics, to_host(_finite_per_instance(new_state["params"])), (last_step, new_step), seed_history)
-                    if logger is not None:
-                        logger.flush()
-                    if problem is not None:
-                        checkpoints.wait()
-                        kept = f"last good checkpoint: {checkpoints.directory / str(checkpoint_step)}" if checkpoint_step is not None else "no checkpoint was saved before it"
-                        raise NonFiniteError(f"{problem}; training stopped, {kept}")
-                    state, done, last_step = new_state, done + size, new_step
-                    seed_history = _concat_history(seed_history, metrics)
-                    host_history = logger.host_history() if logger is not None else {"steps_per_second": np.full(done, np.nan), "wall_time": np.full(done, np.nan)}
-                    meta = {"log_points": done, "step": new_step, "total_log_points": total, "agent": config.agent.name, "env": config.env.id}
-                    checkpoints.save(new_step, state, {"seed": seed_history, "host": host_history}, meta)
-                    checkpoint_step = new_step
-                    if guard.requested and done < total:
-                        checkpoints.wait()
-                        raise TrainingInterrupted(f"interrupted at step {new_step} ({done}/{total} log points); checkpoint saved in {checkpoints.directory / str(new_step)}; continue with: rl train --resume {run_dir}")
-            checkpoints.wait()
-    except KeyboardInterrupt:
-        kept = f"last checkpoint: {checkpoints.directory / str(checkpoint_step)}" if checkpoint_step is not None else "no checkpoint was saved"
-        error = TrainingInterrupted(f"interrupted without saving; {kept}; continue with: rl train --resume {run_dir}")
-        error.immediate = True  # the chunk is still computing in a worker thread
-        raise error from None
-    finally:
-        if bar is not None:
-            bar.close()
-        if logger is not None:
-            logger.close()
-        checkpoints.close()
+            self.compiled_chunks[size] = _call_interruptibly(lambda: self.chunk(size).lower(self.state, self.hparams).compile(), block=False)
+            self.compile_seconds += time.perf_counter() - start
+            return
+        state, metrics = self.run_chunk(size)
+        step = self.check_finite(state, metrics)
+        self.save(state, metrics, size, step)
+        if self.guard.requested and self.done < self.total:
+            self.checkpoints.wait()
+            raise TrainingInterrupted(f"interrupted at step {step} ({self.done}/{self.total} log points); checkpoint saved in {self.checkpoints.directory / str(step)}; continue with: rl train --resume {self.run_dir}")
 
-    params = to_host(state["params"])
-    summary = summarise(config, grid, seed_history, compile_seconds, train_seconds, steps_trained=last_step - steps_start)
-    if main:
-        (run_dir / "final_params.msgpack").write_bytes(serialization.msgpack_serialize(params))
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    def run_chunk(self, size: int):
+        """(state, host metrics) after the next `size` log points; logs every log point."""
+        from rl.distributed import to_host
+
+        if self.logger is not None:
+            self.logger.mark_start()
+        start = time.perf_counter()
+        state, metrics = _call_interruptibly(self.compiled_chunks[size], self.state, self.hparams)
+        self.train_seconds += time.perf_counter() - start
+        metrics = to_host(metrics)
+        if self.logger is not None and self.logger.received < self.done + size:  # the agent did not stream every log point
+            for t in range(self.logger.received - self.done, size):
+                self.logger({k: np.asarray(v)[..., t] for k, v in metrics.items()})
+        return state, metrics
+
+    def check_finite(self, state, metrics: dict) -> int:
+        """The env step reached by the chunk; NonFiniteError if its metrics or params diverged."""
+        from rl.distributed import to_host
+
+        step = int(np.max(np.asarray(metrics["step"])[..., -1]))
+        problem = find_non_finite(metrics, to_host(_finite_per_instance(state["params"])), (self.last_step, step), self.history)
+        if self.logger is not None:
+            self.logger.flush()
+        if problem is not None:
+            self.checkpoints.wait()
+            raise NonFiniteError(f"{problem}; training stopped, {self.kept('last good checkpoint', 'no checkpoint was saved before it')}")
+        return step
+
+    def save(self, state, metrics: dict, size: int, step: int) -> None:
+        """Accept a finished chunk and checkpoint it (written in the background)."""
+        self.state, self.done, self.last_step = state, self.done + size, step
+        self.history = _concat_history(self.history, metrics)
+        if self.logger is not None:
+            host_history = self.logger.host_history()
+        else:
+            host_history = {"steps_per_second": np.full(self.done, np.nan), "wall_time": np.full(self.done, np.nan)}
+        meta = {"log_points": self.done, "step": step, "total_log_points": self.total, "agent": self.config.agent.name, "env": self.config.env.id}
+        self.checkpoints.save(step, state, {"seed": self.history, "host": host_history}, meta)
+        self.checkpoint_step = step
+
+    def kept(self, label: str, none: str) -> str:
+        """Where the newest checkpoint is ("<label>: <dir>"), or `none`."""
+        return f"{label}: {self.checkpoints.directory / str(self.checkpoint_step)}" if self.checkpoint_step is not None else none
+
+    def finish(self) -> dict:
+        """Write final_params.msgpack and summary.json (main process); returns the summary."""
+        from flax import serialization
+
+        from rl.distributed import to_host
+
+        params = to_host(self.state["params"])
+        summary = summarise(self.config, self.grid, self.history, self.compile_seconds, self.train_seconds, steps_trained=self.last_step - self.steps_start)
+        if self.main:
+            (self.run_dir / "final_params.msgpack").write_bytes(serialization.msgpack_serialize(params))
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
 
 
 class _sinks:

@@ -191,3 +191,17 @@ def _has_console_script() -> bool:
     import shutil
 
     return shutil.which("rl") is not None
+
+
+def test_train_and_eval_leave_the_kernels_process_wide_backend_alone(tmp_path, capsys):
+    """`kernels.backend` in a config reaches the agents as a value; `rl train` and `rl eval` never
+    set the kernels' process-wide choice."""
+    import kernels
+
+    before = kernels.get_backend()
+    out = tmp_path / "runs"
+    assert run_cli(["train", write_config(tmp_path), "--output-dir", out, "--name", "interp", "kernels.backend=interpret"]) == 0
+    assert yaml.safe_load((out / "interp" / "config.yaml").read_text())["kernels"] == {"backend": "interpret"}
+    assert kernels.get_backend() == before
+    assert run_cli(["eval", out / "interp", "--episodes", "2"]) == 0
+    assert kernels.get_backend() == before

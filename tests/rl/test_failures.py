@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import rl.agents
-from rl.agents import Trainer, train_from_trainer
+import rl.registry
 from rl.checkpoint import Checkpoints
 from rl.config import hp
 from rl.logging import emit
+from rl.trainer import Trainer, train_from_trainer
 from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
 
 # ---------------------------------------------------------------- a diverging agent
@@ -69,7 +69,7 @@ def diverging_agent(monkeypatch):
     module.make_train = lambda config: train_from_trainer(make_trainer(config), config.agent)
     module.make_policy = lambda config: (lambda params, obs, key: jnp.int32(0))
     monkeypatch.setitem(sys.modules, "diverging_agent", module)
-    monkeypatch.setitem(rl.agents.AGENTS, "diverging", "diverging_agent")
+    monkeypatch.setitem(rl.registry.AGENTS, "diverging", "diverging_agent")
 
 
 def first_overflow(lr: float, log_interval: int, of_loss: bool) -> int:

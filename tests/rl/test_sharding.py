@@ -153,21 +153,33 @@ ENV_SHARDED = textwrap.dedent(
     out["single"] = main(["train", config_path, "--name", "envs1"])
     out["uneven"] = main(["train", config_path, "--name", "uneven", "--devices", "3", "--shard", "envs"])
     config = load_config(config_path)
-    _, init, _, keys, hparams = make_programs(config, [{}], seed_mesh(select_devices(4, None), axis="envs"), shard="envs")
+    trainer, init, _, keys, hparams = make_programs(config, [{}], seed_mesh(select_devices(4, None), axis="envs"), shard="envs")
     state = init(keys, hparams)
-    split = lambda x: len({tuple(s.data.shape) == tuple(x.shape) for s in x.addressable_shards}) == 1 and x.addressable_shards[0].data.shape != x.shape
-    out["split"] = sorted({jax.tree_util.keystr(path[:1]) for path, x in jax.tree_util.tree_leaves_with_path(state) if split(x)})
+    split = lambda x: x.addressable_shards[0].data.shape != x.shape
+    leaves = jax.tree_util.tree_leaves_with_path(state)
+    out["per_env"] = sorted(trainer.per_env)
+    out["split"] = sorted({path[0].key for path, x in leaves if split(x)})
+    out["split_shapes"] = sorted({(tuple(x.shape), tuple(x.addressable_shards[0].data.shape)) for path, x in leaves if split(x)})
+    out["per_env_leaves_all_split"] = all(split(x) for path, x in leaves if path[0].key in trainer.per_env)
+    # a qlearning run has no env axis: --shard envs is refused before anything is written
+    out["no_envs"] = main(["train", sys.argv[2], "--name", "qlearning-envs", "--devices", "2", "--shard", "envs"])
     print("RESULT " + json.dumps(out))
     """
 )
 
 
 def test_env_axis_of_one_large_agent_sharded_equals_one_device(tmp_path):
-    data = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo", "total_steps": 512, "num_envs": 4, "num_steps": 32, "num_epochs": 1, "num_minibatches": 2, "hidden": [8], "log_interval": 2}, "run": {"seeds": 1, "checkpoint_every": 1, "progress": False}}
+    data = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo", "total_steps": 512, "num_envs": 4, "num_steps": 32, "num_epochs": 1, "num_minibatches": 2, "network": {"hidden": [8]}, "log_interval": 2}, "run": {"seeds": 1, "checkpoint_every": 1, "progress": False}}
     config = write_config(tmp_path, data)
-    result, err = result_of(run_script(ENV_SHARDED, config))
+    (tmp_path / "tabular").mkdir()
+    tabular = write_config(tmp_path / "tabular")
+    result, err = result_of(run_script(ENV_SHARDED, config, tabular))
     assert result["sharded"] == result["single"] == 0
     assert result["uneven"] == 2 and "agent.num_envs (4) must be a multiple of the number of devices (3)" in err
-    assert result["split"] and not any("param" in key or "opt" in key for key in result["split"])
+    # exactly the Trainer's per-env entries are split, each leaf on its env axis (4 envs, 1 per device)
+    assert result["split"] == result["per_env"] and result["per_env"] and result["per_env_leaves_all_split"]
+    assert all(full[2] == 4 and shard[2] == 1 and full[:2] == shard[:2] and full[3:] == shard[3:] for full, shard in result["split_shapes"])
+    assert result["no_envs"] == 2 and "agent qlearning has no agent.num_envs" in err
+    assert not (tmp_path / "tabular" / "runs").exists()
     runs = tmp_path / "runs"
     assert_same_run(runs / "envs4", runs / "envs1")

@@ -10,7 +10,7 @@ from rl.cli import main
 from rl.config import build_config, parse_sweep
 from rl.train import train_many
 
-PPO_AGENT = dict(name="ppo", total_steps=256, num_envs=2, num_steps=32, num_epochs=2, num_minibatches=2, hidden=[8, 8], log_interval=2, anneal_lr=True)
+PPO_AGENT = dict(name="ppo", total_steps=256, num_envs=2, num_steps=32, num_epochs=2, num_minibatches=2, network={"hidden": [8, 8]}, log_interval=2, anneal_lr=True)
 
 
 def ppo_config(**agent):
@@ -63,7 +63,7 @@ def test_every_ppo_sweepable_hyperparameter_changes_the_run():
 
 
 def test_sac_sweep_one_result_per_setting():
-    agent = dict(name="sac", total_steps=128, learning_starts=32, batch_size=16, buffer_size=500, hidden=[8, 8], log_interval=64, eval_episodes=1)
+    agent = dict(name="sac", total_steps=128, learning_starts=32, batch_size=16, buffer_size=500, network={"hidden": [8, 8]}, log_interval=64, eval_episodes=1)
     make = lambda **kw: build_config({"env": {"id": "Pendulum-v1"}, "agent": {**agent, **kw}, "run": {"seeds": 1, "progress": False}})
     config = make()
     grid = parse_sweep(["agent.lr=1e-3,1e-2", "agent.tau=0.005,0.5"], config.agent)

@@ -1,4 +1,4 @@
-"""Vmapped init on the CPU runs one instance at a time (rl.agents.vmap_sequentially_on_cpu).
+"""Vmapped init on the CPU runs one instance at a time (rl.trainer.vmap_sequentially_on_cpu).
 
 Orthogonal init draws weights with a LAPACK QR. Batched by the sweep x seed vmap, XLA:CPU's LAPACK
 kernel parks a worker thread until the pieces of the batch are done; with as many such QRs running
@@ -19,16 +19,16 @@ import jax
 import numpy as np
 import pytest
 
-from rl.agents import vmap_sequentially_on_cpu
 from rl.config import build_config, parse_sweep
 from rl.train import build_program, make_programs, stacked_hyperparams
+from rl.trainer import vmap_sequentially_on_cpu
 from run_helpers import REPO, subprocess_env
 
 TINY_AGENTS = {
-    "sac": ("Pendulum-v1", dict(total_steps=8, log_interval=8, learning_starts=8, buffer_size=64, batch_size=8, eval_episodes=0, hidden=[16, 16])),
-    "ppo": ("CartPole-v1", dict(total_steps=64, num_envs=2, num_steps=16, num_epochs=1, num_minibatches=2, log_interval=2, hidden=[16, 16])),
-    "dqn": ("CartPole-v1", dict(total_steps=64, num_envs=2, train_freq=32, learning_starts=32, buffer_size=64, batch_size=8, log_interval=32, eval_episodes=1, hidden=[16, 16])),
-    "rainbow": ("CartPole-v1", dict(total_steps=64, num_envs=2, train_freq=32, learning_starts=32, buffer_size=64, batch_size=8, log_interval=32, eval_episodes=1, hidden=[16, 16])),
+    "sac": ("Pendulum-v1", dict(total_steps=8, log_interval=8, learning_starts=8, buffer_size=64, batch_size=8, eval_episodes=0, network={"hidden": [16, 16]})),
+    "ppo": ("CartPole-v1", dict(total_steps=64, num_envs=2, num_steps=16, num_epochs=1, num_minibatches=2, log_interval=2, network={"hidden": [16, 16]})),
+    "dqn": ("CartPole-v1", dict(total_steps=64, num_envs=2, train_freq=32, learning_starts=32, buffer_size=64, batch_size=8, log_interval=32, eval_episodes=1, network={"hidden": [16, 16]})),
+    "rainbow": ("CartPole-v1", dict(total_steps=64, num_envs=2, train_freq=32, learning_starts=32, buffer_size=64, batch_size=8, log_interval=32, eval_episodes=1, network={"hidden": [16, 16]})),
 }
 
 
@@ -110,7 +110,7 @@ SAC_SWEEP = textwrap.dedent(
     import jax
     from rl.config import build_config, parse_sweep
     from rl.train import build_program
-    agent = dict(name="sac", total_steps=8, log_interval=8, learning_starts=8, buffer_size=64, batch_size=8, eval_episodes=0, hidden=[128, 128])
+    agent = dict(name="sac", total_steps=8, log_interval=8, learning_starts=8, buffer_size=64, batch_size=8, eval_episodes=0, network={"hidden": [128, 128]})
     config = build_config({"env": {"id": "Pendulum-v1"}, "agent": agent, "run": {"seeds": 2, "progress": False}})
     program, keys, hparams = build_program(config, parse_sweep(["agent.lr=1e-3,3e-4"], config.agent))
     compiled = program.lower(keys, hparams).compile()
