@@ -43,7 +43,7 @@ from rl.train import build_program  # noqa: E402
 PUREJAXRL = dict(
     name="ppo", total_steps=500_000, num_envs=4, num_steps=128, num_epochs=4, num_minibatches=4, lr=2.5e-4, anneal_lr=True,
     gamma=0.99, gae_lambda=0.95, clip_eps=0.2, clip_value_loss=True, vf_clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
-    max_grad_norm=0.5, hidden=[64, 64], activation="tanh", shared_network=False, log_interval=976, eval_envs=0,
+    max_grad_norm=0.5, network={"hidden": [64, 64], "activation": "tanh"}, shared_network=False, log_interval=976, eval_envs=0,
 )
 PRESETS = {
     "purejaxrl": {"env": {"id": "CartPole-v1"}, "agent": PUREJAXRL},

@@ -38,34 +38,3 @@ def greedy_episodes(env, env_params, act: Callable, key: jax.Array, num_episodes
     _, _, _, returns, lengths, _, _ = jax.lax.while_loop(running, step, init)
     return returns, lengths
 
-
-def completed_episodes(rewards, dones, running_return, running_length):
-    """Returns and lengths of the episodes that end inside a time-major rollout, with no loop over time.
-
-    `rewards[T, ...]` and `dones[T, ...]` (an episode ended at step t: terminated or truncated);
-    `running_return[...]`, `running_length[...]`: what each env's current episode had accumulated before
-    the rollout. With C_t = r_0 + ... + r_t and k(t) the last step before t with a done (-1 if none),
-    the episode that step t belongs to has, up to t,
-
-        G_t = C_t - C_{k(t)} + [k(t) = -1] running_return,   L_t = t - k(t) + [k(t) = -1] running_length.
-
-    Returns (sum of G_t over the done steps, sum of L_t over the done steps, number of done steps,
-    G_{T-1} and L_{T-1} carried out: 0 where the last step ended an episode). Sums over the leading
-    rollout axes; the carried values keep the env axes. Equal to accumulating step by step, up to the
-    float rounding of the cumulative sum.
-    """
-    num_steps = rewards.shape[0]
-    steps = jnp.arange(num_steps, dtype=jnp.int32).reshape((num_steps,) + (1,) * (rewards.ndim - 1))
-    cumulative = jnp.cumsum(rewards, axis=0)
-    last_done = jax.lax.cummax(jnp.where(dones, steps, -1), axis=0)
-    previous_done = jnp.concatenate([jnp.full_like(last_done[:1], -1), last_done[:-1]])
-    first_episode = previous_done < 0
-    before = jnp.take_along_axis(cumulative, jnp.maximum(previous_done, 0), axis=0)
-    returns = cumulative - jnp.where(first_episode, 0.0, before) + jnp.where(first_episode, running_return, 0.0)
-    lengths = steps - previous_done + jnp.where(first_episode, running_length, 0)
-    sum_return = jnp.sum(jnp.where(dones, returns, 0.0))
-    sum_length = jnp.sum(jnp.where(dones, lengths, 0))
-    episodes = jnp.sum(dones.astype(jnp.int32))
-    carry_return = jnp.where(dones[-1], 0.0, returns[-1])
-    carry_length = jnp.where(dones[-1], 0, lengths[-1])
-    return sum_return, sum_length, episodes, carry_return, carry_length
