@@ -395,13 +395,17 @@ class RescaleAction(Wrapper):
     def action_space(self, params):
         return Box(low=self.low, high=self.high, shape=self.env.action_space(params).shape)
 
-    def step(self, key, state, action, params=None):
+    def inner_action(self, action, params=None):
+        """The inner env's action for an agent action `a`: L + (clip(a, low, high) - low) (H - L) / (high - low)."""
         params = self.default_params if params is None else params
         space = self.env.action_space(params)
         env_low, env_high = jnp.asarray(space._low), jnp.asarray(space._high)
         action = jnp.clip(action, self.low, self.high)
-        action = env_low + (action - self.low) * (env_high - env_low) / (self.high - self.low)
-        return self.env.step(key, state, action, params)
+        return env_low + (action - self.low) * (env_high - env_low) / (self.high - self.low)
+
+    def step(self, key, state, action, params=None):
+        params = self.default_params if params is None else params
+        return self.env.step(key, state, self.inner_action(action, params), params)
 
 
 def unwrap_state(env: Env, state: Any) -> tuple[Env, Any]:

@@ -12,6 +12,7 @@ Every function is pure and traceable; none holds state between calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
@@ -21,9 +22,11 @@ import optax
 
 import envs
 from envs.spaces import Box, Discrete
-from envs.wrappers import EpisodeStatistics, RescaleAction
+from envs.wrappers import EpisodeStatistics, RescaleAction, Wrapper
 from rl.config import ConfigError, hp
 from rl.logging import emit
+from rl.rollout import greedy_episodes
+from rl.trainer import Trainer
 
 # ---------------------------------------------------------------- the replay loop's settings
 
@@ -89,6 +92,16 @@ def make_env(config):
     if isinstance(space, Box) and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)):
         env = RescaleAction(env)
     return EpisodeStatistics(env), env_params
+
+
+def to_env_action(env, env_params, action):
+    """The unwrapped env's action for an agent action, through the action wrappers of `env`'s
+    stack (`RescaleAction` from `make_env`); the identity for discrete actions."""
+    while isinstance(env, Wrapper):
+        if isinstance(env, RescaleAction):
+            action = env.inner_action(action, env_params)
+        env = env.env
+    return action
 
 
 def batched(env):
@@ -218,6 +231,54 @@ def scan_log_points(log_period: Callable, state, num_log_points: int):
         return state, emit(metrics)
 
     return jax.lax.scan(body, state, None, length=num_log_points)
+
+
+def replay_state(key, params, opt_state, buffer, obs, env_state, **extra) -> dict:
+    """A replay agent's training state: online and target params (equal at the start), optimiser
+    state, replay buffer, the envs' observations and states, the PRNG key, and the env-step and
+    gradient-step counters, plus any `extra` entries."""
+    return {"params": params, "target_params": params, "opt_state": opt_state, "buffer": buffer, **extra,
+            "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0), "updates": jnp.int32(0)}
+
+
+def replay_epsilon(agent: ReplayLoopConfig, hparams, step):
+    """Epsilon after `step` env steps: linear from epsilon_start to epsilon_end over epsilon_decay_steps."""
+    return linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
+
+
+def replay_log_period(env, env_params, agent: ReplayLoopConfig, greedy_policy: Callable, hparams, phase: Callable, state):
+    """One log period of a replay agent: `log_interval // train_freq` phases, then the period's
+    episode statistics, mean loss and Q, epsilon, and the mean return of `eval_episodes` greedy
+    episodes (`greedy_policy(params) -> (obs -> action)`) on fresh envs. `phase` returns the loss
+    and mean Q of each gradient step as its aux."""
+    key, k_phases, k_eval = jax.random.split(state["key"], 3)
+    phase_keys = jax.random.split(k_phases, agent.log_interval // agent.train_freq)
+    (state, totals), (loss, q_mean) = jax.lax.scan(phase, ({**state, "key": key}, no_episodes()), phase_keys)
+    metrics = {
+        "step": state["step"],
+        **episode_metrics(totals),
+        "eval_return": greedy_episodes(env, env_params, greedy_policy(state["params"]), k_eval, agent.eval_episodes)[0].mean(),
+        "loss": jnp.nanmean(loss),
+        "q_mean": jnp.nanmean(q_mean),
+        "epsilon": replay_epsilon(agent, hparams, state["step"]),
+        "gradient_steps": state["updates"],
+    }
+    return state, metrics
+
+
+def replay_trainer(agent: ReplayLoopConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable, greedy_policy: Callable) -> Trainer:
+    """The Trainer of a replay agent: `init(key, hparams) -> state`; each log point is
+    `replay_log_period` over `act_then_train` phases of `env_step(hparams, (state, totals), key)`
+    (`train_freq // num_envs` times) and `gradient_step(hparams, state, key) -> (state, (loss, q_mean))`
+    (`gradient_steps` times)."""
+
+    def run(state, hparams, num_log_points):
+        phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams),
+                               agent.train_freq // agent.num_envs, agent.gradient_steps, agent.learning_starts)
+        log_period = partial(replay_log_period, env, env_params, agent, greedy_policy, hparams, phase)
+        return scan_log_points(log_period, state, num_log_points)
+
+    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 
 
 def kernel_backend(config) -> str:

@@ -27,7 +27,6 @@ import optax
 
 from rl import buffers, loop, losses, networks
 from rl.config import hp
-from rl.rollout import greedy_episodes
 from rl.trainer import Trainer, train_from_trainer
 
 
@@ -73,10 +72,6 @@ def optimiser(hparams):
     return loop.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
 
 
-def epsilon_at(agent, hparams, step):
-    return loop.linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
-
-
 # ---------------------------------------------------------------- the loop
 
 
@@ -86,17 +81,8 @@ def init(setup: Setup, key, hparams):
     obs, env_state = reset(jax.random.split(reset_key, setup.agent.num_envs), setup.env_params)
     params = setup.q_network.init(net_key, obs[0])
     example = {"obs": obs[0], "action": jnp.int32(0), "reward": jnp.float32(0.0), "next_obs": obs[0], "terminated": jnp.bool_(False)}
-    return {
-        "params": params,
-        "target_params": params,
-        "opt_state": optimiser(hparams).init(params),
-        "buffer": buffers.uniform_init(example, setup.agent.buffer_size),
-        "obs": obs,
-        "env_state": env_state,
-        "key": key,
-        "step": jnp.int32(0),
-        "updates": jnp.int32(0),
-    }
+    buffer = buffers.uniform_init(example, setup.agent.buffer_size)
+    return loop.replay_state(key, params, optimiser(hparams).init(params), buffer, obs, env_state)
 
 
 def env_step(setup: Setup, hparams, carry, key):
@@ -104,7 +90,7 @@ def env_step(setup: Setup, hparams, carry, key):
     state, totals = carry
     k_act, k_env = jax.random.split(key)
     q_values = setup.q_network.apply(state["params"], state["obs"])
-    action = loop.epsilon_greedy(k_act, q_values, epsilon_at(setup.agent, hparams, state["step"]))
+    action = loop.epsilon_greedy(k_act, q_values, loop.replay_epsilon(setup.agent, hparams, state["step"]))
     _, step = loop.batched(setup.env)
     obs, env_state, reward, terminated, _, info = step(jax.random.split(k_env, setup.agent.num_envs), state["env_state"], action, setup.env_params)
     transition = {"obs": state["obs"], "action": action, "reward": reward, "next_obs": info["final_obs"], "terminated": terminated}
@@ -128,36 +114,16 @@ def gradient_step(setup: Setup, hparams, state, key):
     return state, (loss, q_taken.mean())
 
 
-def log_period(setup: Setup, hparams, phase, state):
-    """`log_interval // train_freq` phases, then the metrics of the period and a greedy evaluation."""
-    agent = setup.agent
-    key, k_phases, k_eval = jax.random.split(state["key"], 3)
-    phase_keys = jax.random.split(k_phases, agent.log_interval // agent.train_freq)
-    (state, totals), (loss, q_mean) = jax.lax.scan(phase, ({**state, "key": key}, loop.no_episodes()), phase_keys)
-    greedy = lambda obs: jnp.argmax(setup.q_network.apply(state["params"], obs), axis=-1).astype(jnp.int32)
-    metrics = {
-        "step": state["step"],
-        **loop.episode_metrics(totals),
-        "eval_return": greedy_episodes(setup.env, setup.env_params, greedy, k_eval, agent.eval_episodes)[0].mean(),
-        "loss": jnp.nanmean(loss),
-        "q_mean": jnp.nanmean(q_mean),
-        "epsilon": epsilon_at(agent, hparams, state["step"]),
-        "gradient_steps": state["updates"],
-    }
-    return state, metrics
+def greedy_policy(setup: Setup, params):
+    """obs -> argmax_a Q(obs, a) (first index on ties)."""
+    return lambda obs: jnp.argmax(setup.q_network.apply(params, obs), axis=-1).astype(jnp.int32)
 
 
 def make_trainer(config) -> Trainer:
     env, env_params = loop.make_env(config)
     agent = config.agent
     setup = Setup(env, env_params, make_q_network(config, env, env_params), agent)
-
-    def run(state, hparams, num_log_points):
-        phase = loop.act_then_train(partial(env_step, setup, hparams), partial(gradient_step, setup, hparams),
-                                    agent.train_freq // agent.num_envs, agent.gradient_steps, agent.learning_starts)
-        return loop.scan_log_points(partial(log_period, setup, hparams, phase), state, num_log_points)
-
-    return Trainer(init=partial(init, setup), run=run, num_log_points=agent.total_steps // agent.log_interval)
+    return loop.replay_trainer(agent, env, env_params, partial(init, setup), partial(env_step, setup), partial(gradient_step, setup), partial(greedy_policy, setup))
 
 
 def make_train(config):
@@ -167,5 +133,5 @@ def make_train(config):
 def make_policy(config):
     """`policy(params, obs, key) -> action`: argmax of the online Q-network (first index on ties)."""
     env, env_params = loop.make_env(config)
-    q_network = make_q_network(config, env, env_params)
-    return lambda params, obs, key: jnp.argmax(q_network.apply(params, obs), axis=-1).astype(jnp.int32)
+    setup = Setup(env, env_params, make_q_network(config, env, env_params), config.agent)
+    return lambda params, obs, key: greedy_policy(setup, params)(obs)

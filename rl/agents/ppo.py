@@ -140,13 +140,6 @@ def greedy_action(policy, continuous: bool):
     return jnp.argmax(policy, axis=-1).astype(jnp.int32)
 
 
-def to_env_action(action, space: Box):
-    """The env action for an agent action u in [-1, 1]^d on the Box [L, H], as `loop.make_env`'s
-    RescaleAction sends it: L + (clip(u, -1, 1) + 1) (H - L) / 2."""
-    low, high = (jnp.asarray(np.broadcast_to(np.asarray(b, np.float32), space.shape)) for b in (space.low, space.high))
-    return low + (jnp.clip(action, -1.0, 1.0) + 1.0) * (high - low) / 2.0
-
-
 def make_network(agent: Config, env, env_params):
     """(network obs -> (policy, value), continuous) for the agent's env: `agent.network`'s torso, a
     Gaussian or categorical policy head and a value head (`networks.actor_critic`)."""
@@ -423,10 +416,4 @@ def make_policy(config):
     or the Gaussian mean clipped and mapped to the Box bounds (the key is unused)."""
     env, env_params = loop.make_env(config)
     net, continuous = make_network(config.agent, env, env_params)
-    bounds = env.unwrapped.action_space(env_params)
-
-    def policy(params, obs, key):
-        action = greedy_action(net.apply(params, obs)[0], continuous)
-        return to_env_action(action, bounds) if continuous else action
-
-    return policy
+    return lambda params, obs, key: loop.to_env_action(env, env_params, greedy_action(net.apply(params, obs)[0], continuous))

@@ -45,7 +45,6 @@ import optax
 import kernels
 from rl import buffers, loop, losses, networks
 from rl.config import ConfigError, hp
-from rl.rollout import greedy_episodes
 from rl.trainer import Trainer, train_from_trainer
 
 
@@ -153,10 +152,6 @@ def optimiser(hparams):
     return loop.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
 
 
-def epsilon_at(agent, hparams, step):
-    return loop.linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
-
-
 # ---------------------------------------------------------------- the loop
 
 
@@ -171,20 +166,8 @@ def init(setup: Setup, key, hparams):
     window = {"obs": zeros(obs), "action": zeros(jnp.zeros((agent.num_envs,), jnp.int32)), "reward": zeros(jnp.zeros((agent.num_envs,))),
               "final_obs": zeros(obs), "terminated": flags, "truncated": flags}
     example = jax.tree.map(lambda x: x[0], losses.n_step_transition(window, 0.0, backend=setup.backend))
-    buffer_init = buffers.prioritized_init if agent.per else buffers.uniform_init
-    return {
-        "params": params,
-        "target_params": params,
-        "opt_state": optimiser(hparams).init(params),
-        "buffer": buffer_init(example, agent.buffer_size),
-        "window": window,
-        "window_filled": jnp.int32(0),
-        "obs": obs,
-        "env_state": env_state,
-        "key": key,
-        "step": jnp.int32(0),
-        "updates": jnp.int32(0),
-    }
+    buffer = (buffers.prioritized_init if agent.per else buffers.uniform_init)(example, agent.buffer_size)
+    return loop.replay_state(key, params, optimiser(hparams).init(params), buffer, obs, env_state, window=window, window_filled=jnp.int32(0))
 
 
 def env_step(setup: Setup, hparams, carry, key):
@@ -193,7 +176,7 @@ def env_step(setup: Setup, hparams, carry, key):
     agent = setup.agent
     k_noise, k_act, k_env = jax.random.split(key, 3)
     q = q_values(setup, setup.network.apply(state["params"], state["obs"], rng=noise(setup, k_noise)))
-    action = loop.epsilon_greedy(k_act, q, epsilon_at(agent, hparams, state["step"]))
+    action = loop.epsilon_greedy(k_act, q, loop.replay_epsilon(agent, hparams, state["step"]))
     _, step = loop.batched(setup.env)
     obs, env_state, reward, terminated, truncated, info = step(jax.random.split(k_env, agent.num_envs), state["env_state"], action, setup.env_params)
     window = push_window(state["window"], {"obs": state["obs"], "action": action, "reward": reward, "final_obs": info["final_obs"],
@@ -240,24 +223,6 @@ def greedy_policy(setup: Setup, params):
     return lambda obs: jnp.argmax(q_values(setup, setup.network.apply(params, obs)), axis=-1).astype(jnp.int32)
 
 
-def log_period(setup: Setup, hparams, phase, state):
-    """`log_interval // train_freq` phases, then the metrics of the period and a greedy evaluation."""
-    agent = setup.agent
-    key, k_phases, k_eval = jax.random.split(state["key"], 3)
-    phase_keys = jax.random.split(k_phases, agent.log_interval // agent.train_freq)
-    (state, totals), (loss, q_mean) = jax.lax.scan(phase, ({**state, "key": key}, loop.no_episodes()), phase_keys)
-    metrics = {
-        "step": state["step"],
-        **loop.episode_metrics(totals),
-        "eval_return": greedy_episodes(setup.env, setup.env_params, greedy_policy(setup, state["params"]), k_eval, agent.eval_episodes)[0].mean(),
-        "loss": jnp.nanmean(loss),
-        "q_mean": jnp.nanmean(q_mean),
-        "epsilon": epsilon_at(agent, hparams, state["step"]),
-        "gradient_steps": state["updates"],
-    }
-    return state, metrics
-
-
 def make_setup(config) -> Setup:
     env, env_params = loop.make_env(config)
     agent = config.agent
@@ -267,12 +232,7 @@ def make_setup(config) -> Setup:
 def make_trainer(config) -> Trainer:
     setup, agent = make_setup(config), config.agent
 
-    def run(state, hparams, num_log_points):
-        phase = loop.act_then_train(partial(env_step, setup, hparams), partial(gradient_step, setup, hparams),
-                                    agent.train_freq // agent.num_envs, agent.gradient_steps, agent.learning_starts)
-        return loop.scan_log_points(partial(log_period, setup, hparams, phase), state, num_log_points)
-
-    return Trainer(init=partial(init, setup), run=run, num_log_points=agent.total_steps // agent.log_interval)
+    return loop.replay_trainer(agent, setup.env, setup.env_params, partial(init, setup), partial(env_step, setup), partial(gradient_step, setup), partial(greedy_policy, setup))
 
 
 def make_train(config):

@@ -17,7 +17,7 @@ from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction
 from rl import logging as rl_logging
 from rl import loop
-from rl.config import EnvConfig, KernelsConfig
+from rl.config import EnvConfig, KernelsConfig, build_config
 
 
 def env_config(env_id, **params):
@@ -282,3 +282,22 @@ def test_kernel_backend_is_the_configs_choice_and_sets_nothing_process_wide():
     assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="interpret"))) == "interpret"
     assert kernels.resolve_backend(None) == before
     assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == before
+
+
+def test_to_env_action_is_what_the_training_env_sends():
+    """loop.to_env_action(u) (what make_policy returns) equals what make_env's env does with u:
+    stepping the raw Pendulum with it and the training env with u gives the same next state."""
+    config = build_config({"env": {"id": "Pendulum-v1"}, "agent": {"name": "ppo"}})
+    env, params = loop.make_env(config)
+    raw, raw_params = envs.make("Pendulum-v1")
+    u = jnp.array([[-3.0], [-0.5], [0.25], [1.5]])
+    np.testing.assert_allclose(loop.to_env_action(env, params, u)[:, 0], [-2.0, -1.0, 0.5, 2.0])
+    key = jax.random.PRNGKey(0)
+    _, state = env.reset(key, params)
+    _, raw_state = raw.reset(key, raw_params)
+    for action in u:
+        wrapped_obs = env.step(key, state, action, params)[0]
+        raw_obs = raw.step(key, raw_state, loop.to_env_action(env, params, action), raw_params)[0]
+        np.testing.assert_array_equal(np.asarray(wrapped_obs), np.asarray(raw_obs))
+    cartpole, cartpole_params = loop.make_env(build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}}))
+    assert int(loop.to_env_action(cartpole, cartpole_params, jnp.int32(1))) == 1

@@ -38,26 +38,6 @@ def test_log_prob_entropy_categorical_and_gaussian_by_hand():
     np.testing.assert_allclose(ent[0], math.log(2.0) + 0.5 * math.log(2 * math.pi * math.e), rtol=1e-6)
 
 
-def test_to_env_action_is_what_the_training_env_sends():
-    """make_policy's env-space action for u equals what loop.make_env's env does with u: stepping the raw
-    Pendulum with to_env_action(u) and the training env with u gives the same next state."""
-    import envs
-
-    config = make_config("Pendulum-v1")
-    env, params = loop.make_env(config)
-    raw, raw_params = envs.make("Pendulum-v1")
-    space = raw.action_space(raw_params)
-    u = jnp.array([[-3.0], [-0.5], [0.25], [1.5]])
-    np.testing.assert_allclose(ppo.to_env_action(u, space)[:, 0], [-2.0, -1.0, 0.5, 2.0])
-    key = jax.random.PRNGKey(0)
-    obs, state = env.reset(key, params)
-    _, raw_state = raw.reset(key, raw_params)
-    for action in u:
-        wrapped_obs = env.step(key, state, action, params)[0]
-        raw_obs = raw.step(key, raw_state, ppo.to_env_action(action, space), raw_params)[0]
-        np.testing.assert_array_equal(np.asarray(wrapped_obs), np.asarray(raw_obs))
-
-
 # ---------------------------------------------------------------- training
 
 
