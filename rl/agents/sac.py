@@ -1,33 +1,29 @@
-"""Soft Actor-Critic (SAC) with twin Q-networks, Polyak targets and automatic temperature tuning,
-compiled end to end; continuous (tanh-squashed Gaussian) and discrete (categorical) actions.
+"""Soft Actor-Critic (SAC; Haarnoja et al. 2018) with twin Q-networks, Polyak targets and automatic
+temperature tuning, compiled end to end; continuous (tanh-squashed Gaussian) and discrete
+(categorical; Christodoulou 2019) actions.
 
 Every iteration the `num_envs` envs take one step (uniformly random actions for the first
 `learning_starts` env steps), the transitions (s, a, r, s' = info["final_obs"], terminated) go to a
-uniform replay buffer (rl.buffers), and then `utd_ratio * num_envs` gradient steps follow, each on
-a fresh minibatch. With alpha = exp(log_alpha) and Q = min(Q1, Q2):
+uniform replay buffer, and then `utd_ratio * num_envs` gradient steps follow, each on a fresh
+minibatch (`loop.act_then_train`). With alpha = exp(log_alpha) and Q = min(Q1, Q2):
 
-    critic:  y = r + gamma (1 - terminated) (Q_targ(s', a') - alpha log pi(a'|s')),  a' ~ pi(s')
-             L_Q = sum_i mean((Q_i(s, a) - y)^2) / 2                  (y held fixed)
-    actor:   L_pi = mean(alpha log pi(a|s) - Q(s, a)),  a = tanh(mu + sigma eps) (reparameterised)
-    alpha:   L_alpha = -mean(log_alpha (log pi(a|s) + target_entropy))   (log pi held fixed)
+    critic:  y = r + gamma (1 - terminated) V(s'),  L_Q = sum_i mean((Q_i(s, a) - y)^2) / 2   (y fixed)
+    actor:   L_pi = mean(alpha log pi(a|s) - Q(s, a))
+    alpha:   L_alpha = log_alpha (H(pi) - target_entropy)                                  (H fixed)
     targets: theta_targ <- tau theta + (1 - tau) theta_targ
 
 Truncation is not termination: only `terminated` zeroes the bootstrap, and s' is the observation
 actually reached (before auto-reset), so a time-limit end still bootstraps.
 
-Continuous policy: u ~ N(mu(s), sigma(s)^2), a = tanh(u) in (-1, 1)^|A|, rescaled affinely to the
-env's bounds. Its log-density (the affine rescale is a constant and is left out):
+Continuous: u ~ N(mu(s), sigma(s)^2), a = tanh(u) in (-1, 1)^|A| (the env's `RescaleAction` maps it
+affinely onto the bounds), V(s') = Q_targ(s', a') - alpha log pi(a'|s') for a' ~ pi(s'), a in L_pi
+a reparameterised sample, H = -log pi(a|s), target entropy -target_entropy_scale |A|
+(`losses.squashed_gaussian_sample`, `losses.soft_value`, `losses.sac_actor_loss`).
 
-    log pi(a|s) = sum_j [log N(u_j; mu_j, sigma_j) - log(1 - tanh(u_j)^2)],
-    log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))        (stable for large |u|)
-
-and log sigma is bounded in [log_std_min, log_std_max] by a scaled tanh (rl.networks). Target
-entropy: -target_entropy_scale * |A| (the usual -|A| with scale 1).
-
-Discrete policy (Christodoulou 2019): pi = softmax(logits); expectations over actions replace
-sampling: y = r + gamma (1 - terminated) sum_a' pi(a'|s') (Q_targ(s', a') - alpha log pi(a'|s')),
-L_pi = mean(sum_a pi(a|s) (alpha log pi(a|s) - Q(s, a))), and the alpha loss uses the policy's
-entropy; target entropy: target_entropy_scale * log|A| (a fraction of the uniform policy's entropy).
+Discrete: pi = softmax(logits); expectations over actions replace sampling:
+V(s') = sum_a' pi(a'|s') (Q_targ(s', a') - alpha log pi(a'|s')),
+L_pi = mean(sum_a pi(a|s) (alpha log pi(a|s) - Q(s, a))), H = -sum_a pi log pi, target entropy
+target_entropy_scale log|A| (`losses.soft_value_discrete`, `losses.sac_actor_loss_discrete`).
 
 Sweepable hyperparameters (lr, alpha_lr, gamma, tau, init_alpha, target_entropy_scale,
 max_grad_norm) are read from `hparams` inside the compiled program.
@@ -43,13 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import envs
-from envs.spaces import Box, Discrete
-from rl import buffers, networks
-from rl.agents import Trainer, train_from_trainer
+from envs.spaces import Box
+from rl import buffers, loop, losses, networks
 from rl.config import ConfigError, hp
-from rl.logging import emit
 from rl.rollout import greedy_episodes
+from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
@@ -68,12 +62,10 @@ class Config:
     init_alpha: float = hp(1.0, low=0.0, low_open=True, sweep=True, doc="initial entropy temperature")
     autotune_alpha: bool = hp(True, doc="tune alpha toward the target entropy (else alpha stays init_alpha)")
     target_entropy_scale: float = hp(1.0, sweep=True, doc="target entropy = -scale*|A| (continuous) or scale*log|A| (discrete)")
-    max_grad_norm: float = hp(1e6, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip (large: off)")
-    hidden: tuple[int, ...] = hp((256, 256), doc="hidden widths of actor and critics")
-    activation: str = hp("relu", choices=tuple(networks.ACTIVATIONS))
+    max_grad_norm: float = hp(1e6, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip of actor and critics (large: off)")
+    network: networks.NetworkConfig = networks.network_config(hidden=(256, 256), activation="relu")
     log_std_min: float = hp(-5.0, doc="lower bound of the policy's log-std (continuous)")
     log_std_max: float = hp(2.0, doc="upper bound of the policy's log-std (continuous)")
-    network_backend: str = hp("flax", choices=networks.BACKENDS)
     log_interval: int = hp(1_000, low=1, doc="env steps between log points (multiple of num_envs)")
     eval_episodes: int = hp(8, low=0, doc="deterministic evaluation episodes per log point (0: none)")
 
@@ -91,184 +83,164 @@ class Config:
             raise ConfigError(f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})")
         if self.log_std_min >= self.log_std_max:
             raise ConfigError(f"agent.log_std_min ({self.log_std_min}) must be below agent.log_std_max ({self.log_std_max})")
-        if not self.hidden or any(w < 1 for w in self.hidden):
-            raise ConfigError(f"agent.hidden must list positive widths, got {list(self.hidden)}")
 
 
-def check_env(config) -> None:
+def check_env(config, env, env_params) -> None:
     """SAC needs Box observations and bounded Box (or Discrete) actions."""
-    env, params = envs.make(config.env.id, **dict(config.env.params))
-    action_space, obs_space = env.action_space(params), env.observation_space(params)
+    action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
     if not isinstance(obs_space, Box):
         raise ConfigError(f"env.id: sac needs vector (Box) observations; {config.env.id} has {obs_space}")
     if isinstance(action_space, Box) and not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
         raise ConfigError(f"env.id: sac needs bounded Box actions; {config.env.id} has {action_space}")
 
 
-# ---------------------------------------------------------------- policy pieces
+# ---------------------------------------------------------------- networks and losses
 
 
-def tanh_log_det_jacobian(u):
-    """log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), elementwise, stable for large |u|."""
-    return 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+def make_networks(config, env, env_params):
+    """(actor, critic, continuous, action_dim) for the env `loop.make_env` built.
 
-
-def squashed_gaussian_sample(mean, log_std, key):
-    """(a, log pi(a)) with a = tanh(mu + sigma eps), eps ~ N(0, I); log pi summed over the last axis
-    (see the module docstring). Differentiable in mean and log_std (reparameterised)."""
-    eps = jax.random.normal(key, mean.shape)
-    u = mean + jnp.exp(log_std) * eps
-    log_normal = -0.5 * eps * eps - log_std - 0.5 * math.log(2.0 * math.pi)
-    return jnp.tanh(u), jnp.sum(log_normal - tanh_log_det_jacobian(u), axis=-1)
-
-
-def squashed_gaussian_log_prob(mean, log_std, u):
-    """log pi(tanh(u)) for a given pre-squash u (for tests and diagnostics)."""
-    z = (u - mean) * jnp.exp(-log_std)
-    return jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2.0 * math.pi) - tanh_log_det_jacobian(u), axis=-1)
-
-
-def polyak(target, online, tau):
-    """tau * online + (1 - tau) * target, leaf by leaf."""
-    return jax.tree.map(lambda t, o: tau * o + (1.0 - tau) * t, target, online)
-
-
-def rescale(action, low, high):
-    """a in [-1, 1] -> low + (a + 1) (high - low) / 2."""
-    return low + (action + 1.0) * 0.5 * (high - low)
-
-
-# ---------------------------------------------------------------- losses
+    actor(params, obs) -> (mean, log_std) of the pre-tanh Gaussian, or logits;
+    critic(params, obs, action) -> (q1, q2), or critic(params, obs) -> (q1, q2) [..., A]."""
+    agent = config.agent
+    space = env.action_space(env_params)
+    continuous = isinstance(space, Box)
+    actor_torso = networks.make_torso(agent.network, env.observation_space(env_params))
+    critic_torso = networks.make_torso(agent.network)  # reads concat(obs, action) as floats
+    if continuous:
+        action_dim = int(np.prod(space.shape))
+        policy_head = networks.squashed_gaussian_head(action_dim, agent.log_std_min, agent.log_std_max)
+        critic = networks.twin_q(critic_torso)
+    else:
+        action_dim = int(space.n)
+        policy_head = networks.categorical_policy_head(action_dim)
+        critic = networks.twin_q(critic_torso, num_actions=action_dim)
+    build = lambda fn: networks.build(fn, agent.network.backend)
+    return build(networks.with_head(actor_torso, policy_head)), build(critic), continuous, action_dim
 
 
 def continuous_losses(actor, critic):
-    """The three SAC losses for a squashed Gaussian policy; `actor(params, obs) -> (mean, log_std)`,
-    `critic(params, obs, action) -> (q1, q2)`."""
+    """`critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma) -> (L_Q, mean Q1)`
+    and `actor_loss(actor_params, critic_params, alpha, batch, key) -> (L_pi, H)` for a squashed
+    Gaussian policy, H = -mean log pi(a|s) of the sampled actions."""
 
-    def critic_loss(critic_params, actor_params, target_params, log_alpha, batch, key, gamma):
-        mean, log_std = actor(actor_params, batch["next_obs"])
-        next_action, next_log_prob = squashed_gaussian_sample(mean, log_std, key)
-        q1_t, q2_t = critic(target_params, batch["next_obs"], next_action)
-        soft_value = jnp.minimum(q1_t, q2_t) - jnp.exp(log_alpha) * next_log_prob
-        y = jax.lax.stop_gradient(batch["reward"] + gamma * (1.0 - batch["terminated"].astype(jnp.float32)) * soft_value)
+    def critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma):
+        next_action, next_log_prob = losses.squashed_gaussian_sample(*actor(actor_params, batch["next_obs"]), key)
+        next_value = losses.soft_value(*critic(target_params, batch["next_obs"], next_action), next_log_prob, alpha)
+        target = losses.q_learning_target(batch["reward"], losses.episode_discount(gamma, batch["terminated"]), next_value)
         q1, q2 = critic(critic_params, batch["obs"], batch["action"])
-        return 0.5 * (jnp.mean(jnp.square(q1 - y)) + jnp.mean(jnp.square(q2 - y))), jnp.mean(q1)
+        return losses.twin_q_loss(q1, q2, target), jnp.mean(q1)
 
-    def actor_loss(actor_params, critic_params, log_alpha, batch, key):
-        mean, log_std = actor(actor_params, batch["obs"])
-        action, log_prob = squashed_gaussian_sample(mean, log_std, key)
+    def actor_loss(actor_params, critic_params, alpha, batch, key):
+        action, log_prob = losses.squashed_gaussian_sample(*actor(actor_params, batch["obs"]), key)
         q1, q2 = critic(critic_params, batch["obs"], action)
-        return jnp.mean(jnp.exp(log_alpha) * log_prob - jnp.minimum(q1, q2)), -jnp.mean(log_prob)
+        return losses.sac_actor_loss(log_prob, q1, q2, alpha), -jnp.mean(log_prob)
 
     return critic_loss, actor_loss
 
 
 def discrete_losses(actor, critic):
-    """The SAC losses for a categorical policy (expectations over actions); `actor(params, obs) -> logits`,
-    `critic(params, obs) -> (q1, q2)` of shape [..., A]."""
+    """The same pair for a categorical policy: expectations over actions, no sampling (the keys are
+    unused); H = mean over the batch of -sum_a pi(a|s) log pi(a|s)."""
 
-    def critic_loss(critic_params, actor_params, target_params, log_alpha, batch, key, gamma):
-        log_pi = jax.nn.log_softmax(actor(actor_params, batch["next_obs"]))
-        q1_t, q2_t = critic(target_params, batch["next_obs"])
-        soft_value = jnp.sum(jnp.exp(log_pi) * (jnp.minimum(q1_t, q2_t) - jnp.exp(log_alpha) * log_pi), axis=-1)
-        y = jax.lax.stop_gradient(batch["reward"] + gamma * (1.0 - batch["terminated"].astype(jnp.float32)) * soft_value)
-        q1, q2 = critic(critic_params, batch["obs"])
-        a = batch["action"][:, None]
-        q1, q2 = jnp.take_along_axis(q1, a, -1)[:, 0], jnp.take_along_axis(q2, a, -1)[:, 0]
-        return 0.5 * (jnp.mean(jnp.square(q1 - y)) + jnp.mean(jnp.square(q2 - y))), jnp.mean(q1)
+    def critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma):
+        next_log_pi = jax.nn.log_softmax(actor(actor_params, batch["next_obs"]))
+        next_value = losses.soft_value_discrete(next_log_pi, *critic(target_params, batch["next_obs"]), alpha)
+        target = losses.q_learning_target(batch["reward"], losses.episode_discount(gamma, batch["terminated"]), next_value)
+        taken = lambda q: jnp.take_along_axis(q, batch["action"][:, None], axis=-1)[:, 0]
+        q1, q2 = map(taken, critic(critic_params, batch["obs"]))
+        return losses.twin_q_loss(q1, q2, target), jnp.mean(q1)
 
-    def actor_loss(actor_params, critic_params, log_alpha, batch, key):
+    def actor_loss(actor_params, critic_params, alpha, batch, key):
         log_pi = jax.nn.log_softmax(actor(actor_params, batch["obs"]))
-        pi = jnp.exp(log_pi)
-        q1, q2 = critic(critic_params, batch["obs"])
-        q = jax.lax.stop_gradient(jnp.minimum(q1, q2))
-        entropy = -jnp.sum(pi * log_pi, axis=-1)
-        return jnp.mean(jnp.sum(pi * (jnp.exp(log_alpha) * log_pi - q), axis=-1)), jnp.mean(entropy)
+        entropy = -jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1)
+        return losses.sac_actor_loss_discrete(log_pi, *critic(critic_params, batch["obs"]), alpha), jnp.mean(entropy)
 
     return critic_loss, actor_loss
 
 
-def alpha_loss(log_alpha, entropy, target_entropy):
-    """-log_alpha (log pi + target_entropy) = log_alpha (H - target_entropy), with H the (fixed) policy entropy."""
-    return log_alpha * (jax.lax.stop_gradient(entropy) - target_entropy)
+def target_entropy(continuous: bool, action_dim: int, scale):
+    """-scale |A| for a squashed Gaussian; scale log|A| (a fraction of the uniform policy's entropy) for a categorical policy."""
+    return -scale * action_dim if continuous else scale * math.log(action_dim)
+
+
+def optimizers(hparams):
+    """(actor, critic, log alpha) optimisers: Adam on clipped gradients for the networks, plain Adam for log alpha."""
+    clipped = loop.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
+    return clipped, clipped, optax.adam(hparams["alpha_lr"])
+
+
+def to_env_action(action, space: Box):
+    """a in [-1, 1]^d -> L + (clip(a, -1, 1) + 1) (H - L) / 2 on the Box [L, H], the map of `envs.wrappers.RescaleAction`."""
+    low, high = jnp.asarray(space._low), jnp.asarray(space._high)
+    return low + (jnp.clip(action, -1.0, 1.0) + 1.0) * (high - low) / 2.0
+
+
+# ---------------------------------------------------------------- one gradient step
+
+
+def make_gradient_step(agent, critic_loss_fn, actor_loss_fn, entropy_target, hparams):
+    """`gradient_step(state, key) -> (state, aux)` on one uniformly sampled minibatch: the critics,
+    then the actor (against the new critics), then log alpha (if autotuned), then the Polyak targets."""
+    actor_opt, critic_opt, alpha_opt = optimizers(hparams)
+
+    def gradient_step(state, key):
+        params, opt_state = state["params"], state["opt_state"]
+        sample_key, critic_key, actor_key = jax.random.split(key, 3)
+        batch, _ = buffers.uniform_sample(state["buffer"], sample_key, agent.batch_size)
+        alpha = jnp.exp(params["log_alpha"])
+        critic_args = (params["actor"], params["target_critic"], alpha, batch, critic_key, hparams["gamma"])
+        (critic_loss, q_mean), grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(params["critic"], *critic_args)
+        updates, critic_state = critic_opt.update(grads, opt_state["critic"], params["critic"])
+        critic_params = optax.apply_updates(params["critic"], updates)
+        (actor_loss, entropy), grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(params["actor"], critic_params, alpha, batch, actor_key)
+        updates, actor_state = actor_opt.update(grads, opt_state["actor"], params["actor"])
+        actor_params = optax.apply_updates(params["actor"], updates)
+        log_alpha, alpha_state = params["log_alpha"], opt_state["log_alpha"]
+        if agent.autotune_alpha:
+            grad = jax.grad(losses.temperature_loss)(log_alpha, entropy, entropy_target)
+            updates, alpha_state = alpha_opt.update(grad, alpha_state, log_alpha)
+            log_alpha = optax.apply_updates(log_alpha, updates)
+        target_critic = loop.polyak(params["target_critic"], critic_params, hparams["tau"])
+        params = {"actor": actor_params, "critic": critic_params, "log_alpha": log_alpha, "target_critic": target_critic}
+        opt_state = {"actor": actor_state, "critic": critic_state, "log_alpha": alpha_state}
+        aux = {"critic_loss": critic_loss, "actor_loss": actor_loss, "q_mean": q_mean, "entropy": entropy}
+        return {**state, "params": params, "opt_state": opt_state}, aux
+
+    return gradient_step
 
 
 # ---------------------------------------------------------------- the trainer
 
 
-def make_networks(config):
-    env, env_params = envs.make(config.env.id, **dict(config.env.params))
-    agent = config.agent
-    space = env.action_space(env_params)
-    continuous = isinstance(space, Box)
-    if continuous:
-        action_dim = int(np.prod(space.shape))
-        actor_fn = networks.squashed_gaussian_actor(action_dim, agent.hidden, agent.activation, agent.log_std_min, agent.log_std_max)
-        critic_fn = networks.twin_q(agent.hidden, agent.activation)
-    else:
-        action_dim = int(space.n)
-        actor_fn = lambda layers, obs: layers.dense(networks.mlp(layers, networks.preprocess_obs(obs), agent.hidden, agent.activation), action_dim, scale=0.01)
-        critic_fn = networks.twin_q(agent.hidden, agent.activation, num_actions=action_dim)
-    return networks.build(actor_fn, agent.network_backend), networks.build(critic_fn, agent.network_backend), continuous, action_dim
-
-
 def make_trainer(config) -> Trainer:
     agent = config.agent
-    env, env_params = envs.make(config.env.id, **dict(config.env.params))
-    actor, critic, continuous, action_dim = make_networks(config)
-    space = env.action_space(env_params)
-    if continuous:
-        low = jnp.asarray(np.broadcast_to(np.asarray(space.low, np.float32), space.shape))
-        high = jnp.asarray(np.broadcast_to(np.asarray(space.high, np.float32), space.shape))
-        critic_loss_fn, actor_loss_fn = continuous_losses(actor.apply, critic.apply)
-        env_action = lambda a: rescale(a, low, high)
-    else:
-        critic_loss_fn, actor_loss_fn = discrete_losses(actor.apply, critic.apply)
-        env_action = lambda a: a
-    num_envs = agent.num_envs
-    iterations_per_log = agent.log_interval // num_envs
-    vreset = jax.vmap(env.reset, in_axes=(0, None))
-    vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-
-    def target_entropy(hparams):
-        if continuous:
-            return -hparams["target_entropy_scale"] * action_dim
-        return hparams["target_entropy_scale"] * math.log(action_dim)
-
-    def optimizers(hparams):
-        adam = lambda lr: optax.chain(optax.clip_by_global_norm(hparams["max_grad_norm"]), optax.adam(lr))
-        return adam(hparams["lr"]), adam(hparams["lr"]), optax.adam(hparams["alpha_lr"])
+    env, env_params = loop.make_env(config)
+    reset, step = loop.batched(env)
+    actor, critic, continuous, action_dim = make_networks(config, env, env_params)
+    critic_loss_fn, actor_loss_fn = (continuous_losses if continuous else discrete_losses)(actor.apply, critic.apply)
+    action_shape = env.action_space(env_params).shape
+    num_envs, iterations_per_log = agent.num_envs, agent.log_interval // agent.num_envs
 
     def init(key, hparams):
         key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
-        obs, env_state = vreset(jax.random.split(reset_key, num_envs), env_params)
-        example_action = jnp.zeros(space.shape, jnp.float32) if continuous else jnp.int32(0)
-        params = {
-            "actor": actor.init(actor_key, obs[0]),
-            "critic": critic.init(critic_key, obs[0], example_action) if continuous else critic.init(critic_key, obs[0]),
-            "log_alpha": jnp.log(hparams["init_alpha"]).astype(jnp.float32),
-        }
-        params["target_critic"] = params["critic"]
+        obs, env_state = reset(jax.random.split(reset_key, num_envs), env_params)
+        example_action = jnp.zeros(action_shape, jnp.float32) if continuous else jnp.int32(0)
+        critic_inputs = (obs[0], example_action) if continuous else (obs[0],)
+        critic_params = critic.init(critic_key, *critic_inputs)
+        log_alpha = jnp.log(hparams["init_alpha"]).astype(jnp.float32)
+        params = {"actor": actor.init(actor_key, obs[0]), "critic": critic_params, "log_alpha": log_alpha, "target_critic": critic_params}
         actor_opt, critic_opt, alpha_opt = optimizers(hparams)
+        opt_state = {"actor": actor_opt.init(params["actor"]), "critic": critic_opt.init(params["critic"]), "log_alpha": alpha_opt.init(params["log_alpha"])}
         example = {"obs": obs[0], "action": example_action, "reward": jnp.float32(0.0), "next_obs": obs[0], "terminated": jnp.bool_(False)}
-        return {
-            "params": params,
-            "opt_state": {"actor": actor_opt.init(params["actor"]), "critic": critic_opt.init(params["critic"]), "log_alpha": alpha_opt.init(params["log_alpha"])},
-            "buffer": buffers.uniform_init(example, agent.buffer_size),
-            "obs": obs,
-            "env_state": env_state,
-            "key": key,
-            "step": jnp.int32(0),
-            "episode_return": jnp.zeros(num_envs, jnp.float32),
-            "episode_length": jnp.zeros(num_envs, jnp.int32),
-        }
+        buffer = buffers.uniform_init(example, agent.buffer_size)
+        return {"params": params, "opt_state": opt_state, "buffer": buffer, "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0)}
 
     def act(actor_params, obs, key, step):
-        """Uniformly random actions before learning_starts, else a sample of the policy."""
+        """Uniformly random actions before learning_starts, else a sample of the policy (in [-1, 1] for a Box)."""
         policy_key, random_key = jax.random.split(key)
         if continuous:
-            mean, log_std = actor.apply(actor_params, obs)
-            action, _ = squashed_gaussian_sample(mean, log_std, policy_key)
+            action, _ = losses.squashed_gaussian_sample(*actor.apply(actor_params, obs), policy_key)
             random_action = jax.random.uniform(random_key, action.shape, minval=-1.0, maxval=1.0)
         else:
             action = jax.random.categorical(policy_key, actor.apply(actor_params, obs)).astype(jnp.int32)
@@ -276,91 +248,41 @@ def make_trainer(config) -> Trainer:
         return jnp.where(step < agent.learning_starts, random_action, action)
 
     def greedy(actor_params, obs):
+        """tanh of the Gaussian mean, or the most likely action."""
         if continuous:
             return jnp.tanh(actor.apply(actor_params, obs)[0])
         return jnp.argmax(actor.apply(actor_params, obs), axis=-1).astype(jnp.int32)
 
-    def run(state, hparams, num_log_points):
-        actor_opt, critic_opt, alpha_opt = optimizers(hparams)
-        entropy_target = target_entropy(hparams)
-
-        def gradient_step(carry, key):
-            params, opt_state, buffer = carry
-            sample_key, critic_key, actor_key = jax.random.split(key, 3)
-            batch, _ = buffers.uniform_sample(buffer, sample_key, agent.batch_size)
-            (q_loss, q_mean), grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-                params["critic"], params["actor"], params["target_critic"], params["log_alpha"], batch, critic_key, hparams["gamma"]
-            )
-            updates, critic_state = critic_opt.update(grads, opt_state["critic"], params["critic"])
-            critic_params = optax.apply_updates(params["critic"], updates)
-            (pi_loss, entropy), grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(params["actor"], critic_params, params["log_alpha"], batch, actor_key)
-            updates, actor_state = actor_opt.update(grads, opt_state["actor"], params["actor"])
-            actor_params = optax.apply_updates(params["actor"], updates)
-            log_alpha, alpha_state = params["log_alpha"], opt_state["log_alpha"]
-            if agent.autotune_alpha:
-                grad = jax.grad(alpha_loss)(log_alpha, entropy, entropy_target)
-                updates, alpha_state = alpha_opt.update(grad, alpha_state, log_alpha)
-                log_alpha = optax.apply_updates(log_alpha, updates)
-            params = {"actor": actor_params, "critic": critic_params, "log_alpha": log_alpha, "target_critic": polyak(params["target_critic"], critic_params, hparams["tau"])}
-            opt_state = {"actor": actor_state, "critic": critic_state, "log_alpha": alpha_state}
-            return (params, opt_state, buffer), {"critic_loss": q_loss, "actor_loss": pi_loss, "q_mean": q_mean, "entropy": entropy}
-
-        def learn(carry, key):
-            return jax.lax.scan(gradient_step, carry, jax.random.split(key, agent.gradient_steps))
-
-        def skip(carry, key):
-            nan = jnp.full((agent.gradient_steps,), jnp.nan, jnp.float32)
-            return carry, {"critic_loss": nan, "actor_loss": nan, "q_mean": nan, "entropy": nan}
-
-        def iteration(carry, key):
-            """All envs take one step; then the gradient steps, once learning has started."""
-            state, stats = carry
-            act_key, env_key, learn_key = jax.random.split(key, 3)
-            action = act(state["params"]["actor"], state["obs"], act_key, state["step"])
-            obs, env_state, reward, terminated, truncated, info = vstep(jax.random.split(env_key, num_envs), state["env_state"], env_action(action), env_params)
-            transition = {"obs": state["obs"], "action": action, "reward": reward, "next_obs": info["final_obs"], "terminated": terminated}
-            buffer = buffers.uniform_add(state["buffer"], transition)
-            done = terminated | truncated
-            ep_return, ep_length = state["episode_return"] + reward, state["episode_length"] + 1
-            sum_return, sum_length, episodes = stats
-            stats = (sum_return + jnp.sum(jnp.where(done, ep_return, 0.0)), sum_length + jnp.sum(jnp.where(done, ep_length, 0)), episodes + jnp.sum(done))
-            step = state["step"] + num_envs
-            (params, opt_state, buffer), aux = jax.lax.cond(step >= agent.learning_starts, learn, skip, (state["params"], state["opt_state"], buffer), learn_key)
-            state = {
-                **state,
-                "params": params,
-                "opt_state": opt_state,
-                "buffer": buffer,
-                "obs": obs,
-                "env_state": env_state,
-                "step": step,
-                "episode_return": jnp.where(done, 0.0, ep_return),
-                "episode_length": jnp.where(done, 0, ep_length),
-            }
-            return (state, stats), jax.tree.map(lambda x: x[-1], aux)
-
-        def log_period(state, _):
-            key, iter_key, eval_key = jax.random.split(state["key"], 3)
-            zero_stats = (jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
-            (state, (sum_return, sum_length, episodes)), aux = jax.lax.scan(iteration, ({**state, "key": key}, zero_stats), jax.random.split(iter_key, iterations_per_log))
-            metrics = {
-                "step": state["step"],
-                "episode_return": jnp.where(episodes > 0, sum_return / jnp.maximum(episodes, 1), jnp.nan),
-                "episode_length": jnp.where(episodes > 0, sum_length / jnp.maximum(episodes, 1), jnp.nan),
-                "episodes": episodes,
-                "alpha": jnp.exp(state["params"]["log_alpha"]),
-                **{name: jnp.nanmean(value) for name, value in aux.items()},
-            }
-            if agent.eval_episodes:
-                metrics["eval_return"] = evaluate(state["params"]["actor"], eval_key)
-            return state, emit(metrics)
-
-        return jax.lax.scan(log_period, state, None, length=num_log_points)
+    def env_step(carry, key):
+        """All envs take one step; the transitions go to the buffer."""
+        state, totals = carry
+        act_key, env_key = jax.random.split(key)
+        action = act(state["params"]["actor"], state["obs"], act_key, state["step"])
+        obs, env_state, reward, terminated, _, info = step(jax.random.split(env_key, num_envs), state["env_state"], action, env_params)
+        transition = {"obs": state["obs"], "action": action, "reward": reward, "next_obs": info["final_obs"], "terminated": terminated}
+        state = {**state, "buffer": buffers.uniform_add(state["buffer"], transition), "obs": obs, "env_state": env_state, "step": state["step"] + num_envs}
+        return (state, loop.add_episodes(totals, info)), None
 
     def evaluate(actor_params, key):
-        """Mean return of `eval_episodes` episodes (one per env, from reset) under the greedy policy."""
-        act = lambda obs: env_action(greedy(actor_params, obs))
-        return greedy_episodes(env, env_params, act, key, agent.eval_episodes)[0].mean()
+        """Mean return of `eval_episodes` greedy episodes, one per fresh env."""
+        return greedy_episodes(env, env_params, lambda obs: greedy(actor_params, obs), key, agent.eval_episodes)[0].mean()
+
+    def run(state, hparams, num_log_points):
+        entropy_target = target_entropy(continuous, action_dim, hparams["target_entropy_scale"])
+        gradient_step = make_gradient_step(agent, critic_loss_fn, actor_loss_fn, entropy_target, hparams)
+        phase = loop.act_then_train(env_step, gradient_step, 1, agent.gradient_steps, agent.learning_starts)
+
+        def log_period(state):
+            """`iterations_per_log` act-then-train phases; the means of the period's losses (NaN before learning), alpha, the eval return."""
+            key, phase_key, eval_key = jax.random.split(state["key"], 3)
+            (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, loop.no_episodes()), jax.random.split(phase_key, iterations_per_log))
+            metrics = {"step": state["step"], **loop.episode_metrics(totals), "alpha": jnp.exp(state["params"]["log_alpha"])}
+            metrics.update({name: jnp.nanmean(value) for name, value in aux.items()})
+            if agent.eval_episodes:
+                metrics["eval_return"] = evaluate(state["params"]["actor"], eval_key)
+            return state, metrics
+
+        return loop.scan_log_points(log_period, state, num_log_points)
 
     return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 
@@ -370,18 +292,16 @@ def make_train(config):
 
 
 def make_policy(config):
-    """`policy(params, obs, key) -> action`: tanh of the Gaussian mean rescaled to the bounds, or the
-    argmax of the logits (the key is unused)."""
-    env, env_params = envs.make(config.env.id, **dict(config.env.params))
-    actor, _, continuous, _ = make_networks(config)
-    space = env.action_space(env_params)
+    """`policy(params, obs, key) -> action` in the env's own action space: tanh of the Gaussian mean
+    mapped onto the Box bounds, or the argmax of the logits (the key is unused)."""
+    env, env_params = loop.make_env(config)
+    actor, _, continuous, _ = make_networks(config, env, env_params)
+    raw_space = env.unwrapped.action_space(env_params)
 
     def policy(params, obs, key):
         out = actor.apply(params["actor"], obs)
         if continuous:
-            low = jnp.asarray(np.broadcast_to(np.asarray(space.low, np.float32), space.shape))
-            high = jnp.asarray(np.broadcast_to(np.asarray(space.high, np.float32), space.shape))
-            return rescale(jnp.tanh(out[0]), low, high)
+            return to_env_action(jnp.tanh(out[0]), raw_space)
         return jnp.argmax(out, axis=-1).astype(jnp.int32)
 
     return policy
