@@ -170,12 +170,6 @@ def optimizers(hparams):
     return clipped, clipped, optax.adam(hparams["alpha_lr"])
 
 
-def to_env_action(action, space: Box):
-    """a in [-1, 1]^d -> L + (clip(a, -1, 1) + 1) (H - L) / 2 on the Box [L, H], the map of `envs.wrappers.RescaleAction`."""
-    low, high = jnp.asarray(space._low), jnp.asarray(space._high)
-    return low + (jnp.clip(action, -1.0, 1.0) + 1.0) * (high - low) / 2.0
-
-
 # ---------------------------------------------------------------- one gradient step
 
 
@@ -296,12 +290,10 @@ def make_policy(config):
     mapped onto the Box bounds, or the argmax of the logits (the key is unused)."""
     env, env_params = loop.make_env(config)
     actor, _, continuous, _ = make_networks(config, env, env_params)
-    raw_space = env.unwrapped.action_space(env_params)
 
     def policy(params, obs, key):
         out = actor.apply(params["actor"], obs)
-        if continuous:
-            return to_env_action(jnp.tanh(out[0]), raw_space)
-        return jnp.argmax(out, axis=-1).astype(jnp.int32)
+        action = jnp.tanh(out[0]) if continuous else jnp.argmax(out, axis=-1).astype(jnp.int32)
+        return loop.to_env_action(env, env_params, action)
 
     return policy
