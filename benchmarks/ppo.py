@@ -25,6 +25,7 @@ writes the numbers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -36,8 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kernels  # noqa: E402
-from rl.config import apply_overrides, build_config, read_yaml  # noqa: E402
+from rl.config import KernelsConfig, apply_overrides, build_config, read_yaml  # noqa: E402
 from rl.train import build_program  # noqa: E402
 
 PUREJAXRL = dict(
@@ -69,8 +69,13 @@ def load(config: str, overrides: list[str], seeds: int):
     return build_config(data)
 
 
+def with_kernel_backend(config, backend: str | None):
+    """`config` with `kernels.backend` set (None or "auto": the automatic choice)."""
+    return dataclasses.replace(config, kernels=KernelsConfig(backend=backend or "auto"))
+
+
 def compile_program(config, backend: str | None):
-    kernels.set_backend(backend)
+    config = with_kernel_backend(config, backend)
     program, keys, hparams = build_program(config)
     start = time.perf_counter()
     compiled = program.lower(keys, hparams).compile()
@@ -111,7 +116,7 @@ def throughput(args) -> list[dict]:
 
 def learning(args) -> dict:
     config = load(args.config, args.overrides, args.seeds)
-    kernels.set_backend(None if args.kernel_backend == "auto" else args.kernel_backend.split(",")[0])
+    config = with_kernel_backend(config, args.kernel_backend.split(",")[0])
     program, keys, hparams = build_program(config)
     start = time.perf_counter()
     compiled = program.lower(keys, hparams).compile()

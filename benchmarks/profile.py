@@ -27,8 +27,7 @@ from jax.profiler import ProfileData
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kernels  # noqa: E402
-from benchmarks.ppo import load  # noqa: E402
+from benchmarks.ppo import load, with_kernel_backend  # noqa: E402
 from rl.train import build_program  # noqa: E402
 
 
@@ -93,7 +92,7 @@ def main(argv=None):
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     args = parser.parse_intermixed_args(argv)
     config = load(args.config or args.preset, args.overrides, args.seeds)
-    kernels.set_backend(args.kernel_backend)
+    config = with_kernel_backend(config, args.kernel_backend)
     program, keys, hparams = build_program(config)
     compiled = program.lower(keys, hparams).compile()
     if args.hlo_out:
