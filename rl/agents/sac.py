@@ -51,10 +51,10 @@ class Config:
     name: str = "sac"
     total_steps: int = hp(20_000, low=1, doc="env steps per seed (all envs counted)")
     num_envs: int = hp(1, low=1, doc="envs stepped together")
+    utd_ratio: float = hp(1.0, low=0.0, low_open=True, doc="gradient steps per env step (utd_ratio * num_envs must be a whole number)")
     buffer_size: int = hp(100_000, low=1, doc="replay capacity (transitions)")
     learning_starts: int = hp(1_000, low=0, doc="env steps of uniformly random actions before learning")
     batch_size: int = hp(256, low=1)
-    utd_ratio: float = hp(1.0, low=0.0, low_open=True, doc="gradient steps per env step (utd_ratio * num_envs must be a whole number)")
     lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size of actor and critics")
     alpha_lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size of log alpha")
     gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
