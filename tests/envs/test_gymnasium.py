@@ -222,8 +222,8 @@ def test_from_gymnasium_stale_state_raises_but_reset_states_are_restorable():
     again = env.step(jax.random.key(1), reset_state, jnp.int32(0), params)
     np.testing.assert_array_equal(again[0], first[0])
     # a stepped state that the instance has moved past is stale
-    with pytest.raises(Exception, match="stale state for env instance"):
-        env.step(jax.random.key(3), first[1], jnp.int32(0), params)
+    with pytest.raises(Exception, match="stale state for env instance"):  # raised when the result is ready (async on a GPU)
+        jax.block_until_ready(env.step(jax.random.key(3), first[1], jnp.int32(0), params))
     # repeating the last transition exactly returns the memoised result without stepping
     repeat = env.step(jax.random.key(4), again[1], jnp.int32(1), params)
     np.testing.assert_array_equal(env.step(jax.random.key(4), again[1], jnp.int32(1), params)[0], repeat[0])
