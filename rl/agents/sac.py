@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -207,78 +209,99 @@ def make_gradient_step(agent, critic_loss_fn, actor_loss_fn, entropy_target, hpa
 # ---------------------------------------------------------------- the trainer
 
 
-def make_trainer(config) -> Trainer:
-    agent = config.agent
+class Setup(NamedTuple):
+    """What the loop closes over: the env, the networks and their losses, and the settings."""
+
+    env: object
+    env_params: object
+    actor: networks.Network
+    critic: networks.Network
+    continuous: bool
+    action_dim: int
+    agent: Config
+
+
+def make_setup(config) -> Setup:
     env, env_params = loop.make_env(config)
-    reset, step = loop.batched(env)
     actor, critic, continuous, action_dim = make_networks(config, env, env_params)
-    critic_loss_fn, actor_loss_fn = (continuous_losses if continuous else discrete_losses)(actor.apply, critic.apply)
-    action_shape = env.action_space(env_params).shape
-    num_envs, iterations_per_log = agent.num_envs, agent.log_interval // agent.num_envs
+    return Setup(env, env_params, actor, critic, continuous, action_dim, config.agent)
 
-    def init(key, hparams):
-        key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
-        obs, env_state = reset(jax.random.split(reset_key, num_envs), env_params)
-        example_action = jnp.zeros(action_shape, jnp.float32) if continuous else jnp.int32(0)
-        critic_inputs = (obs[0], example_action) if continuous else (obs[0],)
-        critic_params = critic.init(critic_key, *critic_inputs)
-        log_alpha = jnp.log(hparams["init_alpha"]).astype(jnp.float32)
-        params = {"actor": actor.init(actor_key, obs[0]), "critic": critic_params, "log_alpha": log_alpha, "target_critic": critic_params}
-        actor_opt, critic_opt, alpha_opt = optimizers(hparams)
-        opt_state = {"actor": actor_opt.init(params["actor"]), "critic": critic_opt.init(params["critic"]), "log_alpha": alpha_opt.init(params["log_alpha"])}
-        example = {"obs": obs[0], "action": example_action, "reward": jnp.float32(0.0), "next_obs": obs[0], "terminated": jnp.bool_(False)}
-        buffer = buffers.uniform_init(example, agent.buffer_size)
-        return {"params": params, "opt_state": opt_state, "buffer": buffer, "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0)}
 
-    def act(actor_params, obs, key, step):
-        """Uniformly random actions before learning_starts, else a sample of the policy (in [-1, 1] for a Box)."""
-        policy_key, random_key = jax.random.split(key)
-        if continuous:
-            action, _ = losses.squashed_gaussian_sample(*actor.apply(actor_params, obs), policy_key)
-            random_action = jax.random.uniform(random_key, action.shape, minval=-1.0, maxval=1.0)
-        else:
-            action = jax.random.categorical(policy_key, actor.apply(actor_params, obs)).astype(jnp.int32)
-            random_action = jax.random.randint(random_key, action.shape, 0, action_dim, jnp.int32)
-        return jnp.where(step < agent.learning_starts, random_action, action)
+def init(setup: Setup, key, hparams):
+    """Actor, twin critics and their target copy, log alpha, three optimiser states, an empty buffer, the envs."""
+    agent = setup.agent
+    key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
+    reset, _ = loop.batched(setup.env)
+    obs, env_state = reset(jax.random.split(reset_key, agent.num_envs), setup.env_params)
+    example_action = jnp.zeros(setup.env.action_space(setup.env_params).shape, jnp.float32) if setup.continuous else jnp.int32(0)
+    critic_params = setup.critic.init(critic_key, *((obs[0], example_action) if setup.continuous else (obs[0],)))
+    log_alpha = jnp.log(hparams["init_alpha"]).astype(jnp.float32)
+    params = {"actor": setup.actor.init(actor_key, obs[0]), "critic": critic_params, "log_alpha": log_alpha, "target_critic": critic_params}
+    actor_opt, critic_opt, alpha_opt = optimizers(hparams)
+    opt_state = {"actor": actor_opt.init(params["actor"]), "critic": critic_opt.init(params["critic"]), "log_alpha": alpha_opt.init(params["log_alpha"])}
+    example = {"obs": obs[0], "action": example_action, "reward": jnp.float32(0.0), "next_obs": obs[0], "terminated": jnp.bool_(False)}
+    buffer = buffers.uniform_init(example, agent.buffer_size)
+    return {"params": params, "opt_state": opt_state, "buffer": buffer, "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0)}
 
-    def greedy(actor_params, obs):
-        """tanh of the Gaussian mean, or the most likely action."""
-        if continuous:
-            return jnp.tanh(actor.apply(actor_params, obs)[0])
-        return jnp.argmax(actor.apply(actor_params, obs), axis=-1).astype(jnp.int32)
 
-    def env_step(carry, key):
-        """All envs take one step; the transitions go to the buffer."""
-        state, totals = carry
-        act_key, env_key = jax.random.split(key)
-        action = act(state["params"]["actor"], state["obs"], act_key, state["step"])
-        obs, env_state, reward, terminated, _, info = step(jax.random.split(env_key, num_envs), state["env_state"], action, env_params)
-        transition = {"obs": state["obs"], "action": action, "reward": reward, "next_obs": info["final_obs"], "terminated": terminated}
-        state = {**state, "buffer": buffers.uniform_add(state["buffer"], transition), "obs": obs, "env_state": env_state, "step": state["step"] + num_envs}
-        return (state, loop.add_episodes(totals, info)), None
+def act(setup: Setup, actor_params, obs, key, step):
+    """Uniformly random actions before learning_starts, else a sample of the policy (in [-1, 1] for a Box)."""
+    policy_key, random_key = jax.random.split(key)
+    if setup.continuous:
+        action, _ = losses.squashed_gaussian_sample(*setup.actor.apply(actor_params, obs), policy_key)
+        random_action = jax.random.uniform(random_key, action.shape, minval=-1.0, maxval=1.0)
+    else:
+        action = jax.random.categorical(policy_key, setup.actor.apply(actor_params, obs)).astype(jnp.int32)
+        random_action = jax.random.randint(random_key, action.shape, 0, setup.action_dim, jnp.int32)
+    return jnp.where(step < setup.agent.learning_starts, random_action, action)
 
-    def evaluate(actor_params, key):
-        """Mean return of `eval_episodes` greedy episodes, one per fresh env."""
-        return greedy_episodes(env, env_params, lambda obs: greedy(actor_params, obs), key, agent.eval_episodes)[0].mean()
+
+def greedy(setup: Setup, actor_params, obs):
+    """tanh of the Gaussian mean, or the most likely action."""
+    if setup.continuous:
+        return jnp.tanh(setup.actor.apply(actor_params, obs)[0])
+    return jnp.argmax(setup.actor.apply(actor_params, obs), axis=-1).astype(jnp.int32)
+
+
+def env_step(setup: Setup, carry, key):
+    """All envs take one step; the transitions go to the buffer."""
+    state, totals = carry
+    act_key, env_key = jax.random.split(key)
+    action = act(setup, state["params"]["actor"], state["obs"], act_key, state["step"])
+    _, step = loop.batched(setup.env)
+    obs, env_state, reward, terminated, _, info = step(jax.random.split(env_key, setup.agent.num_envs), state["env_state"], action, setup.env_params)
+    transition = {"obs": state["obs"], "action": action, "reward": reward, "next_obs": info["final_obs"], "terminated": terminated}
+    state = {**state, "buffer": buffers.uniform_add(state["buffer"], transition), "obs": obs, "env_state": env_state,
+             "step": state["step"] + setup.agent.num_envs}
+    return (state, loop.add_episodes(totals, info)), None
+
+
+def log_period(setup: Setup, phase, state):
+    """`log_interval // num_envs` act-then-train phases; the means of the period's losses (NaN before
+    learning), alpha, and the mean return of `eval_episodes` greedy episodes on fresh envs."""
+    agent = setup.agent
+    key, phase_key, eval_key = jax.random.split(state["key"], 3)
+    phase_keys = jax.random.split(phase_key, agent.log_interval // agent.num_envs)
+    (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, loop.no_episodes()), phase_keys)
+    metrics = {"step": state["step"], **loop.episode_metrics(totals), "alpha": jnp.exp(state["params"]["log_alpha"])}
+    metrics.update({name: jnp.nanmean(value) for name, value in aux.items()})
+    if agent.eval_episodes:
+        policy = partial(greedy, setup, state["params"]["actor"])
+        metrics["eval_return"] = greedy_episodes(setup.env, setup.env_params, policy, eval_key, agent.eval_episodes)[0].mean()
+    return state, metrics
+
+
+def make_trainer(config) -> Trainer:
+    setup, agent = make_setup(config), config.agent
+    loss_fns = (continuous_losses if setup.continuous else discrete_losses)(setup.actor.apply, setup.critic.apply)
 
     def run(state, hparams, num_log_points):
-        entropy_target = target_entropy(continuous, action_dim, hparams["target_entropy_scale"])
-        gradient_step = make_gradient_step(agent, critic_loss_fn, actor_loss_fn, entropy_target, hparams)
-        phase = loop.act_then_train(env_step, gradient_step, 1, agent.gradient_steps, agent.learning_starts)
+        entropy_target = target_entropy(setup.continuous, setup.action_dim, hparams["target_entropy_scale"])
+        gradient_step = make_gradient_step(agent, *loss_fns, entropy_target, hparams)
+        phase = loop.act_then_train(partial(env_step, setup), gradient_step, 1, agent.gradient_steps, agent.learning_starts)
+        return loop.scan_log_points(partial(log_period, setup, phase), state, num_log_points)
 
-        def log_period(state):
-            """`iterations_per_log` act-then-train phases; the means of the period's losses (NaN before learning), alpha, the eval return."""
-            key, phase_key, eval_key = jax.random.split(state["key"], 3)
-            (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, loop.no_episodes()), jax.random.split(phase_key, iterations_per_log))
-            metrics = {"step": state["step"], **loop.episode_metrics(totals), "alpha": jnp.exp(state["params"]["log_alpha"])}
-            metrics.update({name: jnp.nanmean(value) for name, value in aux.items()})
-            if agent.eval_episodes:
-                metrics["eval_return"] = evaluate(state["params"]["actor"], eval_key)
-            return state, metrics
-
-        return loop.scan_log_points(log_period, state, num_log_points)
-
-    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
+    return Trainer(init=partial(init, setup), run=run, num_log_points=agent.total_steps // agent.log_interval)
 
 
 def make_train(config):
@@ -288,12 +311,5 @@ def make_train(config):
 def make_policy(config):
     """`policy(params, obs, key) -> action` in the env's own action space: tanh of the Gaussian mean
     mapped onto the Box bounds, or the argmax of the logits (the key is unused)."""
-    env, env_params = loop.make_env(config)
-    actor, _, continuous, _ = make_networks(config, env, env_params)
-
-    def policy(params, obs, key):
-        out = actor.apply(params["actor"], obs)
-        action = jnp.tanh(out[0]) if continuous else jnp.argmax(out, axis=-1).astype(jnp.int32)
-        return loop.to_env_action(env, env_params, action)
-
-    return policy
+    setup = make_setup(config)
+    return lambda params, obs, key: loop.to_env_action(setup.env, setup.env_params, greedy(setup, params["actor"], obs))
