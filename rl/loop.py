@@ -23,6 +23,7 @@ import optax
 import envs
 from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction, Wrapper
+from rl import buffers
 from rl.config import ConfigError, hp
 from rl.logging import emit
 from rl.rollout import greedy_episodes
@@ -239,6 +240,18 @@ def replay_state(key, params, opt_state, buffer, obs, env_state, **extra) -> dic
     gradient-step counters, plus any `extra` entries."""
     return {"params": params, "target_params": params, "opt_state": opt_state, "buffer": buffer, **extra,
             "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0), "updates": jnp.int32(0)}
+
+
+def step_and_store(env, env_params, num_envs: int, carry, action, key):
+    """All envs take `action`; each transition (s, a, r, s' = info["final_obs"], terminated) goes to
+    the uniform replay buffer `state["buffer"]`, the step counter advances by `num_envs`, and the
+    episodes that ended are added to the totals. `carry` = (state, totals); returns ((state, totals), None)."""
+    state, totals = carry
+    _, step = batched(env)
+    obs, env_state, reward, terminated, _, info = step(jax.random.split(key, num_envs), state["env_state"], action, env_params)
+    transition = {"obs": state["obs"], "action": action, "reward": reward, "next_obs": info["final_obs"], "terminated": terminated}
+    state = {**state, "buffer": buffers.uniform_add(state["buffer"], transition), "obs": obs, "env_state": env_state, "step": state["step"] + num_envs}
+    return (state, add_episodes(totals, info)), None
 
 
 def replay_epsilon(agent: ReplayLoopConfig, hparams, step):

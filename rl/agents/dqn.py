@@ -87,16 +87,11 @@ def init(setup: Setup, key, hparams):
 
 def env_step(setup: Setup, hparams, carry, key):
     """All envs take one epsilon-greedy step; the transitions go to the buffer."""
-    state, totals = carry
+    state, _ = carry
     k_act, k_env = jax.random.split(key)
     q_values = setup.q_network.apply(state["params"], state["obs"])
     action = loop.epsilon_greedy(k_act, q_values, loop.replay_epsilon(setup.agent, hparams, state["step"]))
-    _, step = loop.batched(setup.env)
-    obs, env_state, reward, terminated, _, info = step(jax.random.split(k_env, setup.agent.num_envs), state["env_state"], action, setup.env_params)
-    transition = {"obs": state["obs"], "action": action, "reward": reward, "next_obs": info["final_obs"], "terminated": terminated}
-    state = {**state, "buffer": buffers.uniform_add(state["buffer"], transition), "obs": obs, "env_state": env_state,
-             "step": state["step"] + setup.agent.num_envs}
-    return (state, loop.add_episodes(totals, info)), None
+    return loop.step_and_store(setup.env, setup.env_params, setup.agent.num_envs, carry, action, k_env)
 
 
 def gradient_step(setup: Setup, hparams, state, key):

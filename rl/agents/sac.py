@@ -265,15 +265,10 @@ def greedy(setup: Setup, actor_params, obs):
 
 def env_step(setup: Setup, carry, key):
     """All envs take one step; the transitions go to the buffer."""
-    state, totals = carry
+    state, _ = carry
     act_key, env_key = jax.random.split(key)
     action = act(setup, state["params"]["actor"], state["obs"], act_key, state["step"])
-    _, step = loop.batched(setup.env)
-    obs, env_state, reward, terminated, _, info = step(jax.random.split(env_key, setup.agent.num_envs), state["env_state"], action, setup.env_params)
-    transition = {"obs": state["obs"], "action": action, "reward": reward, "next_obs": info["final_obs"], "terminated": terminated}
-    state = {**state, "buffer": buffers.uniform_add(state["buffer"], transition), "obs": obs, "env_state": env_state,
-             "step": state["step"] + setup.agent.num_envs}
-    return (state, loop.add_episodes(totals, info)), None
+    return loop.step_and_store(setup.env, setup.env_params, setup.agent.num_envs, carry, action, env_key)
 
 
 def log_period(setup: Setup, phase, state):
