@@ -85,6 +85,7 @@ def test_dense_init_is_orthogonal_with_gain_and_zero_bias(backend):
     weights = sorted((x for x in jax.tree.leaves(params) if x.ndim == 2), key=lambda w: w.shape[0])
     biases = [x for x in jax.tree.leaves(params) if x.ndim == 1]
     hidden_w, head_w = weights[1], weights[0]  # [64, 32] (gain sqrt 2), [32, 4] (gain 1)
+    hidden_w, head_w = np.asarray(hidden_w, np.float64), np.asarray(head_w, np.float64)  # products on the host, in float64
     np.testing.assert_allclose(hidden_w.T @ hidden_w, 2.0 * np.eye(32), atol=1e-5)
     np.testing.assert_allclose(head_w.T @ head_w, np.eye(4), atol=1e-5)
     assert all(np.all(b == 0) for b in biases)

@@ -47,6 +47,7 @@ SHARDED = textwrap.dedent(
 
 def run_script(script, *args, devices=4, **env):
     flags = f"--xla_force_host_platform_device_count={devices}"
+    env = {"JAX_PLATFORMS": "cpu", **env}  # CPU devices, also on a GPU machine
     return subprocess.Popen([sys.executable, "-c", script, *map(str, args)], cwd=REPO, env=subprocess_env(XLA_FLAGS=flags, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -24,6 +24,13 @@ from rl.train import build_program, make_programs, stacked_hyperparams
 from rl.trainer import vmap_sequentially_on_cpu
 from run_helpers import REPO, subprocess_env
 
+@pytest.fixture(autouse=True)
+def on_the_cpu():
+    """The property under test is XLA:CPU's: build and run every program here on the CPU, also on a GPU machine."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 TINY_AGENTS = {
     "sac": ("Pendulum-v1", dict(total_steps=8, log_interval=8, learning_starts=8, buffer_size=64, batch_size=8, eval_episodes=0, network={"hidden": [16, 16]})),
     "ppo": ("CartPole-v1", dict(total_steps=64, num_envs=2, num_steps=16, num_epochs=1, num_minibatches=2, log_interval=2, network={"hidden": [16, 16]})),
@@ -54,10 +61,10 @@ def test_sweep_program_has_no_batched_lapack_call(agent):
 
 def test_chunked_init_program_has_no_batched_lapack_call():
     """The init program of `rl train` (rl.train.make_programs), also vmapped over settings x seeds."""
-    from rl.distributed import seed_mesh, select_devices
+    from rl.distributed import seed_mesh
 
     config = tiny_config("sac")
-    _, init, _, keys, hparams = make_programs(config, [{}, {}], seed_mesh(select_devices(1, config.run.seeds)))
+    _, init, _, keys, hparams = make_programs(config, [{}, {}], seed_mesh(jax.devices("cpu")[:1]))
     batch_dims = lapack_batch_dims(init.lower(keys, hparams).as_text())
     assert batch_dims and set(batch_dims) == {0}, batch_dims
 
