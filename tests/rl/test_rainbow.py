@@ -176,7 +176,7 @@ def test_short_run_minimises_its_loss_and_q_stays_finite(off, backend):
 
 @pytest.fixture(scope="module")
 def small_run():
-    config = make_config(n_step=3)
+    config = build_config({"env": {"id": "CartPole-v1"}, "agent": {**SMALL, "n_step": 3}, "kernels": {"backend": "reference"}})
     train = rainbow.make_train(config)
     with jax.default_device(jax.devices("cpu")[0]):  # vmap equals per-seed runs exactly on the CPU
         keys = jnp.stack([jax.random.PRNGKey(i) for i in (5, 6)])

@@ -41,7 +41,8 @@ TINY_AGENTS = {
 
 def tiny_config(agent: str, seeds: int = 2):
     env, params = TINY_AGENTS[agent]
-    return build_config({"env": {"id": env}, "agent": {"name": agent, **params}, "run": {"seeds": seeds, "progress": False}})
+    run = {"seeds": seeds, "progress": False}
+    return build_config({"env": {"id": env}, "agent": {"name": agent, **params}, "run": run, "kernels": {"backend": "reference"}})
 
 
 def lapack_batch_dims(hlo_text: str) -> list[int]:
