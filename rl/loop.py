@@ -70,6 +70,54 @@ class ReplayLoopConfig:
             raise ConfigError(f"agent.buffer_size ({self.buffer_size}) must hold at least one step of agent.num_envs ({self.num_envs}) envs")
 
 
+@dataclass(frozen=True)
+class ReplayActorCriticConfig:
+    """Settings of the loop of replay actor-critics with continuous control (SAC, TD3), which extend
+    it: `num_envs` envs take one step, the transitions go to a uniform replay buffer, then
+    `utd_ratio * num_envs` gradient steps follow on batches of `batch_size`, once `learning_starts`
+    env steps (of uniformly random actions) are stored."""
+
+    total_steps: int = hp(20_000, low=1, doc="env steps per seed (all envs counted)")
+    num_envs: int = hp(1, low=1, doc="envs stepped together")
+    utd_ratio: float = hp(1.0, low=0.0, low_open=True, doc="gradient steps per env step (utd_ratio * num_envs must be a whole number)")
+    buffer_size: int = hp(100_000, low=1, doc="replay capacity (transitions)")
+    learning_starts: int = hp(1_000, low=0, doc="env steps of uniformly random actions before learning")
+    batch_size: int = hp(256, low=1)
+    lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size of actor and critics")
+    gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
+    tau: float = hp(0.005, low=0.0, high=1.0, low_open=True, sweep=True, doc="Polyak step of the target networks")
+    max_grad_norm: float = hp(1e6, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip of actor and critics (large: off)")
+    log_interval: int = hp(1_000, low=1, doc="env steps between log points (multiple of num_envs)")
+    eval_episodes: int = hp(8, low=0, doc="deterministic evaluation episodes per log point (0: none)")
+
+    @property
+    def gradient_steps(self) -> int:
+        """Gradient steps after each vectorised env step."""
+        return int(round(self.utd_ratio * self.num_envs))
+
+    def validate(self):
+        if abs(self.utd_ratio * self.num_envs - self.gradient_steps) > 1e-9 or self.gradient_steps < 1:
+            raise ConfigError(f"agent.utd_ratio ({self.utd_ratio}) * agent.num_envs ({self.num_envs}) must be a whole number >= 1")
+        if self.log_interval % self.num_envs:
+            raise ConfigError(f"agent.log_interval ({self.log_interval}) must be a multiple of agent.num_envs ({self.num_envs})")
+        if self.total_steps % self.log_interval:
+            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})")
+
+
+def check_bounded_actions(config, env, env_params, discrete_ok: bool = False) -> None:
+    """ConfigError unless observations are a Box and actions a bounded Box (or Discrete, if `discrete_ok`)."""
+    action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
+    name = config.agent.name
+    if not isinstance(obs_space, Box):
+        raise ConfigError(f"env.id: {name} needs vector (Box) observations; {config.env.id} has {obs_space}")
+    if isinstance(action_space, Discrete) and discrete_ok:
+        return
+    if not isinstance(action_space, Box):
+        raise ConfigError(f"env.id: {name} needs continuous (Box) actions; {config.env.id} has {action_space}")
+    if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+        raise ConfigError(f"env.id: {name} needs bounded Box actions; {config.env.id} has {action_space}")
+
+
 def check_discrete_actions(config, env, env_params) -> None:
     """ConfigError unless the env's actions are Discrete (Q-learning with a network needs them)."""
     space = env.action_space(env_params)
@@ -289,6 +337,35 @@ def replay_trainer(agent: ReplayLoopConfig, env, env_params, init: Callable, env
         phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams),
                                agent.train_freq // agent.num_envs, agent.gradient_steps, agent.learning_starts)
         log_period = partial(replay_log_period, env, env_params, agent, greedy_policy, hparams, phase)
+        return scan_log_points(log_period, state, num_log_points)
+
+    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
+
+
+def actor_critic_log_period(env, env_params, agent: ReplayActorCriticConfig, greedy_policy: Callable, extra_metrics: Callable, phase: Callable, state):
+    """One log period of a replay actor-critic: `log_interval // num_envs` act-then-train phases,
+    then the period's episode statistics, `extra_metrics(state)`, the mean of each gradient-step aux
+    (NaN before learning), and the mean return of `eval_episodes` episodes of
+    `greedy_policy(params) -> (obs -> action)` on fresh envs."""
+    key, phase_key, eval_key = jax.random.split(state["key"], 3)
+    phase_keys = jax.random.split(phase_key, agent.log_interval // agent.num_envs)
+    (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, no_episodes()), phase_keys)
+    metrics = {"step": state["step"], **episode_metrics(totals), **extra_metrics(state)}
+    metrics.update({name: jnp.nanmean(value) for name, value in aux.items()})
+    if agent.eval_episodes:
+        metrics["eval_return"] = greedy_episodes(env, env_params, greedy_policy(state["params"]), eval_key, agent.eval_episodes)[0].mean()
+    return state, metrics
+
+
+def actor_critic_trainer(agent: ReplayActorCriticConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable,
+                         greedy_policy: Callable, extra_metrics: Callable) -> Trainer:
+    """The Trainer of a replay actor-critic: `init(key, hparams) -> state`; each log point is
+    `actor_critic_log_period` over `act_then_train` phases of one `env_step(hparams, (state, totals), key)`
+    and `gradient_steps` calls of `gradient_step(hparams, state, key) -> (state, aux dict)`."""
+
+    def run(state, hparams, num_log_points):
+        phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams), 1, agent.gradient_steps, agent.learning_starts)
+        log_period = partial(actor_critic_log_period, env, env_params, agent, greedy_policy, extra_metrics, phase)
         return scan_log_points(log_period, state, num_log_points)
 
     return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)

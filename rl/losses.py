@@ -25,6 +25,7 @@ __all__ = [
     "normalize", "gae_coefficients", "truncation_aware_gae", "clipped_surrogate_loss", "clipped_value_loss", "ppo_loss",
     "gaussian_log_prob_entropy", "tanh_log_det_jacobian", "squashed_gaussian_sample", "squashed_gaussian_log_prob",
     "soft_value", "soft_value_discrete", "twin_q_loss", "sac_actor_loss", "sac_actor_loss_discrete", "temperature_loss",
+    "smoothed_target_action", "deterministic_policy_loss",
 ]
 
 # ---------------------------------------------------------------- value-based (DQN, Rainbow)
@@ -210,3 +211,19 @@ def temperature_loss(log_alpha, entropy, target_entropy):
     """L_alpha = -log_alpha (log pi + target_entropy) = log_alpha (H - target_entropy), H held fixed:
     alpha grows while the policy's entropy H is below the target."""
     return log_alpha * (jax.lax.stop_gradient(entropy) - target_entropy)
+
+
+# ---------------------------------------------------------------- TD3
+
+
+def smoothed_target_action(target_action, key, noise_std, noise_clip, low: float = -1.0, high: float = 1.0):
+    """TD3's target policy smoothing (Fujimoto et al. 2018): a' = clip(mu'(s') + clip(eps, -c, c), low, high),
+    eps ~ N(0, noise_std^2) per action dimension, c = `noise_clip`."""
+    noise = jnp.clip(noise_std * jax.random.normal(key, target_action.shape), -noise_clip, noise_clip)
+    return jnp.clip(target_action + noise, low, high)
+
+
+def deterministic_policy_loss(q):
+    """L_mu = -mean Q(s, mu(s)) (DDPG/TD3's actor loss, through the first critic); the gradient
+    reaches the actor through the action."""
+    return -jnp.mean(q)

@@ -11,7 +11,7 @@ Haiku transform. Both backends create the same parameters with the same initiali
 never sees which one it runs on (`agent.network.backend: flax | haiku` in a config).
 
 A network is a torso (observations -> features; `make_torso` from `agent.network`) and heads
-(Q, Rainbow's dueling/noisy/distributional, categorical and Gaussian policies, value), joined by
+(Q, Rainbow's dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value), joined by
 `with_head`, `actor_critic` or `twin_q`.
 
 Initialisation follows the usual PPO/DQN practice: orthogonal weights with a per-layer gain
@@ -271,6 +271,11 @@ def gaussian_policy_head(action_dim: int, log_std_init: float = 0.0) -> Callable
         return mean, jnp.broadcast_to(log_std, mean.shape)
 
     return head
+
+
+def deterministic_policy_head(action_dim: int) -> Callable:
+    """An action tanh(x W + b) in [-1, 1]^action_dim from features (gain 0.01: near 0 at first)."""
+    return lambda layers, x: jnp.tanh(layers.dense(x, action_dim, scale=0.01))
 
 
 def squashed_gaussian_head(action_dim: int, log_std_min: float = -5.0, log_std_max: float = 2.0) -> Callable:

@@ -10,6 +10,7 @@ AGENTS: dict[str, str] = {
     "rainbow": "rl.agents.rainbow",
     "ppo": "rl.agents.ppo",
     "sac": "rl.agents.sac",
+    "td3": "rl.agents.td3",
 }
 
 

@@ -44,56 +44,29 @@ import optax
 from envs.spaces import Box
 from rl import buffers, loop, losses, networks
 from rl.config import ConfigError, hp
-from rl.rollout import greedy_episodes
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(loop.ReplayActorCriticConfig):
     name: str = "sac"
-    total_steps: int = hp(20_000, low=1, doc="env steps per seed (all envs counted)")
-    num_envs: int = hp(1, low=1, doc="envs stepped together")
-    utd_ratio: float = hp(1.0, low=0.0, low_open=True, doc="gradient steps per env step (utd_ratio * num_envs must be a whole number)")
-    buffer_size: int = hp(100_000, low=1, doc="replay capacity (transitions)")
-    learning_starts: int = hp(1_000, low=0, doc="env steps of uniformly random actions before learning")
-    batch_size: int = hp(256, low=1)
-    lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size of actor and critics")
     alpha_lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size of log alpha")
-    gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
-    tau: float = hp(0.005, low=0.0, high=1.0, low_open=True, sweep=True, doc="Polyak step of the target critics")
     init_alpha: float = hp(1.0, low=0.0, low_open=True, sweep=True, doc="initial entropy temperature")
     autotune_alpha: bool = hp(True, doc="tune alpha toward the target entropy (else alpha stays init_alpha)")
     target_entropy_scale: float = hp(1.0, sweep=True, doc="target entropy = -scale*|A| (continuous) or scale*log|A| (discrete)")
-    max_grad_norm: float = hp(1e6, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip of actor and critics (large: off)")
     network: networks.NetworkConfig = networks.network_config(hidden=(256, 256), activation="relu")
     log_std_min: float = hp(-5.0, doc="lower bound of the policy's log-std (continuous)")
     log_std_max: float = hp(2.0, doc="upper bound of the policy's log-std (continuous)")
-    log_interval: int = hp(1_000, low=1, doc="env steps between log points (multiple of num_envs)")
-    eval_episodes: int = hp(8, low=0, doc="deterministic evaluation episodes per log point (0: none)")
-
-    @property
-    def gradient_steps(self) -> int:
-        """Gradient steps after each vectorised env step."""
-        return int(round(self.utd_ratio * self.num_envs))
 
     def validate(self):
-        if abs(self.utd_ratio * self.num_envs - self.gradient_steps) > 1e-9 or self.gradient_steps < 1:
-            raise ConfigError(f"agent.utd_ratio ({self.utd_ratio}) * agent.num_envs ({self.num_envs}) must be a whole number >= 1")
-        if self.log_interval % self.num_envs:
-            raise ConfigError(f"agent.log_interval ({self.log_interval}) must be a multiple of agent.num_envs ({self.num_envs})")
-        if self.total_steps % self.log_interval:
-            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})")
+        super().validate()
         if self.log_std_min >= self.log_std_max:
             raise ConfigError(f"agent.log_std_min ({self.log_std_min}) must be below agent.log_std_max ({self.log_std_max})")
 
 
 def check_env(config, env, env_params) -> None:
     """SAC needs Box observations and bounded Box (or Discrete) actions."""
-    action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
-    if not isinstance(obs_space, Box):
-        raise ConfigError(f"env.id: sac needs vector (Box) observations; {config.env.id} has {obs_space}")
-    if isinstance(action_space, Box) and not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-        raise ConfigError(f"env.id: sac needs bounded Box actions; {config.env.id} has {action_space}")
+    loop.check_bounded_actions(config, env, env_params, discrete_ok=True)
 
 
 # ---------------------------------------------------------------- networks and losses
@@ -271,32 +244,25 @@ def env_step(setup: Setup, carry, key):
     return loop.step_and_store(setup.env, setup.env_params, setup.agent.num_envs, carry, action, env_key)
 
 
-def log_period(setup: Setup, phase, state):
-    """`log_interval // num_envs` act-then-train phases; the means of the period's losses (NaN before
-    learning), alpha, and the mean return of `eval_episodes` greedy episodes on fresh envs."""
-    agent = setup.agent
-    key, phase_key, eval_key = jax.random.split(state["key"], 3)
-    phase_keys = jax.random.split(phase_key, agent.log_interval // agent.num_envs)
-    (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, loop.no_episodes()), phase_keys)
-    metrics = {"step": state["step"], **loop.episode_metrics(totals), "alpha": jnp.exp(state["params"]["log_alpha"])}
-    metrics.update({name: jnp.nanmean(value) for name, value in aux.items()})
-    if agent.eval_episodes:
-        policy = partial(greedy, setup, state["params"]["actor"])
-        metrics["eval_return"] = greedy_episodes(setup.env, setup.env_params, policy, eval_key, agent.eval_episodes)[0].mean()
-    return state, metrics
+def greedy_policy(setup: Setup, params):
+    """obs -> the deterministic action of the actor (`greedy`)."""
+    return partial(greedy, setup, params["actor"])
+
+
+def alpha_metric(state):
+    return {"alpha": jnp.exp(state["params"]["log_alpha"])}
 
 
 def make_trainer(config) -> Trainer:
     setup, agent = make_setup(config), config.agent
     loss_fns = (continuous_losses if setup.continuous else discrete_losses)(setup.actor.apply, setup.critic.apply)
 
-    def run(state, hparams, num_log_points):
+    def gradient_step(hparams, state, key):
         entropy_target = target_entropy(setup.continuous, setup.action_dim, hparams["target_entropy_scale"])
-        gradient_step = make_gradient_step(agent, *loss_fns, entropy_target, hparams)
-        phase = loop.act_then_train(partial(env_step, setup), gradient_step, 1, agent.gradient_steps, agent.learning_starts)
-        return loop.scan_log_points(partial(log_period, setup, phase), state, num_log_points)
+        return make_gradient_step(agent, *loss_fns, entropy_target, hparams)(state, key)
 
-    return Trainer(init=partial(init, setup), run=run, num_log_points=agent.total_steps // agent.log_interval)
+    return loop.actor_critic_trainer(agent, setup.env, setup.env_params, partial(init, setup), lambda hparams, carry, key: env_step(setup, carry, key),
+                                     gradient_step, partial(greedy_policy, setup), alpha_metric)
 
 
 def make_train(config):
