@@ -1,6 +1,7 @@
 """The pieces of a training loop that the agents share: the env they train on, exploration and
 step-size schedules, target-network updates, the act-then-train phase of off-policy agents,
-episode statistics and the scan over log points.
+episode statistics and the scan over log points; and the settings, state, log period and Trainer
+of the two replay loops (`ReplayLoopConfig`: DQN, Rainbow; `ReplayActorCriticConfig`: SAC, TD3).
 
     env, env_params = loop.make_env(config)            # episode statistics; Box actions in [-1, 1]
     phase = loop.act_then_train(env_step, gradient_step, env_iterations, gradient_steps, learning_starts)
