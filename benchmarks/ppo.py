@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rl.config import KernelsConfig, apply_overrides, build_config, read_yaml  # noqa: E402
+from rl.config import KernelsConfig, apply_overrides, build_config, build_dataclass, read_yaml  # noqa: E402
 from rl.train import build_program  # noqa: E402
 
 PUREJAXRL = dict(
@@ -71,7 +71,8 @@ def load(config: str, overrides: list[str], seeds: int):
 
 def with_kernel_backend(config, backend: str | None):
     """`config` with `kernels.backend` set (None or "auto": the automatic choice)."""
-    return dataclasses.replace(config, kernels=KernelsConfig(backend=backend or "auto"))
+    kernels = build_dataclass(KernelsConfig, {"backend": backend or "auto"}, "kernels")  # ConfigError naming kernels.backend
+    return dataclasses.replace(config, kernels=kernels)
 
 
 def compile_program(config, backend: str | None):

@@ -114,7 +114,8 @@ def check_bounded_actions(config, env, env_params, discrete_ok: bool = False) ->
     if isinstance(action_space, Discrete) and discrete_ok:
         return
     if not isinstance(action_space, Box):
-        raise ConfigError(f"env.id: {name} needs continuous (Box) actions; {config.env.id} has {action_space}")
+        wanted = "bounded Box or Discrete" if discrete_ok else "continuous (Box)"
+        raise ConfigError(f"env.id: {name} needs {wanted} actions; {config.env.id} has {action_space}")
     if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
         raise ConfigError(f"env.id: {name} needs bounded Box actions; {config.env.id} has {action_space}")
 

@@ -1,4 +1,4 @@
-"""The agents, one module each: `qlearning`, `dqn`, `rainbow`, `ppo`, `sac`.
+"""The agents, one module each (the names are in `rl.registry.AGENTS`).
 
 Each reads top to bottom as its training loop, built from `rl.losses`, `rl.loop`, `rl.networks`
 and `rl.buffers`; the contract they meet is in `rl.trainer`, the name lookup in `rl.registry`.

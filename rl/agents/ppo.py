@@ -51,7 +51,7 @@ from jax.flatten_util import ravel_pytree
 import kernels
 from envs.spaces import Box, Discrete
 from rl import losses, loop, networks
-from rl.agents import Trainer, train_from_trainer
+from rl.trainer import Trainer, train_from_trainer
 from rl.config import ConfigError, hp
 from rl.rollout import greedy_episodes
 

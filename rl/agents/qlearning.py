@@ -49,7 +49,7 @@ def check_env(config, env, env_params) -> None:
     """Tabular Q-learning needs discrete observations and actions."""
     observations, actions = env.observation_space(env_params), env.action_space(env_params)
     if not isinstance(observations, Discrete) or not isinstance(actions, Discrete):
-        raise ConfigError(f"env.id: qlearning needs discrete observations and actions; {config.env.id} has {observations}")
+        raise ConfigError(f"env.id: qlearning needs discrete observations and actions; {config.env.id} has observations {observations}, actions {actions}")
 
 
 def q_update(q, obs, action, reward, next_obs, terminated, lr, gamma):
