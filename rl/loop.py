@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 import envs
+import kernels
 from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction, Wrapper
 from rl import buffers
@@ -309,74 +310,54 @@ def replay_epsilon(agent: ReplayLoopConfig, hparams, step):
     return linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
 
 
-def replay_log_period(env, env_params, agent: ReplayLoopConfig, greedy_policy: Callable, hparams, phase: Callable, state):
-    """One log period of a replay agent: `log_interval // train_freq` phases, then the period's
-    episode statistics, mean loss and Q, epsilon, and the mean return of `eval_episodes` greedy
-    episodes (`greedy_policy(params) -> (obs -> action)`) on fresh envs. `phase` returns the loss
-    and mean Q of each gradient step as its aux."""
-    key, k_phases, k_eval = jax.random.split(state["key"], 3)
-    phase_keys = jax.random.split(k_phases, agent.log_interval // agent.train_freq)
-    (state, totals), (loss, q_mean) = jax.lax.scan(phase, ({**state, "key": key}, no_episodes()), phase_keys)
-    metrics = {
-        "step": state["step"],
-        **episode_metrics(totals),
-        "eval_return": greedy_episodes(env, env_params, greedy_policy(state["params"]), k_eval, agent.eval_episodes)[0].mean(),
-        "loss": jnp.nanmean(loss),
-        "q_mean": jnp.nanmean(q_mean),
-        "epsilon": replay_epsilon(agent, hparams, state["step"]),
-        "gradient_steps": state["updates"],
-    }
+def off_policy_log_period(env, env_params, num_phases: int, eval_episodes: int, greedy_policy: Callable, extra_metrics: Callable, phase: Callable, state):
+    """One log period of an off-policy agent: `num_phases` act-then-train phases, then the period's
+    episode statistics, `extra_metrics(state)`, the mean of each gradient-step aux (NaN before
+    learning), and the mean return of `eval_episodes` episodes of `greedy_policy(params) -> (obs ->
+    action)` on fresh envs (none if 0)."""
+    key, phase_key, eval_key = jax.random.split(state["key"], 3)
+    (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, no_episodes()), jax.random.split(phase_key, num_phases))
+    metrics = {"step": state["step"], **episode_metrics(totals), **extra_metrics(state)}
+    metrics.update({name: jnp.nanmean(value) for name, value in aux.items()})
+    if eval_episodes:
+        metrics["eval_return"] = greedy_episodes(env, env_params, greedy_policy(state["params"]), eval_key, eval_episodes)[0].mean()
     return state, metrics
 
 
-def replay_trainer(agent: ReplayLoopConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable, greedy_policy: Callable) -> Trainer:
-    """The Trainer of a replay agent: `init(key, hparams) -> state`; each log point is
-    `replay_log_period` over `act_then_train` phases of `env_step(hparams, (state, totals), key)`
-    (`train_freq // num_envs` times) and `gradient_step(hparams, state, key) -> (state, (loss, q_mean))`
-    (`gradient_steps` times)."""
+def off_policy_trainer(agent, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable, greedy_policy: Callable,
+                       extra_metrics: Callable, env_iterations: int, phases_per_log: int) -> Trainer:
+    """The Trainer of an off-policy agent: `init(key, hparams) -> state`; each log point is
+    `off_policy_log_period` over `phases_per_log` `act_then_train` phases of `env_iterations` calls of
+    `env_step(hparams, (state, totals), key)` and `agent.gradient_steps` calls of
+    `gradient_step(hparams, state, key) -> (state, aux dict)`; `extra_metrics(hparams, state)`."""
 
     def run(state, hparams, num_log_points):
-        phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams),
-                               agent.train_freq // agent.num_envs, agent.gradient_steps, agent.learning_starts)
-        log_period = partial(replay_log_period, env, env_params, agent, greedy_policy, hparams, phase)
+        phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams), env_iterations, agent.gradient_steps, agent.learning_starts)
+        log_period = partial(off_policy_log_period, env, env_params, phases_per_log, agent.eval_episodes, greedy_policy,
+                             partial(extra_metrics, hparams), phase)
         return scan_log_points(log_period, state, num_log_points)
 
     return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 
 
-def actor_critic_log_period(env, env_params, agent: ReplayActorCriticConfig, greedy_policy: Callable, extra_metrics: Callable, phase: Callable, state):
-    """One log period of a replay actor-critic: `log_interval // num_envs` act-then-train phases,
-    then the period's episode statistics, `extra_metrics(state)`, the mean of each gradient-step aux
-    (NaN before learning), and the mean return of `eval_episodes` episodes of
-    `greedy_policy(params) -> (obs -> action)` on fresh envs."""
-    key, phase_key, eval_key = jax.random.split(state["key"], 3)
-    phase_keys = jax.random.split(phase_key, agent.log_interval // agent.num_envs)
-    (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, no_episodes()), phase_keys)
-    metrics = {"step": state["step"], **episode_metrics(totals), **extra_metrics(state)}
-    metrics.update({name: jnp.nanmean(value) for name, value in aux.items()})
-    if agent.eval_episodes:
-        metrics["eval_return"] = greedy_episodes(env, env_params, greedy_policy(state["params"]), eval_key, agent.eval_episodes)[0].mean()
-    return state, metrics
+def replay_trainer(agent: ReplayLoopConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable, greedy_policy: Callable) -> Trainer:
+    """`off_policy_trainer` with the replay loop's shape: phases of `train_freq // num_envs` env
+    iterations, `log_interval // train_freq` phases per log point, epsilon and the gradient-step count logged."""
+    extra = lambda hparams, state: {"epsilon": replay_epsilon(agent, hparams, state["step"]), "gradient_steps": state["updates"]}
+    return off_policy_trainer(agent, env, env_params, init, env_step, gradient_step, greedy_policy, extra,
+                              agent.train_freq // agent.num_envs, agent.log_interval // agent.train_freq)
 
 
 def actor_critic_trainer(agent: ReplayActorCriticConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable,
                          greedy_policy: Callable, extra_metrics: Callable) -> Trainer:
-    """The Trainer of a replay actor-critic: `init(key, hparams) -> state`; each log point is
-    `actor_critic_log_period` over `act_then_train` phases of one `env_step(hparams, (state, totals), key)`
-    and `gradient_steps` calls of `gradient_step(hparams, state, key) -> (state, aux dict)`."""
-
-    def run(state, hparams, num_log_points):
-        phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams), 1, agent.gradient_steps, agent.learning_starts)
-        log_period = partial(actor_critic_log_period, env, env_params, agent, greedy_policy, extra_metrics, phase)
-        return scan_log_points(log_period, state, num_log_points)
-
-    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
+    """`off_policy_trainer` with the actor-critic loop's shape: one env iteration per phase,
+    `log_interval // num_envs` phases per log point; `extra_metrics(state)`."""
+    return off_policy_trainer(agent, env, env_params, init, env_step, gradient_step, greedy_policy, lambda hparams, state: extra_metrics(state),
+                              1, agent.log_interval // agent.num_envs)
 
 
 def kernel_backend(config) -> str:
     """The kernel backend the agent passes to every kernels op: `config.kernels.backend`, or with
     "auto" the choice `kernels.resolve_backend` makes (the caller's own setting, then the device)."""
-    import kernels
-
     choice = config.kernels.backend
     return kernels.resolve_backend(None if choice == "auto" else choice)

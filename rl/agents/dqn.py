@@ -106,7 +106,7 @@ def gradient_step(setup: Setup, hparams, state, key):
     updates_done = state["updates"] + 1
     target = loop.periodic_polyak(state["target_params"], params, hparams["tau"], updates_done % agent.target_update_interval == 0)
     state = {**state, "params": params, "target_params": target, "opt_state": opt_state, "updates": updates_done}
-    return state, (loss, q_taken.mean())
+    return state, {"loss": loss, "q_mean": q_taken.mean()}
 
 
 def greedy_policy(setup: Setup, params):
