@@ -17,6 +17,7 @@ from kernels.launch import (
 )
 from kernels.returns import discounted_returns
 from kernels.gae import gae
+from kernels.q_lambda import q_lambda_returns
 
 from kernels.softmax import softmax
 from kernels.policy_head import categorical_log_prob_entropy
@@ -34,6 +35,7 @@ __all__ = [
     "use_backend",
     "discounted_returns",
     "gae",
+    "q_lambda_returns",
     "softmax",
     "categorical_log_prob_entropy",
     "categorical_projection",
