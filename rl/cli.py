@@ -2,7 +2,7 @@
 
     rl train CONFIG.yaml [--seeds N] [--sweep agent.lr=1e-3,3e-3 ...] [--devices all] [dotted.key=value ...]
     rl train --resume RUN_DIR              continue a stopped run from its newest good checkpoint
-    rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif]
+    rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif] [--json eval.json]
     rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric episode_return]
 
 Bad input (missing or unparsable file, unknown key, wrong type, value out of range, unknown env or
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--render", metavar="FILE.gif", help="save a GIF of one episode (setting 0, seed 0)")
     evaluate.add_argument("--fps", type=int, default=10, help="frames per second of the GIF (default 10)")
     evaluate.add_argument("--seed", type=int, default=0, help="PRNG seed of the evaluation episodes")
+    evaluate.add_argument("--json", metavar="FILE.json", help="also write the result (mean, median, std, min, max, per-seed means) as JSON")
 
     plot = commands.add_parser("plot", help="plot learning curves of runs as a PNG")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -225,10 +226,12 @@ def eval_command(args) -> int:
         if args.fps < 1:
             raise ConfigError(f"--fps: expected a positive integer, got {args.fps}")
         result = evaluate_run(args.run_dir, episodes=args.episodes, checkpoint=args.checkpoint, render=args.render, seed=args.seed, fps=args.fps)
+        if args.json is not None:
+            Path(args.json).write_text(json.dumps(result, indent=2))
     except ConfigError as err:
         return _error(str(err), EXIT_BAD_INPUT)
     except OSError as err:
-        return _error(f"cannot write {err.filename or args.render}: {err.strerror or err}", EXIT_FAILED)
+        return _error(f"cannot write {err.filename or args.render or args.json}: {err.strerror or err}", EXIT_FAILED)
     print_evaluation(result)
     return 0
 
@@ -246,16 +249,29 @@ def plot_command(args) -> int:
     return 0
 
 
-def _fmt(value: float) -> str:
-    return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
+def _fmt(value) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4g}"
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The end-of-run summary as printed: timing, then per setting the final value of the metric it
+    names (summary["metric"]) across seeds: mean +- std, median, min and max."""
+    rate = summary["env_steps_per_second"]
+    speed = f"{rate:,.0f} env steps/s over all seeds" if rate is not None else "no env steps trained in this process"
+    lines = [f"compile {summary['compile_seconds']:.2f} s, train {summary['train_seconds']:.2f} s, {speed}"]
+    lines.append(f"final {summary['metric']} ({summary['metric_description']}):")
+    for row in summary["settings"]:
+        finished = sum(v is not None for v in row["per_seed"])
+        seeds = f"{row['seeds']} seeds" if finished == row["seeds"] else f"{finished} of {row['seeds']} seeds have a value"
+        where = f"{row['label']}: " if row["label"] else ""
+        lines.append(f"  {where}{_fmt(row['mean'])} +- {_fmt(row['std'])} (median {_fmt(row['median'])}, min {_fmt(row['min'])}, max {_fmt(row['max'])}; {seeds})")
+    return lines
 
 
 def print_summary(summary: dict, run_dir: Path) -> None:
     print(f"run directory: {run_dir}")
-    print(f"compile {summary['compile_seconds']:.2f} s, train {summary['train_seconds']:.2f} s, " f"{summary['env_steps_per_second']:,.0f} env steps/s over all seeds")
-    for row in summary["settings"]:
-        label = ", ".join(f"{k}={v}" for k, v in row["hyperparams"].items()) or "config"
-        print(f"  [{label}] final return {_fmt(row['final_return_mean'])} +- {_fmt(row['final_return_std'])} " f"(median {_fmt(row['final_return_median'])}, {row['seeds']} seeds)")
+    for line in summary_lines(summary):
+        print(line)
 
 
 if __name__ == "__main__":

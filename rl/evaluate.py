@@ -130,6 +130,29 @@ def render_episode(config: Config, params_one, path, seed: int = 0, fps: int = 1
     return count
 
 
+METRIC_DESCRIPTION = "undiscounted return of the deterministic (greedy) policy on fresh episodes"
+
+
+def setting_summary(setting: dict, returns: np.ndarray, lengths: np.ndarray) -> dict:
+    """One setting's evaluation from its returns and lengths [seeds, episodes]: mean, median, std,
+    min and max over every episode, and `per_seed` (each seed's mean return)."""
+    from rl.train import setting_label, spread
+
+    per_seed = spread(returns.mean(axis=-1))
+    over_episodes = spread(returns)
+    del over_episodes["per_seed"]
+    return {
+        "hyperparams": setting,
+        "label": setting_label(setting),
+        "seeds": int(returns.shape[0]),
+        "episodes": int(returns.shape[1]),
+        **over_episodes,
+        "per_seed": per_seed["per_seed"],
+        "seed_mean_std": per_seed["std"],
+        "length_mean": float(lengths.mean()),
+    }
+
+
 def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, render=None, seed: int = 0, fps: int = 10) -> dict:
     """Evaluate a run directory (see the module docstring); returns a result dict for printing."""
     from rl.train import load_run_config
@@ -137,43 +160,33 @@ def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, re
     config, grid = load_run_config(run_dir)
     params, source = load_params(run_dir, config, grid, checkpoint)
     returns, lengths = evaluate(config, params, episodes, seed)
-    settings = []
-    for s, setting in enumerate(grid):
-        per_seed = returns[s].mean(axis=-1)
-        settings.append(
-            {
-                "hyperparams": setting,
-                "seeds": int(returns.shape[1]),
-                "episodes": int(returns.shape[2]),
-                "return_mean": float(returns[s].mean()),
-                "return_std": float(returns[s].std()),
-                "return_median": float(np.median(returns[s])),
-                "return_min": float(returns[s].min()),
-                "return_max": float(returns[s].max()),
-                "seed_mean_std": float(per_seed.std()),
-                "length_mean": float(lengths[s].mean()),
-            }
-        )
-    result = {"run_dir": str(run_dir), "params": source, "agent": config.agent.name, "env": config.env.id, "settings": settings}
+    settings = [setting_summary(setting, returns[s], lengths[s]) for s, setting in enumerate(grid)]
+    result = {"run_dir": str(run_dir), "params": source, "agent": config.agent.name, "env": config.env.id, "metric": "return", "metric_description": METRIC_DESCRIPTION, "settings": settings}
     if render is not None:
         one = jax.tree.map(lambda x: x[0, 0], params)
         result["render"] = {"path": str(render), "frames": render_episode(config, one, render, seed, fps)}
     return result
 
 
-def _fmt(value: float) -> str:
-    return "nan" if math.isnan(value) else f"{value:.4g}"
+def _fmt(value) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:.4g}"
 
 
-def print_evaluation(result: dict) -> None:
-    print(f"{result['agent']} on {result['env']}, params from {result['params']}")
+def evaluation_lines(result: dict) -> list[str]:
+    """What `rl eval` prints: where the params came from, the metric, then one line per setting."""
+    lines = [f"{result['agent']} on {result['env']}, params from {result['params']}", f"{result['metric']} ({result['metric_description']}):"]
     for row in result["settings"]:
-        label = ", ".join(f"{k}={v}" for k, v in row["hyperparams"].items()) or "config"
-        print(
-            f"  [{label}] return {_fmt(row['return_mean'])} +- {_fmt(row['return_std'])} "
-            f"(median {_fmt(row['return_median'])}, min {_fmt(row['return_min'])}, max {_fmt(row['return_max'])}; "
-            f"spread of seed means {_fmt(row['seed_mean_std'])}) over {row['episodes']} episodes x {row['seeds']} seeds, "
+        where = f"{row['label']}: " if row["label"] else ""
+        lines.append(
+            f"  {where}{_fmt(row['mean'])} +- {_fmt(row['std'])} "
+            f"(median {_fmt(row['median'])}, min {_fmt(row['min'])}, max {_fmt(row['max'])}; "
+            f"std of the seed means {_fmt(row['seed_mean_std'])}) over {row['episodes']} episodes x {row['seeds']} seeds, "
             f"mean length {_fmt(row['length_mean'])}"
         )
     if "render" in result:
-        print(f"wrote {result['render']['path']} ({result['render']['frames']} frames)")
+        lines.append(f"wrote {result['render']['path']} ({result['render']['frames']} frames)")
+    return lines
+
+
+def print_evaluation(result: dict) -> None:
+    print("\n".join(evaluation_lines(result)))

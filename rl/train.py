@@ -66,13 +66,40 @@ def train_many(config: Config, grid: list[dict] | None = None):
     return program(keys, hparams)
 
 
-def final_returns(metrics: dict) -> np.ndarray:
-    """Per instance, the last finite `episode_return` over the log points (NaN if none is finite)."""
-    returns = np.asarray(metrics["episode_return"], np.float64)
-    finite = np.isfinite(returns)
-    last = np.where(finite.any(-1), returns.shape[-1] - 1 - np.argmax(finite[..., ::-1], axis=-1), 0)
-    picked = np.take_along_axis(returns, last[..., None], axis=-1)[..., 0]
+# What the end-of-run summary reports, best first: the greedy evaluation return where the agent
+# measures one, else the return of the (exploratory) training episodes.
+SUMMARY_METRICS = {
+    "eval_return": "greedy-policy return on separate eval episodes, at the last log point that has one",
+    "episode_return": "return of the training (exploratory) episodes that ended, at the last log point that has one",
+}
+
+
+def summary_metric(metrics: dict) -> str:
+    """`eval_return` when the agent logged a finite one, else `episode_return`."""
+    evals = metrics.get("eval_return")
+    if evals is not None and np.isfinite(np.asarray(evals, np.float64)).any():
+        return "eval_return"
+    return "episode_return"
+
+
+def final_values(metrics: dict, name: str) -> np.ndarray:
+    """Per instance, the last finite value of metric `name` over the log points (NaN if none is finite)."""
+    values = np.asarray(metrics[name], np.float64)
+    finite = np.isfinite(values)
+    last = np.where(finite.any(-1), values.shape[-1] - 1 - np.argmax(finite[..., ::-1], axis=-1), 0)
+    picked = np.take_along_axis(values, last[..., None], axis=-1)[..., 0]
     return np.where(finite.any(-1), picked, np.nan)
+
+
+def spread(values) -> dict:
+    """mean, median, std, min and max of the finite entries of `values` (None where there are none),
+    and `per_seed`: every value in order (None for a seed without one)."""
+    values = np.asarray(values, np.float64).ravel()
+    finite = values[np.isfinite(values)]
+    stats = {"mean": np.mean, "median": np.median, "std": np.std, "min": np.min, "max": np.max}
+    summary = {name: float(fn(finite)) if finite.size else None for name, fn in stats.items()}
+    summary["per_seed"] = [float(v) if math.isfinite(v) else None for v in values]
+    return summary
 
 
 def write_metrics_jsonl(path: Path, metrics: dict, grid: list[dict]) -> None:
@@ -93,30 +120,31 @@ def _json_number(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def setting_label(setting: dict) -> str:
+    """`lr=0.001, gamma=0.99` for a sweep setting; "" for a run without a sweep."""
+    return ", ".join(f"{k}={v}" for k, v in setting.items())
+
+
 def summarise(config: Config, grid: list[dict], metrics: dict, compile_seconds: float, train_seconds: float, steps_trained: int | None = None) -> dict:
-    """`steps_trained`: env steps per seed trained in this process (default: the whole run)."""
-    finals = final_returns(metrics)
-    total_steps = (config.agent.total_steps if steps_trained is None else steps_trained) * config.run.seeds * len(grid)
-    settings = []
-    for s, setting in enumerate(grid):
-        values = finals[s]
-        finite = values[np.isfinite(values)]
-        settings.append(
-            {
-                "hyperparams": setting,
-                "seeds": int(values.size),
-                "final_return_mean": float(finite.mean()) if finite.size else float("nan"),
-                "final_return_std": float(finite.std()) if finite.size else float("nan"),
-                "final_return_median": float(np.median(finite)) if finite.size else float("nan"),
-                "final_returns": [None if not math.isfinite(v) else float(v) for v in values],
-            }
-        )
+    """The run's summary (summary.json): per setting, the final value of `metric` (see
+    SUMMARY_METRICS) across seeds, with its spread and per-seed values.
+
+    `steps_trained`: env steps per seed trained in this process (default: the whole run); when it
+    is 0 (a resumed run that was already complete) the speed is None."""
+    metric = summary_metric(metrics)
+    finals = final_values(metrics, metric)
+    steps = config.agent.total_steps if steps_trained is None else steps_trained
+    total_steps = steps * config.run.seeds * len(grid)
+    settings = [{"hyperparams": setting, "label": setting_label(setting), "seeds": int(finals[s].size), **spread(finals[s])} for s, setting in enumerate(grid)]
     return {
         "agent": config.agent.name,
         "env": config.env.id,
+        "metric": metric,
+        "metric_description": SUMMARY_METRICS[metric],
         "compile_seconds": compile_seconds,
         "train_seconds": train_seconds,
-        "env_steps_per_second": total_steps / train_seconds if train_seconds > 0 else float("nan"),
+        "env_steps_trained": int(steps),
+        "env_steps_per_second": total_steps / train_seconds if train_seconds > 0 and steps > 0 else None,
         "settings": settings,
     }
 

@@ -80,11 +80,51 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["agent"] == "qlearning" and summary["env"] == "GridWorld"
     assert len(summary["settings"]) == 1 and summary["settings"][0]["seeds"] == 3
-    assert len(summary["settings"][0]["final_returns"]) == 3
-    assert summary["settings"][0]["final_return_mean"] == pytest.approx(1.0)  # every episode that ends reaches the goal
+    row = summary["settings"][0]
+    assert summary["metric"] == "episode_return" and "exploratory" in summary["metric_description"]  # qlearning has no eval_return
+    assert len(row["per_seed"]) == 3 and row["label"] == ""
+    assert row["mean"] == pytest.approx(1.0)  # every episode that ends reaches the goal
+    assert row["median"] == pytest.approx(1.0) and row["min"] == row["max"] == pytest.approx(1.0) and row["std"] == pytest.approx(0.0)
+    assert "final episode_return (return of the training (exploratory) episodes" in captured.out
+    assert "[config]" not in captured.out
     assert summary["compile_seconds"] > 0 and summary["env_steps_per_second"] > 0
     assert f"run directory: {run_dir}" in captured.out
-    assert "final return 1 +- 0" in captured.out and "3 seeds" in captured.out
+    assert "  1 +- 0 (median 1, min 1, max 1; 3 seeds)" in captured.out
+
+
+def _summary_of(metrics, grid=({},)):
+    from rl.config import build_config
+    from rl.train import summarise
+
+    config = build_config(TINY)
+    return summarise(config, list(grid), {k: np.asarray(v, np.float64) for k, v in metrics.items()}, 1.0, 2.0)
+
+
+def test_summary_reports_the_greedy_eval_return_when_the_agent_has_one():
+    # [settings=1, seeds=3, log points=3]; eval_return differs from the exploratory episode_return
+    episode = [[[1.0, 2.0, 3.0], [1.0, 2.0, 5.0], [1.0, np.nan, np.nan]]]
+    evals = [[[10.0, 20.0, 30.0], [10.0, 40.0, np.nan], [np.nan, np.nan, np.nan]]]
+    summary = _summary_of({"step": [[[100, 200, 300]] * 3], "episode_return": episode, "eval_return": evals})
+    assert summary["metric"] == "eval_return" and "greedy" in summary["metric_description"]
+    row = summary["settings"][0]
+    assert row["per_seed"] == [30.0, 40.0, None]  # the last finite value per seed; None where none
+    assert row["mean"] == 35.0 and row["median"] == 35.0 and row["std"] == 5.0 and row["min"] == 30.0 and row["max"] == 40.0
+    from rl.cli import summary_lines
+
+    lines = summary_lines(summary)
+    assert lines[1].startswith("final eval_return (greedy-policy return")
+    assert lines[2] == "  35 +- 5 (median 35, min 30, max 40; 2 of 3 seeds have a value)"
+
+
+def test_summary_falls_back_to_episode_return_and_labels_sweep_settings():
+    nan = [[[np.nan, np.nan]] * 2] * 2
+    episode = [[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]]
+    summary = _summary_of({"step": [[[1, 2]] * 2] * 2, "episode_return": episode, "eval_return": nan}, grid=[{"lr": 0.1}, {"lr": 0.5}])
+    assert summary["metric"] == "episode_return"
+    assert [row["per_seed"] for row in summary["settings"]] == [[2.0, 4.0], [6.0, 8.0]]
+    from rl.cli import summary_lines
+
+    assert summary_lines(summary)[3] == "  lr=0.5: 7 +- 1 (median 7, min 6, max 8; 2 seeds)"
 
 
 def test_overrides_after_options_are_applied(tmp_path, capsys):

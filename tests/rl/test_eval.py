@@ -39,9 +39,16 @@ def test_eval_command_prints_return_and_writes_a_gif(tmp_path_factory, tmp_path,
     run_dir = trained_run(tmp_path_factory)
     gif = tmp_path / "episode.gif"
     capsys.readouterr()
-    assert run_cli(["eval", run_dir, "--episodes", "4", "--render", gif]) == 0
+    report = tmp_path / "eval.json"
+    assert run_cli(["eval", run_dir, "--episodes", "4", "--render", gif, "--json", report]) == 0
     out = capsys.readouterr().out
-    assert "return" in out and "4 episodes x 2 seeds" in out and str(gif) in out
+    assert "return (undiscounted return of the deterministic (greedy) policy" in out
+    assert "4 episodes x 2 seeds" in out and str(gif) in out and "[config]" not in out
+    result = json.loads(report.read_text())
+    row = result["settings"][0]
+    assert result["metric"] == "return" and row["episodes"] == 4 and len(row["per_seed"]) == 2
+    assert row["min"] <= row["median"] <= row["max"] and row["min"] <= row["mean"] <= row["max"] and row["std"] >= 0
+    assert row["mean"] == pytest.approx(np.mean(row["per_seed"]))
     config, grid = load_run_config(run_dir)
     params, _ = load_params(run_dir, config, grid)
     _, lengths = evaluate(config, params, episodes=1)
