@@ -114,6 +114,11 @@ def render(env, state: Any, params: Any = None, index: int | None = None) -> np.
     params = base.default_params if params is None else params
     if not hasattr(base, "render"):
         raise ValueError(f"{base.name} has no render method")
+    if not hasattr(inner, "time"):
+        raise ValueError(
+            f"render: got a {type(inner).__name__} for the env {base.name}, which is not a state of {type(base).__name__}; "
+            "pass the env the state came from (the wrapped env), e.g. envs.render(wrapped_env, state, params, index=0)"
+        )
     inner = _to_numpy(inner)
     batched = np.ndim(inner.time) > 0
     if batched and index is None:

@@ -131,13 +131,26 @@ def make_run_dir(config: Config, exist_ok: bool = False) -> Path:
     return path
 
 
+def resume_conflicts(args) -> list[str]:
+    """What `rl train --resume RUN_DIR` was given besides the run directory, each as a phrase (a
+    `key=value` in the config position is an override, as the user meant it)."""
+    positional = [args.config] if args.config else []
+    overrides = [text for text in positional if "=" in text] + list(args.overrides)
+    conflicts = [f"the config file {text!r}" for text in positional if "=" not in text]
+    if overrides:
+        conflicts.append(f"the override{'s' if len(overrides) > 1 else ''} {' '.join(overrides)}")
+    flags = (("--sweep", args.sweep), ("--seeds", args.seeds), ("--output-dir", args.output_dir), ("--name", args.name))
+    conflicts += [flag for flag, value in flags if value]
+    return conflicts
+
+
 def resolve_resume(args) -> tuple[Config, list[dict], Path]:
     """The saved config and grid of `rl train --resume RUN_DIR` (ConfigError on bad input)."""
     from rl.train import load_run_config
 
-    given = [flag for flag, value in (("a config file", args.config), ("overrides", args.overrides), ("--sweep", args.sweep), ("--seeds", args.seeds), ("--output-dir", args.output_dir), ("--name", args.name)) if value]
+    given = resume_conflicts(args)
     if given:
-        raise ConfigError(f"--resume continues a run with its saved config; it takes no {', '.join(given)}")
+        raise ConfigError(f"--resume continues a run with the config saved in it, so drop {' and '.join(given)} (to train with another config, start a new run: rl train CONFIG ...)")
     config, grid = load_run_config(args.resume)
     if args.no_progress:
         config = dataclasses.replace(config, run=dataclasses.replace(config.run, progress=False))
@@ -170,6 +183,10 @@ def train_command(args) -> int:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         if args.resume:
             config, grid, run_dir = resolve_resume(args)
+            finished = completed_summary(run_dir)
+            if finished is not None:
+                print_complete(finished, run_dir)
+                return 0
         else:
             if args.config is None:
                 raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
@@ -266,6 +283,25 @@ def summary_lines(summary: dict) -> list[str]:
         where = f"{row['label']}: " if row["label"] else ""
         lines.append(f"  {where}{_fmt(row['mean'])} +- {_fmt(row['std'])} (median {_fmt(row['median'])}, min {_fmt(row['min'])}, max {_fmt(row['max'])}; {seeds})")
     return lines
+
+
+def completed_summary(run_dir: Path) -> dict | None:
+    """The saved summary of a run that finished (it wrote final_params.msgpack and summary.json), or None."""
+    path = Path(run_dir) / "summary.json"
+    if not (path.is_file() and (Path(run_dir) / "final_params.msgpack").is_file()):
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def print_complete(summary: dict, run_dir: Path) -> None:
+    """What `rl train --resume` prints for a run that is already complete."""
+    print(f"run {run_dir} is already complete: nothing to resume (evaluate it with: rl eval {run_dir})")
+    if "metric" in summary:  # summaries written before the metric was named are not repeated
+        for line in summary_lines(summary)[1:]:
+            print(line)
 
 
 def print_summary(summary: dict, run_dir: Path) -> None:

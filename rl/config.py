@@ -110,13 +110,26 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
         data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {str(path)!r} cannot be parsed: {err}".splitlines()[0]) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {str(path)!r} cannot be parsed: {yaml_error_text(err)}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {err}".splitlines()[0]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def yaml_error_text(err: yaml.YAMLError) -> str:
+    """One line for a YAML error: `line L, column C: <problem> (<context>)`, 1-based like editors;
+    the error's first line when it carries no position."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -85,8 +85,9 @@ class ProgressBar:
         frac = min(self.done / max(self.total, 1), 1.0)
         bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
         elapsed = now - (self.first_step_time or now)
-        rate = (self.done - self.first_step) / elapsed if elapsed > 0 else 0.0
-        self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total} steps  {rate:,.0f} steps/s per seed ")
+        rate = (self.done - self.first_step) / elapsed if elapsed > 0 and self.done > self.first_step else None
+        speed = f"{rate:,.0f} steps/s per seed" if rate is not None else "steps/s from the next log point"
+        self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total} steps  {speed} ")
         self.stream.flush()
 
     def close(self) -> None:

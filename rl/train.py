@@ -397,6 +397,18 @@ def run_mesh(config: Config, devices, shard: str):
     return seed_mesh(select_devices(devices, config.run.seeds))
 
 
+def chunk_sizes(done: int, total: int, every: int) -> set[int]:
+    """The distinct chunk lengths (in log points) of a run from log point `done` to `total` in chunks
+    of `every`: each is one compiled program."""
+    return {min(every, total - start) for start in range(done, total, every)}
+
+
+def compiling_message(programs: int, seeds: int, settings: int) -> str:
+    """The line printed before the first compile, so that the wait is not mistaken for a hang."""
+    instances = f"{seeds} seed{'s' if seeds != 1 else ''}" + (f" x {settings} settings" if settings > 1 else "")
+    return f"compiling {programs} programs for {instances} (the first wait is XLA compilation; progress starts once steps run) ..."
+
+
 class _ChunkedRun:
     """The host loop of `run_training` and where it stands: `state` after `done` of `total` log
     points, `history` (per-seed metrics so far, [settings, seeds, log points]), `last_step` (env steps
@@ -441,8 +453,14 @@ class _ChunkedRun:
                 self.logger.close()
             self.checkpoints.close()
 
+    def say(self, message: str) -> None:
+        """One line on stderr from the main process."""
+        if self.main:
+            print(f"rl: {message}", file=sys.stderr, flush=True)
+
     def start(self, resume: bool) -> None:
         """Compile `init`; then restore the newest good checkpoint (`resume`) or initialise."""
+        self.say(compiling_message(len(chunk_sizes(0, self.total, self.every)) + 1, self.config.run.seeds, len(self.grid)))
         start = time.perf_counter()
         compiled_init = _call_interruptibly(lambda: self.init.lower(self.keys, self.hparams).compile(), block=False)
         self.compile_seconds += time.perf_counter() - start
@@ -471,6 +489,8 @@ class _ChunkedRun:
             start = time.perf_counter()
             self.compiled_chunks[size] = _call_interruptibly(lambda: self.chunk(size).lower(self.state, self.hparams).compile(), block=False)
             self.compile_seconds += time.perf_counter() - start
+            if len(self.compiled_chunks) == 1:
+                self.say(f"compiled in {self.compile_seconds:.1f} s; training")
             return
         state, metrics = self.run_chunk(size)
         step = self.check_finite(state, metrics)

@@ -96,13 +96,23 @@ class Config:
     def validate(self):
         if self.batch_size % self.num_minibatches:
             raise ConfigError(f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})")
-        if self.num_updates < 1:
-            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be at least agent.num_envs * agent.num_steps ({self.batch_size})")
-        if self.num_updates % self.log_interval:
-            raise ConfigError(
-                f"agent.log_interval ({self.log_interval} updates) must divide the number of updates "
-                f"agent.total_steps // (agent.num_envs * agent.num_steps) = {self.num_updates}"
-            )
+        if self.num_updates < 1 or self.num_updates % self.log_interval:
+            raise ConfigError(total_steps_problem(self.total_steps, self.batch_size, self.log_interval))
+
+
+def total_steps_problem(total_steps: int, batch_size: int, log_interval: int) -> str:
+    """The message for a total_steps whose whole updates (total_steps // batch_size) are not a positive
+    multiple of log_interval, with the nearest values that work: the multiples of batch_size * log_interval."""
+    unit = batch_size * log_interval
+    below = total_steps // unit * unit
+    valid = [value for value in (below, below + unit) if value > 0]
+    updates = total_steps // batch_size
+    return (
+        f"agent.total_steps ({total_steps}) gives {updates} updates of agent.num_envs * agent.num_steps = {batch_size} steps, "
+        f"which must be a positive multiple of agent.log_interval ({log_interval}); nearest valid: "
+        + " or ".join(f"agent.total_steps={value}" for value in valid)
+        + f" (multiples of {batch_size} * {log_interval} = {unit})"
+    )
 
 
 def check_env(config, env, env_params) -> None:

@@ -67,6 +67,14 @@ def test_render_unwraps_and_needs_an_index_for_a_batch():
     np.testing.assert_array_equal(frames[1], render(env, single, params))
 
 
+def test_render_of_a_wrapped_state_with_the_base_env_says_which_env_to_pass():
+    env, params = envs.make("Pendulum-v1")
+    wrapped = NormalizeObservation(EpisodeStatistics(vectorize(env, 3)))
+    _, state = wrapped.reset(jax.random.key(0), params)
+    with pytest.raises(ValueError, match=r"render: got a NormalizeObservationState for the env Pendulum-v1.*pass the env the state came from"):
+        render(env, state, params)
+
+
 def test_save_gif_round_trip(tmp_path):
     env, params = envs.make("CartPole-v1")
     obs, state = env.reset(jax.random.key(0), params)

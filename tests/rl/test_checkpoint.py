@@ -4,6 +4,8 @@ half-written checkpoints are never used; chunked runs equal one long run."""
 
 from __future__ import annotations
 
+import json
+
 import shutil
 
 import jax
@@ -60,8 +62,25 @@ def test_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(tmp_path, tmp
 def test_resume_of_a_finished_run_changes_nothing(tmp_path_factory, capsys):
     run_dir = trained_run(tmp_path_factory)
     before = (run_dir / "final_params.msgpack").read_bytes()
+    capsys.readouterr()
     assert run_cli(["train", "--resume", run_dir]) == 0
+    out = capsys.readouterr().out
+    assert f"run {run_dir} is already complete: nothing to resume" in out and "nan" not in out
     assert (run_dir / "final_params.msgpack").read_bytes() == before
+
+
+def test_resume_of_a_run_whose_last_chunk_was_saved_trains_nothing(tmp_path_factory, tmp_path, capsys):
+    """Every log point checkpointed but summary.json never written (killed just before the end)."""
+    import shutil
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained_run(tmp_path_factory), run_dir)
+    (run_dir / "summary.json").unlink()
+    capsys.readouterr()
+    assert run_cli(["train", "--resume", run_dir]) == 0
+    out = capsys.readouterr().out
+    assert "no env steps trained in this process" in out and "nan" not in out
+    assert json.loads((run_dir / "summary.json").read_text())["env_steps_per_second"] is None
 
 
 def test_chunked_runner_equals_one_compiled_program(tmp_path_factory):

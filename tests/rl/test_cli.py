@@ -245,3 +245,30 @@ def test_train_and_eval_leave_the_kernels_process_wide_backend_alone(tmp_path, c
     assert kernels.get_backend() == before
     assert run_cli(["eval", out / "interp", "--episodes", "2"]) == 0
     assert kernels.get_backend() == before
+
+
+def test_progress_says_compilation_first_and_never_shows_0_steps_per_second(tmp_path, capsys):
+    config_path = write_config(tmp_path, {**TINY, "run": {**TINY["run"], "progress": True}})
+    assert run_cli(["train", config_path, "--output-dir", tmp_path / "runs", "--name", "bar"]) == 0
+    err = capsys.readouterr().err
+    # one program initialises, one runs the chunk of 4 log points (checkpoint_every 10 > 4)
+    assert err.startswith("rl: compiling 2 programs for 3 seeds (the first wait is XLA compilation")
+    assert "rl: compiled in " in err.splitlines()[1]
+    draws = [part for part in err.split("\r") if part.startswith("qlearning/GridWorld [")]
+    assert draws and "steps/s from the next log point" in draws[0]
+    assert " 0 steps/s" not in err
+
+
+def test_progress_bar_rate_starts_at_the_second_log_point():
+    import io
+
+    from rl.logging import ProgressBar
+
+    stream = io.StringIO()
+    bar = ProgressBar(300, label="t", min_interval=0.0, stream=stream)
+    bar({"step": np.array([[100]])})
+    first = stream.getvalue()
+    assert "100/300 steps  steps/s from the next log point" in first and "0 steps/s" not in first
+    bar.first_step_time -= 2.0  # two seconds between the log points
+    bar({"step": np.array([[300]])})
+    assert "300/300 steps  100 steps/s per seed" in stream.getvalue()[len(first):]

@@ -163,6 +163,15 @@ def test_unparsable_file(tmp_path):
     assert "\n" not in str(info.value)
 
 
+def test_yaml_syntax_error_names_its_line_and_column(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("env:\n  id: GridWorld\nagent:\n  name: qlearning\n lr: 0.1\n")  # line 5 is indented by 1, not 2
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "bad.yaml' cannot be parsed: line 5, column 2: expected <block end>" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def test_file_that_is_not_a_mapping(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")

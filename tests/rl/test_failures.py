@@ -172,7 +172,9 @@ def test_checkpoint_folder_that_cannot_be_written(tmp_path, tmp_path_factory, ca
     "args, message",
     [
         (["--resume", "/nonexistent/run"], "does not exist"),
-        (["CONFIG", "--resume", "RUN"], "takes no a config file"),
+        (["CONFIG", "--resume", "RUN"], "continues a run with the config saved in it, so drop the config file "),
+        (["--resume", "RUN", "agent.total_steps=40000"], "so drop the override agent.total_steps=40000 (to train with another config, start a new run: rl train CONFIG ...)"),
+        (["--resume", "RUN", "agent.lr=0.1", "--seeds", "3"], "so drop the override agent.lr=0.1 and --seeds ("),
         ([], "needs a config file"),
     ],
 )

@@ -131,6 +131,23 @@ def test_bad_config_names_the_key(override, key):
         make_config(**override)
 
 
+@pytest.mark.parametrize(
+    "override, suggestion",
+    [
+        # batch 4 * 32 = 128 steps; log_interval 2 -> valid total_steps are multiples of 256
+        (dict(total_steps=1000), "gives 7 updates of agent.num_envs * agent.num_steps = 128 steps, which must be a positive multiple of agent.log_interval (2); nearest valid: agent.total_steps=768 or agent.total_steps=1024 (multiples of 128 * 2 = 256)"),
+        (dict(total_steps=100), "gives 0 updates of agent.num_envs * agent.num_steps = 128 steps, which must be a positive multiple of agent.log_interval (2); nearest valid: agent.total_steps=256 (multiples"),
+        (dict(log_interval=3), "agent.total_steps (1024) gives 8 updates of agent.num_envs * agent.num_steps = 128 steps, which must be a positive multiple of agent.log_interval (3); nearest valid: agent.total_steps=768 or agent.total_steps=1152"),
+    ],
+)
+def test_total_steps_error_suggests_the_nearest_valid_values(override, suggestion):
+    with pytest.raises(ConfigError) as info:
+        make_config(**override)
+    assert suggestion in str(info.value)
+    for value in [int(v) for v in str(info.value).split("agent.total_steps=")[1:] for v in [v.split()[0]]]:
+        make_config(**{**override, "total_steps": value})  # each suggestion is accepted
+
+
 def test_check_env_refuses_unbounded_box_actions():
     from envs.spaces import Box
 
