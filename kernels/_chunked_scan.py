@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import triton
-import triton.language as tl
 
+from kernels._triton import tl, triton
 from kernels.launch import cdiv, next_power_of_2
 
 READY = 1 << 32  # high word of a published carry: the ready flag

@@ -22,9 +22,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import triton
-import triton.language as tl
 
+from kernels._triton import tl, triton
 from kernels import _chunked_scan as cs
 from kernels.launch import check_float_array, fold_vmap, launch, resolve_backend, time_major_3d
 from kernels.returns import adjoint_scan

@@ -89,6 +89,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels._triton import import_error as triton_import_error
+
 BACKENDS: tuple[str, ...] = ("triton", "reference", "interpret")
 ENV_VAR = "FUSEDRL_KERNEL_BACKEND"
 
@@ -154,9 +156,11 @@ def triton_unavailable_reason() -> str | None:
     """Why the ``triton`` backend cannot run here, or ``None`` when it can."""
     if not _on_gpu():
         return f"JAX's default backend is {jax.default_backend()!r}, not a GPU"
+    if triton_import_error() is not None:
+        return f"{triton_import_error()}; install it with pip install 'fusedrl[gpu]'"
     error = _jax_triton_import_error()
     if error is not None:
-        return f"jax_triton does not import ({error})"
+        return f"jax_triton does not import ({error}); install it with pip install 'fusedrl[gpu]'"
     return None
 
 
@@ -168,7 +172,7 @@ def interpret_unavailable_reason() -> str | None:
         import triton  # noqa: F401
         from triton.runtime.interpreter import InterpretedFunction  # noqa: F401
     except Exception as err:
-        return f"{type(err).__name__}: {err}"
+        return f"{type(err).__name__}: {err}; install them with pip install 'fusedrl[interpret]'"
     return None
 
 

@@ -24,9 +24,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import triton
-import triton.language as tl
 
+from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend, rows_2d
 from kernels.softmax import MAX_TILE_COLUMNS, concrete_value, row_tiling
 

@@ -48,9 +48,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import triton
-import triton.language as tl
 
+from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, next_power_of_2, resolve_backend
 
 __all__ = ["ppo_actor_critic_grads", "ppo_actor_critic_grads_reference", "ppo_objective", "clipped_surrogate_loss", "clipped_value_loss", "LIMITS"]

@@ -18,9 +18,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import triton
-import triton.language as tl
 
+from kernels._triton import tl, triton
 from kernels import _chunked_scan as cs
 from kernels.launch import (
     check_float_array,

@@ -70,6 +70,7 @@ class ProgressBar:
         self.first_step_time = None
         self.first_step = 0
         self.done = 0
+        self.width = 0
 
     def __call__(self, values: dict) -> None:
         step = int(np.max(values["step"]))
@@ -87,7 +88,9 @@ class ProgressBar:
         elapsed = now - (self.first_step_time or now)
         rate = (self.done - self.first_step) / elapsed if elapsed > 0 and self.done > self.first_step else None
         speed = f"{rate:,.0f} steps/s per seed" if rate is not None else "steps/s from the next log point"
-        self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total} steps  {speed} ")
+        line = f"{self.label} [{bar}] {self.done}/{self.total} steps  {speed}"
+        self.stream.write(f"\r{line.ljust(self.width)} ")  # padded: a shorter line covers a longer one
+        self.width = len(line)
         self.stream.flush()
 
     def close(self) -> None:
