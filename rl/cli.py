@@ -1,6 +1,7 @@
 """The `rl` command line.
 
-    rl train CONFIG.yaml [--seeds N] [--sweep agent.lr=1e-3,3e-3 ...] [--devices all] [dotted.key=value ...]
+    rl configs                             list the packaged configs (rl train NAME trains one)
+    rl train CONFIG.yaml|NAME [--seeds N] [--sweep agent.lr=1e-3,3e-3 ...] [--devices all] [dotted.key=value ...]
     rl train --resume RUN_DIR              continue a stopped run from its newest good checkpoint
     rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif] [--json eval.json]
     rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric episode_return]
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog="rl", description="Train JAX RL agents from config files.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
     train = commands.add_parser("train", help="train an agent from a config file")
-    train.add_argument("config", nargs="?", help="path of a YAML config file")
+    train.add_argument("config", nargs="?", help="a YAML config file, or the name of a packaged config (rl configs lists them)")
     train.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. agent.lr=0.05")
     train.add_argument("--seeds", type=int, help="number of seeds trained at once (run.seeds)")
     train.add_argument("--sweep", action="append", default=[], metavar="agent.KEY=V1,V2", help="sweep a hyperparameter over values (repeatable: the grid of all combinations)")
@@ -62,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--fps", type=int, default=10, help="frames per second of the GIF (default 10)")
     evaluate.add_argument("--seed", type=int, default=0, help="PRNG seed of the evaluation episodes")
     evaluate.add_argument("--json", metavar="FILE.json", help="also write the result (mean, median, std, min, max, per-seed means) as JSON")
+
+    commands.add_parser("configs", help="list the configs shipped with the package (rl train NAME runs one)")
 
     plot = commands.add_parser("plot", help="plot learning curves of runs as a PNG")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -94,6 +97,8 @@ def main(argv=None) -> int:
         return eval_command(args)
     if args.command == "plot":
         return plot_command(args)
+    if args.command == "configs":
+        return configs_command()
     return EXIT_BAD_INPUT
 
 
@@ -250,6 +255,31 @@ def eval_command(args) -> int:
     except OSError as err:
         return _error(f"cannot write {err.filename or args.render or args.json}: {err.strerror or err}", EXIT_FAILED)
     print_evaluation(result)
+    return 0
+
+
+def config_listing(packaged: dict) -> list[str]:
+    """`rl configs`: one line per packaged config, its name, agent and env."""
+    from rl.config import read_yaml
+
+    lines = []
+    for name, path in packaged.items():
+        data = read_yaml(path)
+        agent, env = (data.get("agent") or {}).get("name", "?"), (data.get("env") or {}).get("id", "?")
+        lines.append(f"{name:<40} {agent} on {env}")
+    return lines
+
+
+def configs_command() -> int:
+    from rl.config import packaged_configs
+
+    packaged = packaged_configs()
+    try:
+        lines = config_listing(packaged)
+    except ConfigError as err:
+        return _error(str(err), EXIT_FAILED)
+    print("\n".join(lines))
+    print(f"({len(packaged)} configs in {next(iter(packaged.values())).parent if packaged else 'the package'}; run one with: rl train NAME)")
     return 0
 
 

@@ -332,8 +332,36 @@ def build_config(data: Mapping) -> Config:
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
-    """Read, override and validate a config file."""
-    return build_config(apply_overrides(read_yaml(path), list(overrides)))
+    """Read, override and validate a config file, given by path or by a packaged config's name."""
+    return build_config(apply_overrides(read_yaml(find_config(path)), list(overrides)))
+
+
+# ---------------------------------------------------------------- configs shipped with the package
+
+
+def packaged_configs() -> dict[str, Path]:
+    """{name: path} of the configs shipped inside the package (`rl/configs/*.yaml`, the checkout's
+    `configs/` folder), sorted by name."""
+    from importlib.resources import files
+
+    folder = Path(str(files("rl").joinpath("configs")))
+    return {path.stem: path for path in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
+
+
+def find_config(name_or_path: str | Path) -> Path:
+    """The config file a command-line argument means: an existing file path as it is, else a
+    packaged config by name (`ppo_cartpole`, `ppo_cartpole.yaml` or `configs/ppo_cartpole.yaml`).
+    ConfigError naming the closest packaged configs when neither exists."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    packaged = packaged_configs()
+    name = path.name.removesuffix(".yaml").removesuffix(".yml")
+    if name in packaged and (len(path.parts) == 1 or path.parent.name == "configs"):
+        return packaged[name]
+    close = difflib.get_close_matches(name, list(packaged), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise ConfigError(f"config file {str(path)!r} does not exist and is not a packaged config{hint} (rl configs lists them)")
 
 
 # ---------------------------------------------------------------- sweeps and traced hyperparameters
