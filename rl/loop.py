@@ -106,6 +106,44 @@ class ReplayActorCriticConfig:
             raise ConfigError(f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})")
 
 
+@dataclass(frozen=True)
+class OnPolicyLoopConfig:
+    """Settings of the rollout-then-learn loop of on-policy agents (PQN), which extend it: each update
+    `num_envs` envs step `num_steps` times with the current network, then `num_epochs` passes over
+    that batch in `num_minibatches` shuffled minibatches, one Adam step each."""
+
+    total_steps: int = hp(500_000, low=1, doc="env steps per seed (all envs counted), rounded down to whole updates")
+    num_envs: int = hp(32, low=1, doc="parallel envs")
+    num_steps: int = hp(64, low=1, doc="rollout length per env per update")
+    num_epochs: int = hp(4, low=1, doc="passes over each rollout")
+    num_minibatches: int = hp(16, low=1, doc="minibatches per pass")
+    anneal_lr: bool = hp(True, doc="linear learning-rate decay to 0 over the run")
+    log_interval: int = hp(8, low=1, doc="updates between log points")
+    eval_envs: int = hp(0, low=0, doc="greedy evaluation episodes at each log point (0: no evaluation)")
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_steps // self.batch_size
+
+    def validate(self):
+        if self.batch_size % self.num_minibatches:
+            raise ConfigError(f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})")
+        if self.num_updates < 1:
+            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be at least agent.num_envs * agent.num_steps ({self.batch_size})")
+        if self.num_updates % self.log_interval:
+            lower = self.num_updates // self.log_interval * self.log_interval * self.batch_size
+            raise ConfigError(
+                f"agent.log_interval ({self.log_interval} updates) must divide the number of updates "
+                f"agent.total_steps // (agent.num_envs * agent.num_steps) = {self.num_updates}; "
+                f"e.g. agent.total_steps={max(lower, self.log_interval * self.batch_size)} or "
+                f"{lower + self.log_interval * self.batch_size}"
+            )
+
+
 def check_bounded_actions(config, env, env_params, discrete_ok: bool = False) -> None:
     """ConfigError unless observations are a Box and actions a bounded Box (or Discrete, if `discrete_ok`)."""
     action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
@@ -197,6 +235,43 @@ def clipped_adam(learning_rate, max_grad_norm, eps: float = 1e-8):
     """Adam (step size `learning_rate`: a value or a schedule of the update count) on gradients
     clipped to global norm `max_grad_norm`: g <- g min(1, max_grad_norm / ||g||)."""
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=eps))
+
+
+def annealed_clipped_adam(agent: OnPolicyLoopConfig, lr, max_grad_norm, eps: float = 1e-5):
+    """`clipped_adam` whose step size, with `agent.anneal_lr`, decays linearly to 0 over the run:
+    lr (1 - update / num_updates), one update being num_epochs * num_minibatches Adam steps."""
+    steps_per_update = agent.num_epochs * agent.num_minibatches
+
+    def learning_rate(count):
+        if not agent.anneal_lr:
+            return lr
+        return lr * (1.0 - (count // steps_per_update) / agent.num_updates)
+
+    return clipped_adam(learning_rate, max_grad_norm, eps=eps)
+
+
+# ---------------------------------------------------------------- rollouts and minibatches
+
+
+def rollout_keys(key, num_steps: int, num_envs: int):
+    """Per rollout step: the action key and one env key per env (split up front, outside the loop)."""
+    pairs = jax.vmap(jax.random.split)(jax.random.split(key, num_steps))
+    return pairs[:, 0], jax.vmap(lambda k: jax.random.split(k, num_envs))(pairs[:, 1])
+
+
+def minibatch_epochs(minibatch_step: Callable, carry, batch, key, num_epochs: int, num_minibatches: int):
+    """`num_epochs` passes over `batch` (a pytree of arrays with a leading batch axis), each a
+    `lax.scan` of `minibatch_step(carry, minibatch) -> (carry, stats)` over `num_minibatches`
+    minibatches of a fresh random permutation. Returns (carry, stats [num_epochs, num_minibatches])."""
+    size = jax.tree.leaves(batch)[0].shape[0]
+    shape = (num_minibatches, size // num_minibatches)
+
+    def epoch(carry, key):
+        order = jax.random.permutation(key, size)
+        minibatches = jax.tree.map(lambda x: jnp.take(x, order, axis=0).reshape(shape + x.shape[1:]), batch)
+        return jax.lax.scan(minibatch_step, carry, minibatches)
+
+    return jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs))
 
 
 # ---------------------------------------------------------------- target networks

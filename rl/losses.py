@@ -143,6 +143,18 @@ def truncation_aware_gae(rewards, values, next_values, terminated, truncated, ga
     return kernels.gae(rewards, values, next_values, discounts, lambdas, backend=backend)
 
 
+def truncation_aware_q_lambda(rewards, next_values, terminated, truncated, gamma, q_lambda, *, backend: str | None = None):
+    """Peng's Q(lambda) targets of a time-major rollout (PQN; Gallici et al. 2024) with the
+    coefficients of `gae_coefficients` and next_values = max_a Q(final_obs_t, a):
+
+        G_t = r_t + d_t [(1 - lambda_t) max_a Q(final_obs_t, a) + lambda_t G_{t+1}],   G after the last step: its bootstrap,
+
+    so a time limit still bootstraps and no return chains across an episode end; through
+    `kernels.q_lambda_returns`."""
+    discounts, lambdas = gae_coefficients(terminated, truncated, gamma, q_lambda)
+    return kernels.q_lambda_returns(rewards, next_values, discounts, lambdas, backend=backend)
+
+
 ppo_loss = ppo_objective
 
 

@@ -31,6 +31,8 @@ from rl.config import ConfigError, hp
 
 BACKENDS = ("flax", "haiku")
 
+LAYER_NORM_EPS = 1e-5  # LayerNorm: (x - mean) / sqrt(var + eps) * scale + offset, over the last axis
+
 ACTIVATIONS: dict[str, Callable] = {"relu": jax.nn.relu, "tanh": jnp.tanh, "gelu": jax.nn.gelu, "silu": jax.nn.silu, "elu": jax.nn.elu}
 
 
@@ -100,6 +102,11 @@ class FlaxLayers:
         key = m.make_rng("noise") if m.has_rng("noise") else None
         return _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key)
 
+    def layer_norm(self, x, name: str | None = None):
+        import flax.linen as nn
+
+        return nn.LayerNorm(epsilon=LAYER_NORM_EPS, name=name)(x)
+
     def param(self, name: str, shape: Sequence[int], init: Callable):
         return self.module.param(name, init, tuple(shape))
 
@@ -130,6 +137,11 @@ class HaikuLayers:
             b_sigma = hk.get_parameter("b_sigma", (features,), init=lambda s, d: constant(None, s, d))
         key = hk.maybe_next_rng_key()
         return _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key)
+
+    def layer_norm(self, x, name: str | None = None):
+        import haiku as hk
+
+        return hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS, name=name)(x)
 
     def param(self, name: str, shape: Sequence[int], init: Callable):
         import haiku as hk
@@ -201,6 +213,7 @@ class NetworkConfig:
     hidden: tuple[int, ...] = hp((64, 64), doc="hidden widths of the torso")
     activation: str = hp("relu", choices=tuple(ACTIVATIONS), doc="hidden activation")
     backend: str = hp("flax", choices=BACKENDS, doc="flax (linen) or haiku")
+    layer_norm: bool = hp(False, doc="LayerNorm on each hidden layer's pre-activation (PQN's stabiliser)")
 
     def validate(self):
         if not self.hidden or any(width < 1 for width in self.hidden):
@@ -212,11 +225,13 @@ def network_config(**defaults) -> Any:
     return field(default_factory=lambda: NetworkConfig(**defaults), metadata=dict(doc="torso and backend (NetworkConfig)"))
 
 
-def mlp(layers, x, hidden: Sequence[int], act: str = "relu", noisy: bool = False):
-    """Hidden layers h <- act(h W + b) of the given widths (orthogonal init, gain sqrt(2))."""
+def mlp(layers, x, hidden: Sequence[int], act: str = "relu", noisy: bool = False, layer_norm: bool = False):
+    """Hidden layers h <- act(h W + b) of the given widths (orthogonal init, gain sqrt(2)); with
+    `layer_norm`, h <- act(LayerNorm(h W + b))."""
     f = activation(act)
     for width in hidden:
-        x = f(layers.noisy_dense(x, width) if noisy else layers.dense(x, width))
+        x = layers.noisy_dense(x, width) if noisy else layers.dense(x, width)
+        x = f(layers.layer_norm(x) if layer_norm else x)
     return x
 
 
@@ -235,12 +250,13 @@ def num_discrete_obs(obs_space) -> int | None:
 def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
     """`torso(layers, obs) -> features [..., F]` for `config.torso`:
 
-    mlp: obs (one-hot if `obs_space` is Discrete, else float32 and flat) -> the `hidden` layers.
+    mlp: obs (one-hot if `obs_space` is Discrete, else float32 and flat) -> the `hidden` layers
+         (LayerNorm before each activation if `layer_norm`).
     Each call of `torso` creates a new set of layers (two calls: two torsos)."""
     if config.torso != "mlp":
         raise ValueError(f"unknown torso {config.torso!r}; known: {', '.join(TORSOS)}")
     n = None if obs_space is None else num_discrete_obs(obs_space)
-    return lambda layers, obs: mlp(layers, preprocess_obs(obs, n), config.hidden, config.activation)
+    return lambda layers, obs: mlp(layers, preprocess_obs(obs, n), config.hidden, config.activation, layer_norm=config.layer_norm)
 
 
 # ---------------------------------------------------------------- heads
@@ -321,6 +337,11 @@ def constant_init(value: float) -> Callable:
 
 
 # ---------------------------------------------------------------- torso + head
+
+
+def q_network(config: NetworkConfig, obs_space, num_actions: int) -> Network:
+    """obs -> Q-values [..., num_actions]: the torso of `config` and a linear `q_head`, on `config.backend`."""
+    return build(with_head(make_torso(config, obs_space), q_head(num_actions)), config.backend)
 
 
 def with_head(torso: Callable, head: Callable) -> Callable:

@@ -11,6 +11,7 @@ AGENTS: dict[str, str] = {
     "ppo": "rl.agents.ppo",
     "sac": "rl.agents.sac",
     "td3": "rl.agents.td3",
+    "pqn": "rl.agents.pqn",
 }
 
 

@@ -52,9 +52,7 @@ class Setup(NamedTuple):
 
 def make_q_network(config, env, env_params) -> networks.Network:
     """Torso from `agent.network`, then a linear head of one Q-value per action."""
-    torso = networks.make_torso(config.agent.network, env.observation_space(env_params))
-    head = networks.q_head(env.action_space(env_params).n)
-    return networks.build(networks.with_head(torso, head), config.agent.network.backend)
+    return networks.q_network(config.agent.network, env.observation_space(env_params), env.action_space(env_params).n)
 
 
 def q_loss(apply, params, target_params, batch, gamma, double_q: bool, kind: str):

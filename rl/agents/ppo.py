@@ -203,7 +203,7 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
         return "continuous actions (the kernel is for categorical policies)"
     if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
         return f"observation space {obs_space} is not a flat Box"
-    if agent.shared_network or network.torso != "mlp" or len(network.hidden) != 2 or network.activation not in ("tanh", "relu"):
+    if agent.shared_network or network.torso != "mlp" or network.layer_norm or len(network.hidden) != 2 or network.activation not in ("tanh", "relu"):
         return "the kernel needs separate actor and critic MLPs with two tanh or relu hidden layers"
     if max(network.hidden) > limits["hidden"] or obs_space.shape[0] > limits["obs_dim"] or action_space.n > limits["actions"]:
         return f"sizes beyond the kernel's limits {limits}"
