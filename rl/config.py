@@ -54,6 +54,20 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    project: typing.Optional[str] = hp(None, doc="W&B project; logging to W&B is on when it is set")
+    entity: typing.Optional[str] = hp(None, doc="W&B entity (user or team); default: the login's")
+    mode: str = hp("online", choices=("online", "offline", "disabled"), doc="W&B mode (WANDB_MODE overrides it)")
+
+    def validate(self):
+        """W&B logging needs the wandb package (the `wandb` extra); checked without importing it."""
+        import importlib.util
+
+        if self.project is not None and self.mode != "disabled" and importlib.util.find_spec("wandb") is None:
+            raise ConfigError("run.wandb: logging to Weights & Biases needs the wandb package: pip install 'fusedrl[wandb]'")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     seed: int = hp(0, low=0, doc="base seed; seed i of a run uses PRNGKey(seed + i)")
     seeds: int = hp(1, low=1, doc="independent seeds trained at once (vmapped)")
@@ -62,6 +76,7 @@ class RunConfig:
     progress: bool = hp(True, doc="show a progress bar")
     checkpoint_every: int = hp(10, low=0, doc="log points between checkpoints (0: only at the end)")
     keep_checkpoints: int = hp(3, low=1, doc="newest checkpoints kept in RUN_DIR/checkpoints")
+    wandb: WandbConfig = field(default_factory=WandbConfig, metadata=dict(doc="Weights & Biases logging: {project, entity, mode}"))
 
     def validate(self):
         """run.name is one directory name inside run.output_dir (no path separators, not . or ..)."""

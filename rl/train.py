@@ -397,6 +397,16 @@ def run_mesh(config: Config, devices, shard: str):
     return seed_mesh(select_devices(devices, config.run.seeds))
 
 
+def wandb_sink(config: Config, grid: list[dict], run_dir: Path, resume: bool):
+    """A rl.wandb_logger.WandbLogger when `run.wandb.project` is set and its mode is not disabled, else None."""
+    settings = config.run.wandb
+    if settings.project is None or settings.mode == "disabled":
+        return None
+    from rl.wandb_logger import WandbLogger
+
+    return WandbLogger(settings, run_dir, config.to_dict(), grid, resume=resume)
+
+
 def chunk_sizes(done: int, total: int, every: int) -> set[int]:
     """The distinct chunk lengths (in log points) of a run from log point `done` to `total` in chunks
     of `every`: each is one compiled program."""
@@ -424,6 +434,7 @@ class _ChunkedRun:
         self.every = config.run.checkpoint_every or self.total
         self.checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
         self.logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
+        self.wandb = None  # a WandbLogger when run.wandb.project is set (made in train: it knows `resume`)
         self.guard = _SigintGuard("stopping after the current chunk and saving a checkpoint (Ctrl-C again to stop without saving)")
         self.compiled_chunks: dict = {}
         self.state, self.done, self.history, self.checkpoint_step = None, 0, None, None
@@ -438,7 +449,8 @@ class _ChunkedRun:
                 self.start(resume)
                 if self.config.run.progress and self.main:
                     bar = ProgressBar(self.config.agent.total_steps, label=f"{self.config.agent.name}/{self.config.env.id}")
-                with _sinks([s for s in (self.logger, bar) if s is not None]):
+                self.wandb = wandb_sink(self.config, self.grid, self.run_dir, resume) if self.main else None
+                with _sinks([s for s in (self.logger, bar, self.wandb) if s is not None]):
                     while self.done < self.total:
                         self.advance()
                 self.checkpoints.wait()
@@ -451,6 +463,8 @@ class _ChunkedRun:
                 bar.close()
             if self.logger is not None:
                 self.logger.close()
+            if self.wandb is not None:
+                self.wandb.close()
             self.checkpoints.close()
 
     def say(self, message: str) -> None:
