@@ -397,6 +397,25 @@ def run_mesh(config: Config, devices, shard: str):
     return seed_mesh(select_devices(devices, config.run.seeds))
 
 
+SMOKE_ENV_VAR = "FUSEDRL_SMOKE_LOG_POINTS"
+
+
+def smoke_log_points(num_log_points: int) -> int:
+    """The log points `rl train` runs: all of them, or at most N when the environment variable
+    FUSEDRL_SMOKE_LOG_POINTS=N is set (a quick check that a command runs end to end; the README test
+    uses it). ConfigError if it is not a positive integer."""
+    import os
+
+    from rl.config import ConfigError
+
+    raw = os.environ.get(SMOKE_ENV_VAR)
+    if not raw:
+        return num_log_points
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"environment variable {SMOKE_ENV_VAR}: expected a positive integer, got {raw!r}")
+    return min(num_log_points, int(raw))
+
+
 def wandb_sink(config: Config, grid: list[dict], run_dir: Path, resume: bool):
     """A rl.wandb_logger.WandbLogger when `run.wandb.project` is set and its mode is not disabled, else None."""
     settings = config.run.wandb
@@ -430,7 +449,7 @@ class _ChunkedRun:
 
         self.config, self.grid, self.run_dir, self.main = config, grid, run_dir, main
         trainer, self.init, self.chunk, self.keys, self.hparams = programs
-        self.total = trainer.num_log_points
+        self.total = smoke_log_points(trainer.num_log_points)
         self.every = config.run.checkpoint_every or self.total
         self.checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
         self.logger = RunLogger(run_dir, grid, config.run.seeds) if main else None

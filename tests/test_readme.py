@@ -1,0 +1,111 @@
+"""Every code block of the README runs, so the README cannot rot.
+
+Python blocks run in README order in one namespace (a block may use names an earlier one defined),
+from an empty directory. Bash blocks run with `bash -e` in order from one empty directory, with
+`rl` on the PATH, `pip install ... &&` prefixes dropped (the test runs in the installed environment)
+and FUSEDRL_SMOKE_LOG_POINTS=1, so each `rl train` stops after its first log point. A block whose
+first line is `# README test: skip (reason)` is not run; the reason must say why (a benchmark, a
+server, several devices or hosts, or the CI command itself). The "Writing an agent" example runs
+with its final call shortened (2 log points of 20 updates, 2 seeds)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+SKIP = "# README test: skip ("
+AGENT_CALL = "_, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 4))"
+SHORT_AGENT_CALL = "_, metrics = jax.jit(jax.vmap(lambda k: train(k, 2, 20)))(jax.random.split(jax.random.PRNGKey(0), 2))"
+
+
+def readme_blocks(language: str) -> list[tuple[int, str]]:
+    """(line number, code) of every ```language block of the README, in order."""
+    text = README.read_text()
+    return [(text[: m.start()].count("\n") + 1, m.group(1)) for m in re.finditer(rf"```{language}\n(.*?)```", text, re.S)]
+
+
+def is_skipped(code: str) -> bool:
+    return code.startswith(SKIP)
+
+
+def runnable_shell(code: str) -> str:
+    """A bash block as the test runs it: `pip install ... &&` prefixes dropped."""
+    return "\n".join(re.sub(r"^pip install [^&]*&&\s*", "", line) for line in code.splitlines())
+
+
+def test_the_skipped_blocks_are_few_and_say_why():
+    skipped = [code.splitlines()[0] for language in ("python", "bash") for _, code in readme_blocks(language) if is_skipped(code)]
+    assert len(skipped) <= 7, skipped
+    assert all(line.endswith(")") and len(line) > len(SKIP) + 10 for line in skipped), skipped
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    (command,) = [code.splitlines()[1] for _, code in readme_blocks("bash") if "python -m pytest" in code]
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert command in ci, f".ci/run must run the README's test command {command!r}"
+
+
+def test_python_blocks_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for line, code in readme_blocks("python"):
+        if is_skipped(code):
+            continue
+        if AGENT_CALL in code:
+            code = code.replace(AGENT_CALL, SHORT_AGENT_CALL)
+        try:
+            exec(compile(code, f"README.md, block at line {line}", "exec"), namespace)
+        except Exception as err:
+            pytest.fail(f"README.md python block at line {line} fails: {type(err).__name__}: {err}")
+    metrics = namespace["metrics"]  # the Writing-an-agent example
+    np.testing.assert_array_equal(np.asarray(metrics["step"])[0], [20 * 8 * 16, 2 * 20 * 8 * 16])
+    assert np.all(np.asarray(metrics["episodes"]) > 0) and np.all(np.isfinite(np.asarray(metrics["episode_return"])))
+    assert (tmp_path / "episode.gif").is_file()
+
+
+@pytest.fixture(scope="module")
+def shell(tmp_path_factory):
+    """(working directory, environment) shared by the bash blocks, which run in README order."""
+    root = tmp_path_factory.mktemp("readme")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    rl = bin_dir / "rl"
+    rl.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m rl.cli "$@"\n')  # the console script, from this checkout
+    rl.chmod(0o755)
+    work = root / "work"
+    work.mkdir()
+    env = dict(os.environ)
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+        FUSEDRL_SMOKE_LOG_POINTS="1",
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_DIR=str(root),
+        WANDB_CONFIG_DIR=str(root / "wandb-config"),
+        WANDB_CACHE_DIR=str(root / "wandb-cache"),
+        MPLBACKEND="Agg",
+    )
+    for folder in ("configs", "benchmarks"):  # commands name checkout paths (configs/*.yaml also resolve by name)
+        (work / folder).symlink_to(REPO / folder)
+    return work, env
+
+
+BASH_BLOCKS = readme_blocks("bash")
+
+
+@pytest.mark.parametrize("line, code", BASH_BLOCKS, ids=[f"line{line}" for line, _ in BASH_BLOCKS])
+def test_bash_block_runs(line, code, shell):
+    if is_skipped(code):
+        pytest.skip(code.splitlines()[0])
+    work, env = shell
+    done = subprocess.run(["bash", "-e", "-c", runnable_shell(code)], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"README.md bash block at line {line} fails:\n{done.stderr[-3000:]}"
