@@ -1,4 +1,4 @@
-"""DQN and Rainbow on CartPole-v1: learning curves over many seeds, and training throughput.
+"""DQN, Rainbow and PQN on CartPole-v1: learning curves over many seeds, and training throughput.
 
     python benchmarks/dqn.py learning --agent dqn --seeds 16 [--json out.json] [agent.key=value ...]
     python benchmarks/dqn.py learning --agent rainbow --seeds 16 --config configs/rainbow_cartpole_no_per.yaml
@@ -10,7 +10,7 @@ interquartile range of the greedy evaluation return ("eval_return": the mean of 
 greedy episodes run inside the program at each log point), the fraction of seeds whose evaluation
 return is >= the threshold AT that budget's log point, and the fraction that REACHED it at some
 log point up to the budget. The learning targets (issue 5): DQN >= 475 within 100k env steps and
-Rainbow within 60k, in >= 80% of 16 seeds.
+Rainbow within 60k, in >= 80% of 16 seeds; PQN (issue 13) >= 475 within 200k.
 
 `throughput` measures env steps per second of the whole training program (env steps, acting,
 replay, gradient steps at the config's ratio, evaluation) for each number of vmapped seeds, with
@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rl.config import load_config  # noqa: E402
 from rl.train import build_program  # noqa: E402
 
-BUDGETS = {"dqn": (20_000, 40_000, 60_000, 80_000, 100_000), "rainbow": (10_000, 20_000, 30_000, 40_000, 50_000, 60_000)}
+BUDGETS = {"dqn": (20_000, 40_000, 60_000, 80_000, 100_000), "rainbow": (10_000, 20_000, 30_000, 40_000, 50_000, 60_000),
+           "pqn": (50_000, 100_000, 150_000, 200_000)}
 
 
 def machine() -> dict:
@@ -141,7 +142,7 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="mode", required=True)
     for name in ("learning", "throughput"):
         p = sub.add_parser(name)
-        p.add_argument("--agent", choices=("dqn", "rainbow"), default="dqn")
+        p.add_argument("--agent", choices=tuple(BUDGETS), default="dqn")
         p.add_argument("--config", help="config file (default configs/<agent>_cartpole.yaml)")
         p.add_argument("--json", help="also write the results to this JSON file")
         p.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")

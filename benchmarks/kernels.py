@@ -144,6 +144,8 @@ def _scan_inputs(kind: str, t: int, n: int):
         discounts = 0.99 * (1.0 - done.astype(jnp.float32))
         if kind == "returns":
             return rewards, discounts, jax.random.normal(k[2], (n,), jnp.float32)
+        if kind == "q_lambda":  # lambda (1 - done) per step, as PQN passes it
+            return rewards, jax.random.normal(k[3], shape, jnp.float32), discounts, 0.95 * (1.0 - done.astype(jnp.float32))
         values = jax.random.normal(k[2], shape, jnp.float32)
         next_values = jax.random.normal(k[3], shape, jnp.float32)
         return rewards, values, next_values, discounts, jnp.float32(0.95)
@@ -194,6 +196,22 @@ def gae_cases(args) -> list[Case]:
             triton=lambda *a, cfg=None: gae(*a, backend=args.kernel_backend, config=cfg),
             bytes_moved=4 * 6 * t * n,
             extra={"lax.associative_scan": gae_associative_scan},  # the reference is the lax.scan
+        ))
+    return cases
+
+
+def q_lambda_cases(args) -> list[Case]:
+    from kernels import q_lambda_returns
+    from kernels.q_lambda import q_lambda_returns_reference
+
+    cases = []
+    for t, n in args.scan_shapes:
+        cases.append(Case(
+            op="q_lambda_returns", shape=f"T={t} x N={n}",
+            make_inputs=_scan_inputs("q_lambda", t, n),
+            reference=q_lambda_returns_reference,
+            triton=lambda *a, cfg=None: q_lambda_returns(*a, backend=args.kernel_backend, config=cfg),
+            bytes_moved=4 * 5 * t * n,
         ))
     return cases
 
@@ -310,6 +328,7 @@ def projection_cases(args) -> list[Case]:
 CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "discounted_returns": returns_cases,
     "gae": gae_cases,
+    "q_lambda": q_lambda_cases,
     "softmax": softmax_cases,
     "policy_head": policy_head_cases,
     "projection": projection_cases,
