@@ -120,6 +120,7 @@ class OnPolicyLoopConfig:
     anneal_lr: bool = hp(True, doc="linear learning-rate decay to 0 over the run")
     log_interval: int = hp(8, low=1, doc="updates between log points")
     eval_envs: int = hp(0, low=0, doc="greedy evaluation episodes at each log point (0: no evaluation)")
+    unroll: int = hp(1, low=1, doc="iterations per loop trip of the rollout and minibatch scans (speed only: fewer loop trips on the GPU)")
 
     @property
     def batch_size(self) -> int:
@@ -259,17 +260,18 @@ def rollout_keys(key, num_steps: int, num_envs: int):
     return pairs[:, 0], jax.vmap(lambda k: jax.random.split(k, num_envs))(pairs[:, 1])
 
 
-def minibatch_epochs(minibatch_step: Callable, carry, batch, key, num_epochs: int, num_minibatches: int):
+def minibatch_epochs(minibatch_step: Callable, carry, batch, key, num_epochs: int, num_minibatches: int, unroll: int = 1):
     """`num_epochs` passes over `batch` (a pytree of arrays with a leading batch axis), each a
     `lax.scan` of `minibatch_step(carry, minibatch) -> (carry, stats)` over `num_minibatches`
-    minibatches of a fresh random permutation. Returns (carry, stats [num_epochs, num_minibatches])."""
+    minibatches of a fresh random permutation (`unroll` steps per loop trip). Returns (carry,
+    stats [num_epochs, num_minibatches])."""
     size = jax.tree.leaves(batch)[0].shape[0]
     shape = (num_minibatches, size // num_minibatches)
 
     def epoch(carry, key):
         order = jax.random.permutation(key, size)
         minibatches = jax.tree.map(lambda x: jnp.take(x, order, axis=0).reshape(shape + x.shape[1:]), batch)
-        return jax.lax.scan(minibatch_step, carry, minibatches)
+        return jax.lax.scan(minibatch_step, carry, minibatches, unroll=min(unroll, num_minibatches))
 
     return jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs))
 

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from rl import loop, losses, networks
 from rl.config import hp
@@ -99,7 +100,7 @@ def init_state(s: Setup, key, hparams):
     key, net_key, reset_key = jax.random.split(key, 3)
     obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
     params = s.q_network.init(net_key, obs[0])
-    return {"params": params, "opt_state": optimizer(s.agent, hparams).init(params), "obs": obs,
+    return {"params": params, "opt_state": optimizer(s.agent, hparams).init(ravel_pytree(params)[0]), "obs": obs,
             "env_state": env_state, "key": key, "step": jnp.int32(0), "update": jnp.int32(0)}
 
 
@@ -114,7 +115,8 @@ def rollout(s: Setup, params, obs, env_state, eps, key):
         episode = {name: info[name] for name in ("episode_done", "episode_return", "episode_length")}
         return (next_obs, env_state), Transition(obs, action, reward, terminated, truncated, info["final_obs"], episode)
 
-    (obs, env_state), traj = jax.lax.scan(env_step, (obs, env_state), loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs))
+    keys = loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
+    (obs, env_state), traj = jax.lax.scan(env_step, (obs, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps))
     return obs, env_state, traj
 
 
@@ -136,17 +138,21 @@ def q_loss(apply, params, minibatch):
 
 
 def learn(s: Setup, hparams, params, opt_state, batch, key):
-    """num_epochs passes of shuffled minibatch Adam steps on `q_loss`; (params, opt_state, stats)."""
+    """num_epochs passes of shuffled minibatch Adam steps on `q_loss`; Adam sees one flat parameter
+    vector (one fused update instead of one per array). Returns (params, opt_state, stats)."""
     tx = optimizer(s.agent, hparams)
+    flat_params, unravel = ravel_pytree(params)
+    loss = lambda flat, minibatch: q_loss(s.q_network.apply, unravel(flat), minibatch)
 
     def minibatch_step(carry, minibatch):
-        params, opt_state = carry
-        (loss, q_mean), grads = jax.value_and_grad(q_loss, argnums=1, has_aux=True)(s.q_network.apply, params, minibatch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), {"loss": loss, "q_mean": q_mean}
+        flat_params, opt_state = carry
+        (loss_value, q_mean), grads = jax.value_and_grad(loss, has_aux=True)(flat_params, minibatch)
+        updates, opt_state = tx.update(grads, opt_state, flat_params)
+        return (optax.apply_updates(flat_params, updates), opt_state), {"loss": loss_value, "q_mean": q_mean}
 
-    (params, opt_state), stats = loop.minibatch_epochs(minibatch_step, (params, opt_state), batch, key, s.agent.num_epochs, s.agent.num_minibatches)
-    return params, opt_state, stats
+    (flat_params, opt_state), stats = loop.minibatch_epochs(
+        minibatch_step, (flat_params, opt_state), batch, key, s.agent.num_epochs, s.agent.num_minibatches, s.agent.unroll)
+    return unravel(flat_params), opt_state, stats
 
 
 def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
