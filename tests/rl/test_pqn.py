@@ -140,3 +140,12 @@ def test_shipped_config_loads():
 
     config = load_config("configs/pqn_cartpole.yaml")
     assert config.agent.name == "pqn" and config.agent.network.layer_norm and config.agent.num_updates == 96
+
+
+def test_unrolled_loops_compute_the_same_run():
+    config = dict(total_steps=1024, log_interval=2, eval_envs=2)
+    with jax.default_device(jax.devices("cpu")[0]):
+        _, rolled = jax.jit(pqn.make_train(make_config(**config)))(jax.random.PRNGKey(4))
+        _, unrolled = jax.jit(pqn.make_train(make_config(unroll=4, **config)))(jax.random.PRNGKey(4))
+    for name in ("loss", "q_mean", "eval_return", "episode_return"):
+        np.testing.assert_allclose(np.asarray(unrolled[name]), np.asarray(rolled[name]), rtol=1e-4, atol=1e-5, err_msg=name)
