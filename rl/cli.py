@@ -116,7 +116,11 @@ def resolve_train_config(args) -> tuple[Config, list[dict]]:
         overrides.append(f"run.name={args.name}")
     if args.no_progress:
         overrides.append("run.progress=false")
+    from rl.train import smoke_seeds
+
     config = load_config(args.config, overrides)
+    if smoke_seeds(config.run.seeds) != config.run.seeds:
+        config = load_config(args.config, overrides + [f"run.seeds={smoke_seeds(config.run.seeds)}"])
     grid = parse_sweep(args.sweep, config.agent) if args.sweep else [{}]
     return config, grid
 

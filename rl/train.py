@@ -398,22 +398,37 @@ def run_mesh(config: Config, devices, shard: str):
 
 
 SMOKE_ENV_VAR = "FUSEDRL_SMOKE_LOG_POINTS"
+SMOKE_SEEDS_ENV_VAR = "FUSEDRL_SMOKE_SEEDS"
+
+
+def smoke_cap(name: str) -> int | None:
+    """The positive integer in environment variable `name`, or None when it is unset or empty;
+    ConfigError naming the variable if it is anything else."""
+    import os
+
+    from rl.config import ConfigError
+
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"environment variable {name}: expected a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def smoke_log_points(num_log_points: int) -> int:
     """The log points `rl train` runs: all of them, or at most N when the environment variable
     FUSEDRL_SMOKE_LOG_POINTS=N is set (a quick check that a command runs end to end; the README test
     uses it). ConfigError if it is not a positive integer."""
-    import os
+    cap = smoke_cap(SMOKE_ENV_VAR)
+    return num_log_points if cap is None else min(num_log_points, cap)
 
-    from rl.config import ConfigError
 
-    raw = os.environ.get(SMOKE_ENV_VAR)
-    if not raw:
-        return num_log_points
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"environment variable {SMOKE_ENV_VAR}: expected a positive integer, got {raw!r}")
-    return min(num_log_points, int(raw))
+def smoke_seeds(seeds: int) -> int:
+    """The seeds `rl train` trains: `seeds`, or at most N when FUSEDRL_SMOKE_SEEDS=N is set (with
+    FUSEDRL_SMOKE_LOG_POINTS, a quick end-to-end check of a command; the README test uses both)."""
+    cap = smoke_cap(SMOKE_SEEDS_ENV_VAR)
+    return seeds if cap is None else min(seeds, cap)
 
 
 def wandb_sink(config: Config, grid: list[dict], run_dir: Path, resume: bool):

@@ -3,7 +3,8 @@
 Python blocks run in README order in one namespace (a block may use names an earlier one defined),
 from an empty directory. Bash blocks run with `bash -e` in order from one empty directory, with
 `rl` on the PATH, `pip install ... &&` prefixes dropped (the test runs in the installed environment)
-and FUSEDRL_SMOKE_LOG_POINTS=1, so each `rl train` stops after its first log point. A block whose
+and FUSEDRL_SMOKE_LOG_POINTS=1 FUSEDRL_SMOKE_SEEDS=2, so each `rl train` stops after its first log point
+and trains at most 2 seeds. A block whose
 first line is `# README test: skip (reason)` is not run; the reason must say why (a benchmark, a
 server, several devices or hosts, or the CI command itself). The "Writing an agent" example runs
 with its final call shortened (2 log points of 20 updates, 2 seeds)."""
@@ -87,6 +88,7 @@ def shell(tmp_path_factory):
         PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
         FUSEDRL_SMOKE_LOG_POINTS="1",
+        FUSEDRL_SMOKE_SEEDS="2",
         WANDB_MODE="offline",
         WANDB_SILENT="true",
         WANDB_DIR=str(root),

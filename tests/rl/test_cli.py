@@ -272,3 +272,17 @@ def test_progress_bar_rate_starts_at_the_second_log_point():
     bar.first_step_time -= 2.0  # two seconds between the log points
     bar({"step": np.array([[300]])})
     assert "300/300 steps  100 steps/s per seed" in stream.getvalue()[len(first):]
+
+
+def test_smoke_seeds_caps_the_seeds_and_names_a_bad_value(monkeypatch):
+    from rl.cli import build_parser, resolve_train_config
+    from rl.config import ConfigError
+
+    args = build_parser().parse_args(["train", "configs/qlearning_gridworld.yaml", "--seeds", "16"])
+    monkeypatch.setenv("FUSEDRL_SMOKE_SEEDS", "2")
+    assert resolve_train_config(args)[0].run.seeds == 2
+    monkeypatch.setenv("FUSEDRL_SMOKE_SEEDS", "64")
+    assert resolve_train_config(args)[0].run.seeds == 16
+    monkeypatch.setenv("FUSEDRL_SMOKE_SEEDS", "two")
+    with pytest.raises(ConfigError, match="environment variable FUSEDRL_SMOKE_SEEDS: expected a positive integer, got 'two'"):
+        resolve_train_config(args)
