@@ -179,6 +179,7 @@ def returns_cases(args) -> list[Case]:
             reference=discounted_returns_reference,
             triton=lambda r, d, b, cfg=None: discounted_returns(r, d, b, backend=args.kernel_backend, config=cfg),
             bytes_moved=4 * (3 * t * n + n),
+            extra={"deterministic=True": lambda r, d, b: discounted_returns(r, d, b, backend=args.kernel_backend, deterministic=True)},
         ))
     return cases
 
@@ -195,7 +196,8 @@ def gae_cases(args) -> list[Case]:
             reference=gae_reference,
             triton=lambda *a, cfg=None: gae(*a, backend=args.kernel_backend, config=cfg),
             bytes_moved=4 * 6 * t * n,
-            extra={"lax.associative_scan": gae_associative_scan},  # the reference is the lax.scan
+            extra={"lax.associative_scan": gae_associative_scan,  # the reference is the lax.scan
+                   "deterministic=True": lambda *a: gae(*a, backend=args.kernel_backend, deterministic=True)},
         ))
     return cases
 
@@ -212,6 +214,7 @@ def q_lambda_cases(args) -> list[Case]:
             reference=q_lambda_returns_reference,
             triton=lambda *a, cfg=None: q_lambda_returns(*a, backend=args.kernel_backend, config=cfg),
             bytes_moved=4 * 5 * t * n,
+            extra={"deterministic=True": lambda *a: q_lambda_returns(*a, backend=args.kernel_backend, deterministic=True)},
         ))
     return cases
 
@@ -303,12 +306,12 @@ def projection_cases(args) -> list[Case]:
 
         reference = lambda a, p, g: categorical_projection_reference(a, p, support)
         triton = lambda a, p, g: categorical_projection(a, p, support, backend=args.kernel_backend)
-        dense = lambda a, p, g: categorical_projection(a, p, support, backend=args.kernel_backend,
-                                                       config=ProjectionConfig(method="dense"))
+        # kernels.deterministic: the fixed-order dense kernel (its speed cost against the scatter)
+        deterministic = lambda a, p, g: categorical_projection(a, p, support, backend=args.kernel_backend, deterministic=True)
         cases.append(Case(
             op="categorical_projection", shape=f"B={b} x K={k}", make_inputs=make,
             reference=reference, triton=triton, bytes_moved=4 * 3 * b * k, atol=1e-5,
-            extra={"dense kernel": dense,
+            extra={"deterministic=True (dense kernel)": deterministic,
                    "scatter b256 w2": lambda a, p, g: categorical_projection(
                        a, p, support, backend=args.kernel_backend, config=ProjectionConfig(num_warps=2, block=256)),
                    "scatter b4096 w8": lambda a, p, g: categorical_projection(

@@ -24,6 +24,9 @@ Two ways to cover the grid (:class:`ScanConfig`):
     flag arrive together. Tiles are handed out in scan order by an atomic
     ticket counter, so a program only waits on a program that already started: no deadlock, also
     in the interpreter, which runs programs one after another.
+    Values are order-dependent in the last bit: the carry a tile meets first decides how many
+    aggregates it composes, and so the rounding. ``deterministic=True`` on the ops (``pick_config``)
+    composes in one fixed order instead; the ticket counter only assigns tiles, never values.
 """
 
 from __future__ import annotations
@@ -46,8 +49,12 @@ class ScanConfig:
     chained: bool
     num_warps: int = 4
     num_stages: int | None = None
-    # chained grid, tests only: False = look-back ignores published carries except tile 0's, so the
-    # aggregate-composing path runs even under the interpreter (which runs programs in order).
+    # chained grid: True = the look-back stops at the first published carry it meets (the fastest);
+    # which one that is depends on the order programs ran, and the carry's float rounding with it
+    # (last-bit differences between GPU runs). False = it ignores published carries except tile 0's
+    # and composes every earlier tile's aggregate, always in the order j-1, j-2, ..., 1: one fixed
+    # sum order, bitwise reproducible (the kernels' deterministic mode; also how tests run the
+    # aggregate-composing path under the interpreter, which runs programs in order).
     prefix_lookup: bool = True
 
     def __post_init__(self):
@@ -73,6 +80,17 @@ def choose_config(b: int, t: int, n: int) -> ScanConfig:
         return ScanConfig(chunk_t=min(next_power_of_2(t), 128), block_n=min(next_power_of_2(n), 8),
                           chained=False, num_warps=4, num_stages=3)
     return ScanConfig(chunk_t=min(next_power_of_2(t), 64), block_n=min(next_power_of_2(n), 32), chained=True)
+
+
+def pick_config(config: ScanConfig | None, b: int, t: int, n: int, deterministic: bool) -> ScanConfig:
+    """The tiling of a ``[b, t, n]`` scan: ``config`` or :func:`choose_config`'s; with
+    ``deterministic`` a chained grid looks back in its fixed order (``prefix_lookup=False``), so
+    every tile's carry is the same float expression on every run. (The loop grid is already
+    order-free: each program walks its own columns' tiles in sequence.)"""
+    cfg = config or choose_config(b, t, n)
+    if deterministic and cfg.chained and cfg.prefix_lookup:
+        cfg = dataclasses.replace(cfg, prefix_lookup=False)
+    return cfg
 
 
 def grid_and_scratch(config: ScanConfig, b: int, t: int, n: int):

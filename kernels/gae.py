@@ -77,7 +77,7 @@ def _gae_kernel(
         tl.store(tgt_ptr + offs, (adv + v).to(tgt_ptr.dtype.element_ty), mask=mask)
 
 
-def _gae_core(rewards, values, next_values, discounts, lambda_, *, lead, backend, config):
+def _gae_core(rewards, values, next_values, discounts, lambda_, *, lead, backend, config, deterministic=False):
     """Launches the kernel on ``[*lead, T, *batch]`` arrays; ``lambda_`` is ``[*lead]`` or full."""
     r3, restore = time_major_3d(rewards, lead)
     b, t, n = r3.shape
@@ -85,7 +85,7 @@ def _gae_core(rewards, values, next_values, discounts, lambda_, *, lead, backend
         return jnp.zeros(rewards.shape, rewards.dtype), jnp.zeros(rewards.shape, rewards.dtype)
     per_step = lambda_.ndim == rewards.ndim
     lam = time_major_3d(lambda_, lead)[0] if per_step else lambda_.reshape(b)
-    cfg = config or cs.choose_config(b, t, n)
+    cfg = cs.pick_config(config, b, t, n, deterministic)
     grid, n_chunks, counter_size, flag_words = cs.grid_and_scratch(cfg, b, t, n)
     adv, tgt, _, _ = launch(
         _gae_kernel,
@@ -133,9 +133,9 @@ def gae_reference(rewards, values, next_values, discounts, lambda_):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_op(backend: str, config: cs.ScanConfig | None):
-    forward = fold_vmap(functools.partial(_gae_core, backend=backend, config=config))
-    adjoint = adjoint_scan(backend, config)
+def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool = False):
+    forward = fold_vmap(functools.partial(_gae_core, backend=backend, config=config, deterministic=deterministic))
+    adjoint = adjoint_scan(backend, config, deterministic)
 
     @jax.custom_vjp
     def op(rewards, values, next_values, discounts, lambda_):
@@ -162,7 +162,7 @@ def _kernel_op(backend: str, config: cs.ScanConfig | None):
 
 
 def gae(rewards, values, next_values, discounts, lambda_, *, backend: str | None = None,
-        config: cs.ScanConfig | None = None):
+        config: cs.ScanConfig | None = None, deterministic: bool = False):
     """Generalised advantage estimates and value targets, time-major.
 
     Args:
@@ -171,6 +171,8 @@ def gae(rewards, values, next_values, discounts, lambda_, *, backend: str | None
       lambda_: float scalar or ``[T, *batch]`` array (may be traced, e.g. vmapped in a sweep).
       backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
       config: tiling override (:class:`kernels._chunked_scan.ScanConfig`), for tests/benchmarks.
+      deterministic: bitwise-reproducible results on the GPU (the chained grid's look-back composes
+        in one fixed order instead of taking the first published carry; see ``ScanConfig``).
 
     Returns ``(advantages, targets)``, both ``[T, *batch]``. Differentiable in every argument.
     Raises ValueError (at trace time) on non-float dtypes, rank 0 or mismatched shapes.
@@ -196,4 +198,4 @@ def gae(rewards, values, next_values, discounts, lambda_, *, backend: str | None
     name = resolve_backend(backend)
     if name == "reference":
         return gae_reference(r, v, nv, d, lambda_)
-    return _kernel_op(name, config)(r, v, nv, d, lambda_)
+    return _kernel_op(name, config, deterministic)(r, v, nv, d, lambda_)

@@ -17,7 +17,8 @@ sorted support), then, by default, adds the two shares into the output row with
 atomic adds (O(K_src) work per row; the output starts at zero). A second forward
 kernel (``ProjectionConfig(method="dense")``) spreads the masses over a
 [rows, K] register accumulator as a rows x targets x sources tile instead
-(O(K * K_src) per row, fixed summation order).
+(O(K * K_src) per row, fixed summation order); ``deterministic=True`` picks it, for results
+that are bitwise equal from run to run on the GPU.
 
 The projection is linear in ``probs``; the backward is a gather:
 
@@ -253,13 +254,13 @@ def _layout(atoms, probs, support, lead):
     return atoms2, probs2, support2, n_rows, rows_per_support
 
 
-def _forward_core(atoms, probs, support, *, lead, backend, config):
+def _forward_core(atoms, probs, support, *, lead, backend, config, deterministic=False):
     atoms2, probs2, support2, n_rows, rows_per_support = _layout(atoms, probs, support, lead)
     k_src, k = atoms2.shape[1], support2.shape[1]
     out_shape = atoms.shape[:-1] + (k,)
     if n_rows == 0:
         return jnp.zeros(out_shape, jnp.float32)
-    cfg = config or choose_config(n_rows, k_src, k)
+    cfg = config or choose_config(n_rows, k_src, k, method="dense" if deterministic else "scatter")
     if cfg.method == "scatter":
         out = launch(
             _projection_scatter_kernel, atoms2, probs2, support2, n_rows, rows_per_support,
@@ -297,9 +298,10 @@ def _backward_core(atoms, probs, support, g, *, lead, backend):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_op(backend: str, config: ProjectionConfig | None):
-    """(atoms, probs, support) -> projected probs; VJP in atoms and probs (support: zero)."""
-    forward = fold_vmap(functools.partial(_forward_core, backend=backend, config=config))
+def _kernel_op(backend: str, config: ProjectionConfig | None, deterministic: bool = False):
+    """(atoms, probs, support) -> projected probs; VJP in atoms and probs (support: zero).
+    ``deterministic``: the dense forward kernel (the backward is a gather either way)."""
+    forward = fold_vmap(functools.partial(_forward_core, backend=backend, config=config, deterministic=deterministic))
     backward = fold_vmap(functools.partial(_backward_core, backend=backend))
 
     @jax.custom_vjp
@@ -358,7 +360,7 @@ def _check_support(target_support):
 
 
 def categorical_projection(atoms, probs, target_support, *, backend: str | None = None,
-                           config: ProjectionConfig | None = None):
+                           config: ProjectionConfig | None = None, deterministic: bool = False):
     """Projects the distribution (atoms, probs) onto ``target_support`` (C51's L2 projection).
 
     Semantics of rlax's ``categorical_l2_project``: atoms are clipped to
@@ -373,6 +375,9 @@ def categorical_projection(atoms, probs, target_support, *, backend: str | None 
       backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
       config: tiling override of the forward kernel (:class:`ProjectionConfig`), for
         tests and benchmarks; ``None`` = :func:`choose_config`.
+      deterministic: ``True`` = the fixed-order dense kernel (bitwise reproducible on the GPU,
+        O(K * K_src) per row) instead of the atomic-add scatter, whose sum order at a shared
+        target atom follows thread timing (last-bit differences between GPU runs).
 
     Returns ``[*batch, K]``. Differentiable in ``probs`` (the projection is linear in
     them) and in ``atoms`` (piecewise linear); ``target_support`` gets no gradient.
@@ -392,5 +397,10 @@ def categorical_projection(atoms, probs, target_support, *, backend: str | None 
     if name == "reference":
         return categorical_projection_reference(atoms.astype(dtype), probs.astype(dtype), support.astype(dtype))
     f32 = jnp.float32
-    out = _kernel_op(name, config)(atoms.astype(f32), probs.astype(f32), support.astype(f32))
+    if deterministic and config is not None and config.method != "dense":
+        raise ValueError(
+            "categorical_projection(deterministic=True) needs the fixed-order kernel, "
+            f"ProjectionConfig(method='dense'); got method={config.method!r}"
+        )
+    out = _kernel_op(name, config, deterministic)(atoms.astype(f32), probs.astype(f32), support.astype(f32))
     return out.astype(dtype)

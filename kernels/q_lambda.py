@@ -68,13 +68,13 @@ def _q_lambda_kernel(
         tl.store(g_ptr + offs, g.to(g_ptr.dtype.element_ty), mask=mask)
 
 
-def _q_lambda_core(rewards, next_values, discounts, lambdas, *, lead, backend, config):
+def _q_lambda_core(rewards, next_values, discounts, lambdas, *, lead, backend, config, deterministic=False):
     """Launches the kernel on ``[*lead, T, *batch]`` arrays."""
     r3, restore = time_major_3d(rewards, lead)
     b, t, n = r3.shape
     if r3.size == 0:
         return jnp.zeros(rewards.shape, rewards.dtype)
-    cfg = config or cs.choose_config(b, t, n)
+    cfg = cs.pick_config(config, b, t, n, deterministic)
     grid, n_chunks, counter_size, flag_words = cs.grid_and_scratch(cfg, b, t, n)
     returns, _, _ = launch(
         _q_lambda_kernel,
@@ -123,9 +123,9 @@ def q_lambda_returns_reference(rewards, next_values, discounts, lambdas):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_op(backend: str, config: cs.ScanConfig | None):
-    forward = fold_vmap(functools.partial(_q_lambda_core, backend=backend, config=config))
-    adjoint = adjoint_scan(backend, config)
+def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool = False):
+    forward = fold_vmap(functools.partial(_q_lambda_core, backend=backend, config=config, deterministic=deterministic))
+    adjoint = adjoint_scan(backend, config, deterministic)
 
     @jax.custom_vjp
     def op(rewards, next_values, discounts, lambdas):
@@ -149,7 +149,7 @@ def _kernel_op(backend: str, config: cs.ScanConfig | None):
 
 
 def q_lambda_returns(rewards, next_values, discounts, lambda_, *, backend: str | None = None,
-                     config: cs.ScanConfig | None = None):
+                     config: cs.ScanConfig | None = None, deterministic: bool = False):
     """Peng's Q(lambda) / TD(lambda) returns, time-major (the module docstring's recurrence).
 
     Args:
@@ -160,6 +160,8 @@ def q_lambda_returns(rewards, next_values, discounts, lambda_, *, backend: str |
         return chains across an episode end. The last step never chains (``lambda_{T-1} := 0``).
       backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
       config: tiling override (:class:`kernels._chunked_scan.ScanConfig`), for tests/benchmarks.
+      deterministic: bitwise-reproducible results on the GPU (the chained grid's look-back composes
+        in one fixed order instead of taking the first published carry; see ``ScanConfig``).
 
     Returns ``[T, *batch]`` returns. Differentiable in every argument.
     Raises ValueError (at trace time) on non-float dtypes, rank 0 or mismatched shapes.
@@ -185,4 +187,4 @@ def q_lambda_returns(rewards, next_values, discounts, lambda_, *, backend: str |
     name = resolve_backend(backend)
     if name == "reference":
         return q_lambda_returns_reference(r, nv, d, lambdas)
-    return _kernel_op(name, config)(r, nv, d, lambdas)
+    return _kernel_op(name, config, deterministic)(r, nv, d, lambdas)

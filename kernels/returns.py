@@ -73,14 +73,14 @@ def _linear_scan_kernel(
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _linear_scan_core(x, c, *init, lead, reverse, backend, config):
+def _linear_scan_core(x, c, *init, lead, reverse, backend, config, deterministic=False):
     """Launches the kernel on ``[*lead, T, *batch]`` arrays (init: ``[*lead, *batch]``)."""
     x3, restore = time_major_3d(x, lead)
     c3, _ = time_major_3d(c, lead)
     b, t, n = x3.shape
     if x3.size == 0:
         return jnp.zeros(x.shape, x.dtype)
-    cfg = config or cs.choose_config(b, t, n)
+    cfg = cs.pick_config(config, b, t, n, deterministic)
     grid, n_chunks, counter_size, flag_words = cs.grid_and_scratch(cfg, b, t, n)
     init2 = init[0].reshape(b, n) if init else x3[:, 0, :1]  # placeholder pointer when no init
     y, _, _ = launch(
@@ -106,14 +106,14 @@ def _linear_scan_core(x, c, *init, lead, reverse, backend, config):
     return restore(y)
 
 
-def adjoint_scan(backend: str, config: cs.ScanConfig | None = None):
+def adjoint_scan(backend: str, config: cs.ScanConfig | None = None, deterministic: bool = False):
     """``(g, c) -> a`` with ``a_t = g_t + c_{t-1} a_{t-1}``, ``a_0 = g_0``: the VJP of a reverse scan.
 
     A vmap-folding kernel function for ``backend`` ("triton" or "interpret"), used by the backward
     passes of discounted_returns and gae.
     """
     return fold_vmap(
-        functools.partial(_linear_scan_core, reverse=False, backend=backend, config=config)
+        functools.partial(_linear_scan_core, reverse=False, backend=backend, config=config, deterministic=deterministic)
     )
 
 
@@ -136,11 +136,11 @@ def discounted_returns_reference(rewards, discounts, bootstrap):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_op(backend: str, config: cs.ScanConfig | None):
+def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool = False):
     forward = fold_vmap(
-        functools.partial(_linear_scan_core, reverse=True, backend=backend, config=config)
+        functools.partial(_linear_scan_core, reverse=True, backend=backend, config=config, deterministic=deterministic)
     )
-    adjoint = adjoint_scan(backend, config)
+    adjoint = adjoint_scan(backend, config, deterministic)
 
     @jax.custom_vjp
     def op(rewards, discounts, bootstrap):
@@ -161,7 +161,7 @@ def _kernel_op(backend: str, config: cs.ScanConfig | None):
 
 
 def discounted_returns(rewards, discounts, bootstrap, *, backend: str | None = None,
-                       config: cs.ScanConfig | None = None):
+                       config: cs.ScanConfig | None = None, deterministic: bool = False):
     """Discounted returns, time-major: G_t = r_t + d_t * G_{t+1}, with G_T = bootstrap.
 
     Args:
@@ -170,6 +170,8 @@ def discounted_returns(rewards, discounts, bootstrap, *, backend: str | None = N
       bootstrap: float array ``[*batch]``, the value after the last step.
       backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
       config: tiling override (:class:`kernels._chunked_scan.ScanConfig`), for tests/benchmarks.
+      deterministic: bitwise-reproducible results on the GPU (the chained grid's look-back composes
+        in one fixed order instead of taking the first published carry; see ``ScanConfig``).
 
     Returns ``[T, *batch]`` returns in the promoted float dtype. Differentiable in every argument.
     Raises ValueError (at trace time) on non-float dtypes, rank 0 or mismatched shapes.
@@ -191,4 +193,4 @@ def discounted_returns(rewards, discounts, bootstrap, *, backend: str | None = N
     name = resolve_backend(backend)
     if name == "reference":
         return discounted_returns_reference(rewards, discounts, bootstrap)
-    return _kernel_op(name, config)(rewards, discounts, bootstrap)
+    return _kernel_op(name, config, deterministic)(rewards, discounts, bootstrap)

@@ -5,7 +5,7 @@ A config file has four sections; only `env` and `agent` are required:
     env:     {id: GridWorld, params: {size: 5}}      # envs.make(id, **params)
     agent:   {name: qlearning, lr: 0.1, ...}         # fields of rl.agents.<name>.Config
     run:     {seed: 0, seeds: 30, output_dir: runs}  # RunConfig
-    kernels: {backend: auto}                         # KernelsConfig
+    kernels: {backend: auto, deterministic: false}   # KernelsConfig
 
 Every agent declares its hyperparameters as a frozen dataclass whose fields carry validation metadata
 (`hp(default, low=..., high=..., sweep=True)`). Loading checks every key and value before anything
@@ -87,6 +87,8 @@ class RunConfig:
 @dataclass(frozen=True)
 class KernelsConfig:
     backend: str = hp("auto", choices=("auto", "triton", "reference", "interpret"), doc="kernel backend")
+    deterministic: bool = hp(False, doc="fixed-order kernels (C51 projection without atomic adds, scan look-back "
+                                        "in one order): bitwise-reproducible runs on the GPU, a little slower")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """One pure function per RL idea, with its maths, in the style of rlax.
 
 Arrays are batched along leading axes unless a docstring says otherwise; `backend=` is the kernel
-backend (see `kernels`) for the functions that run a kernels op. Nothing here holds state, reads a
+backend (see `kernels`) for the functions that run a kernels op, and `deterministic=` picks its
+fixed-order kernels where the op has an order-dependent one. Nothing here holds state, reads a
 config or calls a network: agents compute network outputs and pass arrays in.
 
 Truncation is not termination throughout: a transition's discount is gamma (1 - terminated), so a
@@ -63,7 +64,7 @@ def td_loss(td_error, kind: str = "huber"):
     raise ValueError(f"td_loss: kind must be 'huber' or 'mse', got {kind!r}")
 
 
-def n_step_transition(window, gamma, *, backend: str | None = None):
+def n_step_transition(window, gamma, *, backend: str | None = None, deterministic: bool = False):
     """The n-step transition of the oldest step of a window of the last n steps of each env.
 
     window: {"obs", "action", "reward", "final_obs", "terminated", "truncated"}, each [n, envs, ...].
@@ -79,7 +80,8 @@ def n_step_transition(window, gamma, *, backend: str | None = None):
     n = window["reward"].shape[0]
     done = window["terminated"] | window["truncated"]
     discounts = gamma * (1.0 - done.astype(jnp.float32))
-    ret = kernels.discounted_returns(window["reward"], discounts, jnp.zeros_like(window["reward"][0]), backend=backend)[0]
+    ret = kernels.discounted_returns(window["reward"], discounts, jnp.zeros_like(window["reward"][0]), backend=backend,
+                                    deterministic=deterministic)[0]
     last = jnp.arange(n)[:, None] == n - 1
     end = jnp.argmax(done | last, axis=0)
     take = lambda x: jnp.take_along_axis(x, end.reshape((1, -1) + (1,) * (x.ndim - 2)), axis=0)[0]
@@ -98,12 +100,12 @@ def categorical_q_values(logits, support, *, backend: str | None = None):
     return jnp.sum(kernels.softmax(logits, axis=-1, backend=backend) * support, axis=-1)
 
 
-def categorical_td_target(reward, discount, next_probs, support, *, backend: str | None = None):
+def categorical_td_target(reward, discount, next_probs, support, *, backend: str | None = None, deterministic: bool = False):
     """C51's target distribution (Bellemare et al. 2017), no gradient: the distribution of
     r + gamma_t z under `next_probs` [B, K], projected onto the support z [K]
-    (`kernels.categorical_projection`). `reward`, `discount`: [B]."""
+    (`kernels.categorical_projection`; `deterministic`: its fixed-order kernel). `reward`, `discount`: [B]."""
     atoms = reward[:, None] + discount[:, None] * support[None, :]
-    return jax.lax.stop_gradient(kernels.categorical_projection(atoms, next_probs, support, backend=backend))
+    return jax.lax.stop_gradient(kernels.categorical_projection(atoms, next_probs, support, backend=backend, deterministic=deterministic))
 
 
 def categorical_cross_entropy(logits, target_probs):
@@ -132,7 +134,8 @@ def gae_coefficients(terminated, truncated, gamma, gae_lambda):
     return discounts, lambdas
 
 
-def truncation_aware_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda, *, backend: str | None = None):
+def truncation_aware_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda, *, backend: str | None = None,
+                         deterministic: bool = False):
     """(advantages, value targets) of a time-major rollout, GAE (Schulman et al. 2016) with the
     coefficients of `gae_coefficients` and next_values = V(final_obs_t):
 
@@ -140,10 +143,11 @@ def truncation_aware_gae(rewards, values, next_values, terminated, truncated, ga
 
     through `kernels.gae`."""
     discounts, lambdas = gae_coefficients(terminated, truncated, gamma, gae_lambda)
-    return kernels.gae(rewards, values, next_values, discounts, lambdas, backend=backend)
+    return kernels.gae(rewards, values, next_values, discounts, lambdas, backend=backend, deterministic=deterministic)
 
 
-def truncation_aware_q_lambda(rewards, next_values, terminated, truncated, gamma, q_lambda, *, backend: str | None = None):
+def truncation_aware_q_lambda(rewards, next_values, terminated, truncated, gamma, q_lambda, *, backend: str | None = None,
+                              deterministic: bool = False):
     """Peng's Q(lambda) targets of a time-major rollout (PQN; Gallici et al. 2024) with the
     coefficients of `gae_coefficients` and next_values = max_a Q(final_obs_t, a):
 
@@ -152,7 +156,7 @@ def truncation_aware_q_lambda(rewards, next_values, terminated, truncated, gamma
     so a time limit still bootstraps and no return chains across an episode end; through
     `kernels.q_lambda_returns`."""
     discounts, lambdas = gae_coefficients(terminated, truncated, gamma, q_lambda)
-    return kernels.q_lambda_returns(rewards, next_values, discounts, lambdas, backend=backend)
+    return kernels.q_lambda_returns(rewards, next_values, discounts, lambdas, backend=backend, deterministic=deterministic)
 
 
 ppo_loss = ppo_objective

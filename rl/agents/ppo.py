@@ -244,6 +244,7 @@ class Setup(NamedTuple):
     continuous: bool
     backend: str  # kernel backend
     fused: bool  # minibatch gradient from the fused kernel
+    deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
 
 
 class Transition(NamedTuple):
@@ -318,7 +319,7 @@ def learn_batch(s: Setup, hparams, params, traj: Transition):
     _, values = s.net.apply(params, jnp.stack([traj.obs, traj.final_obs]))
     advantages, targets = losses.truncation_aware_gae(
         traj.reward * hparams["reward_scale"], values[0], values[1], traj.terminated, traj.truncated,
-        hparams["gamma"], hparams["gae_lambda"], backend=s.backend,
+        hparams["gamma"], hparams["gae_lambda"], backend=s.backend, deterministic=s.deterministic,
     )
     data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values[0]), advantages, targets)
     return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
@@ -406,7 +407,7 @@ def make_trainer(config) -> Trainer:
     net, continuous = make_network(agent, env, env_params)
     backend = loop.kernel_backend(config)
     fused = agent.fused_update and backend in ("triton", "interpret") and fused_update_unfit_reason(config, env, env_params) is None
-    s = Setup(agent, env, env_params, *loop.batched(env), net, continuous, backend, fused)
+    s = Setup(agent, env, env_params, *loop.batched(env), net, continuous, backend, fused, config.kernels.deterministic)
 
     def init(key, hparams):
         return init_state(s, key, hparams)

@@ -66,6 +66,7 @@ class Setup(NamedTuple):
     step: Any  # vmapped env.step
     q_network: networks.Network
     backend: str  # kernel backend
+    deterministic: bool = False  # kernels.deterministic: fixed-order Q(lambda) scan
 
 
 class Transition(NamedTuple):
@@ -126,7 +127,7 @@ def q_lambda_targets(s: Setup, hparams, params, traj: Transition):
     next_values = s.q_network.apply(params, traj.final_obs).max(axis=-1)
     return losses.truncation_aware_q_lambda(
         traj.reward * hparams["reward_scale"], next_values, traj.terminated, traj.truncated,
-        hparams["gamma"], hparams["q_lambda"], backend=s.backend,
+        hparams["gamma"], hparams["q_lambda"], backend=s.backend, deterministic=s.deterministic,
     )
 
 
@@ -197,7 +198,8 @@ def greedy_policy(s: Setup, params):
 def make_setup(config) -> Setup:
     env, env_params = loop.make_env(config)
     agent = config.agent
-    return Setup(agent, env, env_params, *loop.batched(env), make_q_network(agent, env, env_params), loop.kernel_backend(config))
+    return Setup(agent, env, env_params, *loop.batched(env), make_q_network(agent, env, env_params), loop.kernel_backend(config),
+                 config.kernels.deterministic)
 
 
 def make_trainer(config) -> Trainer:

@@ -95,6 +95,7 @@ class Setup(NamedTuple):
     support: jax.Array | None
     agent: Config
     backend: str
+    deterministic: bool = False  # kernels.deterministic: the fixed-order projection
 
 
 def make_network(config, env, env_params) -> networks.Network:
@@ -142,7 +143,8 @@ def rainbow_loss(setup: Setup, params, target_params, batch, weights, keys, gamm
         td = outputs[:, 0] - target
         return jnp.mean(weights * losses.td_loss(td, agent.loss)), (jnp.abs(td), outputs[:, 0])
     next_probs = kernels.softmax(next_target[rows, next_action], axis=-1, backend=setup.backend)
-    m = losses.categorical_td_target(batch["reward"], discount, next_probs, setup.support, backend=setup.backend)
+    m = losses.categorical_td_target(batch["reward"], discount, next_probs, setup.support, backend=setup.backend,
+                                      deterministic=setup.deterministic)
     cross_entropy, kl = losses.categorical_cross_entropy(outputs, m)
     q_taken = jnp.sum(jnp.exp(jax.nn.log_softmax(outputs, axis=-1)) * setup.support, axis=-1)
     return jnp.mean(weights * cross_entropy), (jax.lax.stop_gradient(kl), q_taken)
@@ -165,7 +167,7 @@ def init(setup: Setup, key, hparams):
     flags = jnp.zeros((agent.n_step, agent.num_envs), jnp.bool_)
     window = {"obs": zeros(obs), "action": zeros(jnp.zeros((agent.num_envs,), jnp.int32)), "reward": zeros(jnp.zeros((agent.num_envs,))),
               "final_obs": zeros(obs), "terminated": flags, "truncated": flags}
-    example = jax.tree.map(lambda x: x[0], losses.n_step_transition(window, 0.0, backend=setup.backend))
+    example = jax.tree.map(lambda x: x[0], losses.n_step_transition(window, 0.0, backend=setup.backend, deterministic=setup.deterministic))
     buffer = (buffers.prioritized_init if agent.per else buffers.uniform_init)(example, agent.buffer_size)
     return loop.replay_state(key, params, optimiser(hparams).init(params), buffer, obs, env_state, window=window, window_filled=jnp.int32(0))
 
@@ -183,7 +185,7 @@ def env_step(setup: Setup, hparams, carry, key):
                                            "terminated": terminated, "truncated": truncated})
     filled = jnp.minimum(state["window_filled"] + 1, agent.n_step)
     buffer_add = buffers.prioritized_add if agent.per else buffers.uniform_add
-    buffer = buffer_add(state["buffer"], losses.n_step_transition(window, hparams["gamma"], backend=setup.backend), filled >= agent.n_step)
+    buffer = buffer_add(state["buffer"], losses.n_step_transition(window, hparams["gamma"], backend=setup.backend, deterministic=setup.deterministic), filled >= agent.n_step)
     state = {**state, "buffer": buffer, "window": window, "window_filled": filled, "obs": obs, "env_state": env_state,
              "step": state["step"] + agent.num_envs}
     return (state, loop.add_episodes(totals, info)), None
@@ -226,7 +228,8 @@ def greedy_policy(setup: Setup, params):
 def make_setup(config) -> Setup:
     env, env_params = loop.make_env(config)
     agent = config.agent
-    return Setup(env, env_params, make_network(config, env, env_params), make_support(agent), agent, loop.kernel_backend(config))
+    return Setup(env, env_params, make_network(config, env, env_params), make_support(agent), agent, loop.kernel_backend(config),
+                 config.kernels.deterministic)
 
 
 def make_trainer(config) -> Trainer:
