@@ -77,6 +77,9 @@ class RunConfig:
     checkpoint_every: int = hp(10, low=0, doc="log points between checkpoints (0: only at the end)")
     keep_checkpoints: int = hp(3, low=1, doc="newest checkpoints kept in RUN_DIR/checkpoints")
     wandb: WandbConfig = field(default_factory=WandbConfig, metadata=dict(doc="Weights & Biases logging: {project, entity, mode}"))
+    matmul_precision: str = hp("default", choices=("default", "high", "highest"),
+                               doc="float32 matmul precision of the training program (jax.default_matmul_precision at trace "
+                                   "time): default = the platform's fastest (TF32 on Ampere/Hopper GPUs), highest = full float32")
 
     def validate(self):
         """run.name is one directory name inside run.output_dir (no path separators, not . or ..)."""

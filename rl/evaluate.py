@@ -29,6 +29,7 @@ import numpy as np
 import envs
 from rl.config import Config, ConfigError
 from rl.registry import get_agent_module
+from rl.train import at_matmul_precision
 
 
 def make_env(config: Config):
@@ -108,7 +109,7 @@ def evaluate(config: Config, params, episodes: int, seed: int = 0):
 
     over_episodes = jax.vmap(one, in_axes=(None, 0))
     over_seeds = jax.vmap(over_episodes, in_axes=(0, None))
-    over_settings = jax.jit(jax.vmap(over_seeds, in_axes=(0, None)))
+    over_settings = jax.jit(at_matmul_precision(jax.vmap(over_seeds, in_axes=(0, None)), config.run.matmul_precision))
     keys = jax.random.split(jax.random.PRNGKey(seed), episodes)
     returns, lengths = over_settings(params, keys)
     return np.asarray(returns), np.asarray(lengths)

@@ -158,10 +158,26 @@ def build(fn: Callable, backend: str = "flax") -> Network:
     `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean net).
     """
     if backend == "flax":
-        return _build_flax(fn)
-    if backend == "haiku":
-        return _build_haiku(fn)
-    raise ValueError(f"unknown network backend {backend!r}; known: {', '.join(BACKENDS)}")
+        net = _build_flax(fn)
+    elif backend == "haiku":
+        net = _build_haiku(fn)
+    else:
+        raise ValueError(f"unknown network backend {backend!r}; known: {', '.join(BACKENDS)}")
+    return Network(init=at_full_precision(net.init), apply=net.apply)
+
+
+def at_full_precision(init: Callable) -> Callable:
+    """`init` traced under `jax.default_matmul_precision("highest")`: initial params at full float32
+    whatever the run's `run.matmul_precision` (on Ampere/Hopper GPUs a float32 dot at the default
+    precision runs in TF32, a 10-bit mantissa). The orthogonal initialisers are a QR (LAPACK/cuSOLVER,
+    no dot); what this pins is every dot that `init` traces (the forward pass that shapes the params,
+    any initialiser that multiplies). A context manager at trace time: no process state changes."""
+
+    def init_highest(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return init(*args, **kwargs)
+
+    return init_highest
 
 
 def _build_flax(fn: Callable) -> Network:

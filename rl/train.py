@@ -21,6 +21,7 @@ Run directory: `config.yaml` (the resolved config and sweep grid), `metrics.json
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import signal
@@ -51,12 +52,29 @@ def stacked_hyperparams(config: Config, grid: list[dict]) -> dict:
     return {name: jnp.asarray([setting.get(name, float(value)) for setting in grid], jnp.float32) for name, value in base.items()}
 
 
+def at_matmul_precision(fn, precision: str):
+    """`fn` traced under `jax.default_matmul_precision(precision)` (`run.matmul_precision`): every
+    float32 dot it traces without an explicit precision gets that one; "default" leaves `fn` as it
+    is (the platform's choice: TF32 on Ampere/Hopper GPUs, a 10-bit mantissa; full float32 on the
+    CPU, where the setting changes nothing). A context manager entered while tracing, so the
+    precision is part of the compiled program and no process-wide setting changes."""
+    if precision == "default":
+        return fn
+
+    @functools.wraps(fn)
+    def traced_at_precision(*args, **kwargs):
+        with jax.default_matmul_precision(precision):
+            return fn(*args, **kwargs)
+
+    return traced_at_precision
+
+
 def build_program(config: Config, grid: list[dict] | None = None):
     """(jitted program, keys, hparams): program(keys, hparams) trains settings x seeds at once."""
     grid = grid or [{}]
     train = get_agent_module(config.agent.name).make_train(config)
     over_seeds = jax.vmap(train, in_axes=(0, None))
-    program = jax.jit(jax.vmap(over_seeds, in_axes=(None, 0)))
+    program = jax.jit(at_matmul_precision(jax.vmap(over_seeds, in_axes=(None, 0)), config.run.matmul_precision))
     return program, seed_keys(config), stacked_hyperparams(config, grid)
 
 
@@ -206,14 +224,15 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
         metrics_sharding = replicated(mesh)
     else:
         raise ValueError(f"shard must be 'seeds' or 'envs', got {shard!r}")
-    init = jax.jit(init_many, out_shardings=state_sharding)
+    init = jax.jit(at_matmul_precision(init_many, config.run.matmul_precision), out_shardings=state_sharding)
     chunks = {}
 
     def chunk(num_log_points: int):
         if num_log_points not in chunks:
             run_one = lambda state, hp: trainer.run(state, hp, num_log_points)
             run_many = jax.vmap(jax.vmap(run_one, in_axes=(0, None)), in_axes=(0, 0))
-            chunks[num_log_points] = jax.jit(run_many, out_shardings=(state_sharding, metrics_sharding))
+            chunks[num_log_points] = jax.jit(at_matmul_precision(run_many, config.run.matmul_precision),
+                                             out_shardings=(state_sharding, metrics_sharding))
         return chunks[num_log_points]
 
     return trainer, init, chunk, keys, hparams
