@@ -184,3 +184,62 @@ def test_env_axis_of_one_large_agent_sharded_equals_one_device(tmp_path):
     assert not (tmp_path / "tabular" / "runs").exists()
     runs = tmp_path / "runs"
     assert_same_run(runs / "envs4", runs / "envs1")
+
+
+# `rl ARGS` in a subprocess that SIGKILLs itself when a log point it receives reaches step KILL_AT
+# (0: never); prints its exit code when it survives.
+KILLABLE = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import numpy as np
+    from rl import logging as rl_logging
+    from rl.cli import main
+
+    kill_at, args = int(sys.argv[1]), sys.argv[2:]
+
+    def send(values):
+        if kill_at and int(np.max(values["step"])) >= kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    with rl_logging.sink(send):
+        code = main(args)
+    print("RESULT " + json.dumps({"code": code}))
+    """
+)
+
+
+def two_processes(kill_at: int, *args):
+    """Both processes of a 2 x 2-device run through jax.distributed on a fresh port."""
+    port = free_port()
+    return [run_script(KILLABLE, kill_at, *args, "--coordinator", f"localhost:{port}", "--num-processes", 2,
+                       "--process-id", i, devices=2) for i in range(2)]
+
+
+def test_two_process_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(tmp_path):
+    """A two-process run (2 CPU devices each, one seed per device) loses both processes to SIGKILL
+    in the middle of a chunk: process 0 kills itself at step 13000 (checkpoints at 4000, 8000 and
+    12000 exist by then), and process 1, which cannot pass the next collective without it, is
+    killed from outside. `rl train --resume` on both processes then ends with exactly the params and
+    metrics of a one-process run on 4 devices (the same one-seed-per-device program) that never stopped."""
+    from rl.checkpoint import Checkpoints
+
+    config = write_config(tmp_path, seeds=4)
+    uninterrupted = run_script("import sys; from rl.cli import main; print('RESULT', main(['train', sys.argv[1], '--name', 'whole', '--devices', '4']))", config)
+    killed = two_processes(13_000, "train", config, "--name", "killed")
+    _, err0 = killed[0].communicate(timeout=300)
+    assert killed[0].returncode == -9, err0[-3000:]
+    killed[1].kill()
+    killed[1].communicate(timeout=60)
+    run_dir = tmp_path / "runs" / "killed"
+    steps = Checkpoints(run_dir, read_only=True).steps()
+    assert not (run_dir / "final_params.msgpack").exists()
+    assert steps and max(steps) <= 12_000 and set(steps) <= {4000, 8000, 12_000}, steps
+
+    resumed = two_processes(0, "train", "--resume", run_dir)
+    results = [result_of(p) for p in resumed]
+    assert [r for r, _ in results] == [{"code": 0}, {"code": 0}]
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / str(max(steps))}" in results[0][1]
+    assert result_of(uninterrupted)[0] == 0
+    whole = tmp_path / "runs" / "whole"
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), final_params(run_dir), final_params(whole))
+    assert metric_rows(run_dir) == metric_rows(whole)
