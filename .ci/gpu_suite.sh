@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The whole test suite on the GPU machine in one call (one H100/H200; aim: under 8 minutes).
+#
+#   .ci/gpu_suite.sh [pytest args]      e.g. -x, or paths to run a part (none: all of tests/)
+#
+# - the kernel tests run on both the triton and the reference backend (FUSEDRL_TEST_BACKENDS);
+# - every other test runs with the triton kernels: on a GPU with jax-triton a config's
+#   `kernels.backend: auto` is triton (checked first: the script stops if triton cannot run); tests
+#   that name a backend keep theirs, and CPU subprocesses (JAX_PLATFORMS=cpu) resolve auto to reference;
+# - pytest-xdist spreads the tests over WORKERS processes (default 8) that share the GPU: no memory
+#   preallocation, at most 8% of its memory each; `--dist loadscope` keeps each module's tests (and
+#   the programs its fixtures compile) on one worker;
+# - the pytest run is stopped with SIGINT after SUITE_SECONDS (default 500) so that a slow run still
+#   reports what it did (pytest prints its counts on SIGINT), inside a 600 s device call.
+# On a machine without network, the packages it lacks come from wheels in .whl/ (installed into
+# /tmp/site first): here pytest-xdist, execnet, tensorboardX, protobuf, jax-triton, dm-haiku, jmp,
+# gymnasium, farama-notifications (the wandb tests skip without wandb).
+cd "$(dirname "$0")/.."
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+fi
+set -uo pipefail
+
+export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.08}
+export FUSEDRL_TEST_BACKENDS=${FUSEDRL_TEST_BACKENDS:-triton,reference}
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+WORKERS=${WORKERS:-8}
+SUITE_SECONDS=${SUITE_SECONDS:-500}
+
+# First: is the triton backend usable here? (GPU_SUITE_CHECK=0 skips this, to try the script on a CPU.)
+if [ "${GPU_SUITE_CHECK:-1}" != 0 ]; then
+  python3 - <<'EOF' || exit 2
+import jax
+from kernels.launch import resolve_backend, triton_unavailable_reason
+
+print("devices:", jax.devices(), "| jax", jax.__version__)
+reason = triton_unavailable_reason() if jax.default_backend() == "gpu" else f"no GPU (default JAX backend: {jax.default_backend()})"
+if reason:
+    raise SystemExit(f"gpu_suite: the triton backend cannot run here: {reason}")
+print("kernel backend of `kernels.backend: auto`:", resolve_backend())
+EOF
+fi
+
+log=$(mktemp)
+start=$SECONDS
+timeout -s INT -k 30 "$SUITE_SECONDS" python3 -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadscope \
+  --durations=15 -rfE "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+counts=$(grep -E "(passed|failed|errors?|skipped|deselected|no tests ran).* in [0-9.]+s" "$log" | tail -1 | sed 's/=//g; s/^ *//')
+[ "$status" = 124 ] && counts="STOPPED at the ${SUITE_SECONDS} s limit (SUITE_SECONDS), counts of what finished: ${counts}"
+echo "gpu_suite: ${counts:-no summary line (see above)}; wall $((SECONDS - start)) s; backends: kernel tests ${FUSEDRL_TEST_BACKENDS}, rest auto (triton); exit ${status}"
+rm -f "$log"
+exit "$status"
