@@ -17,6 +17,7 @@ from envs.spaces import Box, Discrete
 from envs.wrappers import (
     ClipAction,
     EpisodeStatistics,
+    MaskObservation,
     NormalizeObservation,
     NormalizeReward,
     RescaleAction,
@@ -82,6 +83,7 @@ __all__ = [
     "vectorize",
     "Wrapper",
     "EpisodeStatistics",
+    "MaskObservation",
     "NormalizeObservation",
     "NormalizeReward",
     "ClipAction",

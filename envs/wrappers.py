@@ -414,3 +414,81 @@ def unwrap_state(env: Env, state: Any) -> tuple[Env, Any]:
         state = env.inner_state(state)
         env = env.env
     return env, state
+
+
+# --- partial observability -----------------------------------------------------------------------
+
+# Which entries of each env's observation are positions (what `MaskObservation(env, "positions")` keeps):
+#   CartPole-v1               [x, x_dot, theta, theta_dot]                                    -> keep 0, 2
+#   Pendulum-v1               [cos theta, sin theta, theta_dot]                               -> keep 0, 1
+#   Acrobot-v1                [cos t1, sin t1, cos t2, sin t2, t1_dot, t2_dot]                -> keep 0, 1, 2, 3
+#   MountainCar-v0, MountainCarContinuous-v0   [position, velocity]                          -> keep 0
+POSITIONS: dict[str, tuple[int, ...]] = {
+    "CartPole-v1": (0, 2),
+    "Pendulum-v1": (0, 1),
+    "Acrobot-v1": (0, 1, 2, 3),
+    "MountainCar-v0": (0,),
+    "MountainCarContinuous-v0": (0,),
+}
+
+
+class MaskObservation(Wrapper):
+    """obs -> obs[..., keep]: only the chosen entries of a flat Box observation are seen, which makes
+    an env partially observable (hide the velocities and a policy must infer them from a history).
+
+    `keep` is a list of the indices kept (in that order), or "positions": the env's position entries,
+    from `POSITIONS` (CartPole-v1 keeps x and theta, [0, 2]; Pendulum-v1 cos and sin of the angle,
+    [0, 1]; the table above `POSITIONS` lists the rest). The observation space is the inner Box
+    restricted to those entries; `info["final_obs"]` is masked alike. Stateless, so it composes with
+    every other wrapper and with `vectorize`; it masks `reset_env`/`step_env` too (the no-auto-reset
+    pair that `rl eval` plays episodes with) and renders as the inner env does.
+    """
+
+    def __init__(self, env: Env, keep="positions"):
+        super().__init__(env)
+        space = env.observation_space(env.default_params)
+        if not isinstance(space, Box) or len(space.shape) != 1:
+            raise ValueError(f"MaskObservation needs a flat Box observation space, {env.name} has {space}")
+        if isinstance(keep, str):
+            if keep != "positions":
+                raise ValueError(f"MaskObservation: keep must be a list of indices or 'positions', got {keep!r}")
+            if env.name not in POSITIONS:
+                raise ValueError(f"MaskObservation: no 'positions' preset for {env.name} (presets: {', '.join(POSITIONS)}); give the indices to keep")
+            keep = POSITIONS[env.name]
+        keep = tuple(keep)
+        size = space.shape[0]
+        if not keep or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < size for i in keep) or len(set(keep)) != len(keep):
+            raise ValueError(f"MaskObservation: keep must list distinct indices in [0, {size}) of {env.name}'s observation, got {list(keep)}")
+        self.keep = tuple(int(i) for i in keep)
+
+    def mask(self, obs: jax.Array) -> jax.Array:
+        """obs[..., keep]."""
+        return jnp.take(obs, jnp.asarray(self.keep), axis=-1)
+
+    def observation_space(self, params):
+        space = self.env.observation_space(params)
+        keep = list(self.keep)
+        return Box(low=space._low[keep], high=space._high[keep], shape=(len(keep),), dtype=space.dtype)
+
+    def reset(self, key, params=None):
+        obs, state = self.env.reset(key, params)
+        return self.mask(obs), state
+
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = self.env.step(key, state, action, params)
+        info = {**info, "final_obs": self.mask(info["final_obs"])}
+        return self.mask(obs), state, reward, terminated, truncated, info
+
+    def reset_env(self, key, params):
+        obs, state = self.env.reset_env(key, params)
+        return self.mask(obs), state
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, terminated, info = self.env.step_env(key, state, action, params)
+        return self.mask(obs), state, reward, terminated, info
+
+    def render(self, state, params, *args, **kwargs):
+        return self.env.render(state, params, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"MaskObservation({self.env!r}, keep={list(self.keep)})"

@@ -2,7 +2,8 @@
 
 A config file has four sections; only `env` and `agent` are required:
 
-    env:     {id: GridWorld, params: {size: 5}}      # envs.make(id, **params)
+    env:     {id: GridWorld, params: {size: 5}}      # envs.make(id, **params); `observe: positions`
+                                                     # (or a list of indices) masks the observation
     agent:   {name: qlearning, lr: 0.1, ...}         # fields of rl.agents.<name>.Config
     run:     {seed: 0, seeds: 30, output_dir: runs}  # RunConfig
     kernels: {backend: auto, deterministic: false}   # KernelsConfig
@@ -51,6 +52,24 @@ def hp(default, *, low=None, high=None, low_open: bool = False, high_open: bool 
 class EnvConfig:
     id: str = hp("GridWorld", doc="an id of envs.make")
     params: Mapping[str, Any] = field(default_factory=dict, metadata=dict(doc="overrides of the env's params"))
+    observe: typing.Optional[typing.Union[str, tuple[int, ...]]] = hp(
+        None, doc="envs.MaskObservation: the observation entries kept (a list of indices, or 'positions': hide the velocities); default all")
+
+    def make(self):
+        """(env, params): `envs.make(id, **params)`, wrapped in `envs.MaskObservation(env, observe)`
+        when `observe` is set. ConfigError naming env.id, env.params or env.observe."""
+        import envs
+
+        try:
+            env, params = envs.make(self.id, **dict(self.params))
+        except ValueError as err:
+            raise ConfigError(f"{'env.id' if self.id not in envs.REGISTRY else 'env.params'}: {err}") from None
+        if self.observe is not None:
+            try:
+                env = envs.MaskObservation(env, self.observe)
+            except ValueError as err:
+                raise ConfigError(f"env.observe: {err}") from None
+        return env, params
 
 
 @dataclass(frozen=True)
@@ -104,7 +123,7 @@ class Config:
     def to_dict(self) -> dict:
         """Plain nested dict (YAML-ready) of every resolved value."""
         return {
-            "env": {"id": self.env.id, "params": _plain(dict(self.env.params))},
+            "env": {"id": self.env.id, "params": _plain(dict(self.env.params)), **({} if self.env.observe is None else {"observe": _plain(self.env.observe)})},
             "agent": _plain(dataclasses.asdict(self.agent)),
             "run": _plain(dataclasses.asdict(self.run)),
             "kernels": _plain(dataclasses.asdict(self.kernels)),
@@ -316,7 +335,6 @@ def _nested(f, cls, value, where: str):
 
 def build_config(data: Mapping) -> Config:
     """A validated Config from a nested mapping (a parsed YAML file with overrides applied)."""
-    import envs
     from rl.registry import get_agent_module, registered_agents
 
     known = ("env", "agent", "run", "kernels")
@@ -329,11 +347,7 @@ def build_config(data: Mapping) -> Config:
     env = build_dataclass(EnvConfig, data["env"], "env")
     if not isinstance(env.params, Mapping):
         raise ConfigError(f"env.params: expected a mapping, got {env.params!r}")
-    try:
-        env_and_params = envs.make(env.id, **dict(env.params))
-    except ValueError as err:
-        where = "env.id" if env.id not in envs.REGISTRY else "env.params"
-        raise ConfigError(f"{where}: {err}") from None
+    env_and_params = env.make()
     agent_data = data["agent"]
     if not isinstance(agent_data, Mapping) or "name" not in agent_data:
         raise ConfigError("agent.name is required (one of: " + ", ".join(registered_agents()) + ")")
@@ -342,6 +356,7 @@ def build_config(data: Mapping) -> Config:
         raise ConfigError(f"agent.name: unknown agent {name!r}{_suggest(str(name), registered_agents())}; known agents: {', '.join(registered_agents())}")
     module = get_agent_module(name)
     agent = build_dataclass(module.Config, agent_data, "agent")
+    check_recurrence(agent, module)
     run = build_dataclass(RunConfig, data.get("run") or {}, "run")
     kernels = build_dataclass(KernelsConfig, data.get("kernels") or {}, "kernels")
     config = Config(env=env, agent=agent, run=run, kernels=kernels)
@@ -349,6 +364,20 @@ def build_config(data: Mapping) -> Config:
     if callable(check_compatible):
         check_compatible(config, *env_and_params)
     return config
+
+
+def check_recurrence(agent, module) -> None:
+    """ConfigError if `agent.network` is a recurrent torso (gru, lstm) and the agent's module does not
+    declare `RECURRENT = True` (it cannot carry a hidden state from step to step)."""
+    network = getattr(agent, "network", None)
+    if getattr(network, "recurrent", False) and not getattr(module, "RECURRENT", False):
+        from rl.registry import get_agent_module, registered_agents
+
+        recurrent = [name for name in registered_agents() if getattr(get_agent_module(name), "RECURRENT", False)]
+        raise ConfigError(
+            f"agent.network.torso: {network.torso!r} is a recurrent torso and agent {agent.name!r} cannot carry a hidden state; "
+            f"use a feedforward torso ('mlp') or a recurrent agent ({', '.join(recurrent) or 'none registered'})"
+        )
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:

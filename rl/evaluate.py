@@ -4,9 +4,10 @@
 
 Params come from `RUN_DIR/final_params.msgpack`, or from the checkpoint at env step STEP, or (a run
 that was stopped before the end) from the newest checkpoint. The policy is the agent module's
-`make_policy(config) -> policy(params, obs, key) -> action`, which takes the raw env's observations
-and returns actions in the raw env's action space (`envs.make(config.env.id, **config.env.params)`,
-no training wrappers). The agent reads its kernel backend from `config.kernels` itself. Every
+`make_policy(config) -> policy(params, obs, key) -> action` (or, for a recurrent agent, a
+`rl.trainer.RecurrentPolicy` whose carry starts fresh each episode), which takes the raw env's
+observations and returns actions in the raw env's action space (`config.env.make()`: the env with
+its observation masked if `env.observe` is set, no training wrappers). The agent reads its kernel backend from `config.kernels` itself. Every
 (setting, seed) plays `episodes` episodes in one compiled program (vmapped over settings, seeds and
 episodes); each episode runs the env's own transition `step_env` from `reset` until it terminates or reaches
 `max_steps_in_episode` (no auto-reset, so the final state can be rendered), and its return is the
@@ -30,25 +31,29 @@ import envs
 from rl.config import Config, ConfigError
 from rl.registry import get_agent_module
 from rl.train import at_matmul_precision
+from rl.trainer import as_recurrent
 
 
 def make_env(config: Config):
-    """The env an agent is evaluated on: the raw env of the config, without training wrappers."""
-    return envs.make(config.env.id, **dict(config.env.params))
+    """The env an agent is evaluated on: the raw env of the config (its observation masked if
+    `env.observe` is set), without training wrappers."""
+    return config.env.make()
 
 
 def rollout(env, env_params, policy, params, key, max_steps: int):
     """One deterministic-policy episode: (return, length, states [max_steps + 1], done [max_steps + 1]).
 
     states[t] is the state after t steps, frozen once the episode has ended; done[t] says whether it
-    had ended by then. reward_t counts only while the episode runs."""
+    had ended by then. reward_t counts only while the episode runs. A `RecurrentPolicy` starts from
+    its initial carry and carries it from step to step."""
+    policy = as_recurrent(policy)
     reset_key, key = jax.random.split(key)
     obs, state = env.reset(reset_key, env_params)
 
     def step(carry, _):
-        obs, state, key, total, length, done = carry
+        obs, state, memory, key, total, length, done = carry
         key, policy_key, step_key = jax.random.split(key, 3)
-        action = policy(params, obs, policy_key)
+        memory, action = policy.step(params, memory, obs, policy_key)
         next_obs, next_state, reward, terminated, info = env.step_env(step_key, state, action, env_params)
         truncated = next_state.time >= env_params.max_steps_in_episode
         total = total + jnp.where(done, 0.0, jnp.asarray(reward, jnp.float32))
@@ -57,10 +62,10 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
         state = jax.tree.map(keep, state, next_state)
         obs = keep(obs, next_obs)
         done = done | jnp.asarray(terminated, bool) | truncated
-        return (obs, state, key, total, length, done), (state, done)
+        return (obs, state, memory, key, total, length, done), (state, done)
 
-    init = (obs, state, key, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False))
-    (_, _, _, total, length, _), (states, dones) = jax.lax.scan(step, init, None, length=max_steps)
+    init = (obs, state, policy.initial_carry(), key, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False))
+    (_, _, _, _, total, length, _), (states, dones) = jax.lax.scan(step, init, None, length=max_steps)
     states = jax.tree.map(lambda first, rest: jnp.concatenate([first[None], rest]), state, states)
     dones = jnp.concatenate([jnp.zeros((1,), bool), dones])
     return total, length, states, dones

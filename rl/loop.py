@@ -1,7 +1,10 @@
 """The pieces of a training loop that the agents share: the env they train on, exploration and
 step-size schedules, target-network updates, the act-then-train phase of off-policy agents,
-episode statistics and the scan over log points; and the settings, state, log period and Trainer
-of the two replay loops (`ReplayLoopConfig`: DQN, Rainbow; `ReplayActorCriticConfig`: SAC, TD3).
+episode statistics and the scan over log points; the settings, state, log period and Trainer
+of the two replay loops (`ReplayLoopConfig`: DQN, Rainbow; `ReplayActorCriticConfig`: SAC, TD3);
+and those of the on-policy loops (`OnPolicyLoopConfig`; `PPOLoopConfig`: PPO, recurrent PPO): policy
+sampling, the PPO minibatch loss on network outputs, epochs of shuffled minibatches on a flat
+parameter vector, the log period and Trainer.
 
     env, env_params = loop.make_env(config)            # episode statistics; Box actions in [-1, 1]
     phase = loop.act_then_train(env_step, gradient_step, env_iterations, gradient_steps, learning_starts)
@@ -20,12 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
-import envs
 import kernels
 from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction, Wrapper
-from rl import buffers
+from rl import buffers, losses, networks
 from rl.config import ConfigError, hp
 from rl.logging import emit
 from rl.rollout import greedy_episodes
@@ -171,14 +174,15 @@ def check_discrete_actions(config, env, env_params) -> None:
 
 
 def make_env(config):
-    """(env, env_params) for `config.env`, wrapped for training:
+    """(env, env_params) for `config.env` (`EnvConfig.make`: its observation masked if `env.observe`
+    is set), wrapped for training:
 
     - Box actions are rescaled: the agent acts in [-1, 1]^d, the env receives
       L + (clip(a, -1, 1) + 1) (H - L) / 2 (`envs.wrappers.RescaleAction`; needs finite bounds);
     - `envs.wrappers.EpisodeStatistics` reports each episode's undiscounted return and length in
       `info` when it ends (terminated or truncated).
     """
-    env, env_params = envs.make(config.env.id, **dict(config.env.params))
+    env, env_params = config.env.make()
     space = env.action_space(env_params)
     if isinstance(space, Box) and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)):
         env = RescaleAction(env)
@@ -438,3 +442,149 @@ def kernel_backend(config) -> str:
     "auto" the choice `kernels.resolve_backend` makes (the caller's own setting, then the device)."""
     choice = config.kernels.backend
     return kernels.resolve_backend(None if choice == "auto" else choice)
+
+
+# ---------------------------------------------------------------- PPO's loop (PPO, recurrent PPO)
+
+
+@dataclass(frozen=True)
+class PPOLoopConfig(OnPolicyLoopConfig):
+    """Settings of PPO's loop, which PPO and recurrent PPO extend: `OnPolicyLoopConfig`'s rollouts and
+    epochs of shuffled minibatches (PPO's defaults: 4 envs x 128 steps, 4 minibatches), each minibatch
+    an Adam step on PPO's clipped loss (`ppo_minibatch_loss`), advantages from truncation-aware GAE."""
+
+    num_envs: int = hp(4, low=1, doc="parallel envs")
+    num_steps: int = hp(128, low=1, doc="rollout length per env per update")
+    num_minibatches: int = hp(4, low=1, doc="minibatches per pass")
+    lr: float = hp(2.5e-4, low=0.0, low_open=True, sweep=True, doc="Adam step size (annealed to 0 if anneal_lr)")
+    gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
+    gae_lambda: float = hp(0.95, low=0.0, high=1.0, sweep=True, doc="GAE lambda")
+    clip_eps: float = hp(0.2, low=0.0, sweep=True, doc="surrogate clip range")
+    clip_value_loss: bool = hp(True, doc="clip the value update around the old values")
+    vf_clip_eps: float = hp(0.2, low=0.0, sweep=True, doc="value clip range (if clip_value_loss)")
+    ent_coef: float = hp(0.01, low=0.0, sweep=True, doc="entropy bonus coefficient")
+    vf_coef: float = hp(0.5, low=0.0, sweep=True, doc="value loss coefficient")
+    max_grad_norm: float = hp(0.5, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip")
+    normalize_advantages: bool = hp(True, doc="normalise advantages per minibatch")
+    reward_scale: float = hp(1.0, low=0.0, low_open=True, sweep=True, doc="rewards are multiplied by this for learning")
+    shared_network: bool = hp(False, doc="one torso for actor and critic")
+    log_std_init: float = hp(0.0, doc="initial log-std of the Gaussian policy (continuous actions)")
+
+    def validate(self):
+        if self.batch_size % self.num_minibatches:
+            raise ConfigError(f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})")
+        if self.num_updates < 1 or self.num_updates % self.log_interval:
+            raise ConfigError(total_steps_problem(self.total_steps, self.batch_size, self.log_interval))
+
+
+def total_steps_problem(total_steps: int, batch_size: int, log_interval: int) -> str:
+    """The message for a total_steps whose whole updates (total_steps // batch_size) are not a positive
+    multiple of log_interval, with the nearest values that work: the multiples of batch_size * log_interval."""
+    unit = batch_size * log_interval
+    below = total_steps // unit * unit
+    valid = [value for value in (below, below + unit) if value > 0]
+    updates = total_steps // batch_size
+    return (
+        f"agent.total_steps ({total_steps}) gives {updates} updates of agent.num_envs * agent.num_steps = {batch_size} steps, "
+        f"which must be a positive multiple of agent.log_interval ({log_interval}); nearest valid: "
+        + " or ".join(f"agent.total_steps={value}" for value in valid)
+        + f" (multiples of {batch_size} * {log_interval} = {unit})"
+    )
+
+
+def check_policy_env(config, env, env_params) -> None:
+    """ConfigError unless the env's actions are Discrete or a bounded Box (a policy-gradient agent's
+    categorical or Gaussian policy)."""
+    space, name = env.action_space(env_params), config.agent.name
+    if isinstance(space, Box) and not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+        raise ConfigError(f"env.id: {name} needs bounded Box actions; {config.env.id} has {space}")
+    if not isinstance(space, (Box, Discrete)):
+        raise ConfigError(f"env.id: {name} needs Discrete or Box actions; {config.env.id} has {space}")
+
+
+def policy_head(agent: PPOLoopConfig, env, env_params) -> tuple[Callable, bool]:
+    """(head, continuous) for the env's actions: a diagonal Gaussian head (initial log-std
+    `agent.log_std_init`) for Box actions, else a categorical one."""
+    space = env.action_space(env_params)
+    if isinstance(space, Box):
+        return networks.gaussian_policy_head(int(np.prod(space.shape)), agent.log_std_init), True
+    return networks.categorical_policy_head(int(space.n)), False
+
+
+def sample_action(policy, key, continuous: bool):
+    """A sample of the policy: mean + sigma N(0, I), or a categorical index (int32)."""
+    if continuous:
+        mean, log_std = policy
+        return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+    return jax.random.categorical(key, policy).astype(jnp.int32)
+
+
+def greedy_action(policy, continuous: bool):
+    """The Gaussian's mean, or the argmax of the logits."""
+    if continuous:
+        return policy[0]
+    return jnp.argmax(policy, axis=-1).astype(jnp.int32)
+
+
+def ppo_optimizer(agent: PPOLoopConfig, hparams):
+    """`annealed_clipped_adam` with the swept lr and max_grad_norm (Adam eps 1e-5)."""
+    return annealed_clipped_adam(agent, hparams["lr"], hparams["max_grad_norm"])
+
+
+def ppo_minibatch_loss(policy, values, actions, old_log_probs, old_values, advantages, targets, hparams, agent: PPOLoopConfig,
+                       continuous: bool, backend: str):
+    """(L, stats) = `losses.ppo_loss` of a minibatch from the current network's outputs on it (`policy`,
+    `values`), advantages normalised first if `agent.normalize_advantages`. Any batch shape."""
+    log_prob, entropy = losses.policy_log_prob_entropy(policy, actions, continuous, backend)
+    if agent.normalize_advantages:
+        advantages = losses.normalize(advantages)
+    return losses.ppo_loss(
+        log_prob, entropy, values, old_log_probs, old_values, advantages, targets,
+        hparams["clip_eps"], hparams["vf_clip_eps"], hparams["ent_coef"], hparams["vf_coef"], agent.clip_value_loss,
+    )
+
+
+def flat_minibatch_epochs(agent: OnPolicyLoopConfig, optimizer, grads: Callable, params, opt_state, batch, key):
+    """`minibatch_epochs` of optimiser steps along `grads(params, minibatch) -> (gradient, stats)`,
+    the optimiser on one flat parameter vector (one fused update instead of one per array; `opt_state`
+    is `optimizer.init(ravel_pytree(params)[0])`). The batch's leading axis is what minibatches split:
+    transitions, or whole env sequences. Returns (params, opt_state, stats [epochs, minibatches])."""
+    flat_params, unravel = ravel_pytree(params)
+
+    def minibatch_step(carry, minibatch):
+        flat_params, opt_state = carry
+        g, stats = grads(unravel(flat_params), minibatch)
+        updates, opt_state = optimizer.update(ravel_pytree(g)[0], opt_state, flat_params)
+        return (optax.apply_updates(flat_params, updates), opt_state), stats
+
+    (flat_params, opt_state), stats = minibatch_epochs(minibatch_step, (flat_params, opt_state), batch, key,
+                                                       agent.num_epochs, agent.num_minibatches, agent.unroll)
+    return unravel(flat_params), opt_state, stats
+
+
+def on_policy_log_period(agent: OnPolicyLoopConfig, update: Callable, evaluate: Callable, state):
+    """`agent.log_interval` calls of `update(state, totals) -> (state, totals, stats)`, then the log
+    point's metrics: env steps, the mean return and length of the episodes that ended, the mean
+    stats, and (eval_envs > 0) `evaluate(params, key) -> (mean return, mean length)` of greedy episodes."""
+
+    def one_update(carry, _):
+        state, totals, stats = update(*carry)
+        return (state, totals), stats
+
+    (state, totals), stats = jax.lax.scan(one_update, (state, no_episodes()), None, length=agent.log_interval)
+    metrics = {"step": state["step"], **episode_metrics(totals), **jax.tree.map(jnp.mean, stats)}
+    if agent.eval_envs:
+        key, eval_key = jax.random.split(state["key"])
+        state = {**state, "key": key}
+        metrics["eval_return"], metrics["eval_length"] = evaluate(state["params"], eval_key)
+    return state, metrics
+
+
+def on_policy_trainer(agent: OnPolicyLoopConfig, init: Callable, update: Callable, evaluate: Callable, per_env=("obs", "env_state")) -> Trainer:
+    """The Trainer of an on-policy agent: `init(key, hparams) -> state`; each log point is
+    `on_policy_log_period` over `update(hparams, state, totals)` and `evaluate(params, key)`."""
+
+    def run(state, hparams, num_log_points):
+        return scan_log_points(partial(on_policy_log_period, agent, partial(update, hparams), evaluate), state, num_log_points)
+
+    return Trainer(init=init, run=run, num_log_points=agent.num_updates // agent.log_interval, per_env=tuple(per_env))

@@ -24,7 +24,7 @@ __all__ = [
     "episode_discount", "n_step_discount", "bootstrap_value", "q_learning_target", "td_loss", "n_step_transition",
     "categorical_q_values", "categorical_td_target", "categorical_cross_entropy",
     "normalize", "gae_coefficients", "truncation_aware_gae", "clipped_surrogate_loss", "clipped_value_loss", "ppo_loss",
-    "gaussian_log_prob_entropy", "tanh_log_det_jacobian", "squashed_gaussian_sample", "squashed_gaussian_log_prob",
+    "gaussian_log_prob_entropy", "policy_log_prob_entropy", "tanh_log_det_jacobian", "squashed_gaussian_sample", "squashed_gaussian_log_prob",
     "soft_value", "soft_value_discrete", "twin_q_loss", "sac_actor_loss", "sac_actor_loss_discrete", "temperature_loss",
     "smoothed_target_action", "deterministic_policy_loss",
 ]
@@ -169,6 +169,14 @@ def gaussian_log_prob_entropy(mean, log_std, actions):
     log_prob = jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi), axis=-1)
     entropy = jnp.sum(log_std + 0.5 * math.log(2 * math.pi * math.e), axis=-1)
     return log_prob, entropy
+
+
+def policy_log_prob_entropy(policy, actions, continuous: bool, backend: str | None = None):
+    """(log pi(a|s), H[pi(.|s)]) of a policy-head output: a diagonal Gaussian (mean, log_std)
+    (`gaussian_log_prob_entropy`), or categorical logits (`kernels.categorical_log_prob_entropy`)."""
+    if continuous:
+        return gaussian_log_prob_entropy(*policy, actions)
+    return kernels.categorical_log_prob_entropy(policy, actions, backend=backend)
 
 
 # ---------------------------------------------------------------- soft actor-critic (SAC)

@@ -9,6 +9,7 @@ AGENTS: dict[str, str] = {
     "dqn": "rl.agents.dqn",
     "rainbow": "rl.agents.rainbow",
     "ppo": "rl.agents.ppo",
+    "ppo_rnn": "rl.agents.ppo_rnn",
     "sac": "rl.agents.sac",
     "td3": "rl.agents.td3",
     "pqn": "rl.agents.pqn",

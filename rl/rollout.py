@@ -8,10 +8,12 @@ import jax
 import jax.numpy as jnp
 
 
-def greedy_episodes(env, env_params, act: Callable, key: jax.Array, num_episodes: int):
+def greedy_episodes(env, env_params, act: Callable, key: jax.Array, num_episodes: int, carry=None):
     """Return and length of the first episode of each of `num_episodes` fresh envs.
 
-    `act(obs[E, ...]) -> actions[E, ...]` is the (deterministic) policy on the batch of envs. Every env
+    `act(obs[E, ...]) -> actions[E, ...]` is the (deterministic) policy on the batch of envs; a
+    policy with memory passes its initial state for the E envs as `carry` and is called as
+    `act(carry, obs) -> (carry, actions)`. Every env
     counts rewards until its first episode end (terminated or truncated); the loop stops once all have
     ended, after at most `max_steps_in_episode` steps (a `while_loop`, so short episodes cost little).
     Returns (returns[E], lengths[E]) as float32.
@@ -21,20 +23,23 @@ def greedy_episodes(env, env_params, act: Callable, key: jax.Array, num_episodes
     max_steps = env_params.max_steps_in_episode
     zeros = jnp.zeros(num_episodes, jnp.float32)
 
-    def running(carry):
-        t, _, _, _, _, done, _ = carry
+    policy = (lambda memory, obs: (memory, act(obs))) if carry is None else act
+
+    def running(loop_state):
+        t, _, _, _, _, _, done, _ = loop_state
         return (t < max_steps) & ~jnp.all(done)
 
-    def step(carry):
-        t, obs, state, returns, lengths, done, key = carry
+    def step(loop_state):
+        t, obs, state, memory, returns, lengths, done, key = loop_state
         key, step_key = jax.random.split(key)
         keys = jax.random.split(step_key, num_episodes)
-        obs, state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, act(obs), env_params)
+        memory, action = policy(memory, obs)
+        obs, state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action, env_params)
         returns = returns + jnp.where(done, 0.0, reward)
         lengths = lengths + jnp.where(done, 0.0, 1.0)
-        return t + 1, obs, state, returns, lengths, done | terminated | truncated, key
+        return t + 1, obs, state, memory, returns, lengths, done | terminated | truncated, key
 
-    init = (jnp.int32(0), obs, state, zeros, zeros, jnp.zeros(num_episodes, jnp.bool_), key)
-    _, _, _, returns, lengths, _, _ = jax.lax.while_loop(running, step, init)
+    init = (jnp.int32(0), obs, state, () if carry is None else carry, zeros, zeros, jnp.zeros(num_episodes, jnp.bool_), key)
+    _, _, _, _, returns, lengths, _, _ = jax.lax.while_loop(running, step, init)
     return returns, lengths
 

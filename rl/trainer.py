@@ -2,7 +2,8 @@
 
 An agent module exposes `Config` (a frozen dataclass of hyperparameters), `make_trainer(config) ->
 Trainer`, `make_train(config) -> train(key, hparams=None) -> (final_state, metrics)` and
-`make_policy(config) -> policy(params, obs, key) -> action`.
+`make_policy(config) -> policy(params, obs, key) -> action`. An agent whose policy has memory (a
+recurrent torso) declares `RECURRENT = True` and its `make_policy` returns a `RecurrentPolicy`.
 
 A `Trainer` splits a run so it can be checkpointed and resumed between compiled chunks:
 `init(key, hparams) -> state` (the whole training state: params, optimiser state, env states,
@@ -25,6 +26,23 @@ from typing import Callable, NamedTuple
 import jax
 
 from rl.config import hyperparams
+
+
+class RecurrentPolicy(NamedTuple):
+    """A policy with memory, as `make_policy` returns it for a recurrent agent: every episode starts
+    from `initial_carry(batch=())` (the state for one env, or for a batch shape of envs), and each
+    step is `step(params, carry, obs, key) -> (carry, action)`."""
+
+    initial_carry: Callable
+    step: Callable
+
+
+def as_recurrent(policy) -> RecurrentPolicy:
+    """`policy` if it is a `RecurrentPolicy`, else the memoryless `policy(params, obs, key) -> action`
+    as one with an empty carry: code that plays episodes handles both with one loop."""
+    if isinstance(policy, RecurrentPolicy):
+        return policy
+    return RecurrentPolicy(initial_carry=lambda batch=(): (), step=lambda params, carry, obs, key: (carry, policy(params, obs, key)))
 
 
 class Trainer(NamedTuple):

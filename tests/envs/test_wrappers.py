@@ -1,5 +1,5 @@
 """Wrappers: vectorize, episode statistics across auto-resets, observation/reward normalisation over
-the right axes under a batch of envs, action clipping/rescaling, and their composition."""
+the right axes under a batch of envs, action clipping/rescaling, observation masking, and their composition."""
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +13,7 @@ import envs
 from envs.wrappers import (
     ClipAction,
     EpisodeStatistics,
+    MaskObservation,
     NormalizeObservation,
     NormalizeReward,
     RescaleAction,
@@ -323,6 +324,70 @@ def test_rescale_action_maps_the_unit_box_onto_the_env_bounds():
     np.testing.assert_allclose(out[1].last_u, [-2.0, 0.0, 1.0])
     with pytest.raises(ValueError, match="low < high"):
         RescaleAction(env, low=1.0, high=1.0)
+
+
+# --- observation masking -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id, keep", [("CartPole-v1", [0, 2]), ("Pendulum-v1", [0, 1])])
+def test_mask_observation_positions_hide_the_velocities(env_id, keep):
+    """'positions' keeps CartPole's [x, theta] and Pendulum's [cos, sin]: every observation, reset and
+    final_obs included, is the unmasked env's at those indices under the same keys; the space is cut alike."""
+    env, params = envs.make(env_id)
+    masked = MaskObservation(env, "positions")
+    assert masked.keep == tuple(keep)
+    full_space, space = env.observation_space(params), masked.observation_space(params)
+    assert space.shape == (len(keep),)
+    np.testing.assert_array_equal(space._low, full_space._low[keep])
+    np.testing.assert_array_equal(space._high, full_space._high[keep])
+    policy = uniform_policy(env.action_space(params), 3)
+    first, (obs, _, reward, terminated, truncated, info) = run(vectorize(env, 3), params, jax.random.key(0), 250, policy)
+    m_first, (m_obs, _, m_reward, m_terminated, m_truncated, m_info) = run(vectorize(masked, 3), params, jax.random.key(0), 250, policy)
+    np.testing.assert_array_equal(m_first, first[..., keep])
+    np.testing.assert_array_equal(m_obs, obs[..., keep])
+    np.testing.assert_array_equal(m_info["final_obs"], info["final_obs"][..., keep])
+    np.testing.assert_array_equal(m_reward, reward)
+    np.testing.assert_array_equal(m_terminated | m_truncated, terminated | truncated)
+    assert (terminated | truncated).any()  # final_obs differs from obs somewhere
+    assert not np.array_equal(m_info["final_obs"], m_obs)
+
+
+def test_mask_observation_index_list_step_env_and_render():
+    env, params = envs.make("CartPole-v1")
+    masked = MaskObservation(env, [3, 1])  # any order, any subset
+    obs, state = masked.reset_env(jax.random.key(0), params)
+    full_obs, full_state = env.reset_env(jax.random.key(0), params)
+    np.testing.assert_array_equal(obs, full_obs[jnp.array([3, 1])])
+    obs, state, reward, terminated, info = masked.step_env(jax.random.key(1), state, 1, params)
+    np.testing.assert_array_equal(obs, env.step_env(jax.random.key(1), full_state, 1, params)[0][jnp.array([3, 1])])
+    assert masked.render(state, params).shape == env.render(state, params).shape
+    assert "keep=[3, 1]" in repr(masked)
+
+
+@pytest.mark.parametrize(
+    "env_id, keep, message",
+    [
+        ("CartPole-v1", [0, 4], "distinct indices in \\[0, 4\\)"),
+        ("CartPole-v1", [0, 0], "distinct"),
+        ("CartPole-v1", [], "distinct"),
+        ("CartPole-v1", [True], "distinct"),
+        ("CartPole-v1", "velocities", "'positions'"),
+        ("GridWorld", "positions", "flat Box"),
+    ],
+)
+def test_mask_observation_rejects_bad_choices(env_id, keep, message):
+    with pytest.raises(ValueError, match=message):
+        MaskObservation(envs.make(env_id)[0], keep)
+
+
+def test_mask_observation_under_the_training_stack():
+    """Masking composes with the other wrappers and batches (obs and final_obs stay masked)."""
+    env, params = envs.make("Pendulum-v1")
+    stacked = EpisodeStatistics(vectorize(RescaleAction(MaskObservation(env)), 2))
+    obs, state = stacked.reset(jax.random.key(0), params)
+    obs, state, *_, info = jax.jit(stacked.step)(jax.random.key(1), state, jnp.zeros((2, 1)), params)
+    assert obs.shape == (2, 2) and info["final_obs"].shape == (2, 2)
+    np.testing.assert_allclose(np.sum(np.asarray(obs) ** 2, axis=-1), 1.0, rtol=1e-5)  # cos^2 + sin^2
 
 
 # --- composition ---------------------------------------------------------------------------------

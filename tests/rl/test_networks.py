@@ -185,3 +185,152 @@ def test_torso_and_heads_compose(backend):
     squashed = networks.build(networks.with_head(torso, networks.squashed_gaussian_head(2, -5.0, 2.0)), backend)
     mean, log_std = squashed.apply(squashed.init(KEY, obs), obs * 100.0)
     assert mean.shape == log_std.shape == (3, 2) and np.all((log_std >= -5.0) & (log_std <= 2.0))
+
+
+# ---------------------------------------------------------------- recurrent torsos (GRU, LSTM)
+
+
+def recurrent_torso(cell, hidden=(8,), size=5, obs_space=None):
+    return networks.make_torso(networks.NetworkConfig(torso=cell, hidden=hidden, recurrent_hidden=size), obs_space)
+
+
+def run_torso(backend, torso, carry, obs, reset, key=KEY):
+    net = networks.build(torso, backend)
+    params = net.init(key, carry, obs, reset)
+    return net, params, net.apply(params, carry, obs, reset)
+
+
+@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("cell", networks.RECURRENT_TORSOS)
+def test_recurrent_torso_shapes_on_both_backends(backend, cell):
+    """obs [T, *batch, D], reset [T, *batch] -> features [T, *batch, size] and the carry of
+    initial_carry(batch) (GRU: h; LSTM: (h, c)); any batch shape, none included."""
+    torso = recurrent_torso(cell)
+    for batch in [(3,), (2, 3), ()]:
+        carry = torso.initial_carry(batch)
+        obs, reset = jnp.ones((4, *batch, 6)), jnp.zeros((4, *batch), bool)
+        _, params, (new_carry, features) = run_torso(backend, torso, carry, obs, reset)
+        assert features.shape == (4, *batch, 5)
+        assert jax.tree.map(jnp.shape, new_carry) == jax.tree.map(jnp.shape, carry)
+        want = (*batch, 5) if cell == "gru" else ((*batch, 5), (*batch, 5))
+        assert jax.tree.map(jnp.shape, carry) == want and all(not np.any(c) for c in jax.tree.leaves(carry))
+        gates = 3 if cell == "gru" else 4
+        # embedding 6 -> 8, input projection 8 -> gates * 5 (+ bias), recurrent kernel 5 x gates * 5 (+ GRU's candidate bias)
+        assert count(params) == 6 * 8 + 8 + 8 * gates * 5 + gates * 5 + 5 * gates * 5 + (5 if cell == "gru" else 0)
+    assert jax.tree.map(jnp.shape, torso.initial_carry(7)) == jax.tree.map(jnp.shape, torso.initial_carry((7,)))
+
+
+@pytest.mark.parametrize("cell", networks.RECURRENT_TORSOS)
+def test_recurrent_flax_and_haiku_agree_on_structure(cell):
+    """The same parameters on both backends (shapes and count), for the actor-critic with separate
+    cells, and the same output shapes; the recurrent kernels are orthogonal per gate on both."""
+    torso = recurrent_torso(cell, hidden=(8,), size=6)
+    fn = networks.recurrent_actor_critic(torso, networks.categorical_policy_head(3))
+    carry, obs, reset = fn.initial_carry(2), jnp.ones((5, 2, 4)), jnp.zeros((5, 2), bool)
+    shapes, outs = {}, {}
+    for backend in networks.BACKENDS:
+        net = networks.build(fn, backend)
+        params = net.init(KEY, carry, obs, reset)
+        shapes[backend] = leaves_by_shape(params)
+        outs[backend] = jax.tree.map(jnp.shape, net.apply(params, carry, obs, reset))
+        kernels = [x for path, x in jax.tree_util.tree_flatten_with_path(params)[0] if "recurrent_kernel" in jax.tree_util.keystr(path)]
+        assert len(kernels) == 2  # one cell each for actor and critic
+        for kernel in kernels:
+            for block in np.split(np.asarray(kernel), 3 if cell == "gru" else 4, axis=-1):
+                np.testing.assert_allclose(block.T @ block, np.eye(6), atol=1e-5)
+    assert shapes["flax"] == shapes["haiku"]
+    assert outs["flax"] == outs["haiku"] == (jax.tree.map(jnp.shape, carry), ((5, 2, 3), (5, 2)))
+
+
+def test_gru_equals_flax_gru_cell():
+    """The GRU step is Flax's nn.GRUCell with the same weights (input kernels [ir|iz|in] with biases,
+    recurrent kernels [hr|hz|hn], hn's bias the candidate bias)."""
+    import flax.linen as nn
+
+    torso = recurrent_torso("gru", hidden=(), size=4)
+    obs = jax.random.normal(jax.random.PRNGKey(1), (6, 3, 5))
+    reset = jnp.zeros((6, 3), bool)
+    carry = jax.random.normal(jax.random.PRNGKey(2), (3, 4))
+    _, params, (_, features) = run_torso("flax", torso, carry, obs, reset)
+    p = params["params"]
+    w_i, b_i = np.split(p["Dense_0"]["kernel"], 3, -1), np.split(p["Dense_0"]["bias"], 3, -1)
+    w_h = np.split(p["gru_0_recurrent_kernel"], 3, -1)
+    cell_params = {"params": {
+        "ir": {"kernel": w_i[0], "bias": b_i[0]}, "iz": {"kernel": w_i[1], "bias": b_i[1]}, "in": {"kernel": w_i[2], "bias": b_i[2]},
+        "hr": {"kernel": w_h[0]}, "hz": {"kernel": w_h[1]}, "hn": {"kernel": w_h[2], "bias": p["gru_0_candidate_bias"]},
+    }}
+    cell, h, want = nn.GRUCell(features=4), carry, []
+    for t in range(6):
+        h, _ = cell.apply(cell_params, h, obs[t])
+        want.append(h)
+    np.testing.assert_allclose(features, np.stack(want), rtol=1e-5, atol=1e-6)
+
+
+def test_lstm_equals_haiku_lstm():
+    """The LSTM step is Haiku's hk.LSTM (forget bias +1) with the same weights: Haiku's one linear layer
+    over concat(x, h) holds [W_i; W_h] with the gates in the order (i, g, f, o) instead of (i, f, g, o)."""
+    import haiku as hk
+
+    torso = recurrent_torso("lstm", hidden=(), size=4)
+    obs = jax.random.normal(jax.random.PRNGKey(1), (6, 3, 5))
+    reset = jnp.zeros((6, 3), bool)
+    carry = (jax.random.normal(jax.random.PRNGKey(2), (3, 4)), jax.random.normal(jax.random.PRNGKey(3), (3, 4)))
+    _, params, ((h_last, c_last), features) = run_torso("haiku", torso, carry, obs, reset)
+    order = lambda x: np.concatenate([np.split(x, 4, -1)[i] for i in (0, 2, 1, 3)], -1)  # (i, f, g, o) -> (i, g, f, o)
+    w = np.concatenate([order(params["linear"]["w"]), order(params["~"]["lstm_0_recurrent_kernel"])], axis=0)
+    lstm = hk.without_apply_rng(hk.transform(lambda x, state: hk.LSTM(4)(x, state)))
+    state, want = hk.LSTMState(hidden=carry[0], cell=carry[1]), []
+    for t in range(6):
+        out, state = lstm.apply({"lstm/linear": {"w": w, "b": order(params["linear"]["b"])}}, obs[t], state)
+        want.append(out)
+    np.testing.assert_allclose(features, np.stack(want), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c_last, state.cell, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("cell", networks.RECURRENT_TORSOS)
+def test_recurrent_reset_puts_the_carry_back_before_the_cell(backend, cell):
+    """A hand-made sequence of resets: where reset[t] the step reads the initial carry, whatever came
+    before, so the outputs from t on equal a fresh run from the initial carry on obs[t:]; elsewhere
+    the state goes on (a run split at a step without reset equals the whole run)."""
+    torso = recurrent_torso(cell)
+    T = 7
+    obs = jax.random.normal(jax.random.PRNGKey(1), (T, 2, 6))
+    reset = jnp.zeros((T, 2), bool).at[0, :].set(True).at[3, 0].set(True).at[5, 1].set(True)  # env 0 at 3, env 1 at 5
+    junk = jax.tree.map(lambda x: x + 3.0, torso.initial_carry(2))
+    net, params, (carry, features) = run_torso(backend, torso, junk, obs, reset)
+    np.testing.assert_allclose(features, net.apply(params, torso.initial_carry(2), obs, reset)[1], rtol=1e-6)  # reset at t = 0
+    for env, t in [(0, 3), (1, 5)]:
+        fresh_carry, fresh = net.apply(params, torso.initial_carry(), obs[t:, env], jnp.zeros((T - t,), bool))
+        np.testing.assert_allclose(features[t:, env], fresh, rtol=1e-5, atol=1e-6)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a[env], b, rtol=1e-5, atol=1e-6), carry, fresh_carry)
+        assert not np.allclose(features[t - 1, env], net.apply(params, torso.initial_carry(), obs[t - 1 : t, env], jnp.zeros((1,), bool))[1][0])
+    # no reset at t = 2: running [0, 2) then [2, T) from the carry in between equals the whole run
+    mid, first = net.apply(params, torso.initial_carry(2), obs[:2], reset[:2])
+    _, rest = net.apply(params, mid, obs[2:], reset[2:])
+    np.testing.assert_allclose(np.concatenate([first, rest]), features, rtol=1e-5, atol=1e-6)
+
+
+def test_recurrent_torso_reads_discrete_observations_one_hot():
+    torso = recurrent_torso("gru", hidden=(), size=3, obs_space=Discrete(6))
+    _, params, (_, features) = run_torso("flax", torso, torso.initial_carry(4), jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 4), bool))
+    assert features.shape == (2, 4, 3) and params["params"]["Dense_0"]["kernel"].shape == (6, 9)
+
+
+def test_recurrent_torso_in_a_feedforward_network_says_what_to_use():
+    net = networks.build(networks.with_head(recurrent_torso("lstm"), networks.q_head(2)), "flax")
+    with pytest.raises(TypeError, match="recurrent_actor_critic"):
+        net.init(KEY, jnp.ones((3, 6)))
+
+
+def test_recurrent_network_config():
+    from rl.config import ConfigError, build_dataclass
+
+    config = build_dataclass(networks.NetworkConfig, {"torso": "lstm", "hidden": [], "recurrent_hidden": 32}, "agent.network")
+    assert config.recurrent and not networks.NetworkConfig().recurrent
+    with pytest.raises(ConfigError, match="agent.network.hidden"):
+        build_dataclass(networks.NetworkConfig, {"torso": "mlp", "hidden": []}, "agent.network")
+    with pytest.raises(ConfigError, match="agent.network.recurrent_hidden"):
+        build_dataclass(networks.NetworkConfig, {"torso": "gru", "recurrent_hidden": 0}, "agent.network")
+    with pytest.raises(ConfigError, match="agent.network.torso"):
+        build_dataclass(networks.NetworkConfig, {"torso": "rnn"}, "agent.network")

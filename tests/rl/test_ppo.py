@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import loop
+from rl import loop, losses
 from rl.agents import ppo
 from rl.config import ConfigError, build_config, hyperparams
 
@@ -29,11 +29,11 @@ def make_config(env_id="CartPole-v1", network=None, kernel_backend=None, **agent
 
 def test_log_prob_entropy_categorical_and_gaussian_by_hand():
     logits = jnp.array([[0.0, math.log(3.0)], [1.0, 1.0]])
-    lp, ent = ppo.log_prob_entropy(logits, jnp.array([1, 0], jnp.int32), False, "reference")
+    lp, ent = losses.policy_log_prob_entropy(logits, jnp.array([1, 0], jnp.int32), False, "reference")
     np.testing.assert_allclose(lp, [math.log(0.75), math.log(0.5)], rtol=1e-6)
     np.testing.assert_allclose(ent, [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2.0)], rtol=1e-6)
     mean, log_std = jnp.array([[0.5]]), jnp.array([[math.log(2.0)]])
-    lp, ent = ppo.log_prob_entropy((mean, log_std), jnp.array([[2.5]]), True, "reference")
+    lp, ent = losses.policy_log_prob_entropy((mean, log_std), jnp.array([[2.5]]), True, "reference")
     np.testing.assert_allclose(lp[0], -0.5 - math.log(2.0) - 0.5 * math.log(2 * math.pi), rtol=1e-6)  # z = 1, sigma = 2
     np.testing.assert_allclose(ent[0], math.log(2.0) + 0.5 * math.log(2 * math.pi * math.e), rtol=1e-6)
 
