@@ -7,7 +7,8 @@ that was stopped before the end) from the newest checkpoint. The policy is the a
 `make_policy(config) -> policy(params, obs, key) -> action` (or, for a recurrent agent, a
 `rl.trainer.RecurrentPolicy` whose carry starts fresh each episode), which takes the raw env's
 observations and returns actions in the raw env's action space (`config.env.make()`: the env with
-its observation masked if `env.observe` is set, no training wrappers). The agent reads its kernel backend from `config.kernels` itself. Every
+its observation masked if `env.observe` is set, no training wrappers). The agent reads its kernel
+backend from `config.kernels` itself. Every
 (setting, seed) plays `episodes` episodes in one compiled program (vmapped over settings, seeds and
 episodes); each episode runs the env's own transition `step_env` from `reset` until it terminates or reaches
 `max_steps_in_episode` (no auto-reset, so the final state can be rendered), and its return is the
