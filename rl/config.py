@@ -331,9 +331,11 @@ def build_config(data: Mapping) -> Config:
         raise ConfigError(f"env.params: expected a mapping, got {env.params!r}")
     try:
         env_and_params = envs.make(env.id, **dict(env.params))
+    except envs.MissingExtraError as err:
+        raise ConfigError(f"env.id: {err}") from None
     except ValueError as err:
-        where = "env.id" if env.id not in envs.REGISTRY else "env.params"
-        raise ConfigError(f"{where}: {err}") from None
+        known = env.id in envs.REGISTRY or env.id in envs.registered_ids()
+        raise ConfigError(f"{'env.params' if known else 'env.id'}: {err}") from None
     agent_data = data["agent"]
     if not isinstance(agent_data, Mapping) or "name" not in agent_data:
         raise ConfigError("agent.name is required (one of: " + ", ".join(registered_agents()) + ")")
@@ -348,6 +350,10 @@ def build_config(data: Mapping) -> Config:
     check_compatible = getattr(module, "check_env", None)
     if callable(check_compatible):
         check_compatible(config, *env_and_params)
+    network = getattr(agent, "network", None)
+    if hasattr(network, "check_obs_space"):  # rl.networks.NetworkConfig: can the torso read the observations?
+        made_env, env_params = env_and_params
+        network.check_obs_space(made_env.observation_space(env_params))
     return config
 
 
