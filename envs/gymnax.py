@@ -24,9 +24,10 @@ The mapping (gymnax >= 1.0, whose `step` returns `terminated` and `truncated` ap
     of `make` are fields of `EnvParams` or, for what fixes shapes (MemoryChain's `num_bits`, DeepSea's
     `size`, MinAtar's `use_minimal_action_set`), keywords of the env's constructor.
   * Spaces: gymnax's `Discrete` and `Box` become `envs.spaces.Discrete` / `Box` (same n, bounds,
-    shape, dtype). A bound that depends on a traced param (under a vmap over params) falls back to
-    the default params' bound, as for fusedrl's own envs. Dict/Tuple observation spaces (none of the
-    built-in ids has one) raise ValueError.
+    shape, dtype). Where gymnax computes a bound with JAX ops, it is traced inside jit (even from
+    constant params) and under a vmap over params: the space then falls back to the default params'
+    space, converted when the env is made, as fusedrl's own envs fall back to their default bounds.
+    Dict/Tuple observation spaces (none of the built-in ids has one) raise ValueError.
   * Rendering: the MinAtar games render (`envs.render`) as gymnax's own MinAtar viewer draws them
     (each cell coloured by its highest set channel, seaborn's cubehelix palette, black background),
     here straight into a NumPy image, `cell_pixels` per cell, with no matplotlib figure. gymnax
@@ -114,6 +115,13 @@ class GymnaxEnv(Env):
         self.gymnax_env = gymnax_env
         self.constructor_keywords = list(constructor_keywords)
         self.name = PREFIX + env_id
+        # The default params' spaces, converted now, outside any trace (inside jit even constant
+        # bounds come out traced): what a space with traced bounds falls back to.
+        default = gymnax_env.default_params
+        self._default_spaces = {
+            "observation": to_space(gymnax_env.observation_space(default), self.name),
+            "action": to_space(gymnax_env.action_space(default), self.name),
+        }
 
     @property
     def default_params(self) -> Any:
@@ -152,15 +160,13 @@ class GymnaxEnv(Env):
 
     # ---- spaces
 
-    def _space(self, space_fn, params):
-        space = to_space(space_fn(params), self.name)
-        return space if space is not None else to_space(space_fn(self.default_params), self.name)
-
     def observation_space(self, params: Any):
-        return self._space(self.gymnax_env.observation_space, params)
+        space = to_space(self.gymnax_env.observation_space(params), self.name)
+        return self._default_spaces["observation"] if space is None else space
 
     def action_space(self, params: Any):
-        return self._space(self.gymnax_env.action_space, params)
+        space = to_space(self.gymnax_env.action_space(params), self.name)
+        return self._default_spaces["action"] if space is None else space
 
     def __repr__(self) -> str:
         return f"GymnaxEnv({self.env_id!r})"

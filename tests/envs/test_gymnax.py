@@ -76,10 +76,11 @@ def test_stepping_through_fusedrl_equals_gymnax_under_jit_and_vmap(env_id):
     assert reward.dtype == np.float32 and terminated.dtype == truncated.dtype == np.bool_
     assert set(info) == {"final_obs"} | (set(gx_info) - {"terminated", "truncated", "final_observation"})
     # the rollouts cover episode ends of both kinds, and auto-resets (time back to 0)
-    assert terminated.any() and truncated.any()
-    assert (state.time[terminated | truncated] == 0).all()
-    if env_id == "MemoryChain-bsuite":  # gymnax reports both on the last step; fusedrl: terminated only
-        assert (gx_terminated & gx_truncated).any() and not (terminated & truncated).any()
+    assert terminated.any() and (state.time[terminated | truncated] == 0).all()
+    if env_id == "MemoryChain-bsuite":  # every episode ends on its last allowed step: gymnax reports both there
+        assert (gx_terminated & gx_truncated).any() and not truncated.any()
+    else:
+        assert truncated.any()
 
 
 def test_vmap_over_envs_equals_each_env_alone():
@@ -135,7 +136,10 @@ def test_spaces_map_gymnaxs_own(env_id):
             assert ours.shape == tuple(theirs.shape) and ours.dtype == theirs.dtype
             np.testing.assert_array_equal(ours._low, np.broadcast_to(np.asarray(theirs.low, np.float32), ours.shape))
             np.testing.assert_array_equal(ours._high, np.broadcast_to(np.asarray(theirs.high, np.float32), ours.shape))
-        assert bool(ours.contains(theirs.sample(jax.random.key(0))))
+    obs, _ = gx_env.reset(jax.random.key(0), gx_params)  # (some lie outside gymnax's own bounds: MemoryChain, GaussianBandit)
+    assert obs.shape == env.observation_space(params).shape
+    action = gx_env.action_space(gx_params).sample(jax.random.key(1))
+    assert not np.all(np.isfinite(action)) or bool(env.action_space(params).contains(action))  # gymnax samples inf from +-float32 max
 
 
 def test_registered_ids_list_the_installed_gymnax_ids():
@@ -153,6 +157,20 @@ def test_space_bounds_fall_back_to_the_default_params_under_a_vmap_over_params()
     out = step(jax.random.key(1), state, jnp.array([2.0]), params.replace(max_torque=jnp.array([1.0, 2.0])))
     assert out[0].shape == (2, 3)
     assert env.action_space(params).to_gymnasium().high.tolist() == [2.0]
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-MinAtar"])
+def test_wrappers_read_the_spaces_inside_jit(env_id):
+    """gymnax computes CartPole's bounds with jnp ops (traced inside jit): the space falls back to the
+    default params' one, so the wrappers that read it inside a trace work (Breakout: per channel)."""
+    env, params = envs.make(f"gymnax:{env_id}")
+    assert jax.jit(lambda p: jnp.zeros(env.observation_space(p).shape))(params).shape == env.observation_space(params).shape
+    venv = envs.NormalizeObservation(envs.EpisodeStatistics(envs.vectorize(env, 4)))
+    assert venv.per_channel == (env_id == "Breakout-MinAtar")
+    obs, state = jax.jit(venv.reset)(jax.random.key(0), params)
+    obs, state, reward, terminated, truncated, info = jax.jit(venv.step)(jax.random.key(1), state, jnp.zeros(4, jnp.int32), params)
+    assert obs.shape == (4,) + env.observation_space(params).shape and info["episode_done"].shape == (4,)
+    assert state.obs_stats.mean.shape == (4,)  # Breakout: one per channel (not [10, 10, 4]); CartPole: one per feature
 
 
 # --- make's keywords and errors --------------------------------------------------------------------
