@@ -25,7 +25,7 @@ VECTOR_WRAPPERS_SAME_STEP = tuple(int(x) for x in gymnasium.__version__.split(".
 # --- ours -> gymnasium ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env_id", sorted(envs.REGISTRY) + ["gymnax:Breakout-MinAtar"])
+@pytest.mark.parametrize("env_id", sorted(envs.REGISTRY))
 def test_to_gymnasium_passes_the_env_checker(env_id):
     env, params = envs.make(env_id)
     gym_env = to_gymnasium(env, params, render_mode="rgb_array")

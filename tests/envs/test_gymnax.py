@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.core import MissingExtraError
-from envs.gymnax import GymnaxEnv
-from envs.spaces import Box, Discrete
+gymnax = pytest.importorskip("gymnax")  # the gymnax extra (the test extra installs it)
+
+import envs  # noqa: E402
+from envs.core import MissingExtraError  # noqa: E402
+from envs.gymnax import GymnaxEnv  # noqa: E402
+from envs.spaces import Box, Discrete  # noqa: E402
 
 # gymnax ids whose construction downloads data (MNIST): not made offline.
 DOWNLOADS = {"MNISTBandit-bsuite"}
@@ -260,3 +262,14 @@ def test_other_gymnax_ids_do_not_render():
     _, state = env.reset(jax.random.key(0), params)
     with pytest.raises(ValueError, match="has no render method"):
         envs.render(env, state, params)
+
+
+def test_to_gymnasium_passes_the_env_checker():
+    from gymnasium.utils.env_checker import check_env
+
+    gym_env = envs.to_gymnasium(*envs.make("gymnax:Breakout-MinAtar"), render_mode="rgb_array")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(gym_env)
+    gym_env.reset(seed=0)
+    assert gym_env.render().shape == (160, 160, 3)

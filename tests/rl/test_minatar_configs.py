@@ -9,8 +9,10 @@ import json
 import pytest
 from PIL import Image
 
-from rl.cli import main
-from rl.config import load_config
+pytest.importorskip("gymnax")  # the gymnax extra (the test extra installs it)
+
+from rl.cli import main  # noqa: E402
+from rl.config import load_config  # noqa: E402
 
 # One update each: PPO, one rollout of 4 x 16 steps; DQN, one gradient step after the second 32 env steps.
 TINY = {
