@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 
-from envs.core import Env
+from envs.core import Env, MissingExtraError
 from envs.rendering import render, save_gif
 from envs.spaces import Box, Discrete
 from envs.wrappers import (
@@ -35,6 +35,13 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "Acrobot-v1": ("envs.acrobot", "Acrobot"),
 }
 
+# Ids "<prefix>:<id>" of other JAX env libraries, each an optional pip extra: prefix -> adapter module,
+# imported on first use (so `import envs` never imports the library). An adapter module defines
+# `make(id, **params) -> (env, params)` and `installed_ids()` ([] when its library is missing).
+ADAPTERS: dict[str, str] = {
+    "gymnax": "envs.gymnax",
+}
+
 
 def __getattr__(name: str):
     """`envs.to_gymnasium` / `envs.from_gymnasium`, imported on first use (gymnasium stays optional to import envs)."""
@@ -46,8 +53,12 @@ def __getattr__(name: str):
 
 
 def registered_ids() -> list[str]:
-    """The ids `make` accepts."""
-    return sorted(REGISTRY)
+    """The ids `make` accepts: fusedrl's own (sorted), then "<prefix>:<id>" for every id of each
+    installed adapter library (gymnax, ...). Not listed: "gymnasium:<id>" (any gymnasium id works)."""
+    ids = sorted(REGISTRY)
+    for prefix, module in ADAPTERS.items():
+        ids += [f"{prefix}:{env_id}" for env_id in importlib.import_module(module).installed_ids()]
+    return ids
 
 
 def make(env_id: str, **param_overrides):
@@ -55,22 +66,37 @@ def make(env_id: str, **param_overrides):
 
     Raises ValueError for an unknown id (listing the known ones, suggesting the closest) and for
     unknown param names. An id "gymnasium:<id>" wraps gymnasium's own env through host callbacks,
-    `from_gymnasium("<id>", **param_overrides)` (the overrides go to `gymnasium.make`).
+    `from_gymnasium("<id>", **param_overrides)` (the overrides go to `gymnasium.make`). An id
+    "<prefix>:<id>" of `ADAPTERS` ("gymnax:Breakout-MinAtar") goes to that library's adapter, which
+    raises `MissingExtraError` (an ImportError naming the pip extra) when the library is missing.
     """
     if isinstance(env_id, str) and env_id.startswith("gymnasium:"):
         from envs.gymnasium import from_gymnasium
 
         return from_gymnasium(env_id[len("gymnasium:"):], **param_overrides)
+    prefix, colon, library_id = env_id.partition(":") if isinstance(env_id, str) else ("", "", "")
+    if colon and prefix in ADAPTERS:
+        return importlib.import_module(ADAPTERS[prefix]).make(library_id, **param_overrides)
     if env_id not in REGISTRY:
-        close = difflib.get_close_matches(str(env_id), REGISTRY, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"unknown env id {env_id!r}.{hint} Known ids: {', '.join(registered_ids())} "
-            "(or 'gymnasium:<id>' for a gymnasium env through host callbacks)"
-        )
+        raise ValueError(unknown_id_message(env_id))
     module_name, class_name = REGISTRY[env_id]
     env = getattr(importlib.import_module(module_name), class_name)()
     return env, env.make_params(**param_overrides)
+
+
+def unknown_id_message(env_id) -> str:
+    """The error for an unknown id: fusedrl's ids, the adapter prefixes, and the closest known id
+    (an installed library's id when `env_id` is one without its prefix)."""
+    candidates = registered_ids()
+    prefixed = [known for known in candidates if known.partition(":")[2] == env_id]
+    close = prefixed[:1] or difflib.get_close_matches(str(env_id), candidates, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    libraries = ", ".join(f"'{prefix}:<id>'" for prefix in ADAPTERS)
+    return (
+        f"unknown env id {env_id!r}.{hint} Known ids: {', '.join(sorted(REGISTRY))}; {libraries} for the ids of "
+        "other env libraries (envs.registered_ids() lists those installed); or 'gymnasium:<id>' for a gymnasium "
+        "env through host callbacks"
+    )
 
 
 __all__ = [
@@ -80,6 +106,8 @@ __all__ = [
     "make",
     "registered_ids",
     "REGISTRY",
+    "ADAPTERS",
+    "MissingExtraError",
     "vectorize",
     "Wrapper",
     "EpisodeStatistics",

@@ -26,6 +26,7 @@ Conventions every env follows:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any
 
 import jax
@@ -98,3 +99,16 @@ def concrete_or(value: Any, default: float) -> float:
     if not is_concrete(value):
         return float(default)
     return float(value)
+
+
+class MissingExtraError(ImportError):
+    """An optional env library (a pip extra of fusedrl) is not installed or does not import; the
+    message names the extra that installs it."""
+
+
+def import_optional(module: str, extra: str):
+    """`importlib.import_module(module)`, or MissingExtraError naming `pip install "fusedrl[<extra>]"`."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MissingExtraError(f'the optional env library {module} does not import ({err}); install it with: pip install "fusedrl[{extra}]"') from err

@@ -18,7 +18,7 @@ A typical stack for an on-policy agent with continuous actions, innermost first:
 * `EpisodeStatistics` must sit inside (before) `NormalizeReward` to report the env's own returns.
 * The normalising wrappers share their statistics over everything they see at once: wrap the
   *vectorised* env to pool the N envs (the statistics then have the observation's shape, computed
-  over the batch axis, never over the features). `vectorize(NormalizeObservation(env), N)` is also
+  over the batch axis, never over the features; for images, one per channel, over the pixels too). `vectorize(NormalizeObservation(env), N)` is also
   valid but gives every env its own statistics.
 
 Episode statistics scheme (what agents log as training curves): on every step
@@ -250,27 +250,44 @@ class NormalizeObservationState:
 class NormalizeObservation(Wrapper):
     """obs -> clip((obs - mean) / sqrt(var + epsilon), -clip, clip) with a running mean and variance.
 
-    The statistics have the observation's shape and are taken over the batch shape (every env the
-    wrapper sees) and over time; they are updated with each returned observation (the reset one and,
-    after an auto-reset, the new episode's first) before normalising it, as gymnasium does.
-    `info["final_obs"]` is normalised with the same statistics. `clip=None` disables clipping
-    (SB3's VecNormalize clips at 10). With `update=False` the statistics stay as they are in the
-    state (for evaluation: put trained statistics into `state.obs_stats`).
+    The statistics are taken over the batch shape (every env the wrapper sees) and over time; they
+    are updated with each returned observation (the reset one and, after an auto-reset, the new
+    episode's first) before normalising it, as gymnasium does. `info["final_obs"]` is normalised with
+    the same statistics. `clip=None` disables clipping (SB3's VecNormalize clips at 10). With
+    `update=False` the statistics stay as they are in the state (for evaluation: put trained
+    statistics into `state.obs_stats`).
+
+    Per feature or per channel: with `per_channel=False` the statistics have the observation's shape
+    (one mean and variance per feature, or per pixel and channel). With `per_channel=True` they have
+    shape [channels] (the observation's last axis) and are also taken over the other observation
+    axes (every pixel of a channel shares one mean and variance), the usual rule for images. The
+    default, None, is per channel for image observations (a Box of rank 3, [height, width,
+    channels]) and per feature otherwise.
     """
 
-    def __init__(self, env: Env, epsilon: float = 1e-8, clip: float | None = 10.0, update: bool = True):
+    def __init__(self, env: Env, epsilon: float = 1e-8, clip: float | None = 10.0, update: bool = True, per_channel: bool | None = None):
         super().__init__(env)
         space = env.observation_space(env.default_params)
         if not isinstance(space, Box):
             raise ValueError(f"NormalizeObservation needs a Box observation space, {env.name} has {space}")
+        self.per_channel = len(space.shape) == 3 if per_channel is None else bool(per_channel)
+        if self.per_channel and len(space.shape) < 2:
+            raise ValueError(f"NormalizeObservation(per_channel=True) needs observations of rank >= 2 (channels last), {env.name} has {space}")
         self.epsilon, self.clip, self.update = float(epsilon), clip, bool(update)
 
     def inner_state(self, state: NormalizeObservationState) -> Any:
         return state.env_state
 
+    def stats_shape(self, params) -> tuple[int, ...]:
+        """[channels] per channel, else the observation's shape."""
+        shape = tuple(self.observation_space(params).shape)
+        return shape[-1:] if self.per_channel else shape
+
     def _update(self, stats: RunningMeanVar, obs, params) -> RunningMeanVar:
         if not self.update:
             return stats
+        if self.per_channel:  # every position of a channel is a sample: [..., H, W, C] -> [samples, C]
+            return stats.update(jnp.reshape(obs, (-1, jnp.shape(obs)[-1])), 1)
         return stats.update(obs, len(batch_shape(obs, self.observation_space(params))))
 
     def normalize(self, obs: jax.Array, stats: RunningMeanVar) -> jax.Array:
@@ -283,7 +300,7 @@ class NormalizeObservation(Wrapper):
     def reset(self, key, params=None):
         params = self.default_params if params is None else params
         obs, env_state = self.env.reset(key, params)
-        stats = self._update(RunningMeanVar.create(self.observation_space(params).shape), obs, params)
+        stats = self._update(RunningMeanVar.create(self.stats_shape(params)), obs, params)
         return self.normalize(obs, stats), NormalizeObservationState(env_state, stats)
 
     def step(self, key, state: NormalizeObservationState, action, params=None):

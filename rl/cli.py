@@ -127,7 +127,8 @@ def resolve_train_config(args) -> tuple[Config, list[dict]]:
 
 def make_run_dir(config: Config, exist_ok: bool = False) -> Path:
     """A new run directory; ConfigError if it exists already or cannot be created."""
-    name = config.run.name or f"{config.agent.name}-{config.env.id}-{time.strftime('%Y%m%d-%H%M%S')}"
+    env_name = config.env.id.replace(":", "-").replace("/", "-")  # "gymnax:Breakout-MinAtar": no ':' in file names
+    name = config.run.name or f"{config.agent.name}-{env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(config.run.output_dir) / name
     if path.exists() and not exist_ok:
         raise ConfigError(f"run directory {str(path)!r} already exists; choose another run.name")

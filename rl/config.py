@@ -62,8 +62,11 @@ class EnvConfig:
 
         try:
             env, params = envs.make(self.id, **dict(self.params))
+        except envs.MissingExtraError as err:
+            raise ConfigError(f"env.id: {err}") from None
         except ValueError as err:
-            raise ConfigError(f"{'env.id' if self.id not in envs.REGISTRY else 'env.params'}: {err}") from None
+            known = self.id in envs.REGISTRY or self.id in envs.registered_ids()
+            raise ConfigError(f"{'env.params' if known else 'env.id'}: {err}") from None
         if self.observe is not None:
             try:
                 env = envs.MaskObservation(env, self.observe)
@@ -363,6 +366,10 @@ def build_config(data: Mapping) -> Config:
     check_compatible = getattr(module, "check_env", None)
     if callable(check_compatible):
         check_compatible(config, *env_and_params)
+    network = getattr(agent, "network", None)
+    if hasattr(network, "check_obs_space"):  # rl.networks.NetworkConfig: can the torso read the observations?
+        made_env, env_params = env_and_params
+        network.check_obs_space(made_env.observation_space(env_params))
     return config
 
 

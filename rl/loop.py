@@ -149,11 +149,14 @@ class OnPolicyLoopConfig:
 
 
 def check_bounded_actions(config, env, env_params, discrete_ok: bool = False) -> None:
-    """ConfigError unless observations are a Box and actions a bounded Box (or Discrete, if `discrete_ok`)."""
+    """ConfigError unless observations are a flat Box (read by an mlp torso) and actions a bounded
+    Box (or Discrete, if `discrete_ok`)."""
     action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
     name = config.agent.name
-    if not isinstance(obs_space, Box):
+    if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
         raise ConfigError(f"env.id: {name} needs vector (Box) observations; {config.env.id} has {obs_space}")
+    if config.agent.network.torso != "mlp":
+        raise ConfigError(f"agent.network.torso: {name} supports only the mlp torso (its critics read concat(obs, action)); got {config.agent.network.torso!r}")
     if isinstance(action_space, Discrete) and discrete_ok:
         return
     if not isinstance(action_space, Box):

@@ -6,11 +6,12 @@
     q_values = net.apply(params, obs)            # noisy layers: net.apply(params, obs, rng=key)
 
 A network is written ONCE as a plain function `fn(layers, *inputs)` against the tiny `Layers`
-interface below (`dense`, `noisy_dense`, `param`); `build` turns it into a Flax linen module or a
+interface below (`dense`, `conv`, `noisy_dense`, `param`); `build` turns it into a Flax linen module or a
 Haiku transform. Both backends create the same parameters with the same initialisers, so an agent
 never sees which one it runs on (`agent.network.backend: flax | haiku` in a config).
 
-A network is a torso (observations -> features; `make_torso` from `agent.network`) and heads
+A network is a torso (observations -> features; `make_torso` from `agent.network`: an MLP, or a
+conv net for image observations, `cnn_minatar` / `nature_cnn`) and heads
 (Q, Rainbow's dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value), joined by
 `with_head`, `actor_critic` or `twin_q`.
 
@@ -89,6 +90,14 @@ class FlaxLayers:
         layer = nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, name=name)
         return layer(x)
 
+    def conv(self, x, features: int, kernel: int, stride: int = 1, scale: float = math.sqrt(2), name: str | None = None):
+        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (orthogonal init, zero bias)."""
+        import flax.linen as nn
+
+        layer = nn.Conv(features, (kernel, kernel), strides=(stride, stride), padding="VALID",
+                        kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, name=name)
+        return layer(x)
+
     def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
         if name is None:
             name, self.noisy_count = f"noisy_{self.noisy_count}", self.noisy_count + 1
@@ -121,6 +130,12 @@ class HaikuLayers:
         import haiku as hk
 
         return hk.Linear(features, w_init=hk.initializers.Orthogonal(scale), b_init=jnp.zeros, name=name)(x)
+
+    def conv(self, x, features: int, kernel: int, stride: int = 1, scale: float = math.sqrt(2), name: str | None = None):
+        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (orthogonal init, zero bias)."""
+        import haiku as hk
+
+        return hk.Conv2D(features, kernel, stride, padding="VALID", w_init=hk.initializers.Orthogonal(scale), b_init=jnp.zeros, name=name)(x)
 
     def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
         import haiku as hk
@@ -217,8 +232,14 @@ def _build_haiku(fn: Callable) -> Network:
 # ---------------------------------------------------------------- torsos
 
 
+# Conv stacks of the cnn torsos, (features, kernel, stride) per layer, VALID padding; the dense
+# layers after them are `agent.network.hidden`.
+CNN_LAYERS: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "cnn_minatar": ((16, 3, 1),),  # MinAtar's net (Young & Tian 2019): then hidden [128]
+    "nature_cnn": ((32, 8, 4), (64, 4, 2), (64, 3, 1)),  # Nature DQN (Mnih et al. 2015): then hidden [512]
+}
 RECURRENT_TORSOS = ("gru", "lstm")
-TORSOS = ("mlp",) + RECURRENT_TORSOS
+TORSOS = ("mlp", *CNN_LAYERS) + RECURRENT_TORSOS
 
 
 @dataclass(frozen=True)
@@ -243,6 +264,14 @@ class NetworkConfig:
         if (not self.hidden and not self.recurrent) or any(width < 1 for width in self.hidden):
             raise ConfigError(f"agent.network.hidden must list positive widths, got {list(self.hidden)}")
 
+    def check_obs_space(self, obs_space) -> None:
+        """ConfigError (naming agent.network.torso) if the torso cannot read these observations."""
+        if self.torso in CNN_LAYERS:
+            try:
+                cnn_output_shape(self.torso, obs_space)
+            except ValueError as err:
+                raise ConfigError(f"agent.network.torso: {err}") from None
+
 
 def network_config(**defaults) -> Any:
     """A dataclass field holding a `NetworkConfig` with an agent's own defaults."""
@@ -257,6 +286,42 @@ def mlp(layers, x, hidden: Sequence[int], act: str = "relu", noisy: bool = False
         x = layers.noisy_dense(x, width) if noisy else layers.dense(x, width)
         x = f(layers.layer_norm(x) if layer_norm else x)
     return x
+
+
+def cnn(layers, x, convs: Sequence[tuple[int, int, int]], hidden: Sequence[int], act: str = "relu", layer_norm: bool = False):
+    """Conv layers h <- act(conv(h)) ((features, kernel, stride) each, VALID padding, orthogonal init
+    gain sqrt(2)) on images x [..., H, W, C] (any leading batch dims, none included), flattened, then
+    the `hidden` dense layers: features [..., F]. With `layer_norm`, every layer is
+    h <- act(LayerNorm(...)) (over the channels after a conv)."""
+    f = activation(act)
+    batch = x.shape[:-3]
+    x = x.reshape((-1,) + x.shape[-3:])
+    for features, kernel, stride in convs:
+        x = layers.conv(x, features, kernel, stride)
+        x = f(layers.layer_norm(x) if layer_norm else x)
+    return mlp(layers, x.reshape(batch + (-1,)), hidden, act, layer_norm=layer_norm)
+
+
+def cnn_output_shape(torso: str, obs_space) -> tuple[int, int, int]:
+    """(height, width, channels) after the conv stack of `torso` on `obs_space`'s images; ValueError
+    if the observations are not images [H, W, C] or are smaller than the stack's receptive field."""
+    shape = tuple(getattr(obs_space, "shape", ()) or ())
+    if obs_space is None or type(obs_space).__name__ != "Box" or len(shape) != 3:
+        raise ValueError(f"torso {torso!r} needs image observations, a Box of shape [height, width, channels]; got {obs_space}")
+    height, width, channels = shape
+    for features, kernel, stride in CNN_LAYERS[torso]:
+        if min(height, width) < kernel:
+            raise ValueError(f"torso {torso!r}: images of {shape[0]}x{shape[1]} are too small for its {kernel}x{kernel} conv layers {CNN_LAYERS[torso]}")
+        height, width, channels = (height - kernel) // stride + 1, (width - kernel) // stride + 1, features
+    return height, width, channels
+
+
+def flatten_obs(obs, obs_space):
+    """obs [..., *shape] -> [..., prod(shape)] for a Box of rank > 1 (images or grids through an MLP)."""
+    shape = tuple(getattr(obs_space, "shape", ()) or ())
+    if len(shape) < 2:
+        return obs
+    return obs.reshape(obs.shape[: obs.ndim - len(shape)] + (-1,))
 
 
 def preprocess_obs(obs, num_discrete_obs: int | None = None):
@@ -274,16 +339,23 @@ def num_discrete_obs(obs_space) -> int | None:
 def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
     """`torso(layers, obs) -> features [..., F]` for `config.torso`:
 
-    mlp: obs (one-hot if `obs_space` is Discrete, else float32 and flat) -> the `hidden` layers
-         (LayerNorm before each activation if `layer_norm`).
+    mlp: obs (one-hot if `obs_space` is Discrete, else float32, flattened if `obs_space` is a Box
+         of rank > 1) -> the `hidden` layers (LayerNorm before each activation if `layer_norm`).
+    cnn_minatar / nature_cnn: float32 images [..., H, W, C] -> the torso's conv stack (`CNN_LAYERS`)
+         -> the `hidden` layers, `config.activation` (and `layer_norm`) on every layer; needs
+         `obs_space`, a Box of images (ValueError otherwise).
     gru, lstm: a `RecurrentTorso`, called as `torso(layers, carry, obs, reset) -> (carry, features)`.
     Each call of `torso` creates a new set of layers (two calls: two torsos)."""
     if config.torso not in TORSOS:
         raise ValueError(f"unknown torso {config.torso!r}; known: {', '.join(TORSOS)}")
+    if config.torso in CNN_LAYERS:
+        cnn_output_shape(config.torso, obs_space)
+        convs = CNN_LAYERS[config.torso]
+        return lambda layers, obs: cnn(layers, preprocess_obs(obs), convs, config.hidden, config.activation, layer_norm=config.layer_norm)
     n = None if obs_space is None else num_discrete_obs(obs_space)
     if config.recurrent:
         return RecurrentTorso(config.torso, config.recurrent_hidden, tuple(config.hidden), config.activation, n, config.layer_norm)
-    return lambda layers, obs: mlp(layers, preprocess_obs(obs, n), config.hidden, config.activation, layer_norm=config.layer_norm)
+    return lambda layers, obs: mlp(layers, flatten_obs(preprocess_obs(obs, n), obs_space), config.hidden, config.activation, layer_norm=config.layer_norm)
 
 
 # ---------------------------------------------------------------- recurrent torsos (GRU, LSTM)

@@ -16,10 +16,16 @@ import envs
 from envs.gymnasium import from_gymnasium, to_gymnasium
 from envs.wrappers import EpisodeStatistics, NormalizeReward, vectorize
 
+# gymnasium's vector NormalizeReward and RecordEpisodeStatistics follow same-step autoreset (our
+# envs' mode) from 1.4 on; 1.3 (the newest gymnax 1.0.1 allows, so what the test extra installs)
+# treats the step after every episode end as a reset step (skips its reward). Our wrappers are
+# checked against references either way (tests/envs/test_wrappers.py).
+VECTOR_WRAPPERS_SAME_STEP = tuple(int(x) for x in gymnasium.__version__.split(".")[:2]) >= (1, 4)
+
 # --- ours -> gymnasium ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env_id", envs.registered_ids())
+@pytest.mark.parametrize("env_id", sorted(envs.REGISTRY))
 def test_to_gymnasium_passes_the_env_checker(env_id):
     env, params = envs.make(env_id)
     gym_env = to_gymnasium(env, params, render_mode="rgb_array")
@@ -83,6 +89,7 @@ def test_vector_env_info_layout_matches_gymnasiums_sync_vector_env():
                 assert info["final_obs"][i] is None
 
 
+@pytest.mark.skipif(not VECTOR_WRAPPERS_SAME_STEP, reason=f"gymnasium {gymnasium.__version__}'s vector wrappers assume next-step autoreset (same-step from 1.4)")
 def test_gymnasiums_vector_wrappers_agree_with_ours():
     """gymnasium's NormalizeReward and RecordEpisodeStatistics on to_gymnasium(...) vs our wrappers.
 

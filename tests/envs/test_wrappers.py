@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 from gymnasium.wrappers.utils import RunningMeanStd
 from hypothesis import given, settings
+from flax import struct
 from hypothesis import strategies as st
 
 import envs
+from envs.core import Env
+from envs.spaces import Box, Discrete
 from envs.wrappers import (
     ClipAction,
     EpisodeStatistics,
@@ -253,6 +256,71 @@ def test_normalize_observation_frozen_and_clipped():
     np.testing.assert_allclose(obs[:, 2], np.clip(np.asarray(raw_obs.theta_dot) / 2.0, -0.5, 0.5), rtol=1e-5)
     with pytest.raises(ValueError, match="Box observation space"):
         NormalizeObservation(envs.make("GridWorld")[0])
+
+
+@struct.dataclass
+class NoiseState:
+    time: jax.Array
+
+
+@struct.dataclass
+class NoiseParams:
+    max_steps_in_episode: int = 1000
+
+
+class ImageNoise(Env):
+    """Images [6, 5, 3] of independent pixels, channel c ~ N(MEANS[c], STDS[c]^2): per-channel statistics."""
+
+    name = "ImageNoise"
+    default_params = NoiseParams()
+    MEANS, STDS = np.array([1.0, -2.0, 10.0]), np.array([0.5, 2.0, 0.1])
+
+    def image(self, key):
+        return jnp.asarray(self.MEANS, jnp.float32) + jnp.asarray(self.STDS, jnp.float32) * jax.random.normal(key, (6, 5, 3))
+
+    def reset_env(self, key, params):
+        return self.image(key), NoiseState(jnp.int32(0))
+
+    def step_env(self, key, state, action, params):
+        return self.image(key), NoiseState(state.time + 1), jnp.float32(0.0), jnp.bool_(False), {}
+
+    def observation_space(self, params):
+        return Box(-np.inf, np.inf, (6, 5, 3))
+
+    def action_space(self, params):
+        return Discrete(2)
+
+
+def test_normalize_observation_is_per_channel_for_images():
+    env, params, n, steps = ImageNoise(), NoiseParams(), 4, 30
+    wrapped = NormalizeObservation(vectorize(env, n), clip=None)
+    assert wrapped.per_channel  # the default for rank-3 (image) observations
+    raw = vectorize(env, n)
+    policy = uniform_policy(env.action_space(params), n)
+    first, (obs, state, *_rest) = run(wrapped, params, jax.random.key(0), steps, policy)
+    raw_first, (raw_obs, *_raw_rest) = run(raw, params, jax.random.key(0), steps, policy)
+    stats = state.obs_stats
+    assert stats.mean.shape == (steps, 3)  # one mean and variance per channel (per step of the scan)
+    # gymnasium's RunningMeanStd fed every pixel of each batch as a sample of its channel
+    reference = RunningMeanStd(shape=(3,))
+    reference.update(raw_first.reshape(-1, 3))
+    for t in range(steps):
+        reference.update(raw_obs[t].reshape(-1, 3))
+        np.testing.assert_allclose(stats.mean[t], reference.mean, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(stats.var[t], reference.var, rtol=1e-3, atol=1e-6)
+        np.testing.assert_allclose(obs[t], (raw_obs[t] - reference.mean) / np.sqrt(reference.var + 1e-8), rtol=1e-3, atol=2e-3)
+    assert stats.count[-1] == pytest.approx(n * 6 * 5 * (steps + 1) + 1e-4)
+    np.testing.assert_allclose(stats.mean[-1], ImageNoise.MEANS, atol=0.05)
+    np.testing.assert_allclose(np.sqrt(stats.var[-1]), ImageNoise.STDS, rtol=0.05)
+    standardised = obs[-1].reshape(-1, 3)
+    np.testing.assert_allclose(standardised.mean(0), 0.0, atol=0.3)
+    np.testing.assert_allclose(standardised.std(0), 1.0, atol=0.2)
+    # per feature on request: statistics of the image's shape
+    _, per_pixel = NormalizeObservation(vectorize(env, n), per_channel=False).reset(jax.random.key(0), params)
+    assert per_pixel.obs_stats.mean.shape == (6, 5, 3)
+    assert not NormalizeObservation(envs.make("CartPole-v1")[0]).per_channel
+    with pytest.raises(ValueError, match=r"per_channel=True\) needs observations of rank >= 2"):
+        NormalizeObservation(envs.make("CartPole-v1")[0], per_channel=True)
 
 
 # --- reward scaling ------------------------------------------------------------------------------
