@@ -301,6 +301,8 @@ def build_config(data: Mapping) -> Config:
     except ValueError as err:
         where = "env.id" if env.id not in envs.REGISTRY else "env.params"
         raise ConfigError(f"{where}: {err}") from None
+    except ImportError as err:  # an adapter's library (its pip extra) is not installed
+        raise ConfigError(f"env.id: {err}") from None
     agent_data = data["agent"]
     if not isinstance(agent_data, Mapping) or "name" not in agent_data:
         raise ConfigError("agent.name is required (one of: " + ", ".join(registered_agents()) + ")")
