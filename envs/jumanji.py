@@ -7,9 +7,11 @@ The env is `jumanji.make(id, **kwargs)` (keywords other than `max_steps_in_episo
 constructor). Single-agent envs only: the reward must be a scalar.
 
   * Episode ends, from Jumanji's `TimeStep`: a step whose `step_type` is LAST *terminates* when its
-    `discount` is 0 and is *truncated* otherwise (Jumanji's own time limits end episodes with
-    discount 1). `params.max_steps_in_episode` (default: the env's `time_limit`, else 10000) also
-    truncates, so every episode ends and evaluation loops are bounded.
+    `discount` is 0 and is *truncated* otherwise. Jumanji decides which: most of its envs (Snake
+    among them) end at their own `time_limit` with discount 0, so that end is a termination here as
+    it is there. `params.max_steps_in_episode` (default: the env's `time_limit`, else 10000) also
+    truncates (a termination on the same step wins), so every episode ends and evaluation loops are
+    bounded; for a time limit that bootstraps, set it below the env's `time_limit`.
   * Observations, flattened by one rule: the leaves of Jumanji's observation pytree, in pytree order
     (the fields of its NamedTuple or dataclass in declaration order; dict keys sorted), each raveled in
     C order and cast to float32 (booleans to 0/1), concatenated. The space is a Box over that vector
@@ -91,17 +93,24 @@ def _bounds(spec, shape) -> tuple[np.ndarray, np.ndarray]:
 class Jumanji(Env):
     """One Jumanji env (see the module docstring)."""
 
-    def __init__(self, env_id: str, **env_kwargs):
-        jumanji = _jumanji(f"jumanji:{env_id}")
+    def __init__(self, env: str | Any, **env_kwargs):
+        """`env`: a Jumanji id (made with `jumanji.make(env, **env_kwargs)`) or a Jumanji env object
+        (a wrapped one, say)."""
+        jumanji = _jumanji(f"jumanji:{env}" if isinstance(env, str) else "envs.jumanji.Jumanji")
         from jumanji import specs
 
-        if env_id not in jumanji.registered_environments():
-            raise ValueError(f"unknown Jumanji id {env_id!r}; Jumanji ids: {', '.join(sorted(jumanji.registered_environments()))}")
-        try:
-            self._env = jumanji.make(env_id, **env_kwargs)
-        except TypeError as error:  # a keyword the env's constructor does not take
-            raise ValueError(f"jumanji:{env_id}: {error}") from None
-        self.name = f"jumanji:{env_id}"
+        if isinstance(env, str):
+            if env not in jumanji.registered_environments():
+                raise ValueError(f"unknown Jumanji id {env!r}; Jumanji ids: {', '.join(sorted(jumanji.registered_environments()))}")
+            try:
+                self._env = jumanji.make(env, **env_kwargs)
+            except TypeError as error:  # a keyword the env's constructor does not take
+                raise ValueError(f"jumanji:{env}: {error}") from None
+            self.name = f"jumanji:{env}"
+        else:
+            if env_kwargs:
+                raise ValueError(f"Jumanji: keyword arguments {sorted(env_kwargs)} only apply to an id")
+            self._env, self.name = env, f"jumanji:{type(env.unwrapped).__name__}"
         if tuple(self._env.reward_spec.shape) != ():
             raise ValueError(f"{self.name}: only single-agent envs (scalar rewards) are supported; its reward has shape {self._env.reward_spec.shape}")
         self._default_params = JumanjiParams(int(getattr(self._env, "time_limit", None) or DEFAULT_MAX_STEPS))
