@@ -35,11 +35,14 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "Acrobot-v1": ("envs.acrobot", "Acrobot"),
 }
 
-# Ids "<prefix>:<id>" of other JAX env libraries, each an optional pip extra: prefix -> adapter module,
-# imported on first use (so `import envs` never imports the library). An adapter module defines
-# `make(id, **params) -> (env, params)` and `installed_ids()` ([] when its library is missing).
+# "<prefix>:<id>" -> the adapter module of an outside env library (each behind its own pip extra,
+# imported only when used): `make(id, **params) -> (env, params)` and `ids()` (the library's ids;
+# `MissingExtraError`, an ImportError naming the extra, when the library is missing).
 ADAPTERS: dict[str, str] = {
     "gymnax": "envs.gymnax",
+    "brax": "envs.brax",
+    "craftax": "envs.craftax",
+    "jumanji": "envs.jumanji",
 }
 
 
@@ -53,11 +56,14 @@ def __getattr__(name: str):
 
 
 def registered_ids() -> list[str]:
-    """The ids `make` accepts: fusedrl's own (sorted), then "<prefix>:<id>" for every id of each
-    installed adapter library (gymnax, ...). Not listed: "gymnasium:<id>" (any gymnasium id works)."""
+    """The ids `make` accepts: the built-in envs, then "<prefix>:<id>" for each adapter whose library
+    is installed (listing those imports the libraries). `gymnasium:<id>` ids are not listed."""
     ids = sorted(REGISTRY)
     for prefix, module in ADAPTERS.items():
-        ids += [f"{prefix}:{env_id}" for env_id in importlib.import_module(module).installed_ids()]
+        try:
+            ids += [f"{prefix}:{name}" for name in importlib.import_module(module).ids()]
+        except ImportError:  # the adapter's extra is not installed
+            pass
     return ids
 
 
@@ -67,8 +73,10 @@ def make(env_id: str, **param_overrides):
     Raises ValueError for an unknown id (listing the known ones, suggesting the closest) and for
     unknown param names. An id "gymnasium:<id>" wraps gymnasium's own env through host callbacks,
     `from_gymnasium("<id>", **param_overrides)` (the overrides go to `gymnasium.make`). An id
-    "<prefix>:<id>" of `ADAPTERS` ("gymnax:Breakout-MinAtar") goes to that library's adapter, which
-    raises `MissingExtraError` (an ImportError naming the pip extra) when the library is missing.
+    "<prefix>:<id>" of `ADAPTERS` ("gymnax:Breakout-MinAtar", "brax:ant", "craftax:<id>",
+    "jumanji:<id>") is that library's env through its adapter (`envs/gymnax.py`, ...; the keywords are
+    documented there); `MissingExtraError` (an ImportError naming the pip extra, e.g.
+    `pip install "fusedrl[brax]"`) if the library is not installed.
     """
     if isinstance(env_id, str) and env_id.startswith("gymnasium:"):
         from envs.gymnasium import from_gymnasium

@@ -14,7 +14,9 @@ An env implements four things and inherits `reset`/`step` from `Env`:
 Conventions every env follows:
   * `state` has an integer field `time` (steps taken in the current episode) and `params` a field
     `max_steps_in_episode`; `Env.step` sets `truncated = time >= max_steps_in_episode and not terminated`
-    (gymnasium's TimeLimit), so truncation is never reported as termination.
+    (gymnasium's TimeLimit), so truncation is never reported as termination. An env whose episodes
+    can be cut for other reasons (an adapter whose library reports truncation itself) overrides
+    `truncation(state, params)`, the test before the `not terminated`.
   * `Env.step` auto-resets: when `terminated | truncated`, the returned `obs` and `state` are those of
     a fresh episode, and `info["final_obs"]` holds the observation the transition actually reached.
     `info["final_obs"]` is present on every step (it equals `obs` when the episode goes on), so agents
@@ -60,14 +62,24 @@ class Env:
         key_step, key_reset = jax.random.split(key)
         next_obs, next_state, reward, terminated, info = self.step_env(key_step, state, action, params)
         terminated = jnp.asarray(terminated, jnp.bool_)
-        truncated = jnp.logical_and(next_state.time >= params.max_steps_in_episode, jnp.logical_not(terminated))
+        truncated = jnp.logical_and(self.truncation(next_state, params), jnp.logical_not(terminated))
         done = jnp.logical_or(terminated, truncated)
-        reset_obs, reset_state = self.reset_env(key_reset, params)
+        reset_obs, reset_state = self.auto_reset(key_reset, next_state, params)
         state = jax.tree.map(lambda r, s: jnp.where(done, r, s), reset_state, next_state)
         obs = jnp.where(done, reset_obs, next_obs)
         info = dict(info)
         info["final_obs"] = next_obs
         return obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated, info
+
+    def auto_reset(self, key: jax.Array, final_state: Any, params: Any) -> tuple[jax.Array, Any]:
+        """(obs, state) that `step` continues from when `final_state` ends an episode: a fresh
+        `reset_env(key, params)` (an adapter may restart from a state it kept instead)."""
+        return self.reset_env(key, params)
+
+    def truncation(self, state: Any, params: Any) -> jax.Array:
+        """Whether the step that reached `state` cuts the episode short (when it does not terminate):
+        the time limit, `state.time >= params.max_steps_in_episode`."""
+        return state.time >= params.max_steps_in_episode
 
     def make_params(self, **overrides: Any) -> Any:
         """The default params with some fields replaced; an unknown field raises ValueError naming it."""
@@ -106,9 +118,9 @@ class MissingExtraError(ImportError):
     message names the extra that installs it."""
 
 
-def import_optional(module: str, extra: str):
-    """`importlib.import_module(module)`, or MissingExtraError naming `pip install "fusedrl[<extra>]"`."""
+def import_extra(module: str, extra: str, user: str):
+    """`import module`, or MissingExtraError for `user` (an env id) naming the pip extra that installs it."""
     try:
         return importlib.import_module(module)
-    except ImportError as err:
-        raise MissingExtraError(f'the optional env library {module} does not import ({err}); install it with: pip install "fusedrl[{extra}]"') from err
+    except ImportError as error:
+        raise MissingExtraError(f'{user} needs the {module!r} package, which does not import: pip install "fusedrl[{extra}]" ({error})') from error

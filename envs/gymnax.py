@@ -5,7 +5,7 @@
     env, params = envs.make("gymnax:Breakout-MinAtar", use_minimal_action_set=False)  # ... or constructor keywords
 
 Needs the `gymnax` extra (`pip install "fusedrl[gymnax]"`); without it `make` raises
-`envs.core.MissingExtraError` naming the extra, and `installed_ids()` is empty. gymnax is imported
+`envs.core.MissingExtraError` naming the extra, as does `ids()`. gymnax is imported
 on first use, never by `import envs`.
 
 The mapping (gymnax >= 1.0, whose `step` returns `terminated` and `truncated` apart):
@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.core import Env, import_optional
+from envs.core import Env, import_extra
 from envs.spaces import Box, Discrete, check_action, is_concrete
 
 EXTRA = "gymnax"
@@ -57,17 +57,12 @@ _DUPLICATE_INFO = ("terminated", "truncated", "final_observation")
 
 
 def _gymnax():
-    return import_optional("gymnax", EXTRA)
+    return import_extra("gymnax", EXTRA, "gymnax:<id>")
 
 
-def installed_ids() -> list[str]:
-    """gymnax's registered ids (without the "gymnax:" prefix), or [] when gymnax is not installed."""
-    if importlib.util.find_spec("gymnax") is None:
-        return []
-    try:
-        return sorted(_gymnax().registered_envs)
-    except ImportError:
-        return []
+def ids() -> list[str]:
+    """gymnax's registered ids (without the "gymnax:" prefix); MissingExtraError without gymnax."""
+    return sorted(_gymnax().registered_envs)
 
 
 def constructor_keywords(cls) -> list[str]:
@@ -97,7 +92,7 @@ def make(env_id: str, **overrides: Any) -> tuple["GymnaxEnv", Any]:
 
 def to_space(space, name: str):
     """fusedrl's Discrete / Box for a gymnax Discrete / Box; None if a bound or n is traced."""
-    gymnax_spaces = import_optional("gymnax.environments.spaces", EXTRA)
+    gymnax_spaces = import_extra("gymnax.environments.spaces", EXTRA, "gymnax:<id>")
     if isinstance(space, gymnax_spaces.Discrete):
         return Discrete(int(space.n), dtype=jnp.dtype(space.dtype)) if is_concrete(space.n) else None
     if isinstance(space, gymnax_spaces.Box):

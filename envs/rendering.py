@@ -99,7 +99,8 @@ def rotated_rectangle(center, length: float, width: float, angle: float, anchor:
 
 
 def _to_numpy(tree: Any) -> Any:
-    return jax.tree.map(np.asarray, tree)
+    """NumPy leaves; typed PRNG keys (which NumPy cannot hold) stay JAX arrays."""
+    return jax.tree.map(lambda x: x if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key) else np.asarray(x), tree)
 
 
 def render(env, state: Any, params: Any = None, index: int | None = None) -> np.ndarray:

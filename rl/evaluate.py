@@ -10,8 +10,8 @@ observations and returns actions in the raw env's action space (`config.env.make
 its observation masked if `env.observe` is set, no training wrappers). The agent reads its kernel
 backend from `config.kernels` itself. Every
 (setting, seed) plays `episodes` episodes in one compiled program (vmapped over settings, seeds and
-episodes); each episode runs the env's own transition `step_env` from `reset` until it terminates or reaches
-`max_steps_in_episode` (no auto-reset, so the final state can be rendered), and its return is the
+episodes); each episode runs the env's own transition `step_env` from `reset` until it terminates or is truncated
+(`env.truncation`: `max_steps_in_episode` unless the env says otherwise; no auto-reset, so the final state can be rendered), and its return is the
 undiscounted sum of rewards.
 
 Rendering calls the env's host-side `env.render(state, params) -> uint8[H, W, 3]` on every state of
@@ -56,7 +56,7 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
         key, policy_key, step_key = jax.random.split(key, 3)
         memory, action = policy.step(params, memory, obs, policy_key)
         next_obs, next_state, reward, terminated, info = env.step_env(step_key, state, action, env_params)
-        truncated = next_state.time >= env_params.max_steps_in_episode
+        truncated = env.truncation(next_state, env_params)
         total = total + jnp.where(done, 0.0, jnp.asarray(reward, jnp.float32))
         length = length + jnp.where(done, 0, 1)
         keep = lambda old, new: jnp.where(done, old, new)

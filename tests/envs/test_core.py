@@ -227,3 +227,14 @@ def test_space_round_trip_through_gymnasium():
         from_gymnasium(gymnasium.spaces.Discrete(3, start=1))
     with pytest.raises(ValueError, match="only Discrete and Box"):
         from_gymnasium(gymnasium.spaces.MultiBinary(3))
+
+
+def test_import_envs_loads_no_outside_env_library():
+    """The adapters (envs/brax.py, craftax.py, jumanji.py) import their libraries only when used."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, envs, envs.brax, envs.craftax, envs.jumanji, rl.train; print(sorted({'brax', 'craftax', 'jumanji', 'mujoco'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    assert result.stdout.strip() == "[]"
