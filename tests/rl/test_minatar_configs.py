@@ -14,11 +14,13 @@ pytest.importorskip("gymnax")  # the gymnax extra (the test extra installs it)
 from rl.cli import main  # noqa: E402
 from rl.config import load_config  # noqa: E402
 
-# One update each: PPO, one rollout of 4 x 16 steps; DQN, one gradient step after the second 32 env steps.
+# One update each: PPO and PQN, one rollout of 4 x 16 steps; DQN, one gradient step after the second 32 env steps.
 TINY = {
     "configs/ppo_minatar_breakout.yaml": ["agent.total_steps=64", "agent.num_envs=4", "agent.num_steps=16", "agent.num_minibatches=2", "agent.log_interval=1"],
     "configs/dqn_minatar_breakout.yaml": ["agent.total_steps=64", "agent.num_envs=4", "agent.buffer_size=256", "agent.learning_starts=64",
                                           "agent.train_freq=32", "agent.gradient_steps=1", "agent.log_interval=64", "agent.eval_episodes=1"],
+    "configs/pqn_minatar_breakout.yaml": ["agent.total_steps=64", "agent.num_envs=4", "agent.num_steps=16", "agent.num_minibatches=2",
+                                          "agent.log_interval=1", "agent.eval_envs=1"],
 }
 COMMON = ["run.seeds=1", "run.progress=false", "env.params.max_steps_in_episode=50", "kernels.backend=reference"]
 
