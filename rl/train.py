@@ -521,8 +521,9 @@ class _ChunkedRun:
             self.checkpoints.close()
 
     def say(self, message: str) -> None:
-        """One line on stderr from the main process."""
-        if self.main:
+        """One progress line on stderr from the main process, when `run.progress` is on (with it off,
+        stderr holds only errors and the resume line)."""
+        if self.main and self.config.run.progress:
             print(f"rl: {message}", file=sys.stderr, flush=True)
 
     def start(self, resume: bool) -> None:

@@ -241,7 +241,7 @@ def test_train_and_eval_leave_the_kernels_process_wide_backend_alone(tmp_path, c
     before = kernels.get_backend()
     out = tmp_path / "runs"
     assert run_cli(["train", write_config(tmp_path), "--output-dir", out, "--name", "interp", "kernels.backend=interpret"]) == 0
-    assert yaml.safe_load((out / "interp" / "config.yaml").read_text())["kernels"] == {"backend": "interpret"}
+    assert yaml.safe_load((out / "interp" / "config.yaml").read_text())["kernels"] == {"backend": "interpret", "deterministic": False}
     assert kernels.get_backend() == before
     assert run_cli(["eval", out / "interp", "--episodes", "2"]) == 0
     assert kernels.get_backend() == before

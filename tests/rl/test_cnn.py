@@ -13,6 +13,8 @@ from envs.spaces import Box
 from rl import networks
 from rl.config import ConfigError, build_config
 
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")  # exact float32 comparisons, also on the GPU
+
 KEY = jax.random.PRNGKey(0)
 MINATAR = Box(0, 1, (10, 10, 4))
 ATARI = Box(0, 255, (84, 84, 4))

@@ -147,6 +147,7 @@ def test_run_directory_that_cannot_be_created(tmp_path, capsys):
 def test_full_disk_is_one_clear_line(tmp_path, tmp_path_factory, capsys):
     run_dir = tmp_path / "copy"
     shutil.copytree(trained_run(tmp_path_factory), run_dir)
+    (run_dir / "summary.json").unlink()  # not complete: --resume goes on (a complete run is left alone)
     (run_dir / "metrics.jsonl").unlink()
     (run_dir / "metrics.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
     capsys.readouterr()
@@ -159,6 +160,7 @@ def test_full_disk_is_one_clear_line(tmp_path, tmp_path_factory, capsys):
 def test_checkpoint_folder_that_cannot_be_written(tmp_path, tmp_path_factory, capsys):
     run_dir = tmp_path / "copy"
     shutil.copytree(trained_run(tmp_path_factory), run_dir)
+    (run_dir / "summary.json").unlink()  # not complete: --resume goes on (a complete run is left alone)
     shutil.rmtree(run_dir / "checkpoints")
     (run_dir / "checkpoints").write_text("in the way")
     capsys.readouterr()

@@ -13,6 +13,8 @@ import pytest
 from envs.spaces import Discrete
 from rl import networks
 
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")  # exact float32 comparisons, also on the GPU
+
 KEY = jax.random.PRNGKey(0)
 
 

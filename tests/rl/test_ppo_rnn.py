@@ -16,6 +16,8 @@ from rl.config import ConfigError, build_config, hyperparams, parse_sweep
 from rl.train import train_many
 from rl.trainer import RecurrentPolicy
 
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")  # exact float32 comparisons, also on the GPU
+
 
 def make_config(env_id="CartPole-v1", network=None, env=None, seeds=1, **agent):
     base = dict(name="ppo_rnn", total_steps=512, num_envs=4, num_steps=16, num_epochs=2, num_minibatches=2, log_interval=2)

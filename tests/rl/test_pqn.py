@@ -89,15 +89,23 @@ def test_vmap_over_seeds_equals_per_seed_runs():
                 np.testing.assert_allclose(np.asarray(batched[name][i]), np.asarray(single[name]), rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def test_interpreted_kernel_gives_the_reference_run():
-    """The Q(lambda) targets through the Triton source (interpreter) train as the plain-JAX reference does."""
-    pytest.importorskip("torch")
+def test_kernel_source_gives_the_reference_run():
+    """The Q(lambda) targets through the Triton source (Triton's interpreter on the CPU; the GPU kernel
+    where it runs) train as the plain-JAX reference does, up to float rounding (the GPU kernel scans in
+    another order, so a 16-update run agrees to 1e-3 there)."""
+    from kernels.launch import available_backends
+
+    backend = "triton" if "triton" in available_backends() else "interpret"
+    if backend == "interpret":
+        pytest.importorskip("torch")
     config = dict(total_steps=512, num_envs=4, num_steps=16, log_interval=2, eval_envs=2)
-    with jax.default_device(jax.devices("cpu")[0]):
+    device = jax.devices()[0] if backend == "triton" else jax.devices("cpu")[0]
+    with jax.default_device(device):
         _, ref = jax.jit(pqn.make_train(make_config(**config)))(jax.random.PRNGKey(3))
-        _, interp = jax.jit(pqn.make_train(make_config(backend="interpret", **config)))(jax.random.PRNGKey(3))
+        _, kernel = jax.jit(pqn.make_train(make_config(backend=backend, **config)))(jax.random.PRNGKey(3))
+    tolerance = 1e-3 if backend == "triton" else 1e-4
     for name in ("loss", "q_mean", "eval_return"):
-        np.testing.assert_allclose(np.asarray(interp[name]), np.asarray(ref[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(np.asarray(kernel[name]), np.asarray(ref[name]), rtol=tolerance, atol=1e-5, err_msg=name)
 
 
 def test_sweep_gives_one_result_per_setting():
