@@ -145,7 +145,7 @@ def test_missing_extra_names_it(monkeypatch):
     for module in [m for m in sys.modules if m == "brax" or m.startswith("brax.")]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setitem(sys.modules, "brax", None)
-    with pytest.raises(ImportError, match=r'brax:ant needs the \'brax.envs\' package, which is not installed: pip install "fusedrl\[brax\]"'):
+    with pytest.raises(ImportError, match=r'brax:ant needs the \'brax.envs\' package, which does not import: pip install "fusedrl\[brax\]"'):
         envs.make("brax:ant", backend="mjx")
     assert not any(i.startswith("brax:") for i in envs.registered_ids())
     from rl.config import ConfigError, build_config

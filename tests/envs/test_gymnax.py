@@ -222,7 +222,7 @@ def test_a_missing_gymnax_gives_one_error_naming_the_extra(monkeypatch):
         envs.make("gymnax:Breakout-MinAtar")
     assert isinstance(MissingExtraError("x"), ImportError)
     assert not any(i.startswith("gymnax:") for i in envs.registered_ids())
-    with pytest.raises(ConfigError, match=r'^env.id: .*pip install "fusedrl\[gymnax\]"$'):
+    with pytest.raises(ConfigError, match=r'^env.id: gymnax:<id> needs the .gymnax. package, .*pip install "fusedrl\[gymnax\]"'):
         build_config({"env": {"id": "gymnax:Breakout-MinAtar"}, "agent": {"name": "ppo"}})
 
 

@@ -153,7 +153,7 @@ def test_missing_extra_names_it(monkeypatch):
     for module in [m for m in sys.modules if m == "jumanji" or m.startswith("jumanji.")]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setitem(sys.modules, "jumanji", None)
-    with pytest.raises(ImportError, match=r'jumanji:Snake-v1 needs the \'jumanji\' package, which is not installed: pip install "fusedrl\[jumanji\]"'):
+    with pytest.raises(ImportError, match=r'jumanji:Snake-v1 needs the \'jumanji\' package, which does not import: pip install "fusedrl\[jumanji\]"'):
         envs.make("jumanji:Snake-v1")
     assert not any(i.startswith("jumanji:") for i in envs.registered_ids())
 
