@@ -2,6 +2,7 @@
 # The whole test suite on the GPU machine in one call (one H100/H200; aim: under 8 minutes).
 #
 #   .ci/gpu_suite.sh [pytest args]      e.g. -x, or paths to run a part (none: all of tests/)
+#   BACKEND=reference .ci/gpu_suite.sh   every test on the reference (plain-JAX) kernels instead
 #
 # - the kernel tests run on both the triton and the reference backend (FUSEDRL_TEST_BACKENDS);
 # - every other test runs with the triton kernels: on a GPU with jax-triton a config's
@@ -22,7 +23,12 @@ fi
 set -uo pipefail
 
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.08}
-export FUSEDRL_TEST_BACKENDS=${FUSEDRL_TEST_BACKENDS:-triton,reference}
+BACKEND=${BACKEND:-auto}
+case "$BACKEND" in
+  auto) export FUSEDRL_TEST_BACKENDS=${FUSEDRL_TEST_BACKENDS:-triton,reference}; rest="auto (triton)" ;;
+  reference) export FUSEDRL_KERNEL_BACKEND=reference FUSEDRL_TEST_BACKENDS=reference; rest="reference" ;;
+  *) echo "gpu_suite: BACKEND must be auto or reference, not '$BACKEND'" >&2; exit 2 ;;
+esac
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 WORKERS=${WORKERS:-8}
 SUITE_SECONDS=${SUITE_SECONDS:-500}
@@ -41,13 +47,14 @@ print("kernel backend of `kernels.backend: auto`:", resolve_backend())
 EOF
 fi
 
-log=$(mktemp)
+log=${OUT:+$OUT/gpu_suite_$BACKEND.log}
+log=${log:-$(mktemp)}
 start=$SECONDS
 timeout -s INT -k 30 "$SUITE_SECONDS" python3 -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadscope \
   --durations=15 -rfE "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 counts=$(grep -E "(passed|failed|errors?|skipped|deselected|no tests ran).* in [0-9.]+s" "$log" | tail -1 | sed 's/=//g; s/^ *//')
 [ "$status" = 124 ] && counts="STOPPED at the ${SUITE_SECONDS} s limit (SUITE_SECONDS), counts of what finished: ${counts}"
-echo "gpu_suite: ${counts:-no summary line (see above)}; wall $((SECONDS - start)) s; backends: kernel tests ${FUSEDRL_TEST_BACKENDS}, rest auto (triton); exit ${status}"
-rm -f "$log"
+echo "gpu_suite: ${counts:-no summary line (see above)}; wall $((SECONDS - start)) s; backends: kernel tests ${FUSEDRL_TEST_BACKENDS}, rest ${rest}; exit ${status}"
+[ -n "${OUT:-}" ] || rm -f "$log"
 exit "$status"

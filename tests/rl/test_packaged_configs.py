@@ -53,6 +53,18 @@ def test_rl_configs_lists_every_packaged_config(capsys):
     assert any(line.split()[1:] == ["qlearning", "on", "GridWorld"] for line in out.splitlines())
 
 
+def environment_without_the_checkout() -> dict[str, str]:
+    """os.environ with the checkout (and the current directory) dropped from PYTHONPATH: `import rl`
+    must find the installed wheel, while other entries (on the offline GPU machine, the folder its
+    wheels were unpacked into) still provide the dependencies."""
+    env = dict(os.environ)
+    entries = [entry for entry in env.pop("PYTHONPATH", "").split(os.pathsep) if entry not in ("", ".")]
+    kept = [entry for entry in entries if Path(entry).resolve() != REPO.resolve()]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    return env
+
+
 def test_a_wheel_installs_and_runs_the_quickstart_from_an_empty_directory(tmp_path):
     """pip wheel (no network: this environment's setuptools), a fresh virtualenv that sees this
     environment's packages for the dependencies, the wheel installed into it (not editable), then
@@ -72,7 +84,7 @@ def test_a_wheel_installs_and_runs_the_quickstart_from_an_empty_directory(tmp_pa
     assert install.returncode == 0, install.stderr[-3000:]
     empty = tmp_path / "empty"
     empty.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = environment_without_the_checkout()
     where = subprocess.run([python, "-c", "import rl; print(rl.__file__)"], cwd=empty, env=env, capture_output=True, text=True, timeout=120)
     assert where.stdout.startswith(str(venv)), where  # the installed copy, not the checkout
     listing = subprocess.run([venv / "bin" / "rl", "configs"], cwd=empty, env=env, capture_output=True, text=True, timeout=120)
