@@ -83,6 +83,7 @@ import functools
 import math
 import os
 import threading
+import types
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -387,13 +388,56 @@ def _interpreted(kernel: Any) -> Any:
     return entry[1]
 
 
+def _triton_language_namespaces() -> list[Any]:
+    """The ``triton.language`` modules loaded now and the classes they define: what Triton's
+    interpreter patches (``tl.arange``, ``tl.tensor.__index__``, ...) while it runs a kernel."""
+    import sys
+
+    modules = [m for name, m in list(sys.modules.items()) if name.startswith("triton.language") and m is not None]
+    classes = {id(v): v for m in modules for v in vars(m).values()
+               if isinstance(v, type) and getattr(v, "__module__", "").startswith("triton.language")}
+    return modules + list(classes.values())
+
+
+@contextlib.contextmanager
+def _restoring_triton_language() -> Iterator[None]:
+    """Puts every ``triton.language`` module and class attribute back as it was on exit.
+
+    Triton 3.6's interpreter leaves its patches in ``triton.language`` after a launch (3.9 restores
+    them), so a later GPU compile of any kernel in the same process would trace interpreter builtins
+    and fail; restoring the namespaces keeps the interpret and triton backends usable side by side.
+    """
+    namespaces = _triton_language_namespaces()
+    saved = [(ns, dict(vars(ns))) for ns in namespaces]
+    try:
+        yield
+    finally:
+        for ns, before in saved:
+            now = vars(ns)
+            for name in [n for n in now if n not in before and not isinstance(now[n], types.ModuleType)]:
+                try:
+                    delattr(ns, name)
+                except (AttributeError, TypeError):
+                    pass
+            for name, value in before.items():
+                if now.get(name, _MISSING) is not value:
+                    try:
+                        setattr(ns, name, value)
+                    except (AttributeError, TypeError):
+                        pass
+
+
+_MISSING = object()
+
+
 @contextlib.contextmanager
 def _interpret_device_calls() -> Iterator[None]:
     """Routes calls of ``@triton.jit`` helpers (``tl.min``, combine functions, our own helpers)
-    made from an interpreted kernel to their interpreter twins, for the duration of one launch."""
+    made from an interpreted kernel to their interpreter twins, for the duration of one launch, and
+    leaves ``triton.language`` as it found it."""
     from triton.runtime.jit import JITFunction
 
-    with _interpreter_lock:
+    with _interpreter_lock, _restoring_triton_language():
         original = JITFunction.__call__
         JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted(self)(*args, **kwargs)
         try:

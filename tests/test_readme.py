@@ -37,13 +37,14 @@ def is_skipped(code: str) -> bool:
     return code.startswith(SKIP)
 
 
-# The outside env libraries a block may use (an extra each; CI installs them all through `test`):
+# The optional libraries a block may use (an extra each; CI installs them all through `test`):
 # the module to import, and what in a block's text names it.
-EXTRA_MARKERS = {"gymnax": ("gymnax:", "minatar"), "brax": ("brax:", "_brax_"), "craftax": ("craftax:", "_craftax_"), "jumanji": ("jumanji:",)}
+EXTRA_MARKERS = {"gymnax": ("gymnax:", "minatar"), "brax": ("brax:", "_brax_"), "craftax": ("craftax:", "_craftax_"),
+                 "jumanji": ("jumanji:",), "wandb": ("run.wandb",)}
 
 
 def missing_extras(code: str) -> list[str]:
-    """The env libraries `code` uses that do not import here (e.g. on the GPU machine, which carries none)."""
+    """The optional libraries `code` uses that do not import here (e.g. on the GPU machine, which carries none)."""
     import importlib.util
 
     return [name for name, marks in EXTRA_MARKERS.items()
@@ -122,7 +123,7 @@ def test_bash_block_runs(line, code, shell):
     if is_skipped(code):
         pytest.skip(code.splitlines()[0])
     if missing_extras(code):
-        pytest.skip(f"needs the env libraries {missing_extras(code)} (their extras), not installed here")
+        pytest.skip(f"needs the optional libraries {missing_extras(code)} (their extras), not installed here")
     work, env = shell
     done = subprocess.run(["bash", "-e", "-c", runnable_shell(code)], cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"README.md bash block at line {line} fails:\n{done.stderr[-3000:]}"

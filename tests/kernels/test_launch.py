@@ -124,6 +124,33 @@ def test_interpreter_marks_unwritten_outputs():
     np.testing.assert_array_equal(zeroed[0], 0.0)
 
 
+def test_an_interpreter_launch_leaves_triton_language_as_it_was():
+    """Triton's interpreter patches triton.language while it runs (3.6 leaves the patches behind);
+    after a launch every module and class attribute there is the same object as before."""
+    if L.interpret_unavailable_reason() is not None:
+        pytest.skip(L.interpret_unavailable_reason())
+    before = [(ns, dict(vars(ns))) for ns in L._triton_language_namespaces()]
+    L.launch(_affine_kernel, jnp.zeros((1, 8)), jnp.ones(1), 8, backend="interpret",
+             out_shape=jax.ShapeDtypeStruct((1, 8), jnp.float32), grid=(1, 1), BLOCK=8).block_until_ready()
+    changed = [f"{getattr(ns, '__name__', ns)}.{name}" for ns, attrs in before for name, value in attrs.items()
+               if vars(ns).get(name) is not value]
+    assert not changed, changed
+
+
+def test_triton_compiles_after_the_interpreter_ran_in_the_same_process():
+    """The README's order on a GPU: an op on the interpreter, then the same op compiled for the GPU."""
+    if L.interpret_unavailable_reason() is not None or L.triton_unavailable_reason() is not None:
+        pytest.skip("needs both the interpret and the triton backend (a GPU with jax-triton)")
+    x, scale = jnp.arange(8.0).reshape(1, 8), jnp.ones(1)
+    call = lambda backend: L.launch(_affine_kernel, x, scale, 8, backend=backend,
+                                    out_shape=jax.ShapeDtypeStruct((1, 8), jnp.float32), grid=(1, 1), BLOCK=8)
+    interpreted = np.asarray(call("interpret"))
+    np.testing.assert_array_equal(np.asarray(call("triton")), interpreted)
+    rewards = jnp.ones((16, 4))
+    np.testing.assert_allclose(kernels.discounted_returns(rewards, jnp.full((16, 4), 0.9), jnp.zeros(4), backend="interpret"),
+                               kernels.discounted_returns(rewards, jnp.full((16, 4), 0.9), jnp.zeros(4), backend="triton"), rtol=1e-6)
+
+
 def test_shape_helpers():
     x = jnp.zeros((2, 3, 7, 4, 5))
     x3, restore = L.time_major_3d(x, lead=2)

@@ -80,11 +80,11 @@ def test_a_wheel_installs_and_runs_the_quickstart_from_an_empty_directory(tmp_pa
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True, timeout=120)
     python = venv / "bin" / "python"
-    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], capture_output=True, text=True, timeout=300)
+    env = environment_without_the_checkout()  # else pip finds the checkout's egg-info and installs nothing
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], env=env, capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr[-3000:]
     empty = tmp_path / "empty"
     empty.mkdir()
-    env = environment_without_the_checkout()
     where = subprocess.run([python, "-c", "import rl; print(rl.__file__)"], cwd=empty, env=env, capture_output=True, text=True, timeout=120)
     assert where.stdout.startswith(str(venv)), where  # the installed copy, not the checkout
     listing = subprocess.run([venv / "bin" / "rl", "configs"], cwd=empty, env=env, capture_output=True, text=True, timeout=120)
