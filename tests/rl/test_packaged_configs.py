@@ -5,6 +5,7 @@ from an empty directory."""
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 import zipfile
@@ -65,6 +66,15 @@ def environment_without_the_checkout() -> dict[str, str]:
     return env
 
 
+def see_this_environments_packages(python: Path) -> None:
+    """Appends the running interpreter's site-packages to the virtualenv's path (a .pth file), after
+    its own: `--system-site-packages` shows only the base interpreter's, and when this test itself
+    runs in a virtualenv (the GPU machine's python) the dependencies live in that one."""
+    venv_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True).stdout.strip()
+    parents = [p for p in site.getsitepackages() if Path(p).is_dir() and Path(p).resolve() != Path(venv_site).resolve()]
+    (Path(venv_site) / "parent_environment.pth").write_text("\n".join(parents) + "\n")
+
+
 def test_a_wheel_installs_and_runs_the_quickstart_from_an_empty_directory(tmp_path):
     """pip wheel (no network: this environment's setuptools), a fresh virtualenv that sees this
     environment's packages for the dependencies, the wheel installed into it (not editable), then
@@ -83,6 +93,7 @@ def test_a_wheel_installs_and_runs_the_quickstart_from_an_empty_directory(tmp_pa
     env = environment_without_the_checkout()  # else pip finds the checkout's egg-info and installs nothing
     install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], env=env, capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr[-3000:]
+    see_this_environments_packages(python)
     empty = tmp_path / "empty"
     empty.mkdir()
     where = subprocess.run([python, "-c", "import rl; print(rl.__file__)"], cwd=empty, env=env, capture_output=True, text=True, timeout=120)
