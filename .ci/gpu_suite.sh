@@ -8,8 +8,8 @@
 # - every other test runs with the triton kernels: on a GPU with jax-triton a config's
 #   `kernels.backend: auto` is triton (checked first: the script stops if triton cannot run); tests
 #   that name a backend keep theirs, and CPU subprocesses (JAX_PLATFORMS=cpu) resolve auto to reference;
-# - pytest-xdist spreads the tests over WORKERS processes (default 8) that share the GPU: no memory
-#   preallocation, at most 8% of its memory each; `--dist loadscope` keeps each module's tests (and
+# - pytest-xdist spreads the tests over WORKERS processes (default 14, for a 16-core machine) that
+#   share the GPU: no memory preallocation, at most 6% of its memory each; `--dist loadscope` keeps each module's tests (and
 #   the programs its fixtures compile) on one worker;
 # - the pytest run is stopped with SIGINT after SUITE_SECONDS (default 500) so that a slow run still
 #   reports what it did (pytest prints its counts on SIGINT), inside a 600 s device call.
@@ -22,7 +22,7 @@ if [ -d .whl ]; then
 fi
 set -uo pipefail
 
-export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.08}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.06}
 BACKEND=${BACKEND:-auto}
 case "$BACKEND" in
   auto) export FUSEDRL_TEST_BACKENDS=${FUSEDRL_TEST_BACKENDS:-triton,reference}; rest="auto (triton)" ;;
@@ -30,7 +30,7 @@ case "$BACKEND" in
   *) echo "gpu_suite: BACKEND must be auto or reference, not '$BACKEND'" >&2; exit 2 ;;
 esac
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-WORKERS=${WORKERS:-8}
+WORKERS=${WORKERS:-14}
 SUITE_SECONDS=${SUITE_SECONDS:-500}
 
 # First: is the triton backend usable here? (GPU_SUITE_CHECK=0 skips this, to try the script on a CPU.)

@@ -156,6 +156,27 @@ def boundary_row(y, REVERSE: tl.constexpr, CHUNK_T: tl.constexpr):
 
 
 @triton.jit
+def scan_tile(x, m, carry, flags_ptr, b, j, n_chunks, N, cols, col_mask,
+              REVERSE: tl.constexpr, CHUNK_T: tl.constexpr, CHAINED: tl.constexpr, PREFIX_LOOKUP: tl.constexpr):
+    """One ``[CHUNK_T, BLOCK_N]`` tile of ``y_t = x_t + m_t * y_(t-1)`` (rows in scan order), given
+    ``carry``, the value entering the tile (sequential grid) or the previous look-back's result
+    (chained grid). Returns ``(y, carry)`` with the carry for the next tile: the tile's boundary row
+    (sequential), or the carry into this tile found by the look-back, after publishing this tile's
+    composed map and its outgoing carry for later tiles (chained)."""
+    xs, ms = tl.associative_scan((x, m), 0, affine_combine)
+    if CHAINED:
+        x0 = boundary_row(xs, REVERSE, CHUNK_T)
+        m0 = boundary_row(ms, REVERSE, CHUNK_T)
+        publish_aggregate(flags_ptr, x0, m0, b, j, n_chunks, N, cols, col_mask)
+        carry = lookback_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask, PREFIX_LOOKUP)
+        publish_carry(flags_ptr, x0 + m0 * carry, b, j, n_chunks, N, cols, col_mask)
+    y = xs + ms * carry[None, :]
+    if not CHAINED:
+        carry = boundary_row(y, REVERSE, CHUNK_T)
+    return y, carry
+
+
+@triton.jit
 def _word_value(w):
     return (w & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
 

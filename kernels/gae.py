@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from kernels._triton import tl, triton
 from kernels import _chunked_scan as cs
-from kernels.launch import check_float_array, fold_vmap, launch, resolve_backend, time_major_3d
+from kernels.launch import check_lambda_returns_inputs, fold_vmap, launch, resolve_backend, time_major_3d
 from kernels.returns import adjoint_scan
 
 
@@ -63,16 +63,8 @@ def _gae_kernel(
         else:
             c = d * lam_b
         delta = r + d * nv - v
-        xs, ms = tl.associative_scan((delta, c), 0, cs.affine_combine)
-        if CHAINED:  # publish this tile's map, look back for the carry, publish the carry out
-            x0 = cs.boundary_row(xs, True, CHUNK_T)
-            m0 = cs.boundary_row(ms, True, CHUNK_T)
-            cs.publish_aggregate(flags_ptr, x0, m0, b, j, n_chunks, N, cols, col_mask)
-            carry = cs.lookback_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask, PREFIX_LOOKUP)
-            cs.publish_carry(flags_ptr, x0 + m0 * carry, b, j, n_chunks, N, cols, col_mask)
-        adv = xs + ms * carry[None, :]
-        if not CHAINED:
-            carry = cs.boundary_row(adv, True, CHUNK_T)
+        adv, carry = cs.scan_tile(delta, c, carry, flags_ptr, b, j, n_chunks, N, cols, col_mask,
+                                  True, CHUNK_T, CHAINED, PREFIX_LOOKUP)
         tl.store(adv_ptr + offs, adv.to(adv_ptr.dtype.element_ty), mask=mask)
         tl.store(tgt_ptr + offs, (adv + v).to(tgt_ptr.dtype.element_ty), mask=mask)
 
@@ -177,24 +169,9 @@ def gae(rewards, values, next_values, discounts, lambda_, *, backend: str | None
     Returns ``(advantages, targets)``, both ``[T, *batch]``. Differentiable in every argument.
     Raises ValueError (at trace time) on non-float dtypes, rank 0 or mismatched shapes.
     """
-    rewards = check_float_array("rewards", rewards, min_ndim=1)
-    arrays = {"rewards": rewards}
-    for name, x in (("values", values), ("next_values", next_values), ("discounts", discounts)):
-        x = check_float_array(name, x, min_ndim=1)
-        if x.shape != rewards.shape:
-            raise ValueError(
-                f"{name} must have the shape of rewards {tuple(rewards.shape)}, got {tuple(x.shape)}"
-            )
-        arrays[name] = x
-    lambda_ = check_float_array("lambda_", lambda_)
-    if lambda_.ndim != 0 and lambda_.shape != rewards.shape:
-        raise ValueError(
-            f"lambda_ must be a scalar or have the shape of rewards {tuple(rewards.shape)}, "
-            f"got {tuple(lambda_.shape)}"
-        )
-    dtype = jnp.result_type(*arrays.values(), lambda_)
-    r, v, nv, d = (arrays[k].astype(dtype) for k in ("rewards", "values", "next_values", "discounts"))
-    lambda_ = lambda_.astype(dtype)
+    r, v, nv, d, lambda_ = check_lambda_returns_inputs(
+        rewards, lambda_, values=values, next_values=next_values, discounts=discounts
+    )
     name = resolve_backend(backend)
     if name == "reference":
         return gae_reference(r, v, nv, d, lambda_)

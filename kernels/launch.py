@@ -83,7 +83,6 @@ import functools
 import math
 import os
 import threading
-import types
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -240,6 +239,27 @@ def check_same_shape(reference_name: str, reference: jax.Array, **others: jax.Ar
                 f"{name} must have the shape of {reference_name} {tuple(reference.shape)}, "
                 f"got {tuple(x.shape)}"
             )
+
+
+def check_lambda_returns_inputs(rewards: Any, lambda_: Any, **others: Any) -> tuple[jax.Array, ...]:
+    """Checks the inputs of a lambda-return op (GAE, Q(lambda)) and casts them to one dtype.
+
+    ``rewards`` and each of ``others`` (by keyword, in order) are float arrays of rank >= 1 with the
+    shape of ``rewards``; ``lambda_`` is a float scalar or an array of that shape. Returns
+    ``(rewards, *others, lambda_)`` in their common result dtype; raises ``ValueError`` naming the
+    argument otherwise.
+    """
+    rewards = check_float_array("rewards", rewards, min_ndim=1)
+    arrays = {name: check_float_array(name, x, min_ndim=1) for name, x in others.items()}
+    check_same_shape("rewards", rewards, **arrays)
+    lambda_ = check_float_array("lambda_", lambda_)
+    if lambda_.ndim != 0 and lambda_.shape != rewards.shape:
+        raise ValueError(
+            f"lambda_ must be a scalar or have the shape of rewards {tuple(rewards.shape)}, "
+            f"got {tuple(lambda_.shape)}"
+        )
+    dtype = jnp.result_type(rewards, *arrays.values(), lambda_)
+    return tuple(x.astype(dtype) for x in (rewards, *arrays.values(), lambda_))
 
 
 # --------------------------------------------------------------------------- layouts
@@ -401,7 +421,7 @@ def _triton_language_namespaces() -> list[Any]:
 
 @contextlib.contextmanager
 def _restoring_triton_language() -> Iterator[None]:
-    """Puts every ``triton.language`` module and class attribute back as it was on exit.
+    """Puts every ``triton.language`` module and class attribute that existed on entry back as it was.
 
     Triton 3.6's interpreter leaves its patches in ``triton.language`` after a launch (3.9 restores
     them), so a later GPU compile of any kernel in the same process would trace interpreter builtins
@@ -412,13 +432,8 @@ def _restoring_triton_language() -> Iterator[None]:
     try:
         yield
     finally:
-        for ns, before in saved:
+        for ns, before in saved:  # names the interpreter added stay: it may rely on them later
             now = vars(ns)
-            for name in [n for n in now if n not in before and not isinstance(now[n], types.ModuleType)]:
-                try:
-                    delattr(ns, name)
-                except (AttributeError, TypeError):
-                    pass
             for name, value in before.items():
                 if now.get(name, _MISSING) is not value:
                     try:

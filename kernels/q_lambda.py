@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from kernels._triton import tl, triton
 from kernels import _chunked_scan as cs
-from kernels.launch import check_float_array, fold_vmap, launch, resolve_backend, time_major_3d
+from kernels.launch import check_lambda_returns_inputs, fold_vmap, launch, resolve_backend, time_major_3d
 from kernels.returns import adjoint_scan
 
 
@@ -55,16 +55,8 @@ def _q_lambda_kernel(
         nv = tl.load(nv_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         d = tl.load(d_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         lam = tl.load(lam_ptr + offs, mask=mask & (t < T - 1)[:, None], other=0.0).to(tl.float32)
-        xs, ms = tl.associative_scan((r + d * (1.0 - lam) * nv, d * lam), 0, cs.affine_combine)
-        if CHAINED:  # publish this tile's map, look back for the carry, publish the carry out
-            x0 = cs.boundary_row(xs, True, CHUNK_T)
-            m0 = cs.boundary_row(ms, True, CHUNK_T)
-            cs.publish_aggregate(flags_ptr, x0, m0, b, j, n_chunks, N, cols, col_mask)
-            carry = cs.lookback_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask, PREFIX_LOOKUP)
-            cs.publish_carry(flags_ptr, x0 + m0 * carry, b, j, n_chunks, N, cols, col_mask)
-        g = xs + ms * carry[None, :]
-        if not CHAINED:
-            carry = cs.boundary_row(g, True, CHUNK_T)
+        g, carry = cs.scan_tile(r + d * (1.0 - lam) * nv, d * lam, carry, flags_ptr, b, j, n_chunks, N, cols,
+                                col_mask, True, CHUNK_T, CHAINED, PREFIX_LOOKUP)
         tl.store(g_ptr + offs, g.to(g_ptr.dtype.element_ty), mask=mask)
 
 
@@ -166,24 +158,8 @@ def q_lambda_returns(rewards, next_values, discounts, lambda_, *, backend: str |
     Returns ``[T, *batch]`` returns. Differentiable in every argument.
     Raises ValueError (at trace time) on non-float dtypes, rank 0 or mismatched shapes.
     """
-    rewards = check_float_array("rewards", rewards, min_ndim=1)
-    arrays = {"rewards": rewards}
-    for name, x in (("next_values", next_values), ("discounts", discounts)):
-        x = check_float_array(name, x, min_ndim=1)
-        if x.shape != rewards.shape:
-            raise ValueError(
-                f"{name} must have the shape of rewards {tuple(rewards.shape)}, got {tuple(x.shape)}"
-            )
-        arrays[name] = x
-    lambda_ = check_float_array("lambda_", lambda_)
-    if lambda_.ndim != 0 and lambda_.shape != rewards.shape:
-        raise ValueError(
-            f"lambda_ must be a scalar or have the shape of rewards {tuple(rewards.shape)}, "
-            f"got {tuple(lambda_.shape)}"
-        )
-    dtype = jnp.result_type(*arrays.values(), lambda_)
-    r, nv, d = (arrays[k].astype(dtype) for k in ("rewards", "next_values", "discounts"))
-    lambdas = jnp.broadcast_to(lambda_.astype(dtype), r.shape)
+    r, nv, d, lambda_ = check_lambda_returns_inputs(rewards, lambda_, next_values=next_values, discounts=discounts)
+    lambdas = jnp.broadcast_to(lambda_, r.shape)
     name = resolve_backend(backend)
     if name == "reference":
         return q_lambda_returns_reference(r, nv, d, lambdas)

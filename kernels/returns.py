@@ -60,16 +60,8 @@ def _linear_scan_kernel(
             m = tl.load(c_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         else:  # the coefficient entering step t is c_{t-1}
             m = tl.load(c_ptr + offs - N, mask=mask & (t >= 1)[:, None], other=0.0).to(tl.float32)
-        xs, ms = tl.associative_scan((x, m), 0, cs.affine_combine)
-        if CHAINED:  # publish this tile's map, look back for the carry, publish the carry out
-            x0 = cs.boundary_row(xs, REVERSE, CHUNK_T)
-            m0 = cs.boundary_row(ms, REVERSE, CHUNK_T)
-            cs.publish_aggregate(flags_ptr, x0, m0, b, j, n_chunks, N, cols, col_mask)
-            carry = cs.lookback_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask, PREFIX_LOOKUP)
-            cs.publish_carry(flags_ptr, x0 + m0 * carry, b, j, n_chunks, N, cols, col_mask)
-        y = xs + ms * carry[None, :]
-        if not CHAINED:
-            carry = cs.boundary_row(y, REVERSE, CHUNK_T)
+        y, carry = cs.scan_tile(x, m, carry, flags_ptr, b, j, n_chunks, N, cols, col_mask,
+                                REVERSE, CHUNK_T, CHAINED, PREFIX_LOOKUP)
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
