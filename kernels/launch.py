@@ -192,6 +192,13 @@ def default_backend() -> str:
     return "triton" if triton_unavailable_reason() is None else "reference"
 
 
+def chosen_automatically(backend: str | None = None) -> bool:
+    """Whether :func:`resolve_backend` (with this argument) falls through to the automatic choice:
+    no ``backend=``, no process-wide setting and no environment variable. Ops may then trade the
+    Triton kernel for XLA at shapes where they measured XLA faster (documented per op)."""
+    return backend is None and _process_backend is None and not os.environ.get(ENV_VAR)
+
+
 def resolve_backend(backend: str | None = None) -> str:
     """The backend an op call should use (see the module docstring for the order), checked."""
     if backend is not None:

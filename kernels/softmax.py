@@ -18,10 +18,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels._triton import tl, triton
-from kernels.launch import cdiv, check_float_array, fold_vmap, launch, next_power_of_2, resolve_backend, rows_2d
+from kernels.launch import (
+    cdiv,
+    check_float_array,
+    chosen_automatically,
+    fold_vmap,
+    launch,
+    next_power_of_2,
+    resolve_backend,
+    rows_2d,
+)
 
 __all__ = ["softmax", "softmax_reference"]
 
+# With the automatic backend choice, rows narrower than this go to XLA: forward + backward over
+# 65536 rows on one H200 (benchmarks/RESULTS.md, Kernels), XLA 8.3 / 10.2 us against Triton 12.2 /
+# 15.3 us at 2 / 6 columns (two launches' cost against XLA's fused kernels), Triton faster from 18
+# columns on (1.2x to 1.5x).
+AUTO_TRITON_MIN_COLUMNS = 16
 # Rows up to this many columns are held in registers whole; wider rows loop.
 MAX_TILE_COLUMNS = 8192
 # Tiling of the row kernels (module settings so that benchmarks can sweep them):
@@ -234,6 +248,14 @@ def _check_axis(axis, x) -> int:
     return int(axis) % x.ndim
 
 
+def automatic_crossover(name: str, automatic: bool, columns: int) -> str:
+    """The backend that runs a softmax over rows of ``columns`` entries: ``"reference"`` (XLA) in
+    place of an automatically chosen ``"triton"`` below ``AUTO_TRITON_MIN_COLUMNS``, else ``name``."""
+    if name == "triton" and automatic and columns < AUTO_TRITON_MIN_COLUMNS:
+        return "reference"
+    return name
+
+
 def softmax(x, axis: int = -1, *, backend: str | None = None):
     """Softmax of ``x`` along ``axis``: p = exp(x - max(x)) / sum(exp(x - max(x))).
 
@@ -241,14 +263,17 @@ def softmax(x, axis: int = -1, *, backend: str | None = None):
       x: floating-point array of rank >= 1 (any leading batch shape). Kernel
         backends compute in float32 and return ``x``'s dtype.
       axis: the axis to normalise over (an int; default the last).
-      backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
+      backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice. When that
+        choice is the automatic one (no backend named anywhere) on a GPU, rows of fewer than
+        ``AUTO_TRITON_MIN_COLUMNS`` (16) entries go to XLA, which is faster there (measured); a
+        named ``"triton"`` always runs the kernel.
 
     Differentiable: the backward is dx = p * (g - sum(g * p)) (a second kernel).
     Raises ValueError at trace time for non-float dtypes, rank 0 or a bad axis.
     """
     x = check_float_array("x", x, min_ndim=1)
     axis = _check_axis(axis, x)
-    name = resolve_backend(backend)
+    name = automatic_crossover(resolve_backend(backend), chosen_automatically(backend), x.shape[axis])
     if name == "reference":
         return softmax_reference(x, axis)
     moved = jnp.moveaxis(x, axis, -1).astype(jnp.float32)

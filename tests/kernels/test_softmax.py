@@ -166,3 +166,23 @@ def test_gradients_under_vmap(backend):
 def test_bad_inputs_raise_at_trace_time(backend, x, axis, message):
     with pytest.raises(ValueError, match=message):
         jax.jit(lambda v: softmax(v, axis=axis, backend=backend))(x)
+
+
+def test_automatic_choice_sends_narrow_rows_to_xla(monkeypatch):
+    """Below AUTO_TRITON_MIN_COLUMNS an automatically chosen triton becomes XLA (measured faster there);
+    a named backend is kept, and wider rows keep triton."""
+    from kernels import launch
+    from kernels.softmax import AUTO_TRITON_MIN_COLUMNS, automatic_crossover
+
+    narrow, wide = AUTO_TRITON_MIN_COLUMNS - 1, AUTO_TRITON_MIN_COLUMNS
+    assert automatic_crossover("triton", True, narrow) == "reference"
+    assert automatic_crossover("triton", True, wide) == "triton"
+    assert automatic_crossover("triton", False, narrow) == "triton"
+    assert automatic_crossover("interpret", True, narrow) == "interpret"
+    monkeypatch.delenv(launch.ENV_VAR, raising=False)
+    assert launch.chosen_automatically(None) and not launch.chosen_automatically("triton")
+    monkeypatch.setenv(launch.ENV_VAR, "reference")
+    assert not launch.chosen_automatically(None)
+    monkeypatch.delenv(launch.ENV_VAR)
+    with launch.use_backend("reference"):
+        assert not launch.chosen_automatically(None)
