@@ -61,7 +61,7 @@ class ReplayLoopConfig:
     epsilon_end: float = hp(0.04, low=0.0, high=1.0, sweep=True)
     epsilon_decay_steps: int = hp(8_000, low=1, doc="env steps of the linear epsilon decay")
     log_interval: int = hp(2_560, low=1, doc="env steps between log points (multiple of train_freq)")
-    eval_episodes: int = hp(10, low=1, doc="greedy episodes per log point, on separate eval envs")
+    eval_episodes: int = hp(10, low=0, doc="greedy episodes per log point, on separate eval envs (0: none, no eval_return)")
 
     def validate(self):
         """The step counts nest: num_envs | train_freq | log_interval | total_steps; one step fits the buffer."""

@@ -12,7 +12,7 @@ minimised by Adam on gradients clipped to a global norm. The loop (`rl.loop.Repl
 `epsilon_decay_steps` env steps) into a uniform replay buffer; every `train_freq` env steps come
 `gradient_steps` gradient steps once `learning_starts` steps are stored; the target network follows
 the online one every `target_update_interval` gradient steps. At each log point `eval_episodes`
-greedy episodes run on separate eval envs inside the compiled program ("eval_return").
+greedy episodes run on separate eval envs inside the compiled program ("eval_return"; none if 0).
 """
 
 from __future__ import annotations

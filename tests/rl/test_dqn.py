@@ -133,6 +133,19 @@ def test_chunked_runs_equal_one_run(small_run):
         np.testing.assert_array_equal(np.concatenate([first[name], rest[name]]), whole[name], err_msg=name)
 
 
+def test_no_eval_episodes_trains_the_same_and_logs_no_eval_return(small_run):
+    """eval_episodes=0 (PureJaxRL's DQN evaluates nothing) drops the greedy episodes and their
+    metric only: evaluation draws its own key, so training is bit for bit that of the run with it."""
+    config, train, keys, _ = small_run
+    states, metrics = jax.jit(train)(keys[0])
+    state, bare = jax.jit(dqn.make_train(make_config(double_q=True, tau=0.5, eval_episodes=0)))(keys[0])
+    assert "eval_return" not in bare and "eval_return" in metrics
+    for name in ("loss", "q_mean", "episode_return", "step"):
+        np.testing.assert_array_equal(bare[name], metrics[name], err_msg=name)
+    for a, b in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(states["params"])):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_haiku_backend_trains_like_flax():
     config = make_config(network={"backend": "haiku", "hidden": [16, 16]}, total_steps=512, gradient_steps=4)
     state, metrics = jax.jit(dqn.make_train(config))(jax.random.PRNGKey(0))
