@@ -9,8 +9,9 @@
 #   `kernels.backend: auto` is triton (checked first: the script stops if triton cannot run); tests
 #   that name a backend keep theirs, and CPU subprocesses (JAX_PLATFORMS=cpu) resolve auto to reference;
 # - pytest-xdist spreads the tests over WORKERS processes (default 14, for a 16-core machine) that
-#   share the GPU: no memory preallocation, at most 6% of its memory each; `--dist loadscope` keeps each module's tests (and
-#   the programs its fixtures compile) on one worker;
+#   share the GPU: no memory preallocation, at most 6% of its memory each; `--dist loadgroup` with the
+#   groups of tests/conftest.py keeps each module's tests (and the programs its fixtures compile) on
+#   one worker, except the README's blocks and the fused PPO gradient's tests, which spread;
 # - the pytest run is stopped with SIGINT after SUITE_SECONDS (default 500) so that a slow run still
 #   reports what it did (pytest prints its counts on SIGINT), inside a 600 s device call.
 # On a machine without network, the packages it lacks come from wheels in .whl/ (installed into
@@ -50,8 +51,8 @@ fi
 log=${OUT:+$OUT/gpu_suite_$BACKEND.log}
 log=${log:-$(mktemp)}
 start=$SECONDS
-timeout -s INT -k 30 "$SUITE_SECONDS" python3 -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadscope \
-  --durations=15 -rfE "$@" 2>&1 | tee "$log"
+timeout -s INT -k 30 "$SUITE_SECONDS" python3 -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadgroup \
+  --durations=25 -rfE "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 counts=$(grep -E "(passed|failed|errors?|skipped|deselected|no tests ran).* in [0-9.]+s" "$log" | tail -1 | sed 's/=//g; s/^ *//')
 [ "$status" = 124 ] && counts="STOPPED at the ${SUITE_SECONDS} s limit (SUITE_SECONDS), counts of what finished: ${counts}"

@@ -14,3 +14,20 @@ def full_precision_matmuls():
     its rows) ask for "highest", which the CPU always gives."""
     with jax.default_matmul_precision("highest"):
         yield
+
+
+# Modules whose tests share no expensive module-scoped fixture and take long in total: under
+# pytest-xdist `--dist loadgroup` each of their tests may go to any worker (the README's blocks are
+# self-contained; the fused PPO gradient's property tests each compile their own kernels). Every
+# other module stays whole on one worker, so its module-scoped fixtures compile once.
+SPREAD_MODULES = ("test_readme.py", "test_ppo_grads.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Groups tests for pytest-xdist's `loadgroup` distribution (.ci/run, .ci/gpu_suite.sh)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        group = item.nodeid if module.endswith(SPREAD_MODULES) else module
+        item.add_marker(pytest.mark.xdist_group(group))
