@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl.config import KernelsConfig, apply_overrides, build_config, build_dataclass, read_yaml  # noqa: E402
-from rl.train import build_program  # noqa: E402
+from rl.train import build_program, write_metrics_jsonl  # noqa: E402
 
 PUREJAXRL = dict(
     name="ppo", total_steps=500_000, num_envs=4, num_steps=128, num_epochs=4, num_minibatches=4, lr=2.5e-4, anneal_lr=True,
@@ -142,9 +142,13 @@ def learning(args) -> dict:
             print(f"| {row['step']} | {med:.1f} | {q25:.1f} .. {q75:.1f} | {row['frac_at']:.2f} | {row['frac_reached']:.2f} |")
     budget = args.budget or int(steps[-1])
     i = int(np.searchsorted(steps, budget, side="right")) - 1
-    verdict = {"budget": budget, "log_point_step": int(steps[i]), "frac_at_budget": table[i]["frac_at"], "frac_reached_by_budget": table[i]["frac_reached"], "median_at_budget": table[i]["median"]}
+    verdict = {"budget": budget, "log_point_step": int(steps[i]), "frac_at_budget": table[i]["frac_at"], "frac_reached_by_budget": table[i]["frac_reached"], "median_at_budget": table[i]["median"],
+               "per_seed_at_budget": [None if np.isnan(v) else float(v) for v in returns[:, i]]}
     print(f"at {steps[i]} env steps (budget {budget}): {verdict['frac_at_budget']:.0%} of seeds at >= {args.threshold}, "
           f"{verdict['frac_reached_by_budget']:.0%} reached it by then; median {verdict['median_at_budget']:.1f}")
+    if args.run_dir:  # metrics.jsonl as `rl train` writes it, so `rl plot` draws this run beside others
+        Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+        write_metrics_jsonl(Path(args.run_dir) / "metrics.jsonl", metrics, [{}])
     return {"config": config.to_dict(), "compile_s": compile_s, "train_s": train_s, "table": table, "verdict": verdict}
 
 
@@ -160,6 +164,7 @@ def main(argv=None):
     parser.add_argument("--budget", type=int, default=None, help="env steps at which the learning target is judged")
     parser.add_argument("--rows", type=int, default=12, help="learning table rows")
     parser.add_argument("--json", help="write the results here too")
+    parser.add_argument("--run-dir", help="learning: also write DIR/metrics.jsonl (every seed, every log point) for `rl plot`")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     result = {"machine": machine()}
