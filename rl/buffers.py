@@ -323,7 +323,10 @@ def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
 def prioritized_add(buffer: PrioritizedBuffer, items, valid=True) -> PrioritizedBuffer:
     """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is False)."""
     rows, write_rows, position, size = _write_indices(buffer, items, valid)
-    leaves = buffer.tree[-1].at[write_rows].set(buffer.max_leaf, mode="drop")  # rows of one add are distinct
+    leaves = buffer.tree[-1]
+    # invalid: a row past the padded leaves (`write_rows` = capacity would be a padding leaf), dropped
+    leaf_rows = jnp.where(jnp.asarray(valid, jnp.bool_), rows, leaves.shape[-1])
+    leaves = leaves.at[leaf_rows].set(buffer.max_leaf, mode="drop")  # the rows of one add are distinct
     return PrioritizedBuffer(
         data=_store(buffer.data, items, write_rows),
         position=position,

@@ -399,3 +399,12 @@ def test_the_replay_loop_copies_nothing_of_capacity_size():
     loops = hlo[: hlo.index("\nENTRY")]  # every computation but the entry: the loop bodies among them
     sizes = [np.prod([int(d) for d in dims.split(",") if d]) for dims in re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} copy\(", loops)]
     assert not [s for s in sizes if s >= capacity], sizes
+
+
+def test_prioritized_add_with_valid_false_changes_nothing_even_with_padded_leaves():
+    """Capacity 300 has 304 leaves (19 groups of 16): an invalid add must not wake a padding leaf."""
+    buf = buffers.prioritized_add(buffers.prioritized_init({"x": jnp.float32(0)}, 300), {"x": jnp.arange(5.0)})
+    assert buffers.sumtree_leaves(buf.tree).shape == (304,)
+    same = jax.jit(buffers.prioritized_add)(buf, {"x": jnp.arange(3.0)}, jnp.bool_(False))
+    for a, b in zip(jax.tree.leaves(buf), jax.tree.leaves(same)):
+        np.testing.assert_array_equal(a, b)
