@@ -373,7 +373,6 @@ def test_the_replay_loop_copies_nothing_of_capacity_size():
     scan of adds, then a scan of sample -> loss-like use of the weights -> update), no loop body
     copies an array of the capacity's size or more."""
     capacity = 100_000
-    buf = buffers.prioritized_init({"obs": jnp.zeros((4,)), "r": jnp.float32(0)}, capacity)
 
     def add(buf, x):
         return buffers.prioritized_add(buf, {"obs": jnp.full((1, 4), x), "r": x[None]}), None
@@ -394,7 +393,8 @@ def test_the_replay_loop_copies_nothing_of_capacity_size():
     def program(buf, key):
         return jax.lax.scan(phase, (buf, 0.0), jax.random.split(key, 4))[0]
 
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.devices("cpu")[0]):  # XLA:CPU's copy insertion (the GPU's is not checked here)
+        buf = buffers.prioritized_init({"obs": jnp.zeros((4,)), "r": jnp.float32(0)}, capacity)
         hlo = jax.jit(program).lower(buf, jax.random.PRNGKey(0)).compile().as_text()
     loops = hlo[: hlo.index("\nENTRY")]  # every computation but the entry: the loop bodies among them
     sizes = [np.prod([int(d) for d in dims.split(",") if d]) for dims in re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} copy\(", loops)]
