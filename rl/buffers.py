@@ -21,18 +21,31 @@ taken over the sampled batch), so they only ever scale an update down; `rl.loop.
 beta to 1. New items enter with the largest leaf value stored so far (1 initially), so each is
 likely to be replayed at least once.
 
-The sum-tree is one float32 array `tree` of length 2L (L = capacity rounded up to a power of two):
-tree[1] is the root, node k has children 2k and 2k+1, the leaves are tree[L:2L] (leaves past
-`capacity` stay 0; tree[0] is unused). Float32 drift guard: an update never adds a delta to an
-internal node. It writes the new leaves and then recomputes every ancestor on their paths from its
-two children, level by level. So every internal node always equals fl(left + right) of its current
-children, whatever the number of updates; errors cannot accumulate (tests check this over more than
-a million updates). Duplicate indices in one batched update are resolved deterministically: the
-LAST occurrence in the batch wins (the others are dropped before the scatter).
+The sum-tree `tree` is a tuple of float32 arrays, one per level, root first: tree[0] = [total],
+tree[1] the root's T children, then levels of FANOUT (16) children per node, down to the leaves
+tree[-1] (`sumtree_layout`: for capacity 100,000, levels of 1, 25, 400, 6,400 and 102,400 nodes).
+The children of node j of a level are entries j F .. j F + F - 1 of the next one, so a node's
+children are one contiguous group. Leaves past `capacity` stay 0.
 
-Cost note (XLA:CPU, measured): inside a scan that samples from and updates the same tree, XLA keeps
-a copy of the tree per step, so a step costs time proportional to the capacity (about 1 ms at
-capacity 100,000, 70 us at 4,096); size prioritized buffers to what the task needs.
+Sampling descends one level at a time: among the node's children it takes the first whose running
+sum (`_prefix_sums`) exceeds the target and subtracts the mass before it; 4 levels at capacity
+100,000 instead of a binary tree's 17. An update writes the new leaves with one scatter, then sets
+each ancestor on their paths to the sum of its children, one gather of their groups and one scatter
+per level. Float32 drift guard: an update never adds a delta to an internal node, so every internal
+node always equals the float32 sum of its current children, whatever the number of updates; errors
+cannot accumulate (tests check this over more than a million updates). Duplicate indices in one
+batched update are resolved deterministically: the LAST occurrence in the batch wins (the batch is
+sorted by index first and the others are dropped before the scatter).
+
+Cost note (XLA:CPU, measured on the 2-core VM): the binary tree this replaced cost about 1 ms per
+sample + update at capacity 100,000 inside the training scan. Its 17-level descent was a chain of
+small gathers that XLA fused into every consumer: the O(B^2) duplicate check re-ran the descent for
+each of its B x B entries, and the update's per-level fusions re-read the tree after the first
+in-place scatter into it, so XLA copied the whole tree twice per step to keep those reads valid.
+Here the descent ends in reductions, the update starts with a sort (XLA fuses neither into their
+consumers), and nothing reads the tree after a scatter into it but the recomputation of the
+touched groups; tests compile the replay loop and check that no loop body copies an array of the
+capacity's size.
 """
 
 from __future__ import annotations
@@ -139,84 +152,157 @@ def uniform_sample(buffer: UniformBuffer, key, batch_size: int):
 
 # ---------------------------------------------------------------- the sum-tree
 
-
-def _tree_depth(tree) -> int:
-    num_leaves = tree.shape[-1] // 2
-    return num_leaves.bit_length() - 1
-
-
-def sumtree_init(capacity: int) -> jax.Array:
-    """An all-zero sum-tree with at least `capacity` leaves (a power of two)."""
-    num_leaves = 1 << max(_check_capacity(capacity) - 1, 0).bit_length()
-    return jnp.zeros((2 * num_leaves,), jnp.float32)
+FANOUT = 16  # children per node below the top level (a descent step over [64, 16] costs ~2.5 us
+# on XLA:CPU, [64, 32] ~6 us, [64, 47] ~25 us: prefix sums are O(F^2) per row)
+MAX_TOP = 256  # most children of the root (one row shared by every target: its cost is small)
 
 
-def sumtree_from_leaves(leaves, num_leaves: int | None = None) -> jax.Array:
-    """The sum-tree whose first leaves are `leaves` (the rest 0), built bottom-up."""
+def sumtree_layout(capacity: int) -> tuple[int, ...]:
+    """Level sizes (root first) of the sum-tree for `capacity` leaves: (1, T, T F, ..., T F^m).
+
+    F = FANOUT and m >= 0 is the fewest levels of fan-out F for which T = ceil(capacity / F^m) is at
+    most MAX_TOP; so the tree is 1 + m levels below the root (4 for capacity 100,000: T = 25, 102,400
+    leaves) and the leaves are padded by less than a factor 1 + 1/T.
+    """
+    capacity = _check_capacity(capacity)
+    m = 0
+    while -(-capacity // FANOUT**m) > MAX_TOP:
+        m += 1
+    top = -(-capacity // FANOUT**m)
+    return (1,) + tuple(top * FANOUT**d for d in range(m + 1))
+
+
+def _fanouts(tree) -> list[int]:
+    """Children per node of each level above the leaves (from the static level sizes)."""
+    return [child.shape[-1] // parent.shape[-1] for parent, child in zip(tree[:-1], tree[1:])]
+
+
+def _child_sums(level, fanout: int, nodes=None) -> jax.Array:
+    """Sums of consecutive groups of `fanout` entries of `level` (those of group `nodes` if given)."""
+    groups = level.reshape(-1, fanout)
+    return (groups if nodes is None else groups[nodes]).sum(axis=-1)
+
+
+def sumtree_init(capacity: int) -> tuple[jax.Array, ...]:
+    """An all-zero sum-tree with at least `capacity` leaves (`sumtree_layout`)."""
+    return tuple(jnp.zeros((n,), jnp.float32) for n in sumtree_layout(capacity))
+
+
+def sumtree_from_leaves(leaves, capacity: int | None = None) -> tuple[jax.Array, ...]:
+    """The sum-tree of `capacity` (default len(leaves)) leaves whose first ones are `leaves` (the rest
+    0), built bottom-up: every node is the float32 sum of its children (`_child_sums`)."""
     leaves = jnp.asarray(leaves, jnp.float32)
-    num_leaves = num_leaves or (1 << max(leaves.shape[0] - 1, 0).bit_length())
-    level = jnp.zeros((num_leaves,), jnp.float32).at[: leaves.shape[0]].set(leaves)
-    levels = [level]
-    while level.shape[0] > 1:
-        level = level[0::2] + level[1::2]
-        levels.append(level)
-    return jnp.concatenate([jnp.zeros((1,), jnp.float32)] + levels[::-1])
+    sizes = sumtree_layout(capacity or leaves.shape[0])
+    levels = [jnp.zeros((sizes[-1],), jnp.float32).at[: leaves.shape[0]].set(leaves)]
+    for parent, child in zip(sizes[-2::-1], sizes[:0:-1]):
+        levels.append(_child_sums(levels[-1], child // parent))
+    return tuple(levels[::-1])
 
 
 def sumtree_total(tree) -> jax.Array:
-    return tree[1]
+    return tree[0][0]
 
 
 def sumtree_leaves(tree) -> jax.Array:
-    return tree[tree.shape[-1] // 2 :]
+    return tree[-1]
 
 
 def sumtree_get(tree, indices) -> jax.Array:
-    """Leaf values at `indices` (a gather; slicing out all leaves first would copy them)."""
-    return tree[tree.shape[-1] // 2 + jnp.asarray(indices, jnp.int32)]
+    """Leaf values at `indices` (a gather)."""
+    return tree[-1][jnp.asarray(indices, jnp.int32)]
 
 
 def last_occurrence(indices) -> jax.Array:
-    """Bool mask: True where no later entry of `indices` has the same value (O(B^2), B is a batch)."""
+    """Bool mask: True where no later entry of `indices` has the same value."""
+    order, keep = _last_of_runs(jnp.asarray(indices, jnp.int32))
+    return jnp.zeros(keep.shape, jnp.bool_).at[order].set(keep)
+
+
+def _last_of_runs(indices):
+    """(order, keep): the permutation that sorts `indices` stably, and, in that order, True at the
+    last entry of each run of equal values (the last occurrence in the batch). A sort: O(B log B),
+    and XLA never fuses it into its consumers."""
     n = indices.shape[0]
-    order = jnp.arange(n)
-    same = indices[:, None] == indices[None, :]
-    return ~jnp.any(same & (order[None, :] > order[:, None]), axis=1)
+    sorted_indices, order = jax.lax.sort((indices, jnp.arange(n, dtype=jnp.int32)), num_keys=2)
+    keep = jnp.concatenate([sorted_indices[1:] != sorted_indices[:-1], jnp.ones((1,), jnp.bool_)])
+    return order, keep
 
 
-def sumtree_set(tree, indices, values) -> jax.Array:
+def _recompute_ancestors(tree, leaf_indices) -> tuple[jax.Array, ...]:
+    """Each ancestor of the given leaves set to the sum of its children, level by level upwards
+    (one gather of the children's groups and one scatter per level; a shared ancestor is written
+    several times with the same value)."""
+    levels = list(tree)
+    nodes = leaf_indices
+    for d in range(len(levels) - 1, 0, -1):
+        fanout = levels[d].shape[-1] // levels[d - 1].shape[-1]
+        nodes = nodes // fanout
+        levels[d - 1] = levels[d - 1].at[nodes].set(_child_sums(levels[d], fanout, nodes))
+    return tuple(levels)
+
+
+def _set_sorted(tree, indices, values):
+    """(tree, sorted values, keep): `sumtree_set`'s work, also returning the batch's values in index
+    order and the mask of those written (the last occurrence of each index)."""
+    order, keep = _last_of_runs(indices)
+    rows, values = indices[order], values[order]
+    leaves = tree[-1].at[jnp.where(keep, rows, tree[-1].shape[-1])].set(values, mode="drop")
+    return _recompute_ancestors(tree[:-1] + (leaves,), rows), values, keep
+
+
+def sumtree_set(tree, indices, values) -> tuple[jax.Array, ...]:
     """Set leaves `indices` to `values` and recompute their ancestors from their children.
 
     Duplicate indices: the last occurrence wins. Internal nodes are recomputed, never incremented
-    (no float32 drift); a shared ancestor is written several times with the same value.
+    (no float32 drift). The batch is first sorted by index (`_last_of_runs`); everything after the
+    leaf write reads that sorted copy, never the reads of the tree that produced `indices`.
     """
-    num_leaves = tree.shape[-1] // 2
-    indices = jnp.asarray(indices, jnp.int32)
-    keep = last_occurrence(indices)
-    nodes = indices + num_leaves
-    tree = tree.at[jnp.where(keep, nodes, tree.shape[-1])].set(jnp.asarray(values, jnp.float32), mode="drop")
-    for _ in range(_tree_depth(tree)):
-        nodes = nodes // 2
-        tree = tree.at[nodes].set(tree[2 * nodes] + tree[2 * nodes + 1])
-    return tree
+    return _set_sorted(tree, jnp.asarray(indices, jnp.int32), jnp.asarray(values, jnp.float32))[0]
+
+
+def _prefix_sums(rows) -> jax.Array:
+    """Inclusive prefix sums along the last axis: c_k = sum_{j <= k} rows_j (a float32 matmul with
+    an upper-triangular matrix of ones, at full precision whatever the default matmul precision)."""
+    k = rows.shape[-1]
+    return jnp.matmul(rows, jnp.triu(jnp.ones((k, k), jnp.float32)), precision=jax.lax.Precision.HIGHEST)
+
+
+def _pick_child(masses, prefix, u):
+    """In each row of children `masses` [..., F] (prefix sums `prefix`), the child k with
+    c_{k-1} <= u < c_k, clamped to the last child of positive mass (a rounding overshoot u >= c_{F-1}
+    lands there; a zero child is never chosen while its row has mass). Returns (k, u - c_{k-1},
+    mass_k)."""
+    count = jnp.sum(prefix <= u[..., None], axis=-1)
+    last_positive = masses.shape[-1] - 1 - jnp.argmax((masses > 0)[..., ::-1], axis=-1)
+    k = jnp.minimum(count, last_positive).astype(jnp.int32)
+    mass = jnp.take_along_axis(masses, k[..., None], axis=-1)[..., 0]
+    before = jnp.take_along_axis(prefix, jnp.maximum(k - 1, 0)[..., None], axis=-1)[..., 0]
+    return k, u - jnp.where(k > 0, before, 0.0), mass
+
+
+def sumtree_find_with_mass(tree, targets):
+    """(leaves, their values): for each target mass u in [0, total), the leaf i with
+    cumsum_{<i} <= u < cumsum_{<=i} (`sumtree_find`) and its value (what P(i) needs, without a
+    second read of the leaves)."""
+    u = jnp.asarray(targets, jnp.float32)
+    top = tree[1]  # the root's children: one row shared by every target
+    nodes, u, mass = _pick_child(jnp.broadcast_to(top, u.shape + top.shape), jnp.broadcast_to(_prefix_sums(top), u.shape + top.shape), u)
+    for fanout, level in zip(_fanouts(tree)[1:], tree[2:]):
+        masses = level.reshape(-1, fanout)[nodes]
+        k, u, mass = _pick_child(masses, _prefix_sums(masses), u)
+        nodes = nodes * fanout + k
+    return nodes, mass
 
 
 def sumtree_find(tree, targets) -> jax.Array:
     """For each target mass u in [0, total), the leaf i with cumsum_{<i} <= u < cumsum_{<=i}.
 
-    Descends from the root: go left when u < left mass, else subtract it and go right. A child of
-    zero mass is never entered (a rounding overshoot goes to the non-empty sibling), so with a
-    positive total the leaf found always has positive mass.
+    Descends from the root one level at a time: among the node's children (one contiguous group),
+    take the first whose running sum exceeds u and subtract the mass before it. A child of zero mass
+    is never entered (a rounding overshoot goes to the last non-empty sibling), so with a positive
+    total the leaf found always has positive mass.
     """
-    num_leaves = tree.shape[-1] // 2
-    nodes = jnp.ones(jnp.shape(targets), jnp.int32)
-    u = jnp.asarray(targets, jnp.float32)
-    for _ in range(_tree_depth(tree)):
-        left, right = tree[2 * nodes], tree[2 * nodes + 1]
-        go_left = (left > 0) & ((u < left) | (right <= 0))
-        u = jnp.where(go_left, u, u - left)
-        nodes = jnp.where(go_left, 2 * nodes, 2 * nodes + 1)
-    return nodes - num_leaves
+    return sumtree_find_with_mass(tree, targets)[0]
 
 
 # ---------------------------------------------------------------- prioritized replay
@@ -237,13 +323,15 @@ def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
 def prioritized_add(buffer: PrioritizedBuffer, items, valid=True) -> PrioritizedBuffer:
     """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is False)."""
     rows, write_rows, position, size = _write_indices(buffer, items, valid)
-    leaves = sumtree_get(buffer.tree, rows)
-    values = jnp.where(jnp.asarray(valid, jnp.bool_), buffer.max_leaf, leaves)
+    leaves = buffer.tree[-1]
+    # invalid: a row past the padded leaves (`write_rows` = capacity would be a padding leaf), dropped
+    leaf_rows = jnp.where(jnp.asarray(valid, jnp.bool_), rows, leaves.shape[-1])
+    leaves = leaves.at[leaf_rows].set(buffer.max_leaf, mode="drop")  # the rows of one add are distinct
     return PrioritizedBuffer(
         data=_store(buffer.data, items, write_rows),
         position=position,
         size=size,
-        tree=sumtree_set(buffer.tree, rows, values),
+        tree=_recompute_ancestors(buffer.tree[:-1] + (leaves,), rows),
         max_leaf=buffer.max_leaf,
     )
 
@@ -265,8 +353,9 @@ def prioritized_sample(buffer: PrioritizedBuffer, key, batch_size: int, beta):
     total = sumtree_total(buffer.tree)
     u = (jnp.arange(batch_size, dtype=jnp.float32) + jax.random.uniform(key, (batch_size,))) / batch_size
     targets = jnp.minimum(u * total, total)
-    indices = jnp.clip(sumtree_find(buffer.tree, targets), 0, jnp.maximum(buffer.size - 1, 0))
-    weights = importance_weights(sampling_probabilities(buffer, indices), buffer.size, beta)
+    found, leaf = sumtree_find_with_mass(buffer.tree, targets)
+    indices = jnp.clip(found, 0, jnp.maximum(buffer.size - 1, 0))
+    weights = importance_weights(leaf / total, buffer.size, beta)
     return _gather(buffer.data, indices), indices, weights
 
 
@@ -275,8 +364,5 @@ def prioritized_update(buffer: PrioritizedBuffer, indices, priorities, alpha) ->
     wins) and raise `max_leaf` to the largest new leaf. Callers add a small epsilon to |TD| so no
     stored item becomes unsampleable."""
     leaves = jnp.power(jnp.maximum(jnp.asarray(priorities, jnp.float32), 0.0), alpha)
-    keep = last_occurrence(jnp.asarray(indices, jnp.int32))
-    return buffer._replace(
-        tree=sumtree_set(buffer.tree, indices, leaves),
-        max_leaf=jnp.maximum(buffer.max_leaf, jnp.max(jnp.where(keep, leaves, 0.0))),
-    )
+    tree, values, keep = _set_sorted(buffer.tree, jnp.asarray(indices, jnp.int32), leaves)
+    return buffer._replace(tree=tree, max_leaf=jnp.maximum(buffer.max_leaf, jnp.max(jnp.where(keep, values, 0.0))))

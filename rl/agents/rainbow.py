@@ -52,7 +52,6 @@ from rl.trainer import Trainer, train_from_trainer
 class Config(loop.ReplayLoopConfig):
     name: str = "rainbow"
     total_steps: int = hp(61_440, low=1, doc="env steps per seed (all envs counted)")
-    buffer_size: int = hp(16_384, low=1, doc="replay capacity (transitions); PER steps cost O(capacity) on XLA:CPU")
     lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size")
     target_update_interval: int = hp(128, low=1, doc="gradient steps between target updates")
     epsilon_start: float = hp(0.0, low=0.0, high=1.0, sweep=True, doc="epsilon-greedy on top of (or instead of) noisy nets")

@@ -3,6 +3,9 @@ probabilities, importance weights, duplicate-index updates, and no float32 drift
 
 from __future__ import annotations
 
+import re
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,7 +114,8 @@ def test_sumtree_set_matches_a_tree_built_from_scratch(leaves, data):
     for i, v in zip(indices, values):  # sequential writes: the last duplicate wins
         expected[i] = v
     np.testing.assert_array_equal(buffers.sumtree_leaves(updated)[:n], expected)
-    np.testing.assert_allclose(updated, buffers.sumtree_from_leaves(expected, num_leaves=updated.shape[0] // 2), rtol=1e-6)
+    for got, want in zip(updated, buffers.sumtree_from_leaves(expected)):  # every level, root first
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_sumtree_find_hits_the_right_leaf_at_every_boundary():
@@ -208,8 +212,9 @@ def test_beta_schedule_anneals_to_one():
 
 def test_sumtree_does_not_drift_over_a_million_updates():
     """1,024,000 priority updates (batches of 256, duplicates included, values over 8 orders of
-    magnitude) in one jitted scan: every internal node still equals the float32 sum of its children,
-    the root matches the float64 sum of the leaves, and sampling frequencies still match."""
+    magnitude) in one jitted scan: every internal node still equals the sum of its children (to the
+    float32 rounding of that one sum, not an accumulated error), the root matches the float64 sum of
+    the leaves, and sampling frequencies still match."""
     capacity, batch, steps = 1000, 256, 4000
     buf = filled_prioritized(np.ones(capacity), 0.6)
 
@@ -224,12 +229,11 @@ def test_sumtree_does_not_drift_over_a_million_updates():
         return jax.lax.scan(body, buf, jax.random.split(key, steps))[0]
 
     buf = hammer(buf, jax.random.PRNGKey(3))
-    tree = np.asarray(buf.tree)
-    num_leaves = tree.shape[0] // 2
-    internal = np.arange(1, num_leaves)
-    np.testing.assert_array_equal(tree[internal], tree[2 * internal] + tree[2 * internal + 1])
-    leaves = tree[num_leaves:].astype(np.float64)
-    np.testing.assert_allclose(tree[1], leaves.sum(), rtol=1e-5)
+    levels = [np.asarray(level, np.float64) for level in buf.tree]
+    for parent, children in zip(levels[:-1], levels[1:]):  # each node vs the exact sum of its children
+        np.testing.assert_allclose(parent, children.reshape(parent.shape[0], -1).sum(axis=1), rtol=2e-6)
+    leaves = levels[-1]
+    np.testing.assert_allclose(levels[0][0], leaves.sum(), rtol=1e-5)
     counts, _, _ = sample_counts(buf, num_batches=400, batch_size=256, seed=4)
     exact = leaves[:capacity] / leaves[:capacity].sum()
     assert counts[capacity:].sum() == 0
@@ -237,3 +241,170 @@ def test_sumtree_does_not_drift_over_a_million_updates():
     observed = np.append(counts[:capacity][big], counts[:capacity][~big].sum())
     expected = np.append(exact[big], exact[~big].sum()) * counts.sum()
     assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+# ---------------------------------------------------------------- against a float64 NumPy reference
+
+
+def buffer_with_priorities(priorities, alpha, capacity):
+    """A prioritized buffer of `capacity` items whose first len(priorities) are stored with leaf
+    p^alpha (the rest empty); items hold their own index."""
+    buf = buffers.prioritized_init({"i": jnp.int32(0)}, capacity)
+    n = len(priorities)
+    buf = buffers.prioritized_add(buf, {"i": jnp.arange(n, dtype=jnp.int32)})
+    return buffers.prioritized_update(buf, jnp.arange(n), jnp.asarray(priorities, jnp.float32), alpha)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.sampled_from([1, 6, 37, 256, 300, 5000]),  # one to three levels below the root
+    st.data(),
+    st.sampled_from([0.0, 0.5, 1.0]),
+    st.floats(0.0, 1.0),
+)
+def test_sum_queries_sampling_and_weights_match_a_float64_reference(capacity, data, alpha, beta):
+    n = data.draw(st.integers(1, min(capacity, 300)))
+    priorities = np.asarray(data.draw(st.lists(st.sampled_from([0.0, 1e-3, 0.5, 1.0, 7.0, 1e3]) | st.floats(1e-4, 1e4), min_size=n, max_size=n)))
+    if not np.any(priorities > 0):
+        priorities[0] = 1.0
+    buf = buffer_with_priorities(priorities, alpha, capacity)
+    leaves64 = np.zeros(capacity)
+    leaves64[:n] = np.where(priorities > 0, priorities**alpha, 0.0) if alpha else np.ones(n)
+    total64, cum64 = leaves64.sum(), np.cumsum(leaves64)
+
+    # sum queries: every node is the sum of the leaves below it, the root the total
+    stored = np.asarray(buffers.sumtree_leaves(buf.tree), np.float64)
+    np.testing.assert_allclose(stored[:capacity], leaves64, rtol=1e-6)
+    assert not stored[capacity:].any()
+    for level in buf.tree:
+        below = stored.reshape(level.shape[0], -1).sum(axis=1)
+        np.testing.assert_allclose(np.asarray(level), below, rtol=1e-5)
+    np.testing.assert_allclose(float(buffers.sumtree_total(buf.tree)), total64, rtol=1e-5)
+
+    # find: u lands on the leaf whose cumulative interval holds it (up to float32 rounding of the sums)
+    u = np.asarray(jax.random.uniform(jax.random.PRNGKey(n), (256,))) * total64
+    found = np.asarray(jax.jit(buffers.sumtree_find)(buf.tree, jnp.asarray(u, jnp.float32)))
+    slack = 1e-5 * total64
+    assert np.all(leaves64[found] > 0)
+    assert np.all(cum64[found] - leaves64[found] - slack <= u) and np.all(u < cum64[found] + slack)
+
+    # sampling frequencies and importance weights
+    items, idx, weights = draw_batches(buf, jax.random.split(jax.random.PRNGKey(n), 100), beta)
+    idx = np.asarray(idx)
+    np.testing.assert_array_equal(items["i"], idx)
+    p64 = leaves64 / total64
+    w = (n * p64[idx]) ** -beta
+    np.testing.assert_allclose(weights, w / w.max(axis=1, keepdims=True), rtol=1e-4)
+    counts = np.bincount(idx.ravel(), minlength=capacity)
+    assert counts[p64 == 0].sum() == 0
+    expected = p64 * counts.sum()
+    big, small = expected >= 20, (expected > 0) & (expected < 20)  # pool the small expected counts
+    observed, expected = counts[big], expected[big]
+    if small.any():
+        observed, expected = np.append(observed, counts[small].sum()), np.append(expected, p64[small].sum() * counts.sum())
+    if len(observed) >= 2:
+        assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+@partial(jax.jit, static_argnums=3)
+def draw_batches(buf, keys, beta, batch_size=64):
+    """One stratified batch per key (vmapped): (items, indices, weights) [len(keys), batch_size]."""
+    return jax.vmap(lambda key: buffers.prioritized_sample(buf, key, batch_size, beta))(keys)
+
+
+def test_batched_seeds_under_vmap_equal_one_seed_at_a_time():
+    """Sample, update and add vmapped over 3 buffers give the per-buffer results: the same indices
+    and trees bit for bit, the same weights to float32 rounding (exp/log vectorise differently)."""
+    capacity = 700
+    bufs = [buffer_with_priorities(np.random.default_rng(s).gamma(0.5, size=capacity - 50) + 1e-3, 0.6, capacity) for s in range(3)]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *bufs)
+    keys = jax.random.split(jax.random.PRNGKey(7), 3)
+
+    def step(buf, key):
+        items, idx, weights = buffers.prioritized_sample(buf, key, 64, 0.4)
+        buf = buffers.prioritized_update(buf, idx, 1.0 + (idx % 5).astype(jnp.float32), 0.6)
+        buf = buffers.prioritized_add(buf, {"i": jnp.full((4,), -1, jnp.int32)})
+        return buf, idx, weights
+
+    batched = jax.jit(jax.vmap(step))(stacked, keys)
+    for s in range(3):
+        single = jax.jit(step)(bufs[s], keys[s])
+        for got, want in zip(jax.tree.leaves(batched[:2]), jax.tree.leaves(single[:2])):
+            np.testing.assert_array_equal(np.asarray(got)[s], want)
+        np.testing.assert_allclose(batched[2][s], single[2], rtol=1e-6)
+
+
+def test_updates_at_capacity_100k_leave_every_other_priority_intact():
+    """50 sample-then-update steps (with duplicate indices) on a full 100,000-item buffer in one
+    jitted scan: the written leaves hold the last write, every other leaf is bit-identical, and
+    every node is still the sum of its children."""
+    capacity = 100_000
+    start = np.random.default_rng(0).uniform(0.01, 2.0, capacity).astype(np.float32)
+    buf = buffers.prioritized_init({"i": jnp.int32(0)}, capacity)
+    buf = buf._replace(size=jnp.int32(capacity), tree=buffers.sumtree_from_leaves(start))
+
+    @jax.jit
+    def run(buf, key):
+        def body(buf, key):
+            k_sample, k_prio = jax.random.split(key)
+            _, idx, _ = buffers.prioritized_sample(buf, k_sample, 64, 0.5)
+            idx = idx.at[-8:].set(idx[:8])  # duplicates: the later entries win
+            prio = jax.random.uniform(k_prio, (64,), minval=0.1, maxval=3.0)
+            return buffers.prioritized_update(buf, idx, prio, 1.0), (idx, prio)
+
+        return jax.lax.scan(body, buf, jax.random.split(key, 50))
+
+    out, (idx, prio) = run(buf, jax.random.PRNGKey(0))
+    expected = start.copy()
+    for step_idx, step_prio in zip(np.asarray(idx), np.asarray(prio)):
+        for i, p in zip(step_idx, step_prio):  # sequential writes: the last duplicate wins
+            expected[i] = p
+    np.testing.assert_array_equal(np.asarray(buffers.sumtree_leaves(out.tree))[:capacity], expected)
+    assert len(np.unique(np.asarray(idx))) > 1000
+    levels = [np.asarray(level, np.float64) for level in out.tree]
+    for parent, children in zip(levels[:-1], levels[1:]):
+        np.testing.assert_allclose(parent, children.reshape(parent.shape[0], -1).sum(axis=1), rtol=2e-6)
+
+
+def test_the_replay_loop_copies_nothing_of_capacity_size():
+    """The cost of PER on XLA:CPU came from copies of the whole tree inside the training loop: XLA
+    copies a buffer when an in-place scatter into it may run before a read of it (here: the fused
+    tree descent, re-run inside the update's fusions). Compiled like the agents' loop (phases of a
+    scan of adds, then a scan of sample -> loss-like use of the weights -> update), no loop body
+    copies an array of the capacity's size or more."""
+    capacity = 100_000
+
+    def add(buf, x):
+        return buffers.prioritized_add(buf, {"obs": jnp.full((1, 4), x), "r": x[None]}), None
+
+    def learn(carry, key):
+        buf, acc = carry
+        k_sample, k_prio = jax.random.split(key)
+        items, idx, weights = buffers.prioritized_sample(buf, k_sample, 64, 0.5)
+        td = items["obs"].sum(-1) + items["r"] + jax.random.uniform(k_prio, (64,))
+        buf = buffers.prioritized_update(buf, idx, jnp.abs(td) + 1e-6, 0.6)
+        return (buf, acc + jnp.mean(weights * td**2)), None
+
+    def phase(carry, key):
+        buf, acc = carry
+        buf, _ = jax.lax.scan(add, buf, acc + jnp.arange(16.0))
+        return jax.lax.scan(learn, (buf, acc), jax.random.split(key, 8))[0], None
+
+    def program(buf, key):
+        return jax.lax.scan(phase, (buf, 0.0), jax.random.split(key, 4))[0]
+
+    with jax.default_device(jax.devices("cpu")[0]):  # XLA:CPU's copy insertion (the GPU's is not checked here)
+        buf = buffers.prioritized_init({"obs": jnp.zeros((4,)), "r": jnp.float32(0)}, capacity)
+        hlo = jax.jit(program).lower(buf, jax.random.PRNGKey(0)).compile().as_text()
+    loops = hlo[: hlo.index("\nENTRY")]  # every computation but the entry: the loop bodies among them
+    sizes = [np.prod([int(d) for d in dims.split(",") if d]) for dims in re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} copy\(", loops)]
+    assert not [s for s in sizes if s >= capacity], sizes
+
+
+def test_prioritized_add_with_valid_false_changes_nothing_even_with_padded_leaves():
+    """Capacity 300 has 304 leaves (19 groups of 16): an invalid add must not wake a padding leaf."""
+    buf = buffers.prioritized_add(buffers.prioritized_init({"x": jnp.float32(0)}, 300), {"x": jnp.arange(5.0)})
+    assert buffers.sumtree_leaves(buf.tree).shape == (304,)
+    same = jax.jit(buffers.prioritized_add)(buf, {"x": jnp.arange(3.0)}, jnp.bool_(False))
+    for a, b in zip(jax.tree.leaves(buf), jax.tree.leaves(same)):
+        np.testing.assert_array_equal(a, b)
