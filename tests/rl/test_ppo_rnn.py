@@ -121,20 +121,24 @@ def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rol
 
 @pytest.mark.parametrize("backend, cell", [("flax", "gru"), ("haiku", "lstm")])
 def test_ppo_rnn_learns_masked_cartpole(backend, cell):
-    """CartPole with the velocities hidden, the shipped config's settings (no annealing), 24k steps:
-    the training return grows from random (~22) and greedy episodes pass 50. (A learning test on one
-    seed: the exact curve differs by platform, e.g. TF32 matmuls on a GPU; on an H200 the haiku LSTM's
-    greedy return reached 60 where the CPU's passes 100, so the bar is what every platform clears.)"""
+    """CartPole with the velocities hidden, the shipped config's settings (no annealing), 24k steps,
+    4 seeds in one program. Over the seeds (medians, because one seed's curve differs by platform:
+    with TF32 matmuls on an H200 a single haiku-LSTM seed stalled where the CPU's did not), the best
+    training return of the second half of the run is at least twice the first (random, ~22), and the
+    best greedy return passes 80. Medians on the CPU: GRU 128 / 247, LSTM 54 / 117 (training / greedy)."""
     config = make_config(
         env={"observe": "positions"}, total_steps=24_576, num_envs=8, num_steps=32, num_epochs=10, num_minibatches=1, lr=1e-3,
         anneal_lr=False, gamma=0.98, gae_lambda=0.8, ent_coef=0.0, log_interval=16, eval_envs=8,
         network={"torso": cell, "hidden": [64], "recurrent_hidden": 64, "backend": backend},
     )
-    _, metrics = jax.jit(ppo_rnn.make_train(config))(jax.random.PRNGKey(0))
-    returns = np.asarray(metrics["episode_return"])
-    assert metrics["step"][-1] == 24_576
-    assert returns[-1] > 2 * returns[0] and returns[-1] > 50, returns
-    assert np.max(metrics["eval_return"]) > 50, metrics["eval_return"]
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    _, metrics = jax.jit(jax.vmap(ppo_rnn.make_train(config)))(keys)
+    returns = np.asarray(metrics["episode_return"])  # [seed, log point]
+    assert np.all(np.asarray(metrics["step"])[:, -1] == 24_576)
+    late_best = np.max(returns[:, returns.shape[1] // 2:], axis=1)
+    assert np.median(late_best) > 2 * np.median(returns[:, 0]), returns
+    best_greedy = np.max(np.asarray(metrics["eval_return"]), axis=1)
+    assert np.median(best_greedy) > 80, best_greedy
 
 
 def test_ppo_rnn_continuous_masked_pendulum_runs_and_acts_within_bounds():
