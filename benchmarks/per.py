@@ -84,12 +84,13 @@ def run_ratio(args) -> dict:
 
 
 def time_scan(step, state, steps: int) -> float:
-    """Median seconds per step of a jitted lax.scan of `step` (5 timed calls after one untimed)."""
+    """Median seconds per step of a jitted lax.scan of `step` (5 timed calls after one untimed, each
+    with its own key)."""
     run = jax.jit(lambda state, key: jax.lax.scan(step, state, jax.random.split(key, steps))[0])
-    key = jax.random.PRNGKey(0)
-    jax.block_until_ready(run(state, key))
+    keys = jax.random.split(jax.random.PRNGKey(0), 6)  # a fresh key per call: no call repeats another
+    jax.block_until_ready(run(state, keys[0]))
     times = []
-    for _ in range(5):
+    for key in keys[1:]:
         start = time.perf_counter()
         jax.block_until_ready(run(state, key))
         times.append(time.perf_counter() - start)

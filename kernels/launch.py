@@ -432,7 +432,9 @@ def _restoring_triton_language() -> Iterator[None]:
 
     Triton 3.6's interpreter leaves its patches in ``triton.language`` after a launch (3.9 restores
     them), so a later GPU compile of any kernel in the same process would trace interpreter builtins
-    and fail; restoring the namespaces keeps the interpret and triton backends usable side by side.
+    and fail; restoring the attributes it replaced keeps the interpret and triton backends usable
+    side by side. Names it added (absent on entry) are left in place: Triton 3.9 adds names it
+    relies on in later launches.
     """
     namespaces = _triton_language_namespaces()
     saved = [(ns, dict(vars(ns))) for ns in namespaces]

@@ -66,7 +66,7 @@ class PrioritizedBuffer(NamedTuple):
     data: Any
     position: jax.Array
     size: jax.Array
-    tree: jax.Array  # float32 [2 * num_leaves]; see the module docstring
+    tree: tuple[jax.Array, ...]  # float32 levels, root first (`sumtree_layout`); see the module docstring
     max_leaf: jax.Array  # float32: largest leaf value (priority^alpha) seen; new items get it
 
 
@@ -162,7 +162,7 @@ def sumtree_layout(capacity: int) -> tuple[int, ...]:
 
     F = FANOUT and m >= 0 is the fewest levels of fan-out F for which T = ceil(capacity / F^m) is at
     most MAX_TOP; so the tree is 1 + m levels below the root (4 for capacity 100,000: T = 25, 102,400
-    leaves) and the leaves are padded by less than a factor 1 + 1/T.
+    leaves) and the leaves exceed `capacity` by less than a factor T / (T - 1) (none when m = 0).
     """
     capacity = _check_capacity(capacity)
     m = 0
@@ -192,6 +192,8 @@ def sumtree_from_leaves(leaves, capacity: int | None = None) -> tuple[jax.Array,
     """The sum-tree of `capacity` (default len(leaves)) leaves whose first ones are `leaves` (the rest
     0), built bottom-up: every node is the float32 sum of its children (`_child_sums`)."""
     leaves = jnp.asarray(leaves, jnp.float32)
+    if capacity is not None and capacity < leaves.shape[0]:
+        raise ValueError(f"sumtree_from_leaves: capacity {capacity} is less than the {leaves.shape[0]} leaves given")
     sizes = sumtree_layout(capacity or leaves.shape[0])
     levels = [jnp.zeros((sizes[-1],), jnp.float32).at[: leaves.shape[0]].set(leaves)]
     for parent, child in zip(sizes[-2::-1], sizes[:0:-1]):
@@ -355,7 +357,7 @@ def prioritized_sample(buffer: PrioritizedBuffer, key, batch_size: int, beta):
     targets = jnp.minimum(u * total, total)
     found, leaf = sumtree_find_with_mass(buffer.tree, targets)
     indices = jnp.clip(found, 0, jnp.maximum(buffer.size - 1, 0))
-    weights = importance_weights(leaf / total, buffer.size, beta)
+    weights = importance_weights(leaf / jnp.where(total > 0, total, 1.0), buffer.size, beta)
     return _gather(buffer.data, indices), indices, weights
 
 

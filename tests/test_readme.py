@@ -1,8 +1,9 @@
 """Every code block of the README runs, so the README cannot rot.
 
 Python blocks run in README order in one namespace (a block may use names an earlier one defined),
-from an empty directory. Bash blocks run with `bash -e` in order from one empty directory, with
-`rl` on the PATH, `pip install ... &&` prefixes dropped (the test runs in the installed environment)
+from an empty directory. Bash blocks run with `bash -e` from an empty directory (one per pytest-xdist
+worker: under `--dist loadgroup` the blocks spread over workers in any order, so each block must
+stand alone, using only runs it makes itself), with `rl` on the PATH, `pip install ... &&` prefixes dropped (the test runs in the installed environment)
 and FUSEDRL_SMOKE_LOG_POINTS=1 FUSEDRL_SMOKE_SEEDS=2, so each `rl train` stops after its first log point
 and trains at most 2 seeds. A block whose
 first line is `# README test: skip (reason)` is not run; the reason must say why (a benchmark, a
@@ -88,7 +89,7 @@ def test_python_blocks_run(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def shell(tmp_path_factory):
-    """(working directory, environment) shared by the bash blocks, which run in README order."""
+    """(working directory, environment) shared by the bash blocks this worker runs (each block stands alone)."""
     root = tmp_path_factory.mktemp("readme")
     bin_dir = root / "bin"
     bin_dir.mkdir()

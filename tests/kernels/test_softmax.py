@@ -186,3 +186,14 @@ def test_automatic_choice_sends_narrow_rows_to_xla(monkeypatch):
     monkeypatch.delenv(launch.ENV_VAR)
     with launch.use_backend("reference"):
         assert not launch.chosen_automatically(None)
+
+
+def test_softmax_on_narrow_rows_runs_no_kernel_when_the_choice_is_automatic(monkeypatch):
+    """Through softmax() itself: an automatic triton choice on 6 columns traces no triton call."""
+    module = importlib.import_module("kernels.softmax")  # the module (kernels.softmax is also the function)
+    monkeypatch.setattr(module, "resolve_backend", lambda backend=None: "triton")
+    monkeypatch.setattr(module, "chosen_automatically", lambda backend=None: True)
+    x = jax.random.normal(jax.random.PRNGKey(0), (32, 6))
+    jaxpr = str(jax.make_jaxpr(module.softmax)(x))
+    assert "triton" not in jaxpr and "callback" not in jaxpr
+    np.testing.assert_allclose(module.softmax(x), softmax_reference(x, -1), rtol=1e-6)

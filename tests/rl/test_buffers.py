@@ -408,3 +408,12 @@ def test_prioritized_add_with_valid_false_changes_nothing_even_with_padded_leave
     same = jax.jit(buffers.prioritized_add)(buf, {"x": jnp.arange(3.0)}, jnp.bool_(False))
     for a, b in zip(jax.tree.leaves(buf), jax.tree.leaves(same)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_sampling_an_empty_prioritized_buffer_gives_row_0_and_weights_1():
+    buffer = buffers.prioritized_init({"x": jnp.zeros(3)}, 300)
+    _, indices, weights = buffers.prioritized_sample(buffer, jax.random.PRNGKey(0), 4, 0.4)
+    np.testing.assert_array_equal(indices, 0)
+    np.testing.assert_array_equal(weights, 1.0)
+    with pytest.raises(ValueError, match="capacity 3 is less than the 5 leaves"):
+        buffers.sumtree_from_leaves(jnp.ones(5), 3)
