@@ -107,3 +107,17 @@ def rollout():
 @pytest.fixture
 def parity():
     return gymnasium_parity
+
+
+@pytest.fixture
+def hide_package(monkeypatch):
+    """`hide_package(name)` makes `import name` (and its submodules) fail for the rest of the test, as
+    if not installed: the loaded modules leave sys.modules and `name` maps to None (undone after)."""
+    import sys
+
+    def hide(name: str) -> None:
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            monkeypatch.delitem(sys.modules, module)
+        monkeypatch.setitem(sys.modules, name, None)
+
+    return hide

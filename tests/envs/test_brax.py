@@ -4,7 +4,6 @@ under jit and vmap: observations, rewards, the terminated/truncated split of `ep
 short training run from each Brax config."""
 
 import importlib.util
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -141,10 +140,8 @@ def test_render_draws_the_state_without_a_display():
     assert frame.std() > 5  # a scene, not a blank image
 
 
-def test_missing_extra_names_it(monkeypatch):
-    for module in [m for m in sys.modules if m == "brax" or m.startswith("brax.")]:
-        monkeypatch.delitem(sys.modules, module)
-    monkeypatch.setitem(sys.modules, "brax", None)
+def test_missing_extra_names_it(hide_package):
+    hide_package("brax")
     with pytest.raises(ImportError, match=r'brax:ant needs the \'brax.envs\' package, which does not import: pip install "fusedrl\[brax\]"'):
         envs.make("brax:ant", backend="mjx")
     assert not any(i.startswith("brax:") for i in envs.registered_ids())

@@ -4,7 +4,6 @@ terminated/truncated split of Craftax's `done`; spaces of every id, rendering, t
 error, and a short training run from configs/ppo_craftax_symbolic.yaml."""
 
 import importlib.util
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -121,10 +120,8 @@ def test_render(env_params):
     assert frame.dtype == np.uint8 and frame.shape == (144, 144, 3) and frame.std() > 10
 
 
-def test_missing_extra_names_it(monkeypatch):
-    for module in [m for m in sys.modules if m == "craftax" or m.startswith("craftax.")]:
-        monkeypatch.delitem(sys.modules, module)
-    monkeypatch.setitem(sys.modules, "craftax", None)
+def test_missing_extra_names_it(hide_package):
+    hide_package("craftax")
     with pytest.raises(ImportError, match=r'pip install "fusedrl\[craftax\]"'):
         envs.make("craftax:Craftax-Symbolic-v1")
     assert not any(i.startswith("craftax:") for i in envs.registered_ids())

@@ -149,10 +149,8 @@ def test_render():
     assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3 and frame.std() > 1
 
 
-def test_missing_extra_names_it(monkeypatch):
-    for module in [m for m in sys.modules if m == "jumanji" or m.startswith("jumanji.")]:
-        monkeypatch.delitem(sys.modules, module)
-    monkeypatch.setitem(sys.modules, "jumanji", None)
+def test_missing_extra_names_it(hide_package):
+    hide_package("jumanji")
     with pytest.raises(ImportError, match=r'jumanji:Snake-v1 needs the \'jumanji\' package, which does not import: pip install "fusedrl\[jumanji\]"'):
         envs.make("jumanji:Snake-v1")
     assert not any(i.startswith("jumanji:") for i in envs.registered_ids())
