@@ -19,7 +19,8 @@
 # gymnasium, farama-notifications (the wandb tests skip without wandb).
 cd "$(dirname "$0")/.."
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+  # (under a lock: two suites may start at once, one per GPU, sharing /tmp/site)
+  flock /tmp/site.lock python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 fi
 set -uo pipefail
 

@@ -151,6 +151,18 @@ def test_triton_compiles_after_the_interpreter_ran_in_the_same_process():
                                kernels.discounted_returns(rewards, discounts, jnp.zeros(4), backend="reference"), rtol=1e-6)
 
 
+def test_the_interpreter_runs_after_triton_compiled_in_the_same_process():
+    """The other order: an op compiled for the GPU, then the same op (with @triton.jit helpers) on
+    the interpreter, which must see triton.language as the GPU compile left it."""
+    if L.interpret_unavailable_reason() is not None or L.triton_unavailable_reason() is not None:
+        pytest.skip("needs both the interpret and the triton backend (a GPU with jax-triton)")
+    rewards, discounts, last = jnp.ones((16, 4)), jnp.full((16, 4), 0.9), jnp.zeros(4)
+    reference = kernels.discounted_returns(rewards, discounts, last, backend="reference")
+    np.testing.assert_allclose(kernels.discounted_returns(rewards, discounts, last, backend="triton"), reference, rtol=1e-6)
+    np.testing.assert_allclose(kernels.discounted_returns(rewards, discounts, last, backend="interpret"), reference, rtol=1e-6)
+    np.testing.assert_allclose(kernels.discounted_returns(rewards, discounts, last, backend="triton"), reference, rtol=1e-6)
+
+
 def test_shape_helpers():
     x = jnp.zeros((2, 3, 7, 4, 5))
     x3, restore = L.time_major_3d(x, lead=2)
