@@ -459,15 +459,32 @@ def _interpret_device_calls() -> Iterator[None]:
     """Routes calls of ``@triton.jit`` helpers (``tl.min``, combine functions, our own helpers)
     made from an interpreted kernel to their interpreter twins, for the duration of one launch, and
     leaves ``triton.language`` as it found it."""
+    from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
 
     with _interpreter_lock, _restoring_triton_language():
         original = JITFunction.__call__
+        original_patch = interpreter._patch_lang_tensor
         JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted(self)(*args, **kwargs)
+        interpreter._patch_lang_tensor = _with_scalar_index(original_patch)
         try:
             yield
         finally:
             JITFunction.__call__ = original
+            interpreter._patch_lang_tensor = original_patch
+
+
+def _with_scalar_index(patch_lang_tensor):
+    """Triton's ``_patch_lang_tensor`` followed by an ``__index__`` that reads the one element of
+    the handle's array, whatever its shape. The interpreter holds a scalar (a kernel argument such
+    as a loop bound) as a shape-(1,) array; Triton 3.6 converts it with ``int(data)``, which NumPy
+    refuses for arrays of ndim > 0, so ``range(n)`` over such a scalar fails there (3.9 squeezes)."""
+
+    def patch(tensor, *args, **kwargs):
+        patch_lang_tensor(tensor, *args, **kwargs)
+        tensor.__index__ = lambda self: int(np.asarray(self.handle.data).reshape(-1)[0])
+
+    return patch
 
 
 def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs):
