@@ -86,6 +86,25 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in ("steps_per_second", "wall_time")} for row in rows]
 
 
+def assert_runs_close(a: Path, b: Path, *, rtol: float, params_atol: float, metric_atol: float) -> None:
+    """Two run directories: final parameters to (rtol, params_atol); per log point, integer metrics
+    (steps, episode counts) identical and float metrics to (rtol, metric_atol)."""
+    import jax
+    import numpy as np
+    import pytest
+
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=params_atol), final_params(a), final_params(b))
+    rows_a, rows_b = metric_rows(a), metric_rows(b)
+    assert len(rows_a) == len(rows_b)
+    for row_a, row_b in zip(rows_a, rows_b):
+        assert row_a.keys() == row_b.keys()
+        for key, value in row_a.items():
+            if isinstance(value, float):
+                assert value == pytest.approx(row_b[key], rel=rtol, abs=metric_atol), key
+            else:
+                assert value == row_b[key], key
+
+
 def final_params(run_dir: Path):
     from flax import serialization
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from run_helpers import REPO, final_params, metric_rows, subprocess_env, write_config
+from run_helpers import REPO, assert_runs_close, final_params, metric_rows, subprocess_env, write_config
 
 SHARDED = textwrap.dedent(
     """
@@ -62,16 +62,7 @@ def assert_same_run(a, b):
     """Per seed: integer metrics (steps, episode counts, greedy path lengths) identical, floats to
     float32 round-off. A device holding 1 seed runs a program vectorised over 1 instead of 4, and
     XLA may then contract multiply-adds differently (see tests/rl/test_qlearning.py)."""
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), final_params(a), final_params(b))
-    rows_a, rows_b = metric_rows(a), metric_rows(b)
-    assert len(rows_a) == len(rows_b)
-    for row_a, row_b in zip(rows_a, rows_b):
-        assert row_a.keys() == row_b.keys()
-        for key, value in row_a.items():
-            if isinstance(value, float):
-                assert value == pytest.approx(row_b[key], rel=1e-5, abs=1e-6), key
-            else:
-                assert value == row_b[key], key
+    assert_runs_close(a, b, rtol=1e-5, params_atol=1e-6, metric_atol=1e-6)
 
 
 def test_sharded_seeds_equal_unsharded_on_4_cpu_devices(tmp_path):

@@ -16,10 +16,9 @@ on sampled actions only, are equal."""
 from __future__ import annotations
 
 import jax
-import numpy as np
 import pytest
 
-from run_helpers import final_params, metric_rows, run_cli, write_config
+from run_helpers import assert_runs_close, metric_rows, run_cli, write_config
 
 
 def _gpus() -> int:
@@ -42,16 +41,8 @@ PPO = {
 
 def assert_close_runs(a, b):
     """Parameters to rtol 1e-4 (see the module docstring); integer metrics equal, floats to 1e-4."""
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6), final_params(a), final_params(b))
-    rows_a, rows_b = metric_rows(a), metric_rows(b)
-    assert len(rows_a) == len(rows_b) > 0
-    for row_a, row_b in zip(rows_a, rows_b):
-        assert row_a.keys() == row_b.keys()
-        for key, value in row_a.items():
-            if isinstance(value, float):
-                assert value == pytest.approx(row_b[key], rel=1e-4, abs=1e-5), key
-            else:
-                assert value == row_b[key], key
+    assert metric_rows(a)
+    assert_runs_close(a, b, rtol=1e-4, params_atol=1e-6, metric_atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
