@@ -46,32 +46,53 @@ def _is_key(x) -> bool:
     return isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
+def _is_empty(x) -> bool:
+    return isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray)) and int(np.prod(x.shape)) == 0
+
+
 def strip_keys(tree):
-    """Typed PRNG key leaves replaced by their uint32 key data (what orbax can store)."""
-    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+    """The stored form of a state: typed PRNG key leaves replaced by their uint32 key data, and
+    zero-size arrays (e.g. a Brax pipeline state's empty actuator arrays) by None, since orbax cannot
+    store them and they hold no data (`restore_keys` recreates them from the abstract state)."""
+
+    def convert(x):
+        if _is_key(x):
+            return jax.random.key_data(x)
+        return None if _is_empty(x) else x
+
+    return jax.tree.map(convert, tree)
 
 
 def abstract_for_storage(abstract_tree):
-    """The stored form of an abstract tree: typed key leaves as their key-data shape."""
+    """The stored form of an abstract tree: typed key leaves as their key-data shape, zero-size
+    leaves as None (as `strip_keys` stores them)."""
 
     def convert(x):
         if _is_key(x):
             data = jax.eval_shape(jax.random.key_data, x)
             return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=getattr(x, "sharding", None))
-        return x
+        return None if _is_empty(x) else x
 
     return jax.tree.map(convert, abstract_tree)
 
 
 def restore_keys(tree, abstract_tree):
-    """Inverse of `strip_keys`: re-wrap key data where `abstract_tree` has typed keys."""
+    """Inverse of `strip_keys`: re-wrap key data where `abstract_tree` has typed keys, and put back
+    the zero-size arrays (zeros of the abstract shape and dtype, placed by its sharding)."""
+    specs, treedef = jax.tree.flatten(abstract_tree)
+    stored = iter(jax.tree.leaves(tree))
 
-    def convert(x, spec):
+    def convert(spec):
+        if _is_empty(spec):
+            empty = jnp.zeros(spec.shape, spec.dtype)
+            sharding = getattr(spec, "sharding", None)
+            return empty if sharding is None else jax.device_put(empty, sharding)
+        x = next(stored)
         if _is_key(spec):
             return jax.random.wrap_key_data(x, impl=spec.dtype._impl.name)  # the key dtype names its PRNG impl
         return x
 
-    return jax.tree.map(convert, tree, abstract_tree)
+    return jax.tree.unflatten(treedef, [convert(spec) for spec in specs])
 
 
 def checkpoint_dir(run_dir) -> Path:

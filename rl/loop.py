@@ -471,7 +471,8 @@ class PPOLoopConfig(OnPolicyLoopConfig):
     normalize_advantages: bool = hp(True, doc="normalise advantages per minibatch")
     reward_scale: float = hp(1.0, low=0.0, low_open=True, sweep=True, doc="rewards are multiplied by this for learning")
     shared_network: bool = hp(False, doc="one torso for actor and critic")
-    log_std_init: float = hp(0.0, doc="initial log-std of the Gaussian policy (continuous actions)")
+    continuous_policy: str = hp("gaussian", choices=("gaussian", "tanh_gaussian"), doc="policy for Box actions: a Gaussian with a learned state-independent log-std, its samples clipped to the bounds; or a tanh-squashed Gaussian with a state-dependent scale softplus(x) + 0.001 (Brax's PPO)")
+    log_std_init: float = hp(0.0, doc="initial log-std of the gaussian policy (continuous_policy: gaussian)")
 
     def validate(self):
         if self.batch_size % self.num_minibatches:
@@ -505,28 +506,41 @@ def check_policy_env(config, env, env_params) -> None:
         raise ConfigError(f"env.id: {name} needs Discrete or Box actions; {config.env.id} has {space}")
 
 
-def policy_head(agent: PPOLoopConfig, env, env_params) -> tuple[Callable, bool]:
-    """(head, continuous) for the env's actions: a diagonal Gaussian head (initial log-std
-    `agent.log_std_init`) for Box actions, else a categorical one."""
+def policy_head(agent: PPOLoopConfig, env, env_params) -> tuple[Callable, str]:
+    """(head, distribution) for the env's actions: for Box actions a diagonal Gaussian head
+    (initial log-std `agent.log_std_init`) or, with `agent.continuous_policy: tanh_gaussian`, a
+    tanh-squashed one with a state-dependent scale; else a categorical one. The distribution is
+    one of `losses.DISTRIBUTIONS`."""
     space = env.action_space(env_params)
-    if isinstance(space, Box):
-        return networks.gaussian_policy_head(int(np.prod(space.shape)), agent.log_std_init), True
-    return networks.categorical_policy_head(int(space.n)), False
+    if not isinstance(space, Box):
+        return networks.categorical_policy_head(int(space.n)), "categorical"
+    action_dim = int(np.prod(space.shape))
+    if agent.continuous_policy == "tanh_gaussian":
+        return networks.tanh_gaussian_policy_head(action_dim), "tanh_gaussian"
+    return networks.gaussian_policy_head(action_dim, agent.log_std_init), "gaussian"
 
 
-def sample_action(policy, key, continuous: bool):
-    """A sample of the policy: mean + sigma N(0, I), or a categorical index (int32)."""
-    if continuous:
-        mean, log_std = policy
-        return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
-    return jax.random.categorical(key, policy).astype(jnp.int32)
+def sample_action(policy, key, distribution: str):
+    """A sample of the policy: mean + sigma N(0, I) (for the tanh Gaussian the pre-squash sample u,
+    which is what is stored and scored), or a categorical index (int32)."""
+    if distribution == "categorical":
+        return jax.random.categorical(key, policy).astype(jnp.int32)
+    mean, log_std = policy
+    return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
 
 
-def greedy_action(policy, continuous: bool):
-    """The Gaussian's mean, or the argmax of the logits."""
-    if continuous:
-        return policy[0]
-    return jnp.argmax(policy, axis=-1).astype(jnp.int32)
+def env_action(action, distribution: str):
+    """What the env is sent for a sampled or greedy action: tanh(u) for the tanh Gaussian (in
+    [-1, 1]^d), else the action itself (`make_env`'s RescaleAction clips a Gaussian's)."""
+    return jnp.tanh(action) if distribution == "tanh_gaussian" else action
+
+
+def greedy_action(policy, distribution: str):
+    """The argmax of the logits, or the Gaussian's mean (the pre-squash mean for the tanh Gaussian:
+    `env_action` squashes it)."""
+    if distribution == "categorical":
+        return jnp.argmax(policy, axis=-1).astype(jnp.int32)
+    return policy[0]
 
 
 def ppo_optimizer(agent: PPOLoopConfig, hparams):
@@ -535,10 +549,10 @@ def ppo_optimizer(agent: PPOLoopConfig, hparams):
 
 
 def ppo_minibatch_loss(policy, values, actions, old_log_probs, old_values, advantages, targets, hparams, agent: PPOLoopConfig,
-                       continuous: bool, backend: str):
+                       distribution: str, backend: str):
     """(L, stats) = `losses.ppo_loss` of a minibatch from the current network's outputs on it (`policy`,
     `values`), advantages normalised first if `agent.normalize_advantages`. Any batch shape."""
-    log_prob, entropy = losses.policy_log_prob_entropy(policy, actions, continuous, backend)
+    log_prob, entropy = losses.policy_log_prob_entropy(policy, actions, distribution, backend)
     if agent.normalize_advantages:
         advantages = losses.normalize(advantages)
     return losses.ppo_loss(

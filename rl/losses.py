@@ -24,7 +24,7 @@ __all__ = [
     "episode_discount", "n_step_discount", "bootstrap_value", "q_learning_target", "td_loss", "n_step_transition",
     "categorical_q_values", "categorical_td_target", "categorical_cross_entropy",
     "normalize", "gae_coefficients", "truncation_aware_gae", "clipped_surrogate_loss", "clipped_value_loss", "ppo_loss",
-    "gaussian_log_prob_entropy", "policy_log_prob_entropy", "tanh_log_det_jacobian", "squashed_gaussian_sample", "squashed_gaussian_log_prob",
+    "gaussian_log_prob_entropy", "tanh_gaussian_log_prob_entropy", "policy_log_prob_entropy", "tanh_log_det_jacobian", "squashed_gaussian_sample", "squashed_gaussian_log_prob",
     "soft_value", "soft_value_discrete", "twin_q_loss", "sac_actor_loss", "sac_actor_loss_discrete", "temperature_loss",
     "smoothed_target_action", "deterministic_policy_loss",
 ]
@@ -171,12 +171,39 @@ def gaussian_log_prob_entropy(mean, log_std, actions):
     return log_prob, entropy
 
 
-def policy_log_prob_entropy(policy, actions, continuous: bool, backend: str | None = None):
-    """(log pi(a|s), H[pi(.|s)]) of a policy-head output: a diagonal Gaussian (mean, log_std)
-    (`gaussian_log_prob_entropy`), or categorical logits (`kernels.categorical_log_prob_entropy`)."""
-    if continuous:
+def tanh_gaussian_log_prob_entropy(mean, log_std, u):
+    """(log pi(tanh u), H) of the tanh-squashed diagonal Gaussian at a pre-squash sample u, summed
+    over the last axis:
+
+        log pi(tanh u) = sum_j [log N(u_j; mu_j, sigma_j) - log(1 - tanh(u_j)^2)]
+        H = sum_j [log sigma_j + log(2 pi e) / 2 + log(1 - tanh(u'_j)^2)],   u' = mu + sigma stop_grad((u - mu) / sigma)
+
+    H is the one-sample estimate H[N] + E[log |d tanh(u) / du|] (the squashed entropy has no closed
+    form) at the given sample, reparameterised: u' equals u, and its gradient flows to mu and sigma
+    as a fresh sample's would (Brax's PPO estimates it with a fresh sample). In PPO's ratio the
+    Jacobian term of the log-probability cancels, since old and new policies score the same u."""
+    log_prob, entropy = gaussian_log_prob_entropy(mean, log_std, u)
+    std = jnp.exp(log_std)
+    u_reparam = mean + std * jax.lax.stop_gradient((u - mean) / std)
+    return (log_prob - jnp.sum(tanh_log_det_jacobian(u), axis=-1),
+            entropy + jnp.sum(tanh_log_det_jacobian(u_reparam), axis=-1))
+
+
+DISTRIBUTIONS = ("categorical", "gaussian", "tanh_gaussian")
+
+
+def policy_log_prob_entropy(policy, actions, distribution: str, backend: str | None = None):
+    """(log pi(a|s), H[pi(.|s)]) of a policy-head output: categorical logits
+    (`kernels.categorical_log_prob_entropy`), a diagonal Gaussian (mean, log_std)
+    (`gaussian_log_prob_entropy`), or a tanh-squashed one scored at the pre-squash action
+    (`tanh_gaussian_log_prob_entropy`)."""
+    if distribution == "gaussian":
         return gaussian_log_prob_entropy(*policy, actions)
-    return kernels.categorical_log_prob_entropy(policy, actions, backend=backend)
+    if distribution == "tanh_gaussian":
+        return tanh_gaussian_log_prob_entropy(*policy, actions)
+    if distribution == "categorical":
+        return kernels.categorical_log_prob_entropy(policy, actions, backend=backend)
+    raise ValueError(f"unknown policy distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
 
 
 # ---------------------------------------------------------------- soft actor-critic (SAC)

@@ -512,6 +512,18 @@ def gaussian_policy_head(action_dim: int, log_std_init: float = 0.0) -> Callable
     return head
 
 
+def tanh_gaussian_policy_head(action_dim: int, min_std: float = 0.001) -> Callable:
+    """(mean, log_std) of a state-dependent diagonal Gaussian whose samples are squashed by tanh
+    (Brax's PPO policy), both [..., action_dim]: from one dense layer of 2 action_dim outputs (gain
+    0.01) split into the mean and a raw scale, sigma = softplus(raw) + min_std (about 0.69 at first)."""
+
+    def head(layers, x):
+        mean, raw = jnp.split(layers.dense(x, 2 * action_dim, scale=0.01), 2, axis=-1)
+        return mean, jnp.log(jax.nn.softplus(raw) + min_std)
+
+    return head
+
+
 def deterministic_policy_head(action_dim: int) -> Callable:
     """An action tanh(x W + b) in [-1, 1]^action_dim from features (gain 0.01: near 0 at first)."""
     return lambda layers, x: jnp.tanh(layers.dense(x, action_dim, scale=0.01))
@@ -572,14 +584,16 @@ def with_head(torso: Callable, head: Callable) -> Callable:
     return lambda layers, obs: head(layers, torso(layers, obs))
 
 
-def actor_critic(torso: Callable, policy_head: Callable, shared: bool = False) -> Callable:
+def actor_critic(torso: Callable, policy_head: Callable, shared: bool = False, critic_torso: Callable | None = None) -> Callable:
     """`fn(layers, obs) -> (policy, value)`: separate actor and critic torsos (or one shared torso),
-    the policy head on the actor's features and a value head on the critic's."""
+    the policy head on the actor's features and a value head on the critic's. The critic's torso is
+    `critic_torso` when given (e.g. wider than the actor's), else another `torso`."""
     value = value_head()
+    critic_torso = torso if critic_torso is None else critic_torso
 
     def fn(layers, obs):
         actor_features = torso(layers, obs)
-        critic_features = actor_features if shared else torso(layers, obs)
+        critic_features = actor_features if shared else critic_torso(layers, obs)
         return policy_head(layers, actor_features), value(layers, critic_features)
 
     return fn
@@ -634,3 +648,38 @@ def replace_dense_layers(params, layers):
     order = {m: i for i, m in enumerate(sorted({k[-2] for k in keys}, key=_layer_index))}
     new = [layers[order[k[-2]]][0 if k[-1] in _WEIGHT_NAMES else 1] for k in keys]
     return jax.tree_util.tree_unflatten(treedef, new)
+
+
+# ---------------------------------------------------------------- observation normalisation
+
+
+def observation_stats_shape(obs_shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape of the running observation statistics: one mean and variance per channel for
+    images (rank 3, [height, width, channels]: every pixel of a channel is a sample), else one per
+    feature (the observation's shape)."""
+    obs_shape = tuple(int(n) for n in obs_shape)
+    return obs_shape[-1:] if len(obs_shape) == 3 else obs_shape
+
+
+def initial_observation_stats(obs_shape: Sequence[int]) -> dict:
+    """{"mean": 0, "var": 1, "count": 1e-4} of `observation_stats_shape` (a plain dict of arrays, as
+    `envs.wrappers.RunningMeanVar` starts), so checkpoints serialise it."""
+    shape = observation_stats_shape(obs_shape)
+    return {"mean": jnp.zeros(shape, jnp.float32), "var": jnp.ones(shape, jnp.float32), "count": jnp.float32(1e-4)}
+
+
+def update_observation_stats(stats: dict, obs, obs_shape: Sequence[int]) -> dict:
+    """`stats` merged with every observation of the batch `obs` [..., *obs_shape] by Chan et al.'s
+    rule (`envs.wrappers.RunningMeanVar.update`); for images every pixel is a sample of its channel."""
+    from envs.wrappers import RunningMeanVar
+
+    samples = jnp.reshape(obs, (-1,) + observation_stats_shape(obs_shape))
+    merged = RunningMeanVar(**stats).update(samples, 1)
+    return {"mean": merged.mean, "var": merged.var, "count": merged.count}
+
+
+def normalize_observation(obs, stats: dict, clip: float = 10.0, epsilon: float = 1e-8):
+    """clip((obs - mean) / sqrt(var + epsilon), -clip, clip) with running statistics `stats`
+    (broadcast over the batch axes and, for images, the pixels), as float32."""
+    out = (jnp.asarray(obs, jnp.float32) - stats["mean"]) / jnp.sqrt(stats["var"] + epsilon)
+    return jnp.clip(out, -clip, clip)

@@ -24,14 +24,24 @@ Truncation: with d_t = gamma (1 - terminated_t) and lambda_t = lambda (1 - (term
 
 so a time-limit end still bootstraps and no advantage chain crosses an episode boundary.
 
-Policies: categorical over logits, or a diagonal Gaussian with a state-independent learned log-std
-for Box actions. The Gaussian lives in the agent's action space [-1, 1]^d of `loop.make_env`: a
-sample u is stored and scored unclipped (log-probabilities stay exact) and the env wrapper sends
-L + (clip(u, -1, 1) + 1) (H - L) / 2, so actions are clipped to the bounds, not tanh-squashed. The
-greedy policy (evaluation, `make_policy`) takes the argmax / the mean.
+Policies: categorical over logits; for Box actions (`agent.continuous_policy`) a diagonal Gaussian
+with a state-independent learned log-std (`gaussian`) or a tanh-squashed diagonal Gaussian with a
+state-dependent scale softplus(x) + 0.001 (`tanh_gaussian`, Brax's PPO policy). Both live in the
+agent's action space [-1, 1]^d of `loop.make_env`: a sample u is stored and scored before any
+squashing or clipping (log-probabilities stay exact), and the env receives
+L + (clip(a, -1, 1) + 1) (H - L) / 2 with a = u (clipped to the bounds) or a = tanh(u). The tanh
+Gaussian's entropy bonus is the one-sample estimate of `losses.tanh_gaussian_log_prob_entropy`. The
+greedy policy (evaluation, `make_policy`) takes the argmax / the (squashed) mean.
 
-Networks: `agent.network` is the torso; separate actor and critic torsos unless `shared_network`;
-orthogonal init, gain 0.01 for the policy head and 1 for the value head.
+Observation normalisation (`agent.normalize_obs`): the networks read
+clip((obs - mean) / sqrt(var + 1e-8), -10, 10) with the running mean and variance of every
+observation of every rollout so far (per feature; per channel for images), merged after each
+rollout and before learning from it (as Brax's PPO does); the statistics live in the policy's
+params, `{"network": ..., "obs_stats": {"mean", "var", "count"}}`, so evaluation and checkpoints carry them.
+
+Networks: `agent.network` is the torso; separate actor and critic torsos unless `shared_network`
+(the critic's hidden widths `agent.critic_hidden` when set); orthogonal init, gain 0.01 for the
+policy head and 1 for the value head.
 
 The sweepable hyperparameters (lr, gamma, gae_lambda, clip_eps, vf_clip_eps, ent_coef, vf_coef,
 max_grad_norm, reward_scale) are read from `hparams` inside the compiled program.
@@ -41,6 +51,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+import dataclasses
+import typing
 from typing import Any, NamedTuple
 
 import jax
@@ -51,7 +63,7 @@ import kernels
 from envs.spaces import Box, Discrete
 from rl import losses, loop, networks
 from rl.trainer import Trainer, train_from_trainer
-from rl.config import hp
+from rl.config import ConfigError, hp
 from rl.rollout import greedy_episodes
 
 EPISODE_INFO = ("episode_done", "episode_return", "episode_length")
@@ -61,23 +73,59 @@ EPISODE_INFO = ("episode_done", "episode_return", "episode_length")
 class Config(loop.PPOLoopConfig):
     name: str = "ppo"
     network: networks.NetworkConfig = networks.network_config(hidden=(64, 64), activation="tanh")
+    normalize_obs: bool = hp(False, doc="the networks read observations normalised by their running mean and variance over all rollouts (per channel for images), kept in the params")
+    critic_hidden: typing.Optional[tuple[int, ...]] = hp(None, doc="hidden widths of the critic's torso when they differ from agent.network.hidden (separate torsos only)")
     fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads) when the kernel backend is triton/interpret and the network fits it; else autodiff")
 
 
 def check_env(config, env, env_params) -> None:
-    """PPO needs Discrete or bounded Box actions."""
+    """PPO needs Discrete or bounded Box actions; `agent.critic_hidden` needs separate torsos."""
     loop.check_policy_env(config, env, env_params)
+    agent = config.agent
+    if agent.critic_hidden is not None:
+        if agent.shared_network:
+            raise ConfigError("agent.critic_hidden: a shared torso (agent.shared_network: true) has no separate critic widths")
+        if not agent.critic_hidden or any(width < 1 for width in agent.critic_hidden):
+            raise ConfigError(f"agent.critic_hidden must list positive widths, got {list(agent.critic_hidden)}")
 
 
 # ---------------------------------------------------------------- the network
 
 
 def make_network(agent: Config, env, env_params):
-    """(network obs -> (policy, value), continuous) for the agent's env: `agent.network`'s torso, a
-    Gaussian or categorical policy head (`loop.policy_head`) and a value head (`networks.actor_critic`)."""
-    head, continuous = loop.policy_head(agent, env, env_params)
-    fn = networks.actor_critic(networks.make_torso(agent.network, env.observation_space(env_params)), head, shared=agent.shared_network)
-    return networks.build(fn, agent.network.backend), continuous
+    """(network obs -> (policy, value), distribution) for the agent's env: `agent.network`'s torso
+    (the critic's with `agent.critic_hidden` if set), a Gaussian or categorical policy head
+    (`loop.policy_head`) and a value head (`networks.actor_critic`)."""
+    head, distribution = loop.policy_head(agent, env, env_params)
+    obs_space = env.observation_space(env_params)
+    critic = None if agent.critic_hidden is None else networks.make_torso(dataclasses.replace(agent.network, hidden=tuple(agent.critic_hidden)), obs_space)
+    fn = networks.actor_critic(networks.make_torso(agent.network, obs_space), head, shared=agent.shared_network, critic_torso=critic)
+    return networks.build(fn, agent.network.backend), distribution
+
+
+# ---------------------------------------------------------------- observation normalisation
+
+
+def network_params(agent: Config, params):
+    """The network's own params within the policy's params (`{"network", "obs_stats"}` with
+    `agent.normalize_obs`, else the network's params themselves)."""
+    return params["network"] if agent.normalize_obs else params
+
+
+def network_input(agent: Config, params, obs):
+    """What the network reads: `networks.normalize_observation(obs, params["obs_stats"])` with
+    `agent.normalize_obs`, else obs."""
+    return networks.normalize_observation(obs, params["obs_stats"]) if agent.normalize_obs else obs
+
+
+def policy_params(agent: Config, net_params, obs_stats):
+    """The policy's params from the network's and the observation statistics (inverse of `network_params`)."""
+    return {"network": net_params, "obs_stats": obs_stats} if agent.normalize_obs else net_params
+
+
+def apply_policy(s, params, obs):
+    """(policy, value) of the policy's params on raw observations."""
+    return s.net.apply(network_params(s.agent, params), network_input(s.agent, params, obs))
 
 
 # ---------------------------------------------------------------- the minibatch gradient
@@ -92,11 +140,11 @@ class LearnBatch(NamedTuple):
     value: jax.Array
 
 
-def minibatch_loss(net, params, batch, hparams, agent: Config, continuous: bool, backend: str):
+def minibatch_loss(net, params, batch, hparams, agent: Config, distribution: str, backend: str):
     """(L, stats) = `loop.ppo_minibatch_loss` of a minibatch (LearnBatch, advantages, targets) under `params`."""
     trans, advantages, targets = batch
     policy, values = net.apply(params, trans.obs)
-    return loop.ppo_minibatch_loss(policy, values, trans.action, trans.log_prob, trans.value, advantages, targets, hparams, agent, continuous, backend)
+    return loop.ppo_minibatch_loss(policy, values, trans.action, trans.log_prob, trans.value, advantages, targets, hparams, agent, distribution, backend)
 
 
 def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
@@ -113,6 +161,8 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
         return "continuous actions (the kernel is for categorical policies)"
     if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
         return f"observation space {obs_space} is not a flat Box"
+    if agent.critic_hidden is not None and tuple(agent.critic_hidden) != tuple(network.hidden):
+        return "the kernel needs the critic's hidden widths to be the actor's (agent.critic_hidden)"
     if agent.shared_network or network.torso != "mlp" or network.layer_norm or len(network.hidden) != 2 or network.activation not in ("tanh", "relu"):
         return "the kernel needs separate actor and critic MLPs with two tanh or relu hidden layers"
     if max(network.hidden) > limits["hidden"] or obs_space.shape[0] > limits["obs_dim"] or action_space.n > limits["actions"]:
@@ -151,7 +201,7 @@ class Setup(NamedTuple):
     reset: Any  # vmapped env.reset
     step: Any  # vmapped env.step
     net: networks.Network
-    continuous: bool
+    distribution: str  # losses.DISTRIBUTIONS
     backend: str  # kernel backend
     fused: bool  # minibatch gradient from the fused kernel
     deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
@@ -174,10 +224,11 @@ def init_state(s: Setup, key, hparams):
     """Fresh params, optimiser state and envs (`num_envs` resets), the PRNG key and the counters."""
     key, net_key, reset_key = jax.random.split(key, 3)
     obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
-    params = s.net.init(net_key, obs[0])
+    net_params = s.net.init(net_key, obs[0])
+    obs_stats = networks.initial_observation_stats(obs.shape[1:]) if s.agent.normalize_obs else None
     return {
-        "params": params,
-        "opt_state": loop.ppo_optimizer(s.agent, hparams).init(ravel_pytree(params)[0]),
+        "params": policy_params(s.agent, net_params, obs_stats),
+        "opt_state": loop.ppo_optimizer(s.agent, hparams).init(ravel_pytree(net_params)[0]),
         "obs": obs,
         "env_state": env_state,
         "key": key,
@@ -192,10 +243,10 @@ def rollout(s: Setup, params, obs, env_state, key):
     def env_step(carry, keys):
         params, obs, env_state = carry
         act_key, env_keys = keys
-        policy, _ = s.net.apply(params, obs)
-        action = loop.sample_action(policy, act_key, s.continuous)
-        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.continuous, s.backend)
-        next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, action, s.env_params)
+        policy, _ = apply_policy(s, params, obs)
+        action = loop.sample_action(policy, act_key, s.distribution)
+        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, s.backend)
+        next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, loop.env_action(action, s.distribution), s.env_params)
         episode = {name: info[name] for name in EPISODE_INFO}
         return (params, next_obs, env_state), Transition(obs, action, log_prob, reward, terminated, truncated, info["final_obs"], episode)
 
@@ -206,8 +257,11 @@ def rollout(s: Setup, params, obs, env_state, key):
 
 def learn_batch(s: Setup, hparams, params, traj: Transition):
     """(LearnBatch, advantages, targets), flattened to [num_envs * num_steps, ...]: V(s_t) and
-    V(final_obs_t) in one critic pass, then truncation-aware GAE on the scaled rewards."""
-    _, values = s.net.apply(params, jnp.stack([traj.obs, traj.final_obs]))
+    V(final_obs_t) in one critic pass, then truncation-aware GAE on the scaled rewards. The batch's
+    observations are what the network reads (normalised with `agent.normalize_obs`)."""
+    both = network_input(s.agent, params, jnp.stack([traj.obs, traj.final_obs]))
+    _, values = s.net.apply(network_params(s.agent, params), both)
+    traj = traj._replace(obs=both[0])
     advantages, targets = losses.truncation_aware_gae(
         traj.reward * hparams["reward_scale"], values[0], values[1], traj.terminated, traj.truncated,
         hparams["gamma"], hparams["gae_lambda"], backend=s.backend, deterministic=s.deterministic,
@@ -223,7 +277,7 @@ def learn(s: Setup, hparams, params, opt_state, batch, key):
     def grads(params, minibatch):
         if s.fused:
             return fused_loss_grads(params, minibatch, hparams, s.agent, s.backend)
-        loss = lambda p: minibatch_loss(s.net, p, minibatch, hparams, s.agent, s.continuous, s.backend)
+        loss = lambda p: minibatch_loss(s.net, p, minibatch, hparams, s.agent, s.distribution, s.backend)
         (_, stats), g = jax.value_and_grad(loss, has_aux=True)(params)
         return g, stats
 
@@ -231,15 +285,18 @@ def learn(s: Setup, hparams, params, opt_state, batch, key):
 
 
 def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
-    """One PPO update: rollout, advantages, learning. Returns (state, totals, mean loss stats)."""
+    """One PPO update: rollout, observation statistics (with `agent.normalize_obs`), advantages,
+    learning. Returns (state, totals, mean loss stats)."""
     key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
     params = state["params"]
     obs, env_state, traj = rollout(s, params, state["obs"], state["env_state"], rollout_key)
     totals = loop.add_episodes(totals, traj.episode)
+    obs_stats = networks.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:]) if s.agent.normalize_obs else None
+    params = policy_params(s.agent, network_params(s.agent, params), obs_stats)
     batch = learn_batch(s, hparams, params, traj)
-    params, opt_state, stats = learn(s, hparams, params, state["opt_state"], batch, shuffle_key)
+    net_params, opt_state, stats = learn(s, hparams, network_params(s.agent, params), state["opt_state"], batch, shuffle_key)
     state = {
-        "params": params,
+        "params": policy_params(s.agent, net_params, obs_stats),
         "opt_state": opt_state,
         "obs": obs,
         "env_state": env_state,
@@ -252,7 +309,7 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
 
 def evaluate(s: Setup, params, key):
     """Mean return and length of the first episode of `eval_envs` fresh envs under the greedy policy."""
-    act = lambda obs: loop.greedy_action(s.net.apply(params, obs)[0], s.continuous)
+    act = lambda obs: loop.env_action(loop.greedy_action(apply_policy(s, params, obs)[0], s.distribution), s.distribution)
     returns, lengths = greedy_episodes(s.env, s.env_params, act, key, s.agent.eval_envs)
     return returns.mean(), lengths.mean()
 
@@ -260,10 +317,10 @@ def evaluate(s: Setup, params, key):
 def make_trainer(config) -> Trainer:
     agent = config.agent
     env, env_params = loop.make_env(config)
-    net, continuous = make_network(agent, env, env_params)
+    net, distribution = make_network(agent, env, env_params)
     backend = loop.kernel_backend(config)
     fused = agent.fused_update and backend in ("triton", "interpret") and fused_update_unfit_reason(config, env, env_params) is None
-    s = Setup(agent, env, env_params, *loop.batched(env), net, continuous, backend, fused, config.kernels.deterministic)
+    s = Setup(agent, env, env_params, *loop.batched(env), net, distribution, backend, fused, config.kernels.deterministic)
     return loop.on_policy_trainer(agent, partial(init_state, s), partial(update, s), partial(evaluate, s))
 
 
@@ -273,7 +330,14 @@ def make_train(config):
 
 def make_policy(config):
     """`policy(params, obs, key) -> action` in the env's own action space: the argmax of the logits,
-    or the Gaussian mean clipped and mapped to the Box bounds (the key is unused)."""
+    or the Gaussian mean (squashed by tanh for the tanh Gaussian), clipped and mapped to the Box
+    bounds (the key is unused)."""
+    agent = config.agent
     env, env_params = loop.make_env(config)
-    net, continuous = make_network(config.agent, env, env_params)
-    return lambda params, obs, key: loop.to_env_action(env, env_params, loop.greedy_action(net.apply(params, obs)[0], continuous))
+    net, distribution = make_network(agent, env, env_params)
+
+    def policy(params, obs, key):
+        logits_or_gaussian = net.apply(network_params(agent, params), network_input(agent, params, obs))[0]
+        return loop.to_env_action(env, env_params, loop.env_action(loop.greedy_action(logits_or_gaussian, distribution), distribution))
+
+    return policy

@@ -64,12 +64,12 @@ def check_env(config, env, env_params) -> None:
 
 
 def make_network(agent: Config, env, env_params):
-    """(network, initial_carry, continuous): `net.apply(params, carry, obs [T, *batch, ...], reset
+    """(network, initial_carry, distribution): `net.apply(params, carry, obs [T, *batch, ...], reset
     [T, *batch]) -> (carry, (policy, value))` (`networks.recurrent_actor_critic` on `agent.network`'s
     torso and `loop.policy_head`), and `initial_carry(batch)` of its state."""
-    head, continuous = loop.policy_head(agent, env, env_params)
+    head, distribution = loop.policy_head(agent, env, env_params)
     fn = networks.recurrent_actor_critic(networks.make_torso(agent.network, env.observation_space(env_params)), head, shared=agent.shared_network)
-    return networks.build(fn, agent.network.backend), fn.initial_carry, continuous
+    return networks.build(fn, agent.network.backend), fn.initial_carry, distribution
 
 
 def first_step(tree):
@@ -90,7 +90,7 @@ class Setup(NamedTuple):
     step: Any  # vmapped env.step
     net: networks.Network
     initial_carry: Callable
-    continuous: bool
+    distribution: str  # losses.DISTRIBUTIONS
     backend: str  # kernel backend
     deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
 
@@ -150,9 +150,9 @@ def rollout(s: Setup, params, obs, done, carry, env_state, key):
         act_key, env_keys = keys
         carry, outputs = s.net.apply(params, carry, obs[None], done[None])
         policy, value = first_step(outputs)
-        action = loop.sample_action(policy, act_key, s.continuous)
-        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.continuous, s.backend)
-        next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, action, s.env_params)
+        action = loop.sample_action(policy, act_key, s.distribution)
+        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, s.backend)
+        next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, loop.env_action(action, s.distribution), s.env_params)
         episode = {name: info[name] for name in EPISODE_INFO}
         trans = Transition(obs, done, action, log_prob, value, reward, terminated, truncated, info["final_obs"], carry, episode)
         return (next_obs, terminated | truncated, carry, env_state), trans
@@ -181,14 +181,14 @@ def learn_batch(s: Setup, hparams, params, traj: Transition, initial_carry):
     return sequences._replace(initial_carry=initial_carry), env_major(advantages), env_major(targets)
 
 
-def minibatch_loss(net, params, batch, hparams, agent: Config, continuous: bool, backend: str):
+def minibatch_loss(net, params, batch, hparams, agent: Config, distribution: str, backend: str):
     """(L, stats) = `loop.ppo_minibatch_loss` of a minibatch of whole sequences (Sequences, advantages,
     targets; env-major), the network re-run over each from its initial state."""
     seqs, advantages, targets = batch
     swap = lambda x: jnp.swapaxes(x, 0, 1)
     _, outputs = net.apply(params, seqs.initial_carry, swap(seqs.obs), swap(seqs.reset))
     policy, values = jax.tree.map(swap, outputs)
-    return loop.ppo_minibatch_loss(policy, values, seqs.action, seqs.log_prob, seqs.value, advantages, targets, hparams, agent, continuous, backend)
+    return loop.ppo_minibatch_loss(policy, values, seqs.action, seqs.log_prob, seqs.value, advantages, targets, hparams, agent, distribution, backend)
 
 
 def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
@@ -201,7 +201,7 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
     batch = learn_batch(s, hparams, params, traj, state["carry"])
 
     def grads(params, minibatch):
-        loss = lambda p: minibatch_loss(s.net, p, minibatch, hparams, s.agent, s.continuous, s.backend)
+        loss = lambda p: minibatch_loss(s.net, p, minibatch, hparams, s.agent, s.distribution, s.backend)
         (_, stats), g = jax.value_and_grad(loss, has_aux=True)(params)
         return g, stats
 
@@ -227,7 +227,7 @@ def evaluate(s: Setup, params, key):
     def act(carry, obs):
         carry, outputs = s.net.apply(params, carry, obs[None], jnp.zeros((1, obs.shape[0]), jnp.bool_))
         policy, _ = first_step(outputs)
-        return carry, loop.greedy_action(policy, s.continuous)
+        return carry, loop.env_action(loop.greedy_action(policy, s.distribution), s.distribution)
 
     returns, lengths = greedy_episodes(s.env, s.env_params, act, key, s.agent.eval_envs, carry=s.initial_carry(s.agent.eval_envs))
     return returns.mean(), lengths.mean()
@@ -235,8 +235,8 @@ def evaluate(s: Setup, params, key):
 
 def make_setup(config) -> Setup:
     env, env_params = loop.make_env(config)
-    net, initial_carry, continuous = make_network(config.agent, env, env_params)
-    return Setup(config.agent, env, env_params, *loop.batched(env), net, initial_carry, continuous, loop.kernel_backend(config),
+    net, initial_carry, distribution = make_network(config.agent, env, env_params)
+    return Setup(config.agent, env, env_params, *loop.batched(env), net, initial_carry, distribution, loop.kernel_backend(config),
                  config.kernels.deterministic)
 
 
@@ -261,6 +261,6 @@ def make_policy(config) -> RecurrentPolicy:
         no_reset = jnp.zeros((1,) + jnp.shape(obs)[: jnp.ndim(obs) - obs_ndim], jnp.bool_)
         carry, outputs = s.net.apply(params, carry, jnp.asarray(obs)[None], no_reset)
         policy, _ = first_step(outputs)
-        return carry, loop.to_env_action(s.env, s.env_params, loop.greedy_action(policy, s.continuous))
+        return carry, loop.to_env_action(s.env, s.env_params, loop.env_action(loop.greedy_action(policy, s.distribution), s.distribution))
 
     return RecurrentPolicy(initial_carry=s.initial_carry, step=step)

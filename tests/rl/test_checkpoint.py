@@ -104,10 +104,11 @@ def test_checkpoint_roundtrip_keeps_structure_and_typed_keys(tmp_path):
     class EnvState:
         cell: jax.Array
         time: jax.Array
+        actuators: jax.Array  # zero-size, as a Brax pipeline state's `act` on ant: orbax cannot store it
 
     state = {
         "params": {"w": np.arange(12, dtype=np.float32).reshape(1, 2, 6)},
-        "env_state": EnvState(cell=np.ones((1, 2), np.int32), time=np.zeros((1, 2), np.int32)),
+        "env_state": EnvState(cell=np.ones((1, 2), np.int32), time=np.zeros((1, 2), np.int32), actuators=np.zeros((1, 2, 0), np.float32)),
         "key": jax.random.split(jax.random.key(3), 2)[None],  # typed keys
         "raw_key": np.zeros((1, 2, 2), np.uint32),
     }
@@ -119,6 +120,8 @@ def test_checkpoint_roundtrip_keeps_structure_and_typed_keys(tmp_path):
     checkpoints.close()
     restored_state, restored_history, meta = Checkpoints(tmp_path, read_only=True).restore(10, abstract_like(state))
     assert isinstance(restored_state["env_state"], EnvState)
+    assert restored_state["env_state"].actuators.shape == (1, 2, 0) and restored_state["env_state"].actuators.dtype == np.float32
+    np.testing.assert_array_equal(restored_state["env_state"].cell, state["env_state"].cell)
     assert jax.dtypes.issubdtype(restored_state["key"].dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(restored_state["key"]), jax.random.key_data(state["key"]))
     np.testing.assert_array_equal(restored_state["params"]["w"], state["params"]["w"])

@@ -29,11 +29,11 @@ def make_config(env_id="CartPole-v1", network=None, kernel_backend=None, **agent
 
 def test_log_prob_entropy_categorical_and_gaussian_by_hand():
     logits = jnp.array([[0.0, math.log(3.0)], [1.0, 1.0]])
-    lp, ent = losses.policy_log_prob_entropy(logits, jnp.array([1, 0], jnp.int32), False, "reference")
+    lp, ent = losses.policy_log_prob_entropy(logits, jnp.array([1, 0], jnp.int32), "categorical", "reference")
     np.testing.assert_allclose(lp, [math.log(0.75), math.log(0.5)], rtol=1e-6)
     np.testing.assert_allclose(ent, [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2.0)], rtol=1e-6)
     mean, log_std = jnp.array([[0.5]]), jnp.array([[math.log(2.0)]])
-    lp, ent = losses.policy_log_prob_entropy((mean, log_std), jnp.array([[2.5]]), True, "reference")
+    lp, ent = losses.policy_log_prob_entropy((mean, log_std), jnp.array([[2.5]]), "gaussian", "reference")
     np.testing.assert_allclose(lp[0], -0.5 - math.log(2.0) - 0.5 * math.log(2 * math.pi), rtol=1e-6)  # z = 1, sigma = 2
     np.testing.assert_allclose(ent[0], math.log(2.0) + 0.5 * math.log(2 * math.pi * math.e), rtol=1e-6)
 
@@ -186,7 +186,7 @@ def test_fused_gradient_equals_autodiff_of_the_agents_loss(network_backend, kern
     log_probs = jax.nn.log_softmax(logits)[jnp.arange(m), actions] + jnp.asarray(rng.normal(size=m).astype(np.float32) * 0.3)
     batch = (ppo.LearnBatch(obs, actions, log_probs, values + 0.3), jnp.asarray(rng.normal(size=m).astype(np.float32)), jnp.asarray(rng.normal(size=m).astype(np.float32)))
     hparams = {"clip_eps": jnp.float32(0.2), "vf_clip_eps": jnp.float32(0.2), "ent_coef": jnp.float32(0.05), "vf_coef": jnp.float32(0.5)}
-    loss = lambda params: ppo.minibatch_loss(net, params, batch, hparams, config.agent, False, "reference")[0]
+    loss = lambda params: ppo.minibatch_loss(net, params, batch, hparams, config.agent, "categorical", "reference")[0]
 
     kernel_backend = triton_source_backend() if kernel_backend == "kernel" else kernel_backend
     with jax.default_matmul_precision("highest"):

@@ -109,7 +109,7 @@ def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rol
     log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), np.swapaxes(take(seqs.action), 0, 1)[..., None], -1)[..., 0]
     np.testing.assert_allclose(np.swapaxes(log_probs, 0, 1), take(seqs.log_prob), rtol=1e-5, atol=1e-5)
 
-    grads = lambda p, mb: jax.grad(lambda p: ppo_rnn.minibatch_loss(s.net, p, mb, hp, s.agent, False, "reference"), has_aux=True)(p)
+    grads = lambda p, mb: jax.grad(lambda p: ppo_rnn.minibatch_loss(s.net, p, mb, hp, s.agent, "categorical", "reference"), has_aux=True)(p)
     optimizer = ppo_rnn.loop.ppo_optimizer(s.agent, hp)
     _, _, stats = ppo_rnn.loop.flat_minibatch_epochs(s.agent, optimizer, grads, params, state["opt_state"], (seqs, advantages, targets), jax.random.PRNGKey(6))
     assert stats["approx_kl"].shape == (2, 2)
