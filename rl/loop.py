@@ -62,6 +62,7 @@ class ReplayLoopConfig:
     epsilon_decay_steps: int = hp(8_000, low=1, doc="env steps of the linear epsilon decay")
     log_interval: int = hp(2_560, low=1, doc="env steps between log points (multiple of train_freq)")
     eval_episodes: int = hp(10, low=0, doc="greedy episodes per log point, on separate eval envs (0: none, no eval_return)")
+    unroll: int = hp(1, low=1, doc="about this many act-then-train iterations (or gradient steps of a phase) per loop trip (speed only: fewer loop trips on the GPU, longer compilation)")
 
     def validate(self):
         """The step counts nest: num_envs | train_freq | log_interval | total_steps; one step fits the buffer."""
@@ -94,6 +95,7 @@ class ReplayActorCriticConfig:
     max_grad_norm: float = hp(1e6, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip of actor and critics (large: off)")
     log_interval: int = hp(1_000, low=1, doc="env steps between log points (multiple of num_envs)")
     eval_episodes: int = hp(8, low=0, doc="deterministic evaluation episodes per log point (0: none)")
+    unroll: int = hp(1, low=1, doc="about this many act-then-train iterations (or gradient steps of a phase) per loop trip (speed only: fewer loop trips on the GPU, longer compilation)")
 
     @property
     def gradient_steps(self) -> int:
@@ -336,14 +338,16 @@ def episode_metrics(totals: EpisodeTotals) -> dict:
 # ---------------------------------------------------------------- off-policy phase and log points
 
 
-def act_then_train(env_step: Callable, gradient_step: Callable, env_iterations: int, gradient_steps: int, learning_starts: int) -> Callable:
+def act_then_train(env_step: Callable, gradient_step: Callable, env_iterations: int, gradient_steps: int, learning_starts: int,
+                   unroll: int = 1) -> Callable:
     """`phase((state, totals), key) -> ((state, totals), aux)`: `env_iterations` calls of
     `env_step((state, totals), key) -> ((state, totals), None)`, then, once
     state["step"] >= learning_starts, `gradient_steps` calls of `gradient_step(state, key) ->
-    (state, aux)`; aux is stacked over the gradient steps ([gradient_steps, ...], NaN before learning)."""
+    (state, aux)`; aux is stacked over the gradient steps ([gradient_steps, ...], NaN before learning).
+    Each of the two loops runs up to `unroll` calls per loop trip (the same computation)."""
 
     def train(state, key):
-        return jax.lax.scan(gradient_step, state, jax.random.split(key, gradient_steps))
+        return jax.lax.scan(gradient_step, state, jax.random.split(key, gradient_steps), unroll=min(unroll, gradient_steps))
 
     def skip(state, key):
         shapes = jax.eval_shape(train, state, key)[1]
@@ -351,11 +355,18 @@ def act_then_train(env_step: Callable, gradient_step: Callable, env_iterations: 
 
     def phase(carry, key):
         k_act, k_train = jax.random.split(key)
-        (state, totals), _ = jax.lax.scan(env_step, carry, jax.random.split(k_act, env_iterations))
+        (state, totals), _ = jax.lax.scan(env_step, carry, jax.random.split(k_act, env_iterations), unroll=min(unroll, env_iterations))
         state, aux = jax.lax.cond(state["step"] >= learning_starts, train, skip, state, k_train)
         return (state, totals), aux
 
     return phase
+
+
+def phase_unroll(unroll: int, env_iterations: int, gradient_steps: int) -> int:
+    """Phases per loop trip for a budget of `unroll` iterations per trip: the phases' own loops take
+    up to `unroll` iterations each, so the loop over phases unrolls what is left,
+    max(1, unroll // max(env_iterations, gradient_steps))."""
+    return max(1, unroll // max(env_iterations, gradient_steps))
 
 
 def scan_log_points(log_period: Callable, state, num_log_points: int):
@@ -394,13 +405,15 @@ def replay_epsilon(agent: ReplayLoopConfig, hparams, step):
     return linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
 
 
-def off_policy_log_period(env, env_params, num_phases: int, eval_episodes: int, greedy_policy: Callable, extra_metrics: Callable, phase: Callable, state):
-    """One log period of an off-policy agent: `num_phases` act-then-train phases, then the period's
+def off_policy_log_period(env, env_params, num_phases: int, eval_episodes: int, greedy_policy: Callable, extra_metrics: Callable, phase: Callable, state,
+                          unroll: int = 1):
+    """One log period of an off-policy agent: `num_phases` act-then-train phases (`unroll` per loop trip), then the period's
     episode statistics, `extra_metrics(state)`, the mean of each gradient-step aux (NaN before
     learning), and the mean return of `eval_episodes` episodes of `greedy_policy(params) -> (obs ->
     action)` on fresh envs (none if 0)."""
     key, phase_key, eval_key = jax.random.split(state["key"], 3)
-    (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, no_episodes()), jax.random.split(phase_key, num_phases))
+    (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, no_episodes()), jax.random.split(phase_key, num_phases),
+                                        unroll=min(unroll, num_phases))
     metrics = {"step": state["step"], **episode_metrics(totals), **extra_metrics(state)}
     metrics.update({name: jnp.nanmean(value) for name, value in aux.items()})
     if eval_episodes:
@@ -413,12 +426,15 @@ def off_policy_trainer(agent, env, env_params, init: Callable, env_step: Callabl
     """The Trainer of an off-policy agent: `init(key, hparams) -> state`; each log point is
     `off_policy_log_period` over `phases_per_log` `act_then_train` phases of `env_iterations` calls of
     `env_step(hparams, (state, totals), key)` and `agent.gradient_steps` calls of
-    `gradient_step(hparams, state, key) -> (state, aux dict)`; `extra_metrics(hparams, state)`."""
+    `gradient_step(hparams, state, key) -> (state, aux dict)`; `extra_metrics(hparams, state)`.
+    `agent.unroll` iterations per loop trip: the phases' loops first, then the loop over phases
+    (`phase_unroll`)."""
 
     def run(state, hparams, num_log_points):
-        phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams), env_iterations, agent.gradient_steps, agent.learning_starts)
+        phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams), env_iterations, agent.gradient_steps, agent.learning_starts,
+                               agent.unroll)
         log_period = partial(off_policy_log_period, env, env_params, phases_per_log, agent.eval_episodes, greedy_policy,
-                             partial(extra_metrics, hparams), phase)
+                             partial(extra_metrics, hparams), phase, unroll=phase_unroll(agent.unroll, env_iterations, agent.gradient_steps))
         return scan_log_points(log_period, state, num_log_points)
 
     return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)

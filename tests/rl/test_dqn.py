@@ -146,6 +146,17 @@ def test_no_eval_episodes_trains_the_same_and_logs_no_eval_return(small_run):
         np.testing.assert_array_equal(a, b)
 
 
+def test_unrolled_loops_compute_the_same_run(small_run):
+    """agent.unroll changes loop trips only: the same metrics and params as the rolled run."""
+    config, train, keys, _ = small_run
+    state, metrics = jax.jit(train)(keys[0])
+    unrolled_state, unrolled = jax.jit(dqn.make_train(make_config(double_q=True, tau=0.5, unroll=8)))(keys[0])
+    for name in ("eval_return", "loss", "q_mean", "episode_return", "step"):
+        np.testing.assert_allclose(unrolled[name], metrics[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for a, b in zip(jax.tree.leaves(unrolled_state["params"]), jax.tree.leaves(state["params"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_haiku_backend_trains_like_flax():
     config = make_config(network={"backend": "haiku", "hidden": [16, 16]}, total_steps=512, gradient_steps=4)
     state, metrics = jax.jit(dqn.make_train(config))(jax.random.PRNGKey(0))

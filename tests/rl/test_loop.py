@@ -215,7 +215,7 @@ def test_episode_metrics_are_nan_when_no_episode_ended():
 # ---------------------------------------------------------------- act then train, log points
 
 
-def _toy_phase(learning_starts, env_iterations=2, gradient_steps=3):
+def _toy_steps():
     """An env step that counts steps and ends an episode of return 1 and length 1 every step, and a
     gradient step that counts updates and returns (loss = updates so far, a uniform of its key)."""
 
@@ -228,7 +228,12 @@ def _toy_phase(learning_starts, env_iterations=2, gradient_steps=3):
         updates = state["updates"] + 1
         return {**state, "updates": updates}, {"loss": updates.astype(jnp.float32), "draw": jax.random.uniform(key)}
 
-    return jax.jit(loop.act_then_train(env_step, gradient_step, env_iterations, gradient_steps, learning_starts))
+    return env_step, gradient_step
+
+
+def _toy_phase(learning_starts, env_iterations=2, gradient_steps=3):
+    """`act_then_train` of `_toy_steps`, jitted."""
+    return jax.jit(loop.act_then_train(*_toy_steps(), env_iterations, gradient_steps, learning_starts))
 
 
 def test_act_then_train_returns_nan_aux_before_learning_starts_then_trains():
@@ -255,6 +260,25 @@ def test_act_then_train_with_learning_starts_zero_trains_from_the_first_phase():
     carry, aux = phase(({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes()), jax.random.PRNGKey(0))
     assert int(carry[0]["updates"]) == 2
     np.testing.assert_array_equal(aux["loss"], [1.0, 2.0])
+
+
+def test_unrolled_phase_computes_the_same_as_the_rolled_one():
+    carry = ({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes())
+    rolled = _toy_phase(learning_starts=2, env_iterations=3, gradient_steps=4)
+    unrolled_phase = loop.act_then_train(*_toy_steps(), 3, 4, 2, unroll=8)
+    a, b = carry, carry
+    for i in range(3):
+        a, aux_a = rolled(a, jax.random.PRNGKey(i))
+        b, aux_b = jax.jit(unrolled_phase)(b, jax.random.PRNGKey(i))
+        for x, y in zip(jax.tree.leaves((a, aux_a)), jax.tree.leaves((b, aux_b))):
+            np.testing.assert_array_equal(x, y)  # NaN aux before learning equals NaN
+    assert int(b[0]["updates"]) == 12  # every phase trained (3 env steps each >= learning_starts 2)
+
+
+@pytest.mark.parametrize("unroll, env_iterations, gradient_steps, expected", [
+    (1, 1, 1, 1), (16, 1, 1, 16), (16, 4, 1, 4), (16, 1, 8, 2), (16, 32, 1, 1), (3, 2, 2, 1)])
+def test_phase_unroll_spends_what_the_phase_loops_leave(unroll, env_iterations, gradient_steps, expected):
+    assert loop.phase_unroll(unroll, env_iterations, gradient_steps) == expected
 
 
 def test_scan_log_points_emits_every_log_point_and_stacks_metrics():

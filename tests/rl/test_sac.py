@@ -135,6 +135,15 @@ def test_chunked_run_equals_one_run():
     jax.tree.map(np.testing.assert_array_equal, half, whole_state)
 
 
+def test_unrolled_loops_compute_the_same_run():
+    """agent.unroll changes loop trips only (SAC's replay loop: num_envs 1, so every env step is a phase)."""
+    key = jax.random.PRNGKey(5)
+    _, rolled = jax.jit(sac.make_train(make_config()))(key)
+    _, unrolled = jax.jit(sac.make_train(make_config(unroll=4)))(key)
+    for name in rolled:
+        np.testing.assert_allclose(np.asarray(unrolled[name]), np.asarray(rolled[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 def test_policy_returns_env_space_actions():
     """tanh of the Gaussian mean mapped onto Pendulum's [-2, 2] as RescaleAction maps it; argmax on CartPole."""
     config = make_config()
