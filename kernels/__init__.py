@@ -1,8 +1,9 @@
 """Hot ops of the agents as Triton kernels, each with a plain-JAX reference (see launch.py).
 
-Every op takes ``backend=`` ("triton", "reference", "interpret"); the default comes from
-:func:`set_backend` / :func:`use_backend`, the FUSEDRL_KERNEL_BACKEND environment variable, or the
-device (GPU with jax_triton -> "triton", else "reference").
+Every op takes ``backend=`` ("triton", "reference", "interpret"; "auto" or None: not chosen here);
+the default comes from :func:`set_backend` / :func:`use_backend`, the FUSEDRL_KERNEL_BACKEND
+environment variable, or the device (GPU with jax_triton -> "triton", else "reference"), and with
+that automatic choice an op may send small shapes to XLA where it measured XLA faster.
 """
 
 from kernels.launch import (

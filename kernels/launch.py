@@ -10,7 +10,7 @@ Backends
                  differs. Tests use it to check the kernel source without a GPU.
 
 Which backend runs, first match wins:
-  1. the op's ``backend=`` keyword argument;
+  1. the op's ``backend=`` keyword argument (``"auto"`` there is the same as ``None``: go on down);
   2. the process-wide setting: :func:`set_backend` or the :func:`use_backend` context manager
      (for scripts and tests; library code passes ``backend=`` instead);
   3. the environment variable ``FUSEDRL_KERNEL_BACKEND``;
@@ -92,6 +92,8 @@ import numpy as np
 from kernels._triton import import_error as triton_import_error
 
 BACKENDS: tuple[str, ...] = ("triton", "reference", "interpret")
+# ``backend="auto"``: no choice made here (what ``None`` means), spelled as a value for configs.
+AUTO = "auto"
 ENV_VAR = "FUSEDRL_KERNEL_BACKEND"
 
 _process_backend: str | None = None
@@ -107,14 +109,17 @@ class BackendUnavailableError(RuntimeError):
 def _check_name(name: str, where: str) -> str:
     if name not in BACKENDS:
         raise ValueError(
-            f"unknown kernel backend {name!r} ({where}); valid backends: {', '.join(BACKENDS)}"
+            f"unknown kernel backend {name!r} ({where}); valid backends: {', '.join(BACKENDS)}, "
+            f"or {AUTO!r} for the automatic choice"
         )
     return name
 
 
 def set_backend(name: str | None) -> None:
-    """Sets the process-wide kernel backend (``None`` restores the automatic choice)."""
+    """Sets the process-wide kernel backend (``None`` or ``"auto"`` restores the automatic choice)."""
     global _process_backend
+    if name == AUTO:
+        name = None
     if name is not None:
         _check_name(name, "set_backend")
     _process_backend = name
@@ -192,21 +197,29 @@ def default_backend() -> str:
     return "triton" if triton_unavailable_reason() is None else "reference"
 
 
+def _environment_choice() -> str | None:
+    """The backend named by the environment variable, or None when it is unset, empty or "auto"."""
+    value = os.environ.get(ENV_VAR)
+    return None if not value or value == AUTO else value
+
+
 def chosen_automatically(backend: str | None = None) -> bool:
     """Whether :func:`resolve_backend` (with this argument) falls through to the automatic choice:
-    no ``backend=``, no process-wide setting and no environment variable. Ops may then trade the
-    Triton kernel for XLA at shapes where they measured XLA faster (documented per op)."""
-    return backend is None and _process_backend is None and not os.environ.get(ENV_VAR)
+    no ``backend=`` (or ``"auto"``), no process-wide setting and no environment variable. Ops may
+    then trade the Triton kernel for XLA at shapes where they measured XLA faster (documented per op)."""
+    return backend in (None, AUTO) and _process_backend is None and _environment_choice() is None
 
 
 def resolve_backend(backend: str | None = None) -> str:
     """The backend an op call should use (see the module docstring for the order), checked."""
+    if backend == AUTO:
+        backend = None
     if backend is not None:
         name = _check_name(backend, "backend= argument")
     elif _process_backend is not None:
         name = _process_backend
-    elif os.environ.get(ENV_VAR):
-        name = _check_name(os.environ[ENV_VAR], f"environment variable {ENV_VAR}")
+    elif _environment_choice() is not None:
+        name = _check_name(_environment_choice(), f"environment variable {ENV_VAR}")
     else:
         return default_backend()
     if name == "triton":

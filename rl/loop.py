@@ -457,10 +457,12 @@ def actor_critic_trainer(agent: ReplayActorCriticConfig, env, env_params, init: 
 
 
 def kernel_backend(config) -> str:
-    """The kernel backend the agent passes to every kernels op: `config.kernels.backend`, or with
-    "auto" the choice `kernels.resolve_backend` makes (the caller's own setting, then the device)."""
-    choice = config.kernels.backend
-    return kernels.resolve_backend(None if choice == "auto" else choice)
+    """The kernel backend the agent passes to every kernels op: `config.kernels.backend`, checked
+    here (a named backend that cannot run raises `kernels.BackendUnavailableError` at build time).
+    "auto" stays "auto": each op then picks by the device and, where it measured XLA faster at small
+    shapes, by its own shape (`kernels.launch.chosen_automatically`)."""
+    kernels.resolve_backend(config.kernels.backend)
+    return config.kernels.backend
 
 
 # ---------------------------------------------------------------- PPO's loop (PPO, recurrent PPO)

@@ -238,14 +238,16 @@ def init_state(s: Setup, key, hparams):
 
 
 def rollout(s: Setup, params, obs, env_state, key):
-    """num_steps steps of every env under the policy; (obs, env_state, Transition [T, E, ...])."""
+    """num_steps steps of every env under the policy; (obs, env_state, Transition [T, E, ...]).
+    Acting needs log pi(a|s) alone, in plain JAX: XLA fuses it into the policy's last layer, where a
+    kernel launch per env step would cost more than it saves (the kernels serve the loss)."""
 
     def env_step(carry, keys):
         params, obs, env_state = carry
         act_key, env_keys = keys
         policy, _ = apply_policy(s, params, obs)
         action = loop.sample_action(policy, act_key, s.distribution)
-        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, s.backend)
+        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, backend="reference")  # fused by XLA into the head
         next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, loop.env_action(action, s.distribution), s.env_params)
         episode = {name: info[name] for name in EPISODE_INFO}
         return (params, next_obs, env_state), Transition(obs, action, log_prob, reward, terminated, truncated, info["final_obs"], episode)
@@ -319,7 +321,7 @@ def make_trainer(config) -> Trainer:
     env, env_params = loop.make_env(config)
     net, distribution = make_network(agent, env, env_params)
     backend = loop.kernel_backend(config)
-    fused = agent.fused_update and backend in ("triton", "interpret") and fused_update_unfit_reason(config, env, env_params) is None
+    fused = agent.fused_update and kernels.resolve_backend(backend) in ("triton", "interpret") and fused_update_unfit_reason(config, env, env_params) is None
     s = Setup(agent, env, env_params, *loop.batched(env), net, distribution, backend, fused, config.kernels.deterministic)
     return loop.on_policy_trainer(agent, partial(init_state, s), partial(update, s), partial(evaluate, s))
 

@@ -73,6 +73,27 @@ def test_priority_call_then_setting_then_env_then_automatic(monkeypatch):
     assert L.resolve_backend() == "reference"
 
 
+def test_auto_is_the_automatic_choice_spelled_as_a_value(monkeypatch):
+    """backend="auto" (what configs say) means what None means, at every level, and keeps an op's
+    own small-shape crossovers (chosen_automatically) that a named backend switches off."""
+    monkeypatch.delenv(L.ENV_VAR, raising=False)
+    assert L.resolve_backend("auto") == L.resolve_backend(None) == L.default_backend()
+    assert L.chosen_automatically("auto") and L.chosen_automatically(None)
+    assert not L.chosen_automatically("reference")
+    with L.use_backend("interpret"):
+        assert L.resolve_backend("auto") == "interpret" and not L.chosen_automatically("auto")
+    L.set_backend("auto")
+    try:
+        assert L.get_backend() is None
+    finally:
+        L.set_backend(None)
+    monkeypatch.setenv(L.ENV_VAR, "auto")
+    assert L.resolve_backend() == L.default_backend() and L.chosen_automatically("auto")
+    monkeypatch.setenv(L.ENV_VAR, "reference")
+    assert L.resolve_backend("auto") == "reference" and not L.chosen_automatically("auto")
+    np.testing.assert_allclose(kernels.softmax(np.ones((2, 3), np.float32), backend="auto"), np.full((2, 3), 1 / 3), rtol=1e-6)
+
+
 def test_automatic_choice_matches_the_device():
     on_gpu = jax.default_backend() == "gpu" and L.triton_unavailable_reason() is None
     assert L.default_backend() == ("triton" if on_gpu else "reference")

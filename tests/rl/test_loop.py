@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import envs
+import kernels
 from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction
 from rl import logging as rl_logging
@@ -300,12 +301,18 @@ def test_scan_log_points_emits_every_log_point_and_stacks_metrics():
 
 
 def test_kernel_backend_is_the_configs_choice_and_sets_nothing_process_wide():
-    import kernels
-
     before = kernels.resolve_backend(None)
     assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="interpret"))) == "interpret"
     assert kernels.resolve_backend(None) == before
-    assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == before
+    # "auto" reaches the ops as "auto", so that their measured small-shape crossovers apply
+    assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "auto"
+    assert kernels.resolve_backend("auto") == before
+
+
+@pytest.mark.skipif(kernels.launch.triton_unavailable_reason() is None, reason="triton can run on this machine")
+def test_a_named_backend_that_cannot_run_fails_when_the_agent_is_built():
+    with pytest.raises(kernels.BackendUnavailableError, match="'triton' cannot run here"):
+        loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="triton")))
 
 
 def test_to_env_action_is_what_the_training_env_sends():
