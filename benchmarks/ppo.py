@@ -108,7 +108,7 @@ def throughput(args) -> list[dict]:
             row = {"backend": backend, "seeds": seeds, "env_steps_per_seed": per_seed, "compile_s": compile_s,
                    "train_s_median": float(np.median(times)), "train_s_min": float(np.min(times)), "env_steps_per_s": steps / float(np.median(times))}
             rows.append(row)
-            print(f"{backend:>9} seeds={seeds:<5} compile {compile_s:6.1f} s  train {row['train_s_median']:8.2f} s (min {row['train_s_min']:.2f})  {row['env_steps_per_s'] / 1e6:8.3f} M env steps/s")
+            print(f"{backend:>9} seeds={seeds:<5} compile {compile_s:6.1f} s  train {row['train_s_median']:8.2f} s (min {row['train_s_min']:.2f})  {row['env_steps_per_s']:14,.0f} env steps/s")
     return rows
 
 
