@@ -428,7 +428,7 @@ def main(argv=None) -> None:
     parser.add_argument("--ops", default=",".join(CASE_BUILDERS), help="comma-separated op names")
     parser.add_argument("--runs", type=int, default=30, help="timed calls per measurement (median)")
     parser.add_argument("--max-reps", type=int, default=24, help="most distinct input sets per timed call")
-    parser.add_argument("--kernel-backend", default="triton", help="triton (GPU) or interpret (CPU smoke test)")
+    parser.add_argument("--kernel-backend", default="triton", help="triton (GPU), interpret (CPU smoke test), or auto (the \"triton\" column is then the automatic choice, XLA where an op measured it faster)")
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     parser.add_argument("--sweep", choices=["loop", "chained", "all"], help="time ScanConfig tilings of the scan ops")
     parser.add_argument("--sweep-ops", default="gae", choices=["gae", "both"], help="ops the sweep times")

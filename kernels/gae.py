@@ -161,7 +161,7 @@ def gae(rewards, values, next_values, discounts, lambda_, *, backend: str | None
       rewards, values, next_values, discounts: float arrays ``[T, *batch]`` of one shape;
         ``discounts = gamma * (1 - terminated)``, ``next_values`` the value of the next observation.
       lambda_: float scalar or ``[T, *batch]`` array (may be traced, e.g. vmapped in a sweep).
-      backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
+      backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
       config: tiling override (:class:`kernels._chunked_scan.ScanConfig`), for tests/benchmarks.
       deterministic: bitwise-reproducible results on the GPU (the chained grid's look-back composes
         in one fixed order instead of taking the first published carry; see ``ScanConfig``).

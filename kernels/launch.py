@@ -13,7 +13,7 @@ Which backend runs, first match wins:
   1. the op's ``backend=`` keyword argument (``"auto"`` there is the same as ``None``: go on down);
   2. the process-wide setting: :func:`set_backend` or the :func:`use_backend` context manager
      (for scripts and tests; library code passes ``backend=`` instead);
-  3. the environment variable ``FUSEDRL_KERNEL_BACKEND``;
+  3. the environment variable ``FUSEDRL_KERNEL_BACKEND`` (unset, empty or ``"auto"``: go on down);
   4. automatic: ``"triton"`` when JAX's default device is a GPU and ``jax_triton`` imports,
      else ``"reference"``.
 An unknown name raises ``ValueError`` listing the valid ones; asking for a backend that cannot run
@@ -218,8 +218,8 @@ def resolve_backend(backend: str | None = None) -> str:
         name = _check_name(backend, "backend= argument")
     elif _process_backend is not None:
         name = _process_backend
-    elif _environment_choice() is not None:
-        name = _check_name(_environment_choice(), f"environment variable {ENV_VAR}")
+    elif (from_environment := _environment_choice()) is not None:
+        name = _check_name(from_environment, f"environment variable {ENV_VAR}")
     else:
         return default_backend()
     if name == "triton":

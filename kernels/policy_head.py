@@ -214,7 +214,7 @@ def categorical_log_prob_entropy(logits, actions, *, backend: str | None = None)
       logits: floating-point array ``[*batch, A]`` (A >= 1; kernels compute in float32).
       actions: integer array ``[*batch]``, each in [0, A). Concrete (non-traced)
         actions are range-checked; a traced out-of-range action yields a NaN log_prob.
-      backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
+      backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
 
     Returns ``(log_prob, entropy)``, both ``[*batch]`` in ``logits``' dtype.
     Differentiable in ``logits``: one fused backward kernel,

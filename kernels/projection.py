@@ -372,7 +372,7 @@ def categorical_projection(atoms, probs, target_support, *, backend: str | None 
       probs: float array ``[*batch, K_src]``, the masses of ``atoms``.
       target_support: float array ``[K]``, K >= 2, strictly increasing (evenly
         spaced or not; checked when concrete).
-      backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
+      backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
       config: tiling override of the forward kernel (:class:`ProjectionConfig`), for
         tests and benchmarks; ``None`` = :func:`choose_config`.
       deterministic: ``True`` = the fixed-order dense kernel (bitwise reproducible on the GPU,

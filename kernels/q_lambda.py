@@ -150,7 +150,7 @@ def q_lambda_returns(rewards, next_values, discounts, lambda_, *, backend: str |
         step reached (``max_a Q(s_{t+1}, a)`` for Q(lambda), from ``final_obs`` at episode ends).
       lambda_: float scalar or ``[T, *batch]`` array (may be traced); pass ``lambda (1 - done)`` so no
         return chains across an episode end. The last step never chains (``lambda_{T-1} := 0``).
-      backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
+      backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
       config: tiling override (:class:`kernels._chunked_scan.ScanConfig`), for tests/benchmarks.
       deterministic: bitwise-reproducible results on the GPU (the chained grid's look-back composes
         in one fixed order instead of taking the first published carry; see ``ScanConfig``).

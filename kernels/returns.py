@@ -160,7 +160,7 @@ def discounted_returns(rewards, discounts, bootstrap, *, backend: str | None = N
       rewards: float array ``[T, *batch]``.
       discounts: float array ``[T, *batch]``, e.g. ``gamma * (1 - terminated)`` (may be traced).
       bootstrap: float array ``[*batch]``, the value after the last step.
-      backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice.
+      backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
       config: tiling override (:class:`kernels._chunked_scan.ScanConfig`), for tests/benchmarks.
       deterministic: bitwise-reproducible results on the GPU (the chained grid's look-back composes
         in one fixed order instead of taking the first published carry; see ``ScanConfig``).

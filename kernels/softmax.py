@@ -263,8 +263,8 @@ def softmax(x, axis: int = -1, *, backend: str | None = None):
       x: floating-point array of rank >= 1 (any leading batch shape). Kernel
         backends compute in float32 and return ``x``'s dtype.
       axis: the axis to normalise over (an int; default the last).
-      backend: "triton", "reference" or "interpret"; ``None`` = the process-wide choice. When that
-        choice is the automatic one (no backend named anywhere) on a GPU, rows of fewer than
+      backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
+        When that choice is the automatic one (none named anywhere) on a GPU, rows of fewer than
         ``AUTO_TRITON_MIN_COLUMNS`` (16) entries go to XLA, which is faster there (measured); a
         named ``"triton"`` always runs the kernel.
 

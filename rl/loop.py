@@ -37,6 +37,10 @@ from rl.trainer import Trainer
 # ---------------------------------------------------------------- the replay loop's settings
 
 
+UNROLL_DOC = ("loop trips (speed only, the same computation): a phase's env and gradient loops unroll min(unroll, n); "
+              "the loop over phases max(1, unroll // max(env_iterations, gradient_steps))")
+
+
 @dataclass(frozen=True)
 class ReplayLoopConfig:
     """Settings of the act-then-train loop of value-based replay agents (DQN, Rainbow), which
@@ -62,7 +66,7 @@ class ReplayLoopConfig:
     epsilon_decay_steps: int = hp(8_000, low=1, doc="env steps of the linear epsilon decay")
     log_interval: int = hp(2_560, low=1, doc="env steps between log points (multiple of train_freq)")
     eval_episodes: int = hp(10, low=0, doc="greedy episodes per log point, on separate eval envs (0: none, no eval_return)")
-    unroll: int = hp(1, low=1, doc="about this many act-then-train iterations (or gradient steps of a phase) per loop trip (speed only: fewer loop trips on the GPU, longer compilation)")
+    unroll: int = hp(1, low=1, doc=UNROLL_DOC)
 
     def validate(self):
         """The step counts nest: num_envs | train_freq | log_interval | total_steps; one step fits the buffer."""
@@ -95,7 +99,7 @@ class ReplayActorCriticConfig:
     max_grad_norm: float = hp(1e6, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip of actor and critics (large: off)")
     log_interval: int = hp(1_000, low=1, doc="env steps between log points (multiple of num_envs)")
     eval_episodes: int = hp(8, low=0, doc="deterministic evaluation episodes per log point (0: none)")
-    unroll: int = hp(1, low=1, doc="about this many act-then-train iterations (or gradient steps of a phase) per loop trip (speed only: fewer loop trips on the GPU, longer compilation)")
+    unroll: int = hp(1, low=1, doc=UNROLL_DOC)
 
     @property
     def gradient_steps(self) -> int:
@@ -407,8 +411,8 @@ def replay_epsilon(agent: ReplayLoopConfig, hparams, step):
 
 def off_policy_log_period(env, env_params, num_phases: int, eval_episodes: int, greedy_policy: Callable, extra_metrics: Callable, phase: Callable, state,
                           unroll: int = 1):
-    """One log period of an off-policy agent: `num_phases` act-then-train phases (`unroll` per loop trip), then the period's
-    episode statistics, `extra_metrics(state)`, the mean of each gradient-step aux (NaN before
+    """One log period of an off-policy agent: `num_phases` act-then-train phases (`unroll` per loop
+    trip), then the period's episode statistics, `extra_metrics(state)`, the mean of each gradient-step aux (NaN before
     learning), and the mean return of `eval_episodes` episodes of `greedy_policy(params) -> (obs ->
     action)` on fresh envs (none if 0)."""
     key, phase_key, eval_key = jax.random.split(state["key"], 3)
@@ -457,12 +461,13 @@ def actor_critic_trainer(agent: ReplayActorCriticConfig, env, env_params, init: 
 
 
 def kernel_backend(config) -> str:
-    """The kernel backend the agent passes to every kernels op: `config.kernels.backend`, checked
-    here (a named backend that cannot run raises `kernels.BackendUnavailableError` at build time).
-    "auto" stays "auto": each op then picks by the device and, where it measured XLA faster at small
-    shapes, by its own shape (`kernels.launch.chosen_automatically`)."""
-    kernels.resolve_backend(config.kernels.backend)
-    return config.kernels.backend
+    """The kernel backend the agent passes to every kernels op, fixed when the agent is built:
+    `config.kernels.backend` resolved by `kernels.resolve_backend` (a named backend that cannot run
+    raises `kernels.BackendUnavailableError` here). Where that is the automatic choice ("auto" with
+    no process-wide setting and no FUSEDRL_KERNEL_BACKEND), "auto" itself, so that each op picks by
+    the device and, where it measured XLA faster at small shapes, by its own shape."""
+    name = kernels.resolve_backend(config.kernels.backend)
+    return "auto" if kernels.launch.chosen_automatically(config.kernels.backend) else name
 
 
 # ---------------------------------------------------------------- PPO's loop (PPO, recurrent PPO)

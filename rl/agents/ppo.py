@@ -202,7 +202,7 @@ class Setup(NamedTuple):
     step: Any  # vmapped env.step
     net: networks.Network
     distribution: str  # losses.DISTRIBUTIONS
-    backend: str  # kernel backend
+    backend: str  # kernel backend (`loop.kernel_backend`): a name, or "auto" for each op's own choice
     fused: bool  # minibatch gradient from the fused kernel
     deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
 
@@ -247,7 +247,7 @@ def rollout(s: Setup, params, obs, env_state, key):
         act_key, env_keys = keys
         policy, _ = apply_policy(s, params, obs)
         action = loop.sample_action(policy, act_key, s.distribution)
-        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, backend="reference")  # fused by XLA into the head
+        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, backend="reference")
         next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, loop.env_action(action, s.distribution), s.env_params)
         episode = {name: info[name] for name in EPISODE_INFO}
         return (params, next_obs, env_state), Transition(obs, action, log_prob, reward, terminated, truncated, info["final_obs"], episode)

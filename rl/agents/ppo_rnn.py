@@ -151,7 +151,7 @@ def rollout(s: Setup, params, obs, done, carry, env_state, key):
         carry, outputs = s.net.apply(params, carry, obs[None], done[None])
         policy, value = first_step(outputs)
         action = loop.sample_action(policy, act_key, s.distribution)
-        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, backend="reference")  # fused by XLA into the head
+        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, backend="reference")  # as in ppo.rollout
         next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, loop.env_action(action, s.distribution), s.env_params)
         episode = {name: info[name] for name in EPISODE_INFO}
         trans = Transition(obs, done, action, log_prob, value, reward, terminated, truncated, info["final_obs"], carry, episode)

@@ -91,7 +91,32 @@ def test_auto_is_the_automatic_choice_spelled_as_a_value(monkeypatch):
     assert L.resolve_backend() == L.default_backend() and L.chosen_automatically("auto")
     monkeypatch.setenv(L.ENV_VAR, "reference")
     assert L.resolve_backend("auto") == "reference" and not L.chosen_automatically("auto")
-    np.testing.assert_allclose(kernels.softmax(np.ones((2, 3), np.float32), backend="auto"), np.full((2, 3), 1 / 3), rtol=1e-6)
+
+
+@pytest.mark.skipif(L.interpret_unavailable_reason() is not None, reason="needs triton and torch (the interpret extra)")
+def test_every_op_takes_auto_and_runs_the_kernel_the_process_chose(monkeypatch):
+    """Under use_backend("interpret"), backend="auto" reaches each op's kernel path (the interpreter
+    runs it through a pure_callback) and gives the reference's numbers."""
+    monkeypatch.delenv(L.ENV_VAR, raising=False)
+    T, N, B, K = 5, 3, 4, 21
+    r, v, nv, d = (jax.random.uniform(jax.random.PRNGKey(i), (T, N)) for i in range(4))
+    logits = jax.random.normal(jax.random.PRNGKey(5), (B, K))
+    actions = jnp.arange(B) % K
+    support = jnp.linspace(0.0, 10.0, K)
+    calls = {
+        "gae": lambda b: kernels.gae(r, v, nv, d, 0.9, backend=b),
+        "q_lambda_returns": lambda b: kernels.q_lambda_returns(r, nv, d, 0.9, backend=b),
+        "discounted_returns": lambda b: kernels.discounted_returns(r, d, nv[0], backend=b),
+        "softmax": lambda b: kernels.softmax(logits, backend=b),
+        "categorical_log_prob_entropy": lambda b: kernels.categorical_log_prob_entropy(logits, actions, backend=b),
+        "categorical_projection": lambda b: kernels.categorical_projection(
+            jnp.broadcast_to(support * 0.9 + 0.5, (B, K)), jax.nn.softmax(logits), support, backend=b),
+    }
+    for name, call in calls.items():
+        with L.use_backend("interpret"):
+            assert "pure_callback" in str(jax.make_jaxpr(lambda: call("auto"))()), name
+            got = call("auto")
+        np.testing.assert_allclose(got, call("reference"), rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def test_automatic_choice_matches_the_device():

@@ -147,8 +147,9 @@ def test_no_eval_episodes_trains_the_same_and_logs_no_eval_return(small_run):
 
 
 def test_unrolled_loops_compute_the_same_run(small_run):
-    """agent.unroll changes loop trips only: the same metrics and params as the rolled run."""
-    config, train, keys, _ = small_run
+    """agent.unroll changes loop trips only: the same metrics and params as the rolled run (here the
+    phase's 64 env iterations unroll; test_sac.py covers unrolling the loop over phases)."""
+    _, train, keys, _ = small_run
     state, metrics = jax.jit(train)(keys[0])
     unrolled_state, unrolled = jax.jit(dqn.make_train(make_config(double_q=True, tau=0.5, unroll=8)))(keys[0])
     for name in ("eval_return", "loss", "q_mean", "episode_return", "step"):

@@ -18,6 +18,7 @@ from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction
 from rl import logging as rl_logging
 from rl import loop
+from rl.agents import ppo
 from rl.config import EnvConfig, KernelsConfig, build_config
 
 
@@ -265,15 +266,15 @@ def test_act_then_train_with_learning_starts_zero_trains_from_the_first_phase():
 
 def test_unrolled_phase_computes_the_same_as_the_rolled_one():
     carry = ({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes())
-    rolled = _toy_phase(learning_starts=2, env_iterations=3, gradient_steps=4)
-    unrolled_phase = loop.act_then_train(*_toy_steps(), 3, 4, 2, unroll=8)
+    rolled = _toy_phase(learning_starts=4, env_iterations=3, gradient_steps=4)
+    unrolled_phase = loop.act_then_train(*_toy_steps(), 3, 4, 4, unroll=8)
     a, b = carry, carry
     for i in range(3):
         a, aux_a = rolled(a, jax.random.PRNGKey(i))
         b, aux_b = jax.jit(unrolled_phase)(b, jax.random.PRNGKey(i))
         for x, y in zip(jax.tree.leaves((a, aux_a)), jax.tree.leaves((b, aux_b))):
             np.testing.assert_array_equal(x, y)  # NaN aux before learning equals NaN
-    assert int(b[0]["updates"]) == 12  # every phase trained (3 env steps each >= learning_starts 2)
+    assert int(b[0]["updates"]) == 8  # phase 1 (step 3 < 4) skipped learning, phases 2 and 3 trained
 
 
 @pytest.mark.parametrize("unroll, env_iterations, gradient_steps, expected", [
@@ -300,19 +301,26 @@ def test_scan_log_points_emits_every_log_point_and_stacks_metrics():
 # ---------------------------------------------------------------- the kernel backend as a value
 
 
-def test_kernel_backend_is_the_configs_choice_and_sets_nothing_process_wide():
+def test_kernel_backend_is_the_configs_choice_and_sets_nothing_process_wide(monkeypatch):
+    monkeypatch.delenv(kernels.launch.ENV_VAR, raising=False)
     before = kernels.resolve_backend(None)
     assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="interpret"))) == "interpret"
     assert kernels.resolve_backend(None) == before
-    # "auto" reaches the ops as "auto", so that their measured small-shape crossovers apply
+    # the automatic choice reaches the ops as "auto", so that their measured small-shape crossovers apply
     assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "auto"
     assert kernels.resolve_backend("auto") == before
+    # a choice made outside the config is fixed by name when the agent is built
+    monkeypatch.setenv(kernels.launch.ENV_VAR, "reference")
+    assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "reference"
+    with kernels.use_backend("interpret"):
+        assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "interpret"
 
 
 @pytest.mark.skipif(kernels.launch.triton_unavailable_reason() is None, reason="triton can run on this machine")
-def test_a_named_backend_that_cannot_run_fails_when_the_agent_is_built():
+def test_an_agent_with_a_backend_that_cannot_run_fails_when_it_is_built():
+    config = build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo", "total_steps": 1024, "log_interval": 1}, "kernels": {"backend": "triton"}})
     with pytest.raises(kernels.BackendUnavailableError, match="'triton' cannot run here"):
-        loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="triton")))
+        ppo.make_train(config)
 
 
 def test_to_env_action_is_what_the_training_env_sends():

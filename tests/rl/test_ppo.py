@@ -160,6 +160,28 @@ def test_check_env_refuses_unbounded_box_actions():
         ppo.check_env(config, Unbounded(), None)
 
 
+def test_acting_takes_the_log_prob_in_plain_jax_on_a_kernel_backend():
+    """With a Triton-source backend (here the interpreter, a pure_callback per launch) the rollout
+    launches no kernel: log pi(a|s) of the sampled action is plain JAX, equal to the kernel's."""
+    import kernels
+
+    config = make_config(kernel_backend=triton_source_backend())
+    agent = config.agent
+    env, env_params = loop.make_env(config)
+    net, distribution = ppo.make_network(agent, env, env_params)
+    s = ppo.Setup(agent, env, env_params, *loop.batched(env), net, distribution, config.kernels.backend, False)
+    state = ppo.init_state(s, jax.random.PRNGKey(0), hyperparams(agent))
+    rollout = lambda state: ppo.rollout(s, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(1))
+    jaxpr = str(jax.make_jaxpr(rollout)(state))
+    assert "pure_callback" not in jaxpr and "triton" not in jaxpr
+    _, _, traj = jax.jit(rollout)(state)
+    logits = ppo.apply_policy(s, state["params"], traj.obs)[0]
+    expected, _ = kernels.categorical_log_prob_entropy(logits, traj.action, backend=config.kernels.backend)
+    np.testing.assert_allclose(traj.log_prob, expected, rtol=1e-5, atol=1e-6)
+
+
+
+
 # ---------------------------------------------------------------- the fused minibatch gradient
 
 

@@ -122,11 +122,10 @@ def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rol
 @pytest.mark.parametrize("backend, cell", [("flax", "gru"), ("haiku", "lstm")])
 def test_ppo_rnn_learns_masked_cartpole(backend, cell):
     """CartPole with the velocities hidden, the shipped config's settings (no annealing), 24k steps,
-    8 seeds in one program. Over the seeds (medians, because single seeds' curves differ by platform
-    and batch size: matmul rounding; with 4 seeds the haiku-LSTM's greedy median was 118 on the CPU
-    and 65 on an H100), the best training return of the second half of the run is at least twice the
-    first (random, ~22), and the best greedy return passes 80. Medians on the CPU: GRU 135 / 376,
-    LSTM 67 / 105 (training / greedy)."""
+    8 seeds in one program. Over the seeds (medians, because single seeds' curves follow the
+    platform's and the batch size's matmul rounding), the best training return of the second half of
+    the run is at least twice the first (random, ~22), and the best greedy return passes 80. Medians
+    on the CPU: GRU 135 / 376, LSTM 67 / 105 (training / greedy)."""
     config = make_config(
         env={"observe": "positions"}, total_steps=24_576, num_envs=8, num_steps=32, num_epochs=10, num_minibatches=1, lr=1e-3,
         anneal_lr=False, gamma=0.98, gae_lambda=0.8, ent_coef=0.0, log_interval=16, eval_envs=8,

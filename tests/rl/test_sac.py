@@ -136,7 +136,8 @@ def test_chunked_run_equals_one_run():
 
 
 def test_unrolled_loops_compute_the_same_run():
-    """agent.unroll changes loop trips only (SAC's replay loop: num_envs 1, so every env step is a phase)."""
+    """agent.unroll changes loop trips only. SAC's phases are one env step and one gradient step, so
+    here the loop over phases unrolls (loop.phase_unroll); test_dqn.py covers the phase's own loops."""
     key = jax.random.PRNGKey(5)
     _, rolled = jax.jit(sac.make_train(make_config()))(key)
     _, unrolled = jax.jit(sac.make_train(make_config(unroll=4)))(key)
