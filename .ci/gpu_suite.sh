@@ -7,7 +7,8 @@
 # - the kernel tests run on both the triton and the reference backend (FUSEDRL_TEST_BACKENDS);
 # - every other test runs with the triton kernels: on a GPU with jax-triton a config's
 #   `kernels.backend: auto` is triton, with the ops' measured small-shape crossovers (checked first:
-#   the script stops if triton cannot run); tests that name a backend keep theirs, and CPU subprocesses (JAX_PLATFORMS=cpu) resolve auto to reference;
+#   the script stops if triton cannot run); tests that name a backend keep theirs, and CPU
+#   subprocesses (JAX_PLATFORMS=cpu) resolve auto to reference;
 # - pytest-xdist spreads the tests over WORKERS processes (default 14, for a 16-core machine) that
 #   share the GPU: no memory preallocation, at most 6% of its memory each; `--dist loadgroup` with the
 #   groups of tests/conftest.py keeps each module's tests (and the programs its fixtures compile) on

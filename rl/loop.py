@@ -412,9 +412,9 @@ def replay_epsilon(agent: ReplayLoopConfig, hparams, step):
 def off_policy_log_period(env, env_params, num_phases: int, eval_episodes: int, greedy_policy: Callable, extra_metrics: Callable, phase: Callable, state,
                           unroll: int = 1):
     """One log period of an off-policy agent: `num_phases` act-then-train phases (`unroll` per loop
-    trip), then the period's episode statistics, `extra_metrics(state)`, the mean of each gradient-step aux (NaN before
-    learning), and the mean return of `eval_episodes` episodes of `greedy_policy(params) -> (obs ->
-    action)` on fresh envs (none if 0)."""
+    trip), then the period's episode statistics, `extra_metrics(state)`, the mean of each
+    gradient-step aux (NaN before learning), and the mean return of `eval_episodes` episodes of
+    `greedy_policy(params) -> (obs -> action)` on fresh envs (none if 0)."""
     key, phase_key, eval_key = jax.random.split(state["key"], 3)
     (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, no_episodes()), jax.random.split(phase_key, num_phases),
                                         unroll=min(unroll, num_phases))
