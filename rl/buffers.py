@@ -10,8 +10,16 @@
     buffer = buffers.prioritized_update(buffer, indices, priorities, alpha)
 
 A transition is any pytree (the agents store `obs, action, reward, next_obs, terminated`, where
-`next_obs = info["final_obs"]`). Storage is one array per leaf with a leading `capacity` axis,
-written circularly: item k of an add goes to `(position + k) % capacity`, overwriting the oldest.
+`next_obs = info["final_obs"]`). Items are written circularly: item k of an add goes to row
+`(position + k) % capacity`, overwriting the oldest. `buffer.data` is the stored items as that
+pytree, every leaf with a leading `capacity` axis.
+
+Storage packs the leaves into a few 2-D blocks [capacity, width] (`StorageLayout`), so an add is one
+scatter per block and a sample one gather per block, whatever the number of leaves: leaves of a
+32-bit dtype are stored bit for bit in one uint32 block; leaves of a narrower dtype (bool, 8- and
+16-bit ints and floats) join that block, converted exactly, when they hold at most `SMALL_LEAF`
+elements per item, and otherwise share a block of their own dtype (a bool image stays one byte per
+pixel); any other dtype (64-bit) gets a block of its own dtype. For DQN on CartPole that is one block.
 
 Prioritized replay is proportional PER (Schaul et al. 2016). Item i is stored with the leaf value
 q_i = p_i^alpha and sampled with probability P(i) = q_i / sum_j q_j. A batch of B is stratified:
@@ -50,32 +58,132 @@ capacity's size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+
+SMALL_LEAF = 16  # most elements per item of a narrow-dtype leaf packed into the 32-bit block
+
+
+@dataclass(frozen=True)
+class LeafSlot:
+    """Where one leaf of an item lives: columns [start, start + prod(shape)) of block `block`."""
+
+    block: int
+    start: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@jax.tree_util.register_static
+@dataclass(frozen=True)
+class StorageLayout:
+    """How an item pytree is packed into 2-D blocks (static: no arrays, hashable)."""
+
+    treedef: Any
+    slots: tuple[LeafSlot, ...]
+    block_dtypes: tuple[str, ...]
+    block_widths: tuple[int, ...]
 
 
 class UniformBuffer(NamedTuple):
-    data: Any  # pytree; every leaf [capacity, ...]
+    storage: tuple  # blocks [capacity, width] (`StorageLayout`)
     position: jax.Array  # int32: where the next item goes
     size: jax.Array  # int32: items stored (<= capacity)
+    layout: StorageLayout
+
+    @property
+    def data(self):
+        """The stored items as the transition pytree, every leaf [..., capacity, *leaf shape]."""
+        return unpack(self.layout, self.storage)
 
 
 class PrioritizedBuffer(NamedTuple):
-    data: Any
+    storage: tuple
     position: jax.Array
     size: jax.Array
     tree: tuple[jax.Array, ...]  # float32 levels, root first (`sumtree_layout`); see the module docstring
     max_leaf: jax.Array  # float32: largest leaf value (priority^alpha) seen; new items get it
+    layout: StorageLayout
+
+    @property
+    def data(self):
+        """The stored items as the transition pytree, every leaf [..., capacity, *leaf shape]."""
+        return unpack(self.layout, self.storage)
 
 
 def capacity_of(buffer) -> int:
     """The static capacity of a buffer (its storage's leading axis)."""
-    return jax.tree.leaves(buffer.data)[0].shape[0]
+    return buffer.storage[0].shape[0]
 
 
-# ---------------------------------------------------------------- storage shared by both buffers
+# ---------------------------------------------------------------- packed storage shared by both buffers
+
+
+def storage_layout(item) -> StorageLayout:
+    """The packing of one item pytree (the module docstring's rule)."""
+    leaves, treedef = jax.tree.flatten(item)
+    block_dtypes, widths, slots = ["uint32"], [0], []
+    for leaf in leaves:
+        shape, dtype = tuple(jnp.shape(leaf)), np.dtype(jnp.asarray(leaf).dtype)
+        size = int(np.prod(shape))
+        if dtype.itemsize == 4 or (dtype.itemsize < 4 and size <= SMALL_LEAF):
+            block = 0
+        else:
+            if dtype.name not in block_dtypes[1:]:
+                block_dtypes.append(dtype.name)
+                widths.append(0)
+            block = block_dtypes.index(dtype.name, 1)
+        slots.append(LeafSlot(block, widths[block], shape, dtype.name))
+        widths[block] += size
+    if widths[0] == 0:  # no 32-bit block
+        slots = [LeafSlot(s.block - 1, s.start, s.shape, s.dtype) for s in slots]
+        block_dtypes, widths = block_dtypes[1:], widths[1:]
+    return StorageLayout(treedef, tuple(slots), tuple(block_dtypes), tuple(widths))
+
+
+def _to_block(x, dtype: np.dtype, block_dtype: str):
+    """x as the block's dtype, exactly: 32-bit leaves bitcast, narrower ones converted first."""
+    if block_dtype != "uint32":
+        return x
+    if dtype.itemsize < 4:
+        wide = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else jnp.int32
+        x = x.astype(wide)
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+
+
+def _from_block(x, dtype: np.dtype, block_dtype: str):
+    """The inverse of `_to_block`."""
+    if block_dtype != "uint32":
+        return x
+    if dtype.itemsize == 4:
+        return jax.lax.bitcast_convert_type(x, dtype)
+    wide = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else jnp.int32
+    return jax.lax.bitcast_convert_type(x, wide).astype(dtype)
+
+
+def pack(layout: StorageLayout, items) -> tuple:
+    """The blocks [..., width] holding a batch of items (every leaf [..., *shape]: any leading axes)."""
+    parts = [[] for _ in layout.block_dtypes]
+    for slot, x in zip(layout.slots, layout.treedef.flatten_up_to(items)):
+        x = jnp.asarray(x).astype(slot.dtype)
+        lead_shape = x.shape[: x.ndim - len(slot.shape)]
+        parts[slot.block].append(_to_block(x, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(lead_shape + (-1,)))
+    return tuple(jnp.concatenate(p, axis=-1) if len(p) > 1 else p[0] for p in parts)
+
+
+def unpack(layout: StorageLayout, blocks):
+    """The item pytree of blocks [..., width]: every leaf [..., *shape] (slices of the blocks)."""
+    leaves = []
+    for slot in layout.slots:
+        block = blocks[slot.block]
+        columns = block[..., slot.start : slot.start + int(np.prod(slot.shape))]
+        leaves.append(_from_block(columns, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(block.shape[:-1] + slot.shape))
+    return layout.treedef.unflatten(leaves)
 
 
 def _check_capacity(capacity) -> int:
@@ -85,19 +193,20 @@ def _check_capacity(capacity) -> int:
 
 
 def _empty_storage(item, capacity: int):
-    return jax.tree.map(lambda x: jnp.zeros((capacity,) + jnp.shape(x), jnp.asarray(x).dtype), item)
+    layout = storage_layout(item)
+    return tuple(jnp.zeros((capacity, w), d) for d, w in zip(layout.block_dtypes, layout.block_widths)), layout
 
 
-def _num_items(data, items) -> int:
-    """Number of items in a batch `items` (leading axis), checking it matches the storage layout."""
-    stored, batch = jax.tree.structure(data), jax.tree.structure(items)
-    if stored != batch:
-        raise ValueError(f"items have pytree structure {batch}, the buffer stores {stored}")
+def _check_items(layout: StorageLayout, items) -> int:
+    """Number of items in a batch `items` (leading axis), checking it matches the stored item."""
+    batch = jax.tree.structure(items)
+    if batch != layout.treedef:
+        raise ValueError(f"items have pytree structure {batch}, the buffer stores {layout.treedef}")
     counts = set()
-    for path, s, x in zip(jax.tree_util.tree_leaves_with_path(data), jax.tree.leaves(data), jax.tree.leaves(items)):
-        name = jax.tree_util.keystr(path[0])
-        if jnp.ndim(x) != s.ndim or jnp.shape(x)[1:] != s.shape[1:]:
-            raise ValueError(f"items{name} has shape {jnp.shape(x)}; expected (num_items,) + {s.shape[1:]}")
+    for (key_path, x), slot in zip(jax.tree_util.tree_leaves_with_path(items), layout.slots):
+        name = jax.tree_util.keystr(key_path)
+        if jnp.ndim(x) != len(slot.shape) + 1 or tuple(jnp.shape(x)[1:]) != slot.shape:
+            raise ValueError(f"items{name} has shape {jnp.shape(x)}; expected (num_items,) + {slot.shape}")
         counts.add(jnp.shape(x)[0])
     if len(counts) != 1:
         raise ValueError(f"items have different leading sizes {sorted(counts)}; every leaf needs the same number of items")
@@ -108,7 +217,7 @@ def _write_indices(buffer, items, valid):
     """Storage rows for a batch of items, the new position and size. Invalid batches (valid False)
     get out-of-range rows (dropped by the scatter) and leave position and size unchanged."""
     capacity = capacity_of(buffer)
-    n = _num_items(buffer.data, items)
+    n = _check_items(buffer.layout, items)
     if n > capacity:
         raise ValueError(f"cannot add {n} items at once to a buffer of capacity {capacity}")
     valid = jnp.asarray(valid, jnp.bool_)
@@ -119,12 +228,14 @@ def _write_indices(buffer, items, valid):
     return rows, jnp.where(valid, rows, capacity), position, size
 
 
-def _store(data, items, write_rows):
-    return jax.tree.map(lambda d, x: d.at[write_rows].set(jnp.asarray(x, d.dtype), mode="drop"), data, items)
+def _store(buffer, items, write_rows):
+    """The storage with a batch of items written at `write_rows` (out of range: dropped), one scatter per block."""
+    return tuple(b.at[write_rows].set(x, mode="drop") for b, x in zip(buffer.storage, pack(buffer.layout, items)))
 
 
-def _gather(data, indices):
-    return jax.tree.map(lambda d: d[indices], data)
+def _gather(buffer, indices):
+    """The items at `indices`, one gather per block."""
+    return unpack(buffer.layout, tuple(b[indices] for b in buffer.storage))
 
 
 # ---------------------------------------------------------------- uniform replay
@@ -132,22 +243,22 @@ def _gather(data, indices):
 
 def uniform_init(item, capacity: int) -> UniformBuffer:
     """An empty buffer holding up to `capacity` items shaped like the pytree `item` (one transition)."""
-    capacity = _check_capacity(capacity)
-    return UniformBuffer(data=_empty_storage(item, capacity), position=jnp.int32(0), size=jnp.int32(0))
+    storage, layout = _empty_storage(item, _check_capacity(capacity))
+    return UniformBuffer(storage=storage, position=jnp.int32(0), size=jnp.int32(0), layout=layout)
 
 
 def uniform_add(buffer: UniformBuffer, items, valid=True) -> UniformBuffer:
     """Append a batch of items (every leaf has a leading `num_items` axis), overwriting the oldest.
     With `valid` False (a traced bool is fine) the buffer is returned unchanged."""
     _, write_rows, position, size = _write_indices(buffer, items, valid)
-    return UniformBuffer(data=_store(buffer.data, items, write_rows), position=position, size=size)
+    return buffer._replace(storage=_store(buffer, items, write_rows), position=position, size=size)
 
 
 def uniform_sample(buffer: UniformBuffer, key, batch_size: int):
     """`batch_size` items drawn uniformly with replacement from the stored ones: (items, indices).
     From an empty buffer it returns row 0 (zeros); agents only sample after `learning_starts`."""
     indices = jax.random.randint(key, (batch_size,), 0, jnp.maximum(buffer.size, 1))
-    return _gather(buffer.data, indices), indices
+    return _gather(buffer, indices), indices
 
 
 # ---------------------------------------------------------------- the sum-tree
@@ -312,14 +423,8 @@ def sumtree_find(tree, targets) -> jax.Array:
 
 def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
     """An empty prioritized buffer (all leaves 0, max leaf 1) for up to `capacity` items like `item`."""
-    capacity = _check_capacity(capacity)
-    return PrioritizedBuffer(
-        data=_empty_storage(item, capacity),
-        position=jnp.int32(0),
-        size=jnp.int32(0),
-        tree=sumtree_init(capacity),
-        max_leaf=jnp.float32(1.0),
-    )
+    storage, layout = _empty_storage(item, _check_capacity(capacity))
+    return PrioritizedBuffer(storage=storage, position=jnp.int32(0), size=jnp.int32(0), tree=sumtree_init(capacity), max_leaf=jnp.float32(1.0), layout=layout)
 
 
 def prioritized_add(buffer: PrioritizedBuffer, items, valid=True) -> PrioritizedBuffer:
@@ -329,13 +434,8 @@ def prioritized_add(buffer: PrioritizedBuffer, items, valid=True) -> Prioritized
     # invalid: a row past the padded leaves (`write_rows` = capacity would be a padding leaf), dropped
     leaf_rows = jnp.where(jnp.asarray(valid, jnp.bool_), rows, leaves.shape[-1])
     leaves = leaves.at[leaf_rows].set(buffer.max_leaf, mode="drop")  # the rows of one add are distinct
-    return PrioritizedBuffer(
-        data=_store(buffer.data, items, write_rows),
-        position=position,
-        size=size,
-        tree=_recompute_ancestors(buffer.tree[:-1] + (leaves,), rows),
-        max_leaf=buffer.max_leaf,
-    )
+    return buffer._replace(storage=_store(buffer, items, write_rows), position=position, size=size,
+                           tree=_recompute_ancestors(buffer.tree[:-1] + (leaves,), rows))
 
 
 def sampling_probabilities(buffer: PrioritizedBuffer, indices) -> jax.Array:
@@ -358,7 +458,7 @@ def prioritized_sample(buffer: PrioritizedBuffer, key, batch_size: int, beta):
     found, leaf = sumtree_find_with_mass(buffer.tree, targets)
     indices = jnp.clip(found, 0, jnp.maximum(buffer.size - 1, 0))
     weights = importance_weights(leaf / jnp.where(total > 0, total, 1.0), buffer.size, beta)
-    return _gather(buffer.data, indices), indices, weights
+    return _gather(buffer, indices), indices, weights
 
 
 def prioritized_update(buffer: PrioritizedBuffer, indices, priorities, alpha) -> PrioritizedBuffer:

@@ -45,6 +45,19 @@ def emit(metrics: dict) -> dict:
     return {**metrics, "step": step}
 
 
+def run_batch(values: dict) -> dict | None:
+    """A log point as a run's [settings, seeds, ...] arrays: a [settings, seeds] batch as it is; a
+    [seeds] batch (a run of one setting, which `rl.train.vmap_over_settings` traces without the
+    settings axis) with a settings axis of 1 put in front; None for any other shape of "step"
+    (not a run's batch, e.g. an unbatched train call)."""
+    ndim = np.ndim(values["step"])
+    if ndim == 2:
+        return values
+    if ndim == 1:
+        return {k: np.asarray(v)[None] for k, v in values.items()}
+    return None
+
+
 @contextmanager
 def sink(fn: Callable[[dict], None]):
     """Register `fn` to receive every log point emitted while the context is open."""
@@ -166,9 +179,10 @@ class RunLogger:
 
     def __call__(self, values: dict) -> None:
         now = time.perf_counter()
-        step = np.asarray(values["step"])
-        if step.ndim != 2:  # not a run's [settings, seeds] batch (e.g. an unbatched train call)
+        values = run_batch(values)
+        if values is None:
             return
+        step = np.asarray(values["step"])
         newest = int(step.max())
         reference_time = self.last_time if self.last_time is not None else self.start
         reference_step = self.last_step if self.last_step is not None else 0

@@ -224,11 +224,15 @@ def linear_schedule(start, end, duration, step):
 
 def epsilon_greedy(key, q_values, epsilon):
     """Per row of `q_values` [..., A]: a uniformly random action with probability epsilon, else
-    argmax_a Q (first index on ties). int32 [...]."""
-    k_explore, k_action = jax.random.split(key)
-    explore = jax.random.uniform(k_explore, q_values.shape[:-1]) < epsilon
-    random_action = jax.random.randint(k_action, q_values.shape[:-1], 0, q_values.shape[-1])
-    return jnp.where(explore, random_action, jnp.argmax(q_values, axis=-1)).astype(jnp.int32)
+    argmax_a Q (first index on ties). int32 [...].
+
+    Both choices come from one draw of two uniforms per row, (u, v) in [0, 1)^2: explore if
+    u < epsilon, and the random action is floor(A v), uniform up to float32's 2^-23 grid of v
+    (exactly uniform when A is a power of two)."""
+    u = jax.random.uniform(key, q_values.shape[:-1] + (2,))
+    num_actions = q_values.shape[-1]
+    random_action = jnp.minimum(jnp.floor(u[..., 1] * num_actions).astype(jnp.int32), num_actions - 1)
+    return jnp.where(u[..., 0] < epsilon, random_action, jnp.argmax(q_values, axis=-1)).astype(jnp.int32)
 
 
 def epsilon_greedy_random_ties(q_values, epsilon, explore_u, choice_u):
@@ -245,10 +249,28 @@ def epsilon_greedy_random_ties(q_values, epsilon, explore_u, choice_u):
     return jnp.argmax(candidates & (rank == pick)).astype(jnp.int32)
 
 
+def global_norm(tree) -> jax.Array:
+    """||g|| = sqrt(sum over every element of every leaf of g^2), as one reduction over the leaves
+    concatenated (XLA fuses the concatenation into it: one kernel, not one per leaf)."""
+    leaves = jax.tree.leaves(tree)
+    return jnp.sqrt(jnp.sum(jnp.concatenate([jnp.square(jnp.ravel(g).astype(jnp.float32)) for g in leaves])))
+
+
+def clip_by_global_norm(max_norm) -> optax.GradientTransformation:
+    """g <- g where ||g|| < max_norm, else g max_norm / ||g|| (`global_norm`); stateless. The same
+    rule as `optax.clip_by_global_norm`, whose norm reduces each leaf apart."""
+
+    def update(updates, state, params=None):
+        norm = global_norm(updates)
+        return jax.tree.map(lambda g: jnp.where(norm < max_norm, g, g / norm.astype(g.dtype) * max_norm), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def clipped_adam(learning_rate, max_grad_norm, eps: float = 1e-8):
     """Adam (step size `learning_rate`: a value or a schedule of the update count) on gradients
     clipped to global norm `max_grad_norm`: g <- g min(1, max_grad_norm / ||g||)."""
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=eps))
+    return optax.chain(clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=eps))
 
 
 def annealed_clipped_adam(agent: OnPolicyLoopConfig, lr, max_grad_norm, eps: float = 1e-5):
@@ -350,17 +372,17 @@ def act_then_train(env_step: Callable, gradient_step: Callable, env_iterations: 
     (state, aux)`; aux is stacked over the gradient steps ([gradient_steps, ...], NaN before learning).
     Each of the two loops runs up to `unroll` calls per loop trip (the same computation)."""
 
-    def train(state, key):
-        return jax.lax.scan(gradient_step, state, jax.random.split(key, gradient_steps), unroll=min(unroll, gradient_steps))
+    def train(state, keys):
+        return jax.lax.scan(gradient_step, state, keys, unroll=min(unroll, gradient_steps))
 
-    def skip(state, key):
-        shapes = jax.eval_shape(train, state, key)[1]
+    def skip(state, keys):
+        shapes = jax.eval_shape(train, state, keys)[1]
         return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
 
     def phase(carry, key):
-        k_act, k_train = jax.random.split(key)
-        (state, totals), _ = jax.lax.scan(env_step, carry, jax.random.split(k_act, env_iterations), unroll=min(unroll, env_iterations))
-        state, aux = jax.lax.cond(state["step"] >= learning_starts, train, skip, state, k_train)
+        keys = jax.random.split(key, env_iterations + gradient_steps)  # one split for the whole phase
+        (state, totals), _ = jax.lax.scan(env_step, carry, keys[:env_iterations], unroll=min(unroll, env_iterations))
+        state, aux = jax.lax.cond(state["step"] >= learning_starts, train, skip, state, keys[env_iterations:])
         return (state, totals), aux
 
     return phase

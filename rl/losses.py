@@ -21,7 +21,7 @@ import kernels
 from kernels.ppo_grads import clipped_surrogate_loss, clipped_value_loss, ppo_objective
 
 __all__ = [
-    "episode_discount", "n_step_discount", "bootstrap_value", "q_learning_target", "td_loss", "n_step_transition",
+    "action_value", "episode_discount", "n_step_discount", "bootstrap_value", "q_learning_target", "td_loss", "n_step_transition",
     "categorical_q_values", "categorical_td_target", "categorical_cross_entropy",
     "normalize", "gae_coefficients", "truncation_aware_gae", "clipped_surrogate_loss", "clipped_value_loss", "ppo_loss",
     "gaussian_log_prob_entropy", "tanh_gaussian_log_prob_entropy", "policy_log_prob_entropy", "tanh_log_det_jacobian", "squashed_gaussian_sample", "squashed_gaussian_log_prob",
@@ -30,6 +30,13 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------- value-based (DQN, Rainbow)
+
+
+def action_value(q_values, action):
+    """Q(s, a) from rows of Q-values [..., A] and actions [...]: sum_b [b = a] Q(s, b), a select and
+    a sum (its gradient is a select too, where a gather's is a scatter-add)."""
+    chosen = jnp.arange(q_values.shape[-1]) == jnp.asarray(action)[..., None]
+    return jnp.sum(jnp.where(chosen, q_values, 0.0), axis=-1)
 
 
 def episode_discount(gamma, terminated):
@@ -46,8 +53,7 @@ def bootstrap_value(q_next_target, q_next_selector):
     """Q_target(s', argmax_a Q_selector(s', a)), per row of [..., A] Q-values: DQN (Mnih et al.
     2015) selects with the target network itself, double Q-learning (van Hasselt et al. 2016) with
     the online network."""
-    action = jnp.argmax(q_next_selector, axis=-1)
-    return jnp.take_along_axis(q_next_target, action[..., None], axis=-1)[..., 0]
+    return action_value(q_next_target, jnp.argmax(q_next_selector, axis=-1))
 
 
 def q_learning_target(reward, discount, next_value):

@@ -69,12 +69,29 @@ def at_matmul_precision(fn, precision: str):
     return traced_at_precision
 
 
+def vmap_over_settings(fn, in_axes):
+    """`jax.vmap(fn, in_axes)` over the settings axis (axis 0 of the arguments whose in_axes is 0).
+    With a single setting it calls `fn` on that setting alone and gives every output its settings
+    axis back: the same values, one batch axis fewer in every op (XLA then lays out the update's
+    batched matmuls without transposes)."""
+    batched = jax.vmap(fn, in_axes=in_axes)
+
+    def run(*args):
+        sizes = {x.shape[0] for arg, axis in zip(args, in_axes) if axis is not None for x in jax.tree.leaves(arg)}
+        if sizes != {1}:
+            return batched(*args)
+        alone = [arg if axis is None else jax.tree.map(lambda x: x[0], arg) for arg, axis in zip(args, in_axes)]
+        return jax.tree.map(lambda x: jnp.expand_dims(x, 0), fn(*alone))
+
+    return run
+
+
 def build_program(config: Config, grid: list[dict] | None = None):
     """(jitted program, keys, hparams): program(keys, hparams) trains settings x seeds at once."""
     grid = grid or [{}]
     train = get_agent_module(config.agent.name).make_train(config)
     over_seeds = jax.vmap(train, in_axes=(0, None))
-    program = jax.jit(at_matmul_precision(jax.vmap(over_seeds, in_axes=(None, 0)), config.run.matmul_precision))
+    program = jax.jit(at_matmul_precision(vmap_over_settings(over_seeds, (None, 0)), config.run.matmul_precision))
     return program, seed_keys(config), stacked_hyperparams(config, grid)
 
 
@@ -214,7 +231,7 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     host_keys = np.asarray(seed_keys(config))
     hparams = {k: put_replicated(v, mesh) for k, v in stacked_hyperparams(config, grid).items()}
     init_one = vmap_sequentially_on_cpu(trainer.init)
-    init_many = jax.vmap(jax.vmap(init_one, in_axes=(0, None)), in_axes=(None, 0))
+    init_many = vmap_over_settings(jax.vmap(init_one, in_axes=(0, None)), (None, 0))
     if shard == "seeds":
         state_sharding = metrics_sharding = seed_sharding(mesh)
         keys = jax.make_array_from_callback(host_keys.shape, NamedSharding(mesh, PartitionSpec(axis)), lambda index: host_keys[index])
@@ -230,7 +247,7 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     def chunk(num_log_points: int):
         if num_log_points not in chunks:
             run_one = lambda state, hp: trainer.run(state, hp, num_log_points)
-            run_many = jax.vmap(jax.vmap(run_one, in_axes=(0, None)), in_axes=(0, 0))
+            run_many = vmap_over_settings(jax.vmap(run_one, in_axes=(0, None)), (0, 0))
             chunks[num_log_points] = jax.jit(at_matmul_precision(run_many, config.run.matmul_precision),
                                              out_shardings=(state_sharding, metrics_sharding))
         return chunks[num_log_points]

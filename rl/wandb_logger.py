@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rl.logging import run_batch
+
 
 def wandb_run_id(group: str, setting: int, seed: int) -> str:
     """A W&B run id for one setting and seed of a run (W&B ids allow letters, digits, - and _)."""
@@ -74,9 +76,10 @@ class WandbLogger:
         return self.runs[key]
 
     def __call__(self, values: dict) -> None:
-        step = np.asarray(values["step"])
-        if step.ndim != 2:  # not a run's [settings, seeds] batch
+        values = run_batch(values)
+        if values is None:  # not a run's batch
             return
+        step = np.asarray(values["step"])
         for setting in range(step.shape[0]):
             for seed in range(step.shape[1]):
                 self._run(setting, seed).log(scalar_row(values, setting, seed), step=int(step[setting, seed]))

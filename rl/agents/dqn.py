@@ -57,7 +57,7 @@ def make_q_network(config, env, env_params) -> networks.Network:
 
 def q_loss(apply, params, target_params, batch, gamma, double_q: bool, kind: str):
     """(mean TD loss, (TD errors, Q(s, a))) of a batch of transitions (the module docstring)."""
-    q_taken = jnp.take_along_axis(apply(params, batch["obs"]), batch["action"][:, None], axis=-1)[:, 0]
+    q_taken = losses.action_value(apply(params, batch["obs"]), batch["action"])
     q_next_target = apply(target_params, batch["next_obs"])
     q_next_selector = apply(params, batch["next_obs"]) if double_q else q_next_target
     next_value = losses.bootstrap_value(q_next_target, q_next_selector)

@@ -134,7 +134,7 @@ def q_lambda_targets(s: Setup, hparams, params, traj: Transition):
 def q_loss(apply, params, minibatch):
     """(0.5 mean (Q(s, a) - G)^2, mean Q(s, a)) of a minibatch (obs, action, target)."""
     obs, action, target = minibatch
-    q_taken = jnp.take_along_axis(apply(params, obs), action[:, None], axis=-1)[:, 0]
+    q_taken = losses.action_value(apply(params, obs), action)
     return 0.5 * jnp.mean(jnp.square(q_taken - target)), q_taken.mean()
 
 

@@ -122,8 +122,7 @@ def discrete_losses(actor, critic):
         next_log_pi = jax.nn.log_softmax(actor(actor_params, batch["next_obs"]))
         next_value = losses.soft_value_discrete(next_log_pi, *critic(target_params, batch["next_obs"]), alpha)
         target = losses.q_learning_target(batch["reward"], losses.episode_discount(gamma, batch["terminated"]), next_value)
-        taken = lambda q: jnp.take_along_axis(q, batch["action"][:, None], axis=-1)[:, 0]
-        q1, q2 = map(taken, critic(critic_params, batch["obs"]))
+        q1, q2 = (losses.action_value(q, batch["action"]) for q in critic(critic_params, batch["obs"]))
         return losses.twin_q_loss(q1, q2, target), jnp.mean(q1)
 
     def actor_loss(actor_params, critic_params, alpha, batch, key):

@@ -417,3 +417,65 @@ def test_sampling_an_empty_prioritized_buffer_gives_row_0_and_weights_1():
     np.testing.assert_array_equal(weights, 1.0)
     with pytest.raises(ValueError, match="capacity 3 is less than the 5 leaves"):
         buffers.sumtree_from_leaves(jnp.ones(5), 3)
+
+
+# ---------------------------------------------------------------- packed storage
+
+
+def test_storage_packs_32_bit_and_small_leaves_into_one_block_and_large_narrow_leaves_apart():
+    item = {
+        "obs": jnp.zeros((10, 10, 4), jnp.bool_),  # 400 bools: a block of their own
+        "action": jnp.int32(0),
+        "reward": jnp.float32(0),
+        "terminated": jnp.bool_(False),  # small: joins the uint32 block
+        "next_obs": jnp.zeros((10, 10, 4), jnp.bool_),
+        "extra": jnp.zeros((3,), jnp.int8),  # small
+        "big_u8": jnp.zeros((17,), jnp.uint8),  # past SMALL_LEAF: its own block
+    }
+    layout = buffers.storage_layout(item)  # blocks in order of first use, leaves in pytree order (sorted keys)
+    assert layout.block_dtypes == ("uint32", "uint8", "bool")
+    assert layout.block_widths == (1 + 3 + 1 + 1, 17, 800)
+    buf = buffers.uniform_init(item, 7)
+    assert [b.shape for b in buf.storage] == [(7, 6), (7, 17), (7, 800)]
+    cartpole = {"obs": jnp.zeros(4), "action": jnp.int32(0), "reward": jnp.float32(0), "next_obs": jnp.zeros(4), "terminated": jnp.bool_(False)}
+    assert buffers.storage_layout(cartpole).block_dtypes == ("uint32",)  # a DQN transition: one scatter per add
+
+
+_DTYPES = ["float32", "int32", "uint32", "bool", "int8", "uint8", "int16", "uint16", "float16", "bfloat16"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_DTYPES), st.lists(st.integers(1, 6), max_size=2)), min_size=1, max_size=5), st.integers(0, 2**32 - 1))
+def test_pack_then_unpack_returns_every_leaf_bit_for_bit(leaves, seed):
+    """Any mix of dtypes and shapes round-trips exactly (bitcasts and exact conversions), including
+    negative ints, float NaN payloads and the extremes of each dtype."""
+    rng = np.random.default_rng(seed)
+    items = {}
+    for i, (dtype, shape) in enumerate(leaves):
+        shape = (3,) + tuple(shape)
+        if dtype == "bool":
+            x = rng.integers(0, 2, shape).astype(bool)
+        elif dtype in ("float16", "bfloat16"):
+            x = rng.normal(size=shape).astype(np.float32) * 1e3
+        elif dtype == "float32":
+            x = rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32).view(np.float32)  # any bits, NaNs too
+        else:
+            info = np.iinfo(dtype)
+            x = rng.integers(info.min, int(info.max) + 1, shape, dtype=np.int64).astype(dtype)
+        items[f"leaf{i}"] = jnp.asarray(x, dtype)
+    layout = buffers.storage_layout(jax.tree.map(lambda x: x[0], items))
+    back = jax.jit(lambda it: buffers.unpack(layout, buffers.pack(layout, it)))(items)
+    for name, x in items.items():
+        assert back[name].dtype == x.dtype and back[name].shape == x.shape
+        bits = lambda a: np.asarray(jax.lax.bitcast_convert_type(a, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize])) if a.dtype != jnp.bool_ else np.asarray(a)
+        np.testing.assert_array_equal(bits(back[name]), bits(x))
+
+
+def test_an_add_is_one_scatter_per_block_and_a_sample_one_gather_per_block():
+    item = {"obs": jnp.zeros(4), "action": jnp.int32(0), "reward": jnp.float32(0), "next_obs": jnp.zeros(4), "terminated": jnp.bool_(False)}
+    buf = buffers.uniform_init(item, 100)
+    batch = jax.tree.map(lambda x: jnp.zeros((10,) + x.shape, x.dtype), item)
+    add = str(jax.make_jaxpr(buffers.uniform_add)(buf, batch))
+    sample = str(jax.make_jaxpr(lambda b, k: buffers.uniform_sample(b, k, 32))(buf, jax.random.PRNGKey(0)))
+    assert len(re.findall(r"= scatter\[", add)) == 1, add
+    assert len(re.findall(r"= gather\[", sample)) == 1, sample

@@ -78,3 +78,32 @@ def test_emit_is_one_host_call_per_log_point_for_all_seeds_and_settings():
     assert all(call["step"].shape == (2, 3) for call in calls)
     streamed = np.stack([call["episode_length"] for call in calls], axis=-1)
     np.testing.assert_array_equal(streamed, np.asarray(metrics["episode_length"]))
+
+
+def test_a_run_of_one_setting_streams_seed_batches_that_sinks_read_as_one_setting():
+    """With one setting the program runs without the settings vmap (`rl.train.vmap_over_settings`):
+    each log point reaches the host as [seeds]; `run_batch` gives it the settings axis back, and the
+    program's outputs keep [settings, seeds]."""
+    from rl.config import build_config
+    from rl.logging import run_batch
+    from rl.train import train_many
+
+    config = build_config({**TINY, "run": {"seeds": 3}})
+    calls = []
+    with sink(lambda values: calls.append({k: np.asarray(v) for k, v in values.items()})):
+        _, metrics = jax.block_until_ready(train_many(config))
+    assert all(call["step"].shape == (3,) for call in calls)
+    assert np.asarray(metrics["step"]).shape[:2] == (1, 3)
+    streamed = np.stack([run_batch(call)["episode_length"] for call in calls], axis=-1)
+    np.testing.assert_array_equal(streamed, np.asarray(metrics["episode_length"]))
+    assert run_batch({"step": np.int32(5)}) is None
+
+
+def test_one_setting_alone_equals_the_same_setting_in_a_vmapped_pair():
+    from rl.config import build_config
+    from rl.train import train_many
+
+    config = build_config({**TINY, "run": {"seeds": 2}})
+    _, alone = train_many(config, [{"lr": 0.1}])
+    _, pair = train_many(config, [{"lr": 0.1}, {"lr": 0.5}])
+    np.testing.assert_allclose(np.asarray(alone["episode_length"])[0], np.asarray(pair["episode_length"])[0], rtol=1e-5)

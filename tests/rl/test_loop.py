@@ -340,3 +340,27 @@ def test_to_env_action_is_what_the_training_env_sends():
         np.testing.assert_array_equal(np.asarray(wrapped_obs), np.asarray(raw_obs))
     cartpole, cartpole_params = loop.make_env(build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}}))
     assert int(loop.to_env_action(cartpole, cartpole_params, jnp.int32(1))) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(1e-3, 1e3), st.integers(0, 2**31 - 1))
+def test_clip_by_global_norm_matches_optax(max_norm, seed):
+    import optax
+
+    rng = np.random.default_rng(seed)
+    grads = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32), "b": (jnp.asarray(rng.normal(size=3), jnp.float32),)}
+    ours, state = loop.clip_by_global_norm(max_norm).update(grads, loop.clip_by_global_norm(max_norm).init(grads))
+    theirs, their_state = optax.clip_by_global_norm(max_norm).update(grads, optax.clip_by_global_norm(max_norm).init(grads))
+    assert jax.tree.structure(state) == jax.tree.structure(their_state)
+    np.testing.assert_allclose(loop.global_norm(grads), optax.global_norm(grads), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+
+
+def test_global_norm_by_hand():
+    np.testing.assert_allclose(loop.global_norm({"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}), 5.0)
+    clip = loop.clip_by_global_norm(1.0)
+    grads = {"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}
+    clipped, _ = clip.update(grads, clip.init(grads))
+    np.testing.assert_allclose(clipped["a"], [0.6], rtol=1e-6)
+    np.testing.assert_allclose(clipped["b"], [[0.8, 0.0]], rtol=1e-6)

@@ -60,3 +60,21 @@ def test_categorical_cross_entropy_and_kl_by_hand():
     np.testing.assert_allclose(kl, want_ce + 2 * 0.5 * np.log(0.5), rtol=1e-5)
     _, kl_self = losses.categorical_cross_entropy(jnp.log(jnp.asarray(p)), jnp.asarray(p))
     np.testing.assert_allclose(kl_self, 0.0, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 9), st.integers(0, 2**31 - 1))
+def test_action_value_equals_indexing_and_so_does_its_gradient(num_actions, batch, seed):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(batch, num_actions)), jnp.float32)
+    action = jnp.asarray(rng.integers(0, num_actions, batch), jnp.int32)
+    indexed = lambda q: jnp.take_along_axis(q, action[:, None], axis=-1)[:, 0]
+    np.testing.assert_array_equal(losses.action_value(q, action), indexed(q))
+    weights = jnp.asarray(rng.normal(size=batch), jnp.float32)
+    grad = lambda f: jax.grad(lambda q: jnp.sum(weights * f(q)))(q)
+    np.testing.assert_array_equal(grad(lambda q: losses.action_value(q, action)), grad(indexed))
+
+
+def test_action_value_ignores_the_infinite_values_of_other_actions():
+    q = jnp.array([[jnp.inf, 2.0, -jnp.inf]])
+    np.testing.assert_array_equal(losses.action_value(q, jnp.array([1])), [2.0])
