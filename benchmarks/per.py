@@ -102,8 +102,9 @@ def run_ops(args) -> dict:
     item = {"obs": jnp.zeros((4,)), "reward": jnp.float32(0)}
     for capacity in args.capacities:
         full = {"obs": jnp.ones((capacity, 4)), "reward": jnp.ones((capacity,))}
-        per = buffers.prioritized_init(item, capacity)._replace(  # full, every leaf 1
-            data=full, size=jnp.int32(capacity), tree=buffers.sumtree_from_leaves(jnp.ones((capacity,))))
+        empty = buffers.prioritized_init(item, capacity)
+        per = empty._replace(  # full, every leaf 1
+            storage=buffers.pack(empty.layout, full), size=jnp.int32(capacity), tree=buffers.sumtree_from_leaves(jnp.ones((capacity,))))
         uniform = buffers.uniform_add(buffers.uniform_init(item, capacity), full)
 
         def per_step(carry, key):

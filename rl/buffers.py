@@ -17,7 +17,7 @@ pytree, every leaf with a leading `capacity` axis.
 Storage packs the leaves into a few 2-D blocks [capacity, width] (`StorageLayout`), so an add is one
 scatter per block and a sample one gather per block, whatever the number of leaves: leaves of a
 32-bit dtype are stored bit for bit in one uint32 block; leaves of a narrower dtype (bool, 8- and
-16-bit ints and floats) join that block, converted exactly, when they hold at most `SMALL_LEAF`
+16-bit ints and floats) join that block, their bits widened, when they hold at most `SMALL_LEAF`
 elements per item, and otherwise share a block of their own dtype (a bool image stays one byte per
 pixel); any other dtype (64-bit) gets a block of its own dtype. For DQN on CartPole that is one block.
 
@@ -140,30 +140,34 @@ def storage_layout(item) -> StorageLayout:
             block = block_dtypes.index(dtype.name, 1)
         slots.append(LeafSlot(block, widths[block], shape, dtype.name))
         widths[block] += size
-    if widths[0] == 0:  # no 32-bit block
+    if not any(s.block == 0 for s in slots):  # no leaf in the 32-bit block
         slots = [LeafSlot(s.block - 1, s.start, s.shape, s.dtype) for s in slots]
         block_dtypes, widths = block_dtypes[1:], widths[1:]
     return StorageLayout(treedef, tuple(slots), tuple(block_dtypes), tuple(widths))
 
 
+def _bits_type(dtype: np.dtype):
+    """The unsigned int type of the same width as `dtype` (bool: uint8)."""
+    return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[dtype.itemsize]
+
+
 def _to_block(x, dtype: np.dtype, block_dtype: str):
-    """x as the block's dtype, exactly: 32-bit leaves bitcast, narrower ones converted first."""
+    """x as the block's dtype, bit for bit: a leaf of the uint32 block is bitcast to the unsigned
+    int of its width (bool: 0 or 1), then widened to uint32; other blocks hold the leaf's own dtype.
+    Only integer conversions, so float NaN payloads and signed zeros survive."""
     if block_dtype != "uint32":
         return x
-    if dtype.itemsize < 4:
-        wide = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else jnp.int32
-        x = x.astype(wide)
-    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    bits = x.astype(jnp.uint8) if dtype == np.bool_ else jax.lax.bitcast_convert_type(x, _bits_type(dtype))
+    return bits.astype(jnp.uint32)
 
 
 def _from_block(x, dtype: np.dtype, block_dtype: str):
     """The inverse of `_to_block`."""
     if block_dtype != "uint32":
         return x
-    if dtype.itemsize == 4:
-        return jax.lax.bitcast_convert_type(x, dtype)
-    wide = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else jnp.int32
-    return jax.lax.bitcast_convert_type(x, wide).astype(dtype)
+    if dtype == np.bool_:
+        return x != 0
+    return jax.lax.bitcast_convert_type(x.astype(_bits_type(dtype)), dtype)
 
 
 def pack(layout: StorageLayout, items) -> tuple:
@@ -172,7 +176,7 @@ def pack(layout: StorageLayout, items) -> tuple:
     for slot, x in zip(layout.slots, layout.treedef.flatten_up_to(items)):
         x = jnp.asarray(x).astype(slot.dtype)
         lead_shape = x.shape[: x.ndim - len(slot.shape)]
-        parts[slot.block].append(_to_block(x, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(lead_shape + (-1,)))
+        parts[slot.block].append(_to_block(x, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(lead_shape + (int(np.prod(slot.shape)),)))
     return tuple(jnp.concatenate(p, axis=-1) if len(p) > 1 else p[0] for p in parts)
 
 
@@ -424,7 +428,8 @@ def sumtree_find(tree, targets) -> jax.Array:
 def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
     """An empty prioritized buffer (all leaves 0, max leaf 1) for up to `capacity` items like `item`."""
     storage, layout = _empty_storage(item, _check_capacity(capacity))
-    return PrioritizedBuffer(storage=storage, position=jnp.int32(0), size=jnp.int32(0), tree=sumtree_init(capacity), max_leaf=jnp.float32(1.0), layout=layout)
+    return PrioritizedBuffer(storage=storage, position=jnp.int32(0), size=jnp.int32(0), tree=sumtree_init(capacity),
+                             max_leaf=jnp.float32(1.0), layout=layout)
 
 
 def prioritized_add(buffer: PrioritizedBuffer, items, valid=True) -> PrioritizedBuffer:

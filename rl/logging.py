@@ -121,7 +121,8 @@ class RunLogger:
     """A sink writing each log point of a run to `metrics.jsonl`, `metrics.csv` and TensorBoard
     event files (`tensorboard/<setting>/seed_<i>/`, one TensorBoard run per seed), as it arrives.
 
-    Log points carry `{name: [settings, seeds]}` arrays. Each JSONL/CSV row is one (setting, seed, log
+    Log points carry `{name: [settings, seeds]}` arrays (a run of one setting sends `[seeds]`, read as
+    one setting by `run_batch`). Each JSONL/CSV row is one (setting, seed, log
     point) with every metric, plus host-side `steps_per_second` (env steps per second summed over all
     seeds and settings, measured between consecutive log points) and `wall_time` (seconds since the
     run started). Rows are buffered and the files flushed at most every `flush_seconds` (and by

@@ -253,6 +253,8 @@ def global_norm(tree) -> jax.Array:
     """||g|| = sqrt(sum over every element of every leaf of g^2), as one reduction over the leaves
     concatenated (XLA fuses the concatenation into it: one kernel, not one per leaf)."""
     leaves = jax.tree.leaves(tree)
+    if not leaves:
+        return jnp.float32(0.0)
     return jnp.sqrt(jnp.sum(jnp.concatenate([jnp.square(jnp.ravel(g).astype(jnp.float32)) for g in leaves])))
 
 

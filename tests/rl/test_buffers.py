@@ -444,31 +444,46 @@ def test_storage_packs_32_bit_and_small_leaves_into_one_block_and_large_narrow_l
 _DTYPES = ["float32", "int32", "uint32", "bool", "int8", "uint8", "int16", "uint16", "float16", "bfloat16"]
 
 
+def _bits(a):
+    """The raw bits of an array (bools as they are)."""
+    a = np.asarray(a)
+    return a if a.dtype == np.bool_ else a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(_DTYPES), st.lists(st.integers(1, 6), max_size=2)), min_size=1, max_size=5), st.integers(0, 2**32 - 1))
-def test_pack_then_unpack_returns_every_leaf_bit_for_bit(leaves, seed):
-    """Any mix of dtypes and shapes round-trips exactly (bitcasts and exact conversions), including
-    negative ints, float NaN payloads and the extremes of each dtype."""
+def test_stored_items_come_back_bit_for_bit(leaves, seed):
+    """Any mix of dtypes and shapes, with random bit patterns (so float NaN payloads, infinities,
+    subnormals, signed zeros and the extremes of every int type), written to a buffer by one jitted
+    add and read back by another jitted call: every leaf returns bit for bit."""
     rng = np.random.default_rng(seed)
     items = {}
     for i, (dtype, shape) in enumerate(leaves):
         shape = (3,) + tuple(shape)
         if dtype == "bool":
             x = rng.integers(0, 2, shape).astype(bool)
-        elif dtype in ("float16", "bfloat16"):
-            x = rng.normal(size=shape).astype(np.float32) * 1e3
-        elif dtype == "float32":
-            x = rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32).view(np.float32)  # any bits, NaNs too
         else:
-            info = np.iinfo(dtype)
-            x = rng.integers(info.min, int(info.max) + 1, shape, dtype=np.int64).astype(dtype)
-        items[f"leaf{i}"] = jnp.asarray(x, dtype)
-    layout = buffers.storage_layout(jax.tree.map(lambda x: x[0], items))
-    back = jax.jit(lambda it: buffers.unpack(layout, buffers.pack(layout, it)))(items)
+            width = np.dtype(jnp.dtype(dtype)).itemsize
+            raw = rng.integers(0, 2 ** (8 * width), shape, dtype=np.uint64).astype({1: np.uint8, 2: np.uint16, 4: np.uint32}[width])
+            x = raw.view(jnp.dtype(dtype))
+        items[f"leaf{i}"] = jnp.asarray(x)
+    buf = buffers.uniform_init(jax.tree.map(lambda x: x[0], items), 5)
+    buf = jax.jit(buffers.uniform_add)(buf, items)
+    back = jax.jit(lambda b: jax.tree.map(lambda x: x[:3], b.data))(buf)
     for name, x in items.items():
         assert back[name].dtype == x.dtype and back[name].shape == x.shape
-        bits = lambda a: np.asarray(jax.lax.bitcast_convert_type(a, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize])) if a.dtype != jnp.bool_ else np.asarray(a)
-        np.testing.assert_array_equal(bits(back[name]), bits(x))
+        np.testing.assert_array_equal(_bits(back[name]), _bits(x))
+
+
+def test_zero_size_leaves_and_empty_adds_are_stored_as_nothing():
+    item = {"empty": jnp.zeros((0,), jnp.float32), "image": jnp.zeros((20,), jnp.uint8)}
+    layout = buffers.storage_layout(item)
+    assert layout.block_dtypes == ("uint32", "uint8") and layout.block_widths == (0, 20)
+    buf = buffers.uniform_init(item, 4)
+    buf = buffers.uniform_add(buf, {"empty": jnp.zeros((2, 0)), "image": jnp.ones((2, 20), jnp.uint8)})
+    buf = buffers.uniform_add(buf, {"empty": jnp.zeros((0, 0)), "image": jnp.zeros((0, 20), jnp.uint8)})
+    assert int(buf.size) == 2 and buf.data["empty"].dtype == jnp.float32 and buf.data["empty"].shape == (4, 0)
+    np.testing.assert_array_equal(buf.data["image"][:2], 1)
 
 
 def test_an_add_is_one_scatter_per_block_and_a_sample_one_gather_per_block():

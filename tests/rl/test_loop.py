@@ -358,6 +358,7 @@ def test_clip_by_global_norm_matches_optax(max_norm, seed):
 
 
 def test_global_norm_by_hand():
+    assert float(loop.global_norm({})) == 0.0  # as optax.global_norm
     np.testing.assert_allclose(loop.global_norm({"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}), 5.0)
     clip = loop.clip_by_global_norm(1.0)
     grads = {"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}
