@@ -35,6 +35,12 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint, or a checkpoint that does not match the run."""
 
 
+class CheckpointStructureError(CheckpointError):
+    """A checkpoint whose state has another pytree structure than the run's agent builds: written by
+    another version of fusedrl or another config. Not damage: `restore_latest` raises it and leaves
+    the checkpoint where it is."""
+
+
 def _quiet_orbax() -> None:
     """Orbax logs every save through absl (and warns when reading a checkpoint folder read-only);
     keep the CLI's output readable."""
@@ -156,8 +162,15 @@ class Checkpoints:
         items = {"state": ocp.args.StandardRestore(abstract_for_storage(abstract_state)), "meta": ocp.args.JsonRestore()}
         if with_history:
             items["history"] = ocp.args.StandardRestore()
-        restored = self._manager.restore(int(step), args=ocp.args.Composite(**items))
+        try:
+            restored = self._manager.restore(int(step), args=ocp.args.Composite(**items))
+        except ValueError as err:
+            if "Structure mismatch" in str(err):  # orbax's message when the saved tree has other keys
+                raise CheckpointStructureError(self._structure_message(step, str(err).splitlines()[0])) from None
+            raise
         state = restore_keys(restored["state"], abstract_state)
+        if jax.tree.structure(state) != jax.tree.structure(abstract_state):
+            raise CheckpointStructureError(self._structure_message(step, "the restored tree differs"))
         _check_matches(state, abstract_state)
         history = jax.tree.map(np.asarray, dict(restored["history"])) if with_history else None
         meta = dict(restored["meta"])
@@ -165,13 +178,22 @@ class Checkpoints:
             _check_history(history, meta)
         return state, history, meta
 
+    def _structure_message(self, step: int, detail: str) -> str:
+        return (f"checkpoint {self.directory / str(step)} holds a training state of another structure than this run's agent builds "
+                f"({detail}): it was written by another version of fusedrl or with another config. Resume it with the version "
+                f"that wrote it, or start a new run; the checkpoint is left as it is")
+
     def restore_latest(self, abstract_state, with_history: bool = True, warn=None):
         """(step, state, history, meta) of the newest checkpoint that reads back correctly, or None if
-        there is none. A checkpoint that fails to read is reported through `warn` and skipped."""
+        there is none. A checkpoint that fails to read is reported through `warn` and skipped (moved to
+        `damaged_checkpoints/` unless read-only); one of another structure (`CheckpointStructureError`)
+        is not damage and stops the restore."""
         warn = warn or (lambda message: print(f"rl: warning: {message}", file=sys.stderr))
         for step in reversed(self.steps()):
             try:
                 return (step, *self.restore(step, abstract_state, with_history))
+            except CheckpointStructureError:
+                raise
             except Exception as err:  # a damaged checkpoint: set it aside, fall back to an older one
                 reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
                 moved = "" if self.read_only else f", moved to {self._set_aside(step)}"

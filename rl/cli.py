@@ -217,9 +217,11 @@ def train_command(args) -> int:
         return _error(str(err), EXIT_BAD_INPUT)
     from rl.train import NonFiniteError, TrainingInterrupted, run_training
 
+    from rl.checkpoint import CheckpointStructureError
+
     try:
         summary = run_training(config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard)
-    except NonFiniteError as err:
+    except (NonFiniteError, CheckpointStructureError) as err:
         return _error(str(err), EXIT_FAILED)
     except TrainingInterrupted as err:
         print(f"rl: {err}", file=sys.stderr)
@@ -243,6 +245,7 @@ def train_command(args) -> int:
 
 
 def eval_command(args) -> int:
+    from rl.checkpoint import CheckpointStructureError
     from rl.evaluate import evaluate_run, print_evaluation
 
     try:
@@ -257,6 +260,8 @@ def eval_command(args) -> int:
             Path(args.json).write_text(json.dumps(result, indent=2))
     except ConfigError as err:
         return _error(str(err), EXIT_BAD_INPUT)
+    except CheckpointStructureError as err:
+        return _error(str(err), EXIT_FAILED)
     except OSError as err:
         return _error(f"cannot write {err.filename or args.render or args.json}: {err.strerror or err}", EXIT_FAILED)
     print_evaluation(result)

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from rl.checkpoint import Checkpoints, abstract_like
+from rl.checkpoint import Checkpoints, CheckpointStructureError, abstract_like
 from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
 
 
@@ -173,3 +173,18 @@ def test_neural_agent_interrupted_and_resumed_equals_uninterrupted(agent, tmp_pa
     runs = tmp_path / "runs"
     assert (runs / "stopped" / "final_params.msgpack").read_bytes() == (runs / "full" / "final_params.msgpack").read_bytes()
     assert metric_rows(runs / "stopped") == metric_rows(runs / "full")
+
+
+def test_a_checkpoint_of_another_structure_stops_the_restore_and_stays_in_place(tmp_path):
+    """E.g. a replay agent's checkpoint written before the packed buffer storage: not damage, so it is
+    neither moved to damaged_checkpoints/ nor skipped for an older one; the error names the checkpoint."""
+    import jax.numpy as jnp
+
+    checkpoints = Checkpoints(tmp_path / "run")
+    old = {"params": {"w": jnp.ones((1, 2, 3))}, "buffer": {"data": {"obs": jnp.zeros((1, 2, 4, 3))}}}
+    checkpoints.save(10, old, {"seed": {"step": np.zeros((1, 2, 1))}, "host": {"wall_time": np.zeros(1)}}, {"log_points": 1, "step": 10})
+    checkpoints.wait()
+    new = jax.eval_shape(lambda: {"params": {"w": jnp.ones((1, 2, 3))}, "buffer": {"storage": (jnp.zeros((1, 2, 4, 5), jnp.uint32),)}})
+    with pytest.raises(CheckpointStructureError, match=r"checkpoints/10 holds a training state of another structure"):
+        checkpoints.restore_latest(new)
+    assert checkpoints.steps() == [10] and not (tmp_path / "run" / "damaged_checkpoints").exists()
