@@ -169,8 +169,6 @@ class Checkpoints:
                 raise CheckpointStructureError(self._structure_message(step, str(err).splitlines()[0])) from None
             raise
         state = restore_keys(restored["state"], abstract_state)
-        if jax.tree.structure(state) != jax.tree.structure(abstract_state):
-            raise CheckpointStructureError(self._structure_message(step, "the restored tree differs"))
         _check_matches(state, abstract_state)
         history = jax.tree.map(np.asarray, dict(restored["history"])) if with_history else None
         meta = dict(restored["meta"])
@@ -223,7 +221,7 @@ class Checkpoints:
 def _check_matches(tree, abstract_tree) -> None:
     """CheckpointError unless `tree` has the structure, shapes and dtypes of `abstract_tree`."""
     if jax.tree.structure(tree) != jax.tree.structure(abstract_tree):
-        raise CheckpointError("the checkpoint's state does not have the structure this config's agent builds")
+        raise CheckpointStructureError("the checkpoint's state does not have the structure this config's agent builds")
     for (path, leaf), spec in zip(jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(abstract_tree)):
         if tuple(leaf.shape) != tuple(spec.shape) or leaf.dtype != spec.dtype:
             raise CheckpointError(f"state{jax.tree_util.keystr(path)} is {leaf.dtype}{list(leaf.shape)} in the checkpoint, expected {spec.dtype}{list(spec.shape)}")
