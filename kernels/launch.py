@@ -338,11 +338,16 @@ def fold_vmap(core: Callable[..., Any], lead: int = 0) -> Callable[..., Any]:
     on them, so the vmapped axis becomes one more leading axis of every argument and the kernel's
     grid covers it: one launch for any depth of nested vmaps. All outputs are marked batched.
     Positional arguments must be JAX arrays (not pytrees, not Python scalars).
+
+    With ``lead >= 1`` the launch is wrapped by :func:`split_over_lead_axes`, so that under
+    ``jax.sharding`` each device runs it on its own slice of the folded vmap axes.
     """
 
     @jax.custom_batching.custom_vmap
     def folded(*arrays):
-        return core(*arrays, lead=lead)
+        if lead == 0:
+            return core(*arrays, lead=0)
+        return split_over_lead_axes(core, lead, arrays)(*arrays)
 
     @folded.def_vmap
     def _rule(axis_size, in_batched, *arrays):
@@ -354,6 +359,81 @@ def fold_vmap(core: Callable[..., Any], lead: int = 0) -> Callable[..., Any]:
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return folded
+
+
+# --------------------------------------------------------------------------- sharding
+
+
+def split_over_lead_axes(core: Callable[..., Any], lead: int, arrays: Sequence[jax.Array]) -> Callable[..., Any]:
+    """``core(*arrays, lead=lead)`` as an op XLA's SPMD partitioner may split along the ``lead``
+    folded vmap axes, which every argument and output carries first.
+
+    Why it is sound: the folded axes are vmapped axes, and a vmapped function's result at index
+    ``i`` depends on the arguments at index ``i`` alone. So for any split of those axes over the
+    devices of a mesh, running the kernel on each device's slice (a smaller grid) and concatenating
+    gives the op's result. The launch is a custom call (``triton_call``, or the interpreter's
+    ``pure_callback``) that XLA cannot look into: without this rule the partitioner gathers every
+    argument onto one device around it and scatters the outputs back.
+
+    Rule (``jax.experimental.custom_partitioning``): the ``lead`` leading axes are factors shared by
+    every argument and output; each other axis is the op's own and is kept whole
+    (``need_replication``: the time axis of a scan cannot be split). The partition gives every
+    operand and output the first argument's split of the leading axes (the first argument with any
+    split, where they differ) and replicates the rest. On one device, or inside ``shard_map``,
+    custom_partitioning inlines ``core`` unchanged.
+
+    A launch that calls back into the host (the ``"interpret"`` backend) is returned as it is:
+    custom_partitioning lowers the per-device function into a module whose host callbacks it does
+    not keep alive, so they cannot run inside it (JAX 0.10-0.11). Those launches keep the gather.
+    """
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    jaxpr, out_avals = jax.make_jaxpr(functools.partial(core, lead=lead), return_shape=True)(*arrays)
+    if _calls_host(jaxpr.jaxpr):
+        return functools.partial(core, lead=lead)
+    lead_factors = [f"l{i}" for i in range(lead)]
+
+    def factors(prefix: str, ndim: int) -> list[str]:
+        return lead_factors + [f"{prefix}d{j}" for j in range(lead, ndim)]
+
+    operands = [factors(f"a{i}", a.ndim) for i, a in enumerate(arrays)]
+    results = [factors(f"r{k}", o.ndim) for k, o in enumerate(jax.tree_util.tree_leaves(out_avals))]
+    own = tuple(f for mapping in operands + results for f in mapping[lead:])
+    rule = ", ".join(" ".join(m) for m in operands) + " -> " + ", ".join(" ".join(m) for m in results)
+
+    def lead_split(arg_shapes) -> tuple:
+        specs = [tuple(a.sharding.spec) + (None,) * lead for a in arg_shapes if isinstance(a.sharding, NamedSharding)]
+        split = [spec[:lead] for spec in specs if any(s is not None for s in spec[:lead])]
+        return split[0] if split else (None,) * lead
+
+    def on(mesh, split: tuple, ndim: int):
+        return NamedSharding(mesh, PartitionSpec(*split, *(None,) * (ndim - lead)))
+
+    def infer(mesh, arg_shapes, result_shape):
+        split = lead_split(arg_shapes)
+        return jax.tree_util.tree_map(lambda r: on(mesh, split, r.ndim), result_shape)
+
+    def partition(mesh, arg_shapes, result_shape):
+        split = lead_split(arg_shapes)
+        arg_shardings = tuple(on(mesh, split, a.ndim) for a in arg_shapes)
+        return mesh, functools.partial(core, lead=lead), infer(mesh, arg_shapes, result_shape), arg_shardings
+
+    @custom_partitioning
+    def op(*args):
+        return core(*args, lead=lead)
+
+    op.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                     need_replication_factors=own)
+    return op
+
+
+def _calls_host(jaxpr) -> bool:
+    """Whether ``jaxpr`` (or a jaxpr nested in one of its equations) contains a host callback."""
+    from jax.extend.core import jaxprs_in_params
+
+    return any("callback" in eqn.primitive.name or any(_calls_host(sub) for sub in jaxprs_in_params(eqn.params))
+               for eqn in jaxpr.eqns)
 
 
 # --------------------------------------------------------------------------- launching
