@@ -31,7 +31,9 @@ wrappers; this adapter does their work under the Env contract:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import sys
 from typing import Any
 
 import jax
@@ -47,9 +49,18 @@ AUTO_RESETS = ("fresh", "first")
 
 
 def _brax_envs(user: str = "brax:<name>"):
+    """`brax.envs`, imported (MissingExtraError naming the extra when it is not installed).
+
+    What the import prints goes to stderr: `mujoco.mjx` prints "Failed to import warp" on stdout
+    when its optional Warp backend is absent, and stdout belongs to the caller (`rl` prints results
+    there and errors on stderr only).
+    """
     if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
         os.environ["MUJOCO_GL"] = "egl"  # MuJoCo picks its OpenGL platform when it is imported
-    return import_extra("brax.envs", EXTRA, user)
+    if "brax.envs" in sys.modules:
+        return sys.modules["brax.envs"]
+    with contextlib.redirect_stdout(sys.stderr):
+        return import_extra("brax.envs", EXTRA, user)
 
 
 def ids() -> list[str]:
