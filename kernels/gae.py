@@ -126,7 +126,7 @@ def gae_reference(rewards, values, next_values, discounts, lambda_):
 
 @functools.lru_cache(maxsize=None)
 def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool = False):
-    forward = fold_vmap(functools.partial(_gae_core, backend=backend, config=config, deterministic=deterministic))
+    forward = fold_vmap(functools.partial(_gae_core, backend=backend, config=config, deterministic=deterministic), batch_axes="trailing")
     adjoint = adjoint_scan(backend, config, deterministic)
 
     @jax.custom_vjp

@@ -43,6 +43,11 @@ plain-JAX reference and its public function. The public function:
      batched, so nested vmaps (seeds x envs x hyperparameters) still end in ONE launch whose grid
      covers the folded axes.
 
+   * ``fold_vmap(core, batch_axes=...)`` declares which of the op's own axes are independent
+     ("trailing": a scan's ``[T, *batch]`` columns; "leading": a row op's ``[*rows, K]`` rows), so
+     that under ``jax.sharding`` the launch is split along them as well as along the folded vmap
+     axes (:func:`split_over_batch_axes`); without it, an op's own axes are kept whole.
+
    Where the op is differentiable, wrap the folded function in a ``jax.custom_vjp`` (outside the
    custom_vmap, as JAX requires); its backward pass is again a ``fold_vmap`` function (usually
    another Triton kernel). Build these once per backend, e.g. with ``functools.lru_cache``.
@@ -330,7 +335,7 @@ def rows_2d(x: jax.Array, lead: int, core_ndim: int = 1) -> tuple[jax.Array, Cal
 # --------------------------------------------------------------------------- vmap folding
 
 
-def fold_vmap(core: Callable[..., Any], lead: int = 0) -> Callable[..., Any]:
+def fold_vmap(core: Callable[..., Any], lead: int = 0, batch_axes: str | None = None) -> Callable[..., Any]:
     """``f(*arrays) = core(*arrays, lead=lead)`` with a custom_vmap rule that folds vmapped axes.
 
     Under ``jax.vmap`` the rule receives the batched arguments with the vmapped axis first,
@@ -339,15 +344,17 @@ def fold_vmap(core: Callable[..., Any], lead: int = 0) -> Callable[..., Any]:
     grid covers it: one launch for any depth of nested vmaps. All outputs are marked batched.
     Positional arguments must be JAX arrays (not pytrees, not Python scalars).
 
-    With ``lead >= 1`` the launch is wrapped by :func:`split_over_lead_axes`, so that under
-    ``jax.sharding`` each device runs it on its own slice of the folded vmap axes.
+    The launch is wrapped by :func:`split_over_batch_axes`, so that under ``jax.sharding`` each
+    device runs it on its own slice of the folded vmap axes, and of the op's own batch axes when
+    ``batch_axes`` declares them ("trailing": arrays ``[T, *batch]`` / ``[*batch]``, the scans;
+    "leading": ``[*rows, K]`` / ``[*rows]``, the row ops; None: the op's axes are kept whole).
     """
 
     @jax.custom_batching.custom_vmap
     def folded(*arrays):
-        if lead == 0:
+        if lead == 0 and batch_axes is None:
             return core(*arrays, lead=0)
-        return split_over_lead_axes(core, lead, arrays)(*arrays)
+        return split_over_batch_axes(core, lead, arrays, batch_axes)(*arrays)
 
     @folded.def_vmap
     def _rule(axis_size, in_batched, *arrays):
@@ -355,7 +362,7 @@ def fold_vmap(core: Callable[..., Any], lead: int = 0) -> Callable[..., Any]:
             a if batched else jnp.broadcast_to(a, (axis_size,) + tuple(jnp.shape(a)))
             for a, batched in zip(arrays, in_batched)
         ]
-        out = fold_vmap(core, lead + 1)(*arrays)
+        out = fold_vmap(core, lead + 1, batch_axes)(*arrays)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return folded
@@ -363,24 +370,48 @@ def fold_vmap(core: Callable[..., Any], lead: int = 0) -> Callable[..., Any]:
 
 # --------------------------------------------------------------------------- sharding
 
+BATCH_AXES = ("trailing", "leading")
 
-def split_over_lead_axes(core: Callable[..., Any], lead: int, arrays: Sequence[jax.Array]) -> Callable[..., Any]:
-    """``core(*arrays, lead=lead)`` as an op XLA's SPMD partitioner may split along the ``lead``
-    folded vmap axes, which every argument and output carries first.
+
+def _batch_factor_axes(op_shape: tuple, batch: tuple, where: str | None) -> range:
+    """The op axes of an array of op shape ``op_shape`` that are the op's batch axes ``batch``:
+    its last ``len(batch)`` axes when they equal ``batch`` ("trailing": ``[T, *batch]`` or
+    ``[*batch]``), its first ones ("leading": ``[*rows, K]`` or ``[*rows]``); none otherwise."""
+    k = len(batch)
+    if where is None or k == 0 or len(op_shape) < k:
+        return range(0)
+    if where == "trailing" and op_shape[len(op_shape) - k:] == batch:
+        return range(len(op_shape) - k, len(op_shape))
+    if where == "leading" and op_shape[:k] == batch:
+        return range(k)
+    return range(0)
+
+
+def split_over_batch_axes(core: Callable[..., Any], lead: int, arrays: Sequence[jax.Array],
+                          batch_axes: str | None = None) -> Callable[..., Any]:
+    """``core(*arrays, lead=lead)`` as an op XLA's SPMD partitioner may split along its independent
+    axes: the ``lead`` folded vmap axes, which every argument and output carries first, and, when
+    the op declares them (``batch_axes``), its own batch axes.
 
     Why it is sound: the folded axes are vmapped axes, and a vmapped function's result at index
-    ``i`` depends on the arguments at index ``i`` alone. So for any split of those axes over the
+    ``i`` depends on the arguments at index ``i`` alone; an op that declares batch axes promises the
+    same of them (a scan's columns, a row op's rows). So for any split of those axes over the
     devices of a mesh, running the kernel on each device's slice (a smaller grid) and concatenating
     gives the op's result. The launch is a custom call (``triton_call``, or the interpreter's
     ``pure_callback``) that XLA cannot look into: without this rule the partitioner gathers every
     argument onto one device around it and scatters the outputs back.
 
-    Rule (``jax.experimental.custom_partitioning``): the ``lead`` leading axes are factors shared by
-    every argument and output; each other axis is the op's own and is kept whole
-    (``need_replication``: the time axis of a scan cannot be split). The partition gives every
-    operand and output the first argument's split of the leading axes (the first argument with any
-    split, where they differ) and replicates the rest. On one device, or inside ``shard_map``,
-    custom_partitioning inlines ``core`` unchanged.
+    Batch axes (``batch_axes``): the op's batch shape is the first argument's op shape (after the
+    ``lead`` axes) without its first axis ("trailing": ``[T, *batch]``, the scans) or without its
+    last axis ("leading": ``[*rows, K]``, the row ops); each argument and output whose op shape ends
+    (trailing) or starts (leading) with that batch shape shares those axes.
+
+    Rule (``jax.experimental.custom_partitioning``): the lead axes and the batch axes are factors
+    shared by the arrays that carry them; every other axis is the op's own and is kept whole
+    (``need_replication``: the time axis of a scan cannot be split). The partition gives each shared
+    factor the split of the first argument that splits it (a factor whose mesh axes an earlier
+    factor already took stays whole) and replicates the rest. On one device, or inside
+    ``shard_map``, custom_partitioning inlines ``core`` unchanged.
 
     A launch that calls back into the host (the ``"interpret"`` backend) is returned as it is:
     custom_partitioning lowers the per-device function into a module whose host callbacks it does
@@ -389,34 +420,53 @@ def split_over_lead_axes(core: Callable[..., Any], lead: int, arrays: Sequence[j
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding, PartitionSpec
 
+    if batch_axes not in (None, *BATCH_AXES):
+        raise ValueError(f"batch_axes must be one of {BATCH_AXES} or None, got {batch_axes!r}")
     jaxpr, out_avals = jax.make_jaxpr(functools.partial(core, lead=lead), return_shape=True)(*arrays)
     if _calls_host(jaxpr.jaxpr):
         return functools.partial(core, lead=lead)
-    lead_factors = [f"l{i}" for i in range(lead)]
+    first = tuple(arrays[0].shape[lead:]) if arrays else ()
+    batch = (first[1:] if batch_axes == "trailing" else first[:-1]) if first else ()
 
-    def factors(prefix: str, ndim: int) -> list[str]:
-        return lead_factors + [f"{prefix}d{j}" for j in range(lead, ndim)]
+    def factors(prefix: str, shape: tuple) -> list[str]:
+        op_shape = tuple(shape[lead:])
+        shared = {axis: f"b{i}" for i, axis in enumerate(_batch_factor_axes(op_shape, batch, batch_axes))}
+        return [f"l{i}" for i in range(lead)] + [shared.get(j, f"{prefix}d{j}") for j in range(len(op_shape))]
 
-    operands = [factors(f"a{i}", a.ndim) for i, a in enumerate(arrays)]
-    results = [factors(f"r{k}", o.ndim) for k, o in enumerate(jax.tree_util.tree_leaves(out_avals))]
-    own = tuple(f for mapping in operands + results for f in mapping[lead:])
+    operands = [factors(f"a{i}", a.shape) for i, a in enumerate(arrays)]
+    results = [factors(f"r{k}", o.shape) for k, o in enumerate(jax.tree_util.tree_leaves(out_avals))]
+    shared = [f"l{i}" for i in range(lead)] + [f"b{i}" for i in range(len(batch))]
+    own = tuple(f for mapping in operands + results for f in mapping if f not in shared)
     rule = ", ".join(" ".join(m) for m in operands) + " -> " + ", ".join(" ".join(m) for m in results)
 
-    def lead_split(arg_shapes) -> tuple:
-        specs = [tuple(a.sharding.spec) + (None,) * lead for a in arg_shapes if isinstance(a.sharding, NamedSharding)]
-        split = [spec[:lead] for spec in specs if any(s is not None for s in spec[:lead])]
-        return split[0] if split else (None,) * lead
+    def splits(arg_shapes) -> dict:
+        """Each shared factor's split (a PartitionSpec entry), from the first argument splitting it."""
+        found: dict = {}
+        for mapping, a in zip(operands, arg_shapes):
+            if isinstance(a.sharding, NamedSharding):
+                spec = tuple(a.sharding.spec) + (None,) * (len(mapping) - len(a.sharding.spec))
+                for f, entry in zip(mapping, spec):
+                    if f in shared and entry is not None:
+                        found.setdefault(f, entry)
+        chosen, taken = {}, set()
+        for f in shared:  # lead axes first; a mesh axis splits one factor at most
+            names = set(found[f]) if isinstance(found.get(f), tuple) else {found.get(f)} - {None}
+            if names and not names & taken:
+                chosen[f] = found[f]
+                taken |= names
+        return chosen
 
-    def on(mesh, split: tuple, ndim: int):
-        return NamedSharding(mesh, PartitionSpec(*split, *(None,) * (ndim - lead)))
+    def on(mesh, chosen: dict, mapping: list[str]):
+        return NamedSharding(mesh, PartitionSpec(*(chosen.get(f) for f in mapping)))
 
     def infer(mesh, arg_shapes, result_shape):
-        split = lead_split(arg_shapes)
-        return jax.tree_util.tree_map(lambda r: on(mesh, split, r.ndim), result_shape)
+        chosen = splits(arg_shapes)
+        flat, tree = jax.tree_util.tree_flatten(result_shape)
+        return jax.tree_util.tree_unflatten(tree, [on(mesh, chosen, m) for m in results[: len(flat)]])
 
     def partition(mesh, arg_shapes, result_shape):
-        split = lead_split(arg_shapes)
-        arg_shardings = tuple(on(mesh, split, a.ndim) for a in arg_shapes)
+        chosen = splits(arg_shapes)
+        arg_shardings = tuple(on(mesh, chosen, m) for m in operands)
         return mesh, functools.partial(core, lead=lead), infer(mesh, arg_shapes, result_shape), arg_shardings
 
     @custom_partitioning

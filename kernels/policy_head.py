@@ -142,8 +142,8 @@ def _backward_core(logits, actions, lse, entropy, g_log_prob, g_entropy, *, lead
 @functools.lru_cache(maxsize=None)
 def _kernel_op(backend: str):
     """(float32 logits, int32 actions) -> (log_prob, entropy), differentiable in the logits."""
-    forward = fold_vmap(functools.partial(_forward_core, backend=backend))
-    backward = fold_vmap(functools.partial(_backward_core, backend=backend))
+    forward = fold_vmap(functools.partial(_forward_core, backend=backend), batch_axes="leading")
+    backward = fold_vmap(functools.partial(_backward_core, backend=backend), batch_axes="leading")
 
     @jax.custom_vjp
     def op(logits, actions):

@@ -116,7 +116,7 @@ def q_lambda_returns_reference(rewards, next_values, discounts, lambdas):
 
 @functools.lru_cache(maxsize=None)
 def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool = False):
-    forward = fold_vmap(functools.partial(_q_lambda_core, backend=backend, config=config, deterministic=deterministic))
+    forward = fold_vmap(functools.partial(_q_lambda_core, backend=backend, config=config, deterministic=deterministic), batch_axes="trailing")
     adjoint = adjoint_scan(backend, config, deterministic)
 
     @jax.custom_vjp

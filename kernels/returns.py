@@ -105,7 +105,8 @@ def adjoint_scan(backend: str, config: cs.ScanConfig | None = None, deterministi
     passes of discounted_returns and gae.
     """
     return fold_vmap(
-        functools.partial(_linear_scan_core, reverse=False, backend=backend, config=config, deterministic=deterministic)
+        functools.partial(_linear_scan_core, reverse=False, backend=backend, config=config, deterministic=deterministic),
+        batch_axes="trailing",
     )
 
 
@@ -130,7 +131,8 @@ def discounted_returns_reference(rewards, discounts, bootstrap):
 @functools.lru_cache(maxsize=None)
 def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool = False):
     forward = fold_vmap(
-        functools.partial(_linear_scan_core, reverse=True, backend=backend, config=config, deterministic=deterministic)
+        functools.partial(_linear_scan_core, reverse=True, backend=backend, config=config, deterministic=deterministic),
+        batch_axes="trailing",
     )
     adjoint = adjoint_scan(backend, config, deterministic)
 

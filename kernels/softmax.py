@@ -206,8 +206,8 @@ def _backward_core(p, g, *, lead, backend):
 @functools.lru_cache(maxsize=None)
 def _kernel_op(backend: str):
     """softmax over the last axis of a float32 array, differentiable, for one backend."""
-    forward = fold_vmap(functools.partial(_forward_core, backend=backend))
-    backward = fold_vmap(functools.partial(_backward_core, backend=backend))
+    forward = fold_vmap(functools.partial(_forward_core, backend=backend), batch_axes="leading")
+    backward = fold_vmap(functools.partial(_backward_core, backend=backend), batch_axes="leading")
 
     @jax.custom_vjp
     def op(x):

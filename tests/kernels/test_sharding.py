@@ -1,5 +1,5 @@
-"""Kernel launches under jax.sharding: a vmapped op whose folded vmap axes are split over devices
-runs on each device's slice, with no gather (kernels.launch.split_over_lead_axes).
+"""Kernel launches under jax.sharding: an op whose folded vmap axes, or declared batch axes, are split
+over devices runs on each device's slice, with no gather (kernels.launch.split_over_batch_axes).
 
 The CPU checks run in one subprocess with 2 forced CPU devices (XLA_FLAGS must be set before JAX
 starts). They drive the rule with plain-JAX launch stand-ins, whose traced shapes and collectives can
@@ -45,8 +45,8 @@ SCRIPT = textwrap.dedent(
 
     op = fold_vmap(reverse_cumsum_core)
     many = jax.vmap(jax.vmap(op))  # [settings, seeds, T, N]
-    x = jax.random.normal(jax.random.key(0), (2, 4, 8, 3))
-    y = jax.random.normal(jax.random.key(1), (2, 4, 8, 3))
+    x = jax.random.normal(jax.random.key(0), (2, 4, 8, 4))
+    y = jax.random.normal(jax.random.key(1), (2, 4, 8, 4))
     want = reference(x, y)
 
     def run(name, spec):
@@ -66,6 +66,32 @@ SCRIPT = textwrap.dedent(
     run("seeds", P(None, "d"))      # the seed axis split (rl train --devices)
     run("settings", P("d"))         # the settings axis split
     run("time", P(None, None, "d")) # an op axis split: the op must still see the whole time axis
+
+    # the op's own batch axes, declared: an env axis split (rl train --shard envs), with and without vmap
+    scan = fold_vmap(reverse_cumsum_core, batch_axes="trailing")  # [T, *batch]: time first
+    env_split = NamedSharding(mesh, P(None, None, "d"))
+    for name, f, a in (("envs_vmapped", jax.vmap(scan), x[0]), ("envs_unbatched", scan, x[0, 0])):
+        spec = P(None, None, "d") if a.ndim == 3 else P(None, "d")
+        xs = jax.device_put(a, NamedSharding(mesh, spec))
+        traced.clear()
+        g = jax.jit(f)
+        text = g.lower(xs, xs).compile().as_text()
+        got = g(xs, xs)
+        axis = a.ndim - 2
+        want_env = [jnp.flip(jnp.cumsum(jnp.flip(a, axis), axis), axis) + a, a * a]
+        out[name] = {"collectives": [c for c in COLLECTIVES if c in text], "traced": sorted(set(traced)),
+                     "error": max(float(jnp.max(jnp.abs(u - w))) for u, w in zip(got, want_env))}
+
+    def row_sum_core(x, *, lead):  # a row op: [*rows, K] -> [*rows]
+        traced.append(tuple(x.shape))
+        return jnp.sum(x, axis=-1)
+
+    rows = jax.device_put(x.reshape(16, 4, 4), NamedSharding(mesh, P(None, "d")))
+    traced.clear()
+    g = jax.jit(jax.vmap(fold_vmap(row_sum_core, batch_axes="leading")))
+    text = g.lower(rows).compile().as_text()
+    out["rows"] = {"collectives": [c for c in COLLECTIVES if c in text], "traced": sorted(set(traced)),
+                   "error": float(jnp.max(jnp.abs(g(rows) - x.reshape(16, 4, 4).sum(-1))))}
 
     # a launch that calls back into the host is left unsplit, and still correct
     def host_core(x, *, lead):
@@ -100,8 +126,8 @@ def test_split_seed_axis_runs_each_devices_slice_without_collectives(cpu_result)
     assert cpu_result["devices"] == 2
     assert seeds["collectives"] == []
     # the launch is traced at the per-device shape (and at the whole shape, to read the op's shapes)
-    assert [2, 2, 8, 3] in seeds["traced"]
-    assert {tuple(s) for s in seeds["traced"] if len(s) == 4} == {(2, 2, 8, 3), (2, 4, 8, 3)}
+    assert [2, 2, 8, 4] in seeds["traced"]
+    assert {tuple(s) for s in seeds["traced"] if len(s) == 4} == {(2, 2, 8, 4), (2, 4, 8, 4)}
     assert seeds["out_spec"] == ["(None, 'd')"] * 2
     assert seeds["error"] < 1e-5
 
@@ -109,7 +135,7 @@ def test_split_seed_axis_runs_each_devices_slice_without_collectives(cpu_result)
 def test_split_settings_axis_too(cpu_result):
     settings = cpu_result["settings"]
     assert settings["collectives"] == []
-    assert [1, 4, 8, 3] in settings["traced"]
+    assert [1, 4, 8, 4] in settings["traced"]
     assert settings["error"] < 1e-5
 
 
@@ -118,6 +144,19 @@ def test_an_op_axis_is_never_split(cpu_result):
     time = cpu_result["time"]
     assert all(shape[2] == 8 for shape in time["traced"])
     assert time["error"] < 1e-5
+
+
+def test_declared_batch_axes_split_an_env_axis_too(cpu_result):
+    # [seeds, T, envs] split on envs, and an unbatched [T, envs]: each device scans its own envs
+    vmapped, unbatched = cpu_result["envs_vmapped"], cpu_result["envs_unbatched"]
+    assert vmapped["collectives"] == [] and unbatched["collectives"] == []
+    assert [4, 8, 2] in vmapped["traced"] and [8, 2] in unbatched["traced"]
+    assert vmapped["error"] < 1e-5 and unbatched["error"] < 1e-5
+
+
+def test_declared_rows_of_a_row_op_split(cpu_result):
+    rows = cpu_result["rows"]
+    assert rows["collectives"] == [] and [16, 2, 4] in rows["traced"] and rows["error"] < 1e-5
 
 
 def test_a_host_callback_launch_is_left_unsplit_and_correct(cpu_result):
@@ -135,6 +174,7 @@ def _gpus() -> int:
 
 @pytest.mark.skipif(_gpus() < 2, reason="needs two GPUs (device kind nvidia-h200-x2)")
 def test_triton_gae_split_over_two_gpus_without_gathering():
+    """The seed axis of a vmapped GAE, then the env axis of an unbatched one, split over two GPUs."""
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -152,4 +192,13 @@ def test_triton_gae_split_over_two_gpus_without_gathering():
     got, want = gae("triton")(r, v, nv, d), gae("reference")(r, v, nv, d)
     for g, w in zip(got, want):
         assert tuple(g.sharding.spec)[:1] == ("d",)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+    # the env axis of one agent's [T, envs] rollout (rl train --shard envs)
+    env_split = NamedSharding(mesh, PartitionSpec(None, "d"))
+    r, v, nv, d = (jax.device_put(x[0], env_split) for x in (r, v, nv, d))
+    one = lambda backend: jax.jit(lambda *a: kernels.gae(*a, 0.95, backend=backend))
+    text = one("triton").lower(r, v, nv, d).compile().as_text()
+    assert "all-gather" not in text and "all-to-all" not in text
+    for g, w in zip(one("triton")(r, v, nv, d), one("reference")(r, v, nv, d)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
