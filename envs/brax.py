@@ -21,9 +21,10 @@ wrappers; this adapter does their work under the Env contract:
     actuators' control range (unbounded where an actuator is not control-limited). Actions are clipped
     into it (Brax's backends clip the control there anyway; rewards then see the clipped action).
   * `render(state, params)` draws the state with MuJoCo's renderer, off screen: without a display
-    this module sets MUJOCO_GL=egl (unless MUJOCO_GL is set) before it imports Brax, which needs
-    libEGL (Mesa's software EGL will do); where no OpenGL context can be made, `render` raises a
-    RuntimeError saying so.
+    (and with MUJOCO_GL unset) this module sets MUJOCO_GL before it imports Brax: "egl" where libEGL
+    is installed (Mesa's software EGL will do), else "osmesa" where libOSMesa is, else "disable"
+    (MuJoCo would otherwise fail at import on the missing library, training included). Where no
+    OpenGL context can be made, `render` raises a RuntimeError saying so.
 
 `state.env_state` is Brax's `State`, so it can be handed to Brax code (and back).
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes.util
 import os
 import sys
 from typing import Any
@@ -48,6 +50,16 @@ EXTRA = "brax"
 AUTO_RESETS = ("fresh", "first")
 
 
+def headless_mujoco_gl(find_library=ctypes.util.find_library) -> str:
+    """The MUJOCO_GL for a machine without a display: "egl" if libEGL can be loaded, else "osmesa"
+    if libOSMesa can, else "disable" (no off-screen rendering; MuJoCo then imports without either)."""
+    if find_library("EGL"):
+        return "egl"
+    if find_library("OSMesa"):
+        return "osmesa"
+    return "disable"
+
+
 def _brax_envs(user: str = "brax:<name>"):
     """`brax.envs`, imported (MissingExtraError naming the extra when it is not installed).
 
@@ -56,7 +68,7 @@ def _brax_envs(user: str = "brax:<name>"):
     there and errors on stderr only).
     """
     if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
-        os.environ["MUJOCO_GL"] = "egl"  # MuJoCo picks its OpenGL platform when it is imported
+        os.environ["MUJOCO_GL"] = headless_mujoco_gl()  # MuJoCo picks its OpenGL platform when it is imported
     if "brax.envs" in sys.modules:
         return sys.modules["brax.envs"]
     with contextlib.redirect_stdout(sys.stderr):

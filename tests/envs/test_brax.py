@@ -140,6 +140,32 @@ def test_render_draws_the_state_without_a_display():
     assert frame.std() > 5  # a scene, not a blank image
 
 
+def test_headless_gl_platform_is_one_that_can_load():
+    from envs.brax import headless_mujoco_gl
+
+    assert headless_mujoco_gl(lambda name: "libEGL.so.1" if name == "EGL" else None) == "egl"
+    assert headless_mujoco_gl(lambda name: "libOSMesa.so" if name == "OSMesa" else None) == "osmesa"
+    assert headless_mujoco_gl(lambda name: None) == "disable"
+
+
+def test_steps_on_a_machine_without_gl_libraries():
+    # what headless_mujoco_gl picks where neither libEGL nor libOSMesa loads: brax imports and steps
+    import subprocess
+    import sys
+
+    script = (
+        "import jax, envs\n"
+        f"env, params = envs.make('brax:{NAME}', backend='{BACKEND}')\n"
+        "obs, state = env.reset(jax.random.key(0), params)\n"
+        "obs, state, reward, terminated, truncated, info = env.step(jax.random.key(1), state, env.action_space(params).sample(jax.random.key(2)), params)\n"
+        "print('RESULT', obs.shape, float(reward) == float(reward))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DISPLAY"}
+    env.update(MUJOCO_GL="disable", JAX_PLATFORMS="cpu", PYTHONPATH=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "RESULT" in proc.stdout and "True" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_missing_extra_names_it(hide_package):
     hide_package("brax")
     with pytest.raises(ImportError, match=r'brax:ant needs the \'brax.envs\' package, which does not import: pip install "fusedrl\[brax\]"'):
