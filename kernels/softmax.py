@@ -32,10 +32,11 @@ from kernels.launch import (
 __all__ = ["softmax", "softmax_reference"]
 
 # With the automatic backend choice, rows narrower than this go to XLA: forward + backward over
-# 65536 rows on one H200 (benchmarks/RESULTS.md, Kernels), XLA 8.3 / 10.2 us against Triton 12.2 /
-# 15.3 us at 2 / 6 columns (two launches' cost against XLA's fused kernels), Triton faster from 18
-# columns on (1.2x to 1.5x).
-AUTO_TRITON_MIN_COLUMNS = 16
+# 65536 rows (benchmarks/RESULTS.md, "Kernels" and the seventh and eighth sessions), at 2 / 6 columns
+# XLA 8.3 / 10.2 us against Triton 12.2 / 15.3 us on an H200 (two launches' cost against XLA's fused
+# kernels); at 18 columns Triton 1.3x faster on an H200 but 0.8x, 0.8x and 0.9x on an H100 (three
+# runs, two leases); from 51 columns on Triton is faster on both (1.2x to 1.5x).
+AUTO_TRITON_MIN_COLUMNS = 32
 # Rows up to this many columns are held in registers whole; wider rows loop.
 MAX_TILE_COLUMNS = 8192
 # Tiling of the row kernels (module settings so that benchmarks can sweep them):
@@ -265,7 +266,7 @@ def softmax(x, axis: int = -1, *, backend: str | None = None):
       axis: the axis to normalise over (an int; default the last).
       backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
         When that choice is the automatic one (none named anywhere) on a GPU, rows of fewer than
-        ``AUTO_TRITON_MIN_COLUMNS`` (16) entries go to XLA, which is faster there (measured); a
+        ``AUTO_TRITON_MIN_COLUMNS`` (32) entries go to XLA, which is faster there (measured); a
         named ``"triton"`` always runs the kernel.
 
     Differentiable: the backward is dx = p * (g - sum(g * p)) (a second kernel).
