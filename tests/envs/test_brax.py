@@ -149,7 +149,8 @@ def test_headless_gl_platform_is_one_that_can_load():
 
 
 def test_steps_on_a_machine_without_gl_libraries():
-    # what headless_mujoco_gl picks where neither libEGL nor libOSMesa loads: brax imports and steps
+    # what headless_mujoco_gl picks where neither libEGL nor libOSMesa loads: brax imports and steps,
+    # and render raises one RuntimeError naming MUJOCO_GL
     import subprocess
     import sys
 
@@ -159,11 +160,16 @@ def test_steps_on_a_machine_without_gl_libraries():
         "obs, state = env.reset(jax.random.key(0), params)\n"
         "obs, state, reward, terminated, truncated, info = env.step(jax.random.key(1), state, env.action_space(params).sample(jax.random.key(2)), params)\n"
         "print('RESULT', obs.shape, float(reward) == float(reward))\n"
+        "try:\n"
+        "    envs.render(env, state, params)\n"
+        "except RuntimeError as error:\n"
+        "    print('RENDER', 'OpenGL context' in str(error) and 'MUJOCO_GL' in str(error))\n"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "DISPLAY"}
     env.update(MUJOCO_GL="disable", JAX_PLATFORMS="cpu", PYTHONPATH=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "RESULT" in proc.stdout and "True" in proc.stdout, proc.stderr[-2000:]
+    assert "RENDER True" in proc.stdout  # render says why it cannot draw
 
 
 def test_missing_extra_names_it(hide_package):
