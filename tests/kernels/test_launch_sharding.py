@@ -67,6 +67,22 @@ SCRIPT = textwrap.dedent(
     run("settings", P("d"))         # the settings axis split
     run("time", P(None, None, "d")) # an op axis split: the op must still see the whole time axis
 
+    # inside a training loop: the op in a lax.scan body, vmapped over split seeds
+    def loop(x, y):
+        def body(carry, _):
+            a, b = op(carry, y)
+            return a * 0.5 + b, None
+        return jax.lax.scan(body, x, None, length=3)[0]
+
+    sharding = NamedSharding(mesh, P("d"))
+    xs, ys = jax.device_put(x[0], sharding), jax.device_put(y[0], sharding)
+    traced.clear()
+    g = jax.jit(jax.vmap(loop))
+    text = g.lower(xs, ys).compile().as_text()
+    want_loop = jax.jit(jax.vmap(loop))(x[0], y[0])
+    out["scan"] = {"collectives": [c for c in COLLECTIVES if c in text], "traced": sorted(set(traced)),
+                   "error": float(jnp.max(jnp.abs(g(xs, ys) - want_loop)))}
+
     # the op's own batch axes, declared: an env axis split (rl train --shard envs), with and without vmap
     scan = fold_vmap(reverse_cumsum_core, batch_axes="trailing")  # [T, *batch]: time first
     env_split = NamedSharding(mesh, P(None, None, "d"))
@@ -130,6 +146,11 @@ def test_split_seed_axis_runs_each_devices_slice_without_collectives(cpu_result)
     assert {tuple(s) for s in seeds["traced"] if len(s) == 4} == {(2, 2, 8, 4), (2, 4, 8, 4)}
     assert seeds["out_spec"] == ["(None, 'd')"] * 2
     assert seeds["error"] < 1e-5
+
+
+def test_split_inside_a_scan_body(cpu_result):
+    scan = cpu_result["scan"]
+    assert scan["collectives"] == [] and [2, 8, 4] in scan["traced"] and scan["error"] < 1e-5
 
 
 def test_split_settings_axis_too(cpu_result):
