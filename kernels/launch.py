@@ -344,16 +344,17 @@ def fold_vmap(core: Callable[..., Any], lead: int = 0, batch_axes: str | None = 
     grid covers it: one launch for any depth of nested vmaps. All outputs are marked batched.
     Positional arguments must be JAX arrays (not pytrees, not Python scalars).
 
-    The launch is wrapped by :func:`split_over_batch_axes`, so that under ``jax.sharding`` each
-    device runs it on its own slice of the folded vmap axes, and of the op's own batch axes when
-    ``batch_axes`` declares them ("trailing": arrays ``[T, *batch]`` / ``[*batch]``, the scans;
-    "leading": ``[*rows, K]`` / ``[*rows]``, the row ops; None: the op's axes are kept whole).
+    Where JAX sees more than one device, the launch is wrapped by :func:`split_over_batch_axes`, so
+    that under ``jax.sharding`` each device runs it on its own slice of the folded vmap axes, and of
+    the op's own batch axes when ``batch_axes`` declares them ("trailing": arrays ``[T, *batch]`` /
+    ``[*batch]``, the scans; "leading": ``[*rows, K]`` / ``[*rows]``, the row ops; None: the op's
+    axes are kept whole).
     """
 
     @jax.custom_batching.custom_vmap
     def folded(*arrays):
-        if lead == 0 and batch_axes is None:
-            return core(*arrays, lead=0)
+        if (lead == 0 and batch_axes is None) or jax.device_count() == 1:  # nothing to split
+            return core(*arrays, lead=lead)
         return split_over_batch_axes(core, lead, arrays, batch_axes)(*arrays)
 
     @folded.def_vmap
