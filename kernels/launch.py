@@ -351,6 +351,9 @@ def fold_vmap(core: Callable[..., Any], lead: int = 0, batch_axes: str | None = 
     axes are kept whole).
     """
 
+    if batch_axes not in (None, *BATCH_AXES):
+        raise ValueError(f"batch_axes must be one of {BATCH_AXES} or None, got {batch_axes!r}")
+
     @jax.custom_batching.custom_vmap
     def folded(*arrays):
         if (lead == 0 and batch_axes is None) or jax.device_count() == 1:  # nothing to split
@@ -421,8 +424,6 @@ def split_over_batch_axes(core: Callable[..., Any], lead: int, arrays: Sequence[
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding, PartitionSpec
 
-    if batch_axes not in (None, *BATCH_AXES):
-        raise ValueError(f"batch_axes must be one of {BATCH_AXES} or None, got {batch_axes!r}")
     jaxpr, out_avals = jax.make_jaxpr(functools.partial(core, lead=lead), return_shape=True)(*arrays)
     if _calls_host(jaxpr.jaxpr):
         return functools.partial(core, lead=lead)
