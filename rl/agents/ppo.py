@@ -4,7 +4,8 @@ GAE, discrete and continuous actions, compiled end to end (PureJaxRL's make_trai
 One update:
 
     rollout      num_envs envs step num_steps times with the current policy (the actor only)
-    values       V(s_t) and V(final_obs_t) in one critic pass over the whole rollout
+    values       V(s_t) and V(final_obs_t): a critic pass over each (the rollout's arrays, never a
+                 stacked copy of both: rollout memory is what limits seeds on image-sized observations)
     advantages   A, R = truncation_aware_gae(r * reward_scale, V(s), V(final_obs), terminated, truncated)
     learn        num_epochs passes over the batch in num_minibatches shuffled minibatches, each an Adam
                  step (gradients clipped to max_grad_norm) on rl.losses.ppo_loss:
@@ -259,16 +260,18 @@ def rollout(s: Setup, params, obs, env_state, key):
 
 def learn_batch(s: Setup, hparams, params, traj: Transition):
     """(LearnBatch, advantages, targets), flattened to [num_envs * num_steps, ...]: V(s_t) and
-    V(final_obs_t) in one critic pass, then truncation-aware GAE on the scaled rewards. The batch's
+    V(final_obs_t) in a critic pass each, then truncation-aware GAE on the scaled rewards. The batch's
     observations are what the network reads (normalised with `agent.normalize_obs`)."""
-    both = network_input(s.agent, params, jnp.stack([traj.obs, traj.final_obs]))
-    _, values = s.net.apply(network_params(s.agent, params), both)
-    traj = traj._replace(obs=both[0])
+    net_params = network_params(s.agent, params)
+    obs = network_input(s.agent, params, traj.obs)
+    _, values = s.net.apply(net_params, obs)
+    _, final_values = s.net.apply(net_params, network_input(s.agent, params, traj.final_obs))
+    traj = traj._replace(obs=obs)
     advantages, targets = losses.truncation_aware_gae(
-        traj.reward * hparams["reward_scale"], values[0], values[1], traj.terminated, traj.truncated,
+        traj.reward * hparams["reward_scale"], values, final_values, traj.terminated, traj.truncated,
         hparams["gamma"], hparams["gae_lambda"], backend=s.backend, deterministic=s.deterministic,
     )
-    data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values[0]), advantages, targets)
+    data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values), advantages, targets)
     return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
 
 
