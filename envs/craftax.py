@@ -19,6 +19,9 @@ auto_reset=False)`: its `reset_env` / `step_env`).
   * `info` holds Craftax's achievements, score and discount.
   * `render(state, params)` draws the state as Craftax's pixel renderer does (16 pixels a block, no
     display); the first call loads Craftax's textures, which takes a while the first time it ever runs.
+  * Textures (pixel ids and `render`) load through `load_textures`: one process at a time builds
+    Craftax's on-disk texture cache, so parallel processes (test workers, runs started together) never
+    read a half-written one, and a cache left truncated is rebuilt.
 
 `state.env_state` is Craftax's `EnvState`.
 """
@@ -26,6 +29,8 @@ auto_reset=False)`: its `reset_env` / `step_env`).
 from __future__ import annotations
 
 import functools
+import os
+import pickle
 from typing import Any
 
 import jax
@@ -70,6 +75,46 @@ class CraftaxState:
         return self.env_state.timestep
 
 
+CORRUPT_CACHE_ERRORS = (EOFError, OSError, pickle.UnpicklingError, KeyError, ValueError, TypeError)
+
+
+def load_textures(constants) -> None:
+    """Craftax's texture atlas, `constants.load_all_textures()` (memoised per process by Craftax),
+    loaded under an exclusive lock on `<constants.TEXTURE_CACHE_FILE>.lock`.
+
+    Craftax writes its on-disk cache in place on first use, so without the lock a second process
+    can read the file while the first is writing it and fail (EOFError from bz2). Under the lock,
+    a cache file that does not load (left truncated by a writer that was killed) is removed and
+    rebuilt. Where the lock file cannot be created (a read-only install), the load runs unlocked.
+    """
+    path = constants.TEXTURE_CACHE_FILE
+    try:
+        import fcntl
+
+        lock = open(path + ".lock", "a")
+    except (ImportError, OSError):
+        fcntl, lock = None, None
+    try:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            constants.load_all_textures()
+        except CORRUPT_CACHE_ERRORS:
+            if not os.path.exists(path):
+                raise
+            os.remove(path)
+            constants.load_all_textures()
+    finally:
+        if lock is not None:
+            lock.close()  # releases the lock
+
+
+def _craftax_modules(classic: bool, name: str):
+    """(renderer, constants) modules of Craftax-Classic or of Craftax."""
+    module = "craftax.craftax_classic" if classic else "craftax.craftax"
+    return import_extra(f"{module}.renderer", EXTRA, name), import_extra(f"{module}.constants", EXTRA, name)
+
+
 def _space(space):
     """Ours for a Craftax (gymnax-style) Discrete or Box space."""
     if hasattr(space, "n"):
@@ -88,6 +133,8 @@ class Craftax(Env):
             raise ValueError(f"unknown Craftax id {env_id!r}; Craftax ids: {', '.join(IDS)}")
         self.name = f"craftax:{env_id}"
         self.classic = "Classic" in env_id
+        if "Pixels" in env_id:  # its constructor builds a pixel renderer, which loads the textures
+            load_textures(_craftax_modules(self.classic, self.name)[1])
         self._env = make_craftax_env_from_name(env_id, auto_reset=False)
         base_params = self._env.default_params
         self._default_params = params_class(type(base_params))(**{f: getattr(base_params, f) for f in base_params.__dataclass_fields__})
@@ -120,9 +167,8 @@ class Craftax(Env):
 
     @functools.cached_property
     def _render_pixels(self):
-        module = "craftax.craftax_classic" if self.classic else "craftax.craftax"
-        renderer = import_extra(f"{module}.renderer", EXTRA, self.name)
-        constants = import_extra(f"{module}.constants", EXTRA, self.name)
+        renderer, constants = _craftax_modules(self.classic, self.name)
+        load_textures(constants)
         return jax.jit(renderer.make_craftax_pixel_renderer(constants.BLOCK_PIXEL_SIZE_IMG))
 
     def render(self, state: CraftaxState, params=None) -> np.ndarray:

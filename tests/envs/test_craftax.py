@@ -4,6 +4,10 @@ terminated/truncated split of Craftax's `done`; spaces of every id, rendering, t
 error, and a short training run from configs/ppo_craftax_symbolic.yaml."""
 
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +122,40 @@ def test_render(env_params):
     _, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.PRNGKey(0), 2), params)
     frame = envs.render(env, state, params, index=1)
     assert frame.dtype == np.uint8 and frame.shape == (144, 144, 3) and frame.std() > 10
+
+
+LOAD_TEXTURES = """
+import sys
+import craftax.craftax_classic.constants as constants
+from envs.craftax import load_textures
+constants.TEXTURE_CACHE_FILE = sys.argv[1]
+load_textures(constants)
+print("textures", len(constants.load_all_textures()))
+"""
+
+
+def test_texture_cache_is_built_once_and_a_truncated_one_is_rebuilt(tmp_path):
+    """Two processes load Craftax-Classic's textures at once through `envs.craftax.load_textures`,
+    with the cache path pointing at a truncated file (what a killed writer leaves, and what a reader
+    sees while another process writes): Craftax alone fails to read it (EOFError); through the lock
+    both processes load the textures and the rebuilt cache file reads back whole."""
+    from craftax.craftax_classic import constants
+    from craftax.environment_base.util import load_compressed_pickle
+
+    cache = tmp_path / "textures.pbz2"
+    whole = Path(constants.TEXTURE_CACHE_FILE)
+    cache.write_bytes(whole.read_bytes()[:1000] if whole.exists() else b"BZh91AY&SY")
+    with pytest.raises(EOFError):
+        load_compressed_pickle(str(cache))
+    env = {**os.environ, "PYTHONPATH": str(Path(envs.__file__).resolve().parents[1]), "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, "-c", LOAD_TEXTURES, str(cache)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-2000:]
+        assert "textures 3" in out
+    textures = load_compressed_pickle(str(cache))
+    assert set(textures) == {constants.BLOCK_PIXEL_SIZE_AGENT, constants.BLOCK_PIXEL_SIZE_IMG, constants.BLOCK_PIXEL_SIZE_HUMAN}
 
 
 def test_missing_extra_names_it(hide_package):
