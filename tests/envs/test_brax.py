@@ -4,7 +4,6 @@ under jit and vmap: observations, rewards, the terminated/truncated split of `ep
 short training run from each Brax config."""
 
 import importlib.util
-import os
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 import envs
+from run_helpers import subprocess_env
 
 if importlib.util.find_spec("brax") is None:
     pytest.skip('needs the brax extra: pip install "fusedrl[brax]"', allow_module_level=True)
@@ -166,8 +166,8 @@ def test_steps_on_a_machine_without_gl_libraries():
         "except RuntimeError as error:\n"
         "    print('RENDER', 'OpenGL context' in str(error) and 'MUJOCO_GL' in str(error))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "DISPLAY"}
-    env.update(MUJOCO_GL="disable", JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(__import__("pathlib").Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
+    env = subprocess_env(MUJOCO_GL="disable", JAX_PLATFORMS="cpu")
+    env.pop("DISPLAY", None)
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "RESULT" in proc.stdout and "True" in proc.stdout, proc.stderr[-2000:]
     assert "RENDER True" in proc.stdout  # render says why it cannot draw

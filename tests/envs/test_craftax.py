@@ -4,7 +4,6 @@ terminated/truncated split of Craftax's `done`; spaces of every id, rendering, t
 error, and a short training run from configs/ppo_craftax_symbolic.yaml."""
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 import envs
+from run_helpers import subprocess_env
 
 if importlib.util.find_spec("craftax") is None:
     pytest.skip('needs the craftax extra: pip install "fusedrl[craftax]"', allow_module_level=True)
@@ -147,7 +147,7 @@ def test_texture_cache_is_built_once_and_a_truncated_one_is_rebuilt(tmp_path):
     cache.write_bytes(whole.read_bytes()[:1000] if whole.exists() else b"BZh91AY&SY")
     with pytest.raises(EOFError):
         load_compressed_pickle(str(cache))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(envs.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]), "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env(JAX_PLATFORMS="cpu")
     procs = [subprocess.Popen([sys.executable, "-c", LOAD_TEXTURES, str(cache)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in procs]

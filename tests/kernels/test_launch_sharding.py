@@ -10,17 +10,16 @@ two GPUs at the end (skipped with fewer)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from run_helpers import REPO, subprocess_env
+
 
 SCRIPT = textwrap.dedent(
     """
@@ -131,7 +130,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def cpu_result() -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = subprocess_env()
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 # 20 log points of 1000 steps; checkpoints every 4 log points (at steps 4000, 8000, ...).
 TINY = {
