@@ -9,10 +9,6 @@
     batch, indices, weights = buffers.prioritized_sample(buffer, key, batch_size, beta)
     buffer = buffers.prioritized_update(buffer, indices, priorities, alpha)
 
-    # many adds, then one pass over the sum-tree (what Rainbow does once per act-then-train phase)
-    buffer = buffers.prioritized_add(buffer, batch_of_transitions, refresh=False)   # leaves only
-    buffer = buffers.prioritized_refresh(buffer, max_rows)          # before the next sample
-
 A transition is any pytree (the agents store `obs, action, reward, next_obs, terminated`, where
 `next_obs = info["final_obs"]`). Items are written circularly: item k of an add goes to row
 `(position + k) % capacity`, overwriting the oldest. `buffer.data` is the stored items as that
@@ -48,16 +44,6 @@ node always equals the float32 sum of its current children, whatever the number 
 cannot accumulate (tests check this over more than a million updates). Duplicate indices in one
 batched update are resolved deterministically: the LAST occurrence in the batch wins (the batch is
 sorted by index first and the others are dropped before the scatter).
-
-Deferred adds: `prioritized_add(..., refresh=False)` writes the items and their leaves but not the
-leaves' ancestors, and counts them in `buffer.pending`: the last `pending` rows written (rows
-position - pending .. position - 1, circularly) are the only ones whose ancestors may be stale.
-`prioritized_refresh(buffer, max_rows)` recomputes them: the ancestors of the last `max_rows` rows when
-pending <= max_rows (static work, the same gathers and scatters as one add of `max_rows` items), else
-the whole tree from its leaves. Sampling and `sumtree_total` read the internal nodes, so refresh before
-`prioritized_sample`. On the GPU an add's per-level gathers and scatters are separate kernel launches
-(about a dozen per add); an agent that adds every env step and samples every `train_freq` steps pays
-them once per phase instead.
 
 Cost note (XLA:CPU, measured on the 2-core VM): the binary tree this replaced cost about 1 ms per
 sample + update at capacity 100,000 inside the training scan. Its 17-level descent was a chain of
@@ -122,7 +108,6 @@ class PrioritizedBuffer(NamedTuple):
     size: jax.Array
     tree: tuple[jax.Array, ...]  # float32 levels, root first (`sumtree_layout`); see the module docstring
     max_leaf: jax.Array  # float32: largest leaf value (priority^alpha) seen; new items get it
-    pending: jax.Array  # int32: the last `pending` rows written may have stale ancestors (`prioritized_refresh`)
     layout: StorageLayout
 
     @property
@@ -444,52 +429,18 @@ def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
     """An empty prioritized buffer (all leaves 0, max leaf 1) for up to `capacity` items like `item`."""
     storage, layout = _empty_storage(item, _check_capacity(capacity))
     return PrioritizedBuffer(storage=storage, position=jnp.int32(0), size=jnp.int32(0), tree=sumtree_init(capacity),
-                             max_leaf=jnp.float32(1.0), pending=jnp.int32(0), layout=layout)
+                             max_leaf=jnp.float32(1.0), layout=layout)
 
 
-def prioritized_add(buffer: PrioritizedBuffer, items, valid=True, refresh: bool = True) -> PrioritizedBuffer:
-    """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is False).
-
-    refresh=False: the leaves' ancestors are left for `prioritized_refresh` (the module docstring's
-    deferred adds); `pending` grows by the items added (at most to the capacity). An add with
-    refresh=True while rows are pending recomputes its own rows' ancestors and keeps counting them."""
+def prioritized_add(buffer: PrioritizedBuffer, items, valid=True) -> PrioritizedBuffer:
+    """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is False)."""
     rows, write_rows, position, size = _write_indices(buffer, items, valid)
-    valid = jnp.asarray(valid, jnp.bool_)
     leaves = buffer.tree[-1]
     # invalid: a row past the padded leaves (`write_rows` = capacity would be a padding leaf), dropped
-    leaves = leaves.at[jnp.where(valid, rows, leaves.shape[-1])].set(buffer.max_leaf, mode="drop")  # the rows of one add are distinct
-    tree = buffer.tree[:-1] + (leaves,)
-    if refresh:
-        tree = _recompute_ancestors(tree, rows)
-    grown = jnp.minimum(buffer.pending + jnp.where(valid, rows.shape[0], 0), capacity_of(buffer))
-    pending = grown if not refresh else jnp.where(buffer.pending > 0, grown, 0)
-    return buffer._replace(storage=_store(buffer, items, write_rows), position=position, size=size, tree=tree, pending=pending)
-
-
-def _rebuild_ancestors(tree) -> tuple[jax.Array, ...]:
-    """Every internal node set to the sum of its children, bottom-up from the leaves."""
-    levels = list(tree)
-    for d in range(len(levels) - 2, -1, -1):
-        levels[d] = _child_sums(levels[d + 1], levels[d + 1].shape[-1] // levels[d].shape[-1])
-    return tuple(levels)
-
-
-def prioritized_refresh(buffer: PrioritizedBuffer, max_rows: int) -> PrioritizedBuffer:
-    """The sum-tree made current after deferred adds (`prioritized_add(..., refresh=False)`).
-
-    With p = `buffer.pending` and P = position: when p <= `max_rows` (static), the ancestors of rows
-    (P - max_rows + k) mod capacity, k = 0 .. max_rows - 1, are recomputed from their children (a
-    superset of the p stale rows; recomputing a current node gives the same value); otherwise the whole
-    tree is rebuilt from its leaves (`lax.cond`). Either way every internal node is then the float32
-    sum of its children and `pending` is 0. Choose `max_rows` as the items added between refreshes.
-    """
-    if max_rows < 1:
-        raise ValueError(f"prioritized_refresh: max_rows must be at least 1, got {max_rows}")
-    capacity = capacity_of(buffer)
-    max_rows = min(max_rows, capacity)
-    rows = (buffer.position - max_rows + jnp.arange(max_rows, dtype=jnp.int32)) % capacity
-    tree = jax.lax.cond(buffer.pending <= max_rows, lambda t: _recompute_ancestors(t, rows), _rebuild_ancestors, buffer.tree)
-    return buffer._replace(tree=tree, pending=jnp.int32(0))
+    leaf_rows = jnp.where(jnp.asarray(valid, jnp.bool_), rows, leaves.shape[-1])
+    leaves = leaves.at[leaf_rows].set(buffer.max_leaf, mode="drop")  # the rows of one add are distinct
+    return buffer._replace(storage=_store(buffer, items, write_rows), position=position, size=size,
+                           tree=_recompute_ancestors(buffer.tree[:-1] + (leaves,), rows))
 
 
 def sampling_probabilities(buffer: PrioritizedBuffer, indices) -> jax.Array:
@@ -505,8 +456,7 @@ def importance_weights(probabilities, size, beta) -> jax.Array:
 
 def prioritized_sample(buffer: PrioritizedBuffer, key, batch_size: int, beta):
     """A stratified batch: (items, indices, importance weights). Target k is uniform in the k-th of
-    `batch_size` equal segments of the total mass. Empty buffer: row 0 and weights 1. The sum-tree
-    must be current: after deferred adds, `prioritized_refresh` first."""
+    `batch_size` equal segments of the total mass. Empty buffer: row 0 and weights 1."""
     total = sumtree_total(buffer.tree)
     u = (jnp.arange(batch_size, dtype=jnp.float32) + jax.random.uniform(key, (batch_size,))) / batch_size
     targets = jnp.minimum(u * total, total)

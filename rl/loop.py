@@ -367,11 +367,10 @@ def episode_metrics(totals: EpisodeTotals) -> dict:
 
 
 def act_then_train(env_step: Callable, gradient_step: Callable, env_iterations: int, gradient_steps: int, learning_starts: int,
-                   unroll: int = 1, after_acting: Callable | None = None) -> Callable:
+                   unroll: int = 1) -> Callable:
     """`phase((state, totals), key) -> ((state, totals), aux)`: `env_iterations` calls of
-    `env_step((state, totals), key) -> ((state, totals), None)`, then `after_acting(state) -> state`
-    if given (every phase, e.g. to bring a replay buffer's index up to date once per phase), then,
-    once state["step"] >= learning_starts, `gradient_steps` calls of `gradient_step(state, key) ->
+    `env_step((state, totals), key) -> ((state, totals), None)`, then, once
+    state["step"] >= learning_starts, `gradient_steps` calls of `gradient_step(state, key) ->
     (state, aux)`; aux is stacked over the gradient steps ([gradient_steps, ...], NaN before learning).
     Each of the two loops runs up to `unroll` calls per loop trip (the same computation)."""
 
@@ -385,8 +384,6 @@ def act_then_train(env_step: Callable, gradient_step: Callable, env_iterations: 
     def phase(carry, key):
         keys = jax.random.split(key, env_iterations + gradient_steps)  # one split for the whole phase
         (state, totals), _ = jax.lax.scan(env_step, carry, keys[:env_iterations], unroll=min(unroll, env_iterations))
-        if after_acting is not None:
-            state = after_acting(state)
         state, aux = jax.lax.cond(state["step"] >= learning_starts, train, skip, state, keys[env_iterations:])
         return (state, totals), aux
 
@@ -453,18 +450,17 @@ def off_policy_log_period(env, env_params, num_phases: int, eval_episodes: int, 
 
 
 def off_policy_trainer(agent, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable, greedy_policy: Callable,
-                       extra_metrics: Callable, env_iterations: int, phases_per_log: int, after_acting: Callable | None = None) -> Trainer:
+                       extra_metrics: Callable, env_iterations: int, phases_per_log: int) -> Trainer:
     """The Trainer of an off-policy agent: `init(key, hparams) -> state`; each log point is
     `off_policy_log_period` over `phases_per_log` `act_then_train` phases of `env_iterations` calls of
     `env_step(hparams, (state, totals), key)` and `agent.gradient_steps` calls of
-    `gradient_step(hparams, state, key) -> (state, aux dict)`; `extra_metrics(hparams, state)`;
-    `after_acting(state) -> state` (optional) between each phase's acting and training.
+    `gradient_step(hparams, state, key) -> (state, aux dict)`; `extra_metrics(hparams, state)`.
     `agent.unroll` iterations per loop trip: the phases' loops first, then the loop over phases
     (`phase_unroll`)."""
 
     def run(state, hparams, num_log_points):
         phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams), env_iterations, agent.gradient_steps, agent.learning_starts,
-                               agent.unroll, after_acting)
+                               agent.unroll)
         log_period = partial(off_policy_log_period, env, env_params, phases_per_log, agent.eval_episodes, greedy_policy,
                              partial(extra_metrics, hparams), phase, unroll=phase_unroll(agent.unroll, env_iterations, agent.gradient_steps))
         return scan_log_points(log_period, state, num_log_points)
@@ -472,14 +468,12 @@ def off_policy_trainer(agent, env, env_params, init: Callable, env_step: Callabl
     return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 
 
-def replay_trainer(agent: ReplayLoopConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable, greedy_policy: Callable,
-                   after_acting: Callable | None = None) -> Trainer:
+def replay_trainer(agent: ReplayLoopConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable, greedy_policy: Callable) -> Trainer:
     """`off_policy_trainer` with the replay loop's shape: phases of `train_freq // num_envs` env
-    iterations (`after_acting` after them), `log_interval // train_freq` phases per log point, epsilon
-    and the gradient-step count logged."""
+    iterations, `log_interval // train_freq` phases per log point, epsilon and the gradient-step count logged."""
     extra = lambda hparams, state: {"epsilon": replay_epsilon(agent, hparams, state["step"]), "gradient_steps": state["updates"]}
     return off_policy_trainer(agent, env, env_params, init, env_step, gradient_step, greedy_policy, extra,
-                              agent.train_freq // agent.num_envs, agent.log_interval // agent.train_freq, after_acting)
+                              agent.train_freq // agent.num_envs, agent.log_interval // agent.train_freq)
 
 
 def actor_critic_trainer(agent: ReplayActorCriticConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable,

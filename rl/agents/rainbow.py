@@ -183,20 +183,11 @@ def env_step(setup: Setup, hparams, carry, key):
     window = push_window(state["window"], {"obs": state["obs"], "action": action, "reward": reward, "final_obs": info["final_obs"],
                                            "terminated": terminated, "truncated": truncated})
     filled = jnp.minimum(state["window_filled"] + 1, agent.n_step)
-    transition = losses.n_step_transition(window, hparams["gamma"], backend=setup.backend, deterministic=setup.deterministic)
-    if agent.per:  # the sum-tree above the new leaves is brought up to date once per phase (`refresh_sum_tree`)
-        buffer = buffers.prioritized_add(state["buffer"], transition, filled >= agent.n_step, refresh=False)
-    else:
-        buffer = buffers.uniform_add(state["buffer"], transition, filled >= agent.n_step)
+    buffer_add = buffers.prioritized_add if agent.per else buffers.uniform_add
+    buffer = buffer_add(state["buffer"], losses.n_step_transition(window, hparams["gamma"], backend=setup.backend, deterministic=setup.deterministic), filled >= agent.n_step)
     state = {**state, "buffer": buffer, "window": window, "window_filled": filled, "obs": obs, "env_state": env_state,
              "step": state["step"] + agent.num_envs}
     return (state, loop.add_episodes(totals, info)), None
-
-
-def refresh_sum_tree(setup: Setup, state):
-    """After a phase's `train_freq` env steps (at most `train_freq` new items): PER's sum-tree made
-    current above the leaves they wrote, one pass instead of one per env step."""
-    return {**state, "buffer": buffers.prioritized_refresh(state["buffer"], setup.agent.train_freq)}
 
 
 def sample(setup: Setup, hparams, buffer, key, step):
@@ -242,8 +233,8 @@ def make_setup(config) -> Setup:
 
 def make_trainer(config) -> Trainer:
     setup, agent = make_setup(config), config.agent
-    return loop.replay_trainer(agent, setup.env, setup.env_params, partial(init, setup), partial(env_step, setup), partial(gradient_step, setup),
-                               partial(greedy_policy, setup), after_acting=partial(refresh_sum_tree, setup) if agent.per else None)
+
+    return loop.replay_trainer(agent, setup.env, setup.env_params, partial(init, setup), partial(env_step, setup), partial(gradient_step, setup), partial(greedy_policy, setup))
 
 
 def make_train(config):

@@ -366,18 +366,16 @@ def test_updates_at_capacity_100k_leave_every_other_priority_intact():
         np.testing.assert_allclose(parent, children.reshape(parent.shape[0], -1).sum(axis=1), rtol=2e-6)
 
 
-@pytest.mark.parametrize("deferred", [False, True])
-def test_the_replay_loop_copies_nothing_of_capacity_size(deferred):
+def test_the_replay_loop_copies_nothing_of_capacity_size():
     """The cost of PER on XLA:CPU came from copies of the whole tree inside the training loop: XLA
     copies a buffer when an in-place scatter into it may run before a read of it (here: the fused
     tree descent, re-run inside the update's fusions). Compiled like the agents' loop (phases of a
-    scan of adds, then a scan of sample -> loss-like use of the weights -> update; deferred: adds
-    that leave the tree to one refresh per phase, over 2 seeds under vmap as Rainbow runs it), no
-    loop body copies an array of the capacity's size or more."""
+    scan of adds, then a scan of sample -> loss-like use of the weights -> update), no loop body
+    copies an array of the capacity's size or more."""
     capacity = 100_000
 
     def add(buf, x):
-        return buffers.prioritized_add(buf, {"obs": jnp.full((1, 4), x), "r": x[None]}, refresh=not deferred), None
+        return buffers.prioritized_add(buf, {"obs": jnp.full((1, 4), x), "r": x[None]}), None
 
     def learn(carry, key):
         buf, acc = carry
@@ -390,8 +388,6 @@ def test_the_replay_loop_copies_nothing_of_capacity_size(deferred):
     def phase(carry, key):
         buf, acc = carry
         buf, _ = jax.lax.scan(add, buf, acc + jnp.arange(16.0))
-        if deferred:
-            buf = buffers.prioritized_refresh(buf, 16)
         return jax.lax.scan(learn, (buf, acc), jax.random.split(key, 8))[0], None
 
     def program(buf, key):
@@ -399,70 +395,10 @@ def test_the_replay_loop_copies_nothing_of_capacity_size(deferred):
 
     with jax.default_device(jax.devices("cpu")[0]):  # XLA:CPU's copy insertion (the GPU's is not checked here)
         buf = buffers.prioritized_init({"obs": jnp.zeros((4,)), "r": jnp.float32(0)}, capacity)
-        if deferred:
-            buf, program = jax.tree.map(lambda x: jnp.stack([x, x]), buf), jax.vmap(program)
-            keys = jax.random.split(jax.random.PRNGKey(0))
-        else:
-            keys = jax.random.PRNGKey(0)
-        hlo = jax.jit(program).lower(buf, keys).compile().as_text()
+        hlo = jax.jit(program).lower(buf, jax.random.PRNGKey(0)).compile().as_text()
     loops = hlo[: hlo.index("\nENTRY")]  # every computation but the entry: the loop bodies among them
     sizes = [np.prod([int(d) for d in dims.split(",") if d]) for dims in re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} copy\(", loops)]
     assert not [s for s in sizes if s >= capacity], sizes
-
-
-@settings(max_examples=25, deadline=None)
-@given(st.sampled_from([7, 300, 4100]), st.integers(1, 40),
-       st.lists(st.lists(st.tuples(st.integers(0, 9), st.booleans()), max_size=8), min_size=1, max_size=10), st.integers(0, 2**31 - 1))
-def test_deferred_adds_then_refresh_equal_immediate_adds(capacity, max_rows, phases, seed):
-    """Phases of adds (sizes 0-9, some invalid), deferred and refreshed once per phase, give the tree
-    the same adds made one at a time give, across wrap-around and with priority updates between
-    phases: bit for bit when the phase's items fit in `max_rows` (the ancestors of the last max_rows
-    rows recomputed), to float32 rounding of the sums when they do not (the whole tree rebuilt);
-    `pending` counts the deferred items up to the refresh."""
-    add = jax.jit(buffers.prioritized_add, static_argnames="refresh")
-    refresh = jax.jit(buffers.prioritized_refresh, static_argnums=1)
-    update = jax.jit(buffers.prioritized_update)
-    rng = np.random.default_rng(seed)
-    now = later = buffers.prioritized_init({"x": jnp.float32(0)}, capacity)
-    for phase in phases:
-        items = 0
-        for n, valid in phase:
-            n = min(n, capacity)
-            batch = {"x": jnp.asarray(rng.normal(size=n), jnp.float32)}
-            now, later = add(now, batch, valid), add(later, batch, valid, refresh=False)
-            items += n * valid
-        assert int(later.pending) == min(items, capacity) and int(now.pending) == 0
-        later = refresh(later, max_rows)
-        assert int(later.pending) == 0
-        for a, b in zip(jax.tree.leaves(now._replace(tree=())), jax.tree.leaves(later._replace(tree=()))):
-            np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(now.tree[-1], later.tree[-1])
-        for a, b, parent, children in zip(now.tree, later.tree, later.tree[:-1], later.tree[1:]):
-            if items <= max_rows:  # the same gathers and sums as the adds': bit for bit
-                np.testing.assert_array_equal(a, b)
-            else:  # rebuilt: each node the float32 sum of its children, summed in XLA's order for a whole level
-                np.testing.assert_allclose(a, b, rtol=1e-6)
-            np.testing.assert_allclose(parent, np.asarray(children).reshape(parent.shape[0], -1).sum(axis=1), rtol=2e-6)
-        later = later._replace(tree=now.tree)  # the same starting point for the next phase
-        if int(now.size):
-            indices = jnp.asarray(rng.integers(0, int(now.size), 5), jnp.int32)
-            priorities = jnp.asarray(rng.uniform(0, 3, 5), jnp.float32)
-            now, later = update(now, indices, priorities, 0.6), update(later, indices, priorities, 0.6)
-
-
-def test_an_immediate_add_while_rows_are_pending_keeps_them_pending():
-    """Rows added with refresh=True after deferred ones stay counted, so one refresh of the last
-    `pending` rows still covers the deferred rows before them."""
-    buf = buffers.prioritized_init({"x": jnp.float32(0)}, 1000)  # levels 1, 63, 1008: groups of 16 leaves
-    buf = buffers.prioritized_add(buf, {"x": jnp.zeros(28)})
-    assert int(buf.pending) == 0
-    buf = buffers.prioritized_add(buf, {"x": jnp.zeros(4)}, refresh=False)  # rows 28-31: group 1 goes stale
-    buf = buffers.prioritized_add(buf, {"x": jnp.zeros(16)})  # rows 32-47: group 2 and the root recomputed
-    assert int(buf.pending) == 20 and float(buffers.sumtree_total(buf.tree)) == 44.0
-    buf = buffers.prioritized_refresh(buf, 20)
-    assert int(buf.pending) == 0 and float(buffers.sumtree_total(buf.tree)) == 48.0
-    with pytest.raises(ValueError, match="max_rows must be at least 1, got 0"):
-        buffers.prioritized_refresh(buf, 0)
 
 
 def test_prioritized_add_with_valid_false_changes_nothing_even_with_padded_leaves():

@@ -264,19 +264,6 @@ def test_act_then_train_with_learning_starts_zero_trains_from_the_first_phase():
     np.testing.assert_array_equal(aux["loss"], [1.0, 2.0])
 
 
-def test_after_acting_runs_once_per_phase_between_acting_and_training():
-    """The hook sees the state after every env step of the phase and before any gradient step, in
-    phases that train and in those that do not."""
-    env_step, gradient_step = _toy_steps()
-    after_acting = lambda state: {**state, "seen": state["seen"] * 100 + state["step"] * 10 + state["updates"]}
-    phase = jax.jit(loop.act_then_train(env_step, gradient_step, 2, 3, 4, after_acting=after_acting))
-    carry = ({"step": jnp.int32(0), "updates": jnp.int32(0), "seen": jnp.int32(0)}, loop.no_episodes())
-    for _ in range(3):
-        carry, _ = phase(carry, jax.random.PRNGKey(0))
-    # phase 1 saw (step 2, updates 0); phase 2 (4, 0) and then trained; phase 3 (6, 3)
-    assert int(carry[0]["seen"]) == 20 * 10_000 + 40 * 100 + 63 and int(carry[0]["updates"]) == 6
-
-
 def test_unrolled_phase_computes_the_same_as_the_rolled_one():
     carry = ({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes())
     rolled = _toy_phase(learning_starts=4, env_iterations=3, gradient_steps=4)
