@@ -297,20 +297,27 @@ def rollout_keys(key, num_steps: int, num_envs: int):
     return pairs[:, 0], jax.vmap(lambda k: jax.random.split(k, num_envs))(pairs[:, 1])
 
 
-def minibatch_epochs(minibatch_step: Callable, carry, batch, key, num_epochs: int, num_minibatches: int, unroll: int = 1):
+def minibatch_epochs(minibatch_step: Callable, carry, batch, key, num_epochs: int, num_minibatches: int, unroll: int = 1,
+                     refresh: Callable | None = None):
     """`num_epochs` passes over `batch` (a pytree of arrays with a leading batch axis), each a
     `lax.scan` of `minibatch_step(carry, minibatch) -> (carry, stats)` over `num_minibatches`
-    minibatches of a fresh random permutation (`unroll` steps per loop trip). Returns (carry,
-    stats [num_epochs, num_minibatches])."""
+    minibatches of a fresh random permutation (`unroll` steps per loop trip). With `refresh`, every
+    epoch after the first passes over `refresh(carry, batch)` from the carry at its start instead.
+    Returns (carry, stats [num_epochs, num_minibatches])."""
     size = jax.tree.leaves(batch)[0].shape[0]
     shape = (num_minibatches, size // num_minibatches)
 
-    def epoch(carry, key):
+    def epoch(carry, key, batch=batch):
         order = jax.random.permutation(key, size)
         minibatches = jax.tree.map(lambda x: jnp.take(x, order, axis=0).reshape(shape + x.shape[1:]), batch)
         return jax.lax.scan(minibatch_step, carry, minibatches, unroll=min(unroll, num_minibatches))
 
-    return jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs))
+    keys = jax.random.split(key, num_epochs)
+    if refresh is None or num_epochs == 1:
+        return jax.lax.scan(epoch, carry, keys)
+    carry, first = epoch(carry, keys[0])
+    carry, rest = jax.lax.scan(lambda carry, key: epoch(carry, key, refresh(carry, batch)), carry, keys[1:])
+    return carry, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
 
 
 # ---------------------------------------------------------------- target networks
@@ -608,11 +615,12 @@ def ppo_minibatch_loss(policy, values, actions, old_log_probs, old_values, advan
     )
 
 
-def flat_minibatch_epochs(agent: OnPolicyLoopConfig, optimizer, grads: Callable, params, opt_state, batch, key):
+def flat_minibatch_epochs(agent: OnPolicyLoopConfig, optimizer, grads: Callable, params, opt_state, batch, key, refresh: Callable | None = None):
     """`minibatch_epochs` of optimiser steps along `grads(params, minibatch) -> (gradient, stats)`,
     the optimiser on one flat parameter vector (one fused update instead of one per array; `opt_state`
     is `optimizer.init(ravel_pytree(params)[0])`). The batch's leading axis is what minibatches split:
-    transitions, or whole env sequences. Returns (params, opt_state, stats [epochs, minibatches])."""
+    transitions, or whole env sequences. `refresh(params, batch) -> batch` (optional): each epoch after
+    the first learns from it, at that epoch's params. Returns (params, opt_state, stats [epochs, minibatches])."""
     flat_params, unravel = ravel_pytree(params)
 
     def minibatch_step(carry, minibatch):
@@ -621,8 +629,9 @@ def flat_minibatch_epochs(agent: OnPolicyLoopConfig, optimizer, grads: Callable,
         updates, opt_state = optimizer.update(ravel_pytree(g)[0], opt_state, flat_params)
         return (optax.apply_updates(flat_params, updates), opt_state), stats
 
+    epoch_batch = None if refresh is None else (lambda carry, batch: refresh(unravel(carry[0]), batch))
     (flat_params, opt_state), stats = minibatch_epochs(minibatch_step, (flat_params, opt_state), batch, key,
-                                                       agent.num_epochs, agent.num_minibatches, agent.unroll)
+                                                       agent.num_epochs, agent.num_minibatches, agent.unroll, epoch_batch)
     return unravel(flat_params), opt_state, stats
 
 

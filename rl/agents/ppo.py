@@ -8,7 +8,8 @@ One update:
                  stacked copy of both: rollout memory is what limits seeds on image-sized observations)
     advantages   A, R = truncation_aware_gae(r * reward_scale, V(s), V(final_obs), terminated, truncated)
     learn        num_epochs passes over the batch in num_minibatches shuffled minibatches, each an Adam
-                 step (gradients clipped to max_grad_norm) on rl.losses.ppo_loss:
+                 step (gradients clipped to max_grad_norm) on rl.losses.ppo_loss (with
+                 `agent.recompute_advantages`, values and advantages recomputed before each epoch):
 
     L = -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))
         + vf_coef 0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2))
@@ -23,7 +24,10 @@ Truncation: with d_t = gamma (1 - terminated_t) and lambda_t = lambda (1 - (term
 
     delta_t = r_t + d_t V(final_obs_t) - V(s_t),     A_t = delta_t + d_t lambda_t A_{t+1},
 
-so a time-limit end still bootstraps and no advantage chain crosses an episode boundary.
+so a time-limit end still bootstraps and no advantage chain crosses an episode boundary. With
+`agent.gae_horizon` H > 0 the rollout is also cut every H steps: lambda_t = 0 where (t + 1) mod H = 0
+(the step still bootstraps from V(final_obs_t), there the next observation), so each advantage looks
+at most H steps ahead, as Brax's PPO computes GAE within each of its unrolls.
 
 Policies: categorical over logits; for Box actions (`agent.continuous_policy`) a diagonal Gaussian
 with a state-independent learned log-std (`gaussian`) or a tanh-squashed diagonal Gaussian with a
@@ -77,6 +81,8 @@ class Config(loop.PPOLoopConfig):
     normalize_obs: bool = hp(False, doc="the networks read observations normalised by their running mean and variance over all rollouts (per channel for images), kept in the params")
     critic_hidden: typing.Optional[tuple[int, ...]] = hp(None, doc="hidden widths of the critic's torso when they differ from agent.network.hidden (separate torsos only)")
     fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads) when the kernel backend is triton/interpret and the network fits it; else autodiff")
+    gae_horizon: int = hp(0, low=0, doc="GAE within segments of this many rollout steps, each bootstrapping from V at its end (Brax's PPO: its 5-step unrolls); 0: over the whole rollout")
+    recompute_advantages: bool = hp(False, doc="V, advantages and value targets recomputed with the current network at the start of every epoch (Andrychowicz et al. 2021); else once per update")
 
 
 def check_env(config, env, env_params) -> None:
@@ -258,6 +264,15 @@ def rollout(s: Setup, params, obs, env_state, key):
     return obs, env_state, traj
 
 
+def gae_cuts(agent: Config, truncated):
+    """Where GAE's advantage chain stops besides episode ends: `truncated` [num_steps, num_envs], or'd
+    with the last step of every `agent.gae_horizon`-step segment when that is set."""
+    if not agent.gae_horizon:
+        return truncated
+    segment_end = (jnp.arange(truncated.shape[0]) + 1) % agent.gae_horizon == 0
+    return truncated | segment_end[:, None]
+
+
 def learn_batch(s: Setup, hparams, params, traj: Transition):
     """(LearnBatch, advantages, targets), flattened to [num_envs * num_steps, ...]: V(s_t) and
     V(final_obs_t) in a critic pass each, then truncation-aware GAE on the scaled rewards. The batch's
@@ -268,16 +283,17 @@ def learn_batch(s: Setup, hparams, params, traj: Transition):
     _, final_values = s.net.apply(net_params, network_input(s.agent, params, traj.final_obs))
     traj = traj._replace(obs=obs)
     advantages, targets = losses.truncation_aware_gae(
-        traj.reward * hparams["reward_scale"], values, final_values, traj.terminated, traj.truncated,
+        traj.reward * hparams["reward_scale"], values, final_values, traj.terminated, gae_cuts(s.agent, traj.truncated),
         hparams["gamma"], hparams["gae_lambda"], backend=s.backend, deterministic=s.deterministic,
     )
     data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values), advantages, targets)
     return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
 
 
-def learn(s: Setup, hparams, params, opt_state, batch, key):
+def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
     """num_epochs passes of shuffled minibatch Adam steps over the flat batch (`loop.flat_minibatch_epochs`),
-    the gradient from autodiff or the fused kernel. Returns (params, opt_state, stats [epochs, minibatches])."""
+    the gradient from autodiff or the fused kernel; `refresh(params, batch) -> batch` (optional) at
+    the start of each epoch. Returns (params, opt_state, stats [epochs, minibatches])."""
 
     def grads(params, minibatch):
         if s.fused:
@@ -286,7 +302,7 @@ def learn(s: Setup, hparams, params, opt_state, batch, key):
         (_, stats), g = jax.value_and_grad(loss, has_aux=True)(params)
         return g, stats
 
-    return loop.flat_minibatch_epochs(s.agent, loop.ppo_optimizer(s.agent, hparams), grads, params, opt_state, batch, key)
+    return loop.flat_minibatch_epochs(s.agent, loop.ppo_optimizer(s.agent, hparams), grads, params, opt_state, batch, key, refresh)
 
 
 def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
@@ -299,7 +315,10 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
     obs_stats = networks.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:]) if s.agent.normalize_obs else None
     params = policy_params(s.agent, network_params(s.agent, params), obs_stats)
     batch = learn_batch(s, hparams, params, traj)
-    net_params, opt_state, stats = learn(s, hparams, network_params(s.agent, params), state["opt_state"], batch, shuffle_key)
+    refresh = None
+    if s.agent.recompute_advantages:  # every epoch's batch from its current network (the first epoch's is `batch`)
+        refresh = lambda net_params, batch: learn_batch(s, hparams, policy_params(s.agent, net_params, obs_stats), traj)
+    net_params, opt_state, stats = learn(s, hparams, network_params(s.agent, params), state["opt_state"], batch, shuffle_key, refresh)
     state = {
         "params": policy_params(s.agent, net_params, obs_stats),
         "opt_state": opt_state,

@@ -264,6 +264,20 @@ def test_act_then_train_with_learning_starts_zero_trains_from_the_first_phase():
     np.testing.assert_array_equal(aux["loss"], [1.0, 2.0])
 
 
+def test_minibatch_epochs_refresh_gives_each_later_epoch_a_batch_from_its_carry():
+    """Epoch 1 passes over `batch`; epochs 2 and 3 over refresh(carry at their start, batch). The toy
+    step adds each minibatch's sum to the carry, so the carry after the epochs is known by hand."""
+    batch = jnp.arange(8.0)
+    step = lambda carry, minibatch: (carry + minibatch.sum(), minibatch.sum())
+    refresh = lambda carry, batch: batch + carry
+    carry, stats = loop.minibatch_epochs(step, jnp.float32(0), batch, jax.random.PRNGKey(0), 3, 2, refresh=refresh)
+    # epoch 1: 28; epoch 2 over batch + 28: 28 + 8 * 28 = 252, carry 280; epoch 3 over batch + 280: 28 + 8 * 280, carry 2548
+    assert float(carry) == 2548.0 and stats.shape == (3, 2)
+    np.testing.assert_allclose(stats.sum(axis=1), [28.0, 252.0, 2268.0])
+    plain, _ = loop.minibatch_epochs(step, jnp.float32(0), batch, jax.random.PRNGKey(0), 3, 2)
+    assert float(plain) == 84.0
+
+
 def test_unrolled_phase_computes_the_same_as_the_rolled_one():
     carry = ({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes())
     rolled = _toy_phase(learning_starts=4, env_iterations=3, gradient_steps=4)

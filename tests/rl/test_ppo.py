@@ -122,6 +122,53 @@ def test_chunked_run_equals_one_run_with_a_shared_torso():
     assert action.shape == () and action.dtype == jnp.int32
 
 
+# ---------------------------------------------------------------- GAE within segments
+
+
+def test_gae_horizon_equals_gae_run_on_each_segment_alone():
+    """With agent.gae_horizon = 4 on a 12-step rollout, the advantages and targets are those of
+    truncation-aware GAE run on steps 0-3, 4-7 and 8-11 as three separate rollouts (each segment's last
+    step bootstrapping from V(final_obs)), episode ends inside the segments kept; 0 leaves the
+    whole-rollout GAE, whose advantages at a segment's end look past it."""
+    rng = np.random.default_rng(3)
+    T, N = 12, 5
+    r, v, nv = (jnp.asarray(rng.normal(size=(T, N)), jnp.float32) for _ in range(3))
+    term, trunc = (jnp.asarray(rng.random((T, N)) < 0.15) for _ in range(2))
+    gae = lambda sl, cuts: losses.truncation_aware_gae(r[sl], v[sl], nv[sl], term[sl], cuts, 0.97, 0.95, backend="reference")
+    cut = ppo.gae_cuts(make_config(num_steps=12, total_steps=960, gae_horizon=4).agent, trunc)
+    np.testing.assert_array_equal(np.asarray(cut) & ~np.asarray(trunc), np.asarray(~trunc) & (np.arange(T)[:, None] % 4 == 3))
+    segmented = gae(slice(None), cut)
+    for start in (0, 4, 8):
+        alone = gae(slice(start, start + 4), trunc[start:start + 4])
+        for a, b in zip(segmented, alone):
+            np.testing.assert_allclose(a[start:start + 4], b, rtol=1e-6, atol=1e-6)
+    assert ppo.gae_cuts(make_config().agent, trunc) is trunc
+    whole = gae(slice(None), trunc)
+    assert not np.allclose(whole[0][3], segmented[0][3])
+
+
+def test_gae_horizon_changes_the_run_and_keeps_it_finite():
+    key = jax.random.PRNGKey(0)
+    _, cut = jax.jit(ppo.make_train(make_config(gae_horizon=8)))(key)
+    _, whole = jax.jit(ppo.make_train(make_config()))(key)
+    assert np.isfinite(np.asarray(cut["value_loss"])).all()
+    assert not np.allclose(cut["value_loss"], whole["value_loss"])
+
+
+def test_recompute_advantages_recomputes_from_the_current_network():
+    """With a step size so small that Adam leaves the network unchanged, recomputing the advantages
+    before each epoch gives the run without it; with a real step size the runs differ (the later
+    epochs learn from the updated critic's values), and one epoch has nothing to recompute."""
+    key = jax.random.PRNGKey(0)
+    run = lambda **agent: jax.jit(ppo.make_train(make_config(**agent)))(key)[1]
+    frozen = run(lr=1e-30, recompute_advantages=True), run(lr=1e-30)
+    for name in ("value_loss", "policy_loss", "approx_kl"):
+        np.testing.assert_allclose(frozen[0][name], frozen[1][name], rtol=1e-5, atol=1e-7)
+    assert not np.allclose(run(recompute_advantages=True)["value_loss"], run()["value_loss"])
+    for a, b in zip(jax.tree.leaves(run(num_epochs=1, recompute_advantages=True)), jax.tree.leaves(run(num_epochs=1))):
+        np.testing.assert_array_equal(a, b)
+
+
 # ---------------------------------------------------------------- bad config
 
 
@@ -136,6 +183,7 @@ def test_chunked_run_equals_one_run_with_a_shared_torso():
         (dict(network={"hidden": []}), "agent.network.hidden"),
         (dict(hidden=[16, 16]), "agent.hidden"),  # the network lives in agent.network
         (dict(lr=0.0), "agent.lr"),
+        (dict(gae_horizon=-1), "agent.gae_horizon"),
     ],
 )
 def test_bad_config_names_the_key(override, key):
