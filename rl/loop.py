@@ -522,6 +522,7 @@ class PPOLoopConfig(OnPolicyLoopConfig):
     ent_coef: float = hp(0.01, low=0.0, sweep=True, doc="entropy bonus coefficient")
     vf_coef: float = hp(0.5, low=0.0, sweep=True, doc="value loss coefficient")
     max_grad_norm: float = hp(0.5, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip")
+    adam_eps: float = hp(1e-5, low=0.0, low_open=True, doc="Adam's epsilon (1e-5: the PPO implementations' usual; 1e-8: optax's and Brax's)")
     normalize_advantages: bool = hp(True, doc="normalise advantages per minibatch")
     reward_scale: float = hp(1.0, low=0.0, low_open=True, sweep=True, doc="rewards are multiplied by this for learning")
     shared_network: bool = hp(False, doc="one torso for actor and critic")
@@ -598,8 +599,8 @@ def greedy_action(policy, distribution: str):
 
 
 def ppo_optimizer(agent: PPOLoopConfig, hparams):
-    """`annealed_clipped_adam` with the swept lr and max_grad_norm (Adam eps 1e-5)."""
-    return annealed_clipped_adam(agent, hparams["lr"], hparams["max_grad_norm"])
+    """`annealed_clipped_adam` with the swept lr and max_grad_norm, Adam's eps `agent.adam_eps`."""
+    return annealed_clipped_adam(agent, hparams["lr"], hparams["max_grad_norm"], eps=agent.adam_eps)
 
 
 def ppo_minibatch_loss(policy, values, actions, old_log_probs, old_values, advantages, targets, hparams, agent: PPOLoopConfig,

@@ -15,8 +15,11 @@ conv net for image observations, `cnn_minatar` / `nature_cnn`) and heads
 (Q, Rainbow's dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value), joined by
 `with_head`, `actor_critic` or `twin_q`.
 
-Initialisation follows the usual PPO/DQN practice: orthogonal weights with a per-layer gain
-(sqrt(2) for hidden ReLU/tanh layers; 0.01 for policy logits; 1 for values), zero biases.
+Initialisation (`agent.network.init`, dense and conv layers; biases 0): `orthogonal`, the usual
+PPO/DQN practice, orthogonal weights with a per-layer gain (sqrt(2) for hidden ReLU/tanh layers; 0.01
+for policy logits; 1 for values); or `lecun_uniform`, W ~ U(-sqrt(3 / fan_in), sqrt(3 / fan_in))
+whatever the layer (Brax's networks), so Var(W) = 1 / fan_in. Noisy layers and recurrent kernels
+keep their own initialisers.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import jax.numpy as jnp
 from rl.config import ConfigError, hp
 
 BACKENDS = ("flax", "haiku")
+INITS = ("orthogonal", "lecun_uniform")
 
 LAYER_NORM_EPS = 1e-5  # LayerNorm: (x - mean) / sqrt(var + eps) * scale + offset, over the last axis
 
@@ -77,17 +81,28 @@ def _noisy_inits(fan_in: int, sigma0: float):
     return uniform, constant
 
 
+def _kernel_init(init: str, scale: float, variance_scaling: Callable, orthogonal: Callable):
+    """The weight initialiser of a dense or conv layer of gain `scale` under `init` (module docstring)."""
+    return orthogonal(scale) if init == "orthogonal" else variance_scaling(1.0, "fan_in", "uniform")
+
+
 class FlaxLayers:
     """`Layers` on Flax linen: called inside a compact module."""
 
-    def __init__(self, module):
+    def __init__(self, module, init: str = "orthogonal"):
         self.module = module
+        self.init = init
         self.noisy_count = 0
+
+    def _kernel(self, scale: float):
+        import flax.linen as nn
+
+        return _kernel_init(self.init, scale, nn.initializers.variance_scaling, nn.initializers.orthogonal)
 
     def dense(self, x, features: int, scale: float = math.sqrt(2), name: str | None = None):
         import flax.linen as nn
 
-        layer = nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, name=name)
+        layer = nn.Dense(features, kernel_init=self._kernel(scale), bias_init=nn.initializers.zeros, name=name)
         return layer(x)
 
     def conv(self, x, features: int, kernel: int, stride: int = 1, scale: float = math.sqrt(2), name: str | None = None):
@@ -95,7 +110,7 @@ class FlaxLayers:
         import flax.linen as nn
 
         layer = nn.Conv(features, (kernel, kernel), strides=(stride, stride), padding="VALID",
-                        kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, name=name)
+                        kernel_init=self._kernel(scale), bias_init=nn.initializers.zeros, name=name)
         return layer(x)
 
     def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
@@ -123,19 +138,25 @@ class FlaxLayers:
 class HaikuLayers:
     """`Layers` on Haiku: called inside `hk.transform`."""
 
-    def __init__(self):
+    def __init__(self, init: str = "orthogonal"):
+        self.init = init
         self.noisy_count = 0
+
+    def _kernel(self, scale: float):
+        import haiku as hk
+
+        return _kernel_init(self.init, scale, hk.initializers.VarianceScaling, hk.initializers.Orthogonal)
 
     def dense(self, x, features: int, scale: float = math.sqrt(2), name: str | None = None):
         import haiku as hk
 
-        return hk.Linear(features, w_init=hk.initializers.Orthogonal(scale), b_init=jnp.zeros, name=name)(x)
+        return hk.Linear(features, w_init=self._kernel(scale), b_init=jnp.zeros, name=name)(x)
 
     def conv(self, x, features: int, kernel: int, stride: int = 1, scale: float = math.sqrt(2), name: str | None = None):
         """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (orthogonal init, zero bias)."""
         import haiku as hk
 
-        return hk.Conv2D(features, kernel, stride, padding="VALID", w_init=hk.initializers.Orthogonal(scale), b_init=jnp.zeros, name=name)(x)
+        return hk.Conv2D(features, kernel, stride, padding="VALID", w_init=self._kernel(scale), b_init=jnp.zeros, name=name)(x)
 
     def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
         import haiku as hk
@@ -167,15 +188,18 @@ class HaikuLayers:
 # ---------------------------------------------------------------- building a Network
 
 
-def build(fn: Callable, backend: str = "flax") -> Network:
-    """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku".
+def build(fn: Callable, backend: str = "flax", init: str = "orthogonal") -> Network:
+    """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku", `init` one of `INITS`
+    (the module docstring's initialisation).
 
     `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean net).
     """
+    if init not in INITS:
+        raise ValueError(f"unknown network init {init!r}; known: {', '.join(INITS)}")
     if backend == "flax":
-        net = _build_flax(fn)
+        net = _build_flax(fn, init)
     elif backend == "haiku":
-        net = _build_haiku(fn)
+        net = _build_haiku(fn, init)
     else:
         raise ValueError(f"unknown network backend {backend!r}; known: {', '.join(BACKENDS)}")
     return Network(init=at_full_precision(net.init), apply=net.apply)
@@ -195,38 +219,38 @@ def at_full_precision(init: Callable) -> Callable:
     return init_highest
 
 
-def _build_flax(fn: Callable) -> Network:
+def _build_flax(fn: Callable, init: str) -> Network:
     import flax.linen as nn
 
     class Module(nn.Module):
         @nn.compact
         def __call__(self, *inputs):
-            return fn(FlaxLayers(self), *inputs)
+            return fn(FlaxLayers(self, init), *inputs)
 
     module = Module()
 
-    def init(key, *inputs):
+    def init_params(key, *inputs):
         params_key, noise_key = jax.random.split(key)
         return module.init({"params": params_key, "noise": noise_key}, *inputs)
 
     def apply(params, *inputs, rng=None):
         return module.apply(params, *inputs, rngs=None if rng is None else {"noise": rng})
 
-    return Network(init=init, apply=apply)
+    return Network(init=init_params, apply=apply)
 
 
-def _build_haiku(fn: Callable) -> Network:
+def _build_haiku(fn: Callable, init: str) -> Network:
     import haiku as hk
 
-    transformed = hk.transform(lambda *inputs: fn(HaikuLayers(), *inputs))
+    transformed = hk.transform(lambda *inputs: fn(HaikuLayers(init), *inputs))
 
-    def init(key, *inputs):
+    def init_params(key, *inputs):
         return transformed.init(key, *inputs)
 
     def apply(params, *inputs, rng=None):
         return transformed.apply(params, rng, *inputs)
 
-    return Network(init=init, apply=apply)
+    return Network(init=init_params, apply=apply)
 
 
 # ---------------------------------------------------------------- torsos
@@ -251,6 +275,7 @@ class NetworkConfig:
     hidden: tuple[int, ...] = hp((64, 64), doc="hidden widths of the torso (gru/lstm: of the layers before the cell; may be empty)")
     activation: str = hp("relu", choices=tuple(ACTIVATIONS), doc="hidden activation")
     backend: str = hp("flax", choices=BACKENDS, doc="flax (linen) or haiku")
+    init: str = hp("orthogonal", choices=INITS, doc="dense/conv weight init: orthogonal with per-layer gains (sqrt 2 hidden, 0.01 policy, 1 value/Q), or lecun_uniform (U(+-sqrt(3/fan_in)), Brax's)")
     layer_norm: bool = hp(False, doc="LayerNorm on each hidden layer's pre-activation (PQN's stabiliser)")
     recurrent_hidden: int = hp(128, low=1, doc="hidden-state size of a gru or lstm torso")
 
@@ -576,7 +601,7 @@ def constant_init(value: float) -> Callable:
 
 def q_network(config: NetworkConfig, obs_space, num_actions: int) -> Network:
     """obs -> Q-values [..., num_actions]: the torso of `config` and a linear `q_head`, on `config.backend`."""
-    return build(with_head(make_torso(config, obs_space), q_head(num_actions)), config.backend)
+    return build(with_head(make_torso(config, obs_space), q_head(num_actions)), config.backend, config.init)
 
 
 def with_head(torso: Callable, head: Callable) -> Callable:

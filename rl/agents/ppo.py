@@ -107,7 +107,7 @@ def make_network(agent: Config, env, env_params):
     obs_space = env.observation_space(env_params)
     critic = None if agent.critic_hidden is None else networks.make_torso(dataclasses.replace(agent.network, hidden=tuple(agent.critic_hidden)), obs_space)
     fn = networks.actor_critic(networks.make_torso(agent.network, obs_space), head, shared=agent.shared_network, critic_torso=critic)
-    return networks.build(fn, agent.network.backend), distribution
+    return networks.build(fn, agent.network.backend, agent.network.init), distribution
 
 
 # ---------------------------------------------------------------- observation normalisation

@@ -69,7 +69,7 @@ def make_network(agent: Config, env, env_params):
     torso and `loop.policy_head`), and `initial_carry(batch)` of its state."""
     head, distribution = loop.policy_head(agent, env, env_params)
     fn = networks.recurrent_actor_critic(networks.make_torso(agent.network, env.observation_space(env_params)), head, shared=agent.shared_network)
-    return networks.build(fn, agent.network.backend), fn.initial_carry, distribution
+    return networks.build(fn, agent.network.backend, agent.network.init), fn.initial_carry, distribution
 
 
 def first_step(tree):

@@ -103,7 +103,7 @@ def make_network(config, env, env_params) -> networks.Network:
     torso = networks.make_torso(a.network, env.observation_space(env_params))
     head = networks.rainbow_head(env.action_space(env_params).n, a.num_atoms if a.distributional else 1,
                                  a.dueling, a.noisy, a.head_hidden, a.network.activation)
-    return networks.build(networks.with_head(torso, head), a.network.backend)
+    return networks.build(networks.with_head(torso, head), a.network.backend, a.network.init)
 
 
 def make_support(agent):

@@ -90,7 +90,7 @@ def make_networks(config, env, env_params):
         action_dim = int(space.n)
         policy_head = networks.categorical_policy_head(action_dim)
         critic = networks.twin_q(critic_torso, num_actions=action_dim)
-    build = lambda fn: networks.build(fn, agent.network.backend)
+    build = lambda fn: networks.build(fn, agent.network.backend, agent.network.init)
     return build(networks.with_head(actor_torso, policy_head)), build(critic), continuous, action_dim
 
 

@@ -68,7 +68,7 @@ def make_setup(config) -> Setup:
     torso = lambda obs_space=None: networks.make_torso(agent.network, obs_space)
     actor = networks.with_head(torso(env.observation_space(env_params)), networks.deterministic_policy_head(int(np.prod(action_shape))))
     critic = networks.twin_q(torso())  # reads concat(obs, action)
-    build = lambda fn: networks.build(fn, agent.network.backend)
+    build = lambda fn: networks.build(fn, agent.network.backend, agent.network.init)
     return Setup(env, env_params, build(actor), build(critic), action_shape, agent)
 
 

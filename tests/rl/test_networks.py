@@ -94,6 +94,45 @@ def test_dense_init_is_orthogonal_with_gain_and_zero_bias(backend):
 
 
 @pytest.mark.parametrize("backend", networks.BACKENDS)
+def test_lecun_uniform_init_draws_uniform_weights_of_variance_one_over_fan_in(backend):
+    """init="lecun_uniform": every dense and conv kernel, head or hidden, is U(+-sqrt(3 / fan_in))
+    (bounds, mean 0, variance 1 / fan_in; a KS test against that uniform), biases 0."""
+    from scipy import stats
+
+    from envs.spaces import Box
+
+    torso = networks.make_torso(networks.NetworkConfig(torso="cnn_minatar", hidden=(64,)), Box(0.0, 1.0, (10, 10, 4)))
+    net = networks.build(networks.with_head(torso, networks.categorical_policy_head(6)), backend, init="lecun_uniform")
+    params = net.init(KEY, jnp.ones((1, 10, 10, 4)))
+    kernels = [np.asarray(x, np.float64) for x in jax.tree.leaves(params) if x.ndim >= 2]
+    assert sorted(k.shape for k in kernels) == sorted([(3, 3, 4, 16), (1024, 64), (64, 6)])
+    for w in kernels:
+        bound = math.sqrt(3.0 / int(np.prod(w.shape[:-1])))
+        assert np.abs(w).max() <= bound
+        assert stats.kstest(w.ravel(), stats.uniform(-bound, 2 * bound).cdf).pvalue > 1e-3
+    assert all(np.all(np.asarray(b) == 0) for b in jax.tree.leaves(params) if b.ndim == 1)
+    with pytest.raises(ValueError, match="unknown network init 'xavier'"):
+        networks.build(q_net(2), backend, init="xavier")
+
+
+@pytest.mark.parametrize("agent", ["ppo", "ppo_rnn", "rainbow", "dqn", "pqn", "sac", "td3"])
+def test_every_agent_builds_its_networks_with_the_configured_init(agent, monkeypatch):
+    """agent.network.init reaches `networks.build` from every agent that has networks (the agents'
+    own network builders, run on a small env)."""
+    from rl.config import build_config
+    from rl.registry import get_agent_module
+
+    env_id = "Pendulum-v1" if agent in ("sac", "td3") else "CartPole-v1"
+    network = {"init": "lecun_uniform", **({"torso": "gru", "hidden": [8]} if agent == "ppo_rnn" else {})}
+    steps = {"pqn": {"total_steps": 65536}}.get(agent, {})
+    config = build_config({"env": {"id": env_id}, "agent": {"name": agent, "network": network, **steps}})
+    seen, build = [], networks.build
+    monkeypatch.setattr(networks, "build", lambda fn, backend="flax", init="orthogonal": seen.append(init) or build(fn, backend, init))
+    get_agent_module(agent).make_train(config)
+    assert seen and set(seen) == {"lecun_uniform"}, seen
+
+
+@pytest.mark.parametrize("backend", networks.BACKENDS)
 def test_noisy_layers_deterministic_without_rng_stochastic_with_it(backend):
     net = networks.build(noisy_mlp(), backend)
     obs = jax.random.normal(jax.random.PRNGKey(3), (4, 6))

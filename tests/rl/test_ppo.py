@@ -169,6 +169,17 @@ def test_recompute_advantages_recomputes_from_the_current_network():
         np.testing.assert_array_equal(a, b)
 
 
+def test_adam_eps_is_the_optimisers_epsilon():
+    """Adam's first step is lr g / (|g| + eps) per coordinate (bias-corrected moments of one gradient),
+    with eps = agent.adam_eps."""
+    g = jnp.array([1e-3, -2e-5, 0.5], jnp.float32)
+    for eps in (1e-5, 1e-8, 1.0):
+        agent = make_config(adam_eps=eps, anneal_lr=False).agent
+        optimizer = loop.ppo_optimizer(agent, {"lr": 0.1, "max_grad_norm": 1e9})
+        updates, _ = optimizer.update(g, optimizer.init(jnp.zeros(3)), jnp.zeros(3))
+        np.testing.assert_allclose(updates, -0.1 * g / (jnp.abs(g) + eps), rtol=1e-5)
+
+
 # ---------------------------------------------------------------- bad config
 
 
@@ -184,6 +195,8 @@ def test_recompute_advantages_recomputes_from_the_current_network():
         (dict(hidden=[16, 16]), "agent.hidden"),  # the network lives in agent.network
         (dict(lr=0.0), "agent.lr"),
         (dict(gae_horizon=-1), "agent.gae_horizon"),
+        (dict(adam_eps=0.0), "agent.adam_eps"),
+        (dict(network={"init": "xavier"}), "agent.network.init"),
     ],
 )
 def test_bad_config_names_the_key(override, key):
