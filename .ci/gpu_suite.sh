@@ -53,10 +53,19 @@ fi
 log=${OUT:+$OUT/gpu_suite_$BACKEND.log}
 log=${log:-$(mktemp)}
 start=$SECONDS
-timeout -s INT -k 30 "$SUITE_SECONDS" python3 -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadgroup \
-  --durations=25 -rfE "$@" 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+# -v: every test's outcome is logged as it finishes ("[gwN] [ p%] PASSED tests/..."), so the counts and
+# the failures' names survive a run whose end-of-session summary never prints (stopped, or hung at teardown)
+timeout -s INT -k 30 "$SUITE_SECONDS" python3 -m pytest -v -p no:cacheprovider -n "$WORKERS" --dist loadgroup \
+  --durations=25 -rfE "$@" > "$log" 2>&1
+status=$?
+grep -vE "^\[gw[0-9]+\] \[ *[0-9]+%\] (PASSED|SKIPPED|XFAIL)" "$log" | tail -150
 counts=$(grep -E "(passed|failed|errors?|skipped|deselected|no tests ran).* in [0-9.]+s" "$log" | tail -1 | sed 's/=//g; s/^ *//')
+if [ -z "$counts" ]; then
+  counts=$(for outcome in PASSED FAILED ERROR SKIPPED; do printf '%s %s, ' "$(grep -cE "^\[gw[0-9]+\] \[ *[0-9]+%\] $outcome " "$log")" "$outcome"; done)
+  counts="no summary line; per-test lines: ${counts%, }"
+fi
+failures=$(grep -oE "^\[gw[0-9]+\] \[ *[0-9]+%\] (FAILED|ERROR) \S+" "$log" | sed -E 's/^.*(FAILED|ERROR) /\1 /')
+[ -n "$failures" ] && printf 'gpu_suite: %s\n' "$failures"
 [ "$status" = 124 ] && counts="STOPPED at the ${SUITE_SECONDS} s limit (SUITE_SECONDS), counts of what finished: ${counts}"
 echo "gpu_suite: ${counts:-no summary line (see above)}; wall $((SECONDS - start)) s; backends: kernel tests ${FUSEDRL_TEST_BACKENDS}, rest ${rest}; exit ${status}"
 [ -n "${OUT:-}" ] || rm -f "$log"
