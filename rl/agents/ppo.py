@@ -292,8 +292,8 @@ def learn_batch(s: Setup, hparams, params, traj: Transition):
 
 def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
     """num_epochs passes of shuffled minibatch Adam steps over the flat batch (`loop.flat_minibatch_epochs`),
-    the gradient from autodiff or the fused kernel; `refresh(params, batch) -> batch` (optional) at
-    the start of each epoch. Returns (params, opt_state, stats [epochs, minibatches])."""
+    the gradient from autodiff or the fused kernel; `refresh(params, batch) -> batch` (optional) gives
+    each epoch after the first its batch. Returns (params, opt_state, stats [epochs, minibatches])."""
 
     def grads(params, minibatch):
         if s.fused:
