@@ -84,6 +84,12 @@ class Config(loop.PPOLoopConfig):
     gae_horizon: int = hp(0, low=0, doc="GAE within segments of this many rollout steps, each bootstrapping from V at its end (Brax's PPO: its 5-step unrolls); 0: over the whole rollout")
     recompute_advantages: bool = hp(False, doc="V, advantages and value targets recomputed with the current network at the start of every epoch (Andrychowicz et al. 2021); else once per update")
 
+    def validate(self):
+        super().validate()
+        if self.gae_horizon > self.num_steps:
+            raise ConfigError(f"agent.gae_horizon ({self.gae_horizon}) exceeds agent.num_steps ({self.num_steps}), so it would cut "
+                              f"nothing; use 0 for GAE over the whole rollout")
+
 
 def check_env(config, env, env_params) -> None:
     """PPO needs Discrete or bounded Box actions; `agent.critic_hidden` needs separate torsos."""

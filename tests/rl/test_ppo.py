@@ -195,6 +195,7 @@ def test_adam_eps_is_the_optimisers_epsilon():
         (dict(hidden=[16, 16]), "agent.hidden"),  # the network lives in agent.network
         (dict(lr=0.0), "agent.lr"),
         (dict(gae_horizon=-1), "agent.gae_horizon"),
+        (dict(gae_horizon=33), r"agent.gae_horizon \(33\) exceeds agent.num_steps \(32\)"),
         (dict(adam_eps=0.0), "agent.adam_eps"),
         (dict(network={"init": "xavier"}), "agent.network.init"),
     ],
