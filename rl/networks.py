@@ -106,7 +106,7 @@ class FlaxLayers:
         return layer(x)
 
     def conv(self, x, features: int, kernel: int, stride: int = 1, scale: float = math.sqrt(2), name: str | None = None):
-        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (orthogonal init, zero bias)."""
+        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers' `init`, zero bias)."""
         import flax.linen as nn
 
         layer = nn.Conv(features, (kernel, kernel), strides=(stride, stride), padding="VALID",
@@ -153,7 +153,7 @@ class HaikuLayers:
         return hk.Linear(features, w_init=self._kernel(scale), b_init=jnp.zeros, name=name)(x)
 
     def conv(self, x, features: int, kernel: int, stride: int = 1, scale: float = math.sqrt(2), name: str | None = None):
-        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (orthogonal init, zero bias)."""
+        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers' `init`, zero bias)."""
         import haiku as hk
 
         return hk.Conv2D(features, kernel, stride, padding="VALID", w_init=self._kernel(scale), b_init=jnp.zeros, name=name)(x)
