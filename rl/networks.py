@@ -304,7 +304,7 @@ def network_config(**defaults) -> Any:
 
 
 def mlp(layers, x, hidden: Sequence[int], act: str = "relu", noisy: bool = False, layer_norm: bool = False):
-    """Hidden layers h <- act(h W + b) of the given widths (orthogonal init, gain sqrt(2)); with
+    """Hidden layers h <- act(h W + b) of the given widths (gain sqrt(2) under the orthogonal init); with
     `layer_norm`, h <- act(LayerNorm(h W + b))."""
     f = activation(act)
     for width in hidden:
@@ -314,8 +314,8 @@ def mlp(layers, x, hidden: Sequence[int], act: str = "relu", noisy: bool = False
 
 
 def cnn(layers, x, convs: Sequence[tuple[int, int, int]], hidden: Sequence[int], act: str = "relu", layer_norm: bool = False):
-    """Conv layers h <- act(conv(h)) ((features, kernel, stride) each, VALID padding, orthogonal init
-    gain sqrt(2)) on images x [..., H, W, C] (any leading batch dims, none included), flattened, then
+    """Conv layers h <- act(conv(h)) ((features, kernel, stride) each, VALID padding, gain
+    sqrt(2) under the orthogonal init) on images x [..., H, W, C] (any leading batch dims, none included), flattened, then
     the `hidden` dense layers: features [..., F]. With `layer_norm`, every layer is
     h <- act(LayerNorm(...)) (over the channels after a conv)."""
     f = activation(act)
@@ -440,7 +440,7 @@ class RecurrentTorso:
     itself). The input projections x_t W_i + b_i of all T steps are one matmul before a `lax.scan`
     runs the recurrence (gates in `_gru_step` / `_lstm_step`); `layer_norm` as the mlp torso's. Built with `networks.build`, it is
     `apply(params, carry, obs, reset) -> (carry, features)` on either backend, with the same
-    parameters: dense layers through `layers.dense` (input side, orthogonal gain 1) and the recurrent
+    parameters: dense layers through `layers.dense` (input side, gain 1 under the orthogonal init) and the recurrent
     kernel [size, gates * size] (one orthogonal block per gate) and GRU's candidate bias through
     `layers.param`. For a single step pass T = 1 (obs[None], reset[None]).
     """
