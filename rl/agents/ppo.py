@@ -9,7 +9,8 @@ One update:
     advantages   A, R = truncation_aware_gae(r * reward_scale, V(s), V(final_obs), terminated, truncated)
     learn        num_epochs passes over the batch in num_minibatches shuffled minibatches, each an Adam
                  step (gradients clipped to max_grad_norm) on rl.losses.ppo_loss (with
-                 `agent.recompute_advantages`, values and advantages recomputed before each epoch):
+                 `agent.recompute_advantages`, values and advantages recomputed before each epoch;
+                 with `agent.minibatch_advantages`, in each minibatch's loss):
 
     L = -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))
         + vf_coef 0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2))
@@ -27,7 +28,10 @@ Truncation: with d_t = gamma (1 - terminated_t) and lambda_t = lambda (1 - (term
 so a time-limit end still bootstraps and no advantage chain crosses an episode boundary. With
 `agent.gae_horizon` H > 0 the rollout is also cut every H steps: lambda_t = 0 where (t + 1) mod H = 0
 (the step still bootstraps from V(final_obs_t), there the next observation), so each advantage looks
-at most H steps ahead, as Brax's PPO computes GAE within each of its unrolls.
+at most H steps ahead, as Brax's PPO computes GAE within each of its unrolls. With
+`agent.minibatch_advantages` the minibatches are drawn from those whole segments, and each
+minibatch's loss computes its segments' V, advantages and targets with the network being trained
+(as Brax's PPO does in every minibatch); else they are computed once per update (or per epoch).
 
 Policies: categorical over logits; for Box actions (`agent.continuous_policy`) a diagonal Gaussian
 with a state-independent learned log-std (`gaussian`) or a tanh-squashed diagonal Gaussian with a
@@ -83,12 +87,32 @@ class Config(loop.PPOLoopConfig):
     fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads) when the kernel backend is triton/interpret and the network fits it; else autodiff")
     gae_horizon: int = hp(0, low=0, doc="GAE within segments of this many rollout steps, each bootstrapping from V at its end (Brax's PPO: its 5-step unrolls); 0: over the whole rollout")
     recompute_advantages: bool = hp(False, doc="V, advantages and value targets recomputed with the current network at the start of every epoch (Andrychowicz et al. 2021); else once per update")
+    minibatch_advantages: bool = hp(False, doc="minibatches of whole agent.gae_horizon-step segments, whose V, advantages and value targets each minibatch's loss computes with the current network (Brax's PPO); else once per update")
 
     def validate(self):
         super().validate()
         if self.gae_horizon > self.num_steps:
             raise ConfigError(f"agent.gae_horizon ({self.gae_horizon}) exceeds agent.num_steps ({self.num_steps}), so it would cut "
                               f"nothing; use 0 for GAE over the whole rollout")
+        if self.minibatch_advantages:
+            self.check_segment_minibatches()
+
+    def check_segment_minibatches(self):
+        """`minibatch_advantages` splits the rollout into whole `gae_horizon`-step segments, dealt out
+        evenly to the minibatches, and already recomputes what `recompute_advantages` would."""
+        if not self.gae_horizon:
+            raise ConfigError("agent.minibatch_advantages needs agent.gae_horizon > 0: its minibatches hold whole segments of that many steps")
+        if self.num_steps % self.gae_horizon:
+            raise ConfigError(f"agent.minibatch_advantages needs agent.gae_horizon ({self.gae_horizon}) to divide agent.num_steps ({self.num_steps}) "
+                              f"into whole segments")
+        segments = self.batch_size // self.gae_horizon
+        if segments % self.num_minibatches:
+            raise ConfigError(f"agent.minibatch_advantages: agent.num_minibatches ({self.num_minibatches}) must divide the "
+                              f"{segments} segments of agent.gae_horizon ({self.gae_horizon}) steps "
+                              f"(agent.num_envs * agent.num_steps / agent.gae_horizon)")
+        if self.recompute_advantages:
+            raise ConfigError("agent.recompute_advantages and agent.minibatch_advantages: choose one (minibatch advantages are "
+                              "already recomputed in every minibatch)")
 
 
 def check_env(config, env, env_params) -> None:
@@ -170,6 +194,8 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
     agent, network = config.agent, config.agent.network
     action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
     limits = kernels.ppo_grads.LIMITS
+    if agent.minibatch_advantages:
+        return "agent.minibatch_advantages computes the advantages inside the loss (the kernel takes them as inputs)"
     if not isinstance(action_space, Discrete):
         return "continuous actions (the kernel is for categorical policies)"
     if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
@@ -296,6 +322,56 @@ def learn_batch(s: Setup, hparams, params, traj: Transition):
     return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
 
 
+class SegmentBatch(NamedTuple):
+    """What the minibatch loss of `agent.minibatch_advantages` reads of a step: the network's inputs
+    at s_t and final_obs_t, the action, the behaviour policy's log-prob and value (only with
+    `agent.clip_value_loss`, else None), the scaled reward and the episode-end flags."""
+
+    obs: jax.Array
+    final_obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array | None
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+
+
+def segments(x, horizon: int):
+    """[T, N, ...] -> [(T / H) N, H, ...]: row k N + n holds steps k H, ..., k H + H - 1 of env n."""
+    t, n = x.shape[:2]
+    x = x.reshape((t // horizon, horizon, n) + x.shape[2:])
+    return jnp.swapaxes(x, 1, 2).reshape((t // horizon * n, horizon) + x.shape[3:])
+
+
+def segment_batch(s: Setup, hparams, params, traj: Transition) -> SegmentBatch:
+    """The rollout as `agent.gae_horizon`-step segments (`segments`) of `SegmentBatch`, for minibatches
+    that compute their own advantages; the observations are what the network reads."""
+    obs = network_input(s.agent, params, traj.obs)
+    value = s.net.apply(network_params(s.agent, params), obs)[1] if s.agent.clip_value_loss else None
+    data = SegmentBatch(obs, network_input(s.agent, params, traj.final_obs), traj.action,
+                        traj.log_prob, value, traj.reward * hparams["reward_scale"], traj.terminated, traj.truncated)
+    return jax.tree.map(lambda x: segments(x, s.agent.gae_horizon), data)
+
+
+def segment_minibatch_loss(s: Setup, params, minibatch: SegmentBatch, hparams):
+    """(L, stats) of a minibatch of whole segments [m, H]: V(s_t) and V(final_obs_t) under `params`,
+    truncation-aware GAE within each segment from them (held fixed: no gradient flows through the
+    advantages or targets), then `loop.ppo_minibatch_loss` (V_old = V where the value loss is unclipped)."""
+    policy, values = s.net.apply(params, minibatch.obs)
+    _, final_values = s.net.apply(params, minibatch.final_obs)
+    time_major = lambda x: jnp.swapaxes(x, 0, 1)
+    advantages, targets = losses.truncation_aware_gae(
+        time_major(minibatch.reward), time_major(jax.lax.stop_gradient(values)), time_major(jax.lax.stop_gradient(final_values)),
+        time_major(minibatch.terminated), time_major(minibatch.truncated), hparams["gamma"], hparams["gae_lambda"],
+        backend=s.backend, deterministic=s.deterministic,
+    )
+    advantages, targets = (jax.lax.stop_gradient(time_major(x)) for x in (advantages, targets))
+    old_values = jax.lax.stop_gradient(values) if minibatch.value is None else minibatch.value
+    return loop.ppo_minibatch_loss(policy, values, minibatch.action, minibatch.log_prob, old_values, advantages, targets,
+                                   hparams, s.agent, s.distribution, s.backend)
+
+
 def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
     """num_epochs passes of shuffled minibatch Adam steps over the flat batch (`loop.flat_minibatch_epochs`),
     the gradient from autodiff or the fused kernel; `refresh(params, batch) -> batch` (optional) gives
@@ -304,7 +380,10 @@ def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
     def grads(params, minibatch):
         if s.fused:
             return fused_loss_grads(params, minibatch, hparams, s.agent, s.backend)
-        loss = lambda p: minibatch_loss(s.net, p, minibatch, hparams, s.agent, s.distribution, s.backend)
+        if s.agent.minibatch_advantages:
+            loss = lambda p: segment_minibatch_loss(s, p, minibatch, hparams)
+        else:
+            loss = lambda p: minibatch_loss(s.net, p, minibatch, hparams, s.agent, s.distribution, s.backend)
         (_, stats), g = jax.value_and_grad(loss, has_aux=True)(params)
         return g, stats
 
@@ -320,8 +399,11 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
     totals = loop.add_episodes(totals, traj.episode)
     obs_stats = networks.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:]) if s.agent.normalize_obs else None
     params = policy_params(s.agent, network_params(s.agent, params), obs_stats)
-    batch = learn_batch(s, hparams, params, traj)
     refresh = None
+    if s.agent.minibatch_advantages:  # whole segments; each minibatch's loss computes their advantages
+        batch = segment_batch(s, hparams, params, traj)
+    else:
+        batch = learn_batch(s, hparams, params, traj)
     if s.agent.recompute_advantages:  # every epoch's batch from its current network (the first epoch's is `batch`)
         refresh = lambda net_params, batch: learn_batch(s, hparams, policy_params(s.agent, net_params, obs_stats), traj)
     net_params, opt_state, stats = learn(s, hparams, network_params(s.agent, params), state["opt_state"], batch, shuffle_key, refresh)
