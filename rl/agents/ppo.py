@@ -399,11 +399,11 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
     totals = loop.add_episodes(totals, traj.episode)
     obs_stats = networks.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:]) if s.agent.normalize_obs else None
     params = policy_params(s.agent, network_params(s.agent, params), obs_stats)
-    refresh = None
     if s.agent.minibatch_advantages:  # whole segments; each minibatch's loss computes their advantages
         batch = segment_batch(s, hparams, params, traj)
     else:
         batch = learn_batch(s, hparams, params, traj)
+    refresh = None
     if s.agent.recompute_advantages:  # every epoch's batch from its current network (the first epoch's is `batch`)
         refresh = lambda net_params, batch: learn_batch(s, hparams, policy_params(s.agent, net_params, obs_stats), traj)
     net_params, opt_state, stats = learn(s, hparams, network_params(s.agent, params), state["opt_state"], batch, shuffle_key, refresh)
