@@ -193,7 +193,7 @@ def setup_and_rollout(config, seed=0):
 
 
 @pytest.mark.parametrize("env_id, clip_value_loss, normalize_advantages", [("CartPole-v1", True, True), ("Pendulum-v1", False, False)])
-def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(env_id, clip_value_loss, normalize_advantages):
+def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(env_id, clip_value_loss, normalize_advantages, full_precision_matmuls):
     """A minibatch of whole segments, whose loss computes V, GAE within each segment and the targets
     from the params it is given, has the loss and gradient of the same transitions with advantages
     precomputed at those params by the per-update path (`learn_batch` with the same gae_horizon):
@@ -219,7 +219,7 @@ def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(env
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_minibatch_advantages_with_a_frozen_network_average_to_the_per_update_run():
+def test_minibatch_advantages_with_a_frozen_network_average_to_the_per_update_run(full_precision_matmuls):
     """With a step size so small that Adam leaves the network unchanged, every minibatch computes the
     advantages the per-update path computes once, so the update's mean value loss, entropy and KL
     (means over equal-sized minibatches of all transitions) are the per-update run's; with a real step
