@@ -12,9 +12,12 @@
 # - pytest-xdist spreads the tests over WORKERS processes (default 14, for a 16-core machine) that
 #   share the GPU: no memory preallocation, at most 6% of its memory each; `--dist loadgroup` with the
 #   groups of tests/conftest.py keeps each module's tests (and the programs its fixtures compile) on
-#   one worker, except the README's blocks and the fused PPO gradient's tests, which spread;
+#   one worker, except the modules listed in its SPREAD_MODULES (README blocks, the fused PPO gradient,
+#   the PPO, recurrent PPO, SAC and sweep training tests), whose tests spread;
 # - the pytest run is stopped with SIGINT after SUITE_SECONDS (default 500) so that a slow run still
-#   reports what it did (pytest prints its counts on SIGINT), inside a 600 s device call.
+#   reports what it did (pytest prints its counts on SIGINT), inside a 600 s device call;
+# - with $OUT set, $OUT/gpu_suite_<backend>.log holds pytest's log and ..._times.tsv each test's
+#   worker and seconds, written as it finishes; the busiest workers' totals are printed last.
 # On a machine without network, the packages it lacks come from wheels in .whl/ (installed into
 # /tmp/site first): here pytest-xdist, execnet, tensorboardX, protobuf, jax-triton, dm-haiku, jmp,
 # gymnasium, farama-notifications (the wandb tests skip without wandb).
@@ -52,6 +55,11 @@ fi
 
 log=${OUT:+$OUT/gpu_suite_$BACKEND.log}
 log=${log:-$(mktemp)}
+# each test's seconds as it finishes (tests/conftest.py), to see which worker's share set the wall time
+times=${OUT:+$OUT/gpu_suite_${BACKEND}_times.tsv}
+times=${times:-$(mktemp)}
+: > "$times"
+export FUSEDRL_TEST_TIMES=$times
 start=$SECONDS
 # -v: every test's outcome is logged as it finishes ("[gwN] [ p%] PASSED tests/..."), so the counts and
 # the failures' names survive a run whose end-of-session summary never prints (stopped, or hung at teardown)
@@ -66,7 +74,9 @@ if [ -z "$counts" ]; then
 fi
 failures=$(grep -oE "^\[gw[0-9]+\] \[ *[0-9]+%\] (FAILED|ERROR) \S+" "$log" | sed -E 's/^.*(FAILED|ERROR) /\1 /')
 [ -n "$failures" ] && printf 'gpu_suite: %s\n' "$failures"
+echo "gpu_suite: busiest workers (seconds of test calls; per-test times in ${times}):"
+awk -F'\t' '{busy[$1] += $3} END {for (w in busy) printf "  %s %.0f\n", w, busy[w]}' "$times" | sort -k2 -nr | head -4
 [ "$status" = 124 ] && counts="STOPPED at the ${SUITE_SECONDS} s limit (SUITE_SECONDS), counts of what finished: ${counts}"
 echo "gpu_suite: ${counts:-no summary line (see above)}; wall $((SECONDS - start)) s; backends: kernel tests ${FUSEDRL_TEST_BACKENDS}, rest ${rest}; exit ${status}"
-[ -n "${OUT:-}" ] || rm -f "$log"
+[ -n "${OUT:-}" ] || rm -f "$log" "$times"
 exit "$status"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import pytest
 
@@ -18,9 +20,11 @@ def full_precision_matmuls():
 
 # Modules whose tests share no expensive module-scoped fixture and take long in total: under
 # pytest-xdist `--dist loadgroup` each of their tests may go to any worker (the README's blocks are
-# self-contained; the fused PPO gradient's property tests each compile their own kernels). Every
-# other module stays whole on one worker, so its module-scoped fixtures compile once.
-SPREAD_MODULES = ("test_readme.py", "test_ppo_grads.py")
+# self-contained; the fused PPO gradient's property tests each compile their own kernels; the agents'
+# training tests each compile their own program). Every other module stays whole on one worker, so
+# its module-scoped fixtures compile once.
+SPREAD_MODULES = ("test_readme.py", "test_ppo_grads.py", "test_ppo.py", "test_ppo_advantages.py", "test_ppo_rnn.py",
+                  "test_sac.py", "test_sweep.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,3 +35,16 @@ def pytest_collection_modifyitems(config, items):
         module = item.nodeid.split("::")[0]
         group = item.nodeid if module.endswith(SPREAD_MODULES) else module
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_runtest_logreport(report):
+    """With FUSEDRL_TEST_TIMES=FILE, appends each finished test's "worker, phase:outcome, seconds, node
+    id" line to FILE as it finishes (.ci/gpu_suite.sh: a run stopped at its time limit still shows where
+    its time went, per test and per worker)."""
+    path = os.environ.get("FUSEDRL_TEST_TIMES")
+    if not path or not (report.when == "call" or report.outcome != "passed") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # (under pytest-xdist the controller writes: it receives every worker's reports, with its node)
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else "main"
+    with open(path, "a") as f:
+        f.write(f"{worker}\t{report.when}:{report.outcome}\t{report.duration:.2f}\t{report.nodeid}\n")
