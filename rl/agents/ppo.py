@@ -373,8 +373,9 @@ def segment_minibatch_loss(s: Setup, params, minibatch: SegmentBatch, hparams):
 
 
 def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
-    """num_epochs passes of shuffled minibatch Adam steps over the flat batch (`loop.flat_minibatch_epochs`),
-    the gradient from autodiff or the fused kernel; `refresh(params, batch) -> batch` (optional) gives
+    """num_epochs passes of shuffled minibatch Adam steps over the batch (`loop.flat_minibatch_epochs`):
+    transitions, or whole segments with `agent.minibatch_advantages`; the gradient from autodiff or
+    the fused kernel; `refresh(params, batch) -> batch` (optional) gives
     each epoch after the first its batch. Returns (params, opt_state, stats [epochs, minibatches])."""
 
     def grads(params, minibatch):
