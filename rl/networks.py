@@ -703,8 +703,8 @@ def update_observation_stats(stats: dict, obs, obs_shape: Sequence[int]) -> dict
     return {"mean": merged.mean, "var": merged.var, "count": merged.count}
 
 
-def normalize_observation(obs, stats: dict, clip: float = 10.0, epsilon: float = 1e-8):
+def normalize_observation(obs, stats: dict, clip: float | None = 10.0, epsilon: float = 1e-8):
     """clip((obs - mean) / sqrt(var + epsilon), -clip, clip) with running statistics `stats`
-    (broadcast over the batch axes and, for images, the pixels), as float32."""
+    (broadcast over the batch axes and, for images, the pixels), as float32; `clip=None`: unclipped."""
     out = (jnp.asarray(obs, jnp.float32) - stats["mean"]) / jnp.sqrt(stats["var"] + epsilon)
-    return jnp.clip(out, -clip, clip)
+    return out if clip is None else jnp.clip(out, -clip, clip)

@@ -43,7 +43,8 @@ Gaussian's entropy bonus is the one-sample estimate of `losses.tanh_gaussian_log
 greedy policy (evaluation, `make_policy`) takes the argmax / the (squashed) mean.
 
 Observation normalisation (`agent.normalize_obs`): the networks read
-clip((obs - mean) / sqrt(var + 1e-8), -10, 10) with the running mean and variance of every
+clip((obs - mean) / sqrt(var + 1e-8), -c, c), c = `agent.obs_clip` (10; null: unclipped, as Brax's
+PPO), with the running mean and variance of every
 observation of every rollout so far (per feature; per channel for images), merged after each
 rollout and before learning from it (as Brax's PPO does); the statistics live in the policy's
 params, `{"network": ..., "obs_stats": {"mean", "var", "count"}}`, so evaluation and checkpoints carry them.
@@ -83,6 +84,7 @@ class Config(loop.PPOLoopConfig):
     name: str = "ppo"
     network: networks.NetworkConfig = networks.network_config(hidden=(64, 64), activation="tanh")
     normalize_obs: bool = hp(False, doc="the networks read observations normalised by their running mean and variance over all rollouts (per channel for images), kept in the params")
+    obs_clip: typing.Optional[float] = hp(10.0, low=0.0, low_open=True, doc="with agent.normalize_obs, normalised observations are clipped to [-obs_clip, obs_clip]; null: not clipped (Brax's PPO)")
     critic_hidden: typing.Optional[tuple[int, ...]] = hp(None, doc="hidden widths of the critic's torso when they differ from agent.network.hidden (separate torsos only)")
     fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads) when the kernel backend is triton/interpret and the network fits it; else autodiff")
     gae_horizon: int = hp(0, low=0, doc="GAE within segments of this many rollout steps, each bootstrapping from V at its end (Brax's PPO: its 5-step unrolls); 0: over the whole rollout")
@@ -150,9 +152,9 @@ def network_params(agent: Config, params):
 
 
 def network_input(agent: Config, params, obs):
-    """What the network reads: `networks.normalize_observation(obs, params["obs_stats"])` with
-    `agent.normalize_obs`, else obs."""
-    return networks.normalize_observation(obs, params["obs_stats"]) if agent.normalize_obs else obs
+    """What the network reads: `networks.normalize_observation(obs, params["obs_stats"], agent.obs_clip)`
+    with `agent.normalize_obs`, else obs."""
+    return networks.normalize_observation(obs, params["obs_stats"], agent.obs_clip) if agent.normalize_obs else obs
 
 
 def policy_params(agent: Config, net_params, obs_stats):

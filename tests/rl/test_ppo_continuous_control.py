@@ -127,6 +127,27 @@ def test_ppo_with_normalised_observations_keeps_the_statistics_of_every_rollout_
     np.testing.assert_allclose(policy(state["params"], obs, None), np.clip(np.asarray(mean), -1, 1) * 2.0, rtol=1e-5, atol=1e-6)
 
 
+def test_obs_clip_bounds_the_normalised_observation_or_leaves_it_whole():
+    """agent.obs_clip c: the network reads clip((obs - mean) / sd, -c, c); null: the unclipped value
+    (Brax's normaliser); without agent.normalize_obs, the raw observation either way."""
+    stats = {"mean": jnp.zeros(3), "var": jnp.ones(3), "count": jnp.float32(1.0)}
+    params = {"network": None, "obs_stats": stats}
+    obs = jnp.array([[50.0, -30.0, 2.0]])
+    read = lambda **agent: np.asarray(ppo.network_input(make_config(normalize_obs=True, **agent).agent, params, obs))
+    np.testing.assert_allclose(read(), [[10.0, -10.0, 2.0]], rtol=1e-6)
+    np.testing.assert_allclose(read(obs_clip=4.0), [[4.0, -4.0, 2.0]], rtol=1e-6)
+    np.testing.assert_allclose(read(obs_clip=None), [[50.0, -30.0, 2.0]], rtol=1e-6)
+    assert ppo.network_input(make_config(obs_clip=None).agent, params, obs) is obs
+    for bad in (0.0, -1.0):
+        with pytest.raises(ConfigError, match=r"agent\.obs_clip"):
+            make_config(normalize_obs=True, obs_clip=bad)
+
+
+def test_ppo_with_unclipped_normalised_observations_trains():
+    _, metrics = jax.jit(ppo.make_train(make_config(normalize_obs=True, obs_clip=None)))(jax.random.PRNGKey(0))
+    assert np.isfinite(np.asarray(metrics["value_loss"])).all()
+
+
 def test_ppo_normalised_observations_reach_the_learner_normalised():
     """learn_batch's observations are the normalised ones, under the statistics after the rollout."""
     config = make_config(normalize_obs=True)
