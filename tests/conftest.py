@@ -37,11 +37,15 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+# (resolved once, at import: tests that chdir must not move it)
+TEST_TIMES = os.path.abspath(os.environ["FUSEDRL_TEST_TIMES"]) if os.environ.get("FUSEDRL_TEST_TIMES") else None
+
+
 def pytest_runtest_logreport(report):
     """With FUSEDRL_TEST_TIMES=FILE, appends each finished test's "worker, phase:outcome, seconds, node
     id" line to FILE as it finishes (.ci/gpu_suite.sh: a run stopped at its time limit still shows where
     its time went, per test and per worker)."""
-    path = os.environ.get("FUSEDRL_TEST_TIMES")
+    path = TEST_TIMES
     if not path or not (report.when == "call" or report.outcome != "passed") or os.environ.get("PYTEST_XDIST_WORKER"):
         return  # (under pytest-xdist the controller writes: it receives every worker's reports, with its node)
     node = getattr(report, "node", None)

@@ -18,8 +18,9 @@ One update:
 
 with rho = pi(a|s) / pi_old(a|s) and A normalised per minibatch (optional). Adam's step size decays
 linearly to 0 over the updates (optional). The minibatch gradient is jax.grad of that loss, or, for a
-categorical policy on two separate two-layer MLPs with a triton/interpret kernel backend, the fused
-kernel `kernels.ppo_actor_critic_grads` of the same function (`fused_update`).
+categorical policy on two separate two-layer MLPs with a triton/interpret kernel backend and
+precomputed advantages, the fused kernel `kernels.ppo_actor_critic_grads` of the same function
+(`fused_update`).
 
 Truncation: with d_t = gamma (1 - terminated_t) and lambda_t = lambda (1 - (terminated_t | truncated_t)),
 
@@ -77,6 +78,7 @@ from rl.config import ConfigError, hp
 from rl.rollout import greedy_episodes
 
 EPISODE_INFO = ("episode_done", "episode_return", "episode_length")
+OBS_CLIP = 10.0  # agent.obs_clip's default
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,12 @@ class Config(loop.PPOLoopConfig):
     name: str = "ppo"
     network: networks.NetworkConfig = networks.network_config(hidden=(64, 64), activation="tanh")
     normalize_obs: bool = hp(False, doc="the networks read observations normalised by their running mean and variance over all rollouts (per channel for images), kept in the params")
-    obs_clip: typing.Optional[float] = hp(10.0, low=0.0, low_open=True, doc="with agent.normalize_obs, normalised observations are clipped to [-obs_clip, obs_clip]; null: not clipped (Brax's PPO)")
+    obs_clip: typing.Optional[float] = hp(OBS_CLIP, low=0.0, low_open=True, doc="with agent.normalize_obs, normalised observations are clipped to [-obs_clip, obs_clip]; null: not clipped (Brax's PPO)")
     critic_hidden: typing.Optional[tuple[int, ...]] = hp(None, doc="hidden widths of the critic's torso when they differ from agent.network.hidden (separate torsos only)")
-    fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads) when the kernel backend is triton/interpret and the network fits it; else autodiff")
+    fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads) when the kernel backend is triton/interpret and the network fits it (and agent.minibatch_advantages is off); else autodiff")
     gae_horizon: int = hp(0, low=0, doc="GAE within segments of this many rollout steps, each bootstrapping from V at its end (Brax's PPO: its 5-step unrolls); 0: over the whole rollout")
     recompute_advantages: bool = hp(False, doc="V, advantages and value targets recomputed with the current network at the start of every epoch (Andrychowicz et al. 2021); else once per update")
-    minibatch_advantages: bool = hp(False, doc="minibatches of whole agent.gae_horizon-step segments, whose V, advantages and value targets each minibatch's loss computes with the current network (Brax's PPO); else once per update")
+    minibatch_advantages: bool = hp(False, doc="minibatches of whole agent.gae_horizon-step segments, whose V, advantages and value targets each minibatch's loss computes with the current network (Brax's PPO; autodiff, not the fused kernel); else computed before learning (or each epoch: agent.recompute_advantages)")
 
     def validate(self):
         super().validate()
@@ -98,6 +100,8 @@ class Config(loop.PPOLoopConfig):
                               f"nothing; use 0 for GAE over the whole rollout")
         if self.minibatch_advantages:
             self.check_segment_minibatches()
+        if not self.normalize_obs and self.obs_clip != OBS_CLIP:
+            raise ConfigError(f"agent.obs_clip ({self.obs_clip}) clips normalised observations: it needs agent.normalize_obs: true")
 
     def check_segment_minibatches(self):
         """`minibatch_advantages` splits the rollout into whole `gae_horizon`-step segments, dealt out

@@ -129,7 +129,8 @@ def test_ppo_with_normalised_observations_keeps_the_statistics_of_every_rollout_
 
 def test_obs_clip_bounds_the_normalised_observation_or_leaves_it_whole():
     """agent.obs_clip c: the network reads clip((obs - mean) / sd, -c, c); null: the unclipped value
-    (Brax's normaliser); without agent.normalize_obs, the raw observation either way."""
+    (Brax's normaliser); without agent.normalize_obs, the raw observation, and an obs_clip other
+than the default is an error."""
     stats = {"mean": jnp.zeros(3), "var": jnp.ones(3), "count": jnp.float32(1.0)}
     params = {"network": None, "obs_stats": stats}
     obs = jnp.array([[50.0, -30.0, 2.0]])
@@ -137,10 +138,13 @@ def test_obs_clip_bounds_the_normalised_observation_or_leaves_it_whole():
     np.testing.assert_allclose(read(), [[10.0, -10.0, 2.0]], rtol=1e-6)
     np.testing.assert_allclose(read(obs_clip=4.0), [[4.0, -4.0, 2.0]], rtol=1e-6)
     np.testing.assert_allclose(read(obs_clip=None), [[50.0, -30.0, 2.0]], rtol=1e-6)
-    assert ppo.network_input(make_config(obs_clip=None).agent, params, obs) is obs
+    assert ppo.network_input(make_config().agent, params, obs) is obs
     for bad in (0.0, -1.0):
         with pytest.raises(ConfigError, match=r"agent\.obs_clip"):
             make_config(normalize_obs=True, obs_clip=bad)
+    for unused in (4.0, None):
+        with pytest.raises(ConfigError, match=r"agent\.obs_clip \(.*\) clips normalised observations: it needs agent\.normalize_obs: true"):
+            make_config(obs_clip=unused)
 
 
 def test_ppo_with_unclipped_normalised_observations_trains():
