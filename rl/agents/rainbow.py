@@ -233,7 +233,6 @@ def make_setup(config) -> Setup:
 
 def make_trainer(config) -> Trainer:
     setup, agent = make_setup(config), config.agent
-
     return loop.replay_trainer(agent, setup.env, setup.env_params, partial(init, setup), partial(env_step, setup), partial(gradient_step, setup), partial(greedy_policy, setup))
 
 
