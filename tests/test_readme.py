@@ -45,11 +45,18 @@ EXTRA_MARKERS = {"gymnax": ("gymnax:", "minatar"), "brax": ("brax:", "_brax_"), 
 
 
 def missing_extras(code: str) -> list[str]:
-    """The optional libraries `code` uses that do not import here (e.g. on the GPU machine, which carries none)."""
+    """The optional libraries `code` uses that do not import here (e.g. on the GPU machine, which carries none),
+    and "OpenGL" where it renders a Brax env on a machine with neither a display nor libEGL/libOSMesa
+    (the GPU machine has none; tests/envs/test_brax.py checks the error `render` raises there)."""
     import importlib.util
 
-    return [name for name, marks in EXTRA_MARKERS.items()
-            if any(mark in code for mark in marks) and importlib.util.find_spec(name) is None]
+    from envs.brax import headless_mujoco_gl
+
+    missing = [name for name, marks in EXTRA_MARKERS.items()
+               if any(mark in code for mark in marks) and importlib.util.find_spec(name) is None]
+    if "brax:" in code and "envs.render(" in code and not os.environ.get("DISPLAY") and headless_mujoco_gl() == "disable":
+        missing.append("OpenGL")
+    return missing
 
 
 def runnable_shell(code: str) -> str:
