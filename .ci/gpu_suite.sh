@@ -14,6 +14,10 @@
 #   groups of tests/conftest.py keeps each module's tests (and the programs its fixtures compile) on
 #   one worker, except the modules listed in its SPREAD_MODULES (README blocks, the fused PPO gradient,
 #   the PPO, recurrent PPO, SAC and sweep training tests), whose tests spread;
+# - XLA does not autotune the GPU's kernels by timing them (`--xla_gpu_autotune_level=0`, added to
+#   XLA_FLAGS unless they set a level): compiles take about half the time, and every run of the suite
+#   picks the same matmul algorithms, so its numerics do not depend on the timing noise of 14
+#   workers sharing the GPU (with autotuning, learning tests saw other rounding under load);
 # - the pytest run is stopped with SIGINT after SUITE_SECONDS (default 550) so that a slow run still
 #   reports what it did (pytest prints its counts on SIGINT), inside a 600 s device call;
 # - with $OUT set, $OUT/gpu_suite_<backend>.log holds pytest's log and ..._times.tsv each test's
@@ -29,6 +33,10 @@ fi
 set -uo pipefail
 
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.06}
+case "${XLA_FLAGS:-}" in
+  *xla_gpu_autotune_level*) ;;
+  *) export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0" ;;
+esac
 BACKEND=${BACKEND:-auto}
 case "$BACKEND" in
   auto) export FUSEDRL_TEST_BACKENDS=${FUSEDRL_TEST_BACKENDS:-triton,reference}; rest="auto (triton)" ;;
