@@ -127,10 +127,10 @@ def test_ppo_rnn_learns_masked_cartpole(backend, cell, total_steps):
     CPU): with a GPU's TF32 default the LSTM learns more slowly at this budget, which is not what this
     checks. Over the seeds (medians, because single seeds' curves follow the platform's and the batch
     size's matmul rounding), the best training return of the second half of the run is at least twice
-    the first (random, ~22), and the best greedy return passes 60. Medians (training / greedy): CPU
-    GRU 135 / 376; LSTM at 24k steps: CPU 67 / 105, an H200 without autotuning (as `.ci/gpu_suite.sh`
-    runs) 43 / 54, a fail; LSTM at 49k steps: CPU 112 / 225, that H200 110 / 162 (37k steps: CPU 82 / 158, the H200
-    67 / 116, with autotuning 91 / 200)."""
+    the first (random, ~22), and the best greedy return passes 60. Medians (training / greedy): GRU,
+    CPU 135 / 376. LSTM at 24k steps: CPU 67 / 105, an H200 without autotuning (as `.ci/gpu_suite.sh`
+    runs) 43 / 54, a fail; at 37k: CPU 82 / 158, that H200 67 / 116 (91 / 200 with autotuning); at
+    49k: CPU 112 / 225, that H200 110 / 162."""
     config = make_config(
         env={"observe": "positions"}, total_steps=total_steps, num_envs=8, num_steps=32, num_epochs=10, num_minibatches=1, lr=1e-3,
         anneal_lr=False, gamma=0.98, gae_lambda=0.8, ent_coef=0.0, log_interval=16, eval_envs=8,
