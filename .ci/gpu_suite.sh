@@ -15,8 +15,8 @@
 #   one worker, except the modules listed in its SPREAD_MODULES (README blocks, the fused PPO gradient,
 #   the PPO, recurrent PPO, SAC and sweep training tests), whose tests spread;
 # - XLA does not autotune the GPU's kernels by timing them (`--xla_gpu_autotune_level=0`, added to
-#   XLA_FLAGS unless they set a level): compiles take about half the time, and every run of the suite
-#   picks the same matmul algorithms, so its numerics do not depend on the timing noise of 14
+#   XLA_FLAGS unless they set a level): no candidate kernels are timed at compile time (the suite is
+#   mostly compiles), and every run picks the same kernels, not ones chosen by the timing noise of 14
 #   workers sharing the GPU (with autotuning, learning tests saw other rounding under load);
 # - the pytest run is stopped with SIGINT after SUITE_SECONDS (default 550) so that a slow run still
 #   reports what it did (pytest prints its counts on SIGINT), inside a 600 s device call;

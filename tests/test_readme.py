@@ -45,18 +45,29 @@ EXTRA_MARKERS = {"gymnax": ("gymnax:", "minatar"), "brax": ("brax:", "_brax_"), 
 
 
 def missing_extras(code: str) -> list[str]:
-    """The optional libraries `code` uses that do not import here (e.g. on the GPU machine, which carries none),
-    and "OpenGL" where it renders a Brax env on a machine with neither a display nor libEGL/libOSMesa
-    (the GPU machine has none; tests/envs/test_brax.py checks the error `render` raises there)."""
+    """The optional libraries `code` uses that do not import here (e.g. on the GPU machine, which carries none)."""
     import importlib.util
 
+    return [name for name, marks in EXTRA_MARKERS.items()
+            if any(mark in code for mark in marks) and importlib.util.find_spec(name) is None]
+
+
+def mujoco_cannot_render() -> bool:
+    """Whether MuJoCo has no OpenGL platform here: MUJOCO_GL=disable, or (unset, without a display)
+    neither libEGL nor libOSMesa, where envs.brax sets that (the GPU machine)."""
     from envs.brax import headless_mujoco_gl
 
-    missing = [name for name, marks in EXTRA_MARKERS.items()
-               if any(mark in code for mark in marks) and importlib.util.find_spec(name) is None]
-    if "brax:" in code and "envs.render(" in code and not os.environ.get("DISPLAY") and headless_mujoco_gl() == "disable":
-        missing.append("OpenGL")
-    return missing
+    if "MUJOCO_GL" in os.environ:
+        return os.environ["MUJOCO_GL"] == "disable"
+    return not os.environ.get("DISPLAY") and headless_mujoco_gl() == "disable"
+
+
+def without_brax_rendering(code: str) -> str:
+    """`code` without its lines that render a Brax env, where MuJoCo cannot render (the rest still
+    runs; tests/envs/test_brax.py checks the error `render` raises there)."""
+    if "brax:" not in code or not mujoco_cannot_render():
+        return code
+    return "\n".join(line for line in code.splitlines() if "envs.render(" not in line)
 
 
 def runnable_shell(code: str) -> str:
@@ -84,6 +95,7 @@ def test_python_blocks_run(tmp_path, monkeypatch):
             continue
         if AGENT_CALL in code:
             code = code.replace(AGENT_CALL, SHORT_AGENT_CALL)
+        code = without_brax_rendering(code)
         try:
             exec(compile(code, f"README.md, block at line {line}", "exec"), namespace)
         except Exception as err:
