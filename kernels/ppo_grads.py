@@ -58,6 +58,9 @@ ACTIVATIONS = ("tanh", "relu")
 PRECISIONS = ("tf32", "ieee")
 # largest padded sizes one program holds on chip: observation features, hidden widths, actions
 LIMITS = {"obs_dim": 64, "hidden": 128, "actions": 64}
+# shared memory one program may use on the GPUs measured (H100 and H200: 227 KB); with tf32 products
+# not every combination within LIMITS fits (see shared_memory_estimate)
+SHARED_MEMORY_BYTES = 232448
 BLOCK_M = 32  # rows per inner step (tl.dot needs >= 16)
 MIN_PROGRAMS = 528  # split rows into chunks until seeds x chunks reaches this (4 waves of 132 SMs)
 NUM_WARPS = 4
@@ -414,6 +417,30 @@ def ppo_actor_critic_grads_reference(obs, actions, old_log_probs, old_values, ad
 # ---------------------------------------------------------------- public op
 
 
+def shared_memory_estimate(obs_dim: int, hidden: tuple[int, int], actions: int) -> int:
+    """Bytes of shared memory the actor kernel (the larger of the two) asks for with tf32 products:
+    each weight matrix staged for ``tl.dot`` in both orientations and the [BLOCK_M, H] activations
+    transposed, with D, H1, H2, A padded as the kernel pads them:
+
+        8 (D H1 + H1 H2 + H2 A) + 4 BLOCK_M (H1 + H2) + 768
+
+    Fitted to Triton's requests on an H100 (benchmarks/RESULTS.md, thirteenth session: 246,528 to
+    295,680 bytes at obs 64, hidden 128 x 128 and 16 to 64 actions, exactly as this formula gives;
+    fits at obs 16 with 16 actions, at obs 8 with 4, and at 64 x 64 with 64 actions). With ieee
+    products the dots run without staging and every size within LIMITS fits."""
+    dp, h1p, h2p, ap = (_padded(n) for n in (obs_dim, *hidden, actions))
+    return 8 * (dp * h1p + h1p * h2p + h2p * ap) + 4 * BLOCK_M * (h1p + h2p) + 768
+
+
+def too_big_for_shared_memory(obs_dim: int, hidden: tuple[int, int], actions: int) -> str | None:
+    """Why these sizes do not fit one program's shared memory with tf32 products, or None if they do."""
+    need = shared_memory_estimate(obs_dim, hidden, actions)
+    if need <= SHARED_MEMORY_BYTES:
+        return None
+    return (f"obs_dim {obs_dim}, hidden {tuple(hidden)} and {actions} actions need about {need:,} bytes of shared memory per program "
+            f"with tf32 products, more than the {SHARED_MEMORY_BYTES:,} of the GPUs measured (use dot_precision='ieee' or smaller sizes)")
+
+
 def _check(obs, actions, rows, actor, critic):
     obs = check_float_array("obs", obs, ndim=2)
     m, d = obs.shape
@@ -461,6 +488,10 @@ def ppo_actor_critic_grads(obs, actions, old_log_probs, old_values, advantages, 
     rows = {"old_log_probs": old_log_probs, "old_values": old_values, "advantages": advantages, "targets": targets}
     _check(obs, actions, rows, actor, critic)
     name = resolve_backend(backend)
+    if name == "triton" and dot_precision == "tf32":
+        reason = too_big_for_shared_memory(obs.shape[-1], (actor[0].shape[-1], actor[2].shape[-1]), actor[4].shape[-1])
+        if reason:
+            raise ValueError(f"ppo_actor_critic_grads: {reason}")
     scalars = [jnp.asarray(x, jnp.float32) for x in (clip_eps, vf_clip_eps, ent_coef, vf_coef)]
     if name == "reference":
         return ppo_actor_critic_grads_reference(obs, actions, old_log_probs, old_values, advantages, targets, actor, critic, *scalars,

@@ -193,7 +193,8 @@ def minibatch_loss(net, params, batch, hparams, agent: Config, distribution: str
 def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
     """Why `kernels.ppo_actor_critic_grads` cannot compute this config's gradient, or None if it can:
     it needs Discrete actions, a flat Box observation, separate actor and critic mlp torsos with two
-    hidden layers, tanh or relu, and sizes within `kernels.ppo_grads.LIMITS`. The env is
+    hidden layers, tanh or relu, and sizes within `kernels.ppo_grads.LIMITS` whose tf32 kernel fits
+    one program's shared memory (`kernels.ppo_grads.too_big_for_shared_memory`). The env is
     `loop.make_env(config)` unless given."""
     if env is None:
         env, env_params = loop.make_env(config)
@@ -212,7 +213,7 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
         return "the kernel needs separate actor and critic MLPs with two tanh or relu hidden layers"
     if max(network.hidden) > limits["hidden"] or obs_space.shape[0] > limits["obs_dim"] or action_space.n > limits["actions"]:
         return f"sizes beyond the kernel's limits {limits}"
-    return None
+    return kernels.ppo_grads.too_big_for_shared_memory(obs_space.shape[0], tuple(network.hidden), action_space.n)
 
 
 def fused_loss_grads(params, batch, hparams, agent: Config, backend: str):

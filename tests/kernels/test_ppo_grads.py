@@ -114,3 +114,38 @@ def test_bad_inputs_name_the_argument():
         ppo_actor_critic_grads(*wide, *hp)
     with pytest.raises(ValueError, match="activation must be one of"):
         ppo_actor_critic_grads(obs, actions, lp, v, adv, tg, actor, critic, *hp, activation="gelu")
+
+
+
+def test_shared_memory_estimate_is_triton_s_request_on_an_h100():
+    """The formula against the bytes Triton asked for on an H100 (thirteenth session, tf32 products):
+    exact where the kernel did not fit, and under the 227 KB limit where it ran."""
+    for sizes, requested in (((64, (128, 128), 64), 295_680), ((64, (128, 128), 32), 262_912), ((64, (128, 128), 16), 246_528)):
+        assert ppo_grads.shared_memory_estimate(*sizes) == requested
+        assert "shared memory" in ppo_grads.too_big_for_shared_memory(*sizes)
+    for ran in ((16, (128, 128), 16), (64, (64, 64), 64), (8, (128, 128), 4), (4, (120, 120), 2)):
+        assert ppo_grads.too_big_for_shared_memory(*ran) is None
+
+
+@pytest.mark.parametrize("sizes, precision", [((16, 128, 16), "tf32"), ((64, 128, 64), "ieee")])
+def test_the_largest_networks_that_fit_run(backend, sizes, precision):
+    """Hidden 128 x 128 with the most features and actions that fit one program: obs 16 and 16
+    actions with tf32 products; every limit of kernels.ppo_grads.LIMITS at once with ieee products."""
+    d, h, a = sizes
+    case = make_case(np.random.default_rng(7), m=64, d=d, h1=h, h2=h, a=a)
+    hparams = (0.2, 0.15, 0.01, 0.5)
+    got = ppo_actor_critic_grads(*case, *hparams, backend=backend, dot_precision=precision)
+    want = ppo_grads.ppo_actor_critic_grads_reference(*case, *hparams, dot_precision="ieee")
+    assert_close(got, want, rtol=2e-2 if (backend == "triton" and precision == "tf32") else 1e-3)
+
+
+def test_sizes_beyond_shared_memory_are_refused_on_the_gpu(backend):
+    """obs 64, hidden 128 x 128, 16 actions with tf32 products: one ValueError naming the sizes on the
+    GPU (where the launch would fail), a result elsewhere (no shared memory to run out of)."""
+    case = make_case(np.random.default_rng(8), m=32, d=64, h1=128, h2=128, a=16)
+    hparams = (0.2, 0.15, 0.01, 0.5)
+    if backend == "triton":
+        with pytest.raises(ValueError, match=r"obs_dim 64, hidden \(128, 128\) and 16 actions need about 246,528 bytes"):
+            ppo_actor_critic_grads(*case, *hparams, backend=backend)
+    else:
+        assert np.all(np.isfinite(np.asarray(ppo_actor_critic_grads(*case, *hparams, backend=backend)[0][0])))

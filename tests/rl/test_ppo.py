@@ -274,3 +274,13 @@ def test_fused_update_unfit_configs_say_why():
     assert "two tanh or relu" in ppo.fused_update_unfit_reason(make_config(network={"activation": "gelu"}))
     assert "limits" in ppo.fused_update_unfit_reason(make_config(network={"hidden": [256, 256]}))
     assert ppo.fused_update_unfit_reason(make_config(network={"activation": "relu"})) is None
+    wide = make_config(network={"hidden": [128, 128]})
+    assert ppo.fused_update_unfit_reason(wide) is None  # CartPole's 4 features fit
+    from envs.spaces import Box, Discrete
+
+    class FortyFeatures:  # an env with 40 observation features and 6 actions
+        observation_space = staticmethod(lambda params: Box(-1.0, 1.0, (40,)))
+        action_space = staticmethod(lambda params: Discrete(6))
+
+    assert "shared memory" in ppo.fused_update_unfit_reason(wide, FortyFeatures(), None)
+    assert ppo.fused_update_unfit_reason(make_config(), FortyFeatures(), None) is None  # 16 x 16 fits
