@@ -136,7 +136,8 @@ def test_the_largest_networks_that_fit_run(backend, sizes, precision):
     hparams = (0.2, 0.15, 0.01, 0.5)
     got = ppo_actor_critic_grads(*case, *hparams, backend=backend, dot_precision=precision)
     want = ppo_grads.ppo_actor_critic_grads_reference(*case, *hparams, dot_precision="ieee")
-    assert_close(got, want, rtol=2e-2 if (backend == "triton" and precision == "tf32") else 1e-3)
+    tf32_products = precision == "tf32" and jax.default_backend() == "gpu"  # the kernel's, and XLA's in the reference backend
+    assert_close(got, want, rtol=2e-2 if tf32_products else 1e-3)
 
 
 def test_sizes_beyond_shared_memory_are_refused_on_the_gpu(backend):
