@@ -127,16 +127,15 @@ def test_shared_memory_estimate_is_triton_s_request_on_an_h100():
         assert ppo_grads.too_big_for_shared_memory(*ran) is None
 
 
-@pytest.mark.parametrize("sizes, precision", [((16, 128, 16), "tf32"), ((64, 128, 64), "ieee")])
-def test_the_largest_networks_that_fit_run(backend, sizes, precision):
-    """Hidden 128 x 128 with the most features and actions that fit one program: obs 16 and 16
-    actions with tf32 products; every limit of kernels.ppo_grads.LIMITS at once with ieee products."""
-    d, h, a = sizes
-    case = make_case(np.random.default_rng(7), m=64, d=d, h1=h, h2=h, a=a)
+def test_the_largest_networks_that_fit_run(backend):
+    """Hidden 128 x 128 with the most features and actions measured to fit one program with tf32
+    products (obs 16, 16 actions). (Every limit of kernels.ppo_grads.LIMITS at once fits with ieee
+    products, measured in the thirteenth session, but its FMA kernel takes two minutes to compile.)"""
+    case = make_case(np.random.default_rng(7), m=64, d=16, h1=128, h2=128, a=16)
     hparams = (0.2, 0.15, 0.01, 0.5)
-    got = ppo_actor_critic_grads(*case, *hparams, backend=backend, dot_precision=precision)
+    got = ppo_actor_critic_grads(*case, *hparams, backend=backend)
     want = ppo_grads.ppo_actor_critic_grads_reference(*case, *hparams, dot_precision="ieee")
-    tf32_products = precision == "tf32" and jax.default_backend() == "gpu"  # the kernel's, and XLA's in the reference backend
+    tf32_products = jax.default_backend() == "gpu"  # the kernel's, and XLA's in the reference backend
     assert_close(got, want, rtol=2e-2 if tf32_products else 1e-3)
 
 
