@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels._triton import tl, triton
-from kernels.launch import cdiv, check_float_array, fold_vmap, launch, next_power_of_2, resolve_backend
+from kernels.launch import cdiv, check_float_array, chosen_automatically, fold_vmap, launch, next_power_of_2, resolve_backend
 
 __all__ = ["ppo_actor_critic_grads", "ppo_actor_critic_grads_reference", "ppo_objective", "clipped_surrogate_loss", "clipped_value_loss", "LIMITS"]
 
@@ -62,6 +62,9 @@ LIMITS = {"obs_dim": 64, "hidden": 128, "actions": 64}
 # not every combination within LIMITS fits (see shared_memory_estimate)
 SHARED_MEMORY_BYTES = 232448
 BLOCK_M = 32  # rows per inner step (tl.dot needs >= 16)
+# with the automatic backend choice, one minibatch (no vmap, or a vmap of size 1) of fewer rows than
+# this goes to the reference (XLA): at one seed XLA's unbatched matmuls beat the kernel (measured)
+AUTO_TRITON_MIN_ROWS_ONE_SEED = 32768
 MIN_PROGRAMS = 528  # split rows into chunks until seeds x chunks reaches this (4 waves of 132 SMs)
 NUM_WARPS = 4
 AUX_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
@@ -306,7 +309,26 @@ def _row_chunks(num_seeds: int, m: int) -> tuple[int, int]:
     return rows, cdiv(m, rows)
 
 
-def _grads_core(obs, actions, old_log_probs, old_values, advantages, targets, *arrays, lead, backend, activation, clip_value_loss, dot_precision):
+def automatic_crossover(name: str, automatic: bool, minibatches: int, rows: int) -> str:
+    """The backend that computes `minibatches` (the product of the vmapped axes) gradients of `rows`
+    rows each: ``"reference"`` (XLA) in place of an automatically chosen ``"triton"`` for a single
+    minibatch of fewer than ``AUTO_TRITON_MIN_ROWS_ONE_SEED`` rows, else ``name``."""
+    if name == "triton" and automatic and minibatches == 1 and rows < AUTO_TRITON_MIN_ROWS_ONE_SEED:
+        return "reference"
+    return name
+
+
+def _reference_core(obs, actions, rows, actor, critic, scalars, lead_shape, activation, clip_value_loss, dot_precision):
+    """The reference on one minibatch whose arrays carry a leading axis of size 1: the kernels' outputs."""
+    first = lambda x: x[0]
+    g_actor, g_critic, stats = ppo_actor_critic_grads_reference(
+        first(obs), first(actions), *map(first, rows), tuple(map(first, actor)), tuple(map(first, critic)), *map(first, scalars),
+        activation=activation, clip_value_loss=clip_value_loss, dot_precision=dot_precision)
+    restore = lambda x: x.reshape(lead_shape + x.shape)
+    return (*map(restore, g_actor), *map(restore, g_critic), *(restore(stats[name]) for name in AUX_NAMES))
+
+
+def _grads_core(obs, actions, old_log_probs, old_values, advantages, targets, *arrays, lead, backend, automatic, activation, clip_value_loss, dot_precision):
     actor, critic, (clip_eps, vf_clip_eps, ent_coef, vf_coef) = arrays[:6], arrays[6:12], arrays[12:]
     lead_shape = tuple(obs.shape[:lead])
     b = math.prod(lead_shape)
@@ -321,6 +343,8 @@ def _grads_core(obs, actions, old_log_probs, old_values, advantages, targets, *a
     shapes_critic = [(d, h1), (h1,), (h1, h2), (h2,), (h2, 1), (1,)]
     actor = [flat(w, *shape) for w, shape in zip(actor, shapes_actor)]
     critic = [flat(w, *shape) for w, shape in zip(critic, shapes_critic)]
+    if automatic_crossover(backend, automatic, b, m) == "reference":
+        return _reference_core(obs3, actions2, rows, actor, critic, scalars, lead_shape, activation, clip_value_loss, dot_precision)
     chunk_rows, chunks = _row_chunks(b, m)
     f32 = jnp.float32
     common = dict(backend=backend, grid=(b, chunks), num_warps=NUM_WARPS, DP=_padded(d), H1P=_padded(h1), H2P=_padded(h2),
@@ -342,8 +366,9 @@ def _grads_core(obs, actions, old_log_probs, old_values, advantages, targets, *a
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_op(backend: str, activation: str, clip_value_loss: bool, dot_precision: str):
-    return fold_vmap(functools.partial(_grads_core, backend=backend, activation=activation, clip_value_loss=clip_value_loss, dot_precision=dot_precision))
+def _kernel_op(backend: str, automatic: bool, activation: str, clip_value_loss: bool, dot_precision: str):
+    return fold_vmap(functools.partial(_grads_core, backend=backend, automatic=automatic, activation=activation,
+                                       clip_value_loss=clip_value_loss, dot_precision=dot_precision))
 
 
 # ---------------------------------------------------------------- reference
@@ -480,6 +505,12 @@ def ppo_actor_critic_grads(obs, actions, old_log_probs, old_values, advantages, 
     Returns (actor_grads, critic_grads, stats): two tuples shaped like `actor` and `critic`, and a dict
     of scalars (policy_loss, value_loss, entropy, approx_kl, clip_fraction). Works under jit and any
     nesting of vmap (one launch per network).
+
+    backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
+    When that choice is the automatic one (none named anywhere) on a GPU, a single minibatch (no
+    vmap, or vmaps of total size 1: one seed) of fewer than ``AUTO_TRITON_MIN_ROWS_ONE_SEED`` (32768)
+    rows goes to the reference, which is faster there (measured); a named ``"triton"`` always runs
+    the kernels.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -496,7 +527,7 @@ def ppo_actor_critic_grads(obs, actions, old_log_probs, old_values, advantages, 
     if name == "reference":
         return ppo_actor_critic_grads_reference(obs, actions, old_log_probs, old_values, advantages, targets, actor, critic, *scalars,
                                                 activation=activation, clip_value_loss=clip_value_loss, dot_precision=dot_precision)
-    op = _kernel_op(name, activation, bool(clip_value_loss), dot_precision)
+    op = _kernel_op(name, chosen_automatically(backend), activation, bool(clip_value_loss), dot_precision)
     out = op(jnp.asarray(obs), jnp.asarray(actions), *(jnp.asarray(x) for x in rows.values()), *actor, *critic, *scalars)
     stats = dict(zip(AUX_NAMES, out[12:]))
     return tuple(out[:6]), tuple(out[6:12]), stats

@@ -98,6 +98,44 @@ def test_rows_split_over_programs_give_the_same_gradient(kernel_backend, monkeyp
     assert_close(chunked, one_chunk, rtol=1e-5)
 
 
+def test_automatic_triton_sends_one_small_minibatch_to_xla():
+    """Only an automatically chosen triton, one minibatch (no vmap or vmaps of size 1), below the row crossover."""
+    from kernels.ppo_grads import AUTO_TRITON_MIN_ROWS_ONE_SEED as rows, automatic_crossover
+
+    assert automatic_crossover("triton", True, 1, rows - 1) == "reference"
+    assert automatic_crossover("triton", True, 1, rows) == "triton"
+    assert automatic_crossover("triton", True, 2, 128) == "triton"
+    assert automatic_crossover("triton", False, 1, 128) == "triton"
+    assert automatic_crossover("interpret", True, 1, 128) == "interpret"
+
+
+def test_the_automatic_crossover_routes_by_the_vmapped_size(monkeypatch):
+    """With the automatic choice resolving to triton: one minibatch (unbatched, or vmapped once) gives the
+    reference's gradients without launching a kernel, two vmapped minibatches launch the kernels."""
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(ppo_grads, "resolve_backend", lambda backend=None: "triton")
+    monkeypatch.setattr(ppo_grads, "chosen_automatically", lambda backend=None: True)
+    monkeypatch.setattr(ppo_grads, "launch", no_launch)
+    ppo_grads._kernel_op.cache_clear()
+    try:
+        rng = np.random.default_rng(4)
+        hparams = (0.2, 0.15, 0.01, 0.5)
+        case = make_case(rng, m=40)
+        want = ppo_grads.ppo_actor_critic_grads_reference(*case, *hparams)
+        assert_close(ppo_actor_critic_grads(*case, *hparams), want, rtol=1e-6)
+        one = jax.tree.map(lambda x: x[None], case)
+        got = jax.jit(jax.vmap(lambda *x: ppo_actor_critic_grads(*x, *hparams)))(*one)
+        assert_close(jax.tree.map(lambda x: x[0], got), want, rtol=1e-6)
+        two = make_case(rng, m=40, lead=(2,))
+        with pytest.raises(AssertionError, match="launched"):
+            jax.vmap(lambda *x: ppo_actor_critic_grads(*x, *hparams))(*two)
+    finally:
+        ppo_grads._kernel_op.cache_clear()
+
+
 def test_bad_inputs_name_the_argument():
     rng = np.random.default_rng(4)
     obs, actions, lp, v, adv, tg, actor, critic = make_case(rng)
