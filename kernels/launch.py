@@ -501,6 +501,7 @@ def launch(
     grid: tuple[int, ...],
     backend: str,
     zeroed_outputs: Sequence[int] = (),
+    input_output_aliases: dict[int, int] | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
     **constexprs: Any,
@@ -510,9 +511,13 @@ def launch(
     ``args``: JAX arrays and Python ``int`` scalars in the kernel's parameter order; the kernel then
     receives one pointer per entry of ``out_shape``, and ``constexprs`` as ``tl.constexpr``
     keywords. ``grid`` is a tuple of up to 3 ints. Outputs listed in ``zeroed_outputs`` start as
-    zeros; the others start undefined (NaN / garbage under ``interpret``, to catch unwritten
-    elements). Returns one array or a list, matching ``out_shape``.
+    zeros; ``input_output_aliases`` maps the position of an array among the array arguments to an
+    output that starts as that array (the same buffer on the GPU: an in-place update, XLA copying
+    the input first only where it is still needed); the others start undefined (NaN / garbage
+    under ``interpret``, to catch unwritten elements). Returns one array or a list, matching
+    ``out_shape``.
     """
+    aliases = dict(input_output_aliases or {})
     single = not isinstance(out_shape, (list, tuple))
     out_shapes = [out_shape] if single else list(out_shape)
     out_shapes = [jax.ShapeDtypeStruct(tuple(s.shape), s.dtype) for s in out_shapes]
@@ -531,10 +536,11 @@ def launch(
             num_warps=num_warps,
             num_stages=num_stages,
             zeroed_outputs=tuple(zeroed_outputs),
+            input_output_aliases=aliases,
             **constexprs,
         )
     elif backend == "interpret":
-        out = _interpret_call(kernel, args, out_shapes, grid, tuple(zeroed_outputs), constexprs)
+        out = _interpret_call(kernel, args, out_shapes, grid, tuple(zeroed_outputs), constexprs, aliases)
     else:
         raise ValueError(f"launch needs backend 'triton' or 'interpret', got {backend!r}")
     return out[0] if single else list(out)
@@ -632,9 +638,10 @@ def _with_scalar_index(patch_lang_tensor):
     return patch
 
 
-def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs):
+def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs, aliases=None):
     array_positions = [i for i, a in enumerate(args) if not isinstance(a, (int, np.integer, np.floating, bool))]
     arrays = [args[i] for i in array_positions]
+    starts_as = {out: array for array, out in (aliases or {}).items()}
 
     def host(*host_arrays):
         import torch
@@ -650,7 +657,9 @@ def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs):
         outs = []
         for j, s in enumerate(out_shapes):
             t = torch.from_numpy(np.zeros(s.shape, s.dtype))
-            if j not in zeroed_outputs:
+            if j in starts_as:
+                t = torch.from_numpy(np.array(host_arrays[starts_as[j]], dtype=s.dtype, copy=True).reshape(s.shape))
+            elif j not in zeroed_outputs:
                 t.fill_(float("nan") if np.issubdtype(s.dtype, np.floating) else -7)
             outs.append(t)
         with _interpret_device_calls():

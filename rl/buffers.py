@@ -65,6 +65,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels.sumtree import child_sums, last_of_runs, sumtree_set_leaves
+
 
 SMALL_LEAF = 16  # most elements per item of a narrow-dtype leaf packed into the 32-bit block
 
@@ -292,12 +294,6 @@ def _fanouts(tree) -> list[int]:
     return [child.shape[-1] // parent.shape[-1] for parent, child in zip(tree[:-1], tree[1:])]
 
 
-def _child_sums(level, fanout: int, nodes=None) -> jax.Array:
-    """Sums of consecutive groups of `fanout` entries of `level` (those of group `nodes` if given)."""
-    groups = level.reshape(-1, fanout)
-    return (groups if nodes is None else groups[nodes]).sum(axis=-1)
-
-
 def sumtree_init(capacity: int) -> tuple[jax.Array, ...]:
     """An all-zero sum-tree with at least `capacity` leaves (`sumtree_layout`)."""
     return tuple(jnp.zeros((n,), jnp.float32) for n in sumtree_layout(capacity))
@@ -305,14 +301,14 @@ def sumtree_init(capacity: int) -> tuple[jax.Array, ...]:
 
 def sumtree_from_leaves(leaves, capacity: int | None = None) -> tuple[jax.Array, ...]:
     """The sum-tree of `capacity` (default len(leaves)) leaves whose first ones are `leaves` (the rest
-    0), built bottom-up: every node is the float32 sum of its children (`_child_sums`)."""
+    0), built bottom-up: every node is the float32 sum of its children (`child_sums`)."""
     leaves = jnp.asarray(leaves, jnp.float32)
     if capacity is not None and capacity < leaves.shape[0]:
         raise ValueError(f"sumtree_from_leaves: capacity {capacity} is less than the {leaves.shape[0]} leaves given")
     sizes = sumtree_layout(capacity or leaves.shape[0])
     levels = [jnp.zeros((sizes[-1],), jnp.float32).at[: leaves.shape[0]].set(leaves)]
     for parent, child in zip(sizes[-2::-1], sizes[:0:-1]):
-        levels.append(_child_sums(levels[-1], child // parent))
+        levels.append(child_sums(levels[-1], child // parent))
     return tuple(levels[::-1])
 
 
@@ -331,50 +327,19 @@ def sumtree_get(tree, indices) -> jax.Array:
 
 def last_occurrence(indices) -> jax.Array:
     """Bool mask: True where no later entry of `indices` has the same value."""
-    order, keep = _last_of_runs(jnp.asarray(indices, jnp.int32))
+    order, keep = last_of_runs(jnp.asarray(indices, jnp.int32))
     return jnp.zeros(keep.shape, jnp.bool_).at[order].set(keep)
 
 
-def _last_of_runs(indices):
-    """(order, keep): the permutation that sorts `indices` stably, and, in that order, True at the
-    last entry of each run of equal values (the last occurrence in the batch). A sort: O(B log B),
-    and XLA never fuses it into its consumers."""
-    n = indices.shape[0]
-    sorted_indices, order = jax.lax.sort((indices, jnp.arange(n, dtype=jnp.int32)), num_keys=2)
-    keep = jnp.concatenate([sorted_indices[1:] != sorted_indices[:-1], jnp.ones((1,), jnp.bool_)])
-    return order, keep
-
-
-def _recompute_ancestors(tree, leaf_indices) -> tuple[jax.Array, ...]:
-    """Each ancestor of the given leaves set to the sum of its children, level by level upwards
-    (one gather of the children's groups and one scatter per level; a shared ancestor is written
-    several times with the same value)."""
-    levels = list(tree)
-    nodes = leaf_indices
-    for d in range(len(levels) - 1, 0, -1):
-        fanout = levels[d].shape[-1] // levels[d - 1].shape[-1]
-        nodes = nodes // fanout
-        levels[d - 1] = levels[d - 1].at[nodes].set(_child_sums(levels[d], fanout, nodes))
-    return tuple(levels)
-
-
-def _set_sorted(tree, indices, values):
-    """(tree, sorted values, keep): `sumtree_set`'s work, also returning the batch's values in index
-    order and the mask of those written (the last occurrence of each index)."""
-    order, keep = _last_of_runs(indices)
-    rows, values = indices[order], values[order]
-    leaves = tree[-1].at[jnp.where(keep, rows, tree[-1].shape[-1])].set(values, mode="drop")
-    return _recompute_ancestors(tree[:-1] + (leaves,), rows), values, keep
-
-
-def sumtree_set(tree, indices, values) -> tuple[jax.Array, ...]:
-    """Set leaves `indices` to `values` and recompute their ancestors from their children.
+def sumtree_set(tree, indices, values, *, backend: str | None = None) -> tuple[jax.Array, ...]:
+    """Set leaves `indices` to `values` and recompute their ancestors from their children
+    (`kernels.sumtree_set_leaves`: one kernel launch on the GPU, gather/sum/scatter per level in
+    plain JAX on the CPU).
 
     Duplicate indices: the last occurrence wins. Internal nodes are recomputed, never incremented
-    (no float32 drift). The batch is first sorted by index (`_last_of_runs`); everything after the
-    leaf write reads that sorted copy, never the reads of the tree that produced `indices`.
+    (no float32 drift).
     """
-    return _set_sorted(tree, jnp.asarray(indices, jnp.int32), jnp.asarray(values, jnp.float32))[0]
+    return sumtree_set_leaves(tree, jnp.asarray(indices, jnp.int32), jnp.asarray(values, jnp.float32), backend=backend)[0]
 
 
 def _prefix_sums(rows) -> jax.Array:
@@ -432,15 +397,15 @@ def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
                              max_leaf=jnp.float32(1.0), layout=layout)
 
 
-def prioritized_add(buffer: PrioritizedBuffer, items, valid=True) -> PrioritizedBuffer:
-    """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is False)."""
+def prioritized_add(buffer: PrioritizedBuffer, items, valid=True, *, backend: str | None = None) -> PrioritizedBuffer:
+    """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is False).
+    `backend`: the kernels backend of the leaf write (`kernels.sumtree_set_leaves`)."""
     rows, write_rows, position, size = _write_indices(buffer, items, valid)
-    leaves = buffer.tree[-1]
-    # invalid: a row past the padded leaves (`write_rows` = capacity would be a padding leaf), dropped
-    leaf_rows = jnp.where(jnp.asarray(valid, jnp.bool_), rows, leaves.shape[-1])
-    leaves = leaves.at[leaf_rows].set(buffer.max_leaf, mode="drop")  # the rows of one add are distinct
-    return buffer._replace(storage=_store(buffer, items, write_rows), position=position, size=size,
-                           tree=_recompute_ancestors(buffer.tree[:-1] + (leaves,), rows))
+    # invalid: a row past the padded leaves (`write_rows` = capacity would be a padding leaf): not written
+    leaf_rows = jnp.where(jnp.asarray(valid, jnp.bool_), rows, buffer.tree[-1].shape[-1])
+    tree, _ = sumtree_set_leaves(buffer.tree, leaf_rows, jnp.broadcast_to(buffer.max_leaf, leaf_rows.shape),
+                                 distinct=True, backend=backend)  # the rows of one add are distinct
+    return buffer._replace(storage=_store(buffer, items, write_rows), position=position, size=size, tree=tree)
 
 
 def sampling_probabilities(buffer: PrioritizedBuffer, indices) -> jax.Array:
@@ -466,10 +431,10 @@ def prioritized_sample(buffer: PrioritizedBuffer, key, batch_size: int, beta):
     return _gather(buffer, indices), indices, weights
 
 
-def prioritized_update(buffer: PrioritizedBuffer, indices, priorities, alpha) -> PrioritizedBuffer:
+def prioritized_update(buffer: PrioritizedBuffer, indices, priorities, alpha, *, backend: str | None = None) -> PrioritizedBuffer:
     """Set the priorities p >= 0 of sampled items (leaf = p^alpha; the last of duplicate indices
     wins) and raise `max_leaf` to the largest new leaf. Callers add a small epsilon to |TD| so no
-    stored item becomes unsampleable."""
+    stored item becomes unsampleable. `backend`: the kernels backend of the leaf write."""
     leaves = jnp.power(jnp.maximum(jnp.asarray(priorities, jnp.float32), 0.0), alpha)
-    tree, values, keep = _set_sorted(buffer.tree, jnp.asarray(indices, jnp.int32), leaves)
-    return buffer._replace(tree=tree, max_leaf=jnp.maximum(buffer.max_leaf, jnp.max(jnp.where(keep, values, 0.0))))
+    tree, written = sumtree_set_leaves(buffer.tree, jnp.asarray(indices, jnp.int32), leaves, backend=backend)
+    return buffer._replace(tree=tree, max_leaf=jnp.maximum(buffer.max_leaf, jnp.max(jnp.where(written, leaves, 0.0))))

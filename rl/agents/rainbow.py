@@ -183,7 +183,7 @@ def env_step(setup: Setup, hparams, carry, key):
     window = push_window(state["window"], {"obs": state["obs"], "action": action, "reward": reward, "final_obs": info["final_obs"],
                                            "terminated": terminated, "truncated": truncated})
     filled = jnp.minimum(state["window_filled"] + 1, agent.n_step)
-    buffer_add = buffers.prioritized_add if agent.per else buffers.uniform_add
+    buffer_add = partial(buffers.prioritized_add, backend=setup.backend) if agent.per else buffers.uniform_add
     buffer = buffer_add(state["buffer"], losses.n_step_transition(window, hparams["gamma"], backend=setup.backend, deterministic=setup.deterministic), filled >= agent.n_step)
     state = {**state, "buffer": buffer, "window": window, "window_filled": filled, "obs": obs, "env_state": env_state,
              "step": state["step"] + agent.num_envs}
@@ -210,7 +210,7 @@ def gradient_step(setup: Setup, hparams, state, key):
     (loss, (priorities, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
     buffer = state["buffer"]
     if agent.per:
-        buffer = buffers.prioritized_update(buffer, indices, priorities + hparams["per_eps"], hparams["per_alpha"])
+        buffer = buffers.prioritized_update(buffer, indices, priorities + hparams["per_eps"], hparams["per_alpha"], backend=setup.backend)
     updates, opt_state = optimiser(hparams).update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     updates_done = state["updates"] + 1

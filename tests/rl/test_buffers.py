@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+import kernels
 from rl import buffers
 
 
@@ -366,23 +367,27 @@ def test_updates_at_capacity_100k_leave_every_other_priority_intact():
         np.testing.assert_allclose(parent, children.reshape(parent.shape[0], -1).sum(axis=1), rtol=2e-6)
 
 
-def test_the_replay_loop_copies_nothing_of_capacity_size():
+@pytest.mark.parametrize("platform, backend", [("cpu", "reference"), ("gpu", "triton")])
+def test_the_replay_loop_copies_nothing_of_capacity_size(platform, backend):
     """The cost of PER on XLA:CPU came from copies of the whole tree inside the training loop: XLA
     copies a buffer when an in-place scatter into it may run before a read of it (here: the fused
     tree descent, re-run inside the update's fusions). Compiled like the agents' loop (phases of a
     scan of adds, then a scan of sample -> loss-like use of the weights -> update), no loop body
-    copies an array of the capacity's size or more."""
+    copies an array of the capacity's size or more: on XLA:CPU with the plain-JAX tree, and on the
+    GPU with the sum-tree kernel, whose leaves are updated in place (input-output aliases)."""
+    if platform == "gpu" and "triton" not in kernels.available_backends():
+        pytest.skip("needs a GPU with jax_triton")
     capacity = 100_000
 
     def add(buf, x):
-        return buffers.prioritized_add(buf, {"obs": jnp.full((1, 4), x), "r": x[None]}), None
+        return buffers.prioritized_add(buf, {"obs": jnp.full((1, 4), x), "r": x[None]}, backend=backend), None
 
     def learn(carry, key):
         buf, acc = carry
         k_sample, k_prio = jax.random.split(key)
         items, idx, weights = buffers.prioritized_sample(buf, k_sample, 64, 0.5)
         td = items["obs"].sum(-1) + items["r"] + jax.random.uniform(k_prio, (64,))
-        buf = buffers.prioritized_update(buf, idx, jnp.abs(td) + 1e-6, 0.6)
+        buf = buffers.prioritized_update(buf, idx, jnp.abs(td) + 1e-6, 0.6, backend=backend)
         return (buf, acc + jnp.mean(weights * td**2)), None
 
     def phase(carry, key):
@@ -393,7 +398,7 @@ def test_the_replay_loop_copies_nothing_of_capacity_size():
     def program(buf, key):
         return jax.lax.scan(phase, (buf, 0.0), jax.random.split(key, 4))[0]
 
-    with jax.default_device(jax.devices("cpu")[0]):  # XLA:CPU's copy insertion (the GPU's is not checked here)
+    with jax.default_device(jax.devices(platform)[0]):
         buf = buffers.prioritized_init({"obs": jnp.zeros((4,)), "r": jnp.float32(0)}, capacity)
         hlo = jax.jit(program).lower(buf, jax.random.PRNGKey(0)).compile().as_text()
     loops = hlo[: hlo.index("\nENTRY")]  # every computation but the entry: the loop bodies among them
