@@ -13,8 +13,8 @@ the mask of the b that were written. Internal nodes are recomputed from their ch
 incremented, so no float32 drift accumulates.
 
 Why a kernel: in XLA each level is a gather of the children's groups, a sum and a scatter, and the
-duplicates need a sort: some 13 kernels per add and 12 per priority update, which at one seed on the
-GPU cost more than the replay's useful work (measured, benchmarks/RESULTS.md). Here one program per
+duplicates need a sort, each a separate kernel launch; at one seed on the GPU those launches cost
+more than the replay's useful work (measured, benchmarks/RESULTS.md). Here one program per
 tree writes the leaves and then walks up the levels, a barrier between levels, the levels updated in
 place (input-output aliases). Duplicates are found by comparing each index with the later ones
 (O(B^2) compares on chip, no sort; skipped with `distinct=True`).
@@ -224,8 +224,8 @@ def _check(tree, indices, values) -> None:
         raise ValueError(f"below the root's children every fan-out must be a power of 2, got {fanouts} (sizes {[s[0] for s in shapes]})")
     if shapes[1][0] > MAX_TOP:
         raise ValueError(f"the root has {shapes[1][0]} children, more than the kernel's {MAX_TOP}")
-    if jnp.ndim(indices) != 1 or jnp.shape(values) != jnp.shape(indices):
-        raise ValueError(f"indices and values must be 1-D of the same shape, got {jnp.shape(indices)} and {jnp.shape(values)}")
+    if jnp.ndim(indices) != 1 or jnp.shape(values) != jnp.shape(indices) or jnp.shape(indices)[0] == 0:
+        raise ValueError(f"indices and values must be 1-D of the same non-zero length, got shapes {jnp.shape(indices)} and {jnp.shape(values)}")
     if not jnp.issubdtype(jnp.result_type(indices), jnp.integer):
         raise ValueError(f"indices must be integers, got {jnp.result_type(indices)}")
 

@@ -104,8 +104,10 @@ def test_bad_inputs_name_the_problem():
         sumtree_set_leaves((tree[1], tree[2]), i, v, backend="reference")
     with pytest.raises(ValueError, match="multiple of the one above"):
         sumtree_set_leaves((tree[0], jnp.ones((19,)), jnp.ones((300,))), i, v, backend="reference")
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ValueError, match="same non-zero length"):
         sumtree_set_leaves(tree, i, v[:3], backend="reference")
+    with pytest.raises(ValueError, match="same non-zero length"):
+        sumtree_set_leaves(tree, i[:0], v[:0], backend="reference")
     with pytest.raises(ValueError, match="integers"):
         sumtree_set_leaves(tree, v, v, backend="reference")
     with pytest.raises(ValueError, match="power of 2"):
