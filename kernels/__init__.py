@@ -24,7 +24,7 @@ from kernels.softmax import softmax
 from kernels.policy_head import categorical_log_prob_entropy
 from kernels.projection import categorical_projection
 from kernels.ppo_grads import ppo_actor_critic_grads, ppo_objective
-from kernels.sumtree import sumtree_set_leaves
+from kernels.sumtree import sumtree_find_leaves, sumtree_set_leaves
 
 __all__ = [
     "BACKENDS",
@@ -44,4 +44,5 @@ __all__ = [
     "ppo_actor_critic_grads",
     "ppo_objective",
     "sumtree_set_leaves",
+    "sumtree_find_leaves",
 ]

@@ -1,4 +1,4 @@
-"""Sum-tree leaf writes with their ancestors recomputed: one launch per tree.
+"""Sum-tree leaf writes with their ancestors recomputed, and the descent that samples a leaf.
 
 A sum-tree is a tuple of float32 levels L_0 (the root, one node), L_1, ..., L_D (the leaves), each
 size a multiple of the one above; node j of level d-1 is the sum of its F_d = |L_d| / |L_{d-1}|
@@ -19,10 +19,19 @@ tree writes the leaves and then walks up the levels, a barrier between levels, t
 place (input-output aliases). Duplicates are found by comparing each index with the later ones
 (O(B^2) compares on chip, no sort; skipped with `distinct=True`).
 
-Backends: "reference" is the plain-JAX gather/sum/scatter per level with a stable sort for the
-duplicates; "triton" and "interpret" run the kernel. Sums may round differently between the two
-(children are added in another order); with values that add exactly (e.g. small integers) they agree
-bit for bit.
+`sumtree_find_leaves(tree, targets)` descends from the root for each target mass u in [0, total):
+at each level, among the node's children m_0..m_{F-1} with running sums c_k = m_0 + ... + m_k, it
+takes the child k with c_{k-1} <= u < c_k (clamped to the last child of positive mass, so a rounding
+overshoot never enters an empty child) and goes on with u - c_{k-1}; it returns the leaf reached and
+its mass m (what P(i) = m / total needs without a second read of the leaves). The kernel gives each
+program a block of targets of one tree and walks all levels in registers: one launch, where XLA runs
+a gather, a prefix sum and a compare-and-select per level.
+
+Backends: "reference" is plain JAX (a gather/sum/scatter per level with a stable sort for the
+duplicates; the descent's running sums as a matmul with a triangle of ones); "triton" and
+"interpret" run the kernels. Sums may round differently between the two (children are added in
+another order); with values that add exactly (e.g. small integers) they agree bit for bit, and so do
+the leaves found.
 """
 
 from __future__ import annotations
@@ -36,13 +45,17 @@ import jax.numpy as jnp
 from kernels._triton import tl, triton
 from kernels.launch import fold_vmap, launch, next_power_of_2, resolve_backend
 
-__all__ = ["sumtree_set_leaves", "sumtree_set_leaves_reference", "child_sums", "last_of_runs", "recompute_ancestors", "MAX_LEVELS"]
+__all__ = [
+    "sumtree_set_leaves", "sumtree_set_leaves_reference", "sumtree_find_leaves", "sumtree_find_leaves_reference",
+    "child_sums", "last_of_runs", "recompute_ancestors", "MAX_LEVELS",
+]
 
 MAX_LEVELS = 7  # root and at most 6 levels below it (capacity up to 256 * 16**5 leaves at fan-out 16)
 MAX_TOP = 1024  # most children of the root the kernel sums in one row
 BLOCK_B = 128  # batch entries per inner step
 DUP_BLOCK = 16  # later entries compared per step when looking for duplicates
 NUM_WARPS = 4
+FIND_BLOCK = 64  # targets per program of the descent
 
 
 # ---------------------------------------------------------------- reference
@@ -91,6 +104,39 @@ def sumtree_set_leaves_reference(tree, indices, values, distinct: bool = False):
     leaves = tree[-1].at[jnp.where(keep, rows, n)].set(vals, mode="drop")
     written = keep if distinct else jnp.zeros(keep.shape, jnp.bool_).at[order].set(keep)
     return recompute_ancestors(tree[:-1] + (leaves,), rows), written
+
+
+def prefix_sums(rows) -> jax.Array:
+    """Inclusive running sums along the last axis: c_k = sum_{j <= k} rows_j (a float32 matmul with
+    an upper-triangular matrix of ones, at full precision whatever the default matmul precision)."""
+    k = rows.shape[-1]
+    return jnp.matmul(rows, jnp.triu(jnp.ones((k, k), jnp.float32)), precision=jax.lax.Precision.HIGHEST)
+
+
+def pick_child(masses, prefix, u):
+    """In each row of children `masses` [..., F] (running sums `prefix`), the child k with
+    c_{k-1} <= u < c_k, clamped to the last child of positive mass (a rounding overshoot u >= c_{F-1}
+    lands there; a zero child is never chosen while its row has mass; a row without mass gives its
+    last child). Returns (k, u - c_{k-1}, m_k)."""
+    count = jnp.sum(prefix <= u[..., None], axis=-1)
+    last_positive = masses.shape[-1] - 1 - jnp.argmax((masses > 0)[..., ::-1], axis=-1)
+    k = jnp.minimum(count, last_positive).astype(jnp.int32)
+    mass = jnp.take_along_axis(masses, k[..., None], axis=-1)[..., 0]
+    before = jnp.take_along_axis(prefix, jnp.maximum(k - 1, 0)[..., None], axis=-1)[..., 0]
+    return k, u - jnp.where(k > 0, before, 0.0), mass
+
+
+def sumtree_find_leaves_reference(tree, targets):
+    """Plain JAX: (leaves, masses) as `sumtree_find_leaves` (module docstring), one level at a time."""
+    u = jnp.asarray(targets, jnp.float32)
+    top = tree[1]  # the root's children: one row shared by every target
+    nodes, u, mass = pick_child(jnp.broadcast_to(top, u.shape + top.shape), jnp.broadcast_to(prefix_sums(top), u.shape + top.shape), u)
+    for parent, level in zip(tree[1:-1], tree[2:]):
+        fanout = level.shape[-1] // parent.shape[-1]
+        masses = level.reshape(-1, fanout)[nodes]
+        k, u, mass = pick_child(masses, prefix_sums(masses), u)
+        nodes = nodes * fanout + k
+    return nodes, mass
 
 
 # ---------------------------------------------------------------- kernel
@@ -205,10 +251,90 @@ def _kernel_op(backend: str, distinct: bool):
     return fold_vmap(functools.partial(_set_core, backend=backend, distinct=distinct))
 
 
+@triton.jit
+def _pick_child(masses, prefix, u, k, n_valid):
+    """In each row [BLOCK, F] of children (running sums `prefix`, +inf past the `n_valid` real ones):
+    the child c_{k-1} <= u < c_k clamped to the last child of positive mass (`pick_child`), and
+    (child, u - c_{k-1}, its mass)."""
+    count = tl.sum((prefix <= u[:, None]).to(tl.int32), axis=1)
+    last_positive = tl.max(tl.where(masses > 0, k[None, :], -1), axis=1)
+    last_positive = tl.where(last_positive < 0, n_valid - 1, last_positive)
+    child = tl.minimum(count, last_positive)
+    mass = tl.sum(tl.where(k[None, :] == child[:, None], masses, 0.0), axis=1)
+    before = tl.sum(tl.where(k[None, :] == child[:, None] - 1, prefix, 0.0), axis=1)
+    return child, u - before, mass
+
+
+@triton.jit
+def _descend(level_ptr, tree, node, u, N_LEVEL: tl.constexpr, N_PARENT: tl.constexpr):
+    """One level down: the children of `node` (one contiguous group of F) and the child `u` falls in."""
+    F: tl.constexpr = N_LEVEL // N_PARENT
+    k = tl.arange(0, F)
+    masses = tl.load(level_ptr + tree * N_LEVEL + node[:, None] * F + k[None, :])
+    child, u, mass = _pick_child(masses, tl.cumsum(masses, axis=1), u, k, F)
+    return node * F + child, u, mass
+
+
+@triton.jit
+def _sumtree_find_kernel(
+    target_ptr, B, l1, l2, l3, l4, l5, l6, leaf_ptr, mass_ptr,
+    DEPTH: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, N3: tl.constexpr, N4: tl.constexpr,
+    N5: tl.constexpr, N6: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Program (block, tree): its targets' descent from the root's children to the leaves."""
+    tree = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = b < B
+    u = tl.load(target_ptr + tree * B + b, mask=in_batch, other=0.0)
+    k = tl.arange(0, TOP)
+    top = tl.load(l1 + tree * N1 + k, mask=k < N1, other=0.0)
+    prefix = tl.where(k < N1, tl.cumsum(top, axis=0), float("inf"))
+    node, u, mass = _pick_child(top[None, :], prefix[None, :], u, k, N1)
+    if DEPTH >= 2:
+        node, u, mass = _descend(l2, tree, node, u, N2, N1)
+    if DEPTH >= 3:
+        node, u, mass = _descend(l3, tree, node, u, N3, N2)
+    if DEPTH >= 4:
+        node, u, mass = _descend(l4, tree, node, u, N4, N3)
+    if DEPTH >= 5:
+        node, u, mass = _descend(l5, tree, node, u, N5, N4)
+    if DEPTH >= 6:
+        node, u, mass = _descend(l6, tree, node, u, N6, N5)
+    tl.store(leaf_ptr + tree * B + b, node, mask=in_batch)
+    tl.store(mass_ptr + tree * B + b, mass, mask=in_batch)
+
+
+def _find_core(targets, *levels, lead, backend):
+    lead_shape = tuple(targets.shape[:lead])
+    trees = math.prod(lead_shape)
+    op_shape = tuple(targets.shape[lead:])
+    b = math.prod(op_shape)
+    sizes = [level.shape[-1] for level in levels]
+    if b == 0:
+        return jnp.zeros(targets.shape, jnp.int32), jnp.zeros(targets.shape, jnp.float32)
+    flat = [level.reshape(trees, n) for level, n in zip(levels[1:], sizes[1:])]
+    unused = jnp.zeros((1,), jnp.float32)
+    padded_sizes = sizes[1:] + [1] * (MAX_LEVELS - len(sizes))
+    block = min(FIND_BLOCK, max(16, next_power_of_2(b)))
+    leaves, masses = launch(
+        _sumtree_find_kernel, targets.reshape(trees, b).astype(jnp.float32), b, *flat, *[unused] * (MAX_LEVELS - 1 - len(flat)),
+        out_shape=[jax.ShapeDtypeStruct((trees, b), jnp.int32), jax.ShapeDtypeStruct((trees, b), jnp.float32)],
+        grid=(-(-b // block), trees), backend=backend, num_warps=NUM_WARPS,
+        DEPTH=len(sizes) - 1, N1=padded_sizes[0], N2=padded_sizes[1], N3=padded_sizes[2], N4=padded_sizes[3],
+        N5=padded_sizes[4], N6=padded_sizes[5], TOP=max(16, next_power_of_2(sizes[1])), BLOCK=block,
+    )
+    return leaves.reshape(targets.shape), masses.reshape(targets.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _find_op(backend: str):
+    return fold_vmap(functools.partial(_find_core, backend=backend))
+
+
 # ---------------------------------------------------------------- public op
 
 
-def _check(tree, indices, values) -> None:
+def _check_tree(tree) -> None:
     if not isinstance(tree, (tuple, list)) or len(tree) < 2:
         raise ValueError(f"tree must be a tuple of at least 2 levels (root first), got {type(tree).__name__} of length {len(tree) if isinstance(tree, (tuple, list)) else '-'}")
     shapes = [tuple(jnp.shape(level)) for level in tree]
@@ -224,6 +350,10 @@ def _check(tree, indices, values) -> None:
         raise ValueError(f"below the root's children every fan-out must be a power of 2, got {fanouts} (sizes {[s[0] for s in shapes]})")
     if shapes[1][0] > MAX_TOP:
         raise ValueError(f"the root has {shapes[1][0]} children, more than the kernel's {MAX_TOP}")
+
+
+def _check(tree, indices, values) -> None:
+    _check_tree(tree)
     if jnp.ndim(indices) != 1 or jnp.shape(values) != jnp.shape(indices) or jnp.shape(indices)[0] == 0:
         raise ValueError(f"indices and values must be 1-D of the same non-zero length, got shapes {jnp.shape(indices)} and {jnp.shape(values)}")
     if not jnp.issubdtype(jnp.result_type(indices), jnp.integer):
@@ -246,3 +376,21 @@ def sumtree_set_leaves(tree, indices, values, *, distinct: bool = False, backend
     out = _kernel_op(name, bool(distinct))(jnp.asarray(indices, jnp.int32), jnp.asarray(values, jnp.float32),
                                            *(jnp.asarray(level, jnp.float32) for level in tree))
     return tuple(out[:-1]), out[-1]
+
+
+def sumtree_find_leaves(tree, targets, *, backend: str | None = None):
+    """(leaves, masses): for each target mass u in [0, total) (`targets`, any shape), the leaf i with
+    cumsum_{<i} <= u < cumsum_{<=i} and its value, by descent from the root (module docstring);
+    int32 and float32 arrays of the targets' shape. A child of zero mass is never entered, so with a
+    positive total every leaf found has positive mass; with total 0 the last leaf is returned.
+
+    tree: as `sumtree_set_leaves`. Works under jit and any nesting of vmap (one launch for all trees).
+    """
+    _check_tree(tree)
+    if not jnp.issubdtype(jnp.result_type(targets), jnp.floating):
+        raise ValueError(f"targets must be floats (masses in [0, total)), got {jnp.result_type(targets)}")
+    name = resolve_backend(backend)
+    targets = jnp.asarray(targets, jnp.float32)
+    if name == "reference":
+        return sumtree_find_leaves_reference(tuple(tree), targets)
+    return _find_op(name)(targets, *(jnp.asarray(level, jnp.float32) for level in tree))

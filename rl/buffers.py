@@ -36,10 +36,11 @@ The children of node j of a level are entries j F .. j F + F - 1 of the next one
 children are one contiguous group. Leaves past `capacity` stay 0.
 
 Sampling descends one level at a time: among the node's children it takes the first whose running
-sum (`_prefix_sums`) exceeds the target and subtracts the mass before it; 4 levels at capacity
-100,000 instead of a binary tree's 17. An update writes the new leaves with one scatter, then sets
-each ancestor on their paths to the sum of its children, one gather of their groups and one scatter
-per level. Float32 drift guard: an update never adds a delta to an internal node, so every internal
+sum exceeds the target and subtracts the mass before it; 4 levels at capacity 100,000 instead of a
+binary tree's 17 (`kernels.sumtree_find_leaves`). An update writes the new leaves, then sets each
+ancestor on their paths to the sum of its children, level by level (`kernels.sumtree_set_leaves`).
+On the GPU each of the two is one kernel launch; the plain-JAX path (the CPU's) runs one gather and
+one scatter (or running sums and a select) per level. Float32 drift guard: an update never adds a delta to an internal node, so every internal
 node always equals the float32 sum of its current children, whatever the number of updates; errors
 cannot accumulate (tests check this over more than a million updates). Duplicate indices in one
 batched update are resolved deterministically: the LAST occurrence in the batch wins (the batch is
@@ -65,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.sumtree import child_sums, last_of_runs, sumtree_set_leaves
+from kernels.sumtree import child_sums, last_of_runs, sumtree_find_leaves, sumtree_set_leaves
 
 
 SMALL_LEAF = 16  # most elements per item of a narrow-dtype leaf packed into the 32-bit block
@@ -342,41 +343,16 @@ def sumtree_set(tree, indices, values, *, backend: str | None = None) -> tuple[j
     return sumtree_set_leaves(tree, jnp.asarray(indices, jnp.int32), jnp.asarray(values, jnp.float32), backend=backend)[0]
 
 
-def _prefix_sums(rows) -> jax.Array:
-    """Inclusive prefix sums along the last axis: c_k = sum_{j <= k} rows_j (a float32 matmul with
-    an upper-triangular matrix of ones, at full precision whatever the default matmul precision)."""
-    k = rows.shape[-1]
-    return jnp.matmul(rows, jnp.triu(jnp.ones((k, k), jnp.float32)), precision=jax.lax.Precision.HIGHEST)
-
-
-def _pick_child(masses, prefix, u):
-    """In each row of children `masses` [..., F] (prefix sums `prefix`), the child k with
-    c_{k-1} <= u < c_k, clamped to the last child of positive mass (a rounding overshoot u >= c_{F-1}
-    lands there; a zero child is never chosen while its row has mass). Returns (k, u - c_{k-1},
-    mass_k)."""
-    count = jnp.sum(prefix <= u[..., None], axis=-1)
-    last_positive = masses.shape[-1] - 1 - jnp.argmax((masses > 0)[..., ::-1], axis=-1)
-    k = jnp.minimum(count, last_positive).astype(jnp.int32)
-    mass = jnp.take_along_axis(masses, k[..., None], axis=-1)[..., 0]
-    before = jnp.take_along_axis(prefix, jnp.maximum(k - 1, 0)[..., None], axis=-1)[..., 0]
-    return k, u - jnp.where(k > 0, before, 0.0), mass
-
-
-def sumtree_find_with_mass(tree, targets):
+def sumtree_find_with_mass(tree, targets, *, backend: str | None = None):
     """(leaves, their values): for each target mass u in [0, total), the leaf i with
     cumsum_{<i} <= u < cumsum_{<=i} (`sumtree_find`) and its value (what P(i) needs, without a
-    second read of the leaves)."""
-    u = jnp.asarray(targets, jnp.float32)
-    top = tree[1]  # the root's children: one row shared by every target
-    nodes, u, mass = _pick_child(jnp.broadcast_to(top, u.shape + top.shape), jnp.broadcast_to(_prefix_sums(top), u.shape + top.shape), u)
-    for fanout, level in zip(_fanouts(tree)[1:], tree[2:]):
-        masses = level.reshape(-1, fanout)[nodes]
-        k, u, mass = _pick_child(masses, _prefix_sums(masses), u)
-        nodes = nodes * fanout + k
-    return nodes, mass
+    second read of the leaves). `backend`: the kernels backend of the descent
+    (`kernels.sumtree_find_leaves`: one kernel launch on the GPU, a gather, running sums and a
+    select per level in plain JAX on the CPU)."""
+    return sumtree_find_leaves(tree, targets, backend=backend)
 
 
-def sumtree_find(tree, targets) -> jax.Array:
+def sumtree_find(tree, targets, *, backend: str | None = None) -> jax.Array:
     """For each target mass u in [0, total), the leaf i with cumsum_{<i} <= u < cumsum_{<=i}.
 
     Descends from the root one level at a time: among the node's children (one contiguous group),
@@ -384,7 +360,7 @@ def sumtree_find(tree, targets) -> jax.Array:
     is never entered (a rounding overshoot goes to the last non-empty sibling), so with a positive
     total the leaf found always has positive mass.
     """
-    return sumtree_find_with_mass(tree, targets)[0]
+    return sumtree_find_with_mass(tree, targets, backend=backend)[0]
 
 
 # ---------------------------------------------------------------- prioritized replay
@@ -419,13 +395,14 @@ def importance_weights(probabilities, size, beta) -> jax.Array:
     return jnp.exp(log_w - log_w.max())
 
 
-def prioritized_sample(buffer: PrioritizedBuffer, key, batch_size: int, beta):
+def prioritized_sample(buffer: PrioritizedBuffer, key, batch_size: int, beta, *, backend: str | None = None):
     """A stratified batch: (items, indices, importance weights). Target k is uniform in the k-th of
-    `batch_size` equal segments of the total mass. Empty buffer: row 0 and weights 1."""
+    `batch_size` equal segments of the total mass. Empty buffer: row 0 and weights 1.
+    `backend`: the kernels backend of the descent (`kernels.sumtree_find_leaves`)."""
     total = sumtree_total(buffer.tree)
     u = (jnp.arange(batch_size, dtype=jnp.float32) + jax.random.uniform(key, (batch_size,))) / batch_size
     targets = jnp.minimum(u * total, total)
-    found, leaf = sumtree_find_with_mass(buffer.tree, targets)
+    found, leaf = sumtree_find_with_mass(buffer.tree, targets, backend=backend)
     indices = jnp.clip(found, 0, jnp.maximum(buffer.size - 1, 0))
     weights = importance_weights(leaf / jnp.where(total > 0, total, 1.0), buffer.size, beta)
     return _gather(buffer, indices), indices, weights

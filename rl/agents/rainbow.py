@@ -195,7 +195,7 @@ def sample(setup: Setup, hparams, buffer, key, step):
     agent = setup.agent
     if agent.per:
         beta = loop.linear_schedule(hparams["per_beta_start"], 1.0, agent.per_beta_steps or agent.total_steps, step)
-        return buffers.prioritized_sample(buffer, key, agent.batch_size, beta)
+        return buffers.prioritized_sample(buffer, key, agent.batch_size, beta, backend=setup.backend)
     batch, indices = buffers.uniform_sample(buffer, key, agent.batch_size)
     return batch, indices, jnp.ones((agent.batch_size,), jnp.float32)
 

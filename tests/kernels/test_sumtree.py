@@ -1,5 +1,6 @@
 """kernels.sumtree_set_leaves: leaf writes (last duplicate wins, out-of-range ignored) and the ancestors
-recomputed, against the plain-JAX reference and a float64 NumPy tree built from scratch."""
+recomputed; kernels.sumtree_find_leaves: the descent to the leaf a target mass falls in. Both against
+the plain-JAX reference and float64 NumPy built from scratch (a tree; running sums of the leaves)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import sumtree_set_leaves
-from kernels.sumtree import sumtree_set_leaves_reference
+from kernels import sumtree_find_leaves, sumtree_set_leaves
+from kernels.sumtree import sumtree_find_leaves_reference, sumtree_set_leaves_reference
 from rl.buffers import sumtree_from_leaves
 
 
@@ -112,3 +113,100 @@ def test_bad_inputs_name_the_problem():
         sumtree_set_leaves(tree, v, v, backend="reference")
     with pytest.raises(ValueError, match="power of 2"):
         sumtree_set_leaves((tree[0], jnp.ones((4,)), jnp.ones((12,))), i, v, backend="reference")
+
+
+# ---------------------------------------------------------------- the descent
+
+
+def numpy_find(leaves: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """The leaf i with cumsum_{<i} <= u < cumsum_{<=i} (float64 running sums of the leaves); a target
+    at or past the total goes to the last leaf of positive mass (the last leaf if none has mass)."""
+    cum = np.cumsum(np.asarray(leaves, np.float64))
+    found = np.searchsorted(cum, np.asarray(targets, np.float64), side="right")
+    positive = np.flatnonzero(leaves > 0)
+    last = positive[-1] if positive.size else len(leaves) - 1
+    return np.minimum(found, last)
+
+
+@settings(max_examples=12, deadline=None)
+@given(capacity=st.sampled_from([1, 7, 256, 300, 5000, 70000]), batch=st.integers(1, 150),
+       zeros=st.floats(0.0, 0.9), seed=st.integers(0, 2**31 - 1))
+def test_descent_matches_float64_running_sums(backend, capacity, batch, zeros, seed):
+    """Integer masses (exact sums) with runs of empty leaves; targets spread over [0, total], some
+    exactly on a boundary, one at the total: the leaf and its mass as NumPy's searchsorted."""
+    rng = np.random.default_rng(seed)
+    leaves = rng.integers(1, 8, capacity) * (rng.random(capacity) >= zeros)
+    tree = sumtree_from_leaves(jnp.asarray(leaves, jnp.float32), capacity)
+    padded = np.asarray(tree[-1], np.float64)
+    total = padded.sum()
+    targets = rng.random(batch) * total
+    targets[: batch // 3] = np.cumsum(padded)[rng.integers(0, len(padded), batch // 3)]  # exactly on a boundary
+    targets[-1] = total
+    targets = np.minimum(targets.astype(np.float32), np.float32(total))
+    found, mass = sumtree_find_leaves(tree, jnp.asarray(targets), backend=backend)
+    want = numpy_find(padded, targets)
+    np.testing.assert_array_equal(np.asarray(found), want)
+    np.testing.assert_array_equal(np.asarray(mass, np.float64), padded[want])
+    if total > 0:
+        assert (np.asarray(mass) > 0).all()
+
+
+def test_descent_with_float_masses_lands_within_rounding_of_the_float64_brackets(backend):
+    """Float masses: the float32 running sums differ from float64 ones (and between backends, whose
+    sums run in other orders) by rounding, so a target within that distance of a boundary may land
+    on either side of it. Every target lies within 1e-6 of the total of its leaf's float64 bracket,
+    every leaf found has positive mass and is reported with its own value."""
+    rng = np.random.default_rng(4)
+    tree = sumtree_from_leaves(jnp.asarray(rng.random(100000) ** 4, jnp.float32), 100000)
+    leaves = np.asarray(tree[-1], np.float64)
+    cum = np.cumsum(leaves)
+    targets = jnp.asarray(rng.random(512), jnp.float32) * tree[0][0]
+    found, mass = sumtree_find_leaves(tree, targets, backend=backend)
+    found, u = np.asarray(found), np.asarray(targets, np.float64)
+    slack = 1e-6 * cum[-1]  # about 16 float32 ulps of the total
+    assert (cum[found] - leaves[found] <= u + slack).all() and (u < cum[found] + slack).all()
+    assert (leaves[found] > 0).all()
+    np.testing.assert_array_equal(np.asarray(mass), np.asarray(tree[-1])[found])
+    exact = numpy_find(leaves, u)
+    assert (found == exact).mean() > 0.95  # only targets next to a boundary may differ
+
+
+def test_descent_of_an_empty_tree_and_of_any_target_shape(backend):
+    empty = sumtree_from_leaves(jnp.zeros((300,), jnp.float32))
+    found, mass = sumtree_find_leaves(empty, jnp.zeros((5,), jnp.float32), backend=backend)
+    np.testing.assert_array_equal(np.asarray(found), 303)  # the last of the 304 leaves
+    np.testing.assert_array_equal(np.asarray(mass), 0.0)
+    tree = sumtree_from_leaves(jnp.arange(1.0, 301.0))
+    targets = jnp.asarray([[0.0, 1.0, 2.5], [3.0, 44.0, 45.0]], jnp.float32)
+    found, mass = sumtree_find_leaves(tree, targets, backend=backend)
+    assert found.shape == mass.shape == (2, 3) and found.dtype == jnp.int32 and mass.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(found), [[0, 1, 1], [2, 8, 9]])
+    scalar, _ = sumtree_find_leaves(tree, jnp.float32(3.0), backend=backend)
+    assert scalar.shape == () and int(scalar) == 2
+    none, _ = sumtree_find_leaves(tree, jnp.zeros((0,), jnp.float32), backend=backend)
+    assert none.shape == (0,)
+
+
+def test_descent_under_nested_vmap_and_jit_equals_a_loop(kernel_backend):
+    rng = np.random.default_rng(5)
+    trees = [sumtree_from_leaves(jnp.asarray(rng.integers(0, 8, 5000), jnp.float32), 5000) for _ in range(6)]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x).reshape((2, 3) + x[0].shape), *trees)
+    targets = jnp.asarray(rng.random((2, 3, 70)), jnp.float32) * stacked[0][..., :1]
+    f = lambda t, u: sumtree_find_leaves(t, u, backend=kernel_backend)
+    found, mass = jax.jit(jax.vmap(jax.vmap(f)))(stacked, targets)
+    shared, _ = jax.jit(jax.vmap(lambda u: f(trees[0], u)))(targets[0])  # an unbatched tree
+    for a in range(2):
+        for b in range(3):
+            want, want_mass = sumtree_find_leaves_reference(trees[3 * a + b], targets[a, b])
+            np.testing.assert_array_equal(np.asarray(found[a, b]), np.asarray(want))
+            np.testing.assert_array_equal(np.asarray(mass[a, b]), np.asarray(want_mass))
+    for b in range(3):
+        np.testing.assert_array_equal(np.asarray(shared[b]), np.asarray(sumtree_find_leaves_reference(trees[0], targets[0, b])[0]))
+
+
+def test_descent_bad_inputs_name_the_problem():
+    tree = sumtree_from_leaves(jnp.ones((300,), jnp.float32))
+    with pytest.raises(ValueError, match="floats"):
+        sumtree_find_leaves(tree, jnp.zeros((4,), jnp.int32), backend="reference")
+    with pytest.raises(ValueError, match="root of shape"):
+        sumtree_find_leaves((tree[1], tree[2]), jnp.zeros((4,)), backend="reference")

@@ -374,7 +374,8 @@ def test_the_replay_loop_copies_nothing_of_capacity_size(platform, backend):
     tree descent, re-run inside the update's fusions). Compiled like the agents' loop (phases of a
     scan of adds, then a scan of sample -> loss-like use of the weights -> update), no loop body
     copies an array of the capacity's size or more: on XLA:CPU with the plain-JAX tree, and on the
-    GPU with the sum-tree kernel, whose leaves are updated in place (input-output aliases)."""
+    GPU with the sum-tree kernels (descent and leaf writes), whose levels are updated in place
+    (input-output aliases)."""
     if platform == "gpu" and "triton" not in kernels.available_backends():
         pytest.skip("needs a GPU with jax_triton")
     capacity = 100_000
@@ -385,7 +386,7 @@ def test_the_replay_loop_copies_nothing_of_capacity_size(platform, backend):
     def learn(carry, key):
         buf, acc = carry
         k_sample, k_prio = jax.random.split(key)
-        items, idx, weights = buffers.prioritized_sample(buf, k_sample, 64, 0.5)
+        items, idx, weights = buffers.prioritized_sample(buf, k_sample, 64, 0.5, backend=backend)
         td = items["obs"].sum(-1) + items["r"] + jax.random.uniform(k_prio, (64,))
         buf = buffers.prioritized_update(buf, idx, jnp.abs(td) + 1e-6, 0.6, backend=backend)
         return (buf, acc + jnp.mean(weights * td**2)), None
