@@ -3,7 +3,8 @@
 Usage (GPU machine):
     python benchmarks/kernels.py                       # every registered op and shape
     python benchmarks/kernels.py --ops gae --json out.json
-    python benchmarks/kernels.py --sweep               # time scan tilings (ScanConfig) per shape
+    python benchmarks/kernels.py --sweep all --sweep-ops both   # time scan tilings (ScanConfig) per shape
+    python benchmarks/kernels.py --sweep loop --sweep-configs "loop:128,8,4,3;chain:64,32,4,3"  # chosen tilings
 Smoke test on a CPU (tiny shapes, the interpreter standing in for the GPU):
     python benchmarks/kernels.py --small --kernel-backend interpret --runs 2
 
@@ -374,6 +375,12 @@ def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
             (256, 4, 4, 3), (128, 16, 4, 4), (512, 8, 8, 2)]
     chained = [(64, 32, 4, 3)]
     configs = []
+    if args.sweep_configs:  # "loop:128,8,4,3;chain:64,32,4,3": these instead of the lists above
+        for item in args.sweep_configs.split(";"):
+            kind, numbers = item.split(":")
+            t, n, w, st = (int(v) for v in numbers.split(","))
+            configs.append(ScanConfig(t, n, kind == "chain", w, st))
+        loop, chained = [], []
     if args.sweep in ("loop", "all"):
         configs += [ScanConfig(t, n, False, w, st) for t, n, w, st in loop]
     if args.sweep in ("chained", "all"):
@@ -433,6 +440,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep", choices=["loop", "chained", "all"], help="time ScanConfig tilings of the scan ops")
     parser.add_argument("--sweep-ops", default="gae", choices=["gae", "both"], help="ops the sweep times")
     parser.add_argument("--sweep-shapes", default="", help="e.g. 1024x4096,128x4096 (default: all)")
+    parser.add_argument("--sweep-configs", default="", help='tilings to sweep instead of the built-in lists, e.g. "loop:128,8,4,3;chain:64,32,4,3" (chunk_t, block_n, num_warps, num_stages)')
     parser.add_argument("--checks", type=int, default=1, help="repeat the correctness check (races)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of device work before any timing")
     parser.add_argument("--json", help="write the rows and versions to this path")
