@@ -20,8 +20,8 @@ place (input-output aliases). Duplicates are found by comparing each index with 
 (O(B^2) compares on chip, no sort; skipped with `distinct=True`).
 
 `sumtree_find_leaves(tree, targets)` descends from the root for each target mass u in [0, total):
-at each level, among the node's children m_0..m_{F-1} with running sums c_k = m_0 + ... + m_k, it
-takes the child k with c_{k-1} <= u < c_k (clamped to the last child of positive mass, so a rounding
+at each level, among the node's children m_0..m_{F-1} with running sums c_k = m_0 + ... + m_k
+(c_{-1} = 0), it takes the child k with c_{k-1} <= u < c_k (clamped to the last child of positive mass, so a rounding
 overshoot never enters an empty child) and goes on with u - c_{k-1}; it returns the leaf reached and
 its mass m (what P(i) = m / total needs without a second read of the leaves). The kernel gives each
 program a block of targets of one tree and walks all levels in registers: one launch, where XLA runs
@@ -269,6 +269,8 @@ def _pick_child(masses, prefix, u, k, n_valid):
 def _descend(level_ptr, tree, node, u, N_LEVEL: tl.constexpr, N_PARENT: tl.constexpr):
     """One level down: the children of `node` (one contiguous group of F) and the child `u` falls in."""
     F: tl.constexpr = N_LEVEL // N_PARENT
+    if F == 1:  # the only child: u unchanged (no scan over a one-wide axis)
+        return node, u, tl.load(level_ptr + tree * N_LEVEL + node)
     k = tl.arange(0, F)
     masses = tl.load(level_ptr + tree * N_LEVEL + node[:, None] * F + k[None, :])
     child, u, mass = _pick_child(masses, tl.cumsum(masses, axis=1), u, k, F)
@@ -281,9 +283,9 @@ def _sumtree_find_kernel(
     DEPTH: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, N3: tl.constexpr, N4: tl.constexpr,
     N5: tl.constexpr, N6: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Program (block, tree): its targets' descent from the root's children to the leaves."""
-    tree = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    """Program (tree, block): its targets' descent from the root's children to the leaves."""
+    tree = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_batch = b < B
     u = tl.load(target_ptr + tree * B + b, mask=in_batch, other=0.0)
     k = tl.arange(0, TOP)
@@ -319,7 +321,7 @@ def _find_core(targets, *levels, lead, backend):
     leaves, masses = launch(
         _sumtree_find_kernel, targets.reshape(trees, b).astype(jnp.float32), b, *flat, *[unused] * (MAX_LEVELS - 1 - len(flat)),
         out_shape=[jax.ShapeDtypeStruct((trees, b), jnp.int32), jax.ShapeDtypeStruct((trees, b), jnp.float32)],
-        grid=(-(-b // block), trees), backend=backend, num_warps=NUM_WARPS,
+        grid=(trees, -(-b // block)), backend=backend, num_warps=NUM_WARPS,  # trees on axis 0: no 65,535 bound
         DEPTH=len(sizes) - 1, N1=padded_sizes[0], N2=padded_sizes[1], N3=padded_sizes[2], N4=padded_sizes[3],
         N5=padded_sizes[4], N6=padded_sizes[5], TOP=max(16, next_power_of_2(sizes[1])), BLOCK=block,
     )
@@ -340,6 +342,8 @@ def _check_tree(tree) -> None:
     shapes = [tuple(jnp.shape(level)) for level in tree]
     if any(len(s) != 1 for s in shapes) or shapes[0] != (1,):
         raise ValueError(f"tree levels must be 1-D with a root of shape (1,), got shapes {shapes}")
+    if any(s[0] == 0 for s in shapes):
+        raise ValueError(f"tree levels must not be empty, got sizes {[s[0] for s in shapes]}")
     for parent, child in zip(shapes[:-1], shapes[1:]):
         if child[0] % parent[0]:
             raise ValueError(f"each level's size must be a multiple of the one above, got sizes {[s[0] for s in shapes]}")
@@ -379,18 +383,24 @@ def sumtree_set_leaves(tree, indices, values, *, distinct: bool = False, backend
 
 
 def sumtree_find_leaves(tree, targets, *, backend: str | None = None):
-    """(leaves, masses): for each target mass u in [0, total) (`targets`, any shape), the leaf i with
+    """(leaves, masses): for each target mass u (`targets`, any shape, real numbers) the leaf i with
     cumsum_{<i} <= u < cumsum_{<=i} and its value, by descent from the root (module docstring);
-    int32 and float32 arrays of the targets' shape. A child of zero mass is never entered, so with a
-    positive total every leaf found has positive mass; with total 0 the last leaf is returned.
+    int32 and float32 arrays of the targets' shape.
+
+    A child of zero mass is never entered by a target in [0, total), so with a positive total every
+    leaf found has positive mass. A target at or past the total goes to the last leaf of positive
+    mass (the last leaf when the total is 0); a negative or NaN target goes to the first leaf,
+    whatever its mass (callers draw targets in [0, total]).
 
     tree: as `sumtree_set_leaves`. Works under jit and any nesting of vmap (one launch for all trees).
     """
     _check_tree(tree)
-    if not jnp.issubdtype(jnp.result_type(targets), jnp.floating):
-        raise ValueError(f"targets must be floats (masses in [0, total)), got {jnp.result_type(targets)}")
+    targets = jnp.asarray(targets)
+    if not (jnp.issubdtype(targets.dtype, jnp.floating) or jnp.issubdtype(targets.dtype, jnp.integer)):
+        raise ValueError(f"targets must be real numbers (masses in [0, total)), got dtype {targets.dtype}")
+    targets = targets.astype(jnp.float32)
+    levels = tuple(jnp.asarray(level, jnp.float32) for level in tree)
     name = resolve_backend(backend)
-    targets = jnp.asarray(targets, jnp.float32)
     if name == "reference":
-        return sumtree_find_leaves_reference(tuple(tree), targets)
-    return _find_op(name)(targets, *(jnp.asarray(level, jnp.float32) for level in tree))
+        return sumtree_find_leaves_reference(levels, targets)
+    return _find_op(name)(targets, *levels)

@@ -40,9 +40,9 @@ sum exceeds the target and subtracts the mass before it; 4 levels at capacity 10
 binary tree's 17 (`kernels.sumtree_find_leaves`). An update writes the new leaves, then sets each
 ancestor on their paths to the sum of its children, level by level (`kernels.sumtree_set_leaves`).
 On the GPU each of the two is one kernel launch; the plain-JAX path (the CPU's) runs one gather and
-one scatter (or running sums and a select) per level. Float32 drift guard: an update never adds a delta to an internal node, so every internal
-node always equals the float32 sum of its current children, whatever the number of updates; errors
-cannot accumulate (tests check this over more than a million updates). Duplicate indices in one
+one scatter (or running sums and a select) per level. Float32 drift guard: an update never adds a
+delta to an internal node, so every internal node always equals the float32 sum of its current
+children, whatever the number of updates; errors cannot accumulate (tests check this over more than a million updates). Duplicate indices in one
 batched update are resolved deterministically: the LAST occurrence in the batch wins (the batch is
 sorted by index first and the others are dropped before the scatter).
 
@@ -290,11 +290,6 @@ def sumtree_layout(capacity: int) -> tuple[int, ...]:
     return (1,) + tuple(top * FANOUT**d for d in range(m + 1))
 
 
-def _fanouts(tree) -> list[int]:
-    """Children per node of each level above the leaves (from the static level sizes)."""
-    return [child.shape[-1] // parent.shape[-1] for parent, child in zip(tree[:-1], tree[1:])]
-
-
 def sumtree_init(capacity: int) -> tuple[jax.Array, ...]:
     """An all-zero sum-tree with at least `capacity` leaves (`sumtree_layout`)."""
     return tuple(jnp.zeros((n,), jnp.float32) for n in sumtree_layout(capacity))
@@ -358,7 +353,8 @@ def sumtree_find(tree, targets, *, backend: str | None = None) -> jax.Array:
     Descends from the root one level at a time: among the node's children (one contiguous group),
     take the first whose running sum exceeds u and subtract the mass before it. A child of zero mass
     is never entered (a rounding overshoot goes to the last non-empty sibling), so with a positive
-    total the leaf found always has positive mass.
+    total the leaf found for u in [0, total] always has positive mass (`kernels.sumtree_find_leaves`
+    says what a target outside that range gives).
     """
     return sumtree_find_with_mass(tree, targets, backend=backend)[0]
 

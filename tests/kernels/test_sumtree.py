@@ -194,19 +194,62 @@ def test_descent_under_nested_vmap_and_jit_equals_a_loop(kernel_backend):
     targets = jnp.asarray(rng.random((2, 3, 70)), jnp.float32) * stacked[0][..., :1]
     f = lambda t, u: sumtree_find_leaves(t, u, backend=kernel_backend)
     found, mass = jax.jit(jax.vmap(jax.vmap(f)))(stacked, targets)
-    shared, _ = jax.jit(jax.vmap(lambda u: f(trees[0], u)))(targets[0])  # an unbatched tree
+    shared = jax.jit(jax.vmap(lambda u: f(trees[0], u)))(targets[0])  # an unbatched tree
     for a in range(2):
         for b in range(3):
             want, want_mass = sumtree_find_leaves_reference(trees[3 * a + b], targets[a, b])
             np.testing.assert_array_equal(np.asarray(found[a, b]), np.asarray(want))
             np.testing.assert_array_equal(np.asarray(mass[a, b]), np.asarray(want_mass))
     for b in range(3):
-        np.testing.assert_array_equal(np.asarray(shared[b]), np.asarray(sumtree_find_leaves_reference(trees[0], targets[0, b])[0]))
+        want, want_mass = sumtree_find_leaves_reference(trees[0], targets[0, b])
+        np.testing.assert_array_equal(np.asarray(shared[0][b]), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(shared[1][b]), np.asarray(want_mass))
+
+
+@pytest.mark.parametrize("sizes", [(1, 5, 20, 20), (1, 5, 5, 80), (1, 7, 7, 28, 28), (1, 1, 16), (1, 3, 3, 3, 3)])
+def test_descent_through_levels_of_one_child(backend, sizes):
+    """Fan-out 1 (a level as wide as the one above), alone or between wider ones; integer masses."""
+    rng = np.random.default_rng(6)
+    leaves = rng.integers(0, 5, sizes[-1]).astype(np.float64)
+    levels = [jnp.asarray(level, jnp.float32) for level in numpy_tree(leaves, sizes)]
+    total = leaves.sum()
+    targets = np.minimum(np.concatenate([rng.random(200) * total, [0.0, total]]), total).astype(np.float32)
+    found, mass = sumtree_find_leaves(tuple(levels), jnp.asarray(targets), backend=backend)
+    want = numpy_find(leaves, targets)
+    np.testing.assert_array_equal(np.asarray(found), want)
+    np.testing.assert_array_equal(np.asarray(mass, np.float64), leaves[want])
+
+
+def test_descent_takes_lists_and_integer_targets_and_returns_float32():
+    tree = sumtree_from_leaves(jnp.arange(1.0, 301.0))
+    found, mass = sumtree_find_leaves(tree, [0.5, 2.5], backend="reference")
+    assert found.tolist() == [0, 1] and mass.dtype == jnp.float32
+    found, _ = sumtree_find_leaves(tree, jnp.array([1, 3]), backend="reference")
+    assert found.tolist() == [1, 2]
+    half = tuple(level.astype(jnp.bfloat16) for level in sumtree_from_leaves(jnp.ones((4,))))
+    assert sumtree_find_leaves(half, jnp.array([1.5]), backend="reference")[1].dtype == jnp.float32
 
 
 def test_descent_bad_inputs_name_the_problem():
     tree = sumtree_from_leaves(jnp.ones((300,), jnp.float32))
-    with pytest.raises(ValueError, match="floats"):
-        sumtree_find_leaves(tree, jnp.zeros((4,), jnp.int32), backend="reference")
+    with pytest.raises(ValueError, match="real numbers"):
+        sumtree_find_leaves(tree, jnp.zeros((4,), jnp.complex64), backend="reference")
     with pytest.raises(ValueError, match="root of shape"):
         sumtree_find_leaves((tree[1], tree[2]), jnp.zeros((4,)), backend="reference")
+    with pytest.raises(ValueError, match="must not be empty"):
+        sumtree_find_leaves((jnp.zeros((1,)), jnp.zeros((0,))), jnp.zeros((4,)), backend="reference")
+    with pytest.raises(ValueError, match="must not be empty"):
+        sumtree_set_leaves((jnp.zeros((1,)), jnp.zeros((4,)), jnp.zeros((0,))), jnp.zeros((1,), jnp.int32), jnp.ones((1,)), backend="reference")
+
+
+def test_descent_over_more_trees_than_one_grid_axis_holds(kernel_backend):
+    """70,000 vmapped trees: more than a CUDA grid's y or z axis takes (65,535), so trees go on x."""
+    if kernel_backend != "triton":
+        pytest.skip("70,000 programs: a GPU check (the interpreter runs programs one at a time)")
+    leaves = jnp.asarray(np.random.default_rng(7).integers(0, 5, (70_000, 16)), jnp.float32)
+    trees = jax.vmap(sumtree_from_leaves)(leaves)
+    targets = jnp.full((70_000, 2), 0.5) * trees[0]
+    found, mass = jax.jit(jax.vmap(lambda t, u: sumtree_find_leaves(t, u, backend=kernel_backend)))(trees, targets)
+    want, want_mass = jax.vmap(sumtree_find_leaves_reference)(trees, targets)
+    np.testing.assert_array_equal(np.asarray(found), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(mass), np.asarray(want_mass))
