@@ -56,6 +56,7 @@ BLOCK_B = 128  # batch entries per inner step
 DUP_BLOCK = 16  # later entries compared per step when looking for duplicates
 NUM_WARPS = 4
 FIND_BLOCK = 64  # targets per program of the descent
+MAX_GRID_Y = 65535  # CUDA's bound on a grid's second axis (the descent's target blocks)
 
 
 # ---------------------------------------------------------------- reference
@@ -314,10 +315,12 @@ def _find_core(targets, *levels, lead, backend):
     sizes = [level.shape[-1] for level in levels]
     if b == 0:
         return jnp.zeros(targets.shape, jnp.int32), jnp.zeros(targets.shape, jnp.float32)
+    block = min(FIND_BLOCK, max(16, next_power_of_2(b)))
+    if -(-b // block) > MAX_GRID_Y:
+        raise ValueError(f"sumtree_find_leaves: {b} targets per tree, more than the kernel's {MAX_GRID_Y * FIND_BLOCK}")
     flat = [level.reshape(trees, n) for level, n in zip(levels[1:], sizes[1:])]
     unused = jnp.zeros((1,), jnp.float32)
     padded_sizes = sizes[1:] + [1] * (MAX_LEVELS - len(sizes))
-    block = min(FIND_BLOCK, max(16, next_power_of_2(b)))
     leaves, masses = launch(
         _sumtree_find_kernel, targets.reshape(trees, b).astype(jnp.float32), b, *flat, *[unused] * (MAX_LEVELS - 1 - len(flat)),
         out_shape=[jax.ShapeDtypeStruct((trees, b), jnp.int32), jax.ShapeDtypeStruct((trees, b), jnp.float32)],

@@ -253,3 +253,10 @@ def test_descent_over_more_trees_than_one_grid_axis_holds(kernel_backend):
     want, want_mass = jax.vmap(sumtree_find_leaves_reference)(trees, targets)
     np.testing.assert_array_equal(np.asarray(found), np.asarray(want))
     np.testing.assert_array_equal(np.asarray(mass), np.asarray(want_mass))
+
+
+def test_descent_refuses_more_targets_per_tree_than_its_grid_takes(kernel_backend):
+    tree = sumtree_from_leaves(jnp.ones((300,), jnp.float32))
+    too_many = jax.ShapeDtypeStruct((65535 * 64 + 1,), jnp.float32)  # traced only: nothing is allocated
+    with pytest.raises(ValueError, match="targets per tree"):
+        jax.eval_shape(lambda u: sumtree_find_leaves(tree, u, backend=kernel_backend), too_many)
