@@ -42,9 +42,10 @@ ancestor on their paths to the sum of its children, level by level (`kernels.sum
 On the GPU each of the two is one kernel launch; the plain-JAX path (the CPU's) runs one gather and
 one scatter (or running sums and a select) per level. Float32 drift guard: an update never adds a
 delta to an internal node, so every internal node always equals the float32 sum of its current
-children, whatever the number of updates; errors cannot accumulate (tests check this over more than a million updates). Duplicate indices in one
-batched update are resolved deterministically: the LAST occurrence in the batch wins (the batch is
-sorted by index first and the others are dropped before the scatter).
+children, whatever the number of updates; errors cannot accumulate (tests check this over more than
+a million updates). Duplicate indices in one batched update are resolved deterministically: the LAST
+occurrence in the batch wins (the batch is sorted by index first and the others are dropped before
+the scatter).
 
 Cost note (XLA:CPU, measured on the 2-core VM): the binary tree this replaced cost about 1 ms per
 sample + update at capacity 100,000 inside the training scan. Its 17-level descent was a chain of
