@@ -140,6 +140,22 @@ def test_gradients_match_reference(backend):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_gradients_under_tilings(kernel_backend, config):
+    """The backward pass (the adjoint scan, forward in time) on each tiling, against the reference's."""
+    rng = np.random.default_rng(7)
+    rewards, discounts, bootstrap = random_inputs(rng, (11, 6))
+    weights = rng.normal(size=(11, 6)).astype(np.float32)
+
+    def loss(fn):
+        return lambda r, d, b: jnp.sum(weights * fn(r, d, b) ** 2)
+
+    ours = jax.grad(loss(lambda *a: discounted_returns(*a, backend=kernel_backend, config=config)), argnums=(0, 1, 2))
+    ref = jax.grad(loss(discounted_returns_reference), argnums=(0, 1, 2))
+    for got, want in zip(ours(rewards, discounts, bootstrap), ref(rewards, discounts, bootstrap)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_gradients_under_vmap(backend):
     rng = np.random.default_rng(6)
     rewards = rng.normal(size=(2, 9, 3)).astype(np.float32)
