@@ -3,6 +3,7 @@
 Usage (GPU machine):
     python benchmarks/kernels.py                       # every registered op and shape
     python benchmarks/kernels.py --ops gae --json out.json
+    python benchmarks/kernels.py --ops policy_head --kernel-backend auto --paired   # interleaved A/B
     python benchmarks/kernels.py --sweep all --sweep-ops both   # time scan tilings (ScanConfig) per shape
     python benchmarks/kernels.py --sweep loop --sweep-configs "loop:128,8,4,3;chain:64,32,4,3"  # chosen tilings
 Smoke test on a CPU (tiny shapes, the interpreter standing in for the GPU):
@@ -14,8 +15,10 @@ cache does not flatter small shapes: together they span several times the L2 siz
 timing the device runs matrix products for ``--warmup`` seconds (clocks up from idle); each
 measurement runs its program for 0.2 s first, then takes ``--runs`` samples, each dispatching the
 program back to back for about 2 ms and syncing once (host dispatch overlaps device work); the
-median sample is divided by ``reps`` (see ``time_per_call``). Bandwidth = the op's minimal traffic (every input read once, every output
-written once) / time; "copy" is the bandwidth of ``x + 1`` over a large float32 array (read +
+median sample is divided by ``reps`` (see ``time_per_call``). With ``--paired`` the reference's
+and the op's samples alternate, and the speed ratio is the median over adjacent pairs
+(``time_paired``): use it where the two sides are close and the machine drifts. Bandwidth = the
+op's minimal traffic (every input read once, every output written once) / time; "copy" is the bandwidth of ``x + 1`` over a large float32 array (read +
 write), measured in the same run.
 
 Adding an op: write a function ``my_cases(args) -> list[Case]`` and add it to ``CASE_BUILDERS``
@@ -41,7 +44,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 L2_BYTES = 50 * 2**20  # H100/H200 L2: 50 MiB
 
@@ -87,15 +89,9 @@ WARM_SECONDS = 0.2  # each measurement first runs its program for this long (clo
 GROUP_SECONDS = 2e-3  # a timed sample dispatches programs back to back for about this long
 
 
-def time_per_call(fn: Callable[..., Any], input_sets: list[tuple], runs: int) -> float:
-    """Median seconds per op call.
-
-    ``fn`` runs on every input set in one jitted program (``len(input_sets)`` calls per
-    program). After compiling, the program runs for ``WARM_SECONDS``; then each of ``runs``
-    samples dispatches the program ``calls`` times back to back (no host sync in between, so the
-    host's dispatch overlaps the device's work) and blocks once: sample = elapsed / (calls *
-    sets). ``calls`` is chosen so a sample lasts about ``GROUP_SECONDS``.
-    """
+def _prepared(fn: Callable[..., Any], input_sets: list[tuple]):
+    """``(program, calls)``: ``fn`` jitted over every input set in one program, compiled and run for
+    ``WARM_SECONDS``, and the number of back-to-back calls that make a sample of ``GROUP_SECONDS``."""
     many = jax.jit(lambda sets: [fn(*s) for s in sets])
     jax.block_until_ready(many(input_sets))  # compile
     count, start = 0, time.perf_counter()
@@ -107,16 +103,49 @@ def time_per_call(fn: Callable[..., Any], input_sets: list[tuple], runs: int) ->
             if time.perf_counter() - start >= WARM_SECONDS:
                 break
     per_program = (time.perf_counter() - start) / count
-    calls = int(max(1, min(200, round(GROUP_SECONDS / max(per_program, 1e-7)))))
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = many(input_sets)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - start) / calls)
-    time_per_call.last_min = min(times) / len(input_sets)  # also reported: the least disturbed sample
-    return statistics.median(times) / len(input_sets)
+    return many, int(max(1, min(200, round(GROUP_SECONDS / max(per_program, 1e-7)))))
+
+
+def _sample(many, input_sets: list[tuple], calls: int) -> float:
+    """Seconds per op call: ``calls`` programs dispatched back to back, one sync at the end."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = many(input_sets)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls / len(input_sets)
+
+
+def time_per_call(fn: Callable[..., Any], input_sets: list[tuple], runs: int) -> float:
+    """Median seconds per op call.
+
+    ``fn`` runs on every input set in one jitted program (``len(input_sets)`` calls per
+    program). After compiling, the program runs for ``WARM_SECONDS``; then each of ``runs``
+    samples dispatches the program ``calls`` times back to back (no host sync in between, so the
+    host's dispatch overlaps the device's work) and blocks once: sample = elapsed / (calls *
+    sets). ``calls`` is chosen so a sample lasts about ``GROUP_SECONDS``.
+    """
+    many, calls = _prepared(fn, input_sets)
+    times = [_sample(many, input_sets, calls) for _ in range(runs)]
+    time_per_call.last_min = min(times)  # also reported: the least disturbed sample
+    return statistics.median(times)
+
+
+def time_paired(fn_a: Callable[..., Any], fn_b: Callable[..., Any], input_sets: list[tuple], runs: int):
+    """``(median a, median b, median of a / b over adjacent pairs)``, seconds per op call.
+
+    As :func:`time_per_call`, but the two programs' samples alternate (a b, b a, a b, ...), and
+    each pair's ratio is taken between samples a few milliseconds apart, so a drift of the
+    device's clocks or of the host's load during the run reaches both sides of every ratio.
+    """
+    prepared = [_prepared(fn_a, input_sets), _prepared(fn_b, input_sets)]
+    times_a, times_b, ratios = [], [], []
+    for i in range(runs):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        pair = {k: _sample(prepared[k][0], input_sets, prepared[k][1]) for k in order}
+        times_a.append(pair[0])
+        times_b.append(pair[1])
+        ratios.append(pair[0] / pair[1])
+    return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
 
 
 def copy_bandwidth(runs: int, n_floats: int) -> float:
@@ -351,10 +380,14 @@ def run_case(case: Case, args, copy_bw: float) -> dict:
     error = max(max_abs_diff(triton_fn(*s), want if s is first else jax.jit(case.reference)(*s))
                 for s in ([first] * args.checks + sets[1:args.checks]))
     row = {"op": case.op, "shape": case.shape, "reps": reps, "max_abs_err": error}
-    row["reference_us"] = 1e6 * time_per_call(case.reference, sets, args.runs)
-    row["triton_us"] = 1e6 * time_per_call(case.triton, sets, args.runs)
-    row["triton_min_us"] = 1e6 * time_per_call.last_min
-    row["speedup"] = row["reference_us"] / row["triton_us"]
+    if args.paired:
+        ref_s, triton_s, ratio = time_paired(case.reference, case.triton, sets, args.runs)
+        row["reference_us"], row["triton_us"], row["speedup"] = 1e6 * ref_s, 1e6 * triton_s, ratio
+    else:
+        row["reference_us"] = 1e6 * time_per_call(case.reference, sets, args.runs)
+        row["triton_us"] = 1e6 * time_per_call(case.triton, sets, args.runs)
+        row["triton_min_us"] = 1e6 * time_per_call.last_min
+        row["speedup"] = row["reference_us"] / row["triton_us"]
     row["triton_GBps"] = case.bytes_moved / row["triton_us"] / 1e3
     row["frac_copy_bw"] = row["triton_GBps"] * 1e9 / copy_bw
     for name, fn in case.extra.items():
@@ -441,6 +474,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep-ops", default="gae", choices=["gae", "both"], help="ops the sweep times")
     parser.add_argument("--sweep-shapes", default="", help="e.g. 1024x4096,128x4096 (default: all)")
     parser.add_argument("--sweep-configs", default="", help='tilings to sweep instead of the built-in lists, e.g. "loop:128,8,4,3;chain:64,32,4,3" (chunk_t, block_n, num_warps, num_stages)')
+    parser.add_argument("--paired", action="store_true", help="alternate the reference's and the op's samples; the ratio is the median of adjacent pairs' ratios")
     parser.add_argument("--checks", type=int, default=1, help="repeat the correctness check (races)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of device work before any timing")
     parser.add_argument("--json", help="write the rows and versions to this path")
@@ -467,12 +501,13 @@ def main(argv=None) -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         print()
-        print(f"| op | shape | reference us | triton us (min) | ratio | GB/s | of copy ({copy_bw / 1e9:.0f} GB/s) | other baselines | max err |")
+        print(f"| op | shape | reference us | triton us (min) | {'paired ratio' if args.paired else 'ratio'} | GB/s | of copy ({copy_bw / 1e9:.0f} GB/s) | other baselines | max err |")
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             extras = ", ".join(f"{k[:-3]} {v:.0f} us" for k, v in r.items() if k.endswith("_us") and k not in ("reference_us", "triton_us", "triton_min_us"))
             flag = " WRONG" if r.get("WRONG") else ""
-            print(f"| {r['op']} | {r['shape']} | {r['reference_us']:.1f} | {r['triton_us']:.1f} ({r.get('triton_min_us', float('nan')):.1f}) | {r['speedup']:.1f}x | "
+            fastest = f" ({r['triton_min_us']:.1f})" if "triton_min_us" in r else ""
+            print(f"| {r['op']} | {r['shape']} | {r['reference_us']:.1f} | {r['triton_us']:.1f}{fastest} | {r['speedup']:.1f}x | "
                   f"{r['triton_GBps']:.0f} | {100 * r['frac_copy_bw']:.0f}% | {extras} | {r['max_abs_err']:.1e}{flag} |")
     if args.json:
         with open(args.json, "w") as f:
