@@ -18,8 +18,11 @@ program back to back for about 2 ms and syncing once (host dispatch overlaps dev
 median sample is divided by ``reps`` (see ``time_per_call``). With ``--paired`` the reference's
 and the op's samples alternate, and the speed ratio is the median over adjacent pairs
 (``time_paired``): use it where the two sides are close and the machine drifts. Bandwidth = the
-op's minimal traffic (every input read once, every output written once) / time; "copy" is the bandwidth of ``x + 1`` over a large float32 array (read +
-write), measured in the same run.
+op's minimal traffic (every input read once, every output written once) / time; "copy" is the
+bandwidth of ``x + 1`` over a large float32 array (read + write), measured in the same run.
+At 20-60 us a call, ratios also differ from process to process by about +-15% (each process
+compiles and places its buffers anew; benchmarks/RESULTS.md, sixteenth session): a claim near
+parity needs several processes.
 
 Adding an op: write a function ``my_cases(args) -> list[Case]`` and add it to ``CASE_BUILDERS``
 (key = the op name used by ``--ops``). A Case carries the shape label, an input factory, the
