@@ -21,9 +21,9 @@ place (input-output aliases). Duplicates are found by comparing each index with 
 
 `sumtree_find_leaves(tree, targets)` descends from the root for each target mass u in [0, total):
 at each level, among the node's children m_0..m_{F-1} with running sums c_k = m_0 + ... + m_k
-(c_{-1} = 0), it takes the child k with c_{k-1} <= u < c_k (clamped to the last child of positive mass, so a rounding
-overshoot never enters an empty child) and goes on with u - c_{k-1}; it returns the leaf reached and
-its mass m (what P(i) = m / total needs without a second read of the leaves). The kernel gives each
+(c_{-1} = 0), it takes the child k with c_{k-1} <= u < c_k (clamped to the last child of positive
+mass, so a rounding overshoot never enters an empty child) and goes on with u - c_{k-1}; it returns
+the leaf reached and its mass m (what P(i) = m / total needs without a second read of the leaves). The kernel gives each
 program a block of targets of one tree and walks all levels in registers: one launch, where XLA runs
 a gather, a prefix sum and a compare-and-select per level.
 
