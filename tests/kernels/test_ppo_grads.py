@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels.ppo_grads as ppo_grads
+from benchmarks import kernel_resources
 from kernels import ppo_actor_critic_grads
 
 
@@ -165,27 +166,13 @@ def test_shared_memory_estimate_is_triton_s_request_on_an_h100():
         assert ppo_grads.too_big_for_shared_memory(*ran) is None
 
 
-def _sm90_shared_memory_request(kernel, constexprs: dict, int_args: tuple) -> int:
-    """Bytes of shared memory Triton's compiler asks for when it builds `kernel` for an H100 (sm_90)
-    with the launch's warps and jax-triton's default 3 stages: an ahead-of-time compile with
-    Triton's own ptxas, which needs no GPU."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    def arg_type(name):
-        if name in constexprs:
-            return "constexpr"
-        if name == "inv_m":
-            return "fp32"
-        if name in int_args:
-            return "i32"
-        return "*i32" if name == "action_ptr" else "*fp32"
-
-    signature = {name: arg_type(name) for name in kernel.arg_names}
-    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=ppo_grads.NUM_WARPS, num_stages=3))
-    return compiled.metadata.shared
+def test_programs_per_sm_by_each_limit():
+    """Hand-computed sm_90 occupancy: 255 registers round to 256, 4 warps x 32 threads x 256 = 32,768 of
+    65,536; 70,400 + 1,024 reserved bytes of shared memory go 3 times into 233,472."""
+    assert kernel_resources.programs_per_sm(255, 70_400, 4) == {"registers": 2, "shared": 3, "warps": 16, "programs": 32, "fit": 2}
+    assert kernel_resources.programs_per_sm(128, 50_000, 4)["fit"] == 4
+    assert kernel_resources.programs_per_sm(201, 10_000, 8)["registers"] == 1  # 208 x 256 threads = 53,248
+    assert kernel_resources.programs_per_sm(32, 1_000, 1)["fit"] == 32
 
 
 # the sizes nearest the limit on either side; (16, 128 x 128, 32) is one the formula under-counts
@@ -193,15 +180,12 @@ def _sm90_shared_memory_request(kernel, constexprs: dict, int_args: tuple) -> in
 @pytest.mark.parametrize("obs_dim, hidden, actions", [(32, (128, 128), 32), (16, (128, 128), 32), (64, (128, 128), 16)])
 def test_fit_decision_is_triton_s_for_an_h100(obs_dim, hidden, actions):
     """`too_big_for_shared_memory` says a size fits exactly when the larger of the two kernels, as
-    Triton compiles them for sm_90, asks for no more than SHARED_MEMORY_BYTES."""
-    pad = ppo_grads._padded
-    common = dict(DP=pad(obs_dim), H1P=pad(hidden[0]), H2P=pad(hidden[1]), BLOCK=ppo_grads.BLOCK_M, RELU=False, PRECISION="tf32")
-    actor = _sm90_shared_memory_request(ppo_grads._actor_grads_kernel, {**common, "AP": pad(actions)},
-                                        ("M", "ROWS", "S", "D", "H1", "H2", "A"))
-    critic = _sm90_shared_memory_request(ppo_grads._critic_grads_kernel, {**common, "OP": 16, "CLIP_VALUE": True},
-                                         ("M", "ROWS", "S", "D", "H1", "H2"))
-    fits = max(actor, critic) <= ppo_grads.SHARED_MEMORY_BYTES
-    assert (ppo_grads.too_big_for_shared_memory(obs_dim, hidden, actions) is None) == fits, (actor, critic)
+    Triton compiles them for sm_90 (ahead of time, no GPU: benchmarks/kernel_resources.py), asks for
+    no more than SHARED_MEMORY_BYTES."""
+    pytest.importorskip("triton")
+    requests = [compiled.metadata.shared for compiled in kernel_resources.compile_both((obs_dim, hidden, actions)).values()]
+    fits = max(requests) <= ppo_grads.SHARED_MEMORY_BYTES
+    assert (ppo_grads.too_big_for_shared_memory(obs_dim, hidden, actions) is None) == fits, requests
 
 
 def test_the_largest_networks_that_fit_run(backend):
