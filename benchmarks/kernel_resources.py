@@ -64,6 +64,9 @@ def compile_sm90(kernel, constexprs: dict, int_args: tuple, warps: int, stages: 
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
+OFFSETS = ("off_w1", "off_b1", "off_w2", "off_b2", "off_w3", "off_b3")  # where each array sits in the flat parameter vector
+
+
 def compile_both(sizes: tuple, warps: int = ppo_grads.NUM_WARPS, block: int = ppo_grads.BLOCK_M, stages: int = 3,
                  precision: str = "tf32", activation: str = "tanh") -> dict:
     """{"actor": compiled, "critic": compiled} for sizes (obs_dim, (hidden1, hidden2), actions), padded
@@ -73,9 +76,9 @@ def compile_both(sizes: tuple, warps: int = ppo_grads.NUM_WARPS, block: int = pp
     common = dict(DP=pad(obs_dim), H1P=pad(h1), H2P=pad(h2), BLOCK=block, RELU=activation == "relu", PRECISION=precision)
     return {
         "actor": compile_sm90(ppo_grads._actor_grads_kernel, {**common, "AP": pad(actions)},
-                              ("M", "ROWS", "S", "D", "H1", "H2", "A"), warps, stages),
+                              ("M", "ROWS", "S", "P", "D", "H1", "H2", "A", *OFFSETS), warps, stages),
         "critic": compile_sm90(ppo_grads._critic_grads_kernel, {**common, "OP": 16, "CLIP_VALUE": True},
-                               ("M", "ROWS", "S", "D", "H1", "H2"), warps, stages),
+                               ("M", "ROWS", "S", "P", "D", "H1", "H2", *OFFSETS), warps, stages),
     }
 
 

@@ -23,7 +23,7 @@ from kernels.q_lambda import q_lambda_returns
 from kernels.softmax import softmax
 from kernels.policy_head import categorical_log_prob_entropy
 from kernels.projection import categorical_projection
-from kernels.ppo_grads import ppo_actor_critic_grads, ppo_objective
+from kernels.ppo_grads import ppo_actor_critic_grads, ppo_actor_critic_grads_flat, ppo_objective
 from kernels.sumtree import sumtree_find_leaves, sumtree_set_leaves
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "categorical_log_prob_entropy",
     "categorical_projection",
     "ppo_actor_critic_grads",
+    "ppo_actor_critic_grads_flat",
     "ppo_objective",
     "sumtree_set_leaves",
     "sumtree_find_leaves",

@@ -32,7 +32,10 @@ matrix per seed, and XLA runs the minibatch step as ~60 kernels that each stream
 activations through memory. Here one program per (seed, row chunk) keeps the activations on chip:
 it reads the rows and the weights once and writes the gradients once. The actor and the critic are
 two launches; a minibatch larger than one program's share is split into row chunks whose partial
-gradients are summed afterwards.
+gradients are summed afterwards. The kernels read the weights from one flat parameter vector and
+write the gradient into one, at offsets a `FlatLayout` gives (`ppo_actor_critic_grads_flat`), along
+with each program's sum of squared gradients: an optimiser on the flat vector then needs no slicing,
+no concatenation and no norm pass over the gradient (benchmarks/RESULTS.md, eighteenth session).
 
 Backends: "reference" is `jax.value_and_grad` of the same loss in plain JAX; "triton" and
 "interpret" run the kernels. `dot_precision="tf32"` (default: what XLA does by default for float32
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +56,8 @@ import numpy as np
 from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, chosen_automatically, fold_vmap, launch, next_power_of_2, resolve_backend
 
-__all__ = ["ppo_actor_critic_grads", "ppo_actor_critic_grads_reference", "ppo_objective", "clipped_surrogate_loss", "clipped_value_loss", "LIMITS"]
+__all__ = ["ppo_actor_critic_grads", "ppo_actor_critic_grads_flat", "FlatLayout", "concatenated_layout", "flatten", "unflatten",
+           "ppo_actor_critic_grads_reference", "ppo_objective", "clipped_surrogate_loss", "clipped_value_loss", "LIMITS"]
 
 ACTIVATIONS = ("tanh", "relu")
 PRECISIONS = ("tf32", "ieee")
@@ -74,32 +79,30 @@ AUX_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction
 
 
 @triton.jit
-def _load_matrix(ptr, b, R, C, RP: tl.constexpr, CP: tl.constexpr):
-    """Batch entry b of a [B, R, C] array, zero-padded to [RP, CP]."""
+def _load_matrix(ptr, R, C, RP: tl.constexpr, CP: tl.constexpr):
+    """The row-major [R, C] matrix at ptr, zero-padded to [RP, CP]."""
     r = tl.arange(0, RP)
     c = tl.arange(0, CP)
-    mask = (r[:, None] < R) & (c[None, :] < C)
-    return tl.load(ptr + b.to(tl.int64) * R * C + r[:, None] * C + c[None, :], mask=mask, other=0.0)
+    return tl.load(ptr + r[:, None] * C + c[None, :], mask=(r[:, None] < R) & (c[None, :] < C), other=0.0)
 
 
 @triton.jit
-def _load_vector(ptr, b, C, CP: tl.constexpr):
+def _load_vector(ptr, C, CP: tl.constexpr):
     c = tl.arange(0, CP)
-    return tl.load(ptr + b.to(tl.int64) * C + c, mask=c < C, other=0.0)
+    return tl.load(ptr + c, mask=c < C, other=0.0)
 
 
 @triton.jit
-def _store_matrix(ptr, i, R, C, value, RP: tl.constexpr, CP: tl.constexpr):
+def _store_matrix(ptr, R, C, value, RP: tl.constexpr, CP: tl.constexpr):
     r = tl.arange(0, RP)
     c = tl.arange(0, CP)
-    mask = (r[:, None] < R) & (c[None, :] < C)
-    tl.store(ptr + i.to(tl.int64) * R * C + r[:, None] * C + c[None, :], value, mask=mask)
+    tl.store(ptr + r[:, None] * C + c[None, :], value, mask=(r[:, None] < R) & (c[None, :] < C))
 
 
 @triton.jit
-def _store_vector(ptr, i, C, value, CP: tl.constexpr):
+def _store_vector(ptr, C, value, CP: tl.constexpr):
     c = tl.arange(0, CP)
-    tl.store(ptr + i.to(tl.int64) * C + c, value, mask=c < C)
+    tl.store(ptr + c, value, mask=c < C)
 
 
 @triton.jit
@@ -145,15 +148,31 @@ def _backprop(x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU
 
 
 @triton.jit
-def _store_grads(i, D, H1, H2, O, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3,
-                 g_w1_ptr, g_b1_ptr, g_w2_ptr, g_b2_ptr, g_w3_ptr, g_b3_ptr,
+def _load_mlp(ptr, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, O,
+              DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, OP: tl.constexpr):
+    """The six arrays of one MLP from a flat parameter vector at ptr, each at its offset, zero-padded."""
+    w1 = _load_matrix(ptr + off_w1, D, H1, DP, H1P)
+    b1 = _load_vector(ptr + off_b1, H1, H1P)
+    w2 = _load_matrix(ptr + off_w2, H1, H2, H1P, H2P)
+    b2 = _load_vector(ptr + off_b2, H2, H2P)
+    w3 = _load_matrix(ptr + off_w3, H2, O, H2P, OP)
+    b3 = _load_vector(ptr + off_b3, O, OP)
+    return w1, b1, w2, b2, w3, b3
+
+
+@triton.jit
+def _store_grads(ptr, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, O, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3,
                  DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, OP: tl.constexpr):
-    _store_matrix(g_w1_ptr, i, D, H1, g_w1, DP, H1P)
-    _store_vector(g_b1_ptr, i, H1, g_b1, H1P)
-    _store_matrix(g_w2_ptr, i, H1, H2, g_w2, H1P, H2P)
-    _store_vector(g_b2_ptr, i, H2, g_b2, H2P)
-    _store_matrix(g_w3_ptr, i, H2, O, g_w3, H2P, OP)
-    _store_vector(g_b3_ptr, i, O, g_b3, OP)
+    """Writes the six gradients into a flat vector at ptr, each at its array's offset; returns their
+    sum of squares (the padding is zero, so the padded tiles sum exactly)."""
+    _store_matrix(ptr + off_w1, D, H1, g_w1, DP, H1P)
+    _store_vector(ptr + off_b1, H1, g_b1, H1P)
+    _store_matrix(ptr + off_w2, H1, H2, g_w2, H1P, H2P)
+    _store_vector(ptr + off_b2, H2, g_b2, H2P)
+    _store_matrix(ptr + off_w3, H2, O, g_w3, H2P, OP)
+    _store_vector(ptr + off_b3, O, g_b3, OP)
+    return (tl.sum(tl.sum(g_w1 * g_w1, axis=1), axis=0) + tl.sum(g_b1 * g_b1, axis=0) + tl.sum(tl.sum(g_w2 * g_w2, axis=1), axis=0)
+            + tl.sum(g_b2 * g_b2, axis=0) + tl.sum(tl.sum(g_w3 * g_w3, axis=1), axis=0) + tl.sum(g_b3 * g_b3, axis=0))
 
 
 # ---------------------------------------------------------------- the two kernels
@@ -161,23 +180,20 @@ def _store_grads(i, D, H1, H2, O, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3,
 
 @triton.jit
 def _actor_grads_kernel(
-    obs_ptr, action_ptr, old_log_prob_ptr, advantage_ptr,
-    w1_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr, clip_ptr, ent_coef_ptr,
-    M, inv_m, ROWS, S, D, H1, H2, A,
-    g_w1_ptr, g_b1_ptr, g_w2_ptr, g_b2_ptr, g_w3_ptr, g_b3_ptr, aux_ptr,
+    obs_ptr, action_ptr, old_log_prob_ptr, advantage_ptr, params_ptr, clip_ptr, ent_coef_ptr,
+    M, inv_m, ROWS, S, P, D, H1, H2, A, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3,
+    grads_ptr, aux_ptr,
     DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, AP: tl.constexpr,
     BLOCK: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """Program (b, s): rows [s ROWS, (s + 1) ROWS) of seed b; partial gradients of the policy and
-    entropy terms, and sums of policy loss, entropy, approx_kl and clipped rows, at index b S + s."""
+    """Program (b, s): rows [s ROWS, (s + 1) ROWS) of seed b, whose P parameters are row b of
+    params [B, P]; partial gradients of the policy and entropy terms into row b S + s of grads
+    [B S, P] at the actor's offsets, and sums of policy loss, entropy, approx_kl, clipped rows and
+    the squared gradients at aux[b S + s]."""
     b = tl.program_id(0)
     s = tl.program_id(1)
-    w1 = _load_matrix(w1_ptr, b, D, H1, DP, H1P)
-    b1 = _load_vector(b1_ptr, b, H1, H1P)
-    w2 = _load_matrix(w2_ptr, b, H1, H2, H1P, H2P)
-    b2 = _load_vector(b2_ptr, b, H2, H2P)
-    w3 = _load_matrix(w3_ptr, b, H2, A, H2P, AP)
-    b3 = _load_vector(b3_ptr, b, A, AP)
+    w1, b1, w2, b2, w3, b3 = _load_mlp(params_ptr + b.to(tl.int64) * P, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3,
+                                       D, H1, H2, A, DP, H1P, H2P, AP)
     clip = tl.load(clip_ptr + b)
     ent_coef = tl.load(ent_coef_ptr + b)
     g_w1 = tl.zeros([DP, H1P], tl.float32)
@@ -227,32 +243,30 @@ def _actor_grads_kernel(
         kl_sum += tl.sum(tl.where(ok, (ratio - 1.0) - log_ratio, 0.0), axis=0)
         clipped_sum += tl.sum(tl.where(ok & (tl.abs(ratio - 1.0) > clip), 1.0, 0.0), axis=0)
     i = b * S + s
-    _store_grads(i, D, H1, H2, A, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3,
-                 g_w1_ptr, g_b1_ptr, g_w2_ptr, g_b2_ptr, g_w3_ptr, g_b3_ptr, DP, H1P, H2P, AP)
-    tl.store(aux_ptr + i * 4 + 0, loss_sum)
-    tl.store(aux_ptr + i * 4 + 1, entropy_sum)
-    tl.store(aux_ptr + i * 4 + 2, kl_sum)
-    tl.store(aux_ptr + i * 4 + 3, clipped_sum)
+    sq_sum = _store_grads(grads_ptr + i.to(tl.int64) * P, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, A,
+                          g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, DP, H1P, H2P, AP)
+    tl.store(aux_ptr + i * 5 + 0, loss_sum)
+    tl.store(aux_ptr + i * 5 + 1, entropy_sum)
+    tl.store(aux_ptr + i * 5 + 2, kl_sum)
+    tl.store(aux_ptr + i * 5 + 3, clipped_sum)
+    tl.store(aux_ptr + i * 5 + 4, sq_sum)
 
 
 @triton.jit
 def _critic_grads_kernel(
-    obs_ptr, old_value_ptr, target_ptr,
-    w1_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr, vf_clip_ptr, vf_coef_ptr,
-    M, inv_m, ROWS, S, D, H1, H2,
-    g_w1_ptr, g_b1_ptr, g_w2_ptr, g_b2_ptr, g_w3_ptr, g_b3_ptr, aux_ptr,
+    obs_ptr, old_value_ptr, target_ptr, params_ptr, vf_clip_ptr, vf_coef_ptr, grads_in_ptr,
+    M, inv_m, ROWS, S, P, D, H1, H2, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3,
+    grads_ptr, aux_ptr,
     DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, OP: tl.constexpr,
     BLOCK: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr, CLIP_VALUE: tl.constexpr,
 ):
-    """Program (b, s): partial gradients of the value term and the sum of the value loss."""
+    """Program (b, s): partial gradients of the value term into row b S + s of grads (the actor
+    kernel's output, updated in place: grads_in_ptr is the same buffer) at the critic's offsets; the
+    sums of the value loss and of the squared gradients at aux[b S + s]."""
     b = tl.program_id(0)
     s = tl.program_id(1)
-    w1 = _load_matrix(w1_ptr, b, D, H1, DP, H1P)
-    b1 = _load_vector(b1_ptr, b, H1, H1P)
-    w2 = _load_matrix(w2_ptr, b, H1, H2, H1P, H2P)
-    b2 = _load_vector(b2_ptr, b, H2, H2P)
-    w3 = _load_matrix(w3_ptr, b, H2, 1, H2P, OP)  # one real column, zero padding
-    b3 = _load_vector(b3_ptr, b, 1, OP)
+    w1, b1, w2, b2, w3, b3 = _load_mlp(params_ptr + b.to(tl.int64) * P, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3,
+                                       D, H1, H2, 1, DP, H1P, H2P, OP)  # one real output column, zero padding
     vf_clip = tl.load(vf_clip_ptr + b)
     vf_coef = tl.load(vf_coef_ptr + b)
     g_w1 = tl.zeros([DP, H1P], tl.float32)
@@ -290,9 +304,10 @@ def _critic_grads_kernel(
         g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = _backprop(x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU, PRECISION)
         loss_sum += tl.sum(tl.where(ok, loss, 0.0), axis=0)
     i = b * S + s
-    _store_grads(i, D, H1, H2, 1, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3,
-                 g_w1_ptr, g_b1_ptr, g_w2_ptr, g_b2_ptr, g_w3_ptr, g_b3_ptr, DP, H1P, H2P, OP)
-    tl.store(aux_ptr + i, loss_sum)
+    sq_sum = _store_grads(grads_ptr + i.to(tl.int64) * P, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, 1,
+                          g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, DP, H1P, H2P, OP)
+    tl.store(aux_ptr + i * 2 + 0, loss_sum)
+    tl.store(aux_ptr + i * 2 + 1, sq_sum)
 
 
 # ---------------------------------------------------------------- launching
@@ -318,56 +333,121 @@ def automatic_crossover(name: str, automatic: bool, minibatches: int, rows: int)
     return name
 
 
-def _reference_core(obs, actions, rows, actor, critic, scalars, lead_shape, activation, clip_value_loss, dot_precision):
-    """The reference on one minibatch whose arrays carry a leading axis of size 1: the kernels' outputs."""
-    first = lambda x: x[0]
-    g_actor, g_critic, stats = ppo_actor_critic_grads_reference(
-        first(obs), first(actions), *map(first, rows), tuple(map(first, actor)), tuple(map(first, critic)), *map(first, scalars),
-        activation=activation, clip_value_loss=clip_value_loss, dot_precision=dot_precision)
-    restore = lambda x: x.reshape(lead_shape + x.shape)
-    return (*map(restore, g_actor), *map(restore, g_critic), *(restore(stats[name]) for name in AUX_NAMES))
+class FlatLayout(NamedTuple):
+    """Where a two-MLP actor-critic's twelve arrays lie in one flat parameter vector of `size` floats:
+    `actor` and `critic` hold the offsets of (w1, b1, w2, b2, w3, b3), each array row-major (weights
+    [in, out]) and contiguous, with obs_dim D, hidden widths (H1, H2) and A actions; the critic's head
+    has one output. `jax.flatten_util.ravel_pytree`'s vector of the network's params is such a vector
+    (`rl.networks.leaf_offsets` gives the offsets)."""
+
+    actor: tuple[int, int, int, int, int, int]
+    critic: tuple[int, int, int, int, int, int]
+    obs_dim: int
+    hidden: tuple[int, int]
+    actions: int
+    size: int
+
+    def shapes(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """The shapes of the actor's and the critic's six arrays."""
+        (h1, h2), d = self.hidden, self.obs_dim
+        body = [(d, h1), (h1,), (h1, h2), (h2,)]
+        return body + [(h2, self.actions), (self.actions,)], body + [(h2, 1), (1,)]
 
 
-def _grads_core(obs, actions, old_log_probs, old_values, advantages, targets, *arrays, lead, backend, automatic, activation, clip_value_loss, dot_precision):
-    actor, critic, (clip_eps, vf_clip_eps, ent_coef, vf_coef) = arrays[:6], arrays[6:12], arrays[12:]
+def concatenated_layout(obs_dim: int, hidden: tuple[int, int], actions: int) -> FlatLayout:
+    """The layout of the actor's six arrays followed by the critic's, each raveled, in order."""
+    layout = FlatLayout((0,) * 6, (0,) * 6, obs_dim, tuple(hidden), actions, 0)
+    offsets, at = [], 0
+    for shape in sum(layout.shapes(), []):
+        offsets.append(at)
+        at += math.prod(shape)
+    return layout._replace(actor=tuple(offsets[:6]), critic=tuple(offsets[6:]), size=at)
+
+
+def check_layout(layout: FlatLayout) -> None:
+    """ValueError unless the twelve arrays cover [0, layout.size) exactly once (the kernels write every
+    gradient entry and nothing else, so a gap would be left undefined)."""
+    spans = sorted((off, off + math.prod(shape), f"{net}[{i}]")
+                   for net, offsets, shapes in zip(("actor", "critic"), (layout.actor, layout.critic), layout.shapes())
+                   for i, (off, shape) in enumerate(zip(offsets, shapes)))
+    at = 0
+    for start, end, name in spans:
+        if start != at:
+            raise ValueError(f"layout: {name} starts at {start}, but the arrays before it end at {at}: the twelve arrays must cover "
+                             f"the flat vector's {layout.size} entries exactly once, with no gap or overlap (layout {layout})")
+        at = end
+    if at != layout.size:
+        raise ValueError(f"layout: the twelve arrays cover {at} entries, the flat vector has {layout.size} (layout {layout})")
+
+
+def unflatten(params, layout: FlatLayout):
+    """(actor, critic): the six arrays of each network cut out of params [..., size]."""
+    lead = params.shape[:-1]
+    cut = lambda off, shape: params[..., off:off + math.prod(shape)].reshape(lead + shape)
+    shapes_actor, shapes_critic = layout.shapes()
+    return (tuple(cut(o, sh) for o, sh in zip(layout.actor, shapes_actor)),
+            tuple(cut(o, sh) for o, sh in zip(layout.critic, shapes_critic)))
+
+
+def flatten(actor, critic, layout: FlatLayout):
+    """The inverse of `unflatten`: the twelve arrays (with the same leading axes) in one vector [..., size]."""
+    lead = actor[0].shape[:actor[0].ndim - 2]
+    placed = sorted(zip(layout.actor + layout.critic, range(12), tuple(actor) + tuple(critic)))
+    return jnp.concatenate([x.reshape(lead + (-1,)) for _, _, x in placed], axis=-1)
+
+
+def _reference_flat(obs, actions, rows, params, scalars, layout, activation, clip_value_loss, dot_precision):
+    """(grads [size], squared norm, stats) of one minibatch from the plain-JAX reference."""
+    actor, critic = unflatten(params, layout)
+    g_actor, g_critic, stats = ppo_actor_critic_grads_reference(obs, actions, *rows, actor, critic, *scalars, activation=activation,
+                                                                clip_value_loss=clip_value_loss, dot_precision=dot_precision)
+    grads = flatten(g_actor, g_critic, layout)
+    return grads, jnp.sum(jnp.square(grads)), stats
+
+
+def _flat_grads_core(obs, actions, old_log_probs, old_values, advantages, targets, params, clip_eps, vf_clip_eps, ent_coef, vf_coef,
+                     *, lead, layout, backend, automatic, activation, clip_value_loss, dot_precision):
     lead_shape = tuple(obs.shape[:lead])
     b = math.prod(lead_shape)
     m, d = obs.shape[lead], obs.shape[lead + 1]
-    h1, h2, a = actor[0].shape[-1], actor[2].shape[-1], actor[4].shape[-1]
+    (h1, h2), a, size = layout.hidden, layout.actions, layout.size
     flat = lambda x, *shape: x.reshape((b,) + shape)
     obs3 = flat(obs, m, d)
     rows = [flat(x, m) for x in (old_log_probs, old_values, advantages, targets)]
     actions2 = flat(actions, m).astype(jnp.int32)
     scalars = [flat(x.astype(jnp.float32)) for x in (clip_eps, vf_clip_eps, ent_coef, vf_coef)]
-    shapes_actor = [(d, h1), (h1,), (h1, h2), (h2,), (h2, a), (a,)]
-    shapes_critic = [(d, h1), (h1,), (h1, h2), (h2,), (h2, 1), (1,)]
-    actor = [flat(w, *shape) for w, shape in zip(actor, shapes_actor)]
-    critic = [flat(w, *shape) for w, shape in zip(critic, shapes_critic)]
+    params2 = flat(params, size)
+    restore = lambda x: x.reshape(lead_shape + x.shape[1:])
     if automatic_crossover(backend, automatic, b, m) == "reference":
-        return _reference_core(obs3, actions2, rows, actor, critic, scalars, lead_shape, activation, clip_value_loss, dot_precision)
+        grads, sq_norm, stats = _reference_flat(obs3[0], actions2[0], [x[0] for x in rows], params2[0], [x[0] for x in scalars], layout,
+                                                activation, clip_value_loss, dot_precision)
+        return (grads.reshape(lead_shape + grads.shape), sq_norm.reshape(lead_shape), *(stats[n].reshape(lead_shape) for n in AUX_NAMES))
     chunk_rows, chunks = _row_chunks(b, m)
     f32 = jnp.float32
     common = dict(backend=backend, grid=(b, chunks), num_warps=NUM_WARPS, DP=_padded(d), H1P=_padded(h1), H2P=_padded(h2),
                   BLOCK=BLOCK_M, RELU=activation == "relu", PRECISION=dot_precision)
-    out_actor = [jax.ShapeDtypeStruct((b * chunks,) + shape, f32) for shape in shapes_actor] + [jax.ShapeDtypeStruct((b * chunks, 4), f32)]
-    *g_actor, aux_actor = launch(_actor_grads_kernel, obs3, actions2, rows[0], rows[2], *actor, scalars[0], scalars[2],
-                                 m, np.float32(1.0 / m), chunk_rows, chunks, d, h1, h2, a, out_shape=out_actor, AP=_padded(a), **common)
-    out_critic = [jax.ShapeDtypeStruct((b * chunks,) + shape, f32) for shape in shapes_critic] + [jax.ShapeDtypeStruct((b * chunks,), f32)]
-    *g_critic, aux_critic = launch(_critic_grads_kernel, obs3, rows[1], rows[3], *critic, scalars[1], scalars[3],
-                                   m, np.float32(1.0 / m), chunk_rows, chunks, d, h1, h2, out_shape=out_critic, OP=16, CLIP_VALUE=bool(clip_value_loss), **common)
-    total = lambda g: g.reshape((b, chunks) + g.shape[1:]).sum(axis=1)
-    restore = lambda g, like: total(g).reshape(lead_shape + like.shape[lead:])
-    g_actor = [restore(g, w) for g, w in zip(g_actor, arrays[:6])]
-    g_critic = [restore(g, w) for g, w in zip(g_critic, arrays[6:12])]
+    grads_shape = jax.ShapeDtypeStruct((b * chunks, size), f32)
+    grads, aux_actor = launch(_actor_grads_kernel, obs3, actions2, rows[0], rows[2], params2, scalars[0], scalars[2],
+                              m, np.float32(1.0 / m), chunk_rows, chunks, size, d, h1, h2, a, *layout.actor,
+                              out_shape=[grads_shape, jax.ShapeDtypeStruct((b * chunks, 5), f32)], AP=_padded(a), **common)
+    grads, aux_critic = launch(_critic_grads_kernel, obs3, rows[1], rows[3], params2, scalars[1], scalars[3], grads,
+                               m, np.float32(1.0 / m), chunk_rows, chunks, size, d, h1, h2, *layout.critic,
+                               out_shape=[grads_shape, jax.ShapeDtypeStruct((b * chunks, 2), f32)],
+                               input_output_aliases={6: 0}, OP=16, CLIP_VALUE=bool(clip_value_loss), **common)
+    total = lambda x: x.reshape((b, chunks) + x.shape[1:]).sum(axis=1)
+    if chunks == 1:  # each program's sum of squares covers its network's whole gradient
+        sq_norm = aux_actor[:, 4] + aux_critic[:, 1]
+    else:  # partial gradients are summed first; the squares of the sum are not the programs' sums
+        grads = total(grads)
+        sq_norm = jnp.sum(jnp.square(grads), axis=1)
     sums = total(aux_actor) / m
-    value_loss = total(aux_critic) / m
-    stats = [sums[:, 0], value_loss, sums[:, 1], sums[:, 2], sums[:, 3]]
-    return (*g_actor, *g_critic, *[x.reshape(lead_shape) for x in stats])
+    stats = [sums[:, 0], total(aux_critic)[:, 0] / m, sums[:, 1], sums[:, 2], sums[:, 3]]
+    return (restore(grads), restore(sq_norm), *map(restore, stats))
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_op(backend: str, automatic: bool, activation: str, clip_value_loss: bool, dot_precision: str):
-    return fold_vmap(functools.partial(_grads_core, backend=backend, automatic=automatic, activation=activation,
+def _kernel_op(backend: str, automatic: bool, layout: FlatLayout, activation: str, clip_value_loss: bool, dot_precision: str):
+    return fold_vmap(functools.partial(_flat_grads_core, layout=layout, backend=backend, automatic=automatic, activation=activation,
                                        clip_value_loss=clip_value_loss, dot_precision=dot_precision))
 
 
@@ -494,6 +574,49 @@ def _check(obs, actions, rows, actor, critic):
         raise ValueError(f"actor has {actor[4].shape[-1]} actions, more than the fused kernel's limit {LIMITS['actions']}")
 
 
+def _check_options(activation: str, dot_precision: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if dot_precision not in PRECISIONS:
+        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+
+
+def _check_fits(name: str, dot_precision: str, layout: FlatLayout, op: str) -> None:
+    if name == "triton" and dot_precision == "tf32":
+        reason = too_big_for_shared_memory(layout.obs_dim, layout.hidden, layout.actions)
+        if reason:
+            raise ValueError(f"{op}: {reason}")
+
+
+def ppo_actor_critic_grads_flat(obs, actions, old_log_probs, old_values, advantages, targets, params, layout: FlatLayout,
+                                clip_eps, vf_clip_eps, ent_coef, vf_coef, *, activation: str = "tanh",
+                                clip_value_loss: bool = True, dot_precision: str = "tf32", backend: str | None = None):
+    """`ppo_actor_critic_grads` on a flat parameter vector: params [size] holds the actor's and the
+    critic's arrays where `layout` says (a `FlatLayout` whose arrays cover the vector exactly once).
+    Returns (grads [size] laid out like params, ||grads||^2, stats). The kernels read the weights
+    from the vector and write the gradient into one in place, and their programs' sums of squares
+    give the squared norm (when one program covers a seed's minibatch), so that an optimiser on the
+    flat vector (`rl.loop.flat_minibatch_epochs`) needs no slicing, concatenation or norm pass."""
+    _check_options(activation, dot_precision)
+    check_layout(layout)
+    params = check_float_array("params", params, ndim=1)
+    if params.shape != (layout.size,):
+        raise ValueError(f"params must have shape {(layout.size,)} (the layout's size), got {tuple(params.shape)}")
+    rows = {"old_log_probs": old_log_probs, "old_values": old_values, "advantages": advantages, "targets": targets}
+    if jnp.ndim(obs) != 2 or jnp.shape(obs)[-1] != layout.obs_dim:
+        raise ValueError(f"obs must have shape (M, {layout.obs_dim}) (the layout's obs_dim), got {tuple(jnp.shape(obs))}")
+    _check(obs, actions, rows, *unflatten(params, layout))  # the cut arrays' shapes only (unused slices: no work under jit)
+    name = resolve_backend(backend)
+    _check_fits(name, dot_precision, layout, "ppo_actor_critic_grads_flat")
+    scalars = [jnp.asarray(x, jnp.float32) for x in (clip_eps, vf_clip_eps, ent_coef, vf_coef)]
+    if name == "reference":
+        grads, sq_norm, stats = _reference_flat(obs, actions, list(rows.values()), params, scalars, layout, activation, clip_value_loss, dot_precision)
+        return grads, sq_norm, stats
+    op = _kernel_op(name, chosen_automatically(backend), layout, activation, bool(clip_value_loss), dot_precision)
+    grads, sq_norm, *stats = op(jnp.asarray(obs), jnp.asarray(actions), *(jnp.asarray(x) for x in rows.values()), params, *scalars)
+    return grads, sq_norm, dict(zip(AUX_NAMES, stats))
+
+
 def ppo_actor_critic_grads(obs, actions, old_log_probs, old_values, advantages, targets, actor, critic,
                            clip_eps, vf_clip_eps, ent_coef, vf_coef, *, activation: str = "tanh",
                            clip_value_loss: bool = True, dot_precision: str = "tf32", backend: str | None = None):
@@ -504,7 +627,9 @@ def ppo_actor_critic_grads(obs, actions, old_log_probs, old_values, advantages, 
     w3 [H2, 1], b3 [1]; clip_eps, vf_clip_eps, ent_coef, vf_coef scalars (may be traced).
     Returns (actor_grads, critic_grads, stats): two tuples shaped like `actor` and `critic`, and a dict
     of scalars (policy_loss, value_loss, entropy, approx_kl, clip_fraction). Works under jit and any
-    nesting of vmap (one launch per network).
+    nesting of vmap (one launch per network). On the kernel backends the twelve arrays are
+    concatenated into one vector for `ppo_actor_critic_grads_flat` (which an optimiser on a flat
+    vector should call directly).
 
     backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
     When that choice is the automatic one (none named anywhere) on a GPU, a single minibatch (no
@@ -512,22 +637,18 @@ def ppo_actor_critic_grads(obs, actions, old_log_probs, old_values, advantages, 
     rows goes to the reference, which is faster there (measured); a named ``"triton"`` always runs
     the kernels.
     """
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if dot_precision not in PRECISIONS:
-        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    _check_options(activation, dot_precision)
     rows = {"old_log_probs": old_log_probs, "old_values": old_values, "advantages": advantages, "targets": targets}
     _check(obs, actions, rows, actor, critic)
+    layout = concatenated_layout(obs.shape[-1], (actor[0].shape[-1], actor[2].shape[-1]), actor[4].shape[-1])
     name = resolve_backend(backend)
-    if name == "triton" and dot_precision == "tf32":
-        reason = too_big_for_shared_memory(obs.shape[-1], (actor[0].shape[-1], actor[2].shape[-1]), actor[4].shape[-1])
-        if reason:
-            raise ValueError(f"ppo_actor_critic_grads: {reason}")
+    _check_fits(name, dot_precision, layout, "ppo_actor_critic_grads")
     scalars = [jnp.asarray(x, jnp.float32) for x in (clip_eps, vf_clip_eps, ent_coef, vf_coef)]
     if name == "reference":
         return ppo_actor_critic_grads_reference(obs, actions, old_log_probs, old_values, advantages, targets, actor, critic, *scalars,
                                                 activation=activation, clip_value_loss=clip_value_loss, dot_precision=dot_precision)
-    op = _kernel_op(name, chosen_automatically(backend), activation, bool(clip_value_loss), dot_precision)
-    out = op(jnp.asarray(obs), jnp.asarray(actions), *(jnp.asarray(x) for x in rows.values()), *actor, *critic, *scalars)
-    stats = dict(zip(AUX_NAMES, out[12:]))
-    return tuple(out[:6]), tuple(out[6:12]), stats
+    op = _kernel_op(name, chosen_automatically(backend), layout, activation, bool(clip_value_loss), dot_precision)
+    params = flatten(tuple(map(jnp.asarray, actor)), tuple(map(jnp.asarray, critic)), layout)
+    grads, _, *stats = op(jnp.asarray(obs), jnp.asarray(actions), *(jnp.asarray(x) for x in rows.values()), params, *scalars)
+    g_actor, g_critic = unflatten(grads, layout)
+    return g_actor, g_critic, dict(zip(AUX_NAMES, stats))

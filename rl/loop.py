@@ -258,15 +258,16 @@ def global_norm(tree) -> jax.Array:
     return jnp.sqrt(jnp.sum(jnp.concatenate([jnp.square(jnp.ravel(g).astype(jnp.float32)) for g in leaves])))
 
 
-def clip_by_global_norm(max_norm) -> optax.GradientTransformation:
+def clip_by_global_norm(max_norm) -> optax.GradientTransformationExtraArgs:
     """g <- g where ||g|| < max_norm, else g max_norm / ||g|| (`global_norm`); stateless. The same
-    rule as `optax.clip_by_global_norm`, whose norm reduces each leaf apart."""
+    rule as `optax.clip_by_global_norm`, whose norm reduces each leaf apart. The extra argument
+    `grad_sq_norm` (optional, passed through `optax.chain`) is ||g||^2 computed already: no norm pass."""
 
-    def update(updates, state, params=None):
-        norm = global_norm(updates)
+    def update(updates, state, params=None, *, grad_sq_norm=None, **extra_args):
+        norm = global_norm(updates) if grad_sq_norm is None else jnp.sqrt(grad_sq_norm)
         return jax.tree.map(lambda g: jnp.where(norm < max_norm, g, g / norm.astype(g.dtype) * max_norm), updates), state
 
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
 
 
 def clipped_adam(learning_rate, max_grad_norm, eps: float = 1e-8):
@@ -616,18 +617,27 @@ def ppo_minibatch_loss(policy, values, actions, old_log_probs, old_values, advan
     )
 
 
-def flat_minibatch_epochs(agent: OnPolicyLoopConfig, optimizer, grads: Callable, params, opt_state, batch, key, refresh: Callable | None = None):
+def flat_minibatch_epochs(agent: OnPolicyLoopConfig, optimizer, grads: Callable, params, opt_state, batch, key, refresh: Callable | None = None,
+                          flat_grads: Callable | None = None):
     """`minibatch_epochs` of optimiser steps along `grads(params, minibatch) -> (gradient, stats)`,
     the optimiser on one flat parameter vector (one fused update instead of one per array; `opt_state`
     is `optimizer.init(ravel_pytree(params)[0])`). The batch's leading axis is what minibatches split:
     transitions, or whole env sequences. `refresh(params, batch) -> batch` (optional): each epoch after
-    the first learns from it, at that epoch's params. Returns (params, opt_state, stats [epochs, minibatches])."""
+    the first learns from it, at that epoch's params. `flat_grads(flat_params, minibatch) -> (flat
+    gradient, ||gradient||^2, stats)` (optional) replaces `grads`: a gradient computed on the flat
+    vector itself, with its squared norm for the clip (`clip_by_global_norm`'s `grad_sq_norm`), so
+    the step neither cuts the vector into arrays nor concatenates the gradient nor re-reads it for the
+    norm. Returns (params, opt_state, stats [epochs, minibatches])."""
     flat_params, unravel = ravel_pytree(params)
 
     def minibatch_step(carry, minibatch):
         flat_params, opt_state = carry
-        g, stats = grads(unravel(flat_params), minibatch)
-        updates, opt_state = optimizer.update(ravel_pytree(g)[0], opt_state, flat_params)
+        if flat_grads is None:
+            g, stats = grads(unravel(flat_params), minibatch)
+            updates, opt_state = optimizer.update(ravel_pytree(g)[0], opt_state, flat_params)
+        else:
+            g, sq_norm, stats = flat_grads(flat_params, minibatch)
+            updates, opt_state = optimizer.update(g, opt_state, flat_params, grad_sq_norm=sq_norm)
         return (optax.apply_updates(flat_params, updates), opt_state), stats
 
     epoch_batch = None if refresh is None else (lambda carry, batch: refresh(unravel(carry[0]), batch))

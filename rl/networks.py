@@ -666,6 +666,15 @@ def dense_layers(params) -> list[tuple[jax.Array, jax.Array]]:
     return [(modules[m]["w"], modules[m]["b"]) for m in ordered]
 
 
+def leaf_offsets(params):
+    """`params` with each leaf replaced by where it starts in `jax.flatten_util.ravel_pytree(params)`'s
+    vector (an int): leaf k starts at the sum of the sizes of leaves 0..k-1, in `jax.tree` order.
+    `dense_layers(leaf_offsets(params))` gives each dense layer's (weight, bias) offsets."""
+    leaves, treedef = jax.tree.flatten(params)
+    starts = [sum(math.prod(jnp.shape(x)) for x in leaves[:k]) for k in range(len(leaves))]
+    return jax.tree.unflatten(treedef, starts)
+
+
 def replace_dense_layers(params, layers):
     """`params` with its dense layers (in creation order, as `dense_layers` lists them) replaced."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)

@@ -19,8 +19,9 @@ One update:
 with rho = pi(a|s) / pi_old(a|s) and A normalised per minibatch (optional). Adam's step size decays
 linearly to 0 over the updates (optional). The minibatch gradient is jax.grad of that loss, or, for a
 categorical policy on two separate two-layer MLPs with a triton/interpret kernel backend and
-precomputed advantages, the fused kernel `kernels.ppo_actor_critic_grads` of the same function
-(`fused_update`).
+precomputed advantages, the fused kernel `kernels.ppo_actor_critic_grads_flat` of the same function
+(`fused_update`), which reads the weights from the optimiser's flat parameter vector and writes the
+gradient and its squared norm for the clip.
 
 Truncation: with d_t = gamma (1 - terminated_t) and lambda_t = lambda (1 - (terminated_t | truncated_t)),
 
@@ -88,7 +89,7 @@ class Config(loop.PPOLoopConfig):
     normalize_obs: bool = hp(False, doc="the networks read observations normalised by their running mean and variance over all rollouts (per channel for images), kept in the params")
     obs_clip: typing.Optional[float] = hp(OBS_CLIP, low=0.0, low_open=True, doc="with agent.normalize_obs, normalised observations are clipped to [-obs_clip, obs_clip]; null: not clipped (Brax's PPO)")
     critic_hidden: typing.Optional[tuple[int, ...]] = hp(None, doc="hidden widths of the critic's torso when they differ from agent.network.hidden (separate torsos only)")
-    fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads) when the kernel backend is triton/interpret and the network fits it (and agent.minibatch_advantages is off); else autodiff (with the automatic backend the op itself takes autodiff for one seed's minibatch of under 32768 rows, measured faster)")
+    fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads_flat) when the kernel backend is triton/interpret and the network fits it (and agent.minibatch_advantages is off); else autodiff (with the automatic backend the op itself takes autodiff for one seed's minibatch of under 32768 rows, measured faster)")
     gae_horizon: int = hp(0, low=0, doc="GAE within segments of this many rollout steps, each bootstrapping from V at its end (Brax's PPO: its 5-step unrolls); 0: over the whole rollout")
     recompute_advantages: bool = hp(False, doc="V, advantages and value targets recomputed with the current network at the start of every epoch (Andrychowicz et al. 2021); else once per update")
     minibatch_advantages: bool = hp(False, doc="minibatches of whole agent.gae_horizon-step segments, whose V, advantages and value targets each minibatch's loss computes with the current network (Brax's PPO; autodiff, not the fused kernel); else computed before learning (or each epoch: agent.recompute_advantages)")
@@ -216,23 +217,28 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
     return kernels.ppo_grads.too_big_for_shared_memory(obs_space.shape[0], tuple(network.hidden), action_space.n)
 
 
-def fused_loss_grads(params, batch, hparams, agent: Config, backend: str):
-    """(grads, stats) of `minibatch_loss` for the categorical actor-critic of two separate two-layer
-    torsos, from the fused kernel on `backend`: the same numbers as jax.grad (up to float rounding).
-    Dense layers in creation order: actor hidden 1-2, critic hidden 1-2, actor head, critic head."""
+def fused_layout(params) -> kernels.ppo_grads.FlatLayout:
+    """Where `ravel_pytree(params)` holds the two-torso actor-critic's twelve arrays, for the fused
+    kernel. Dense layers in creation order: actor hidden 1-2, critic hidden 1-2, actor head, critic head."""
+    (w1, _), (w2, _), _, _, (head, _), _ = networks.dense_layers(params)
+    a1, a2, c1, c2, a3, c3 = networks.dense_layers(networks.leaf_offsets(params))
+    size = sum(x.size for x in jax.tree.leaves(params))
+    return kernels.ppo_grads.FlatLayout((*a1, *a2, *a3), (*c1, *c2, *c3), w1.shape[0], (w1.shape[1], w2.shape[1]), head.shape[1], size)
+
+
+def fused_flat_grads(flat_params, batch, *, layout, hparams, agent: Config, backend: str):
+    """(grads, ||grads||^2, stats) of `minibatch_loss` with respect to the flat parameter vector
+    (`ravel_pytree` of the categorical actor-critic of two separate two-layer torsos, laid out as
+    `fused_layout` says), from the fused kernel on `backend`: the same numbers as jax.grad (up to
+    float rounding), computed on the vector itself."""
     trans, advantages, targets = batch
     if agent.normalize_advantages:
         advantages = losses.normalize(advantages)
-    (a1, a2, c1, c2, a3, c3) = networks.dense_layers(params)
-    g_actor, g_critic, stats = kernels.ppo_actor_critic_grads(
-        trans.obs, trans.action, trans.log_prob, trans.value, advantages, targets,
-        (*a1, *a2, *a3), (*c1, *c2, *c3),
+    return kernels.ppo_actor_critic_grads_flat(
+        trans.obs, trans.action, trans.log_prob, trans.value, advantages, targets, flat_params, layout,
         hparams["clip_eps"], hparams["vf_clip_eps"], hparams["ent_coef"], hparams["vf_coef"],
         activation=agent.network.activation, clip_value_loss=agent.clip_value_loss, backend=backend,
     )
-    pairs = lambda g: [(g[0], g[1]), (g[2], g[3]), (g[4], g[5])]
-    (ga1, ga2, ga3), (gc1, gc2, gc3) = pairs(g_actor), pairs(g_critic)
-    return networks.replace_dense_layers(params, [ga1, ga2, gc1, gc2, ga3, gc3]), stats
 
 
 # ---------------------------------------------------------------- the training program
@@ -386,8 +392,6 @@ def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
     each epoch after the first its batch. Returns (params, opt_state, stats [epochs, minibatches])."""
 
     def grads(params, minibatch):
-        if s.fused:
-            return fused_loss_grads(params, minibatch, hparams, s.agent, s.backend)
         if s.agent.minibatch_advantages:
             loss = lambda p: segment_minibatch_loss(s, p, minibatch, hparams)
         else:
@@ -395,7 +399,10 @@ def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
         (_, stats), g = jax.value_and_grad(loss, has_aux=True)(params)
         return g, stats
 
-    return loop.flat_minibatch_epochs(s.agent, loop.ppo_optimizer(s.agent, hparams), grads, params, opt_state, batch, key, refresh)
+    flat_grads = None
+    if s.fused:
+        flat_grads = partial(fused_flat_grads, layout=fused_layout(params), hparams=hparams, agent=s.agent, backend=s.backend)
+    return loop.flat_minibatch_epochs(s.agent, loop.ppo_optimizer(s.agent, hparams), grads, params, opt_state, batch, key, refresh, flat_grads)
 
 
 def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):

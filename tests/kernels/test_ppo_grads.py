@@ -156,6 +156,79 @@ def test_bad_inputs_name_the_argument():
 
 
 
+def shuffled_layout(rng, d=4, h1=16, h2=24, a=3):
+    """The twelve arrays in a random order (actor and critic interleaved), as ravel_pytree of a dict
+    of layers might lay them out."""
+    layout = ppo_grads.concatenated_layout(d, (h1, h2), a)
+    shapes = sum(layout.shapes(), [])
+    offsets, at = [0] * 12, 0
+    for k in rng.permutation(12):
+        offsets[k] = at
+        at += int(np.prod(shapes[k]))
+    return layout._replace(actor=tuple(offsets[:6]), critic=tuple(offsets[6:]))
+
+
+@pytest.mark.parametrize("clip_value_loss", [True, False])
+def test_the_flat_op_reads_and_writes_the_vector_at_the_layout_s_offsets(backend, clip_value_loss):
+    """params [size] in a shuffled layout: the gradient comes back in the same layout, equal to the
+    tuple reference's arrays placed there, and the squared norm is the sum of its squares."""
+    rng = np.random.default_rng(11)
+    *case, actor, critic = make_case(rng, m=50)
+    layout = shuffled_layout(rng)
+    params = ppo_grads.flatten(actor, critic, layout)
+    hparams = (0.2, 0.15, 0.01, 0.5)
+    kw = dict(clip_value_loss=clip_value_loss, dot_precision="ieee")
+    grads, sq_norm, stats = ppo_grads.ppo_actor_critic_grads_flat(*case, params, layout, *hparams, backend=backend, **kw)
+    g_actor, g_critic, want_stats = ppo_grads.ppo_actor_critic_grads_reference(*case, actor, critic, *hparams, **kw)
+    want = np.zeros(layout.size, np.float32)
+    for offsets, arrays in ((layout.actor, g_actor), (layout.critic, g_critic)):
+        for off, g in zip(offsets, arrays):
+            want[off:off + g.size] = np.ravel(g)
+    assert_close((grads, stats), (jnp.asarray(want), want_stats))
+    np.testing.assert_allclose(float(sq_norm), float(np.sum(want.astype(np.float64) ** 2)), rtol=1e-4)
+
+
+def test_the_flat_op_under_nested_vmap_and_row_chunks(kernel_backend, monkeypatch):
+    """[2, 3] minibatches folded into one launch, with one program per minibatch (squared norm from
+    the programs' sums) and with rows cut into chunks (squared norm of the summed gradient)."""
+    rng = np.random.default_rng(12)
+    *case, actor, critic = make_case(rng, m=100, lead=(2, 3))
+    layout = shuffled_layout(rng)
+    params = ppo_grads.flatten(actor, critic, layout)
+    f = lambda *x: ppo_grads.ppo_actor_critic_grads_flat(*x[:6], x[6], layout, 0.2, 0.2, 0.01, 0.5, backend=kernel_backend, dot_precision="ieee")
+    want = jax.vmap(jax.vmap(lambda *x: ppo_grads.ppo_actor_critic_grads_flat(*x[:6], x[6], layout, 0.2, 0.2, 0.01, 0.5,
+                                                                           backend="reference", dot_precision="ieee")))(*case, params)
+    for min_programs, chunks in ((1, 1), (10**6, 4)):
+        monkeypatch.setattr(ppo_grads, "MIN_PROGRAMS", min_programs)
+        assert ppo_grads._row_chunks(6, 100)[1] == chunks
+        ppo_grads._kernel_op.cache_clear()
+        try:
+            got = jax.jit(jax.vmap(jax.vmap(f)))(*case, params)
+        finally:
+            ppo_grads._kernel_op.cache_clear()
+        assert_close(got, want, rtol=1e-4)
+
+
+def test_bad_layouts_and_flat_params_are_named():
+    rng = np.random.default_rng(13)
+    *case, actor, critic = make_case(rng)
+    layout = ppo_grads.concatenated_layout(4, (16, 24), 3)
+    params = ppo_grads.flatten(actor, critic, layout)
+    hp = (0.2, 0.2, 0.01, 0.5)
+    flat = ppo_grads.ppo_actor_critic_grads_flat
+    gap = layout._replace(critic=tuple(o + 1 for o in layout.critic), size=layout.size + 1)
+    with pytest.raises(ValueError, match=r"critic\[0\] starts at \d+, but the arrays before it end at \d+"):
+        flat(*case, jnp.zeros(gap.size), gap, *hp)
+    with pytest.raises(ValueError, match=r"the twelve arrays cover \d+ entries, the flat vector has \d+"):
+        flat(*case, jnp.zeros(layout.size + 2), layout._replace(size=layout.size + 2), *hp)
+    with pytest.raises(ValueError, match=r"params must have shape \(\d+,\) \(the layout's size\)"):
+        flat(*case, params[:-1], layout, *hp)
+    with pytest.raises(ValueError, match=r"obs must have shape \(M, 5\)"):
+        flat(*case, jnp.zeros(ppo_grads.concatenated_layout(5, (16, 24), 3).size), ppo_grads.concatenated_layout(5, (16, 24), 3), *hp)
+    with pytest.raises(ValueError, match=r"targets must have shape \(40,\)"):
+        flat(*case[:5], case[5][:3], params, layout, *hp)
+
+
 def test_shared_memory_estimate_is_triton_s_request_on_an_h100():
     """The formula against the bytes Triton asked for on an H100 (thirteenth session, tf32 products):
     exact where the kernel did not fit, and under the 227 KB limit where it ran."""

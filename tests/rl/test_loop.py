@@ -379,3 +379,19 @@ def test_global_norm_by_hand():
     clipped, _ = clip.update(grads, clip.init(grads))
     np.testing.assert_allclose(clipped["a"], [0.6], rtol=1e-6)
     np.testing.assert_allclose(clipped["b"], [[0.8, 0.0]], rtol=1e-6)
+
+
+def test_clip_takes_a_given_squared_norm_through_the_chain():
+    """`grad_sq_norm` passed to the optimiser replaces the clip's own norm: the true one gives the same
+    step as none; a different one scales the gradient by max_norm / sqrt(given) (here 1 / 10)."""
+    optimizer = loop.clipped_adam(0.1, 1.0)
+    grads = jnp.array([3.0, 4.0, 0.0])  # ||g|| = 5
+    state = optimizer.init(grads)
+    plain, _ = optimizer.update(grads, state, grads)
+    given, _ = optimizer.update(grads, state, grads, grad_sq_norm=jnp.float32(25.0))
+    np.testing.assert_allclose(np.asarray(given), np.asarray(plain), rtol=1e-6)
+    clip = loop.clip_by_global_norm(1.0)
+    clipped, _ = clip.update(grads, clip.init(grads), grad_sq_norm=jnp.float32(100.0))
+    np.testing.assert_allclose(np.asarray(clipped), [0.3, 0.4, 0.0], rtol=1e-6)
+    unclipped, _ = clip.update(grads, clip.init(grads), grad_sq_norm=jnp.float32(0.25))
+    np.testing.assert_allclose(np.asarray(unclipped), np.asarray(grads))

@@ -5,6 +5,7 @@ gradient against autodiff of the agent's own loss. (The loss functions: tests/rl
 import math
 
 import jax
+from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -231,8 +232,9 @@ def triton_source_backend() -> str:
 @pytest.mark.parametrize("network_backend", ["flax", "haiku"])
 @pytest.mark.parametrize("kernel_backend", ["reference", "kernel"])
 def test_fused_gradient_equals_autodiff_of_the_agents_loss(network_backend, kernel_backend):
-    """kernels.ppo_actor_critic_grads (through fused_loss_grads) against jax.grad of the agent's own
-    minibatch loss (rl.losses.ppo_loss on the real network), on a random minibatch with some ratios clipped."""
+    """kernels.ppo_actor_critic_grads_flat (through fused_flat_grads, on ravel_pytree's vector laid out
+    by fused_layout) against jax.grad of the agent's own minibatch loss (rl.losses.ppo_loss on the real
+    network), on a random minibatch with some ratios clipped; and its squared norm."""
     config = make_config(network={"backend": network_backend, "activation": "tanh", "hidden": [16, 8]})
     net, _ = ppo.make_network(config.agent, *loop.make_env(config))
     rng = np.random.default_rng(0)
@@ -247,11 +249,15 @@ def test_fused_gradient_equals_autodiff_of_the_agents_loss(network_backend, kern
     loss = lambda params: ppo.minibatch_loss(net, params, batch, hparams, config.agent, "categorical", "reference")[0]
 
     kernel_backend = triton_source_backend() if kernel_backend == "kernel" else kernel_backend
+    tolerance = 2e-2 if kernel_backend == "triton" else 2e-4  # tf32 products on the GPU
     with jax.default_matmul_precision("highest"):
         want = jax.grad(loss)(params)
-        got, stats = ppo.fused_loss_grads(params, batch, hparams, config.agent, kernel_backend)
+        flat_params, unravel = ravel_pytree(params)
+        got_flat, sq_norm, stats = ppo.fused_flat_grads(flat_params, batch, layout=ppo.fused_layout(params), hparams=hparams,
+                                                        agent=config.agent, backend=kernel_backend)
+    got = unravel(got_flat)
     assert jax.tree.structure(got) == jax.tree.structure(want)
-    tolerance = 2e-2 if kernel_backend == "triton" else 2e-4  # tf32 products on the GPU
+    np.testing.assert_allclose(float(sq_norm), float(sum(jnp.sum(jnp.square(w)) for w in jax.tree.leaves(want))), rtol=2 * tolerance)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=tolerance, atol=tolerance * float(jnp.max(jnp.abs(w))) + 1e-7)
     assert 0.0 < float(stats["clip_fraction"]) < 1.0
