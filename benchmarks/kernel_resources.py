@@ -60,8 +60,12 @@ def compile_sm90(kernel, constexprs: dict, int_args: tuple, warps: int, stages: 
         return "*i32" if name == "action_ptr" else "*fp32"
 
     signature = {name: arg_type(name) for name in kernel.arg_names}
-    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    # jax_triton empties TRITON_CACHE_DIR when it is imported, and triton.compile needs a cache folder:
+    # a temporary one, set for this call only (the scope restores the knobs and the environment)
+    with tempfile.TemporaryDirectory() as cache, triton.knobs.cache.scope():
+        triton.knobs.cache.dir = cache
+        return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
 OFFSETS = ("off_w1", "off_b1", "off_w2", "off_b2", "off_w3", "off_b3")  # where each array sits in the flat parameter vector
