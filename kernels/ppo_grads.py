@@ -59,6 +59,8 @@ from kernels.launch import cdiv, check_float_array, chosen_automatically, fold_v
 __all__ = ["ppo_actor_critic_grads", "ppo_actor_critic_grads_flat", "FlatLayout", "concatenated_layout", "flatten", "unflatten",
            "ppo_actor_critic_grads_reference", "ppo_objective", "clipped_surrogate_loss", "clipped_value_loss", "LIMITS"]
 
+# f(0) = 0 for each: padded hidden units then stay 0 and their gradients are exactly 0, which the
+# kernels' unmasked sums of squared gradients rely on
 ACTIVATIONS = ("tanh", "relu")
 PRECISIONS = ("tf32", "ieee")
 # largest padded sizes one program holds on chip: observation features, hidden widths, actions
@@ -261,7 +263,8 @@ def _critic_grads_kernel(
     BLOCK: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr, CLIP_VALUE: tl.constexpr,
 ):
     """Program (b, s): partial gradients of the value term into row b S + s of grads (the actor
-    kernel's output, updated in place: grads_in_ptr is the same buffer) at the critic's offsets; the
+    kernel's output, updated in place: on the GPU grads_in_ptr is the same buffer, under the
+    interpreter a copy the output starts from) at the critic's offsets; the
     sums of the value loss and of the squared gradients at aux[b S + s]."""
     b = tl.program_id(0)
     s = tl.program_id(1)
@@ -338,7 +341,8 @@ class FlatLayout(NamedTuple):
     `actor` and `critic` hold the offsets of (w1, b1, w2, b2, w3, b3), each array row-major (weights
     [in, out]) and contiguous, with obs_dim D, hidden widths (H1, H2) and A actions; the critic's head
     has one output. `jax.flatten_util.ravel_pytree`'s vector of the network's params is such a vector
-    (`rl.networks.leaf_offsets` gives the offsets)."""
+    (`rl.networks.leaf_offsets` gives the offsets). A layout is static (Python ints, fixed at trace
+    time): close over it, do not pass it through `jit` or `vmap` as an argument."""
 
     actor: tuple[int, int, int, int, int, int]
     critic: tuple[int, int, int, int, int, int]
@@ -356,7 +360,7 @@ class FlatLayout(NamedTuple):
 
 def concatenated_layout(obs_dim: int, hidden: tuple[int, int], actions: int) -> FlatLayout:
     """The layout of the actor's six arrays followed by the critic's, each raveled, in order."""
-    layout = FlatLayout((0,) * 6, (0,) * 6, obs_dim, tuple(hidden), actions, 0)
+    layout = FlatLayout((0,) * 6, (0,) * 6, int(obs_dim), tuple(int(h) for h in hidden), int(actions), 0)
     offsets, at = [], 0
     for shape in sum(layout.shapes(), []):
         offsets.append(at)
@@ -364,9 +368,30 @@ def concatenated_layout(obs_dim: int, hidden: tuple[int, int], actions: int) -> 
     return layout._replace(actor=tuple(offsets[:6]), critic=tuple(offsets[6:]), size=at)
 
 
-def check_layout(layout: FlatLayout) -> None:
-    """ValueError unless the twelve arrays cover [0, layout.size) exactly once (the kernels write every
-    gradient entry and nothing else, so a gap would be left undefined)."""
+def _static_int(name: str, value) -> int:
+    if isinstance(value, (bool, jax.Array)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"layout.{name} must be a Python int (a layout is static: close over it, do not trace it), got {value!r}")
+    return int(value)
+
+
+def check_layout(layout: FlatLayout) -> FlatLayout:
+    """`layout` with plain-int tuples, after checking it: six offsets per network, two hidden widths,
+    positive sizes, and the twelve arrays covering [0, layout.size) exactly once (the kernels write
+    every gradient entry and nothing else, so a gap would be left undefined). ValueError naming the
+    problem otherwise."""
+    if not isinstance(layout, FlatLayout):
+        raise ValueError(f"layout must be a kernels.ppo_grads.FlatLayout, got {type(layout).__name__}")
+    for net in ("actor", "critic"):
+        if len(getattr(layout, net)) != 6:
+            raise ValueError(f"layout.{net} must hold 6 offsets (w1, b1, w2, b2, w3, b3), got {getattr(layout, net)!r}")
+    if len(layout.hidden) != 2:
+        raise ValueError(f"layout.hidden must be two widths (H1, H2), got {layout.hidden!r}")
+    layout = FlatLayout(tuple(_static_int(f"actor[{i}]", x) for i, x in enumerate(layout.actor)),
+                        tuple(_static_int(f"critic[{i}]", x) for i, x in enumerate(layout.critic)),
+                        _static_int("obs_dim", layout.obs_dim), tuple(_static_int("hidden", h) for h in layout.hidden),
+                        _static_int("actions", layout.actions), _static_int("size", layout.size))
+    if min(layout.obs_dim, *layout.hidden, layout.actions) < 1:
+        raise ValueError(f"layout: obs_dim, hidden widths and actions must be positive (layout {layout})")
     spans = sorted((off, off + math.prod(shape), f"{net}[{i}]")
                    for net, offsets, shapes in zip(("actor", "critic"), (layout.actor, layout.critic), layout.shapes())
                    for i, (off, shape) in enumerate(zip(offsets, shapes)))
@@ -378,6 +403,7 @@ def check_layout(layout: FlatLayout) -> None:
         at = end
     if at != layout.size:
         raise ValueError(f"layout: the twelve arrays cover {at} entries, the flat vector has {layout.size} (layout {layout})")
+    return layout
 
 
 def unflatten(params, layout: FlatLayout):
@@ -391,6 +417,7 @@ def unflatten(params, layout: FlatLayout):
 
 def flatten(actor, critic, layout: FlatLayout):
     """The inverse of `unflatten`: the twelve arrays (with the same leading axes) in one vector [..., size]."""
+    layout = check_layout(layout)
     lead = actor[0].shape[:actor[0].ndim - 2]
     placed = sorted(zip(layout.actor + layout.critic, range(12), tuple(actor) + tuple(critic)))
     return jnp.concatenate([x.reshape(lead + (-1,)) for _, _, x in placed], axis=-1)
@@ -558,11 +585,9 @@ def _check(obs, actions, rows, actor, critic):
     for net, layers, out in (("actor", actor, None), ("critic", critic, 1)):
         if len(layers) != 6:
             raise ValueError(f"{net} must be (w1, b1, w2, b2, w3, b3), got {len(layers)} arrays")
-        w1, b1, w2, b2, w3, b3 = (check_float_array(f"{net}[{i}]", x) for i, x in enumerate(layers))
-        h1, h2 = w1.shape[-1] if w1.ndim == 2 else -1, w2.shape[-1] if w2.ndim == 2 else -1
-        o = w3.shape[-1] if w3.ndim == 2 else -1
+        got = [_float_shape(f"{net}[{i}]", x) for i, x in enumerate(layers)]
+        h1, h2, o = (shape[-1] if len(shape) == 2 else -1 for shape in (got[0], got[2], got[4]))
         want = [(d, h1), (h1,), (h1, h2), (h2,), (h2, out if out else o), (out if out else o,)]
-        got = [tuple(x.shape) for x in (w1, b1, w2, b2, w3, b3)]
         for i, (g, w) in enumerate(zip(got, want)):
             if g != w:
                 raise ValueError(f"{net}[{i}] must have shape {w} for obs of shape {(m, d)}, got {g} (all shapes: {got})")
@@ -570,8 +595,16 @@ def _check(obs, actions, rows, actor, critic):
             raise ValueError(f"{net}: hidden widths ({h1}, {h2}) exceed the fused kernel's limit {LIMITS['hidden']}")
     if d > LIMITS["obs_dim"]:
         raise ValueError(f"obs has {d} features, more than the fused kernel's limit {LIMITS['obs_dim']}")
-    if actor[4].shape[-1] > LIMITS["actions"]:
-        raise ValueError(f"actor has {actor[4].shape[-1]} actions, more than the fused kernel's limit {LIMITS['actions']}")
+    if jnp.shape(actor[4])[-1] > LIMITS["actions"]:
+        raise ValueError(f"actor has {jnp.shape(actor[4])[-1]} actions, more than the fused kernel's limit {LIMITS['actions']}")
+
+
+def _float_shape(name: str, x) -> tuple[int, ...]:
+    """The shape of a floating-point array (or of a `jax.ShapeDtypeStruct` standing for one)."""
+    dtype = x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"{name} must be a floating-point array, got dtype {dtype} with shape {tuple(jnp.shape(x))}")
+    return tuple(jnp.shape(x))
 
 
 def _check_options(activation: str, dot_precision: str) -> None:
@@ -598,14 +631,16 @@ def ppo_actor_critic_grads_flat(obs, actions, old_log_probs, old_values, advanta
     give the squared norm (when one program covers a seed's minibatch), so that an optimiser on the
     flat vector (`rl.loop.flat_minibatch_epochs`) needs no slicing, concatenation or norm pass."""
     _check_options(activation, dot_precision)
-    check_layout(layout)
+    layout = check_layout(layout)
     params = check_float_array("params", params, ndim=1)
     if params.shape != (layout.size,):
         raise ValueError(f"params must have shape {(layout.size,)} (the layout's size), got {tuple(params.shape)}")
     rows = {"old_log_probs": old_log_probs, "old_values": old_values, "advantages": advantages, "targets": targets}
     if jnp.ndim(obs) != 2 or jnp.shape(obs)[-1] != layout.obs_dim:
         raise ValueError(f"obs must have shape (M, {layout.obs_dim}) (the layout's obs_dim), got {tuple(jnp.shape(obs))}")
-    _check(obs, actions, rows, *unflatten(params, layout))  # the cut arrays' shapes only (unused slices: no work under jit)
+    shapes_actor, shapes_critic = layout.shapes()
+    like = lambda shapes: [jax.ShapeDtypeStruct(shape, params.dtype) for shape in shapes]
+    _check(obs, actions, rows, like(shapes_actor), like(shapes_critic))
     name = resolve_backend(backend)
     _check_fits(name, dot_precision, layout, "ppo_actor_critic_grads_flat")
     scalars = [jnp.asarray(x, jnp.float32) for x in (clip_eps, vf_clip_eps, ent_coef, vf_coef)]

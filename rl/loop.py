@@ -261,7 +261,8 @@ def global_norm(tree) -> jax.Array:
 def clip_by_global_norm(max_norm) -> optax.GradientTransformationExtraArgs:
     """g <- g where ||g|| < max_norm, else g max_norm / ||g|| (`global_norm`); stateless. The same
     rule as `optax.clip_by_global_norm`, whose norm reduces each leaf apart. The extra argument
-    `grad_sq_norm` (optional, passed through `optax.chain`) is ||g||^2 computed already: no norm pass."""
+    `grad_sq_norm` (optional, passed through `optax.chain`) is ||g||^2 of the updates this transform
+    receives, computed already: no norm pass. So the clip must come first in a chain given it."""
 
     def update(updates, state, params=None, *, grad_sq_norm=None, **extra_args):
         norm = global_norm(updates) if grad_sq_norm is None else jnp.sqrt(grad_sq_norm)
@@ -625,10 +626,13 @@ def flat_minibatch_epochs(agent: OnPolicyLoopConfig, optimizer, grads: Callable,
     transitions, or whole env sequences. `refresh(params, batch) -> batch` (optional): each epoch after
     the first learns from it, at that epoch's params. `flat_grads(flat_params, minibatch) -> (flat
     gradient, ||gradient||^2, stats)` (optional) replaces `grads`: a gradient computed on the flat
-    vector itself, with its squared norm for the clip (`clip_by_global_norm`'s `grad_sq_norm`), so
-    the step neither cuts the vector into arrays nor concatenates the gradient nor re-reads it for the
-    norm. Returns (params, opt_state, stats [epochs, minibatches])."""
+    vector itself, with its squared norm for the clip (`clip_by_global_norm`'s `grad_sq_norm`, passed
+    to `optimizer.update` as an optax extra argument: the optimiser must start with that clip, as
+    `clipped_adam` does; one that takes no extra arguments ignores it), so the step neither cuts the
+    vector into arrays nor concatenates the gradient nor re-reads it for the norm. Returns (params,
+    opt_state, stats [epochs, minibatches])."""
     flat_params, unravel = ravel_pytree(params)
+    optimizer = optax.with_extra_args_support(optimizer)
 
     def minibatch_step(carry, minibatch):
         flat_params, opt_state = carry

@@ -675,15 +675,6 @@ def leaf_offsets(params):
     return jax.tree.unflatten(treedef, starts)
 
 
-def replace_dense_layers(params, layers):
-    """`params` with its dense layers (in creation order, as `dense_layers` lists them) replaced."""
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    keys = [[getattr(k, "key", getattr(k, "name", None)) for k in path] for path, _ in leaves]
-    order = {m: i for i, m in enumerate(sorted({k[-2] for k in keys}, key=_layer_index))}
-    new = [layers[order[k[-2]]][0 if k[-1] in _WEIGHT_NAMES else 1] for k in keys]
-    return jax.tree_util.tree_unflatten(treedef, new)
-
-
 # ---------------------------------------------------------------- observation normalisation
 
 

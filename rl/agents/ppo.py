@@ -192,7 +192,7 @@ def minibatch_loss(net, params, batch, hparams, agent: Config, distribution: str
 
 
 def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
-    """Why `kernels.ppo_actor_critic_grads` cannot compute this config's gradient, or None if it can:
+    """Why `kernels.ppo_actor_critic_grads_flat` cannot compute this config's gradient, or None if it can:
     it needs Discrete actions, a flat Box observation, separate actor and critic mlp torsos with two
     hidden layers, tanh or relu, and sizes within `kernels.ppo_grads.LIMITS` whose tf32 kernel fits
     one program's shared memory (`kernels.ppo_grads.too_big_for_shared_memory`). The env is

@@ -1,5 +1,6 @@
-"""kernels.ppo_actor_critic_grads: the fused kernel (triton / interpret) against the plain-JAX
-reference (autodiff of the loss), under jit, nested vmap and row chunking; bad input errors.
+"""kernels.ppo_actor_critic_grads and its flat-vector form ppo_actor_critic_grads_flat: the fused
+kernels (triton / interpret) against the plain-JAX reference (autodiff of the loss), under jit,
+nested vmap and row chunking; the flat layouts; bad input errors.
 The reference itself is checked against the PPO agent's own loss and network in tests/rl/test_ppo.py."""
 
 import jax
@@ -130,6 +131,12 @@ def test_the_automatic_crossover_routes_by_the_vmapped_size(monkeypatch):
         one = jax.tree.map(lambda x: x[None], case)
         got = jax.jit(jax.vmap(lambda *x: ppo_actor_critic_grads(*x, *hparams)))(*one)
         assert_close(jax.tree.map(lambda x: x[0], got), want, rtol=1e-6)
+        layout = ppo_grads.concatenated_layout(4, (16, 24), 3)
+        params = ppo_grads.flatten(case[6], case[7], layout)
+        grads, sq_norm, _ = ppo_grads.ppo_actor_critic_grads_flat(*case[:6], params, layout, *hparams)
+        want_flat = ppo_grads.flatten(want[0], want[1], layout)
+        assert_close(grads, want_flat, rtol=1e-6)
+        np.testing.assert_allclose(float(sq_norm), float(jnp.sum(jnp.square(want_flat))), rtol=1e-5)
         two = make_case(rng, m=40, lead=(2,))
         with pytest.raises(AssertionError, match="launched"):
             jax.vmap(lambda *x: ppo_actor_critic_grads(*x, *hparams))(*two)
@@ -168,8 +175,8 @@ def shuffled_layout(rng, d=4, h1=16, h2=24, a=3):
     return layout._replace(actor=tuple(offsets[:6]), critic=tuple(offsets[6:]))
 
 
-@pytest.mark.parametrize("clip_value_loss", [True, False])
-def test_the_flat_op_reads_and_writes_the_vector_at_the_layout_s_offsets(backend, clip_value_loss):
+@pytest.mark.parametrize("activation, clip_value_loss", [("tanh", True), ("relu", False)])
+def test_the_flat_op_reads_and_writes_the_vector_at_the_layout_s_offsets(backend, activation, clip_value_loss):
     """params [size] in a shuffled layout: the gradient comes back in the same layout, equal to the
     tuple reference's arrays placed there, and the squared norm is the sum of its squares."""
     rng = np.random.default_rng(11)
@@ -177,7 +184,7 @@ def test_the_flat_op_reads_and_writes_the_vector_at_the_layout_s_offsets(backend
     layout = shuffled_layout(rng)
     params = ppo_grads.flatten(actor, critic, layout)
     hparams = (0.2, 0.15, 0.01, 0.5)
-    kw = dict(clip_value_loss=clip_value_loss, dot_precision="ieee")
+    kw = dict(activation=activation, clip_value_loss=clip_value_loss, dot_precision="ieee")
     grads, sq_norm, stats = ppo_grads.ppo_actor_critic_grads_flat(*case, params, layout, *hparams, backend=backend, **kw)
     g_actor, g_critic, want_stats = ppo_grads.ppo_actor_critic_grads_reference(*case, actor, critic, *hparams, **kw)
     want = np.zeros(layout.size, np.float32)
@@ -188,16 +195,19 @@ def test_the_flat_op_reads_and_writes_the_vector_at_the_layout_s_offsets(backend
     np.testing.assert_allclose(float(sq_norm), float(np.sum(want.astype(np.float64) ** 2)), rtol=1e-4)
 
 
-def test_the_flat_op_under_nested_vmap_and_row_chunks(kernel_backend, monkeypatch):
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_the_flat_op_under_nested_vmap_and_row_chunks(kernel_backend, activation, monkeypatch):
     """[2, 3] minibatches folded into one launch, with one program per minibatch (squared norm from
-    the programs' sums) and with rows cut into chunks (squared norm of the summed gradient)."""
+    the programs' sums, padding included: exact only because the padded units stay 0) and with rows
+    cut into chunks (squared norm of the summed gradient)."""
     rng = np.random.default_rng(12)
     *case, actor, critic = make_case(rng, m=100, lead=(2, 3))
     layout = shuffled_layout(rng)
     params = ppo_grads.flatten(actor, critic, layout)
-    f = lambda *x: ppo_grads.ppo_actor_critic_grads_flat(*x[:6], x[6], layout, 0.2, 0.2, 0.01, 0.5, backend=kernel_backend, dot_precision="ieee")
+    kw = dict(activation=activation, dot_precision="ieee")
+    f = lambda *x: ppo_grads.ppo_actor_critic_grads_flat(*x[:6], x[6], layout, 0.2, 0.2, 0.01, 0.5, backend=kernel_backend, **kw)
     want = jax.vmap(jax.vmap(lambda *x: ppo_grads.ppo_actor_critic_grads_flat(*x[:6], x[6], layout, 0.2, 0.2, 0.01, 0.5,
-                                                                           backend="reference", dot_precision="ieee")))(*case, params)
+                                                                           backend="reference", **kw)))(*case, params)
     for min_programs, chunks in ((1, 1), (10**6, 4)):
         monkeypatch.setattr(ppo_grads, "MIN_PROGRAMS", min_programs)
         assert ppo_grads._row_chunks(6, 100)[1] == chunks
@@ -227,6 +237,14 @@ def test_bad_layouts_and_flat_params_are_named():
         flat(*case, jnp.zeros(ppo_grads.concatenated_layout(5, (16, 24), 3).size), ppo_grads.concatenated_layout(5, (16, 24), 3), *hp)
     with pytest.raises(ValueError, match=r"targets must have shape \(40,\)"):
         flat(*case[:5], case[5][:3], params, layout, *hp)
+    with pytest.raises(ValueError, match=r"layout.actor must hold 6 offsets"):
+        flat(*case, params, layout._replace(actor=layout.actor[:5]), *hp)
+    with pytest.raises(ValueError, match=r"layout.hidden must be two widths"):
+        flat(*case, params, layout._replace(hidden=(16,)), *hp)
+    with pytest.raises(ValueError, match=r"layout.size must be a Python int \(a layout is static"):
+        jax.jit(lambda size: flat(*case, params, layout._replace(size=size), *hp))(layout.size)
+    listed = layout._replace(actor=list(layout.actor), hidden=list(layout.hidden))  # e.g. read from a config: normalised
+    assert_close(flat(*case, params, listed, *hp), flat(*case, params, layout, *hp), rtol=0)
 
 
 def test_shared_memory_estimate_is_triton_s_request_on_an_h100():

@@ -382,16 +382,41 @@ def test_global_norm_by_hand():
 
 
 def test_clip_takes_a_given_squared_norm_through_the_chain():
-    """`grad_sq_norm` passed to the optimiser replaces the clip's own norm: the true one gives the same
-    step as none; a different one scales the gradient by max_norm / sqrt(given) (here 1 / 10)."""
-    optimizer = loop.clipped_adam(0.1, 1.0)
+    """`grad_sq_norm` passed to a chain that starts with the clip replaces the clip's own norm: the
+    true one gives the same step as none; a larger one scales the gradient by max_norm / sqrt(given)
+    (here 1 / 10, then through plain SGD); a smaller one leaves it unclipped."""
+    import optax
+
+    optimizer = optax.chain(loop.clip_by_global_norm(1.0), optax.sgd(1.0))
     grads = jnp.array([3.0, 4.0, 0.0])  # ||g|| = 5
     state = optimizer.init(grads)
     plain, _ = optimizer.update(grads, state, grads)
+    np.testing.assert_allclose(np.asarray(plain), [-0.6, -0.8, 0.0], rtol=1e-6)
     given, _ = optimizer.update(grads, state, grads, grad_sq_norm=jnp.float32(25.0))
     np.testing.assert_allclose(np.asarray(given), np.asarray(plain), rtol=1e-6)
-    clip = loop.clip_by_global_norm(1.0)
-    clipped, _ = clip.update(grads, clip.init(grads), grad_sq_norm=jnp.float32(100.0))
-    np.testing.assert_allclose(np.asarray(clipped), [0.3, 0.4, 0.0], rtol=1e-6)
-    unclipped, _ = clip.update(grads, clip.init(grads), grad_sq_norm=jnp.float32(0.25))
-    np.testing.assert_allclose(np.asarray(unclipped), np.asarray(grads))
+    larger, _ = optimizer.update(grads, state, grads, grad_sq_norm=jnp.float32(100.0))
+    np.testing.assert_allclose(np.asarray(larger), [-0.3, -0.4, 0.0], rtol=1e-6)
+    smaller, _ = optimizer.update(grads, state, grads, grad_sq_norm=jnp.float32(0.25))
+    np.testing.assert_allclose(np.asarray(smaller), -np.asarray(grads))
+
+
+def test_flat_minibatch_epochs_steps_along_a_flat_gradient_and_its_norm():
+    """`flat_grads` replaces `grads`: with a clip-then-SGD optimiser, one epoch of one minibatch moves
+    the flat parameters by -lr g max_norm / sqrt(given squared norm) (the given norm, not g's own),
+    and the params come back in their tree."""
+    import optax
+    from types import SimpleNamespace
+
+    agent = SimpleNamespace(num_epochs=1, num_minibatches=1, unroll=1)
+    params = {"a": jnp.array([1.0, 2.0]), "b": jnp.array([[3.0]])}
+    optimizer = optax.chain(loop.clip_by_global_norm(1.0), optax.sgd(0.5))
+    opt_state = optimizer.init(jnp.zeros(3))
+    g = jnp.array([1.0, 0.0, 2.0])
+    never = lambda params, minibatch: (_ for _ in ()).throw(AssertionError("grads called"))
+    flat_grads = lambda flat, minibatch: (g, jnp.float32(16.0), {"seen": jnp.sum(minibatch)})
+    new, _, stats = loop.flat_minibatch_epochs(agent, optimizer, never, params, opt_state, jnp.arange(4.0), jax.random.PRNGKey(0),
+                                               flat_grads=flat_grads)
+    # ravel order: a (2 entries), then b (1): g / 4 (clip at norm 4), times lr 0.5
+    np.testing.assert_allclose(np.asarray(new["a"]), [1.0 - 0.125, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(new["b"]), [[3.0 - 0.25]], rtol=1e-6)
+    assert float(stats["seen"][0, 0]) == 6.0

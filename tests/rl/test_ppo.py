@@ -83,7 +83,7 @@ def test_ppo_continuous_pendulum_improves_and_acts_within_bounds():
 def test_vmap_over_seeds_equals_per_seed_runs():
     """With the kernel backend named (on a GPU: the triton kernels; on the CPU: the reference), a seed
     run alone and the same seed vmapped beside another agree. (With the automatic choice on a GPU a
-    lone seed's minibatch gradient goes to XLA, the crossover of kernels.ppo_actor_critic_grads, so
+    lone seed's minibatch gradient goes to XLA, the crossover of kernels.ppo_actor_critic_grads_flat, so
     the two agree only to rounding there.)"""
     config = make_config(total_steps=512, kernel_backend=kernels.resolve_backend(None))
     train = ppo.make_train(config)
