@@ -346,8 +346,9 @@ class EpisodeTotals(NamedTuple):
     count: jax.Array
 
 
-def no_episodes() -> EpisodeTotals:
-    return EpisodeTotals(jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
+def no_episodes(shape: tuple[int, ...] = ()) -> EpisodeTotals:
+    """Zero totals: one set, or one per element of `shape` (e.g. per env, for `count_episodes`)."""
+    return EpisodeTotals(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.int32))
 
 
 def add_episodes(totals: EpisodeTotals, info: dict) -> EpisodeTotals:
@@ -359,6 +360,21 @@ def add_episodes(totals: EpisodeTotals, info: dict) -> EpisodeTotals:
         totals.lengths + jnp.sum(jnp.where(done, info["episode_length"], 0)),
         totals.count + jnp.sum(done.astype(jnp.int32)),
     )
+
+
+def count_episodes(totals: EpisodeTotals, info: dict) -> EpisodeTotals:
+    """`add_episodes` element by element, with no sum (`totals` has the shape of `info`'s batch, e.g.
+    one set per env): totals + (done * episode_return, done * episode_length, done). A rollout that
+    carries these per env writes no per-step episode arrays; `add_totals` sums them once after it."""
+    done = info["episode_done"]
+    return EpisodeTotals(totals.returns + jnp.where(done, info["episode_return"], 0.0),
+                         totals.lengths + jnp.where(done, info["episode_length"], 0),
+                         totals.count + done.astype(jnp.int32))
+
+
+def add_totals(totals: EpisodeTotals, more: EpisodeTotals) -> EpisodeTotals:
+    """`totals` plus every element of `more` (per-env totals from `count_episodes`), summed."""
+    return EpisodeTotals(totals.returns + jnp.sum(more.returns), totals.lengths + jnp.sum(more.lengths), totals.count + jnp.sum(more.count))
 
 
 def episode_metrics(totals: EpisodeTotals) -> dict:

@@ -78,7 +78,6 @@ from rl.trainer import Trainer, train_from_trainer
 from rl.config import ConfigError, hp
 from rl.rollout import greedy_episodes
 
-EPISODE_INFO = ("episode_done", "episode_return", "episode_length")
 OBS_CLIP = 10.0  # agent.obs_clip's default
 
 
@@ -269,7 +268,6 @@ class Transition(NamedTuple):
     terminated: jax.Array
     truncated: jax.Array
     final_obs: jax.Array
-    episode: dict  # EpisodeStatistics' info: episode_done, episode_return, episode_length
 
 
 def init_state(s: Setup, key, hparams):
@@ -290,23 +288,26 @@ def init_state(s: Setup, key, hparams):
 
 
 def rollout(s: Setup, params, obs, env_state, key):
-    """num_steps steps of every env under the policy; (obs, env_state, Transition [T, E, ...]).
-    Acting needs log pi(a|s) alone, in plain JAX: XLA fuses it into the policy's last layer, where a
-    kernel launch per env step would cost more than it saves (the kernels serve the loss)."""
+    """num_steps steps of every env under the policy; (obs, env_state, Transition [T, E, ...], the
+    episodes that ended as `loop.EpisodeTotals` per env [E], counted as the rollout goes rather than
+    stacked per step). Acting needs log pi(a|s) alone, in plain JAX: XLA fuses it into the policy's
+    last layer, where a kernel launch per env step would cost more than it saves (the kernels serve
+    the loss)."""
 
     def env_step(carry, keys):
-        params, obs, env_state = carry
+        params, obs, env_state, episodes = carry
         act_key, env_keys = keys
         policy, _ = apply_policy(s, params, obs)
         action = loop.sample_action(policy, act_key, s.distribution)
         log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, backend="reference")
         next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, loop.env_action(action, s.distribution), s.env_params)
-        episode = {name: info[name] for name in EPISODE_INFO}
-        return (params, next_obs, env_state), Transition(obs, action, log_prob, reward, terminated, truncated, info["final_obs"], episode)
+        episodes = loop.count_episodes(episodes, info)
+        return (params, next_obs, env_state, episodes), Transition(obs, action, log_prob, reward, terminated, truncated, info["final_obs"])
 
     keys = loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
-    (_, obs, env_state), traj = jax.lax.scan(env_step, (params, obs, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps))
-    return obs, env_state, traj
+    carry = (params, obs, env_state, loop.no_episodes((s.agent.num_envs,)))
+    (_, obs, env_state, episodes), traj = jax.lax.scan(env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps))
+    return obs, env_state, traj, episodes
 
 
 def gae_cuts(agent: Config, truncated):
@@ -410,8 +411,8 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
     learning. Returns (state, totals, mean loss stats)."""
     key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
     params = state["params"]
-    obs, env_state, traj = rollout(s, params, state["obs"], state["env_state"], rollout_key)
-    totals = loop.add_episodes(totals, traj.episode)
+    obs, env_state, traj, episodes = rollout(s, params, state["obs"], state["env_state"], rollout_key)
+    totals = loop.add_totals(totals, episodes)
     obs_stats = networks.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:]) if s.agent.normalize_obs else None
     params = policy_params(s.agent, network_params(s.agent, params), obs_stats)
     if s.agent.minibatch_advantages:  # whole segments; each minibatch's loss computes their advantages

@@ -420,3 +420,19 @@ def test_flat_minibatch_epochs_steps_along_a_flat_gradient_and_its_norm():
     np.testing.assert_allclose(np.asarray(new["a"]), [1.0 - 0.125, 2.0], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(new["b"]), [[3.0 - 0.25]], rtol=1e-6)
     assert float(stats["seen"][0, 0]) == 6.0
+
+
+def test_per_env_episode_counts_sum_to_the_batch_totals():
+    """`count_episodes` step by step per env, then `add_totals`, gives `add_episodes` of the whole
+    [T, E] batch: the same lengths and counts, the same return sum up to float rounding."""
+    rng = np.random.default_rng(0)
+    info = {"episode_done": jnp.asarray(rng.random((7, 3)) < 0.4), "episode_return": jnp.asarray(rng.normal(size=(7, 3)), jnp.float32),
+            "episode_length": jnp.asarray(rng.integers(1, 50, (7, 3)), jnp.int32)}
+    per_env = loop.no_episodes((3,))
+    for t in range(7):
+        per_env = loop.count_episodes(per_env, {k: v[t] for k, v in info.items()})
+    start = loop.EpisodeTotals(jnp.float32(1.5), jnp.int32(4), jnp.int32(2))
+    got, want = loop.add_totals(start, per_env), loop.add_episodes(start, info)
+    assert int(got.count) == int(want.count) == 2 + int(np.sum(np.asarray(info["episode_done"])))
+    assert int(got.lengths) == int(want.lengths)
+    np.testing.assert_allclose(float(got.returns), float(want.returns), rtol=1e-6)

@@ -211,7 +211,7 @@ def test_acting_takes_the_log_prob_in_plain_jax_on_a_kernel_backend():
     rollout = lambda state: ppo.rollout(s, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(1))
     jaxpr = str(jax.make_jaxpr(rollout)(state))
     assert "pure_callback" not in jaxpr and "triton" not in jaxpr
-    _, _, traj = jax.jit(rollout)(state)
+    _, _, traj, _ = jax.jit(rollout)(state)
     logits = ppo.apply_policy(s, state["params"], traj.obs)[0]
     expected, _ = kernels.categorical_log_prob_entropy(logits, traj.action, backend=config.kernels.backend)
     np.testing.assert_allclose(traj.log_prob, expected, rtol=1e-5, atol=1e-6)

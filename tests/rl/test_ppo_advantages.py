@@ -77,7 +77,7 @@ def setup_and_rollout(config, seed=0):
     s = ppo.Setup(agent, env, env_params, *loop.batched(env), net, distribution, "reference", False)
     hparams = hyperparams(agent)
     state = ppo.init_state(s, jax.random.PRNGKey(seed), hparams)
-    _, _, traj = ppo.rollout(s, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(seed + 1))
+    _, _, traj, _ = ppo.rollout(s, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(seed + 1))
     return s, hparams, state["params"], traj
 
 

@@ -161,7 +161,7 @@ def test_ppo_normalised_observations_reach_the_learner_normalised():
 
     hp = hyperparams(config.agent)
     state = ppo.init_state(trainer_setup, jax.random.PRNGKey(0), hp)
-    _, _, traj = ppo.rollout(trainer_setup, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(1))
+    _, _, traj, _ = ppo.rollout(trainer_setup, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(1))
     stats = networks.update_observation_stats(state["params"]["obs_stats"], traj.obs, (3,))
     params = {**state["params"], "obs_stats": stats}
     batch, _, _ = ppo.learn_batch(trainer_setup, hp, params, traj)
