@@ -645,8 +645,7 @@ def ppo_actor_critic_grads_flat(obs, actions, old_log_probs, old_values, advanta
     _check_fits(name, dot_precision, layout, "ppo_actor_critic_grads_flat")
     scalars = [jnp.asarray(x, jnp.float32) for x in (clip_eps, vf_clip_eps, ent_coef, vf_coef)]
     if name == "reference":
-        grads, sq_norm, stats = _reference_flat(obs, actions, list(rows.values()), params, scalars, layout, activation, clip_value_loss, dot_precision)
-        return grads, sq_norm, stats
+        return _reference_flat(obs, actions, list(rows.values()), params, scalars, layout, activation, clip_value_loss, dot_precision)
     op = _kernel_op(name, chosen_automatically(backend), layout, activation, bool(clip_value_loss), dot_precision)
     grads, sq_norm, *stats = op(jnp.asarray(obs), jnp.asarray(actions), *(jnp.asarray(x) for x in rows.values()), params, *scalars)
     return grads, sq_norm, dict(zip(AUX_NAMES, stats))

@@ -354,12 +354,7 @@ def no_episodes(shape: tuple[int, ...] = ()) -> EpisodeTotals:
 def add_episodes(totals: EpisodeTotals, info: dict) -> EpisodeTotals:
     """`totals` plus the episodes that end in `info` (from `EpisodeStatistics`, any batch shape):
     sum(done * episode_return), sum(done * episode_length), sum(done)."""
-    done = info["episode_done"]
-    return EpisodeTotals(
-        totals.returns + jnp.sum(jnp.where(done, info["episode_return"], 0.0)),
-        totals.lengths + jnp.sum(jnp.where(done, info["episode_length"], 0)),
-        totals.count + jnp.sum(done.astype(jnp.int32)),
-    )
+    return add_totals(totals, count_episodes(no_episodes(jnp.shape(info["episode_done"])), info))
 
 
 def count_episodes(totals: EpisodeTotals, info: dict) -> EpisodeTotals:

@@ -24,6 +24,7 @@ keep their own initialisers.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -671,8 +672,8 @@ def leaf_offsets(params):
     vector (an int): leaf k starts at the sum of the sizes of leaves 0..k-1, in `jax.tree` order.
     `dense_layers(leaf_offsets(params))` gives each dense layer's (weight, bias) offsets."""
     leaves, treedef = jax.tree.flatten(params)
-    starts = [sum(math.prod(jnp.shape(x)) for x in leaves[:k]) for k in range(len(leaves))]
-    return jax.tree.unflatten(treedef, starts)
+    sizes = [math.prod(jnp.shape(x)) for x in leaves]
+    return jax.tree.unflatten(treedef, [0, *itertools.accumulate(sizes)][:len(leaves)])
 
 
 # ---------------------------------------------------------------- observation normalisation
