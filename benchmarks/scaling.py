@@ -24,12 +24,29 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def count_collectives(hlo_text: str) -> dict:
+    """How many instructions of each collective kind the compiled program holds (its async starts
+    counted once). Seeds are independent, so a seed-sharded training chunk should hold none beyond the
+    small gathers of the per-log-point metrics."""
+    counts = {}
+    for kind in COLLECTIVES:
+        starts = len(re.findall(rf"= [^=]*\b{kind}-start\(", hlo_text))
+        plain = len(re.findall(rf"= [^=]*\b{kind}\(", hlo_text))
+        if starts + plain:
+            counts[kind] = starts + plain
+    return counts
 
 
 def measure(config_path: str, overrides: list[str], devices: int, seeds: int, log_points: int, repeats: int, shard: str = "seeds") -> dict:
@@ -48,6 +65,7 @@ def measure(config_path: str, overrides: list[str], devices: int, seeds: int, lo
     state = jax.block_until_ready(init(keys, hparams))
     program = chunk(log_points).lower(state, hparams).compile()
     compile_seconds = time.perf_counter() - start
+    collectives = count_collectives(program.as_text())
     state, metrics = jax.block_until_ready(program(state, hparams))  # warm-up
     steps_per_chunk = None
     times = []
@@ -65,6 +83,7 @@ def measure(config_path: str, overrides: list[str], devices: int, seeds: int, lo
         "log_points_per_chunk": log_points,
         "env_steps_per_seed_per_chunk": steps_per_chunk,
         "compile_seconds": round(compile_seconds, 3),
+        "collectives": collectives,
         "median_chunk_seconds": seconds,
         "env_steps_per_second": steps_per_chunk * seeds / seconds if seconds > 0 else float("nan"),
     }
@@ -98,11 +117,11 @@ def main(argv=None) -> int:
 
     machine = f"{jax.devices()[0].device_kind} x{available}, {platform.node()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}"
     print(f"\n{args.config} {' '.join(args.overrides)}  ({machine}, {time.strftime('%Y-%m-%d')})")
-    print("| devices | seeds | env steps/s (all seeds) | speed-up | compile s |")
-    print("|---|---|---|---|---|")
+    print("| devices | seeds | env steps/s (all seeds) | speed-up | compile s | collectives in the chunk |")
+    print("|---|---|---|---|---|---|")
     base = rows[0]["env_steps_per_second"]
     for row in rows:
-        print(f"| {row['devices']} | {row['seeds']} | {row['env_steps_per_second']:,.0f} | {row['env_steps_per_second'] / base:.2f}x | {row['compile_seconds']:.1f} |")
+        print(f"| {row['devices']} | {row['seeds']} | {row['env_steps_per_second']:,.0f} | {row['env_steps_per_second'] / base:.2f}x | {row['compile_seconds']:.1f} | {', '.join(f'{k} {v}' for k, v in row['collectives'].items()) or 'none'} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "config": args.config, "overrides": args.overrides, "rows": rows}, indent=2))
     return 0
