@@ -299,6 +299,38 @@ def rollout_keys(key, num_steps: int, num_envs: int):
     return pairs[:, 0], jax.vmap(lambda k: jax.random.split(k, num_envs))(pairs[:, 1])
 
 
+PACKED_OUTPUT_MAX = 4096  # most elements per step of an output leaf that `scan_packed_outputs` packs
+
+
+def scan_packed_outputs(step: Callable, carry, xs, *, unroll: int = 1):
+    """`jax.lax.scan(step, carry, xs, unroll=unroll)`, the same (carry, stacked outputs) bit for bit,
+    with the per-step output leaves of at most `PACKED_OUTPUT_MAX` elements stored as one row of
+    `buffers.pack`'s blocks (32-bit leaves and small narrow ones bitcast into one uint32 row, other
+    dtypes one row each) and unpacked after the loop. Stacking a leaf costs a dynamic-update-slice
+    per loop trip; a rollout step's transition (observation, action, log-prob, reward, terminated,
+    truncated, final observation) becomes one or two instead of one per leaf. Larger leaves (image
+    observations) are stacked as they are, so no step output is copied once more after the loop."""
+    packed_layout = []  # filled while tracing `packed_step`
+
+    def is_small(leaf) -> bool:
+        return int(np.prod(jnp.shape(leaf))) <= PACKED_OUTPUT_MAX
+
+    def packed_step(carry, x):
+        carry, out = step(carry, x)
+        leaves, treedef = jax.tree.flatten(out)
+        small = [leaf for leaf in leaves if is_small(leaf)]
+        large = [leaf for leaf in leaves if not is_small(leaf)]
+        layout = buffers.storage_layout(small)
+        packed_layout.append((treedef, [is_small(leaf) for leaf in leaves], layout))
+        return carry, (buffers.pack(layout, small) if small else (), large)
+
+    carry, (blocks, large) = jax.lax.scan(packed_step, carry, xs, unroll=unroll)
+    treedef, small_flags, layout = packed_layout[-1]
+    small = iter(buffers.unpack(layout, blocks) if blocks else [])
+    large = iter(large)
+    return carry, treedef.unflatten([next(small) if flag else next(large) for flag in small_flags])
+
+
 def minibatch_epochs(minibatch_step: Callable, carry, batch, key, num_epochs: int, num_minibatches: int, unroll: int = 1,
                      refresh: Callable | None = None):
     """`num_epochs` passes over `batch` (a pytree of arrays with a leading batch axis), each a

@@ -292,7 +292,8 @@ def rollout(s: Setup, params, obs, env_state, key):
     episodes that ended as `loop.EpisodeTotals` per env [E], counted as the rollout goes rather than
     stacked per step). Acting needs log pi(a|s) alone, in plain JAX: XLA fuses it into the policy's
     last layer, where a kernel launch per env step would cost more than it saves (the kernels serve
-    the loss)."""
+    the loss). Each step's Transition is stored as one packed row (`loop.scan_packed_outputs`: one
+    write per step instead of one per field; the same arrays)."""
 
     def env_step(carry, keys):
         params, obs, env_state, episodes = carry
@@ -306,7 +307,7 @@ def rollout(s: Setup, params, obs, env_state, key):
 
     keys = loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
     carry = (params, obs, env_state, loop.no_episodes((s.agent.num_envs,)))
-    (_, obs, env_state, episodes), traj = jax.lax.scan(env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps))
+    (_, obs, env_state, episodes), traj = loop.scan_packed_outputs(env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps))
     return obs, env_state, traj, episodes
 
 

@@ -436,3 +436,43 @@ def test_per_env_episode_counts_sum_to_the_batch_totals():
     assert int(got.count) == int(want.count) == 2 + int(np.sum(np.asarray(info["episode_done"])))
     assert int(got.lengths) == int(want.lengths)
     np.testing.assert_allclose(float(got.returns), float(want.returns), rtol=1e-6)
+
+
+def _mixed_step(carry, x):
+    """A step whose outputs mix float32 (NaN and -0.0 included), int32, bool, uint8 and a leaf above
+    PACKED_OUTPUT_MAX elements, so every packing path of `scan_packed_outputs` is taken."""
+    total, count = carry
+    out = {
+        "obs": jnp.stack([x, -x, x * 0.0 - 0.0, jnp.where(x > 1.5, jnp.nan, x)]),
+        "action": (x * 7).astype(jnp.int32) - 3,
+        "done": x > 2.0,
+        "flags": jnp.full((20,), x > 1.0),  # a narrow leaf too large for the uint32 block
+        "byte": (x * 11).astype(jnp.uint8),
+        "image": jnp.full((loop.PACKED_OUTPUT_MAX + 1,), x, jnp.float32),  # stacked as it is
+        "nested": (x.astype(jnp.float16), {"int": jnp.arange(3) + count}),
+    }
+    return (total + x, count + 1), out
+
+
+@pytest.mark.parametrize("unroll", [1, 3])
+def test_scan_packed_outputs_equals_lax_scan_bit_for_bit(unroll):
+    xs = jnp.asarray([0.5, 1.25, 2.5, -1.0, 3.0], jnp.float32)
+    carry = (jnp.float32(0.0), jnp.int32(0))
+    want_carry, want = jax.lax.scan(_mixed_step, carry, xs, unroll=unroll)
+    got_carry, got = jax.jit(lambda c, x: loop.scan_packed_outputs(_mixed_step, c, x, unroll=unroll))(carry, xs)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves((got_carry, got)), jax.tree.leaves((want_carry, want))):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(np.atleast_1d(np.asarray(g)).view(np.uint8), np.atleast_1d(np.asarray(w)).view(np.uint8))  # bits: NaN, -0.0
+
+
+def test_scan_packed_outputs_under_vmap_and_with_no_small_outputs():
+    xs = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)  # [batch 3, steps 4]
+    step = lambda c, x: (c + x, {"image": jnp.full((loop.PACKED_OUTPUT_MAX + 1,), x), "x": x})
+    want = jax.vmap(lambda x: jax.lax.scan(step, 0.0, x))(xs)
+    got = jax.vmap(lambda x: loop.scan_packed_outputs(step, 0.0, x))(xs)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(g, w)
+    only_large = lambda c, x: (c, jnp.full((loop.PACKED_OUTPUT_MAX + 1,), x))
+    got, want = loop.scan_packed_outputs(only_large, 0.0, xs[0]), jax.lax.scan(only_large, 0.0, xs[0])
+    np.testing.assert_array_equal(got[1], want[1])
