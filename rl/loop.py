@@ -302,14 +302,15 @@ def rollout_keys(key, num_steps: int, num_envs: int):
 PACKED_OUTPUT_MAX = 4096  # most elements per step of an output leaf that `scan_packed_outputs` packs
 
 
-def scan_packed_outputs(step: Callable, carry, xs, *, unroll: int = 1):
-    """`jax.lax.scan(step, carry, xs, unroll=unroll)`, the same (carry, stacked outputs) bit for bit,
+def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None, unroll: int = 1):
+    """`jax.lax.scan(step, carry, xs, length, unroll=unroll)`, the same (carry, stacked outputs) bit for bit,
     with the per-step output leaves of at most `PACKED_OUTPUT_MAX` elements stored as one row of
     `buffers.pack`'s blocks (32-bit leaves and small narrow ones bitcast into one uint32 row, other
     dtypes one row each) and unpacked after the loop. Stacking a leaf costs a dynamic-update-slice
     per loop trip; a rollout step's transition (observation, action, log-prob, reward, terminated,
     truncated, final observation) becomes one or two instead of one per leaf. Larger leaves (image
-    observations) are stacked as they are, so no step output is copied once more after the loop."""
+    observations) are stacked as they are, so no large output is copied once more after the loop
+    (unpacking slices the small ones out of the stacked rows)."""
     packed_layout = []  # filled while tracing `packed_step`
 
     def is_small(leaf) -> bool:
@@ -324,7 +325,7 @@ def scan_packed_outputs(step: Callable, carry, xs, *, unroll: int = 1):
         packed_layout.append((treedef, [is_small(leaf) for leaf in leaves], layout))
         return carry, (buffers.pack(layout, small) if small else (), large)
 
-    carry, (blocks, large) = jax.lax.scan(packed_step, carry, xs, unroll=unroll)
+    carry, (blocks, large) = jax.lax.scan(packed_step, carry, xs, length, unroll=unroll)
     treedef, small_flags, layout = packed_layout[-1]
     small = iter(buffers.unpack(layout, blocks) if blocks else [])
     large = iter(large)

@@ -476,3 +476,7 @@ def test_scan_packed_outputs_under_vmap_and_with_no_small_outputs():
     only_large = lambda c, x: (c, jnp.full((loop.PACKED_OUTPUT_MAX + 1,), x))
     got, want = loop.scan_packed_outputs(only_large, 0.0, xs[0]), jax.lax.scan(only_large, 0.0, xs[0])
     np.testing.assert_array_equal(got[1], want[1])
+    counter = lambda c, _: (c + 1, {"c": c, "twice": 2 * c})  # no xs: `length` steps
+    got, want = loop.scan_packed_outputs(counter, 0, None, length=5), jax.lax.scan(counter, 0, None, length=5)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(g, w)
