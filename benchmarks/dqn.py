@@ -35,8 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rl.config import load_config  # noqa: E402
 from rl.train import build_program  # noqa: E402
 
-BUDGETS = {"dqn": (20_000, 40_000, 60_000, 80_000, 100_000), "rainbow": (10_000, 20_000, 30_000, 40_000, 50_000, 60_000),
-           "pqn": (50_000, 100_000, 150_000, 200_000)}
+BUDGETS = {
+    "dqn": (20_000, 40_000, 60_000, 80_000, 100_000),
+    "rainbow": (10_000, 20_000, 30_000, 40_000, 50_000, 60_000),
+    "pqn": (50_000, 100_000, 150_000, 200_000),
+}
 
 
 def machine() -> dict:
@@ -71,20 +74,26 @@ def learning_table(steps, eval_return, budgets, threshold):
         point = upto[-1]
         values = eval_return[:, point]
         q25, q50, q75 = np.percentile(values, [25, 50, 75])
-        rows.append({
-            "budget": int(budget),
-            "log_step": int(steps[point]),
-            "median": float(q50),
-            "iqr": [float(q25), float(q75)],
-            "solved_at": float(np.mean(values >= threshold)),
-            "reached_by": float(np.mean((eval_return[:, : point + 1] >= threshold).any(axis=1))),
-        })
+        rows.append(
+            {
+                "budget": int(budget),
+                "log_step": int(steps[point]),
+                "median": float(q50),
+                "iqr": [float(q25), float(q75)],
+                "solved_at": float(np.mean(values >= threshold)),
+                "reached_by": float(
+                    np.mean((eval_return[:, : point + 1] >= threshold).any(axis=1))
+                ),
+            }
+        )
     return rows
 
 
 def run_learning(args) -> dict:
     config_path = args.config or f"configs/{args.agent}_cartpole.yaml"
-    config = load_config(config_path, [f"run.seeds={args.seeds}", "run.progress=false", *args.overrides])
+    config = load_config(
+        config_path, [f"run.seeds={args.seeds}", "run.progress=false", *args.overrides]
+    )
     if config.agent.name != args.agent:
         raise SystemExit(f"--agent {args.agent} but {config_path} configures {config.agent.name}")
     compiled, keys, hparams, compile_s = compiled_program(config)
@@ -95,25 +104,44 @@ def run_learning(args) -> dict:
     eval_return = np.asarray(metrics["eval_return"])[0]  # [seeds, log points]
     budgets = args.budgets or [b for b in BUDGETS[args.agent] if b <= config.agent.total_steps]
     rows = learning_table(steps, eval_return, budgets, args.threshold)
-    first = [int(steps[np.argmax(r >= args.threshold)]) if (r >= args.threshold).any() else None for r in eval_return]
+    first = [
+        int(steps[np.argmax(r >= args.threshold)]) if (r >= args.threshold).any() else None
+        for r in eval_return
+    ]
     result = {
-        "kind": "learning", "agent": args.agent, "config": config_path, "overrides": args.overrides, "seeds": args.seeds,
-        "threshold": args.threshold, "compile_s": compile_s, "train_s": train_s,
+        "kind": "learning",
+        "agent": args.agent,
+        "config": config_path,
+        "overrides": args.overrides,
+        "seeds": args.seeds,
+        "threshold": args.threshold,
+        "compile_s": compile_s,
+        "train_s": train_s,
         "env_steps_per_s": args.seeds * config.agent.total_steps / train_s,
-        "table": rows, "first_step_reaching_threshold": first,
-        "curves": {"step": steps.tolist(), "eval_return": eval_return.tolist(),
-                   "episode_return": np.asarray(metrics["episode_return"])[0].tolist(),
-                   "q_mean": np.asarray(metrics["q_mean"])[0].tolist()},
+        "table": rows,
+        "first_step_reaching_threshold": first,
+        "curves": {
+            "step": steps.tolist(),
+            "eval_return": eval_return.tolist(),
+            "episode_return": np.asarray(metrics["episode_return"])[0].tolist(),
+            "q_mean": np.asarray(metrics["q_mean"])[0].tolist(),
+        },
         "machine": machine(),
     }
-    print(f"{args.agent} {config_path} {' '.join(args.overrides)}: {args.seeds} seeds x {config.agent.total_steps} env steps, "
-          f"compile {compile_s:.1f} s, train {train_s:.1f} s ({result['env_steps_per_s']:,.0f} env steps/s all seeds)")
+    print(
+        f"{args.agent} {config_path} {' '.join(args.overrides)}: {args.seeds} seeds x {config.agent.total_steps} env steps, "
+        f"compile {compile_s:.1f} s, train {train_s:.1f} s ({result['env_steps_per_s']:,.0f} env steps/s all seeds)"
+    )
     print(f"first log step with eval_return >= {args.threshold:g} per seed: {first}")
-    print(f"| env steps (log point) | median eval return | IQR | solved at this point | reached by this point |")
+    print(
+        "| env steps (log point) | median eval return | IQR | solved at this point | reached by this point |"
+    )
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['budget']:,} ({r['log_step']:,}) | {r['median']:.1f} | {r['iqr'][0]:.1f} - {r['iqr'][1]:.1f} | "
-              f"{r['solved_at']:.0%} | {r['reached_by']:.0%} |")
+        print(
+            f"| {r['budget']:,} ({r['log_step']:,}) | {r['median']:.1f} | {r['iqr'][0]:.1f} - {r['iqr'][1]:.1f} | "
+            f"{r['solved_at']:.0%} | {r['reached_by']:.0%} |"
+        )
     return result
 
 
@@ -121,7 +149,12 @@ def run_throughput(args) -> dict:
     config_path = args.config or f"configs/{args.agent}_cartpole.yaml"
     rows = []
     for seeds in args.seeds_list:
-        overrides = [f"run.seeds={seeds}", "run.progress=false", f"agent.total_steps={args.steps}", *args.overrides]
+        overrides = [
+            f"run.seeds={seeds}",
+            "run.progress=false",
+            f"agent.total_steps={args.steps}",
+            *args.overrides,
+        ]
         config = load_config(config_path, overrides)
         compiled, keys, hparams, compile_s = compiled_program(config)
         times = []
@@ -130,11 +163,29 @@ def run_throughput(args) -> dict:
             jax.block_until_ready(compiled(keys, hparams))
             times.append(time.perf_counter() - start)
         run_s = float(np.median(times))
-        rows.append({"seeds": seeds, "env_steps": args.steps, "compile_s": compile_s, "run_s": run_s,
-                     "env_steps_per_s": seeds * args.steps / run_s, "per_seed_steps_per_s": args.steps / run_s})
-        print(f"{args.agent}: {seeds:3d} seeds x {args.steps} env steps: compile {compile_s:6.1f} s, run {run_s:7.2f} s "
-              f"(median of {args.repeats}) -> {seeds * args.steps / run_s:10,.0f} env steps/s ({args.steps / run_s:,.0f} per seed)", flush=True)
-    return {"kind": "throughput", "agent": args.agent, "config": config_path, "overrides": args.overrides, "rows": rows, "machine": machine()}
+        rows.append(
+            {
+                "seeds": seeds,
+                "env_steps": args.steps,
+                "compile_s": compile_s,
+                "run_s": run_s,
+                "env_steps_per_s": seeds * args.steps / run_s,
+                "per_seed_steps_per_s": args.steps / run_s,
+            }
+        )
+        print(
+            f"{args.agent}: {seeds:3d} seeds x {args.steps} env steps: compile {compile_s:6.1f} s, run {run_s:7.2f} s "
+            f"(median of {args.repeats}) -> {seeds * args.steps / run_s:10,.0f} env steps/s ({args.steps / run_s:,.0f} per seed)",
+            flush=True,
+        )
+    return {
+        "kind": "throughput",
+        "agent": args.agent,
+        "config": config_path,
+        "overrides": args.overrides,
+        "rows": rows,
+        "machine": machine(),
+    }
 
 
 def main(argv=None):
@@ -149,10 +200,20 @@ def main(argv=None):
         if name == "learning":
             p.add_argument("--seeds", type=int, default=16)
             p.add_argument("--threshold", type=float, default=475.0)
-            p.add_argument("--budgets", type=int, nargs="*", help="env-step budgets of the table (default per agent)")
+            p.add_argument(
+                "--budgets",
+                type=int,
+                nargs="*",
+                help="env-step budgets of the table (default per agent)",
+            )
         else:
             p.add_argument("--seeds", dest="seeds_list", type=int, nargs="+", default=[1, 16, 64])
-            p.add_argument("--steps", type=int, default=20_480, help="env steps per seed (a multiple of the log interval)")
+            p.add_argument(
+                "--steps",
+                type=int,
+                default=20_480,
+                help="env steps per seed (a multiple of the log interval)",
+            )
             p.add_argument("--repeats", type=int, default=3)
     args, extras = parser.parse_known_args(argv)  # overrides may also follow the options
     unknown = [a for a in extras if a.startswith("-") or "=" not in a]

@@ -32,7 +32,14 @@ import jax.numpy as jnp  # noqa: E402
 
 import envs  # noqa: E402
 
-DEFAULT_ENVS = ["CartPole-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Acrobot-v1", "GridWorld"]
+DEFAULT_ENVS = [
+    "CartPole-v1",
+    "Pendulum-v1",
+    "MountainCar-v0",
+    "MountainCarContinuous-v0",
+    "Acrobot-v1",
+    "GridWorld",
+]
 
 
 def make_runner(env_id: str, num_envs: int, steps: int):
@@ -111,9 +118,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--envs", default=",".join(DEFAULT_ENVS), help="comma-separated env ids")
     parser.add_argument("--num-envs", default="1,1024,65536", help="comma-separated batch sizes")
-    parser.add_argument("--steps", type=int, default=1000, help="steps per timed call (the scan length)")
-    parser.add_argument("--runs", type=int, default=5, help="timed calls per case (median reported)")
-    parser.add_argument("--json", default=None, help="write the results and machine info to this file")
+    parser.add_argument(
+        "--steps", type=int, default=1000, help="steps per timed call (the scan length)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=5, help="timed calls per case (median reported)"
+    )
+    parser.add_argument(
+        "--json", default=None, help="write the results and machine info to this file"
+    )
     args = parser.parse_args(argv)
     env_ids = [e for e in args.envs.split(",") if e]
     unknown = [e for e in env_ids if e not in envs.REGISTRY]
@@ -124,7 +137,9 @@ def main(argv=None) -> int:
         parser.error("--steps, --runs and every --num-envs must be >= 1")
 
     info = machine()
-    print(f"# {info['date']}  jax {info['jax']}  backend {info['backend']} ({info['device']}, {info['cpu_count']} CPUs)")
+    print(
+        f"# {info['date']}  jax {info['jax']}  backend {info['backend']} ({info['device']}, {info['cpu_count']} CPUs)"
+    )
     print(f"# steps per call {args.steps}, median of {args.runs} calls")
     header = f"{'env':<26} {'num_envs':>8} {'compile s':>9} {'call ms':>9} {'steps/s':>10}"
     print(header)
@@ -134,7 +149,10 @@ def main(argv=None) -> int:
         for n in sizes:
             r = measure(env_id, n, args.steps, args.runs)
             results.append(r)
-            print(f"{env_id:<26} {n:>8} {r['compile_s']:>9.2f} {r['median_s'] * 1e3:>9.2f} {format_rate(r['steps_per_s']):>10}", flush=True)
+            print(
+                f"{env_id:<26} {n:>8} {r['compile_s']:>9.2f} {r['median_s'] * 1e3:>9.2f} {format_rate(r['steps_per_s']):>10}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": info, "args": vars(args), "results": results}, f, indent=1)

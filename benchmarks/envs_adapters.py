@@ -110,7 +110,9 @@ def brax_ant(auto_reset: str) -> Callable:
     def build(num_envs: int, brax_backend: str):
         from brax import envs as brax_envs
 
-        env = brax_envs.create("ant", backend=brax_backend, episode_length=1000, action_repeat=1, auto_reset=True)
+        env = brax_envs.create(
+            "ant", backend=brax_backend, episode_length=1000, action_repeat=1, auto_reset=True
+        )
         reset, step = jax.vmap(env.reset), jax.vmap(env.step)
 
         def step_batch(key, state, actions):  # Brax's step takes no key
@@ -118,7 +120,14 @@ def brax_ant(auto_reset: str) -> Callable:
             return state, state.reward
 
         library = Side(lambda key: reset(jax.random.split(key, num_envs)), step_batch)
-        ours, sample = fusedrl_side("brax:ant", num_envs, backend=brax_backend, episode_length=1000, action_repeat=1, auto_reset=auto_reset)
+        ours, sample = fusedrl_side(
+            "brax:ant",
+            num_envs,
+            backend=brax_backend,
+            episode_length=1000,
+            action_repeat=1,
+            auto_reset=auto_reset,
+        )
         return ours, library, sample
 
     return build
@@ -129,7 +138,11 @@ def craftax_symbolic(num_envs: int, brax_backend: str):
 
     env = make_craftax_env_from_name("Craftax-Symbolic-v1", auto_reset=True)
     ours, sample = fusedrl_side("craftax:Craftax-Symbolic-v1", num_envs)
-    return ours, keyed_side(env.reset, env.step, env.default_params, num_envs, reward_index=2), sample
+    return (
+        ours,
+        keyed_side(env.reset, env.step, env.default_params, num_envs, reward_index=2),
+        sample,
+    )
 
 
 ROWS: dict[str, Row] = {
@@ -138,7 +151,11 @@ ROWS: dict[str, Row] = {
     "brax-ant-fresh": Row("brax", brax_ant("fresh")),
     "craftax-symbolic": Row("craftax", craftax_symbolic),
 }
-DEFAULT_ROWS = ("gymnax-breakout", "brax-ant-first", "craftax-symbolic")  # brax-ant-fresh on request
+DEFAULT_ROWS = (
+    "gymnax-breakout",
+    "brax-ant-first",
+    "craftax-symbolic",
+)  # brax-ant-fresh on request
 
 
 # ---------------------------------------------------------------- measuring
@@ -194,14 +211,22 @@ def time_alternately(compiled: dict, runs: int) -> dict:
 def measure(row: str, num_envs: int, steps: int, runs: int, brax_backend: str) -> dict:
     """Both sides of a row at `num_envs`: compile seconds, median/min call seconds, steps/s, and the ratio."""
     ours, library, sample = ROWS[row].build(num_envs, brax_backend)
-    compiled = {"fusedrl": compile_side(ours, sample, steps), "library": compile_side(library, sample, steps)}
+    compiled = {
+        "fusedrl": compile_side(ours, sample, steps),
+        "library": compile_side(library, sample, steps),
+    }
     for entry in compiled.values():  # both compiled before either runs
         warm_up(entry)
     times = time_alternately(compiled, runs)
     result = {"row": row, "num_envs": num_envs, "steps": steps, "runs": runs}
     for name, entry in compiled.items():
         median = statistics.median(times[name])
-        result[name] = {"compile_s": round(entry[2], 3), "median_s": median, "min_s": min(times[name]), "steps_per_s": num_envs * steps / median}
+        result[name] = {
+            "compile_s": round(entry[2], 3),
+            "median_s": median,
+            "min_s": min(times[name]),
+            "steps_per_s": num_envs * steps / median,
+        }
     result["ratio"] = result["fusedrl"]["steps_per_s"] / result["library"]["steps_per_s"]
     return result
 
@@ -227,13 +252,29 @@ def select_rows(rows: str | None, libraries: str | None) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", default=None, help=f"comma-separated, of: {', '.join(ROWS)} (default: {', '.join(DEFAULT_ROWS)})")
-    parser.add_argument("--libraries", default=None, help="only the rows of these libraries (comma-separated: gymnax, brax, craftax)")
+    parser.add_argument(
+        "--rows",
+        default=None,
+        help=f"comma-separated, of: {', '.join(ROWS)} (default: {', '.join(DEFAULT_ROWS)})",
+    )
+    parser.add_argument(
+        "--libraries",
+        default=None,
+        help="only the rows of these libraries (comma-separated: gymnax, brax, craftax)",
+    )
     parser.add_argument("--num-envs", default="4096", help="comma-separated batch sizes")
-    parser.add_argument("--steps", type=int, default=100, help="steps per timed call (the scan length)")
-    parser.add_argument("--runs", type=int, default=10, help="timed calls per side and case (median reported)")
-    parser.add_argument("--brax-backend", default="mjx", choices=("mjx", "generalized", "positional", "spring"))
-    parser.add_argument("--json", default=None, help="write the results and machine info to this file")
+    parser.add_argument(
+        "--steps", type=int, default=100, help="steps per timed call (the scan length)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=10, help="timed calls per side and case (median reported)"
+    )
+    parser.add_argument(
+        "--brax-backend", default="mjx", choices=("mjx", "generalized", "positional", "spring")
+    )
+    parser.add_argument(
+        "--json", default=None, help="write the results and machine info to this file"
+    )
     args = parser.parse_args(argv)
     try:
         rows = select_rows(args.rows, args.libraries)
@@ -244,8 +285,12 @@ def main(argv=None) -> int:
         parser.error("--steps, --runs and every --num-envs must be >= 1")
 
     info = machine()
-    print(f"# {info['date']}  jax {info['jax']}  backend {info['backend']} ({info['device']}, {info['cpu_count']} CPUs)")
-    print(f"# {args.steps} steps per call, median of {args.runs} calls per side, sides timed alternately; Brax backend {args.brax_backend}")
+    print(
+        f"# {info['date']}  jax {info['jax']}  backend {info['backend']} ({info['device']}, {info['cpu_count']} CPUs)"
+    )
+    print(
+        f"# {args.steps} steps per call, median of {args.runs} calls per side, sides timed alternately; Brax backend {args.brax_backend}"
+    )
     header = f"{'row':<18} {'num_envs':>8} {'fusedrl steps/s':>16} {'library steps/s':>16} {'ratio':>6} {'compile s (f/l)':>16}"
     print(header)
     print("-" * len(header))
@@ -259,14 +304,30 @@ def main(argv=None) -> int:
             r = measure(row, n, args.steps, args.runs, args.brax_backend)
             results.append(r)
             compile_s = f"{r['fusedrl']['compile_s']:.1f}/{r['library']['compile_s']:.1f}"
-            print(f"{row:<18} {n:>8} {format_rate(r['fusedrl']['steps_per_s']):>16} {format_rate(r['library']['steps_per_s']):>16} "
-                  f"{r['ratio']:>6.3f} {compile_s:>16}", flush=True)
+            print(
+                f"{row:<18} {n:>8} {format_rate(r['fusedrl']['steps_per_s']):>16} {format_rate(r['library']['steps_per_s']):>16} "
+                f"{r['ratio']:>6.3f} {compile_s:>16}",
+                flush=True,
+            )
             if args.json:  # after every row, so a run cut short keeps what it measured
                 with open(args.json, "w") as f:
-                    json.dump({"machine": info, "args": vars(args), "results": results, "skipped": skipped}, f, indent=1)
+                    json.dump(
+                        {
+                            "machine": info,
+                            "args": vars(args),
+                            "results": results,
+                            "skipped": skipped,
+                        },
+                        f,
+                        indent=1,
+                    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": info, "args": vars(args), "results": results, "skipped": skipped}, f, indent=1)
+            json.dump(
+                {"machine": info, "args": vars(args), "results": results, "skipped": skipped},
+                f,
+                indent=1,
+            )
     return 0
 
 

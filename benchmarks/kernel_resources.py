@@ -32,7 +32,9 @@ from kernels import ppo_grads  # noqa: E402
 SM90 = {"registers": 65536, "shared": 233472, "reserved_shared": 1024, "warps": 64, "programs": 32}
 
 
-def programs_per_sm(registers_per_thread: int, shared_bytes: int, warps: int, sm: dict = SM90) -> dict:
+def programs_per_sm(
+    registers_per_thread: int, shared_bytes: int, warps: int, sm: dict = SM90
+) -> dict:
     """How many programs of `warps` warps fit on one SM, by each limit, and the smallest (`fit`)."""
     rounded = -(-registers_per_thread // 8) * 8
     by = {
@@ -64,25 +66,58 @@ def compile_sm90(kernel, constexprs: dict, int_args: tuple, warps: int, stages: 
     # a temporary one, set for this call only (the scope restores the knobs and the environment)
     with tempfile.TemporaryDirectory() as cache, triton.knobs.cache.scope():
         triton.knobs.cache.dir = cache
-        return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+        return triton.compile(
+            ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+            target=GPUTarget("cuda", 90, 32),
+            options=dict(num_warps=warps, num_stages=stages),
+        )
 
 
-OFFSETS = ("off_w1", "off_b1", "off_w2", "off_b2", "off_w3", "off_b3")  # where each array sits in the flat parameter vector
+OFFSETS = (
+    "off_w1",
+    "off_b1",
+    "off_w2",
+    "off_b2",
+    "off_w3",
+    "off_b3",
+)  # where each array sits in the flat parameter vector
 
 
-def compile_both(sizes: tuple, warps: int = ppo_grads.NUM_WARPS, block: int = ppo_grads.BLOCK_M, stages: int = 3,
-                 precision: str = "tf32", activation: str = "tanh") -> dict:
+def compile_both(
+    sizes: tuple,
+    warps: int = ppo_grads.NUM_WARPS,
+    block: int = ppo_grads.BLOCK_M,
+    stages: int = 3,
+    precision: str = "tf32",
+    activation: str = "tanh",
+) -> dict:
     """{"actor": compiled, "critic": compiled} for sizes (obs_dim, (hidden1, hidden2), actions), padded
     as the op pads them, with the launch's settings (jax-triton's default: 3 stages)."""
     obs_dim, (h1, h2), actions = sizes
     pad = ppo_grads._padded
-    common = dict(DP=pad(obs_dim), H1P=pad(h1), H2P=pad(h2), BLOCK=block, RELU=activation == "relu", PRECISION=precision)
+    common = dict(
+        DP=pad(obs_dim),
+        H1P=pad(h1),
+        H2P=pad(h2),
+        BLOCK=block,
+        RELU=activation == "relu",
+        PRECISION=precision,
+    )
     return {
-        "actor": compile_sm90(ppo_grads._actor_grads_kernel, {**common, "AP": pad(actions)},
-                              ("M", "ROWS", "S", "P", "D", "H1", "H2", "A", *OFFSETS), warps, stages),
-        "critic": compile_sm90(ppo_grads._critic_grads_kernel, {**common, "OP": 16, "CLIP_VALUE": True},
-                               ("M", "ROWS", "S", "P", "D", "H1", "H2", *OFFSETS), warps, stages),
+        "actor": compile_sm90(
+            ppo_grads._actor_grads_kernel,
+            {**common, "AP": pad(actions)},
+            ("M", "ROWS", "S", "P", "D", "H1", "H2", "A", *OFFSETS),
+            warps,
+            stages,
+        ),
+        "critic": compile_sm90(
+            ppo_grads._critic_grads_kernel,
+            {**common, "OP": 16, "CLIP_VALUE": True},
+            ("M", "ROWS", "S", "P", "D", "H1", "H2", *OFFSETS),
+            warps,
+            stages,
+        ),
     }
 
 
@@ -94,7 +129,9 @@ def cubin_resources(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
     found = dict(re.findall(r"\b(REG|STACK):(\d+)", out))
     return {"registers": int(found["REG"]), "stack": int(found["STACK"])}
 
@@ -105,21 +142,38 @@ def main(argv=None) -> None:
     parser.add_argument("--hidden", type=int, nargs=2, default=(64, 64))
     parser.add_argument("--actions", type=int, default=2)
     parser.add_argument("--warps", type=int, default=ppo_grads.NUM_WARPS)
-    parser.add_argument("--block", type=int, default=ppo_grads.BLOCK_M, help="rows per inner step (BLOCK_M)")
-    parser.add_argument("--stages", type=int, default=3, help="software-pipelining stages (jax-triton's default: 3)")
+    parser.add_argument(
+        "--block", type=int, default=ppo_grads.BLOCK_M, help="rows per inner step (BLOCK_M)"
+    )
+    parser.add_argument(
+        "--stages", type=int, default=3, help="software-pipelining stages (jax-triton's default: 3)"
+    )
     parser.add_argument("--precision", choices=ppo_grads.PRECISIONS, default="tf32")
     parser.add_argument("--activation", choices=ppo_grads.ACTIVATIONS, default="tanh")
     args = parser.parse_args(argv)
-    print(f"obs {args.obs}, hidden {tuple(args.hidden)}, {args.actions} actions; {args.warps} warps, {args.block}-row blocks, "
-          f"{args.stages} stages, {args.precision}; sm_90")
-    print("| kernel | registers/thread | stack bytes | shared bytes | programs/SM by registers, shared, warps | fit |")
+    print(
+        f"obs {args.obs}, hidden {tuple(args.hidden)}, {args.actions} actions; {args.warps} warps, {args.block}-row blocks, "
+        f"{args.stages} stages, {args.precision}; sm_90"
+    )
+    print(
+        "| kernel | registers/thread | stack bytes | shared bytes | programs/SM by registers, shared, warps | fit |"
+    )
     print("|---|---|---|---|---|---|")
-    compiled_kernels = compile_both((args.obs, tuple(args.hidden), args.actions), args.warps, args.block, args.stages, args.precision, args.activation)
+    compiled_kernels = compile_both(
+        (args.obs, tuple(args.hidden), args.actions),
+        args.warps,
+        args.block,
+        args.stages,
+        args.precision,
+        args.activation,
+    )
     for name, compiled in compiled_kernels.items():
         res = cubin_resources(compiled.asm["cubin"])
         shared = compiled.metadata.shared
         fit = programs_per_sm(res["registers"], shared, args.warps)
-        print(f"| {name} | {res['registers']} | {res['stack']} | {shared:,} | {fit['registers']}, {fit['shared']}, {fit['warps']} | {fit['fit']} |")
+        print(
+            f"| {name} | {res['registers']} | {res['stack']} | {shared:,} | {fit['registers']}, {fit['shared']}, {fit['warps']} | {fit['fit']} |"
+        )
 
 
 if __name__ == "__main__":

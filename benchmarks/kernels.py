@@ -88,7 +88,9 @@ def warm_up_device(seconds: float) -> None:
         jax.block_until_ready(x)
 
 
-WARM_SECONDS = 0.2  # each measurement first runs its program for this long (clocks, caches, allocator)
+WARM_SECONDS = (
+    0.2  # each measurement first runs its program for this long (clocks, caches, allocator)
+)
 GROUP_SECONDS = 2e-3  # a timed sample dispatches programs back to back for about this long
 
 
@@ -133,7 +135,9 @@ def time_per_call(fn: Callable[..., Any], input_sets: list[tuple], runs: int) ->
     return statistics.median(times)
 
 
-def time_paired(fn_a: Callable[..., Any], fn_b: Callable[..., Any], input_sets: list[tuple], runs: int):
+def time_paired(
+    fn_a: Callable[..., Any], fn_b: Callable[..., Any], input_sets: list[tuple], runs: int
+):
     """``(median a, median b, median of a / b over adjacent pairs)``, seconds per op call.
 
     As :func:`time_per_call`, but the two programs' samples alternate (a b, b a, a b, ...), and
@@ -162,7 +166,10 @@ def copy_bandwidth(runs: int, n_floats: int) -> float:
 
 def max_abs_diff(a, b) -> float:
     leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    return max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32)))) for x, y in zip(leaves_a, leaves_b))
+    return max(
+        float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
+        for x, y in zip(leaves_a, leaves_b)
+    )
 
 
 # ----------------------------------------------------------------------------- scan ops
@@ -178,7 +185,12 @@ def _scan_inputs(kind: str, t: int, n: int):
         if kind == "returns":
             return rewards, discounts, jax.random.normal(k[2], (n,), jnp.float32)
         if kind == "q_lambda":  # lambda (1 - done) per step, as PQN passes it
-            return rewards, jax.random.normal(k[3], shape, jnp.float32), discounts, 0.95 * (1.0 - done.astype(jnp.float32))
+            return (
+                rewards,
+                jax.random.normal(k[3], shape, jnp.float32),
+                discounts,
+                0.95 * (1.0 - done.astype(jnp.float32)),
+            )
         values = jax.random.normal(k[2], shape, jnp.float32)
         next_values = jax.random.normal(k[3], shape, jnp.float32)
         return rewards, values, next_values, discounts, jnp.float32(0.95)
@@ -206,14 +218,23 @@ def returns_cases(args) -> list[Case]:
 
     cases = []
     for t, n in args.scan_shapes:
-        cases.append(Case(
-            op="discounted_returns", shape=f"T={t} x N={n}",
-            make_inputs=_scan_inputs("returns", t, n),
-            reference=discounted_returns_reference,
-            triton=lambda r, d, b, cfg=None: discounted_returns(r, d, b, backend=args.kernel_backend, config=cfg),
-            bytes_moved=4 * (3 * t * n + n),
-            extra={"deterministic=True": lambda r, d, b: discounted_returns(r, d, b, backend=args.kernel_backend, deterministic=True)},
-        ))
+        cases.append(
+            Case(
+                op="discounted_returns",
+                shape=f"T={t} x N={n}",
+                make_inputs=_scan_inputs("returns", t, n),
+                reference=discounted_returns_reference,
+                triton=lambda r, d, b, cfg=None: discounted_returns(
+                    r, d, b, backend=args.kernel_backend, config=cfg
+                ),
+                bytes_moved=4 * (3 * t * n + n),
+                extra={
+                    "deterministic=True": lambda r, d, b: discounted_returns(
+                        r, d, b, backend=args.kernel_backend, deterministic=True
+                    )
+                },
+            )
+        )
     return cases
 
 
@@ -223,15 +244,22 @@ def gae_cases(args) -> list[Case]:
 
     cases = []
     for t, n in args.scan_shapes:
-        cases.append(Case(
-            op="gae", shape=f"T={t} x N={n}",
-            make_inputs=_scan_inputs("gae", t, n),
-            reference=gae_reference,
-            triton=lambda *a, cfg=None: gae(*a, backend=args.kernel_backend, config=cfg),
-            bytes_moved=4 * 6 * t * n,
-            extra={"lax.associative_scan": gae_associative_scan,  # the reference is the lax.scan
-                   "deterministic=True": lambda *a: gae(*a, backend=args.kernel_backend, deterministic=True)},
-        ))
+        cases.append(
+            Case(
+                op="gae",
+                shape=f"T={t} x N={n}",
+                make_inputs=_scan_inputs("gae", t, n),
+                reference=gae_reference,
+                triton=lambda *a, cfg=None: gae(*a, backend=args.kernel_backend, config=cfg),
+                bytes_moved=4 * 6 * t * n,
+                extra={
+                    "lax.associative_scan": gae_associative_scan,  # the reference is the lax.scan
+                    "deterministic=True": lambda *a: gae(
+                        *a, backend=args.kernel_backend, deterministic=True
+                    ),
+                },
+            )
+        )
     return cases
 
 
@@ -241,14 +269,23 @@ def q_lambda_cases(args) -> list[Case]:
 
     cases = []
     for t, n in args.scan_shapes:
-        cases.append(Case(
-            op="q_lambda_returns", shape=f"T={t} x N={n}",
-            make_inputs=_scan_inputs("q_lambda", t, n),
-            reference=q_lambda_returns_reference,
-            triton=lambda *a, cfg=None: q_lambda_returns(*a, backend=args.kernel_backend, config=cfg),
-            bytes_moved=4 * 5 * t * n,
-            extra={"deterministic=True": lambda *a: q_lambda_returns(*a, backend=args.kernel_backend, deterministic=True)},
-        ))
+        cases.append(
+            Case(
+                op="q_lambda_returns",
+                shape=f"T={t} x N={n}",
+                make_inputs=_scan_inputs("q_lambda", t, n),
+                reference=q_lambda_returns_reference,
+                triton=lambda *a, cfg=None: q_lambda_returns(
+                    *a, backend=args.kernel_backend, config=cfg
+                ),
+                bytes_moved=4 * 5 * t * n,
+                extra={
+                    "deterministic=True": lambda *a: q_lambda_returns(
+                        *a, backend=args.kernel_backend, deterministic=True
+                    )
+                },
+            )
+        )
     return cases
 
 
@@ -257,10 +294,12 @@ def q_lambda_cases(args) -> list[Case]:
 
 def _with_vjp(op):
     """(x..., cotangent) -> (outputs, input cotangents): one forward and one backward pass."""
+
     def fwd_bwd(*args):
         *primals, cotangent = args
         out, vjp = jax.vjp(op, *primals)
         return out, vjp(cotangent)
+
     return fwd_bwd
 
 
@@ -269,20 +308,31 @@ def softmax_cases(args) -> list[Case]:
     from kernels import softmax
     from kernels.softmax import softmax_reference
 
-    shapes = [(8, 2), (8, 3, 51), (4, 300)] if args.small else [
-        (65536, 2), (65536, 6), (65536, 18), (65536, 51), (4096, 18, 51), (4096, 4096)]
+    shapes = (
+        [(8, 2), (8, 3, 51), (4, 300)]
+        if args.small
+        else [(65536, 2), (65536, 6), (65536, 18), (65536, 51), (4096, 18, 51), (4096, 4096)]
+    )
     cases = []
     for shape in shapes:
+
         def make(key, shape=shape):
             k1, k2 = jax.random.split(key)
-            return 3.0 * jax.random.normal(k1, shape, jnp.float32), jax.random.normal(k2, shape, jnp.float32)
+            return 3.0 * jax.random.normal(k1, shape, jnp.float32), jax.random.normal(
+                k2, shape, jnp.float32
+            )
 
-        cases.append(Case(
-            op="softmax fwd+bwd", shape=" x ".join(map(str, shape)), make_inputs=make,
-            reference=_with_vjp(softmax_reference),
-            triton=_with_vjp(lambda x: softmax(x, backend=args.kernel_backend)),
-            bytes_moved=5 * 4 * math.prod(shape), atol=1e-5,
-        ))
+        cases.append(
+            Case(
+                op="softmax fwd+bwd",
+                shape=" x ".join(map(str, shape)),
+                make_inputs=make,
+                reference=_with_vjp(softmax_reference),
+                triton=_with_vjp(lambda x: softmax(x, backend=args.kernel_backend)),
+                bytes_moved=5 * 4 * math.prod(shape),
+                atol=1e-5,
+            )
+        )
     return cases
 
 
@@ -297,25 +347,37 @@ def policy_head_cases(args) -> list[Case]:
     shapes = [(16, 2), (9, 18)] if args.small else [(65536, 2), (65536, 6), (65536, 18), (4096, 18)]
     cases = []
     for rows, n_actions in shapes:
+
         def make(key, rows=rows, n_actions=n_actions):
             k1, k2, k3, k4 = jax.random.split(key, 4)
             logits = 2.0 * jax.random.normal(k1, (rows, n_actions), jnp.float32)
             actions = jax.random.randint(k2, (rows,), 0, n_actions)
-            cotangent = (jax.random.normal(k3, (rows,), jnp.float32), jax.random.normal(k4, (rows,), jnp.float32))
+            cotangent = (
+                jax.random.normal(k3, (rows,), jnp.float32),
+                jax.random.normal(k4, (rows,), jnp.float32),
+            )
             return logits, actions, cotangent
 
         def fwd_bwd(op):
             def f(logits, actions, cotangent):
                 out, vjp = jax.vjp(lambda x: op(x, actions), logits)
                 return out, vjp(cotangent)
+
             return f
 
-        cases.append(Case(
-            op="policy head fwd+bwd", shape=f"{rows} x {n_actions}", make_inputs=make,
-            reference=fwd_bwd(categorical_log_prob_entropy_reference),
-            triton=fwd_bwd(lambda x, a: categorical_log_prob_entropy(x, a, backend=args.kernel_backend)),
-            bytes_moved=4 * (2 * rows * n_actions + 5 * rows), atol=1e-4,
-        ))
+        cases.append(
+            Case(
+                op="policy head fwd+bwd",
+                shape=f"{rows} x {n_actions}",
+                make_inputs=make,
+                reference=fwd_bwd(categorical_log_prob_entropy_reference),
+                triton=fwd_bwd(
+                    lambda x, a: categorical_log_prob_entropy(x, a, backend=args.kernel_backend)
+                ),
+                bytes_moved=4 * (2 * rows * n_actions + 5 * rows),
+                atol=1e-4,
+            )
+        )
     return cases
 
 
@@ -329,35 +391,64 @@ def projection_cases(args) -> list[Case]:
     batches = [8, 33] if args.small else [4096, 65536]
     cases = []
     for b in batches:
+
         def make(key, b=b):
             k1, k2, k3, k4 = jax.random.split(key, 4)
             rewards = jax.random.normal(k1, (b, 1), jnp.float32) * 2.0
             discounts = 0.99 * (jax.random.uniform(k2, (b, 1)) > 0.05)
-            atoms = rewards + discounts * support                      # a C51 Bellman target
+            atoms = rewards + discounts * support  # a C51 Bellman target
             probs = jax.nn.softmax(jax.random.normal(k3, (b, k)), axis=-1)
             return atoms, probs, jax.random.normal(k4, (b, k), jnp.float32)
 
         reference = lambda a, p, g: categorical_projection_reference(a, p, support)
         triton = lambda a, p, g: categorical_projection(a, p, support, backend=args.kernel_backend)
         # kernels.deterministic: the fixed-order dense kernel (its speed cost against the scatter)
-        deterministic = lambda a, p, g: categorical_projection(a, p, support, backend=args.kernel_backend, deterministic=True)
-        cases.append(Case(
-            op="categorical_projection", shape=f"B={b} x K={k}", make_inputs=make,
-            reference=reference, triton=triton, bytes_moved=4 * 3 * b * k, atol=1e-5,
-            extra={"deterministic=True (dense kernel)": deterministic,
-                   "scatter b256 w2": lambda a, p, g: categorical_projection(
-                       a, p, support, backend=args.kernel_backend, config=ProjectionConfig(num_warps=2, block=256)),
-                   "scatter b4096 w8": lambda a, p, g: categorical_projection(
-                       a, p, support, backend=args.kernel_backend, config=ProjectionConfig(num_warps=8, block=4096))},
-        ))
+        deterministic = lambda a, p, g: categorical_projection(
+            a, p, support, backend=args.kernel_backend, deterministic=True
+        )
+        cases.append(
+            Case(
+                op="categorical_projection",
+                shape=f"B={b} x K={k}",
+                make_inputs=make,
+                reference=reference,
+                triton=triton,
+                bytes_moved=4 * 3 * b * k,
+                atol=1e-5,
+                extra={
+                    "deterministic=True (dense kernel)": deterministic,
+                    "scatter b256 w2": lambda a, p, g: categorical_projection(
+                        a,
+                        p,
+                        support,
+                        backend=args.kernel_backend,
+                        config=ProjectionConfig(num_warps=2, block=256),
+                    ),
+                    "scatter b4096 w8": lambda a, p, g: categorical_projection(
+                        a,
+                        p,
+                        support,
+                        backend=args.kernel_backend,
+                        config=ProjectionConfig(num_warps=8, block=4096),
+                    ),
+                },
+            )
+        )
         grad = lambda f: lambda a, p, g: jax.vjp(lambda a_, p_: f(a_, p_, g), a, p)[1](g)
         # atol: d atoms jumps where an atom lies exactly on a support point (a kink of the
         # projection); there the kernel takes the right-hand derivative and XLA's clip/where
         # formulation another one (seen at B=65536: 2 of 3.3M atoms, |diff| 0.023).
-        cases.append(Case(
-            op="projection bwd (atoms, probs)", shape=f"B={b} x K={k}", make_inputs=make,
-            reference=grad(reference), triton=grad(triton), bytes_moved=4 * 5 * b * k, atol=5e-2,
-        ))
+        cases.append(
+            Case(
+                op="projection bwd (atoms, probs)",
+                shape=f"B={b} x K={k}",
+                make_inputs=make,
+                reference=grad(reference),
+                triton=grad(triton),
+                bytes_moved=4 * 5 * b * k,
+                atol=5e-2,
+            )
+        )
     return cases
 
 
@@ -380,8 +471,10 @@ def run_case(case: Case, args, copy_bw: float) -> dict:
     reps = _reps_for(case.bytes_moved, args.max_reps)
     sets = [first] + [case.make_inputs(k) for k in keys[1:reps]]
     want, triton_fn = jax.jit(case.reference)(*first), jax.jit(case.triton)
-    error = max(max_abs_diff(triton_fn(*s), want if s is first else jax.jit(case.reference)(*s))
-                for s in ([first] * args.checks + sets[1:args.checks]))
+    error = max(
+        max_abs_diff(triton_fn(*s), want if s is first else jax.jit(case.reference)(*s))
+        for s in ([first] * args.checks + sets[1 : args.checks])
+    )
     row = {"op": case.op, "shape": case.shape, "reps": reps, "max_abs_err": error}
     if args.paired:
         ref_s, triton_s, ratio = time_paired(case.reference, case.triton, sets, args.runs)
@@ -407,8 +500,17 @@ def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
     rows = []
     # (chunk_t, block_n, num_warps, num_stages)
     # run 1 of 2026-11-21 swept 11 loop tilings (32..256 x 8..64); the best were tall and narrow
-    loop = [(128, 8, 4, 3), (256, 8, 4, 3), (128, 8, 2, 3), (64, 8, 2, 4), (256, 8, 8, 3), (128, 8, 4, 4),
-            (256, 4, 4, 3), (128, 16, 4, 4), (512, 8, 8, 2)]
+    loop = [
+        (128, 8, 4, 3),
+        (256, 8, 4, 3),
+        (128, 8, 2, 3),
+        (64, 8, 2, 4),
+        (256, 8, 8, 3),
+        (128, 8, 4, 4),
+        (256, 4, 4, 3),
+        (128, 16, 4, 4),
+        (512, 8, 8, 2),
+    ]
     chained = [(64, 32, 4, 3)]
     configs = []
     if args.sweep_configs:  # "loop:128,8,4,3;chain:64,32,4,3": these instead of the lists above
@@ -440,14 +542,27 @@ def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
                     us = 1e6 * time_per_call(fn, sets, args.runs)
                     us_min = 1e6 * time_per_call.last_min
                 except Exception as e:  # a tiling the compiler rejects (registers, shared memory)
-                    print(f"  {case.op:18s} {case.shape:16s} {label:28s} FAILED {type(e).__name__}: {str(e)[:100]}")
+                    print(
+                        f"  {case.op:18s} {case.shape:16s} {label:28s} FAILED {type(e).__name__}: {str(e)[:100]}"
+                    )
                     continue
                 gbps = case.bytes_moved / us / 1e3
-                row = {"op": case.op, "shape": case.shape, "config": label, "us": us, "min_us": us_min, "GBps": gbps,
-                       "frac_copy_bw": gbps * 1e9 / copy_bw, "max_abs_err": err}
+                row = {
+                    "op": case.op,
+                    "shape": case.shape,
+                    "config": label,
+                    "us": us,
+                    "min_us": us_min,
+                    "GBps": gbps,
+                    "frac_copy_bw": gbps * 1e9 / copy_bw,
+                    "max_abs_err": err,
+                }
                 rows.append(row)
-                print(f"  {case.op:18s} {case.shape:16s} {label:28s} {us:9.1f} us {gbps:7.0f} GB/s "
-                      f"{row['frac_copy_bw']:5.2f} copy  (min {us_min:.1f} us)  err {err:.1e}", flush=True)
+                print(
+                    f"  {case.op:18s} {case.shape:16s} {label:28s} {us:9.1f} us {gbps:7.0f} GB/s "
+                    f"{row['frac_copy_bw']:5.2f} copy  (min {us_min:.1f} us)  err {err:.1e}",
+                    flush=True,
+                )
     return rows
 
 
@@ -470,23 +585,51 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ops", default=",".join(CASE_BUILDERS), help="comma-separated op names")
     parser.add_argument("--runs", type=int, default=30, help="timed calls per measurement (median)")
-    parser.add_argument("--max-reps", type=int, default=24, help="most distinct input sets per timed call")
-    parser.add_argument("--kernel-backend", default="triton", help="triton (GPU), interpret (CPU smoke test), or auto (the \"triton\" column is then the automatic choice, XLA where an op measured it faster)")
+    parser.add_argument(
+        "--max-reps", type=int, default=24, help="most distinct input sets per timed call"
+    )
+    parser.add_argument(
+        "--kernel-backend",
+        default="triton",
+        help='triton (GPU), interpret (CPU smoke test), or auto (the "triton" column is then the automatic choice, XLA where an op measured it faster)',
+    )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
-    parser.add_argument("--sweep", choices=["loop", "chained", "all"], help="time ScanConfig tilings of the scan ops")
-    parser.add_argument("--sweep-ops", default="gae", choices=["gae", "both"], help="ops the sweep times")
+    parser.add_argument(
+        "--sweep",
+        choices=["loop", "chained", "all"],
+        help="time ScanConfig tilings of the scan ops",
+    )
+    parser.add_argument(
+        "--sweep-ops", default="gae", choices=["gae", "both"], help="ops the sweep times"
+    )
     parser.add_argument("--sweep-shapes", default="", help="e.g. 1024x4096,128x4096 (default: all)")
-    parser.add_argument("--sweep-configs", default="", help='tilings to sweep instead of the built-in lists, e.g. "loop:128,8,4,3;chain:64,32,4,3" (chunk_t, block_n, num_warps, num_stages)')
-    parser.add_argument("--paired", action="store_true", help="alternate the reference's and the op's samples; the ratio is the median of adjacent pairs' ratios")
-    parser.add_argument("--checks", type=int, default=1, help="repeat the correctness check (races)")
-    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of device work before any timing")
+    parser.add_argument(
+        "--sweep-configs",
+        default="",
+        help='tilings to sweep instead of the built-in lists, e.g. "loop:128,8,4,3;chain:64,32,4,3" (chunk_t, block_n, num_warps, num_stages)',
+    )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="alternate the reference's and the op's samples; the ratio is the median of adjacent pairs' ratios",
+    )
+    parser.add_argument(
+        "--checks", type=int, default=1, help="repeat the correctness check (races)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=2.0, help="seconds of device work before any timing"
+    )
     parser.add_argument("--json", help="write the rows and versions to this path")
     args = parser.parse_args(argv)
-    args.scan_shapes = [(16, 32), (33, 8)] if args.small else [(1024, 4096), (128, 4096), (128, 65536)]
+    args.scan_shapes = (
+        [(16, 32), (33, 8)] if args.small else [(1024, 4096), (128, 4096), (128, 65536)]
+    )
 
     info = versions()
     info["date"] = datetime.date.today().isoformat()
-    info["command"] = "python benchmarks/kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    info["command"] = "python benchmarks/kernels.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     print(" ".join(f"{k}={v}" for k, v in info.items()), flush=True)
     warm_up_device(args.warmup)
     copy_bw = copy_bandwidth(args.runs, 2**16 if args.small else 2**26)
@@ -504,14 +647,22 @@ def main(argv=None) -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         print()
-        print(f"| op | shape | reference us | triton us (min) | {'paired ratio' if args.paired else 'ratio'} | GB/s | of copy ({copy_bw / 1e9:.0f} GB/s) | other baselines | max err |")
+        print(
+            f"| op | shape | reference us | triton us (min) | {'paired ratio' if args.paired else 'ratio'} | GB/s | of copy ({copy_bw / 1e9:.0f} GB/s) | other baselines | max err |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            extras = ", ".join(f"{k[:-3]} {v:.0f} us" for k, v in r.items() if k.endswith("_us") and k not in ("reference_us", "triton_us", "triton_min_us"))
+            extras = ", ".join(
+                f"{k[:-3]} {v:.0f} us"
+                for k, v in r.items()
+                if k.endswith("_us") and k not in ("reference_us", "triton_us", "triton_min_us")
+            )
             flag = " WRONG" if r.get("WRONG") else ""
             fastest = f" ({r['triton_min_us']:.1f})" if "triton_min_us" in r else ""
-            print(f"| {r['op']} | {r['shape']} | {r['reference_us']:.1f} | {r['triton_us']:.1f}{fastest} | {r['speedup']:.1f}x | "
-                  f"{r['triton_GBps']:.0f} | {100 * r['frac_copy_bw']:.0f}% | {extras} | {r['max_abs_err']:.1e}{flag} |")
+            print(
+                f"| {r['op']} | {r['shape']} | {r['reference_us']:.1f} | {r['triton_us']:.1f}{fastest} | {r['speedup']:.1f}x | "
+                f"{r['triton_GBps']:.0f} | {100 * r['frac_copy_bw']:.0f}% | {extras} | {r['max_abs_err']:.1e}{flag} |"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"info": info, "copy_GBps": copy_bw / 1e9, "rows": rows}, f, indent=1)

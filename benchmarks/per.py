@@ -39,14 +39,27 @@ from benchmarks.dqn import compiled_program, machine  # noqa: E402
 from rl import buffers  # noqa: E402
 from rl.config import load_config  # noqa: E402
 
-PER_ONLY = ["agent.noisy=false", "agent.dueling=false", "agent.distributional=false", "agent.n_step=1"]
+PER_ONLY = [
+    "agent.noisy=false",
+    "agent.dueling=false",
+    "agent.distributional=false",
+    "agent.n_step=1",
+]
 
 
 def sides(steps: int, buffer_size: int) -> dict:
-    common = ["run.seeds=1", "run.progress=false", f"agent.total_steps={steps}", f"agent.buffer_size={buffer_size}"]
+    common = [
+        "run.seeds=1",
+        "run.progress=false",
+        f"agent.total_steps={steps}",
+        f"agent.buffer_size={buffer_size}",
+    ]
     return {
         "rainbow_per": ("configs/rainbow_cartpole.yaml", common + PER_ONLY + ["agent.per=true"]),
-        "rainbow_uniform": ("configs/rainbow_cartpole.yaml", common + PER_ONLY + ["agent.per=false"]),
+        "rainbow_uniform": (
+            "configs/rainbow_cartpole.yaml",
+            common + PER_ONLY + ["agent.per=false"],
+        ),
         "dqn_uniform": ("configs/dqn_cartpole.yaml", common),
     }
 
@@ -71,23 +84,52 @@ def run_ratio(args) -> dict:
             jax.block_until_ready(compiled(keys, hparams))
             wall[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
-        print(f"round {r}: " + ", ".join(f"{n} {wall[n][-1]:.3f} s" for n in programs) + f"; load {load()}", flush=True)
-    us = {kind: {n: float(np.median(v)) / args.steps * 1e6 for n, v in times.items()} for kind, times in (("wall", wall), ("cpu", cpu))}
-    ratios = {kind: {f"rainbow_per / {other}": us[kind]["rainbow_per"] / us[kind][other] for other in ("rainbow_uniform", "dqn_uniform")}
-              for kind in us}
+        print(
+            f"round {r}: "
+            + ", ".join(f"{n} {wall[n][-1]:.3f} s" for n in programs)
+            + f"; load {load()}",
+            flush=True,
+        )
+    us = {
+        kind: {n: float(np.median(v)) / args.steps * 1e6 for n, v in times.items()}
+        for kind, times in (("wall", wall), ("cpu", cpu))
+    }
+    ratios = {
+        kind: {
+            f"rainbow_per / {other}": us[kind]["rainbow_per"] / us[kind][other]
+            for other in ("rainbow_uniform", "dqn_uniform")
+        }
+        for kind in us
+    }
     for kind in ("wall", "cpu"):
-        print(f"median {kind} time per env step: " + ", ".join(f"{n} {v:.1f} us" for n, v in us[kind].items()))
+        print(
+            f"median {kind} time per env step: "
+            + ", ".join(f"{n} {v:.1f} us" for n, v in us[kind].items())
+        )
         print(f"  ratios ({kind}): " + ", ".join(f"{k} = {v:.2f}" for k, v in ratios[kind].items()))
     print(f"load average at the end: {load()}")
-    return {"kind": "ratio", "steps": args.steps, "buffer_size": args.buffer_size, "rounds": args.rounds, "compile_s": compile_s,
-            "wall_s": wall, "cpu_s": cpu, "us_per_env_step": us, "ratios": ratios, "load_end": load(), "machine": machine()}
+    return {
+        "kind": "ratio",
+        "steps": args.steps,
+        "buffer_size": args.buffer_size,
+        "rounds": args.rounds,
+        "compile_s": compile_s,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "us_per_env_step": us,
+        "ratios": ratios,
+        "load_end": load(),
+        "machine": machine(),
+    }
 
 
 def time_scan(step, state, steps: int) -> float:
     """Median seconds per step of a jitted lax.scan of `step` (5 timed calls after one untimed, each
     with its own key)."""
     run = jax.jit(lambda state, key: jax.lax.scan(step, state, jax.random.split(key, steps))[0])
-    keys = jax.random.split(jax.random.PRNGKey(0), 6)  # a fresh key per call: no call repeats another
+    keys = jax.random.split(
+        jax.random.PRNGKey(0), 6
+    )  # a fresh key per call: no call repeats another
     jax.block_until_ready(run(state, keys[0]))
     times = []
     for key in keys[1:]:
@@ -104,14 +146,20 @@ def run_ops(args) -> dict:
         full = {"obs": jnp.ones((capacity, 4)), "reward": jnp.ones((capacity,))}
         empty = buffers.prioritized_init(item, capacity)
         per = empty._replace(  # full, every leaf 1
-            storage=buffers.pack(empty.layout, full), size=jnp.int32(capacity), tree=buffers.sumtree_from_leaves(jnp.ones((capacity,))))
+            storage=buffers.pack(empty.layout, full),
+            size=jnp.int32(capacity),
+            tree=buffers.sumtree_from_leaves(jnp.ones((capacity,))),
+        )
         uniform = buffers.uniform_add(buffers.uniform_init(item, capacity), full)
 
         def per_step(carry, key):
             buf, acc = carry
             items, idx, weights = buffers.prioritized_sample(buf, key, 64, 0.5)
             td = items["obs"].sum(-1) - items["reward"] + jax.random.uniform(key, (64,))
-            return (buffers.prioritized_update(buf, idx, jnp.abs(td) + 1e-6, 0.6), acc + jnp.mean(weights * td**2)), None
+            return (
+                buffers.prioritized_update(buf, idx, jnp.abs(td) + 1e-6, 0.6),
+                acc + jnp.mean(weights * td**2),
+            ), None
 
         def uniform_step(carry, key):
             buf, acc = carry
@@ -120,8 +168,13 @@ def run_ops(args) -> dict:
 
         per_us = time_scan(per_step, (per, jnp.float32(0)), args.steps) * 1e6
         uniform_us = time_scan(uniform_step, (uniform, jnp.float32(0)), args.steps) * 1e6
-        rows.append({"capacity": capacity, "per_sample_update_us": per_us, "uniform_sample_us": uniform_us})
-        print(f"capacity {capacity:7d}: PER sample + update {per_us:7.1f} us/step, uniform sample {uniform_us:6.1f} us/step; load {load()}", flush=True)
+        rows.append(
+            {"capacity": capacity, "per_sample_update_us": per_us, "uniform_sample_us": uniform_us}
+        )
+        print(
+            f"capacity {capacity:7d}: PER sample + update {per_us:7.1f} us/step, uniform sample {uniform_us:6.1f} us/step; load {load()}",
+            flush=True,
+        )
     return {"kind": "ops", "steps": args.steps, "rows": rows, "machine": machine()}
 
 
@@ -129,7 +182,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
     ratio = sub.add_parser("ratio")
-    ratio.add_argument("--steps", type=int, default=10_240, help="env steps per seed (a multiple of the log interval)")
+    ratio.add_argument(
+        "--steps",
+        type=int,
+        default=10_240,
+        help="env steps per seed (a multiple of the log interval)",
+    )
     ratio.add_argument("--buffer-size", type=int, default=100_000)
     ratio.add_argument("--rounds", type=int, default=7)
     ops = sub.add_parser("ops")

@@ -41,13 +41,38 @@ from rl.config import KernelsConfig, apply_overrides, build_config, build_datacl
 from rl.train import build_program, write_metrics_jsonl  # noqa: E402
 
 PUREJAXRL = dict(
-    name="ppo", total_steps=500_000, num_envs=4, num_steps=128, num_epochs=4, num_minibatches=4, lr=2.5e-4, anneal_lr=True,
-    gamma=0.99, gae_lambda=0.95, clip_eps=0.2, clip_value_loss=True, vf_clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
-    max_grad_norm=0.5, network={"hidden": [64, 64], "activation": "tanh"}, shared_network=False, log_interval=976, eval_envs=0,
+    name="ppo",
+    total_steps=500_000,
+    num_envs=4,
+    num_steps=128,
+    num_epochs=4,
+    num_minibatches=4,
+    lr=2.5e-4,
+    anneal_lr=True,
+    gamma=0.99,
+    gae_lambda=0.95,
+    clip_eps=0.2,
+    clip_value_loss=True,
+    vf_clip_eps=0.2,
+    ent_coef=0.01,
+    vf_coef=0.5,
+    max_grad_norm=0.5,
+    network={"hidden": [64, 64], "activation": "tanh"},
+    shared_network=False,
+    log_interval=976,
+    eval_envs=0,
 )
 PRESETS = {
     "purejaxrl": {"env": {"id": "CartPole-v1"}, "agent": PUREJAXRL},
-    "large": {"env": {"id": "CartPole-v1"}, "agent": {**PUREJAXRL, "num_envs": 2048, "total_steps": 16 * 2048 * 128, "log_interval": 16}},
+    "large": {
+        "env": {"id": "CartPole-v1"},
+        "agent": {
+            **PUREJAXRL,
+            "num_envs": 2048,
+            "total_steps": 16 * 2048 * 128,
+            "log_interval": 16,
+        },
+    },
 }
 
 
@@ -60,7 +85,13 @@ def machine() -> dict:
             versions[name] = __import__(name).__version__
         except Exception:  # noqa: BLE001 - a missing optional package is reported as absent
             versions[name] = None
-    return {"date": time.strftime("%Y-%m-%d %H:%M"), "platform": platform.platform(), "devices": [str(d) for d in jax.devices()], **versions, "command": " ".join(sys.argv)}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "platform": platform.platform(),
+        "devices": [str(d) for d in jax.devices()],
+        **versions,
+        "command": " ".join(sys.argv),
+    }
 
 
 def load(config: str, overrides: list[str], seeds: int):
@@ -71,7 +102,9 @@ def load(config: str, overrides: list[str], seeds: int):
 
 def with_kernel_backend(config, backend: str | None):
     """`config` with `kernels.backend` set (None or "auto": the automatic choice)."""
-    kernels = build_dataclass(KernelsConfig, {"backend": backend or "auto"}, "kernels")  # ConfigError naming kernels.backend
+    kernels = build_dataclass(
+        KernelsConfig, {"backend": backend or "auto"}, "kernels"
+    )  # ConfigError naming kernels.backend
     return dataclasses.replace(config, kernels=kernels)
 
 
@@ -90,11 +123,15 @@ def throughput(args) -> list[dict]:
     rows = []
     for backend in args.kernel_backend.split(","):
         for seeds in (int(s) for s in args.seeds.split(",")):
-            config = load(args.preset if args.config is None else args.config, args.overrides, seeds)
+            config = load(
+                args.preset if args.config is None else args.config, args.overrides, seeds
+            )
             try:
                 compiled, keys, hparams, compile_s = compile_program(config, backend)
             except Exception as err:  # noqa: BLE001 - e.g. triton without a GPU: report and go on
-                print(f"{backend:>9} seeds={seeds}: cannot run ({type(err).__name__}: {str(err).splitlines()[0]})")
+                print(
+                    f"{backend:>9} seeds={seeds}: cannot run ({type(err).__name__}: {str(err).splitlines()[0]})"
+                )
                 continue
             jax.block_until_ready(compiled(keys, hparams))  # warm-up
             times = []
@@ -103,12 +140,25 @@ def throughput(args) -> list[dict]:
                 jax.block_until_ready(compiled(keys, hparams))
                 times.append(time.perf_counter() - start)
             agent = config.agent
-            per_seed = agent.num_updates * agent.batch_size if hasattr(agent, "num_updates") else agent.total_steps
+            per_seed = (
+                agent.num_updates * agent.batch_size
+                if hasattr(agent, "num_updates")
+                else agent.total_steps
+            )
             steps = per_seed * seeds
-            row = {"backend": backend, "seeds": seeds, "env_steps_per_seed": per_seed, "compile_s": compile_s,
-                   "train_s_median": float(np.median(times)), "train_s_min": float(np.min(times)), "env_steps_per_s": steps / float(np.median(times))}
+            row = {
+                "backend": backend,
+                "seeds": seeds,
+                "env_steps_per_seed": per_seed,
+                "compile_s": compile_s,
+                "train_s_median": float(np.median(times)),
+                "train_s_min": float(np.min(times)),
+                "env_steps_per_s": steps / float(np.median(times)),
+            }
             rows.append(row)
-            print(f"{backend:>9} seeds={seeds:<5} compile {compile_s:6.1f} s  train {row['train_s_median']:8.2f} s (min {row['train_s_min']:.2f})  {row['env_steps_per_s']:14,.0f} env steps/s")
+            print(
+                f"{backend:>9} seeds={seeds:<5} compile {compile_s:6.1f} s  train {row['train_s_median']:8.2f} s (min {row['train_s_min']:.2f})  {row['env_steps_per_s']:14,.0f} env steps/s"
+            )
     return rows
 
 
@@ -129,42 +179,89 @@ def learning(args) -> dict:
     key = "eval_return" if "eval_return" in metrics else "episode_return"
     returns = np.asarray(metrics[key], np.float64)[0]  # [seeds, log points]
     reached = np.maximum.accumulate(np.nan_to_num(returns, nan=-np.inf), axis=1) >= args.threshold
-    print(f"{config.agent.name} on {config.env.id}: {args.seeds} seeds, compile {compile_s:.1f} s, train {train_s:.1f} s; metric {key}, threshold {args.threshold}")
+    print(
+        f"{config.agent.name} on {config.env.id}: {args.seeds} seeds, compile {compile_s:.1f} s, train {train_s:.1f} s; metric {key}, threshold {args.threshold}"
+    )
     print("| env steps | median | IQR | at >= threshold | reached so far |")
     print("|---|---|---|---|---|")
     stride = max(1, len(steps) // args.rows)
     table = []
     for i in range(len(steps)):
         q25, med, q75 = np.nanpercentile(returns[:, i], [25, 50, 75])
-        row = {"step": int(steps[i]), "median": med, "q25": q25, "q75": q75, "frac_at": float(np.mean(returns[:, i] >= args.threshold)), "frac_reached": float(reached[:, i].mean())}
+        row = {
+            "step": int(steps[i]),
+            "median": med,
+            "q25": q25,
+            "q75": q75,
+            "frac_at": float(np.mean(returns[:, i] >= args.threshold)),
+            "frac_reached": float(reached[:, i].mean()),
+        }
         table.append(row)
         if i % stride == stride - 1 or i == len(steps) - 1:
-            print(f"| {row['step']} | {med:.1f} | {q25:.1f} .. {q75:.1f} | {row['frac_at']:.2f} | {row['frac_reached']:.2f} |")
+            print(
+                f"| {row['step']} | {med:.1f} | {q25:.1f} .. {q75:.1f} | {row['frac_at']:.2f} | {row['frac_reached']:.2f} |"
+            )
     budget = args.budget or int(steps[-1])
     i = int(np.searchsorted(steps, budget, side="right")) - 1
-    verdict = {"budget": budget, "log_point_step": int(steps[i]), "frac_at_budget": table[i]["frac_at"], "frac_reached_by_budget": table[i]["frac_reached"], "median_at_budget": table[i]["median"],
-               "per_seed_at_budget": [None if np.isnan(v) else float(v) for v in returns[:, i]]}
-    print(f"at {steps[i]} env steps (budget {budget}): {verdict['frac_at_budget']:.0%} of seeds at >= {args.threshold}, "
-          f"{verdict['frac_reached_by_budget']:.0%} reached it by then; median {verdict['median_at_budget']:.1f}")
-    if args.run_dir:  # metrics.jsonl as `rl train` writes it, so `rl plot` draws this run beside others
+    verdict = {
+        "budget": budget,
+        "log_point_step": int(steps[i]),
+        "frac_at_budget": table[i]["frac_at"],
+        "frac_reached_by_budget": table[i]["frac_reached"],
+        "median_at_budget": table[i]["median"],
+        "per_seed_at_budget": [None if np.isnan(v) else float(v) for v in returns[:, i]],
+    }
+    print(
+        f"at {steps[i]} env steps (budget {budget}): {verdict['frac_at_budget']:.0%} of seeds at >= {args.threshold}, "
+        f"{verdict['frac_reached_by_budget']:.0%} reached it by then; median {verdict['median_at_budget']:.1f}"
+    )
+    if (
+        args.run_dir
+    ):  # metrics.jsonl as `rl train` writes it, so `rl plot` draws this run beside others
         Path(args.run_dir).mkdir(parents=True, exist_ok=True)
         write_metrics_jsonl(Path(args.run_dir) / "metrics.jsonl", metrics, [{}])
-    return {"config": config.to_dict(), "compile_s": compile_s, "train_s": train_s, "table": table, "verdict": verdict}
+    return {
+        "config": config.to_dict(),
+        "compile_s": compile_s,
+        "train_s": train_s,
+        "table": table,
+        "verdict": verdict,
+    }
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("mode", choices=("learning", "throughput"))
-    parser.add_argument("--config", help="YAML config (learning) or a preset name / YAML (throughput)")
-    parser.add_argument("--preset", default="purejaxrl", choices=sorted(PRESETS), help="throughput preset when --config is not given")
-    parser.add_argument("--seeds", default="1", help="learning: number of seeds; throughput: comma list, e.g. 1,64,2048")
-    parser.add_argument("--kernel-backend", default="reference", help="comma list of kernels backends (reference, triton, interpret), or auto")
+    parser.add_argument(
+        "--config", help="YAML config (learning) or a preset name / YAML (throughput)"
+    )
+    parser.add_argument(
+        "--preset",
+        default="purejaxrl",
+        choices=sorted(PRESETS),
+        help="throughput preset when --config is not given",
+    )
+    parser.add_argument(
+        "--seeds",
+        default="1",
+        help="learning: number of seeds; throughput: comma list, e.g. 1,64,2048",
+    )
+    parser.add_argument(
+        "--kernel-backend",
+        default="reference",
+        help="comma list of kernels backends (reference, triton, interpret), or auto",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per throughput point")
     parser.add_argument("--threshold", type=float, default=475.0)
-    parser.add_argument("--budget", type=int, default=None, help="env steps at which the learning target is judged")
+    parser.add_argument(
+        "--budget", type=int, default=None, help="env steps at which the learning target is judged"
+    )
     parser.add_argument("--rows", type=int, default=12, help="learning table rows")
     parser.add_argument("--json", help="write the results here too")
-    parser.add_argument("--run-dir", help="learning: also write DIR/metrics.jsonl (every seed, every log point) for `rl plot`")
+    parser.add_argument(
+        "--run-dir",
+        help="learning: also write DIR/metrics.jsonl (every seed, every log point) for `rl plot`",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     result = {"machine": machine()}

@@ -38,36 +38,68 @@ def fit_to_budget(config_path: str, overrides: list[str], seeds: int, budget: in
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--recurrent", default="configs/ppo_rnn_cartpole_masked.yaml", help="recurrent PPO config")
-    parser.add_argument("--feedforward", default="configs/ppo_cartpole.yaml", help="feedforward PPO config")
-    parser.add_argument("--observe", default="positions", help="env.observe for both (a preset or a list such as [0,2]; 'null': the full observation)")
+    parser.add_argument(
+        "--recurrent", default="configs/ppo_rnn_cartpole_masked.yaml", help="recurrent PPO config"
+    )
+    parser.add_argument(
+        "--feedforward", default="configs/ppo_cartpole.yaml", help="feedforward PPO config"
+    )
+    parser.add_argument(
+        "--observe",
+        default="positions",
+        help="env.observe for both (a preset or a list such as [0,2]; 'null': the full observation)",
+    )
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--budget", type=int, default=1_000_000, help="env steps per seed")
     parser.add_argument("--threshold", type=float, default=475.0)
-    parser.add_argument("--kernel-backend", default="auto", help="kernels backend (reference, triton, interpret, auto)")
+    parser.add_argument(
+        "--kernel-backend",
+        default="auto",
+        help="kernels backend (reference, triton, interpret, auto)",
+    )
     parser.add_argument("--rows", type=int, default=8, help="learning table rows per agent")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args(argv)
 
     env = load(args.recurrent, [], 1).env
-    env_id, env_overrides = env.id, [f"env.id={env.id}", f"env.params={json.dumps(dict(env.params))}", f"env.observe={args.observe}"]
+    env_id, env_overrides = (
+        env.id,
+        [
+            f"env.id={env.id}",
+            f"env.params={json.dumps(dict(env.params))}",
+            f"env.observe={args.observe}",
+        ],
+    )
     results = {"machine": machine(), "agents": {}}
     for label, path in (("recurrent", args.recurrent), ("feedforward", args.feedforward)):
         overrides = fit_to_budget(path, env_overrides, args.seeds, args.budget)
-        run = argparse.Namespace(config=path, overrides=overrides, seeds=args.seeds, kernel_backend=args.kernel_backend,
-                                 threshold=args.threshold, budget=args.budget, rows=args.rows)
+        run = argparse.Namespace(
+            config=path,
+            overrides=overrides,
+            seeds=args.seeds,
+            kernel_backend=args.kernel_backend,
+            threshold=args.threshold,
+            budget=args.budget,
+            rows=args.rows,
+        )
         print(f"== {label}: {path} {' '.join(overrides)}")
         results["agents"][label] = learning(run)
         print()
 
-    print(f"{env_id} with env.observe={args.observe}, {args.seeds} seeds, budget {args.budget} env steps, threshold {args.threshold}:")
-    print("| agent | config | env steps | seeds >= threshold at the budget | reached by then | median greedy return | train time |")
+    print(
+        f"{env_id} with env.observe={args.observe}, {args.seeds} seeds, budget {args.budget} env steps, threshold {args.threshold}:"
+    )
+    print(
+        "| agent | config | env steps | seeds >= threshold at the budget | reached by then | median greedy return | train time |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label, path in (("recurrent", args.recurrent), ("feedforward", args.feedforward)):
         result = results["agents"][label]
         verdict = result["verdict"]
-        print(f"| {label} | {path} | {verdict['log_point_step']} | {verdict['frac_at_budget']:.0%} | {verdict['frac_reached_by_budget']:.0%} "
-              f"| {verdict['median_at_budget']:.1f} | {result['train_s']:.1f} s |")
+        print(
+            f"| {label} | {path} | {verdict['log_point_step']} | {verdict['frac_at_budget']:.0%} | {verdict['frac_reached_by_budget']:.0%} "
+            f"| {verdict['median_at_budget']:.1f} | {result['train_s']:.1f} s |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=float))
 

@@ -55,7 +55,9 @@ def device_events(trace_dir: str):
     for plane in planes:
         for line in plane.lines:
             for event in line.events:
-                rows.append((plane.name, line.name, event.name, int(event.start_ns), int(event.duration_ns)))
+                rows.append(
+                    (plane.name, line.name, event.name, int(event.start_ns), int(event.duration_ns))
+                )
     return rows
 
 
@@ -68,24 +70,34 @@ def summarise(rows, wall_s: float, top: int) -> None:
     kernel_rows = [r for r in rows if "stream" in r[1].lower()] or rows
     busy = busy_time_ns([(start, start + dur) for *_, start, dur in kernel_rows])
     total = sum(dur for *_, dur in kernel_rows)
-    print(f"wall {wall_s * 1e3:.1f} ms; device busy {busy / 1e6:.1f} ms ({busy / 1e9 / wall_s:.0%}); "
-          f"{len(kernel_rows)} kernels, summed {total / 1e6:.1f} ms")
+    print(
+        f"wall {wall_s * 1e3:.1f} ms; device busy {busy / 1e6:.1f} ms ({busy / 1e9 / wall_s:.0%}); "
+        f"{len(kernel_rows)} kernels, summed {total / 1e6:.1f} ms"
+    )
     per_name = collections.defaultdict(lambda: [0, 0])
     for _, _, name, _, dur in kernel_rows:
         per_name[name][0] += 1
         per_name[name][1] += dur
-    print(f"| kernel | count | total ms | share | mean us |")
+    print("| kernel | count | total ms | share | mean us |")
     print("|---|---|---|---|---|")
     for name, (count, dur) in sorted(per_name.items(), key=lambda kv: -kv[1][1])[:top]:
-        print(f"| {name[:90]} | {count} | {dur / 1e6:.2f} | {dur / max(total, 1):.1%} | {dur / count / 1e3:.1f} |")
+        print(
+            f"| {name[:90]} | {count} | {dur / 1e6:.2f} | {dur / max(total, 1):.1%} | {dur / count / 1e3:.1f} |"
+        )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="YAML config (default: --preset)")
-    parser.add_argument("--preset", default="purejaxrl", help="a benchmarks/ppo.py preset when --config is not given")
+    parser.add_argument(
+        "--preset",
+        default="purejaxrl",
+        help="a benchmarks/ppo.py preset when --config is not given",
+    )
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--kernel-backend", default=None, help="reference, triton or interpret (default: automatic)")
+    parser.add_argument(
+        "--kernel-backend", default=None, help="reference, triton or interpret (default: automatic)"
+    )
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--hlo-out", help="write the optimised HLO text here")
     parser.add_argument("--trace-dir", help="keep the trace here (default: a temporary directory)")

@@ -40,14 +40,29 @@ def pin_to_one_core() -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "qlearning_gridworld.yaml"))
+    parser.add_argument(
+        "--config",
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "..", "configs", "qlearning_gridworld.yaml"
+        ),
+    )
     parser.add_argument("--agents", type=int, nargs="+", default=[1, 30])
-    parser.add_argument("--scenarios", nargs="+", default=["config", "long"], choices=["config", "long"])
-    parser.add_argument("--long-steps", type=int, default=1_000_000, help="env steps per agent in the long scenario")
-    parser.add_argument("--long-interval", type=int, default=100_000, help="log interval in the long scenario")
+    parser.add_argument(
+        "--scenarios", nargs="+", default=["config", "long"], choices=["config", "long"]
+    )
+    parser.add_argument(
+        "--long-steps", type=int, default=1_000_000, help="env steps per agent in the long scenario"
+    )
+    parser.add_argument(
+        "--long-interval", type=int, default=100_000, help="log interval in the long scenario"
+    )
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--no-pin", action="store_true", help="do not pin to one core / one XLA thread")
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides (both scenarios)")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="do not pin to one core / one XLA thread"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="dotted.key=value config overrides (both scenarios)"
+    )
     args = parser.parse_args(argv)
     if not args.no_pin:
         pin_to_one_core()
@@ -63,16 +78,26 @@ def main(argv=None) -> int:
     from rl.agents import qlearning
     from rl.config import load_config
 
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, python {platform.python_version()}, cpu affinity {sorted(os.sched_getaffinity(0))}")
-    print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}, python {platform.python_version()}, cpu affinity {sorted(os.sched_getaffinity(0))}"
+    )
+    print(
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     scenario_overrides = {
         "config": [],
-        "long": [f"agent.total_steps={args.long_steps}", f"agent.log_interval={args.long_interval}"],
+        "long": [
+            f"agent.total_steps={args.long_steps}",
+            f"agent.log_interval={args.long_interval}",
+        ],
     }
     results = {}
     for scenario in args.scenarios:
         config = load_config(args.config, list(args.overrides) + scenario_overrides[scenario])
-        steps, points = config.agent.total_steps, config.agent.total_steps // config.agent.log_interval
+        steps, points = (
+            config.agent.total_steps,
+            config.agent.total_steps // config.agent.log_interval,
+        )
         train = qlearning.make_train(config)
         for num_agents in args.agents:
             program = jax.jit(train) if num_agents == 1 else jax.jit(jax.vmap(train))
@@ -93,26 +118,42 @@ def main(argv=None) -> int:
                 wall.append(time.perf_counter() - start_wall)
                 cpu.append(time.process_time() - start_cpu)
             greedy = np.asarray(metrics["greedy_episode_length"])[..., -1]
-            row = dict(steps=steps, points=points, compile=compile_s, wall=statistics.median(wall), cpu=statistics.median(cpu), wall_min=min(wall))
+            row = dict(
+                steps=steps,
+                points=points,
+                compile=compile_s,
+                wall=statistics.median(wall),
+                cpu=statistics.median(cpu),
+                wall_min=min(wall),
+            )
             results[scenario, num_agents] = row
             work = num_agents * steps
-            print(f"{scenario:>6} {num_agents:>3} agents x {steps} steps ({points} log points): compile {compile_s:.2f} s; "
-                  f"wall median {row['wall'] * 1e3:.1f} ms (min {row['wall_min'] * 1e3:.1f}) = {work / row['wall'] / 1e6:.2f} M agent-steps/s; "
-                  f"cpu median {row['cpu'] * 1e3:.1f} ms = {work / row['cpu'] / 1e6:.2f} M agent-steps/s "
-                  f"({row['cpu'] / work * 1e9:.0f} ns/agent-step); final greedy length {greedy.mean():.2f}", flush=True)
+            print(
+                f"{scenario:>6} {num_agents:>3} agents x {steps} steps ({points} log points): compile {compile_s:.2f} s; "
+                f"wall median {row['wall'] * 1e3:.1f} ms (min {row['wall_min'] * 1e3:.1f}) = {work / row['wall'] / 1e6:.2f} M agent-steps/s; "
+                f"cpu median {row['cpu'] * 1e3:.1f} ms = {work / row['cpu'] / 1e6:.2f} M agent-steps/s "
+                f"({row['cpu'] / work * 1e9:.0f} ns/agent-step); final greedy length {greedy.mean():.2f}",
+                flush=True,
+            )
     print()
-    print("| scenario | agents | steps/agent | log points | compile (s) | wall median (ms) | M agent-steps/s (wall) | CPU median (ms) | M agent-steps/s (CPU) |")
+    print(
+        "| scenario | agents | steps/agent | log points | compile (s) | wall median (ms) | M agent-steps/s (wall) | CPU median (ms) | M agent-steps/s (CPU) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for (scenario, num_agents), row in results.items():
         work = num_agents * row["steps"]
-        print(f"| {scenario} | {num_agents} | {row['steps']:,} | {row['points']} | {row['compile']:.2f} | {row['wall'] * 1e3:.1f} | {work / row['wall'] / 1e6:.2f} | {row['cpu'] * 1e3:.1f} | {work / row['cpu'] / 1e6:.2f} |")
+        print(
+            f"| {scenario} | {num_agents} | {row['steps']:,} | {row['points']} | {row['compile']:.2f} | {row['wall'] * 1e3:.1f} | {work / row['wall'] / 1e6:.2f} | {row['cpu'] * 1e3:.1f} | {work / row['cpu'] / 1e6:.2f} |"
+        )
     for num_agents in args.agents:
         if ("config", num_agents) in results and ("long", num_agents) in results:
             short, long = results["config", num_agents], results["long", num_agents]
             per_step = long["cpu"] / long["steps"]
             overhead = (short["cpu"] - short["steps"] * per_step) / short["points"]
-            print(f"{num_agents} agents: CPU cost per log point (callback + greedy eval + period setup) ~ {overhead * 1e6:.0f} us "
-                  f"vs {per_step * short['steps'] / short['points'] * 1e6:.0f} us for the {short['steps'] // short['points']} steps between log points")
+            print(
+                f"{num_agents} agents: CPU cost per log point (callback + greedy eval + period setup) ~ {overhead * 1e6:.0f} us "
+                f"vs {per_step * short['steps'] / short['points'] * 1e6:.0f} us for the {short['steps'] // short['points']} steps between log points"
+            )
     return 0
 
 

@@ -49,7 +49,15 @@ def count_collectives(hlo_text: str) -> dict:
     return counts
 
 
-def measure(config_path: str, overrides: list[str], devices: int, seeds: int, log_points: int, repeats: int, shard: str = "seeds") -> dict:
+def measure(
+    config_path: str,
+    overrides: list[str],
+    devices: int,
+    seeds: int,
+    log_points: int,
+    repeats: int,
+    shard: str = "seeds",
+) -> dict:
     import jax
     import numpy as np
 
@@ -93,12 +101,23 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
-    parser.add_argument("--devices", default="1,2", help="comma-separated device counts (default 1,2)")
-    parser.add_argument("--seeds-per-device", type=int, default=64, help="weak scaling: seeds on each device")
-    parser.add_argument("--seeds", type=int, help="strong scaling: total seeds (overrides --seeds-per-device)")
+    parser.add_argument(
+        "--devices", default="1,2", help="comma-separated device counts (default 1,2)"
+    )
+    parser.add_argument(
+        "--seeds-per-device", type=int, default=64, help="weak scaling: seeds on each device"
+    )
+    parser.add_argument(
+        "--seeds", type=int, help="strong scaling: total seeds (overrides --seeds-per-device)"
+    )
     parser.add_argument("--log-points", type=int, default=5, help="log points per timed chunk")
     parser.add_argument("--repeats", type=int, default=5, help="timed chunks per device count")
-    parser.add_argument("--shard", choices=("seeds", "envs"), default="seeds", help="axis split over the devices (envs: one large agent; give --seeds 1)")
+    parser.add_argument(
+        "--shard",
+        choices=("seeds", "envs"),
+        default="seeds",
+        help="axis split over the devices (envs: one large agent; give --seeds 1)",
+    )
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
 
@@ -107,23 +126,43 @@ def main(argv=None) -> int:
     counts = [int(c) for c in args.devices.split(",")]
     available = len(jax.devices())
     if max(counts) > available:
-        parser.error(f"--devices {args.devices}: only {available} {jax.devices()[0].platform} device(s) here")
+        parser.error(
+            f"--devices {args.devices}: only {available} {jax.devices()[0].platform} device(s) here"
+        )
     rows = []
     for count in counts:
         seeds = args.seeds if args.seeds is not None else args.seeds_per_device * count
-        rows.append(measure(args.config, args.overrides, count, seeds, args.log_points, args.repeats, args.shard))
+        rows.append(
+            measure(
+                args.config, args.overrides, count, seeds, args.log_points, args.repeats, args.shard
+            )
+        )
         print(json.dumps(rows[-1]), flush=True)
     import jaxlib
 
     machine = f"{jax.devices()[0].device_kind} x{available}, {platform.node()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}"
     print(f"\n{args.config} {' '.join(args.overrides)}  ({machine}, {time.strftime('%Y-%m-%d')})")
-    print("| devices | seeds | env steps/s (all seeds) | speed-up | compile s | collectives in the chunk |")
+    print(
+        "| devices | seeds | env steps/s (all seeds) | speed-up | compile s | collectives in the chunk |"
+    )
     print("|---|---|---|---|---|---|")
     base = rows[0]["env_steps_per_second"]
     for row in rows:
-        print(f"| {row['devices']} | {row['seeds']} | {row['env_steps_per_second']:,.0f} | {row['env_steps_per_second'] / base:.2f}x | {row['compile_seconds']:.1f} | {', '.join(f'{k} {v}' for k, v in row['collectives'].items()) or 'none'} |")
+        print(
+            f"| {row['devices']} | {row['seeds']} | {row['env_steps_per_second']:,.0f} | {row['env_steps_per_second'] / base:.2f}x | {row['compile_seconds']:.1f} | {', '.join(f'{k} {v}' for k, v in row['collectives'].items()) or 'none'} |"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine, "config": args.config, "overrides": args.overrides, "rows": rows}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "machine": machine,
+                    "config": args.config,
+                    "overrides": args.overrides,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

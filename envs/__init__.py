@@ -1,9 +1,9 @@
 """Pure-JAX environments with a functional, gymnax-style API and gymnasium's episode-end split.
 
-    import envs
-    env, params = envs.make("CartPole-v1")
-    obs, state = env.reset(key, params)
-    obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
+import envs
+env, params = envs.make("CartPole-v1")
+obs, state = env.reset(key, params)
+obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def make(env_id: str, **param_overrides):
     if isinstance(env_id, str) and env_id.startswith("gymnasium:"):
         from envs.gymnasium import from_gymnasium
 
-        return from_gymnasium(env_id[len("gymnasium:"):], **param_overrides)
+        return from_gymnasium(env_id[len("gymnasium:") :], **param_overrides)
     prefix, colon, library_id = env_id.partition(":") if isinstance(env_id, str) else ("", "", "")
     if colon and prefix in ADAPTERS:
         return importlib.import_module(ADAPTERS[prefix]).make(library_id, **param_overrides)

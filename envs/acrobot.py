@@ -103,11 +103,13 @@ def dynamics(y: jax.Array, torque: jax.Array, params: AcrobotParams) -> jax.Arra
     if params.book_or_nips == "nips":
         ddtheta2 = (torque + d2 / d1 * phi1 - phi2) / (m2 * lc2**2 + i2 - d2**2 / d1)
     elif params.book_or_nips == "book":
-        ddtheta2 = (torque + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1**2 * jnp.sin(theta2) - phi2) / (
-            m2 * lc2**2 + i2 - d2**2 / d1
-        )
+        ddtheta2 = (
+            torque + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1**2 * jnp.sin(theta2) - phi2
+        ) / (m2 * lc2**2 + i2 - d2**2 / d1)
     else:
-        raise ValueError(f"Acrobot-v1: book_or_nips must be 'book' or 'nips', got {params.book_or_nips!r}")
+        raise ValueError(
+            f"Acrobot-v1: book_or_nips must be 'book' or 'nips', got {params.book_or_nips!r}"
+        )
     ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
     return jnp.stack([dtheta1, dtheta2, ddtheta1, ddtheta2])
 
@@ -123,7 +125,14 @@ def rk4_step(f, y: jax.Array, dt) -> jax.Array:
 
 def _obs(state: AcrobotState) -> jax.Array:
     return jnp.stack(
-        [jnp.cos(state.theta1), jnp.sin(state.theta1), jnp.cos(state.theta2), jnp.sin(state.theta2), state.dtheta1, state.dtheta2]
+        [
+            jnp.cos(state.theta1),
+            jnp.sin(state.theta1),
+            jnp.cos(state.theta2),
+            jnp.sin(state.theta2),
+            state.dtheta1,
+            state.dtheta2,
+        ]
     ).astype(jnp.float32)
 
 
@@ -140,13 +149,20 @@ class Acrobot(Env):
         return AcrobotParams()
 
     def reset_env(self, key, params: AcrobotParams):
-        theta1, theta2, dtheta1, dtheta2 = jax.random.uniform(key, (4,), jnp.float32, minval=-0.1, maxval=0.1)
-        state = AcrobotState(theta1=theta1, theta2=theta2, dtheta1=dtheta1, dtheta2=dtheta2, time=jnp.int32(0))
+        theta1, theta2, dtheta1, dtheta2 = jax.random.uniform(
+            key, (4,), jnp.float32, minval=-0.1, maxval=0.1
+        )
+        state = AcrobotState(
+            theta1=theta1, theta2=theta2, dtheta1=dtheta1, dtheta2=dtheta2, time=jnp.int32(0)
+        )
         return _obs(state), state
 
     def step_env(self, key, state: AcrobotState, action, params: AcrobotParams):
         torque = jnp.asarray(TORQUES)[jnp.clip(action, 0, 2)]
-        noise = jax.random.uniform(key, (), jnp.float32, minval=-1.0, maxval=1.0) * params.torque_noise_max
+        noise = (
+            jax.random.uniform(key, (), jnp.float32, minval=-1.0, maxval=1.0)
+            * params.torque_noise_max
+        )
         torque = torque + noise
         y = jnp.stack([state.theta1, state.theta2, state.dtheta1, state.dtheta2])
         y = rk4_step(lambda y: dynamics(y, torque, params), y, params.dt)
@@ -164,7 +180,9 @@ class Acrobot(Env):
     def observation_space(self, params: AcrobotParams) -> Box:
         """gymnasium's bounds, from the default params."""
         defaults = AcrobotParams()
-        high = np.array([1.0, 1.0, 1.0, 1.0, defaults.max_vel_1, defaults.max_vel_2], dtype=np.float32)
+        high = np.array(
+            [1.0, 1.0, 1.0, 1.0, defaults.max_vel_1, defaults.max_vel_2], dtype=np.float32
+        )
         return Box(low=-high, high=high, shape=(6,))
 
     def action_space(self, params: AcrobotParams) -> Discrete:
@@ -176,11 +194,23 @@ class Acrobot(Env):
         scale = size / (2 * (l1 + l2 + 0.2))
         center = np.array([size / 2, size / 2])
         image = canvas(size, size)
-        draw_line(image, center + (-(l1 + l2 + 0.2) * scale, -l1 * scale), center + ((l1 + l2 + 0.2) * scale, -l1 * scale), 1, (0, 0, 0))
+        draw_line(
+            image,
+            center + (-(l1 + l2 + 0.2) * scale, -l1 * scale),
+            center + ((l1 + l2 + 0.2) * scale, -l1 * scale),
+            1,
+            (0, 0, 0),
+        )
         theta1, theta12 = float(state.theta1), float(state.theta1) + float(state.theta2)
         joint = center + np.array([np.sin(theta1), np.cos(theta1)]) * l1 * scale  # screen y is down
         for start, angle, length in [(center, theta1, l1), (joint, theta12, l2)]:
             # a link pointing along (sin a, -cos a) in the world: screen angle a - pi/2
-            fill_polygon(image, rotated_rectangle(start, length * scale, 0.2 * scale, angle - math.pi / 2, anchor="start"), (0, 204, 204))
+            fill_polygon(
+                image,
+                rotated_rectangle(
+                    start, length * scale, 0.2 * scale, angle - math.pi / 2, anchor="start"
+                ),
+                (0, 204, 204),
+            )
             fill_circle(image, start, 0.1 * scale, (204, 204, 0))
         return image

@@ -68,7 +68,9 @@ def _brax_envs(user: str = "brax:<name>"):
     there and errors on stderr only).
     """
     if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
-        os.environ["MUJOCO_GL"] = headless_mujoco_gl()  # MuJoCo picks its OpenGL platform when it is imported
+        os.environ["MUJOCO_GL"] = (
+            headless_mujoco_gl()
+        )  # MuJoCo picks its OpenGL platform when it is imported
     if "brax.envs" in sys.modules:
         return sys.modules["brax.envs"]
     with contextlib.redirect_stdout(sys.stderr):
@@ -101,12 +103,18 @@ class BraxState:
 class Brax(Env):
     """One Brax env (see the module docstring)."""
 
-    def __init__(self, name: str, backend: str | None = None, auto_reset: str = "fresh", **env_kwargs):
+    def __init__(
+        self, name: str, backend: str | None = None, auto_reset: str = "fresh", **env_kwargs
+    ):
         benvs = _brax_envs(f"brax:{name}")
         if name not in benvs._envs:
-            raise ValueError(f"unknown Brax env {name!r}; Brax has: {', '.join(sorted(benvs._envs))}")
+            raise ValueError(
+                f"unknown Brax env {name!r}; Brax has: {', '.join(sorted(benvs._envs))}"
+            )
         if auto_reset not in AUTO_RESETS:
-            raise ValueError(f"brax:{name}: auto_reset must be one of {list(AUTO_RESETS)}, got {auto_reset!r}")
+            raise ValueError(
+                f"brax:{name}: auto_reset must be one of {list(AUTO_RESETS)}, got {auto_reset!r}"
+            )
         kwargs = dict(env_kwargs, **({} if backend is None else {"backend": backend}))
         try:
             self._env = benvs.get_environment(name, **kwargs)
@@ -136,7 +144,9 @@ class Brax(Env):
         repeat, length = params.action_repeat, params.episode_length
         if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
             raise ValueError(f"{self.name}: action_repeat must be an integer >= 1, got {repeat!r}")
-        if is_concrete(length) and (np.ndim(length) or not np.issubdtype(np.asarray(length).dtype, np.integer) or length < 1):
+        if is_concrete(length) and (
+            np.ndim(length) or not np.issubdtype(np.asarray(length).dtype, np.integer) or length < 1
+        ):
             raise ValueError(f"{self.name}: episode_length must be an integer >= 1, got {length!r}")
         return params
 
@@ -163,7 +173,9 @@ class Brax(Env):
             env_state = self._env.step(env_state, action)
             return env_state, env_state.reward
 
-        env_state, rewards = jax.lax.scan(repeat, state.env_state, None, length=params.action_repeat)
+        env_state, rewards = jax.lax.scan(
+            repeat, state.env_state, None, length=params.action_repeat
+        )
         env_state = env_state.replace(reward=jnp.sum(rewards, axis=0))
         terminated = env_state.done > 0
         next_state = state.replace(env_state=env_state, time=state.time + 1)
@@ -172,21 +184,35 @@ class Brax(Env):
     def auto_reset(self, key, final_state: BraxState, params):
         if self.auto_reset_mode == "fresh":
             return self.reset_env(key, params)
-        return final_state.first.obs, final_state.replace(env_state=final_state.first, time=jnp.zeros_like(final_state.time))
+        return final_state.first.obs, final_state.replace(
+            env_state=final_state.first, time=jnp.zeros_like(final_state.time)
+        )
 
-    def render(self, state: BraxState, params=None, height: int = 240, width: int = 320, camera: int | str = -1) -> np.ndarray:
+    def render(
+        self,
+        state: BraxState,
+        params=None,
+        height: int = 240,
+        width: int = 320,
+        camera: int | str = -1,
+    ) -> np.ndarray:
         """uint8 [height, width, 3]: MuJoCo's off-screen renderer on one (unbatched) state."""
         import mujoco
 
         model = self._env.sys.mj_model
-        if self._renderer is None or (self._renderer.height, self._renderer.width) != (height, width):
+        if self._renderer is None or (self._renderer.height, self._renderer.width) != (
+            height,
+            width,
+        ):
             try:  # Triton's LLVM must be loaded before Mesa's (software OpenGL): the other order crashes the process
                 import triton  # noqa: F401
             except ImportError:
                 pass
             try:
                 self._renderer = mujoco.Renderer(model, height=height, width=width)
-                atexit.register(self._renderer.close)  # before interpreter teardown, which its __del__ trips over
+                atexit.register(
+                    self._renderer.close
+                )  # before interpreter teardown, which its __del__ trips over
             except Exception as error:  # no OpenGL platform: mujoco raises several kinds
                 raise RuntimeError(
                     f"{self.name}: rendering needs an OpenGL context for MuJoCo and none could be made "

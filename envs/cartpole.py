@@ -61,7 +61,9 @@ class CartPole(Env):
         return CartPoleParams()
 
     def reset_env(self, key, params: CartPoleParams):
-        x, x_dot, theta, theta_dot = jax.random.uniform(key, (4,), jnp.float32, minval=-0.05, maxval=0.05)
+        x, x_dot, theta, theta_dot = jax.random.uniform(
+            key, (4,), jnp.float32, minval=-0.05, maxval=0.05
+        )
         state = CartPoleState(x=x, x_dot=x_dot, theta=theta, theta_dot=theta_dot, time=jnp.int32(0))
         return _obs(state), state
 
@@ -93,19 +95,30 @@ class CartPole(Env):
     def observation_space(self, params: CartPoleParams) -> Box:
         """gymnasium's (1.x) bounds: twice the termination thresholds, unbounded (infinite) velocities."""
         defaults, big = CartPoleParams(), np.inf
-        high = np.array([defaults.x_threshold * 2, big, defaults.theta_threshold_radians * 2, big], dtype=np.float32)
+        high = np.array(
+            [defaults.x_threshold * 2, big, defaults.theta_threshold_radians * 2, big],
+            dtype=np.float32,
+        )
         return Box(low=-high, high=high, shape=(4,))
 
     def action_space(self, params: CartPoleParams) -> Discrete:
         return Discrete(2)
 
-    def render(self, state: CartPoleState, params: CartPoleParams, width: int = 600, height: int = 400) -> np.ndarray:
+    def render(
+        self, state: CartPoleState, params: CartPoleParams, width: int = 600, height: int = 400
+    ) -> np.ndarray:
         """rgb_array frame: track, cart at x, pole at angle theta (the view spans +-2 x_threshold)."""
         scale = width / (4 * float(params.x_threshold))
         cart_x, cart_y = float(state.x) * scale + width / 2, height - 100
         image = canvas(height, width)
         draw_line(image, (0, cart_y), (width, cart_y), 1, (0, 0, 0))
         fill_polygon(image, rotated_rectangle((cart_x, cart_y - 15), 50, 30, 0.0), (0, 0, 0))
-        pole = rotated_rectangle((cart_x, cart_y - 22), 2 * float(params.length) * scale, 10, math.pi / 2 - float(state.theta), anchor="start")
+        pole = rotated_rectangle(
+            (cart_x, cart_y - 22),
+            2 * float(params.length) * scale,
+            10,
+            math.pi / 2 - float(state.theta),
+            anchor="start",
+        )
         fill_polygon(image, pole, (202, 152, 101))
         return fill_circle(image, (cart_x, cart_y - 22), 5, (129, 132, 203))

@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from envs.spaces import Space, check_action, is_concrete
+from envs.spaces import check_action, is_concrete
 
 
 class Env:
@@ -60,9 +60,13 @@ class Env:
         params = self.default_params if params is None else params
         action = check_action(self.action_space(params), action, self.name)
         key_step, key_reset = jax.random.split(key)
-        next_obs, next_state, reward, terminated, info = self.step_env(key_step, state, action, params)
+        next_obs, next_state, reward, terminated, info = self.step_env(
+            key_step, state, action, params
+        )
         terminated = jnp.asarray(terminated, jnp.bool_)
-        truncated = jnp.logical_and(self.truncation(next_state, params), jnp.logical_not(terminated))
+        truncated = jnp.logical_and(
+            self.truncation(next_state, params), jnp.logical_not(terminated)
+        )
         done = jnp.logical_or(terminated, truncated)
         reset_obs, reset_state = self.auto_reset(key_reset, next_state, params)
         state = jax.tree.map(lambda r, s: jnp.where(done, r, s), reset_state, next_state)
@@ -95,7 +99,9 @@ class Env:
         """Number of discrete actions (only for discrete action spaces)."""
         space = self.action_space(self.default_params)
         if not hasattr(space, "n"):
-            raise ValueError(f"{self.name} has a continuous action space {space}; num_actions is undefined")
+            raise ValueError(
+                f"{self.name} has a continuous action space {space}; num_actions is undefined"
+            )
         return int(space.n)
 
     def __repr__(self) -> str:
@@ -123,4 +129,6 @@ def import_extra(module: str, extra: str, user: str):
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise MissingExtraError(f'{user} needs the {module!r} package, which does not import: pip install "fusedrl[{extra}]" ({error})') from error
+        raise MissingExtraError(
+            f'{user} needs the {module!r} package, which does not import: pip install "fusedrl[{extra}]" ({error})'
+        ) from error

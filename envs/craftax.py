@@ -41,7 +41,12 @@ from envs.core import Env, import_extra
 from envs.spaces import Box, Discrete
 
 EXTRA = "craftax"
-IDS = ("Craftax-Symbolic-v1", "Craftax-Pixels-v1", "Craftax-Classic-Symbolic-v1", "Craftax-Classic-Pixels-v1")
+IDS = (
+    "Craftax-Symbolic-v1",
+    "Craftax-Pixels-v1",
+    "Craftax-Classic-Symbolic-v1",
+    "Craftax-Classic-Pixels-v1",
+)
 NO_TIME_LIMIT = np.iinfo(np.int32).max
 
 
@@ -61,7 +66,9 @@ def params_class(env_params_class: type) -> type:
         def max_steps_in_episode(self):
             return self.max_timesteps
 
-    CraftaxParams.__name__ = CraftaxParams.__qualname__ = f"Craftax{'Classic' if 'classic' in env_params_class.__module__ else ''}Params"
+    CraftaxParams.__name__ = CraftaxParams.__qualname__ = (
+        f"Craftax{'Classic' if 'classic' in env_params_class.__module__ else ''}Params"
+    )
     return CraftaxParams
 
 
@@ -112,7 +119,9 @@ def load_textures(constants) -> None:
 def _craftax_modules(classic: bool, name: str):
     """(renderer, constants) modules of Craftax-Classic or of Craftax."""
     module = "craftax.craftax_classic" if classic else "craftax.craftax"
-    return import_extra(f"{module}.renderer", EXTRA, name), import_extra(f"{module}.constants", EXTRA, name)
+    return import_extra(f"{module}.renderer", EXTRA, name), import_extra(
+        f"{module}.constants", EXTRA, name
+    )
 
 
 def _space(space):
@@ -137,7 +146,9 @@ class Craftax(Env):
             load_textures(_craftax_modules(self.classic, self.name)[1])
         self._env = make_craftax_env_from_name(env_id, auto_reset=False)
         base_params = self._env.default_params
-        self._default_params = params_class(type(base_params))(**{f: getattr(base_params, f) for f in base_params.__dataclass_fields__})
+        self._default_params = params_class(type(base_params))(
+            **{f: getattr(base_params, f) for f in base_params.__dataclass_fields__}
+        )
         self._obs_space = _space(self._env.observation_space(base_params))
         self._action_space = _space(self._env.action_space(base_params))
 

@@ -51,21 +51,29 @@ def _cell_index(cell: Sequence[int] | int, size: int, what: str) -> int:
     if isinstance(cell, (int, np.integer)):
         index = int(cell)
         if not 0 <= index < size * size:
-            raise ValueError(f"GridWorld: {what} cell index {index} is outside the {size}x{size} grid")
+            raise ValueError(
+                f"GridWorld: {what} cell index {index} is outside the {size}x{size} grid"
+            )
         return index
     row, col = (int(v) for v in cell)
     if not (0 <= row < size and 0 <= col < size):
-        raise ValueError(f"GridWorld: {what} (row, col) = ({row}, {col}) is outside the {size}x{size} grid")
+        raise ValueError(
+            f"GridWorld: {what} (row, col) = ({row}, {col}) is outside the {size}x{size} grid"
+        )
     return row * size + col
 
 
-def make_gridworld_params(size: int = 5, start=None, goal=None, walls=(), max_steps_in_episode: int = 100) -> GridWorldParams:
+def make_gridworld_params(
+    size: int = 5, start=None, goal=None, walls=(), max_steps_in_episode: int = 100
+) -> GridWorldParams:
     """Params from plain values: `start`/`goal` as (row, col) or a cell index, `walls` as (row, col) pairs."""
     size = int(size)
     if size < 2:
         raise ValueError(f"GridWorld: size must be at least 2, got {size}")
     if int(max_steps_in_episode) < 1:
-        raise ValueError(f"GridWorld: max_steps_in_episode must be >= 1, got {max_steps_in_episode}")
+        raise ValueError(
+            f"GridWorld: max_steps_in_episode must be >= 1, got {max_steps_in_episode}"
+        )
     start_index = _cell_index((size - 1, size - 1) if start is None else start, size, "start")
     goal_index = _cell_index((0, 0) if goal is None else goal, size, "goal")
     wall_mask = np.zeros(size * size, dtype=bool)
@@ -74,7 +82,9 @@ def make_gridworld_params(size: int = 5, start=None, goal=None, walls=(), max_st
     if wall_mask[start_index] or wall_mask[goal_index]:
         raise ValueError("GridWorld: the start and goal cells cannot be walls")
     if start_index == goal_index:
-        raise ValueError(f"GridWorld: start and goal must be different cells, both are cell {start_index}")
+        raise ValueError(
+            f"GridWorld: start and goal must be different cells, both are cell {start_index}"
+        )
     return GridWorldParams(
         start=jnp.int32(start_index),
         goal=jnp.int32(goal_index),
@@ -128,16 +138,29 @@ class GridWorld(Env):
     def action_space(self, params: GridWorldParams) -> Discrete:
         return Discrete(4)
 
-    def render(self, state: GridWorldState, params: GridWorldParams, cell_pixels: int = 40) -> np.ndarray:
+    def render(
+        self, state: GridWorldState, params: GridWorldParams, cell_pixels: int = 40
+    ) -> np.ndarray:
         """rgb_array frame: walls dark grey, goal green, agent red, on a grid of `cell_pixels` cells."""
         size, c = params.size, cell_pixels
         image = canvas(size * c, size * c)
         walls = np.asarray(params.walls)
         for cell in range(size * size):
             row, col = divmod(cell, size)
-            color = (70, 70, 70) if walls[cell] else (90, 180, 90) if cell == int(params.goal) else None
+            color = (
+                (70, 70, 70) if walls[cell] else (90, 180, 90) if cell == int(params.goal) else None
+            )
             if color is not None:
-                fill_polygon(image, [(col * c, row * c), ((col + 1) * c, row * c), ((col + 1) * c, (row + 1) * c), (col * c, (row + 1) * c)], color)
+                fill_polygon(
+                    image,
+                    [
+                        (col * c, row * c),
+                        ((col + 1) * c, row * c),
+                        ((col + 1) * c, (row + 1) * c),
+                        (col * c, (row + 1) * c),
+                    ],
+                    color,
+                )
         image[::c, :] = image[:, ::c] = 200  # grid lines
         row, col = divmod(int(state.cell), size)
         return fill_circle(image, ((col + 0.5) * c, (row + 0.5) * c), 0.35 * c, (210, 60, 60))

@@ -90,7 +90,9 @@ class GymnasiumEnv(gymnasium.Env):
 
     def __init__(self, env: Env, params: Any = None, render_mode: str | None = None):
         if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"to_gymnasium: render_mode must be None or 'rgb_array', got {render_mode!r}")
+            raise ValueError(
+                f"to_gymnasium: render_mode must be None or 'rgb_array', got {render_mode!r}"
+            )
         self.env = env
         self.params = env.default_params if params is None else params
         self.observation_space = env.observation_space(self.params).to_gymnasium()
@@ -112,7 +114,9 @@ class GymnasiumEnv(gymnasium.Env):
     def step(self, action):
         if self._state is None:
             raise RuntimeError(f"{self.env.name}: call reset() before step()")
-        if isinstance(self.action_space, gymnasium.spaces.Discrete) and not self.action_space.contains(action):
+        if isinstance(
+            self.action_space, gymnasium.spaces.Discrete
+        ) and not self.action_space.contains(action):
             raise ValueError(f"{self.env.name}: action {action!r} is outside {self.action_space}")
         self._key, step_key = jax.random.split(self._key)
         _, self._state, reward, terminated, truncated, info = self._step(
@@ -130,11 +134,19 @@ class GymnasiumEnv(gymnasium.Env):
 class GymnasiumVectorEnv(VectorEnv):
     """`num_envs` of our envs as a `gymnasium.vector.VectorEnv` with same-step autoreset."""
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 30, "autoreset_mode": AutoresetMode.SAME_STEP}
+    metadata = {
+        "render_modes": ["rgb_array"],
+        "render_fps": 30,
+        "autoreset_mode": AutoresetMode.SAME_STEP,
+    }
 
-    def __init__(self, env: Env, params: Any = None, num_envs: int = 2, render_mode: str | None = None):
+    def __init__(
+        self, env: Env, params: Any = None, num_envs: int = 2, render_mode: str | None = None
+    ):
         if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"to_gymnasium: render_mode must be None or 'rgb_array', got {render_mode!r}")
+            raise ValueError(
+                f"to_gymnasium: render_mode must be None or 'rgb_array', got {render_mode!r}"
+            )
         self.env = env
         self.params = env.default_params if params is None else params
         self.num_envs = int(num_envs)
@@ -168,9 +180,15 @@ class GymnasiumVectorEnv(VectorEnv):
             raise RuntimeError(f"{self.env.name}: call reset() before step()")
         actions = np.asarray(actions)
         if actions.shape[:1] != (self.num_envs,):
-            raise ValueError(f"{self.env.name} x {self.num_envs}: actions must have a leading axis of {self.num_envs}, got shape {actions.shape}")
-        if isinstance(self.single_action_space, gymnasium.spaces.Discrete) and not self.action_space.contains(actions.astype(np.int64)):
-            raise ValueError(f"{self.env.name} x {self.num_envs}: actions {actions.tolist()} are outside {self.action_space}")
+            raise ValueError(
+                f"{self.env.name} x {self.num_envs}: actions must have a leading axis of {self.num_envs}, got shape {actions.shape}"
+            )
+        if isinstance(
+            self.single_action_space, gymnasium.spaces.Discrete
+        ) and not self.action_space.contains(actions.astype(np.int64)):
+            raise ValueError(
+                f"{self.env.name} x {self.num_envs}: actions {actions.tolist()} are outside {self.action_space}"
+            )
         self._key, step_key = jax.random.split(self._key)
         keys = jax.random.split(step_key, self.num_envs)
         obs, self._state, reward, terminated, truncated, info = self._step(
@@ -193,7 +211,9 @@ class GymnasiumVectorEnv(VectorEnv):
     def render(self):
         if self.render_mode != "rgb_array" or self._state is None:
             return None
-        return tuple(render_frame(self.env, self._state, self.params, index=i) for i in range(self.num_envs))
+        return tuple(
+            render_frame(self.env, self._state, self.params, index=i) for i in range(self.num_envs)
+        )
 
 
 def to_gymnasium(env: Env, params: Any = None, num_envs: int = 1, render_mode: str | None = None):
@@ -219,7 +239,9 @@ class FromGymnasiumParams:
 @struct.dataclass
 class FromGymnasiumState:
     handle: jax.Array  # int32: which host env instance
-    token: jax.Array  # int32: the instance's step counter when this state was made (stale-state check)
+    token: (
+        jax.Array
+    )  # int32: the instance's step counter when this state was made (stale-state check)
     time: jax.Array  # int32: steps in the current episode
 
 
@@ -284,7 +306,10 @@ class FromGymnasium(Env):
         except gymnasium.error.Error as error:  # unknown id, missing dependency, ...
             raise ValueError(f"from_gymnasium({name!r}): {error}") from error
         self._host = _HostEnvs(factory)
-        self._host.instances[0], self._host.tokens[0] = probe, 0  # the first reset site's first element
+        self._host.instances[0], self._host.tokens[0] = (
+            probe,
+            0,
+        )  # the first reset site's first element
         self._host.handles[(0, 0)] = 0
         self._host.num_sites = 0
         self._gym_observation_space = probe.observation_space
@@ -292,7 +317,9 @@ class FromGymnasium(Env):
         self._obs_space = space_from_gymnasium(probe.observation_space)
         self._action_space = space_from_gymnasium(probe.action_space)
         spec = getattr(probe, "spec", None)
-        self._params = FromGymnasiumParams(env_id=name, max_steps_in_episode=getattr(spec, "max_episode_steps", None))
+        self._params = FromGymnasiumParams(
+            env_id=name, max_steps_in_episode=getattr(spec, "max_episode_steps", None)
+        )
         self._obs_dtype = jnp.int32 if isinstance(self._obs_space, Discrete) else jnp.float32
 
     @property
@@ -339,9 +366,19 @@ class FromGymnasium(Env):
         results = []
         with self._host.lock:
             for position, (handle, token, action, seed, time) in enumerate(
-                zip(handles.reshape(-1), tokens.reshape(-1), flat_actions, seeds.reshape(-1), times.reshape(-1))
+                zip(
+                    handles.reshape(-1),
+                    tokens.reshape(-1),
+                    flat_actions,
+                    seeds.reshape(-1),
+                    times.reshape(-1),
+                )
             ):
-                results.append(self._host_step_one(int(handle), int(token), np.asarray(action), int(seed), int(time), position))
+                results.append(
+                    self._host_step_one(
+                        int(handle), int(token), np.asarray(action), int(seed), int(time), position
+                    )
+                )
         keys = ("obs", "final_obs", "reward", "terminated", "truncated", "time", "token", "handle")
         out = {k: [r[i] for r in results] for i, k in enumerate(keys)}
         shape = batch + self._obs_space.shape
@@ -356,7 +393,9 @@ class FromGymnasium(Env):
             np.asarray(out["handle"], np.int32).reshape(batch),
         )
 
-    def _host_step_one(self, handle: int, token: int, action: np.ndarray, seed: int, time: int, position: int):
+    def _host_step_one(
+        self, handle: int, token: int, action: np.ndarray, seed: int, time: int, position: int
+    ):
         """One transition from the state (handle, token): step, and on an episode end auto-reset with `seed`.
 
         * A state made by `reset` is restorable: it is stepped on the instance of (its reset site, this
@@ -374,7 +413,12 @@ class FromGymnasium(Env):
             site, reset_seed = host.reset_tokens[token]
             handle = host.handle(site, position)
         last = host.last.get(handle)
-        if handle in host.instances and host.tokens[handle] != token and last is not None and last[0] == inputs:
+        if (
+            handle in host.instances
+            and host.tokens[handle] != token
+            and last is not None
+            and last[0] == inputs
+        ):
             return last[1]
         if token in host.reset_tokens and host.tokens[handle] != token:
             host.instances[handle].reset(seed=reset_seed)  # restore the reset state
@@ -386,14 +430,27 @@ class FromGymnasium(Env):
                 "(repeating the same action and key is allowed); only states made by reset can be reused"
             )
         env = host.instances[handle]
-        gym_action = int(action) if isinstance(self._action_space, Discrete) else np.asarray(action, self._gym_action_space.dtype)
+        gym_action = (
+            int(action)
+            if isinstance(self._action_space, Discrete)
+            else np.asarray(action, self._gym_action_space.dtype)
+        )
         obs, reward, terminated, truncated, _ = env.step(gym_action)
         final_obs = self._obs_to_numpy(obs)
         time += 1
         if terminated or truncated:
             obs, _ = env.reset(seed=seed)
             time = 0
-        result = (self._obs_to_numpy(obs), final_obs, np.float32(reward), bool(terminated), bool(truncated), time, host.advance(handle), handle)
+        result = (
+            self._obs_to_numpy(obs),
+            final_obs,
+            np.float32(reward),
+            bool(terminated),
+            bool(truncated),
+            time,
+            host.advance(handle),
+            handle,
+        )
         host.last[handle] = (inputs, result)
         return result
 
@@ -406,7 +463,9 @@ class FromGymnasium(Env):
         scalar = jax.ShapeDtypeStruct((), jnp.int32)
         site = self._host.new_site()
         host_reset = functools.partial(self._host_reset, site)
-        obs, handle, token = jax.pure_callback(host_reset, (obs_struct, scalar, scalar), seed, vmap_method="broadcast_all")
+        obs, handle, token = jax.pure_callback(
+            host_reset, (obs_struct, scalar, scalar), seed, vmap_method="broadcast_all"
+        )
         return obs, FromGymnasiumState(handle=handle, token=token, time=jnp.int32(0))
 
     def step(self, key, state: FromGymnasiumState, action, params=None):
@@ -414,25 +473,49 @@ class FromGymnasium(Env):
         action = check_action(self._action_space, action, self.name)
         seed = jax.random.randint(key, (), 0, 2**31 - 1, dtype=jnp.int32)
         obs_struct = jax.ShapeDtypeStruct(self._obs_space.shape, self._obs_dtype)
-        scalar_i, scalar_f, scalar_b = (jax.ShapeDtypeStruct((), t) for t in (jnp.int32, jnp.float32, jnp.bool_))
-        result_shapes = (obs_struct, obs_struct, scalar_f, scalar_b, scalar_b, scalar_i, scalar_i, scalar_i)
+        scalar_i, scalar_f, scalar_b = (
+            jax.ShapeDtypeStruct((), t) for t in (jnp.int32, jnp.float32, jnp.bool_)
+        )
+        result_shapes = (
+            obs_struct,
+            obs_struct,
+            scalar_f,
+            scalar_b,
+            scalar_b,
+            scalar_i,
+            scalar_i,
+            scalar_i,
+        )
         obs, final_obs, reward, terminated, truncated, time, token, handle = jax.pure_callback(
-            self._host_step, result_shapes, state.handle, state.token, action, seed, state.time, vmap_method="broadcast_all"
+            self._host_step,
+            result_shapes,
+            state.handle,
+            state.token,
+            action,
+            seed,
+            state.time,
+            vmap_method="broadcast_all",
         )
         new_state = FromGymnasiumState(handle=handle, token=token, time=time)
         return obs, new_state, reward, terminated, truncated, {"final_obs": final_obs}
 
     def reset_env(self, key, params):
-        raise NotImplementedError("from_gymnasium envs implement reset/step directly (host callbacks)")
+        raise NotImplementedError(
+            "from_gymnasium envs implement reset/step directly (host callbacks)"
+        )
 
     def step_env(self, key, state, action, params):
-        raise NotImplementedError("from_gymnasium envs implement reset/step directly (host callbacks)")
+        raise NotImplementedError(
+            "from_gymnasium envs implement reset/step directly (host callbacks)"
+        )
 
     def __repr__(self) -> str:
         return f"from_gymnasium({self.name!r})"
 
 
-def from_gymnasium(id_or_env: str | gymnasium.Env | Callable[[], gymnasium.Env], **make_kwargs) -> tuple[FromGymnasium, FromGymnasiumParams]:
+def from_gymnasium(
+    id_or_env: str | gymnasium.Env | Callable[[], gymnasium.Env], **make_kwargs
+) -> tuple[FromGymnasium, FromGymnasiumParams]:
     """(env, params): a gymnasium env behind our functional API (module docstring for the limits).
 
     `id_or_env` is a registered gymnasium id (made with `gymnasium.make(id, **make_kwargs)`, so its
@@ -449,7 +532,9 @@ def from_gymnasium(id_or_env: str | gymnasium.Env | Callable[[], gymnasium.Env],
         name = env_id
     elif isinstance(id_or_env, gymnasium.Env):
         if make_kwargs:
-            raise ValueError(f"from_gymnasium: keyword arguments {sorted(make_kwargs)} only apply to an env id")
+            raise ValueError(
+                f"from_gymnasium: keyword arguments {sorted(make_kwargs)} only apply to an env id"
+            )
         instance, used = id_or_env, [False]
 
         def factory():
@@ -463,6 +548,8 @@ def from_gymnasium(id_or_env: str | gymnasium.Env | Callable[[], gymnasium.Env],
     elif callable(id_or_env):
         factory, name = id_or_env, getattr(id_or_env, "__name__", "gymnasium env")
     else:
-        raise ValueError(f"from_gymnasium: expected a gymnasium id, env or factory, got {id_or_env!r}")
+        raise ValueError(
+            f"from_gymnasium: expected a gymnasium id, env or factory, got {id_or_env!r}"
+        )
     env = FromGymnasium(factory, name)
     return env, env.default_params

@@ -38,7 +38,6 @@ The mapping (gymnax >= 1.0, whose `step` returns `terminated` and `truncated` ap
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import inspect
 from functools import cached_property
 from typing import Any
@@ -86,20 +85,33 @@ def make(env_id: str, **overrides: Any) -> tuple["GymnaxEnv", Any]:
     construct = {name: value for name, value in overrides.items() if name in keywords}
     if construct:
         gymnax_env, _ = gymnax.make(env_id, **construct)
-    env = (GymnaxMinAtarEnv if env_id.endswith("-MinAtar") else GymnaxEnv)(env_id, gymnax_env, keywords)
-    return env, env.make_params(**{name: value for name, value in overrides.items() if name not in construct})
+    env = (GymnaxMinAtarEnv if env_id.endswith("-MinAtar") else GymnaxEnv)(
+        env_id, gymnax_env, keywords
+    )
+    return env, env.make_params(
+        **{name: value for name, value in overrides.items() if name not in construct}
+    )
 
 
 def to_space(space, name: str):
     """fusedrl's Discrete / Box for a gymnax Discrete / Box; None if a bound or n is traced."""
     gymnax_spaces = import_extra("gymnax.environments.spaces", EXTRA, "gymnax:<id>")
     if isinstance(space, gymnax_spaces.Discrete):
-        return Discrete(int(space.n), dtype=jnp.dtype(space.dtype)) if is_concrete(space.n) else None
+        return (
+            Discrete(int(space.n), dtype=jnp.dtype(space.dtype)) if is_concrete(space.n) else None
+        )
     if isinstance(space, gymnax_spaces.Box):
         if not (is_concrete(space.low) and is_concrete(space.high)):
             return None
-        return Box(low=np.asarray(space.low), high=np.asarray(space.high), shape=tuple(space.shape), dtype=jnp.dtype(space.dtype))
-    raise ValueError(f"{name}: gymnax space {space!r} has no fusedrl equivalent (only Discrete and Box are mapped)")
+        return Box(
+            low=np.asarray(space.low),
+            high=np.asarray(space.high),
+            shape=tuple(space.shape),
+            dtype=jnp.dtype(space.dtype),
+        )
+    raise ValueError(
+        f"{name}: gymnax space {space!r} has no fusedrl equivalent (only Discrete and Box are mapped)"
+    )
 
 
 class GymnaxEnv(Env):
@@ -139,7 +151,9 @@ class GymnaxEnv(Env):
     def step(self, key: jax.Array, state: Any, action: Any, params: Any = None):
         params = self.default_params if params is None else params
         action = check_action(self.action_space(params), action, self.name)
-        obs, state, reward, terminated, truncated, info = self.gymnax_env.step(key, state, action, params)
+        obs, state, reward, terminated, truncated, info = self.gymnax_env.step(
+            key, state, action, params
+        )
         terminated = jnp.asarray(terminated, jnp.bool_)
         truncated = jnp.logical_and(jnp.asarray(truncated, jnp.bool_), jnp.logical_not(terminated))
         out_info = {k: v for k, v in info.items() if k not in _DUPLICATE_INFO}
@@ -151,7 +165,13 @@ class GymnaxEnv(Env):
 
     def step_env(self, key: jax.Array, state: Any, action: Any, params: Any):
         obs, state, reward, terminated, info = self.gymnax_env.step_env(key, state, action, params)
-        return obs, state, jnp.asarray(reward, jnp.float32), jnp.asarray(terminated, jnp.bool_), info
+        return (
+            obs,
+            state,
+            jnp.asarray(reward, jnp.float32),
+            jnp.asarray(terminated, jnp.bool_),
+            info,
+        )
 
     # ---- spaces
 

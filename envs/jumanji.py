@@ -101,7 +101,9 @@ class Jumanji(Env):
 
         if isinstance(env, str):
             if env not in jumanji.registered_environments():
-                raise ValueError(f"unknown Jumanji id {env!r}; Jumanji ids: {', '.join(sorted(jumanji.registered_environments()))}")
+                raise ValueError(
+                    f"unknown Jumanji id {env!r}; Jumanji ids: {', '.join(sorted(jumanji.registered_environments()))}"
+                )
             try:
                 self._env = jumanji.make(env, **env_kwargs)
             except TypeError as error:  # a keyword the env's constructor does not take
@@ -109,11 +111,17 @@ class Jumanji(Env):
             self.name = f"jumanji:{env}"
         else:
             if env_kwargs:
-                raise ValueError(f"Jumanji: keyword arguments {sorted(env_kwargs)} only apply to an id")
+                raise ValueError(
+                    f"Jumanji: keyword arguments {sorted(env_kwargs)} only apply to an id"
+                )
             self._env, self.name = env, f"jumanji:{type(env.unwrapped).__name__}"
         if tuple(self._env.reward_spec.shape) != ():
-            raise ValueError(f"{self.name}: only single-agent envs (scalar rewards) are supported; its reward has shape {self._env.reward_spec.shape}")
-        self._default_params = JumanjiParams(int(getattr(self._env, "time_limit", None) or DEFAULT_MAX_STEPS))
+            raise ValueError(
+                f"{self.name}: only single-agent envs (scalar rewards) are supported; its reward has shape {self._env.reward_spec.shape}"
+            )
+        self._default_params = JumanjiParams(
+            int(getattr(self._env, "time_limit", None) or DEFAULT_MAX_STEPS)
+        )
 
         # observations: the flattening rule of the module docstring
         _, timestep = jax.eval_shape(self._env.reset, jax.random.key(0))
@@ -122,7 +130,9 @@ class Jumanji(Env):
         obs_spec = self._env.observation_spec
         bounds = [_bounds(_spec_at(obs_spec, path), leaf.shape) for path, leaf in leaves]
         size = sum(math.prod(shape) for shape in self._obs_shapes)
-        self._obs_space = Box(np.concatenate([b[0] for b in bounds]), np.concatenate([b[1] for b in bounds]), (size,))
+        self._obs_space = Box(
+            np.concatenate([b[0] for b in bounds]), np.concatenate([b[1] for b in bounds]), (size,)
+        )
 
         # actions
         spec = self._env.action_spec
@@ -134,13 +144,22 @@ class Jumanji(Env):
             self._action_shape = tuple(np.shape(spec.num_values))
             joint = math.prod(self._action_dims)
             if joint > MAX_JOINT_ACTIONS:
-                raise ValueError(f"{self.name}: its MultiDiscrete actions {self._action_dims} have {joint} joint values (at most {MAX_JOINT_ACTIONS} are supported)")
+                raise ValueError(
+                    f"{self.name}: its MultiDiscrete actions {self._action_dims} have {joint} joint values (at most {MAX_JOINT_ACTIONS} are supported)"
+                )
             self._action_space = Discrete(joint)
-        elif isinstance(spec, specs.BoundedArray) and np.issubdtype(np.dtype(spec.dtype), np.floating):
-            low, high = (np.broadcast_to(np.asarray(b, np.float32), spec.shape) for b in (spec.minimum, spec.maximum))
+        elif isinstance(spec, specs.BoundedArray) and np.issubdtype(
+            np.dtype(spec.dtype), np.floating
+        ):
+            low, high = (
+                np.broadcast_to(np.asarray(b, np.float32), spec.shape)
+                for b in (spec.minimum, spec.maximum)
+            )
             self._action_space = Box(low, high, tuple(spec.shape))
         else:
-            raise ValueError(f"{self.name}: unsupported action spec {spec!r} (supported: DiscreteArray, MultiDiscreteArray, float BoundedArray)")
+            raise ValueError(
+                f"{self.name}: unsupported action spec {spec!r} (supported: DiscreteArray, MultiDiscreteArray, float BoundedArray)"
+            )
 
     @property
     def jumanji_env(self):
@@ -159,7 +178,9 @@ class Jumanji(Env):
 
     def flatten_observation(self, observation) -> jax.Array:
         """Jumanji's observation pytree as our flat float32 vector (the module docstring's rule)."""
-        return jnp.concatenate([jnp.ravel(jnp.asarray(leaf, jnp.float32)) for leaf in jax.tree.leaves(observation)])
+        return jnp.concatenate(
+            [jnp.ravel(jnp.asarray(leaf, jnp.float32)) for leaf in jax.tree.leaves(observation)]
+        )
 
     def unflatten_observation(self, obs) -> Any:
         """The observation pytree (float32 leaves) of flat observations [..., D] (any batch shape)."""
@@ -175,18 +196,30 @@ class Jumanji(Env):
         """Jumanji's action for one of ours (the unravelled index for MultiDiscrete actions)."""
         if self._action_dims is None:
             return action
-        return jnp.stack(jnp.unravel_index(action, self._action_dims)).astype(jnp.int32).reshape(self._action_shape)
+        return (
+            jnp.stack(jnp.unravel_index(action, self._action_dims))
+            .astype(jnp.int32)
+            .reshape(self._action_shape)
+        )
 
     def reset_env(self, key, params):
         env_state, timestep = self._env.reset(key)
-        return self.flatten_observation(timestep.observation), JumanjiState(env_state, jnp.int32(0), jnp.bool_(False))
+        return self.flatten_observation(timestep.observation), JumanjiState(
+            env_state, jnp.int32(0), jnp.bool_(False)
+        )
 
     def step_env(self, key, state: JumanjiState, action, params):
         env_state, timestep = self._env.step(state.env_state, self.jumanji_action(action))
         last = timestep.last()
         terminated = last & (timestep.discount == 0)
         next_state = JumanjiState(env_state, state.time + 1, last & ~terminated)
-        return self.flatten_observation(timestep.observation), next_state, timestep.reward, terminated, {}
+        return (
+            self.flatten_observation(timestep.observation),
+            next_state,
+            timestep.reward,
+            terminated,
+            {},
+        )
 
     def truncation(self, state: JumanjiState, params) -> jax.Array:
         return state.cut | (state.time >= params.max_steps_in_episode)
@@ -197,9 +230,13 @@ class Jumanji(Env):
 
         viewer = getattr(self._env, "_viewer", None) or getattr(self._env, "_env_viewer", None)
         if not isinstance(viewer, MatplotlibViewer):
-            raise ValueError(f"{self.name} cannot render to an array (its viewer {type(viewer).__name__} is not a matplotlib viewer)")
+            raise ValueError(
+                f"{self.name} cannot render to an array (its viewer {type(viewer).__name__} is not a matplotlib viewer)"
+            )
         display = viewer._display
-        viewer._display = viewer._display_rgb_array  # draw into an array, whatever render_mode it was made with
+        viewer._display = (
+            viewer._display_rgb_array
+        )  # draw into an array, whatever render_mode it was made with
         try:
             frame = viewer.render(state.env_state)
         finally:

@@ -23,7 +23,14 @@ import numpy as np
 from flax import struct
 
 from envs.core import Env
-from envs.rendering import canvas, draw_line, draw_polyline, fill_circle, fill_polygon, rotated_rectangle
+from envs.rendering import (
+    canvas,
+    draw_line,
+    draw_polyline,
+    fill_circle,
+    fill_polygon,
+    rotated_rectangle,
+)
 from envs.spaces import Box, Discrete
 
 
@@ -83,10 +90,16 @@ def render_car(position: float, params, width: int = 600, height: int = 400) -> 
     draw_polyline(image, np.stack(to_screen(xs, height_of(xs)), -1), 2, (0, 0, 0))
     flag_x, flag_y = to_screen(float(params.goal_position), float(height_of(params.goal_position)))
     draw_line(image, (flag_x, flag_y), (flag_x, flag_y - 50), 2, (0, 0, 0))
-    fill_polygon(image, [(flag_x, flag_y - 50), (flag_x, flag_y - 40), (flag_x + 25, flag_y - 45)], (204, 204, 0))
+    fill_polygon(
+        image,
+        [(flag_x, flag_y - 50), (flag_x, flag_y - 40), (flag_x + 25, flag_y - 45)],
+        (204, 204, 0),
+    )
     angle = float(np.arctan(1.35 * np.cos(3 * position)))  # slope of the hill
     x, y = to_screen(position, float(height_of(position)))
-    normal = np.array([-np.sin(angle), -np.cos(angle)])  # up, perpendicular to the slope, screen coordinates
+    normal = np.array(
+        [-np.sin(angle), -np.cos(angle)]
+    )  # up, perpendicular to the slope, screen coordinates
     body_center = np.array([x, y]) + normal * 20
     fill_polygon(image, rotated_rectangle(body_center, 40, 20, angle), (0, 0, 0))
     for offset in (-10, 10):
@@ -107,9 +120,13 @@ class MountainCar(Env):
 
     def step_env(self, key, state: MountainCarState, action, params: MountainCarParams):
         push = jnp.clip(action, 0, 2) - 1
-        velocity = state.velocity + push * params.force + jnp.cos(3 * state.position) * (-params.gravity)
+        velocity = (
+            state.velocity + push * params.force + jnp.cos(3 * state.position) * (-params.gravity)
+        )
         velocity = jnp.clip(velocity, -params.max_speed, params.max_speed)
-        position, velocity = move_car(state.position, velocity, params.min_position, params.max_position)
+        position, velocity = move_car(
+            state.position, velocity, params.min_position, params.max_position
+        )
         terminated = (position >= params.goal_position) & (velocity >= params.goal_velocity)
         new_state = MountainCarState(position=position, velocity=velocity, time=state.time + 1)
         return car_observation(new_state), new_state, jnp.float32(-1.0), terminated, {}

@@ -58,14 +58,20 @@ class MountainCarContinuous(Env):
     def reset_env(self, key, params: MountainCarContinuousParams):
         return reset_car(key, MountainCarContinuousState)
 
-    def step_env(self, key, state: MountainCarContinuousState, action, params: MountainCarContinuousParams):
+    def step_env(
+        self, key, state: MountainCarContinuousState, action, params: MountainCarContinuousParams
+    ):
         force = jnp.clip(action[0], params.min_action, params.max_action)
         velocity = state.velocity + force * params.power - 0.0025 * jnp.cos(3 * state.position)
         velocity = jnp.clip(velocity, -params.max_speed, params.max_speed)
-        position, velocity = move_car(state.position, velocity, params.min_position, params.max_position)
+        position, velocity = move_car(
+            state.position, velocity, params.min_position, params.max_position
+        )
         terminated = (position >= params.goal_position) & (velocity >= params.goal_velocity)
         reward = jnp.where(terminated, 100.0, 0.0) - 0.1 * action[0] ** 2
-        new_state = MountainCarContinuousState(position=position, velocity=velocity, time=state.time + 1)
+        new_state = MountainCarContinuousState(
+            position=position, velocity=velocity, time=state.time + 1
+        )
         return car_observation(new_state), new_state, reward, terminated, {}
 
     def observation_space(self, params: MountainCarContinuousParams) -> Box:
@@ -82,6 +88,8 @@ class MountainCarContinuous(Env):
         high = concrete_or(params.max_action, defaults.max_action)
         return Box(low=low, high=high, shape=(1,))
 
-    def render(self, state: MountainCarContinuousState, params: MountainCarContinuousParams) -> np.ndarray:
+    def render(
+        self, state: MountainCarContinuousState, params: MountainCarContinuousParams
+    ) -> np.ndarray:
         """rgb_array frame: the hill, the car, the flag at the goal."""
         return render_car(float(state.position), params)

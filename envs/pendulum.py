@@ -54,7 +54,9 @@ def angle_normalize(x: jax.Array) -> jax.Array:
 
 
 def _obs(state: PendulumState) -> jax.Array:
-    return jnp.stack([jnp.cos(state.theta), jnp.sin(state.theta), state.theta_dot]).astype(jnp.float32)
+    return jnp.stack([jnp.cos(state.theta), jnp.sin(state.theta), state.theta_dot]).astype(
+        jnp.float32
+    )
 
 
 class Pendulum(Env):
@@ -67,15 +69,22 @@ class Pendulum(Env):
     def reset_env(self, key, params: PendulumParams):
         high = jnp.array([jnp.pi, 1.0], jnp.float32)
         theta, theta_dot = jax.random.uniform(key, (2,), jnp.float32, minval=-high, maxval=high)
-        state = PendulumState(theta=theta, theta_dot=theta_dot, time=jnp.int32(0), last_u=jnp.float32(0.0))
+        state = PendulumState(
+            theta=theta, theta_dot=theta_dot, time=jnp.int32(0), last_u=jnp.float32(0.0)
+        )
         return _obs(state), state
 
     def step_env(self, key, state: PendulumState, action, params: PendulumParams):
         u = jnp.clip(action[0], -params.max_torque, params.max_torque)
         costs = angle_normalize(state.theta) ** 2 + 0.1 * state.theta_dot**2 + 0.001 * u**2
-        theta_dot = state.theta_dot + (
-            3 * params.g / (2 * params.l) * jnp.sin(state.theta) + 3.0 / (params.m * params.l**2) * u
-        ) * params.dt
+        theta_dot = (
+            state.theta_dot
+            + (
+                3 * params.g / (2 * params.l) * jnp.sin(state.theta)
+                + 3.0 / (params.m * params.l**2) * u
+            )
+            * params.dt
+        )
         theta_dot = jnp.clip(theta_dot, -params.max_speed, params.max_speed)
         theta = state.theta + theta_dot * params.dt
         new_state = PendulumState(
@@ -100,10 +109,21 @@ class Pendulum(Env):
         scale = size / 4.4
         center = (size / 2, size / 2)
         image = canvas(size, size)
-        rod = rotated_rectangle(center, float(params.l) * scale, 0.2 * scale, math.pi / 2 + float(state.theta), anchor="start")
+        rod = rotated_rectangle(
+            center,
+            float(params.l) * scale,
+            0.2 * scale,
+            math.pi / 2 + float(state.theta),
+            anchor="start",
+        )
         fill_polygon(image, rod, (204, 77, 77))
         fill_circle(image, center, 0.05 * scale, (0, 0, 0))
         torque = float(state.last_u) / max(float(params.max_torque), 1e-6)
-        draw_line(image, (size / 2, size - 20), (size / 2 + torque * size / 4, size - 20), 8, (77, 77, 204))
+        draw_line(
+            image,
+            (size / 2, size - 20),
+            (size / 2 + torque * size / 4, size - 20),
+            8,
+            (77, 77, 204),
+        )
         return image
-

@@ -58,7 +58,9 @@ def fill_polygon(image: np.ndarray, points: Sequence[Sequence[float]], color) ->
 def fill_circle(image: np.ndarray, center: Sequence[float], radius: float, color) -> np.ndarray:
     """Fill the disc of `radius` pixels around `center` (x, y) in place."""
     cx, cy = float(center[0]), float(center[1])
-    grid = _pixel_grid(image, np.array([cx - radius, cx + radius]), np.array([cy - radius, cy + radius]))
+    grid = _pixel_grid(
+        image, np.array([cx - radius, cx + radius]), np.array([cy - radius, cy + radius])
+    )
     if grid is None:
         return image
     window, px, py = grid
@@ -66,7 +68,9 @@ def fill_circle(image: np.ndarray, center: Sequence[float], radius: float, color
     return image
 
 
-def draw_line(image: np.ndarray, start: Sequence[float], end: Sequence[float], width: float, color) -> np.ndarray:
+def draw_line(
+    image: np.ndarray, start: Sequence[float], end: Sequence[float], width: float, color
+) -> np.ndarray:
     """A segment of `width` pixels from `start` to `end` (a filled rectangle), in place."""
     start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
     direction = end - start
@@ -77,7 +81,9 @@ def draw_line(image: np.ndarray, start: Sequence[float], end: Sequence[float], w
     return fill_polygon(image, [start + normal, end + normal, end - normal, start - normal], color)
 
 
-def draw_polyline(image: np.ndarray, points: Sequence[Sequence[float]], width: float, color) -> np.ndarray:
+def draw_polyline(
+    image: np.ndarray, points: Sequence[Sequence[float]], width: float, color
+) -> np.ndarray:
     """Consecutive segments through `points`, in place."""
     points = np.asarray(points, np.float64)
     for a, b in zip(points[:-1], points[1:]):
@@ -85,7 +91,9 @@ def draw_polyline(image: np.ndarray, points: Sequence[Sequence[float]], width: f
     return image
 
 
-def rotated_rectangle(center, length: float, width: float, angle: float, anchor: str = "center") -> np.ndarray:
+def rotated_rectangle(
+    center, length: float, width: float, angle: float, anchor: str = "center"
+) -> np.ndarray:
     """Corners of a length x width rectangle rotated by `angle` (radians, counter-clockwise on screen).
 
     With anchor="start" the rectangle starts at `center` and extends `length` along the angle.
@@ -100,7 +108,14 @@ def rotated_rectangle(center, length: float, width: float, angle: float, anchor:
 
 def _to_numpy(tree: Any) -> Any:
     """NumPy leaves; typed PRNG keys (which NumPy cannot hold) stay JAX arrays."""
-    return jax.tree.map(lambda x: x if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key) else np.asarray(x), tree)
+    return jax.tree.map(
+        lambda x: (
+            x
+            if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
+            else np.asarray(x)
+        ),
+        tree,
+    )
 
 
 def render(env, state: Any, params: Any = None, index: int | None = None) -> np.ndarray:
@@ -123,7 +138,9 @@ def render(env, state: Any, params: Any = None, index: int | None = None) -> np.
     inner = _to_numpy(inner)
     batched = np.ndim(inner.time) > 0
     if batched and index is None:
-        raise ValueError(f"render: the state holds a batch of envs {np.shape(inner.time)}; pass index= to pick one")
+        raise ValueError(
+            f"render: the state holds a batch of envs {np.shape(inner.time)}; pass index= to pick one"
+        )
     if index is not None:
         inner = jax.tree.map(lambda x: x[index], inner) if batched else inner
     return base.render(inner, params)
@@ -138,7 +155,11 @@ def save_gif(frames: Sequence[np.ndarray], path: str, fps: float = 30) -> str:
         raise ValueError("save_gif: no frames")
     for i, f in enumerate(frames):
         if f.dtype != np.uint8 or f.ndim != 3 or f.shape[2] != 3:
-            raise ValueError(f"save_gif: frame {i} must be uint8 [H, W, 3], got {f.dtype} {f.shape}")
+            raise ValueError(
+                f"save_gif: frame {i} must be uint8 [H, W, 3], got {f.dtype} {f.shape}"
+            )
     images = [Image.fromarray(f) for f in frames]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=int(round(1000 / fps)), loop=0)
+    images[0].save(
+        path, save_all=True, append_images=images[1:], duration=int(round(1000 / fps)), loop=0
+    )
     return str(path)

@@ -55,15 +55,24 @@ class Box:
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        object.__setattr__(self, "_low", np.broadcast_to(np.asarray(self.low, np.float32), self.shape))
-        object.__setattr__(self, "_high", np.broadcast_to(np.asarray(self.high, np.float32), self.shape))
+        object.__setattr__(
+            self, "_low", np.broadcast_to(np.asarray(self.low, np.float32), self.shape)
+        )
+        object.__setattr__(
+            self, "_high", np.broadcast_to(np.asarray(self.high, np.float32), self.shape)
+        )
 
     def sample(self, key: jax.Array) -> jax.Array:
         """Uniform on bounded dimensions; standard normal on unbounded ones (as gymnasium)."""
         low, high = jnp.asarray(self._low), jnp.asarray(self._high)
         bounded = jnp.isfinite(low) & jnp.isfinite(high)
         k1, k2 = jax.random.split(key)
-        u = jax.random.uniform(k1, self.shape, minval=jnp.where(bounded, low, 0.0), maxval=jnp.where(bounded, high, 1.0))
+        u = jax.random.uniform(
+            k1,
+            self.shape,
+            minval=jnp.where(bounded, low, 0.0),
+            maxval=jnp.where(bounded, high, 1.0),
+        )
         n = jax.random.normal(k2, self.shape)
         return jnp.where(bounded, u, n).astype(self.dtype)
 
@@ -77,7 +86,9 @@ class Box:
     def to_gymnasium(self):
         import gymnasium
 
-        return gymnasium.spaces.Box(low=self._low.copy(), high=self._high.copy(), shape=self.shape, dtype=np.float32)
+        return gymnasium.spaces.Box(
+            low=self._low.copy(), high=self._high.copy(), shape=self.shape, dtype=np.float32
+        )
 
 
 Space = Discrete | Box
@@ -107,20 +118,32 @@ def check_action(space: Space, action, env_name: str) -> jax.Array:
     dtype = jnp.result_type(action)
     if isinstance(space, Discrete):
         if shape != ():
-            raise ValueError(f"{env_name}.step: action must be a scalar integer in [0, {space.n}), got shape {shape}")
+            raise ValueError(
+                f"{env_name}.step: action must be a scalar integer in [0, {space.n}), got shape {shape}"
+            )
         if not jnp.issubdtype(dtype, jnp.integer):
-            raise ValueError(f"{env_name}.step: action must be an integer in [0, {space.n}), got dtype {dtype}")
+            raise ValueError(
+                f"{env_name}.step: action must be an integer in [0, {space.n}), got dtype {dtype}"
+            )
         if is_concrete(action):
             value = int(np.asarray(action))
             if not 0 <= value < space.n:
-                raise ValueError(f"{env_name}.step: action {value} is outside Discrete({space.n}) = [0, {space.n})")
+                raise ValueError(
+                    f"{env_name}.step: action {value} is outside Discrete({space.n}) = [0, {space.n})"
+                )
         return jnp.asarray(action, space.dtype)
     if shape != space.shape:
-        raise ValueError(f"{env_name}.step: action must have shape {space.shape}, got shape {shape}")
+        raise ValueError(
+            f"{env_name}.step: action must have shape {space.shape}, got shape {shape}"
+        )
     if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"{env_name}.step: continuous action must be a float array, got dtype {dtype}")
+        raise ValueError(
+            f"{env_name}.step: continuous action must be a float array, got dtype {dtype}"
+        )
     if is_concrete(action) and not np.all(np.isfinite(np.asarray(action))):
-        raise ValueError(f"{env_name}.step: continuous action must be finite, got {np.asarray(action).tolist()}")
+        raise ValueError(
+            f"{env_name}.step: continuous action must be finite, got {np.asarray(action).tolist()}"
+        )
     return jnp.asarray(action, space.dtype)
 
 
@@ -130,7 +153,9 @@ def from_gymnasium(space) -> Space:
 
     if isinstance(space, gymnasium.spaces.Discrete):
         if int(space.start) != 0:
-            raise ValueError(f"only Discrete spaces starting at 0 are supported, got start={space.start}")
+            raise ValueError(
+                f"only Discrete spaces starting at 0 are supported, got start={space.start}"
+            )
         return Discrete(int(space.n))
     if isinstance(space, gymnasium.spaces.Box):
         return Box(low=space.low, high=space.high, shape=space.shape)

@@ -136,9 +136,14 @@ class VectorizedEnv(Wrapper):
             )
         if isinstance(space, Discrete) and is_concrete(action):
             values = np.asarray(action)
-            if np.issubdtype(values.dtype, np.integer) and ((values < 0) | (values >= space.n)).any():
+            if (
+                np.issubdtype(values.dtype, np.integer)
+                and ((values < 0) | (values >= space.n)).any()
+            ):
                 bad = values[(values < 0) | (values >= space.n)]
-                raise ValueError(f"{self.name} x {self.num_envs}: actions {bad.tolist()[:5]} are outside Discrete({space.n})")
+                raise ValueError(
+                    f"{self.name} x {self.num_envs}: actions {bad.tolist()[:5]} are outside Discrete({space.n})"
+                )
         keys = jax.random.split(key, self.num_envs)
         return jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
 
@@ -182,7 +187,9 @@ class EpisodeStatistics(Wrapper):
         return obs, EpisodeStatisticsState(env_state, zeros_f, zeros_i, zeros_f, zeros_i)
 
     def step(self, key, state: EpisodeStatisticsState, action, params=None):
-        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action, params)
+        obs, env_state, reward, terminated, truncated, info = self.env.step(
+            key, state.env_state, action, params
+        )
         episode_return = state.episode_return + reward
         episode_length = state.episode_length + 1
         done = terminated | truncated
@@ -217,14 +224,18 @@ class RunningMeanVar:
 
     @classmethod
     def create(cls, shape: tuple[int, ...] = ()) -> "RunningMeanVar":
-        return cls(mean=jnp.zeros(shape, jnp.float32), var=jnp.ones(shape, jnp.float32), count=jnp.float32(1e-4))
+        return cls(
+            mean=jnp.zeros(shape, jnp.float32),
+            var=jnp.ones(shape, jnp.float32),
+            count=jnp.float32(1e-4),
+        )
 
     def update(self, x: jax.Array, num_batch_dims: int) -> "RunningMeanVar":
         """Merge the batch `x` (its first `num_batch_dims` axes are samples) by Chan et al.'s rule:
 
-            n = count + m,  delta = mean_x - mean
-            mean' = mean + delta m / n
-            var'  = (var count + var_x m + delta^2 count m / n) / n
+        n = count + m,  delta = mean_x - mean
+        mean' = mean + delta m / n
+        var'  = (var count + var_x m + delta^2 count m / n) / n
         """
         axes = tuple(range(num_batch_dims))
         m = float(np.prod(jnp.shape(x)[:num_batch_dims]))  # 1.0 for one sample
@@ -265,14 +276,25 @@ class NormalizeObservation(Wrapper):
     channels]) and per feature otherwise.
     """
 
-    def __init__(self, env: Env, epsilon: float = 1e-8, clip: float | None = 10.0, update: bool = True, per_channel: bool | None = None):
+    def __init__(
+        self,
+        env: Env,
+        epsilon: float = 1e-8,
+        clip: float | None = 10.0,
+        update: bool = True,
+        per_channel: bool | None = None,
+    ):
         super().__init__(env)
         space = env.observation_space(env.default_params)
         if not isinstance(space, Box):
-            raise ValueError(f"NormalizeObservation needs a Box observation space, {env.name} has {space}")
+            raise ValueError(
+                f"NormalizeObservation needs a Box observation space, {env.name} has {space}"
+            )
         self.per_channel = len(space.shape) == 3 if per_channel is None else bool(per_channel)
         if self.per_channel and len(space.shape) < 2:
-            raise ValueError(f"NormalizeObservation(per_channel=True) needs observations of rank >= 2 (channels last), {env.name} has {space}")
+            raise ValueError(
+                f"NormalizeObservation(per_channel=True) needs observations of rank >= 2 (channels last), {env.name} has {space}"
+            )
         self.epsilon, self.clip, self.update = float(epsilon), clip, bool(update)
 
     def inner_state(self, state: NormalizeObservationState) -> Any:
@@ -286,7 +308,9 @@ class NormalizeObservation(Wrapper):
     def _update(self, stats: RunningMeanVar, obs, params) -> RunningMeanVar:
         if not self.update:
             return stats
-        if self.per_channel:  # every position of a channel is a sample: [..., H, W, C] -> [samples, C]
+        if (
+            self.per_channel
+        ):  # every position of a channel is a sample: [..., H, W, C] -> [samples, C]
             return stats.update(jnp.reshape(obs, (-1, jnp.shape(obs)[-1])), 1)
         return stats.update(obs, len(batch_shape(obs, self.observation_space(params))))
 
@@ -305,11 +329,20 @@ class NormalizeObservation(Wrapper):
 
     def step(self, key, state: NormalizeObservationState, action, params=None):
         params = self.default_params if params is None else params
-        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action, params)
+        obs, env_state, reward, terminated, truncated, info = self.env.step(
+            key, state.env_state, action, params
+        )
         stats = self._update(state.obs_stats, obs, params)
         info = dict(info)
         info["final_obs"] = self.normalize(info["final_obs"], stats)
-        return self.normalize(obs, stats), NormalizeObservationState(env_state, stats), reward, terminated, truncated, info
+        return (
+            self.normalize(obs, stats),
+            NormalizeObservationState(env_state, stats),
+            reward,
+            terminated,
+            truncated,
+            info,
+        )
 
 
 # --- reward scaling ------------------------------------------------------------------------------
@@ -348,15 +381,32 @@ class NormalizeReward(Wrapper):
         params = self.default_params if params is None else params
         obs, env_state = self.env.reset(key, params)
         shape = batch_shape(obs, self.observation_space(params))
-        return obs, NormalizeRewardState(env_state, jnp.zeros(shape, jnp.float32), RunningMeanVar.create(()))
+        return obs, NormalizeRewardState(
+            env_state, jnp.zeros(shape, jnp.float32), RunningMeanVar.create(())
+        )
 
     def step(self, key, state: NormalizeRewardState, action, params=None):
-        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action, params)
-        discounted = state.discounted_return * self.gamma * (1.0 - terminated.astype(jnp.float32)) + reward
-        stats = state.return_stats.update(discounted, jnp.ndim(discounted)) if self.update else state.return_stats
+        obs, env_state, reward, terminated, truncated, info = self.env.step(
+            key, state.env_state, action, params
+        )
+        discounted = (
+            state.discounted_return * self.gamma * (1.0 - terminated.astype(jnp.float32)) + reward
+        )
+        stats = (
+            state.return_stats.update(discounted, jnp.ndim(discounted))
+            if self.update
+            else state.return_stats
+        )
         scaled = (reward / jnp.sqrt(stats.var + self.epsilon)).astype(jnp.float32)
         discounted = jnp.where(terminated | truncated, 0.0, discounted)
-        return obs, NormalizeRewardState(env_state, discounted, stats), scaled, terminated, truncated, info
+        return (
+            obs,
+            NormalizeRewardState(env_state, discounted, stats),
+            scaled,
+            terminated,
+            truncated,
+            info,
+        )
 
 
 # --- continuous actions --------------------------------------------------------------------------
@@ -465,17 +515,32 @@ class MaskObservation(Wrapper):
         super().__init__(env)
         space = env.observation_space(env.default_params)
         if not isinstance(space, Box) or len(space.shape) != 1:
-            raise ValueError(f"MaskObservation needs a flat Box observation space, {env.name} has {space}")
+            raise ValueError(
+                f"MaskObservation needs a flat Box observation space, {env.name} has {space}"
+            )
         if isinstance(keep, str):
             if keep != "positions":
-                raise ValueError(f"MaskObservation: keep must be a list of indices or 'positions', got {keep!r}")
+                raise ValueError(
+                    f"MaskObservation: keep must be a list of indices or 'positions', got {keep!r}"
+                )
             if env.name not in POSITIONS:
-                raise ValueError(f"MaskObservation: no 'positions' preset for {env.name} (presets: {', '.join(POSITIONS)}); give the indices to keep")
+                raise ValueError(
+                    f"MaskObservation: no 'positions' preset for {env.name} (presets: {', '.join(POSITIONS)}); give the indices to keep"
+                )
             keep = POSITIONS[env.name]
         keep = tuple(keep)
         size = space.shape[0]
-        if not keep or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < size for i in keep) or len(set(keep)) != len(keep):
-            raise ValueError(f"MaskObservation: keep must list distinct indices in [0, {size}) of {env.name}'s observation, got {list(keep)}")
+        if (
+            not keep
+            or any(
+                isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < size
+                for i in keep
+            )
+            or len(set(keep)) != len(keep)
+        ):
+            raise ValueError(
+                f"MaskObservation: keep must list distinct indices in [0, {size}) of {env.name}'s observation, got {list(keep)}"
+            )
         self.keep = tuple(int(i) for i in keep)
 
     def mask(self, obs: jax.Array) -> jax.Array:
@@ -485,7 +550,9 @@ class MaskObservation(Wrapper):
     def observation_space(self, params):
         space = self.env.observation_space(params)
         keep = list(self.keep)
-        return Box(low=space._low[keep], high=space._high[keep], shape=(len(keep),), dtype=space.dtype)
+        return Box(
+            low=space._low[keep], high=space._high[keep], shape=(len(keep),), dtype=space.dtype
+        )
 
     def reset(self, key, params=None):
         obs, state = self.env.reset(key, params)

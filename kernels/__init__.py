@@ -6,6 +6,7 @@ environment variable, or the device (GPU with jax_triton -> "triton", else "refe
 that automatic choice an op may send small shapes to XLA where it measured XLA faster.
 """
 
+from kernels.gae import gae
 from kernels.launch import (
     BACKENDS,
     BackendUnavailableError,
@@ -16,14 +17,12 @@ from kernels.launch import (
     set_backend,
     use_backend,
 )
-from kernels.returns import discounted_returns
-from kernels.gae import gae
-from kernels.q_lambda import q_lambda_returns
-
-from kernels.softmax import softmax
 from kernels.policy_head import categorical_log_prob_entropy
-from kernels.projection import categorical_projection
 from kernels.ppo_grads import ppo_actor_critic_grads, ppo_actor_critic_grads_flat, ppo_objective
+from kernels.projection import categorical_projection
+from kernels.q_lambda import q_lambda_returns
+from kernels.returns import discounted_returns
+from kernels.softmax import softmax
 from kernels.sumtree import sumtree_find_leaves, sumtree_set_leaves
 
 __all__ = [

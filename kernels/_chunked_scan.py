@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from kernels._triton import tl, triton
 from kernels.launch import cdiv, next_power_of_2
 
@@ -75,14 +74,25 @@ def choose_config(b: int, t: int, n: int) -> ScanConfig:
     * else (few columns, long time axis): the chained grid with 64 x 32 tiles and look-back.
     """
     if b * cdiv(n, 64) >= 512 or t <= 32:
-        return ScanConfig(chunk_t=min(next_power_of_2(t), 32), block_n=min(next_power_of_2(n), 64), chained=False)
+        return ScanConfig(
+            chunk_t=min(next_power_of_2(t), 32), block_n=min(next_power_of_2(n), 64), chained=False
+        )
     if b * cdiv(n, 8) >= 256:
-        return ScanConfig(chunk_t=min(next_power_of_2(t), 128), block_n=min(next_power_of_2(n), 8),
-                          chained=False, num_warps=4, num_stages=3)
-    return ScanConfig(chunk_t=min(next_power_of_2(t), 64), block_n=min(next_power_of_2(n), 32), chained=True)
+        return ScanConfig(
+            chunk_t=min(next_power_of_2(t), 128),
+            block_n=min(next_power_of_2(n), 8),
+            chained=False,
+            num_warps=4,
+            num_stages=3,
+        )
+    return ScanConfig(
+        chunk_t=min(next_power_of_2(t), 64), block_n=min(next_power_of_2(n), 32), chained=True
+    )
 
 
-def pick_config(config: ScanConfig | None, b: int, t: int, n: int, deterministic: bool) -> ScanConfig:
+def pick_config(
+    config: ScanConfig | None, b: int, t: int, n: int, deterministic: bool
+) -> ScanConfig:
     """The tiling of a ``[b, t, n]`` scan: ``config`` or :func:`choose_config`'s; with
     ``deterministic`` a chained grid looks back in its fixed order (``prefix_lookup=False``), so
     every tile's carry is the same float expression on every run. (The loop grid is already
@@ -156,8 +166,22 @@ def boundary_row(y, REVERSE: tl.constexpr, CHUNK_T: tl.constexpr):
 
 
 @triton.jit
-def scan_tile(x, m, carry, flags_ptr, b, j, n_chunks, N, cols, col_mask,
-              REVERSE: tl.constexpr, CHUNK_T: tl.constexpr, CHAINED: tl.constexpr, PREFIX_LOOKUP: tl.constexpr):
+def scan_tile(
+    x,
+    m,
+    carry,
+    flags_ptr,
+    b,
+    j,
+    n_chunks,
+    N,
+    cols,
+    col_mask,
+    REVERSE: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+    CHAINED: tl.constexpr,
+    PREFIX_LOOKUP: tl.constexpr,
+):
     """One ``[CHUNK_T, BLOCK_N]`` tile of ``y_t = x_t + m_t * y_(t-1)`` (rows in scan order), given
     ``carry``, the value entering the tile (sequential grid) or the previous look-back's result
     (chained grid). Returns ``(y, carry)`` with the carry for the next tile: the tile's boundary row
@@ -188,14 +212,20 @@ def _all_ready(w):
 
 @triton.jit
 def _publish(words, value, col_mask):
-    tl.atomic_xchg(words, value.to(tl.uint32, bitcast=True).to(tl.int64) | 4294967296, mask=col_mask)
+    tl.atomic_xchg(
+        words, value.to(tl.uint32, bitcast=True).to(tl.int64) | 4294967296, mask=col_mask
+    )
 
 
 @triton.jit
 def publish_aggregate(flags_ptr, x0, m0, b, j, n_chunks, N, cols, col_mask):
     """Chained grid: tile ``j``'s own composed map ``carry -> x0 + m0 * carry`` (slots 1, 2)."""
     if (j > 0) & (j < n_chunks - 1):
-        words = flags_ptr.to(tl.pointer_type(tl.int64)) + ((b.to(tl.int64) * n_chunks + j) * 3) * N + cols
+        words = (
+            flags_ptr.to(tl.pointer_type(tl.int64))
+            + ((b.to(tl.int64) * n_chunks + j) * 3) * N
+            + cols
+        )
         _publish(words + N, x0, col_mask)
         _publish(words + 2 * N, m0, col_mask)
 
@@ -204,12 +234,18 @@ def publish_aggregate(flags_ptr, x0, m0, b, j, n_chunks, N, cols, col_mask):
 def publish_carry(flags_ptr, carry, b, j, n_chunks, N, cols, col_mask):
     """Chained grid: tile ``j``'s outgoing carry (slot 0), which later tiles wait for."""
     if j < n_chunks - 1:
-        words = flags_ptr.to(tl.pointer_type(tl.int64)) + ((b.to(tl.int64) * n_chunks + j) * 3) * N + cols
+        words = (
+            flags_ptr.to(tl.pointer_type(tl.int64))
+            + ((b.to(tl.int64) * n_chunks + j) * 3) * N
+            + cols
+        )
         _publish(words, carry, col_mask)
 
 
 @triton.jit
-def lookback_carry(flags_ptr, init_carry, b, j, n_chunks, N, cols, col_mask, PREFIX_LOOKUP: tl.constexpr):
+def lookback_carry(
+    flags_ptr, init_carry, b, j, n_chunks, N, cols, col_mask, PREFIX_LOOKUP: tl.constexpr
+):
     """Chained grid: the carry into tile ``j`` (decoupled look-back).
 
     Walks back over earlier tiles k = j-1, j-2, ...: a published carry of tile k ends the walk;

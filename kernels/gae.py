@@ -23,22 +23,39 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels._triton import tl, triton
 from kernels import _chunked_scan as cs
-from kernels.launch import check_lambda_returns_inputs, fold_vmap, launch, resolve_backend, time_major_3d
+from kernels._triton import tl, triton
+from kernels.launch import (
+    check_lambda_returns_inputs,
+    fold_vmap,
+    launch,
+    resolve_backend,
+    time_major_3d,
+)
 from kernels.returns import adjoint_scan
-
 
 # --------------------------------------------------------------------------- Triton kernel
 
 
 @triton.jit
 def _gae_kernel(
-    r_ptr, v_ptr, nv_ptr, d_ptr, lam_ptr,
-    T, N, n_chunks,
-    adv_ptr, tgt_ptr, counter_ptr, flags_ptr,
-    LAMBDA_PER_STEP: tl.constexpr, CHAINED: tl.constexpr,
-    CHUNK_T: tl.constexpr, BLOCK_N: tl.constexpr, PREFIX_LOOKUP: tl.constexpr,
+    r_ptr,
+    v_ptr,
+    nv_ptr,
+    d_ptr,
+    lam_ptr,
+    T,
+    N,
+    n_chunks,
+    adv_ptr,
+    tgt_ptr,
+    counter_ptr,
+    flags_ptr,
+    LAMBDA_PER_STEP: tl.constexpr,
+    CHAINED: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFIX_LOOKUP: tl.constexpr,
 ):
     """GAE over [B, T, N]; lam is [B, T, N] when LAMBDA_PER_STEP, else one value per batch row [B]."""
     b, pid_n, j0, n_iter = cs.program_coords(counter_ptr, n_chunks, N, CHAINED, BLOCK_N)
@@ -63,13 +80,29 @@ def _gae_kernel(
         else:
             c = d * lam_b
         delta = r + d * nv - v
-        adv, carry = cs.scan_tile(delta, c, carry, flags_ptr, b, j, n_chunks, N, cols, col_mask,
-                                  True, CHUNK_T, CHAINED, PREFIX_LOOKUP)
+        adv, carry = cs.scan_tile(
+            delta,
+            c,
+            carry,
+            flags_ptr,
+            b,
+            j,
+            n_chunks,
+            N,
+            cols,
+            col_mask,
+            True,
+            CHUNK_T,
+            CHAINED,
+            PREFIX_LOOKUP,
+        )
         tl.store(adv_ptr + offs, adv.to(adv_ptr.dtype.element_ty), mask=mask)
         tl.store(tgt_ptr + offs, (adv + v).to(tgt_ptr.dtype.element_ty), mask=mask)
 
 
-def _gae_core(rewards, values, next_values, discounts, lambda_, *, lead, backend, config, deterministic=False):
+def _gae_core(
+    rewards, values, next_values, discounts, lambda_, *, lead, backend, config, deterministic=False
+):
     """Launches the kernel on ``[*lead, T, *batch]`` arrays; ``lambda_`` is ``[*lead]`` or full."""
     r3, restore = time_major_3d(rewards, lead)
     b, t, n = r3.shape
@@ -81,9 +114,14 @@ def _gae_core(rewards, values, next_values, discounts, lambda_, *, lead, backend
     grid, n_chunks, counter_size, flag_words = cs.grid_and_scratch(cfg, b, t, n)
     adv, tgt, _, _ = launch(
         _gae_kernel,
-        r3, time_major_3d(values, lead)[0], time_major_3d(next_values, lead)[0],
-        time_major_3d(discounts, lead)[0], lam,
-        t, n, n_chunks,
+        r3,
+        time_major_3d(values, lead)[0],
+        time_major_3d(next_values, lead)[0],
+        time_major_3d(discounts, lead)[0],
+        lam,
+        t,
+        n,
+        n_chunks,
         out_shape=[
             jax.ShapeDtypeStruct(r3.shape, r3.dtype),
             jax.ShapeDtypeStruct(r3.shape, r3.dtype),
@@ -117,7 +155,9 @@ def gae_reference(rewards, values, next_values, discounts, lambda_):
         a = delta + c * a_next
         return a, a
 
-    _, advantages = jax.lax.scan(step, jnp.zeros_like(rewards[0]), (deltas, coefficients), reverse=True)
+    _, advantages = jax.lax.scan(
+        step, jnp.zeros_like(rewards[0]), (deltas, coefficients), reverse=True
+    )
     return advantages, advantages + values
 
 
@@ -126,7 +166,10 @@ def gae_reference(rewards, values, next_values, discounts, lambda_):
 
 @functools.lru_cache(maxsize=None)
 def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool = False):
-    forward = fold_vmap(functools.partial(_gae_core, backend=backend, config=config, deterministic=deterministic), batch_axes="trailing")
+    forward = fold_vmap(
+        functools.partial(_gae_core, backend=backend, config=config, deterministic=deterministic),
+        batch_axes="trailing",
+    )
     adjoint = adjoint_scan(backend, config, deterministic)
 
     @jax.custom_vjp
@@ -147,14 +190,29 @@ def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool =
         g_lambda = g_c * discounts
         if lambda_.ndim == 0:
             g_lambda = jnp.sum(g_lambda)
-        return a, g_targets - a, a * discounts, a * next_values + g_c * lam, g_lambda.astype(lambda_.dtype)
+        return (
+            a,
+            g_targets - a,
+            a * discounts,
+            a * next_values + g_c * lam,
+            g_lambda.astype(lambda_.dtype),
+        )
 
     op.defvjp(op_fwd, op_bwd)
     return op
 
 
-def gae(rewards, values, next_values, discounts, lambda_, *, backend: str | None = None,
-        config: cs.ScanConfig | None = None, deterministic: bool = False):
+def gae(
+    rewards,
+    values,
+    next_values,
+    discounts,
+    lambda_,
+    *,
+    backend: str | None = None,
+    config: cs.ScanConfig | None = None,
+    deterministic: bool = False,
+):
     """Generalised advantage estimates and value targets, time-major.
 
     Args:

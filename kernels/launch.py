@@ -243,12 +243,16 @@ def resolve_backend(backend: str | None = None) -> str:
 # --------------------------------------------------------------------------- input checks
 
 
-def check_float_array(name: str, x: Any, *, min_ndim: int = 0, ndim: int | None = None) -> jax.Array:
+def check_float_array(
+    name: str, x: Any, *, min_ndim: int = 0, ndim: int | None = None
+) -> jax.Array:
     """Returns ``x`` as a JAX array after checking it is floating point with the right rank."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype} with shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must be a floating-point array, got dtype {x.dtype} with shape {tuple(x.shape)}"
+        )
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must have rank {ndim}, got shape {tuple(x.shape)}")
     if x.ndim < min_ndim:
@@ -311,7 +315,9 @@ def time_major_3d(x: jax.Array, lead: int) -> tuple[jax.Array, Callable[[jax.Arr
     return x.reshape(b, t, n), lambda y: y.reshape(shape)
 
 
-def rows_2d(x: jax.Array, lead: int, core_ndim: int = 1) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
+def rows_2d(
+    x: jax.Array, lead: int, core_ndim: int = 1
+) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
     """Views ``x`` as ``[rows, cols]``: the last ``core_ndim`` axes flattened into cols, the rest rows.
 
     The returned ``restore(y)`` maps ``y [rows, cols]`` back to ``x``'s shape, and ``y [rows, *tail]``
@@ -327,7 +333,9 @@ def rows_2d(x: jax.Array, lead: int, core_ndim: int = 1) -> tuple[jax.Array, Cal
 
     def restore(y: jax.Array) -> jax.Array:
         # same trailing size as x: x's shape; otherwise (e.g. a per-row result) the rows' shape + y's tail
-        return y.reshape(shape if tuple(y.shape[1:]) == (cols,) else shape[:split] + tuple(y.shape[1:]))
+        return y.reshape(
+            shape if tuple(y.shape[1:]) == (cols,) else shape[:split] + tuple(y.shape[1:])
+        )
 
     return x.reshape(rows, cols), restore
 
@@ -335,7 +343,9 @@ def rows_2d(x: jax.Array, lead: int, core_ndim: int = 1) -> tuple[jax.Array, Cal
 # --------------------------------------------------------------------------- vmap folding
 
 
-def fold_vmap(core: Callable[..., Any], lead: int = 0, batch_axes: str | None = None) -> Callable[..., Any]:
+def fold_vmap(
+    core: Callable[..., Any], lead: int = 0, batch_axes: str | None = None
+) -> Callable[..., Any]:
     """``f(*arrays) = core(*arrays, lead=lead)`` with a custom_vmap rule that folds vmapped axes.
 
     Under ``jax.vmap`` the rule receives the batched arguments with the vmapped axis first,
@@ -384,15 +394,16 @@ def _batch_factor_axes(op_shape: tuple, batch: tuple, where: str | None) -> rang
     k = len(batch)
     if where is None or k == 0 or len(op_shape) < k:
         return range(0)
-    if where == "trailing" and op_shape[len(op_shape) - k:] == batch:
+    if where == "trailing" and op_shape[len(op_shape) - k :] == batch:
         return range(len(op_shape) - k, len(op_shape))
     if where == "leading" and op_shape[:k] == batch:
         return range(k)
     return range(0)
 
 
-def split_over_batch_axes(core: Callable[..., Any], lead: int, arrays: Sequence[jax.Array],
-                          batch_axes: str | None = None) -> Callable[..., Any]:
+def split_over_batch_axes(
+    core: Callable[..., Any], lead: int, arrays: Sequence[jax.Array], batch_axes: str | None = None
+) -> Callable[..., Any]:
     """``core(*arrays, lead=lead)`` as an op XLA's SPMD partitioner may split along its independent
     axes: the ``lead`` folded vmap axes, which every argument and output carries first, and, when
     the op declares them (``batch_axes``), its own batch axes.
@@ -424,7 +435,9 @@ def split_over_batch_axes(core: Callable[..., Any], lead: int, arrays: Sequence[
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding, PartitionSpec
 
-    jaxpr, out_avals = jax.make_jaxpr(functools.partial(core, lead=lead), return_shape=True)(*arrays)
+    jaxpr, out_avals = jax.make_jaxpr(functools.partial(core, lead=lead), return_shape=True)(
+        *arrays
+    )
     if _calls_host(jaxpr.jaxpr):
         return functools.partial(core, lead=lead)
     first = tuple(arrays[0].shape[lead:]) if arrays else ()
@@ -432,14 +445,22 @@ def split_over_batch_axes(core: Callable[..., Any], lead: int, arrays: Sequence[
 
     def factors(prefix: str, shape: tuple) -> list[str]:
         op_shape = tuple(shape[lead:])
-        shared = {axis: f"b{i}" for i, axis in enumerate(_batch_factor_axes(op_shape, batch, batch_axes))}
-        return [f"l{i}" for i in range(lead)] + [shared.get(j, f"{prefix}d{j}") for j in range(len(op_shape))]
+        shared = {
+            axis: f"b{i}" for i, axis in enumerate(_batch_factor_axes(op_shape, batch, batch_axes))
+        }
+        return [f"l{i}" for i in range(lead)] + [
+            shared.get(j, f"{prefix}d{j}") for j in range(len(op_shape))
+        ]
 
     operands = [factors(f"a{i}", a.shape) for i, a in enumerate(arrays)]
-    results = [factors(f"r{k}", o.shape) for k, o in enumerate(jax.tree_util.tree_leaves(out_avals))]
+    results = [
+        factors(f"r{k}", o.shape) for k, o in enumerate(jax.tree_util.tree_leaves(out_avals))
+    ]
     shared = [f"l{i}" for i in range(lead)] + [f"b{i}" for i in range(len(batch))]
     own = tuple(f for mapping in operands + results for f in mapping if f not in shared)
-    rule = ", ".join(" ".join(m) for m in operands) + " -> " + ", ".join(" ".join(m) for m in results)
+    rule = (
+        ", ".join(" ".join(m) for m in operands) + " -> " + ", ".join(" ".join(m) for m in results)
+    )
 
     def splits(arg_shapes) -> dict:
         """Each shared factor's split (a PartitionSpec entry), from the first argument splitting it."""
@@ -464,19 +485,30 @@ def split_over_batch_axes(core: Callable[..., Any], lead: int, arrays: Sequence[
     def infer(mesh, arg_shapes, result_shape):
         chosen = splits(arg_shapes)
         flat, tree = jax.tree_util.tree_flatten(result_shape)
-        return jax.tree_util.tree_unflatten(tree, [on(mesh, chosen, m) for m in results[: len(flat)]])
+        return jax.tree_util.tree_unflatten(
+            tree, [on(mesh, chosen, m) for m in results[: len(flat)]]
+        )
 
     def partition(mesh, arg_shapes, result_shape):
         chosen = splits(arg_shapes)
         arg_shardings = tuple(on(mesh, chosen, m) for m in operands)
-        return mesh, functools.partial(core, lead=lead), infer(mesh, arg_shapes, result_shape), arg_shardings
+        return (
+            mesh,
+            functools.partial(core, lead=lead),
+            infer(mesh, arg_shapes, result_shape),
+            arg_shardings,
+        )
 
     @custom_partitioning
     def op(*args):
         return core(*args, lead=lead)
 
-    op.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                     need_replication_factors=own)
+    op.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule=rule,
+        need_replication_factors=own,
+    )
     return op
 
 
@@ -484,8 +516,11 @@ def _calls_host(jaxpr) -> bool:
     """Whether ``jaxpr`` (or a jaxpr nested in one of its equations) contains a host callback."""
     from jax.extend.core import jaxprs_in_params
 
-    return any("callback" in eqn.primitive.name or any(_calls_host(sub) for sub in jaxprs_in_params(eqn.params))
-               for eqn in jaxpr.eqns)
+    return any(
+        "callback" in eqn.primitive.name
+        or any(_calls_host(sub) for sub in jaxprs_in_params(eqn.params))
+        for eqn in jaxpr.eqns
+    )
 
 
 # --------------------------------------------------------------------------- launching
@@ -524,7 +559,9 @@ def launch(
     grid = tuple(int(g) for g in grid)
     for a in args:
         if isinstance(a, float):
-            raise TypeError("launch: pass float scalars as np.float32 or as arrays, not Python floats")
+            raise TypeError(
+                "launch: pass float scalars as np.float32 or as arrays, not Python floats"
+            )
     if backend == "triton":
         import jax_triton  # lazy: ImportError with a CPU-only jax
 
@@ -540,7 +577,9 @@ def launch(
             **constexprs,
         )
     elif backend == "interpret":
-        out = _interpret_call(kernel, args, out_shapes, grid, tuple(zeroed_outputs), constexprs, aliases)
+        out = _interpret_call(
+            kernel, args, out_shapes, grid, tuple(zeroed_outputs), constexprs, aliases
+        )
     else:
         raise ValueError(f"launch needs backend 'triton' or 'interpret', got {backend!r}")
     return out[0] if single else list(out)
@@ -571,9 +610,17 @@ def _triton_language_namespaces() -> list[Any]:
     interpreter patches (``tl.arange``, ``tl.tensor.__index__``, ...) while it runs a kernel."""
     import sys
 
-    modules = [m for name, m in list(sys.modules.items()) if name.startswith("triton.language") and m is not None]
-    classes = {id(v): v for m in modules for v in vars(m).values()
-               if isinstance(v, type) and getattr(v, "__module__", "").startswith("triton.language")}
+    modules = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("triton.language") and m is not None
+    ]
+    classes = {
+        id(v): v
+        for m in modules
+        for v in vars(m).values()
+        if isinstance(v, type) and getattr(v, "__module__", "").startswith("triton.language")
+    }
     return modules + list(classes.values())
 
 
@@ -639,7 +686,9 @@ def _with_scalar_index(patch_lang_tensor):
 
 
 def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs, aliases=None):
-    array_positions = [i for i, a in enumerate(args) if not isinstance(a, (int, np.integer, np.floating, bool))]
+    array_positions = [
+        i for i, a in enumerate(args) if not isinstance(a, (int, np.integer, np.floating, bool))
+    ]
     arrays = [args[i] for i in array_positions]
     starts_as = {out: array for array, out in (aliases or {}).items()}
 
@@ -658,7 +707,9 @@ def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs, 
         for j, s in enumerate(out_shapes):
             t = torch.from_numpy(np.zeros(s.shape, s.dtype))
             if j in starts_as:
-                t = torch.from_numpy(np.array(host_arrays[starts_as[j]], dtype=s.dtype, copy=True).reshape(s.shape))
+                t = torch.from_numpy(
+                    np.array(host_arrays[starts_as[j]], dtype=s.dtype, copy=True).reshape(s.shape)
+                )
             elif j not in zeroed_outputs:
                 t.fill_(float("nan") if np.issubdtype(s.dtype, np.floating) else -7)
             outs.append(t)

@@ -17,13 +17,13 @@ memory. Entries with p_k == 0 (logits of -inf, e.g. masked actions) add 0 to
 the entropy and its gradient. An action outside [0, A) gives a log_prob of NaN
 (and a zero one-hot); concrete actions are checked and raise instead.
 """
+
 from __future__ import annotations
 
 import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend, rows_2d
@@ -38,14 +38,26 @@ NUM_WARPS = None
 
 
 def _tiling(n_rows: int, n_actions: int):
-    return row_tiling(n_rows, n_actions, tile_elements=TILE_ELEMENTS,
-                      min_programs=MIN_PROGRAMS, num_warps=NUM_WARPS)
+    return row_tiling(
+        n_rows,
+        n_actions,
+        tile_elements=TILE_ELEMENTS,
+        min_programs=MIN_PROGRAMS,
+        num_warps=NUM_WARPS,
+    )
+
 
 @triton.jit
 def _policy_head_fwd_kernel(
-    logits_ptr, actions_ptr, n_rows, log_prob_ptr, entropy_ptr, lse_ptr,
+    logits_ptr,
+    actions_ptr,
+    n_rows,
+    log_prob_ptr,
+    entropy_ptr,
+    lse_ptr,
     A: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_A: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_A: tl.constexpr,
 ):
     """BLOCK_R rows per program: one read of the logits, three floats out per row."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -73,9 +85,17 @@ def _policy_head_fwd_kernel(
 
 @triton.jit
 def _policy_head_bwd_kernel(
-    logits_ptr, actions_ptr, lse_ptr, entropy_ptr, g_lp_ptr, g_ent_ptr, n_rows, dlogits_ptr,
+    logits_ptr,
+    actions_ptr,
+    lse_ptr,
+    entropy_ptr,
+    g_lp_ptr,
+    g_ent_ptr,
+    n_rows,
+    dlogits_ptr,
     A: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_A: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_A: tl.constexpr,
 ):
     """d x = g_lp * (onehot(a) - p) - g_ent * p * (log p + H), p recomputed from lse."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -114,9 +134,17 @@ def _forward_core(logits, actions, *, lead, backend):
     block_r, block_a, num_warps, _ = _tiling(n_rows, n_actions)
     row = jax.ShapeDtypeStruct((n_rows,), jnp.float32)
     log_prob, entropy, lse = launch(
-        _policy_head_fwd_kernel, logits2, actions1, n_rows,
-        out_shape=[row, row, row], grid=(cdiv(n_rows, block_r),), backend=backend,
-        num_warps=num_warps, A=n_actions, BLOCK_R=block_r, BLOCK_A=block_a,
+        _policy_head_fwd_kernel,
+        logits2,
+        actions1,
+        n_rows,
+        out_shape=[row, row, row],
+        grid=(cdiv(n_rows, block_r),),
+        backend=backend,
+        num_warps=num_warps,
+        A=n_actions,
+        BLOCK_R=block_r,
+        BLOCK_A=block_a,
     )
     shape = actions.shape
     return log_prob.reshape(shape), entropy.reshape(shape), lse.reshape(shape)
@@ -129,12 +157,21 @@ def _backward_core(logits, actions, lse, entropy, g_log_prob, g_entropy, *, lead
         return jnp.zeros(logits.shape, jnp.float32)
     block_r, block_a, num_warps, _ = _tiling(n_rows, n_actions)
     dlogits = launch(
-        _policy_head_bwd_kernel, logits2, actions1,
-        lse.reshape(-1), entropy.reshape(-1), g_log_prob.reshape(-1), g_entropy.reshape(-1),
+        _policy_head_bwd_kernel,
+        logits2,
+        actions1,
+        lse.reshape(-1),
+        entropy.reshape(-1),
+        g_log_prob.reshape(-1),
+        g_entropy.reshape(-1),
         n_rows,
         out_shape=jax.ShapeDtypeStruct(logits2.shape, jnp.float32),
-        grid=(cdiv(n_rows, block_r),), backend=backend,
-        num_warps=num_warps, A=n_actions, BLOCK_R=block_r, BLOCK_A=block_a,
+        grid=(cdiv(n_rows, block_r),),
+        backend=backend,
+        num_warps=num_warps,
+        A=n_actions,
+        BLOCK_R=block_r,
+        BLOCK_A=block_a,
     )
     return dlogits.reshape(logits.shape)
 

@@ -54,10 +54,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels._triton import tl, triton
-from kernels.launch import cdiv, check_float_array, chosen_automatically, fold_vmap, launch, next_power_of_2, resolve_backend
+from kernels.launch import (
+    cdiv,
+    check_float_array,
+    chosen_automatically,
+    fold_vmap,
+    launch,
+    next_power_of_2,
+    resolve_backend,
+)
 
-__all__ = ["ppo_actor_critic_grads", "ppo_actor_critic_grads_flat", "FlatLayout", "concatenated_layout", "flatten", "unflatten",
-           "ppo_actor_critic_grads_reference", "ppo_objective", "clipped_surrogate_loss", "clipped_value_loss", "LIMITS"]
+__all__ = [
+    "ppo_actor_critic_grads",
+    "ppo_actor_critic_grads_flat",
+    "FlatLayout",
+    "concatenated_layout",
+    "flatten",
+    "unflatten",
+    "ppo_actor_critic_grads_reference",
+    "ppo_objective",
+    "clipped_surrogate_loss",
+    "clipped_value_loss",
+    "LIMITS",
+]
 
 # f(0) = 0 for each: padded hidden units then stay 0 and their gradients are exactly 0, which the
 # kernels' unmasked sums of squared gradients rely on
@@ -85,7 +104,9 @@ def _load_matrix(ptr, R, C, RP: tl.constexpr, CP: tl.constexpr):
     """The row-major [R, C] matrix at ptr, zero-padded to [RP, CP]."""
     r = tl.arange(0, RP)
     c = tl.arange(0, CP)
-    return tl.load(ptr + r[:, None] * C + c[None, :], mask=(r[:, None] < R) & (c[None, :] < C), other=0.0)
+    return tl.load(
+        ptr + r[:, None] * C + c[None, :], mask=(r[:, None] < R) & (c[None, :] < C), other=0.0
+    )
 
 
 @triton.jit
@@ -112,7 +133,9 @@ def _activate(z, RELU: tl.constexpr):
     if RELU:
         return tl.maximum(z, 0.0)
     else:
-        return 1.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)  # tanh; saturates to +-1 without overflow trouble
+        return 1.0 - 2.0 / (
+            tl.exp(2.0 * z) + 1.0
+        )  # tanh; saturates to +-1 without overflow trouble
 
 
 @triton.jit
@@ -132,7 +155,22 @@ def _torso(x, w1, b1, w2, b2, RELU: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _backprop(x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU: tl.constexpr, PRECISION: tl.constexpr):
+def _backprop(
+    x,
+    h1,
+    h2,
+    d_out,
+    w2,
+    w3,
+    g_w1,
+    g_b1,
+    g_w2,
+    g_b2,
+    g_w3,
+    g_b3,
+    RELU: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Adds this block's weight gradients, given dL/d(out) for its rows (zero on padded rows).
 
     w2 and w3 stay as loaded ([in, out]) and are transposed inside each ``tl.dot``: the forward
@@ -150,8 +188,23 @@ def _backprop(x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU
 
 
 @triton.jit
-def _load_mlp(ptr, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, O,
-              DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, OP: tl.constexpr):
+def _load_mlp(
+    ptr,
+    off_w1,
+    off_b1,
+    off_w2,
+    off_b2,
+    off_w3,
+    off_b3,
+    D,
+    H1,
+    H2,
+    O,
+    DP: tl.constexpr,
+    H1P: tl.constexpr,
+    H2P: tl.constexpr,
+    OP: tl.constexpr,
+):
     """The six arrays of one MLP from a flat parameter vector at ptr, each at its offset, zero-padded."""
     w1 = _load_matrix(ptr + off_w1, D, H1, DP, H1P)
     b1 = _load_vector(ptr + off_b1, H1, H1P)
@@ -163,8 +216,29 @@ def _load_mlp(ptr, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, O,
 
 
 @triton.jit
-def _store_grads(ptr, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, O, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3,
-                 DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, OP: tl.constexpr):
+def _store_grads(
+    ptr,
+    off_w1,
+    off_b1,
+    off_w2,
+    off_b2,
+    off_w3,
+    off_b3,
+    D,
+    H1,
+    H2,
+    O,
+    g_w1,
+    g_b1,
+    g_w2,
+    g_b2,
+    g_w3,
+    g_b3,
+    DP: tl.constexpr,
+    H1P: tl.constexpr,
+    H2P: tl.constexpr,
+    OP: tl.constexpr,
+):
     """Writes the six gradients into a flat vector at ptr, each at its array's offset; returns their
     sum of squares (the padding is zero, so the padded tiles sum exactly)."""
     _store_matrix(ptr + off_w1, D, H1, g_w1, DP, H1P)
@@ -173,8 +247,14 @@ def _store_grads(ptr, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2,
     _store_vector(ptr + off_b2, H2, g_b2, H2P)
     _store_matrix(ptr + off_w3, H2, O, g_w3, H2P, OP)
     _store_vector(ptr + off_b3, O, g_b3, OP)
-    return (tl.sum(tl.sum(g_w1 * g_w1, axis=1), axis=0) + tl.sum(g_b1 * g_b1, axis=0) + tl.sum(tl.sum(g_w2 * g_w2, axis=1), axis=0)
-            + tl.sum(g_b2 * g_b2, axis=0) + tl.sum(tl.sum(g_w3 * g_w3, axis=1), axis=0) + tl.sum(g_b3 * g_b3, axis=0))
+    return (
+        tl.sum(tl.sum(g_w1 * g_w1, axis=1), axis=0)
+        + tl.sum(g_b1 * g_b1, axis=0)
+        + tl.sum(tl.sum(g_w2 * g_w2, axis=1), axis=0)
+        + tl.sum(g_b2 * g_b2, axis=0)
+        + tl.sum(tl.sum(g_w3 * g_w3, axis=1), axis=0)
+        + tl.sum(g_b3 * g_b3, axis=0)
+    )
 
 
 # ---------------------------------------------------------------- the two kernels
@@ -182,11 +262,37 @@ def _store_grads(ptr, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2,
 
 @triton.jit
 def _actor_grads_kernel(
-    obs_ptr, action_ptr, old_log_prob_ptr, advantage_ptr, params_ptr, clip_ptr, ent_coef_ptr,
-    M, inv_m, ROWS, S, P, D, H1, H2, A, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3,
-    grads_ptr, aux_ptr,
-    DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, AP: tl.constexpr,
-    BLOCK: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr,
+    obs_ptr,
+    action_ptr,
+    old_log_prob_ptr,
+    advantage_ptr,
+    params_ptr,
+    clip_ptr,
+    ent_coef_ptr,
+    M,
+    inv_m,
+    ROWS,
+    S,
+    P,
+    D,
+    H1,
+    H2,
+    A,
+    off_w1,
+    off_b1,
+    off_w2,
+    off_b2,
+    off_w3,
+    off_b3,
+    grads_ptr,
+    aux_ptr,
+    DP: tl.constexpr,
+    H1P: tl.constexpr,
+    H2P: tl.constexpr,
+    AP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RELU: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Program (b, s): rows [s ROWS, (s + 1) ROWS) of seed b, whose P parameters are row b of
     params [B, P]; partial gradients of the policy and entropy terms into row b S + s of grads
@@ -194,8 +300,23 @@ def _actor_grads_kernel(
     the squared gradients at aux[b S + s]."""
     b = tl.program_id(0)
     s = tl.program_id(1)
-    w1, b1, w2, b2, w3, b3 = _load_mlp(params_ptr + b.to(tl.int64) * P, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3,
-                                       D, H1, H2, A, DP, H1P, H2P, AP)
+    w1, b1, w2, b2, w3, b3 = _load_mlp(
+        params_ptr + b.to(tl.int64) * P,
+        off_w1,
+        off_b1,
+        off_w2,
+        off_b2,
+        off_w3,
+        off_b3,
+        D,
+        H1,
+        H2,
+        A,
+        DP,
+        H1P,
+        H2P,
+        AP,
+    )
     clip = tl.load(clip_ptr + b)
     ent_coef = tl.load(ent_coef_ptr + b)
     g_w1 = tl.zeros([DP, H1P], tl.float32)
@@ -215,7 +336,11 @@ def _actor_grads_kernel(
         rows = start + tl.arange(0, BLOCK)
         ok = rows < M
         row = b.to(tl.int64) * M + rows
-        x = tl.load(obs_ptr + row[:, None] * D + d_cols[None, :], mask=ok[:, None] & (d_cols[None, :] < D), other=0.0)
+        x = tl.load(
+            obs_ptr + row[:, None] * D + d_cols[None, :],
+            mask=ok[:, None] & (d_cols[None, :] < D),
+            other=0.0,
+        )
         h1, h2 = _torso(x, w1, b1, w2, b2, RELU, PRECISION)
         logits = tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :]
         logits = tl.where(a_ok[None, :], logits, -float("inf"))
@@ -237,16 +362,41 @@ def _actor_grads_kernel(
         surr2 = clipped * adv
         d_min = tl.where((clipped == ratio) | (surr1 < surr2), adv, 0.0)
         d_log_p_a = -inv_m * d_min * ratio
-        d_logits = d_log_p_a[:, None] * (onehot.to(tl.float32) - p) + (ent_coef * inv_m) * (p_log_p + p * entropy[:, None])
+        d_logits = d_log_p_a[:, None] * (onehot.to(tl.float32) - p) + (ent_coef * inv_m) * (
+            p_log_p + p * entropy[:, None]
+        )
         d_logits = tl.where(ok[:, None] & a_ok[None, :], d_logits, 0.0)
-        g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = _backprop(x, h1, h2, d_logits, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU, PRECISION)
+        g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = _backprop(
+            x, h1, h2, d_logits, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU, PRECISION
+        )
         loss_sum += tl.sum(tl.where(ok, -tl.minimum(surr1, surr2), 0.0), axis=0)
         entropy_sum += tl.sum(tl.where(ok, entropy, 0.0), axis=0)
         kl_sum += tl.sum(tl.where(ok, (ratio - 1.0) - log_ratio, 0.0), axis=0)
         clipped_sum += tl.sum(tl.where(ok & (tl.abs(ratio - 1.0) > clip), 1.0, 0.0), axis=0)
     i = b * S + s
-    sq_sum = _store_grads(grads_ptr + i.to(tl.int64) * P, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, A,
-                          g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, DP, H1P, H2P, AP)
+    sq_sum = _store_grads(
+        grads_ptr + i.to(tl.int64) * P,
+        off_w1,
+        off_b1,
+        off_w2,
+        off_b2,
+        off_w3,
+        off_b3,
+        D,
+        H1,
+        H2,
+        A,
+        g_w1,
+        g_b1,
+        g_w2,
+        g_b2,
+        g_w3,
+        g_b3,
+        DP,
+        H1P,
+        H2P,
+        AP,
+    )
     tl.store(aux_ptr + i * 5 + 0, loss_sum)
     tl.store(aux_ptr + i * 5 + 1, entropy_sum)
     tl.store(aux_ptr + i * 5 + 2, kl_sum)
@@ -256,11 +406,37 @@ def _actor_grads_kernel(
 
 @triton.jit
 def _critic_grads_kernel(
-    obs_ptr, old_value_ptr, target_ptr, params_ptr, vf_clip_ptr, vf_coef_ptr, grads_in_ptr,
-    M, inv_m, ROWS, S, P, D, H1, H2, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3,
-    grads_ptr, aux_ptr,
-    DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, OP: tl.constexpr,
-    BLOCK: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr, CLIP_VALUE: tl.constexpr,
+    obs_ptr,
+    old_value_ptr,
+    target_ptr,
+    params_ptr,
+    vf_clip_ptr,
+    vf_coef_ptr,
+    grads_in_ptr,
+    M,
+    inv_m,
+    ROWS,
+    S,
+    P,
+    D,
+    H1,
+    H2,
+    off_w1,
+    off_b1,
+    off_w2,
+    off_b2,
+    off_w3,
+    off_b3,
+    grads_ptr,
+    aux_ptr,
+    DP: tl.constexpr,
+    H1P: tl.constexpr,
+    H2P: tl.constexpr,
+    OP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RELU: tl.constexpr,
+    PRECISION: tl.constexpr,
+    CLIP_VALUE: tl.constexpr,
 ):
     """Program (b, s): partial gradients of the value term into row b S + s of grads (the actor
     kernel's output, updated in place: on the GPU grads_in_ptr is the same buffer, under the
@@ -268,8 +444,23 @@ def _critic_grads_kernel(
     sums of the value loss and of the squared gradients at aux[b S + s]."""
     b = tl.program_id(0)
     s = tl.program_id(1)
-    w1, b1, w2, b2, w3, b3 = _load_mlp(params_ptr + b.to(tl.int64) * P, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3,
-                                       D, H1, H2, 1, DP, H1P, H2P, OP)  # one real output column, zero padding
+    w1, b1, w2, b2, w3, b3 = _load_mlp(
+        params_ptr + b.to(tl.int64) * P,
+        off_w1,
+        off_b1,
+        off_w2,
+        off_b2,
+        off_w3,
+        off_b3,
+        D,
+        H1,
+        H2,
+        1,
+        DP,
+        H1P,
+        H2P,
+        OP,
+    )  # one real output column, zero padding
     vf_clip = tl.load(vf_clip_ptr + b)
     vf_coef = tl.load(vf_coef_ptr + b)
     g_w1 = tl.zeros([DP, H1P], tl.float32)
@@ -285,9 +476,15 @@ def _critic_grads_kernel(
         rows = start + tl.arange(0, BLOCK)
         ok = rows < M
         row = b.to(tl.int64) * M + rows
-        x = tl.load(obs_ptr + row[:, None] * D + d_cols[None, :], mask=ok[:, None] & (d_cols[None, :] < D), other=0.0)
+        x = tl.load(
+            obs_ptr + row[:, None] * D + d_cols[None, :],
+            mask=ok[:, None] & (d_cols[None, :] < D),
+            other=0.0,
+        )
         h1, h2 = _torso(x, w1, b1, w2, b2, RELU, PRECISION)
-        value = tl.sum(tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :], axis=1)  # padded columns are 0
+        value = tl.sum(
+            tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :], axis=1
+        )  # padded columns are 0
         target = tl.load(target_ptr + row, mask=ok, other=0.0)
         error = value - target
         unclipped = error * error
@@ -304,11 +501,34 @@ def _critic_grads_kernel(
             loss = 0.5 * unclipped
         d_value = tl.where(ok, (vf_coef * inv_m) * d_value, 0.0)
         d_out = tl.where(o_cols[None, :] == 0, d_value[:, None], 0.0)
-        g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = _backprop(x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU, PRECISION)
+        g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = _backprop(
+            x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU, PRECISION
+        )
         loss_sum += tl.sum(tl.where(ok, loss, 0.0), axis=0)
     i = b * S + s
-    sq_sum = _store_grads(grads_ptr + i.to(tl.int64) * P, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, 1,
-                          g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, DP, H1P, H2P, OP)
+    sq_sum = _store_grads(
+        grads_ptr + i.to(tl.int64) * P,
+        off_w1,
+        off_b1,
+        off_w2,
+        off_b2,
+        off_w3,
+        off_b3,
+        D,
+        H1,
+        H2,
+        1,
+        g_w1,
+        g_b1,
+        g_w2,
+        g_b2,
+        g_w3,
+        g_b3,
+        DP,
+        H1P,
+        H2P,
+        OP,
+    )
     tl.store(aux_ptr + i * 2 + 0, loss_sum)
     tl.store(aux_ptr + i * 2 + 1, sq_sum)
 
@@ -360,7 +580,9 @@ class FlatLayout(NamedTuple):
 
 def concatenated_layout(obs_dim: int, hidden: tuple[int, int], actions: int) -> FlatLayout:
     """The layout of the actor's six arrays followed by the critic's, each raveled, in order."""
-    layout = FlatLayout((0,) * 6, (0,) * 6, int(obs_dim), tuple(int(h) for h in hidden), int(actions), 0)
+    layout = FlatLayout(
+        (0,) * 6, (0,) * 6, int(obs_dim), tuple(int(h) for h in hidden), int(actions), 0
+    )
     offsets, at = [], 0
     for shape in sum(layout.shapes(), []):
         offsets.append(at)
@@ -370,7 +592,9 @@ def concatenated_layout(obs_dim: int, hidden: tuple[int, int], actions: int) -> 
 
 def _static_int(name: str, value) -> int:
     if isinstance(value, (bool, jax.Array)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"layout.{name} must be a Python int (a layout is static: close over it, do not trace it), got {value!r}")
+        raise ValueError(
+            f"layout.{name} must be a Python int (a layout is static: close over it, do not trace it), got {value!r}"
+        )
     return int(value)
 
 
@@ -380,60 +604,110 @@ def check_layout(layout: FlatLayout) -> FlatLayout:
     every gradient entry and nothing else, so a gap would be left undefined). ValueError naming the
     problem otherwise."""
     if not isinstance(layout, FlatLayout):
-        raise ValueError(f"layout must be a kernels.ppo_grads.FlatLayout, got {type(layout).__name__}")
+        raise ValueError(
+            f"layout must be a kernels.ppo_grads.FlatLayout, got {type(layout).__name__}"
+        )
     for net in ("actor", "critic"):
         if len(getattr(layout, net)) != 6:
-            raise ValueError(f"layout.{net} must hold 6 offsets (w1, b1, w2, b2, w3, b3), got {getattr(layout, net)!r}")
+            raise ValueError(
+                f"layout.{net} must hold 6 offsets (w1, b1, w2, b2, w3, b3), got {getattr(layout, net)!r}"
+            )
     if len(layout.hidden) != 2:
         raise ValueError(f"layout.hidden must be two widths (H1, H2), got {layout.hidden!r}")
-    layout = FlatLayout(tuple(_static_int(f"actor[{i}]", x) for i, x in enumerate(layout.actor)),
-                        tuple(_static_int(f"critic[{i}]", x) for i, x in enumerate(layout.critic)),
-                        _static_int("obs_dim", layout.obs_dim), tuple(_static_int("hidden", h) for h in layout.hidden),
-                        _static_int("actions", layout.actions), _static_int("size", layout.size))
+    layout = FlatLayout(
+        tuple(_static_int(f"actor[{i}]", x) for i, x in enumerate(layout.actor)),
+        tuple(_static_int(f"critic[{i}]", x) for i, x in enumerate(layout.critic)),
+        _static_int("obs_dim", layout.obs_dim),
+        tuple(_static_int("hidden", h) for h in layout.hidden),
+        _static_int("actions", layout.actions),
+        _static_int("size", layout.size),
+    )
     if min(layout.obs_dim, *layout.hidden, layout.actions) < 1:
-        raise ValueError(f"layout: obs_dim, hidden widths and actions must be positive (layout {layout})")
-    spans = sorted((off, off + math.prod(shape), f"{net}[{i}]")
-                   for net, offsets, shapes in zip(("actor", "critic"), (layout.actor, layout.critic), layout.shapes())
-                   for i, (off, shape) in enumerate(zip(offsets, shapes)))
+        raise ValueError(
+            f"layout: obs_dim, hidden widths and actions must be positive (layout {layout})"
+        )
+    spans = sorted(
+        (off, off + math.prod(shape), f"{net}[{i}]")
+        for net, offsets, shapes in zip(
+            ("actor", "critic"), (layout.actor, layout.critic), layout.shapes()
+        )
+        for i, (off, shape) in enumerate(zip(offsets, shapes))
+    )
     at = 0
     for start, end, name in spans:
         if start != at:
-            raise ValueError(f"layout: {name} starts at {start}, but the arrays before it end at {at}: the twelve arrays must cover "
-                             f"the flat vector's {layout.size} entries exactly once, with no gap or overlap (layout {layout})")
+            raise ValueError(
+                f"layout: {name} starts at {start}, but the arrays before it end at {at}: the twelve arrays must cover "
+                f"the flat vector's {layout.size} entries exactly once, with no gap or overlap (layout {layout})"
+            )
         at = end
     if at != layout.size:
-        raise ValueError(f"layout: the twelve arrays cover {at} entries, the flat vector has {layout.size} (layout {layout})")
+        raise ValueError(
+            f"layout: the twelve arrays cover {at} entries, the flat vector has {layout.size} (layout {layout})"
+        )
     return layout
 
 
 def unflatten(params, layout: FlatLayout):
     """(actor, critic): the six arrays of each network cut out of params [..., size]."""
     lead = params.shape[:-1]
-    cut = lambda off, shape: params[..., off:off + math.prod(shape)].reshape(lead + shape)
+    cut = lambda off, shape: params[..., off : off + math.prod(shape)].reshape(lead + shape)
     shapes_actor, shapes_critic = layout.shapes()
-    return (tuple(cut(o, sh) for o, sh in zip(layout.actor, shapes_actor)),
-            tuple(cut(o, sh) for o, sh in zip(layout.critic, shapes_critic)))
+    return (
+        tuple(cut(o, sh) for o, sh in zip(layout.actor, shapes_actor)),
+        tuple(cut(o, sh) for o, sh in zip(layout.critic, shapes_critic)),
+    )
 
 
 def flatten(actor, critic, layout: FlatLayout):
     """The inverse of `unflatten`: the twelve arrays (with the same leading axes) in one vector [..., size]."""
     layout = check_layout(layout)
-    lead = actor[0].shape[:actor[0].ndim - 2]
+    lead = actor[0].shape[: actor[0].ndim - 2]
     placed = sorted(zip(layout.actor + layout.critic, range(12), tuple(actor) + tuple(critic)))
     return jnp.concatenate([x.reshape(lead + (-1,)) for _, _, x in placed], axis=-1)
 
 
-def _reference_flat(obs, actions, rows, params, scalars, layout, activation, clip_value_loss, dot_precision):
+def _reference_flat(
+    obs, actions, rows, params, scalars, layout, activation, clip_value_loss, dot_precision
+):
     """(grads [size], squared norm, stats) of one minibatch from the plain-JAX reference."""
     actor, critic = unflatten(params, layout)
-    g_actor, g_critic, stats = ppo_actor_critic_grads_reference(obs, actions, *rows, actor, critic, *scalars, activation=activation,
-                                                                clip_value_loss=clip_value_loss, dot_precision=dot_precision)
+    g_actor, g_critic, stats = ppo_actor_critic_grads_reference(
+        obs,
+        actions,
+        *rows,
+        actor,
+        critic,
+        *scalars,
+        activation=activation,
+        clip_value_loss=clip_value_loss,
+        dot_precision=dot_precision,
+    )
     grads = flatten(g_actor, g_critic, layout)
     return grads, jnp.sum(jnp.square(grads)), stats
 
 
-def _flat_grads_core(obs, actions, old_log_probs, old_values, advantages, targets, params, clip_eps, vf_clip_eps, ent_coef, vf_coef,
-                     *, lead, layout, backend, automatic, activation, clip_value_loss, dot_precision):
+def _flat_grads_core(
+    obs,
+    actions,
+    old_log_probs,
+    old_values,
+    advantages,
+    targets,
+    params,
+    clip_eps,
+    vf_clip_eps,
+    ent_coef,
+    vf_coef,
+    *,
+    lead,
+    layout,
+    backend,
+    automatic,
+    activation,
+    clip_value_loss,
+    dot_precision,
+):
     lead_shape = tuple(obs.shape[:lead])
     b = math.prod(lead_shape)
     m, d = obs.shape[lead], obs.shape[lead + 1]
@@ -446,21 +720,83 @@ def _flat_grads_core(obs, actions, old_log_probs, old_values, advantages, target
     params2 = flat(params, size)
     restore = lambda x: x.reshape(lead_shape + x.shape[1:])
     if automatic_crossover(backend, automatic, b, m) == "reference":
-        grads, sq_norm, stats = _reference_flat(obs3[0], actions2[0], [x[0] for x in rows], params2[0], [x[0] for x in scalars], layout,
-                                                activation, clip_value_loss, dot_precision)
-        return (grads.reshape(lead_shape + grads.shape), sq_norm.reshape(lead_shape), *(stats[n].reshape(lead_shape) for n in AUX_NAMES))
+        grads, sq_norm, stats = _reference_flat(
+            obs3[0],
+            actions2[0],
+            [x[0] for x in rows],
+            params2[0],
+            [x[0] for x in scalars],
+            layout,
+            activation,
+            clip_value_loss,
+            dot_precision,
+        )
+        return (
+            grads.reshape(lead_shape + grads.shape),
+            sq_norm.reshape(lead_shape),
+            *(stats[n].reshape(lead_shape) for n in AUX_NAMES),
+        )
     chunk_rows, chunks = _row_chunks(b, m)
     f32 = jnp.float32
-    common = dict(backend=backend, grid=(b, chunks), num_warps=NUM_WARPS, DP=_padded(d), H1P=_padded(h1), H2P=_padded(h2),
-                  BLOCK=BLOCK_M, RELU=activation == "relu", PRECISION=dot_precision)
+    common = dict(
+        backend=backend,
+        grid=(b, chunks),
+        num_warps=NUM_WARPS,
+        DP=_padded(d),
+        H1P=_padded(h1),
+        H2P=_padded(h2),
+        BLOCK=BLOCK_M,
+        RELU=activation == "relu",
+        PRECISION=dot_precision,
+    )
     grads_shape = jax.ShapeDtypeStruct((b * chunks, size), f32)
-    grads, aux_actor = launch(_actor_grads_kernel, obs3, actions2, rows[0], rows[2], params2, scalars[0], scalars[2],
-                              m, np.float32(1.0 / m), chunk_rows, chunks, size, d, h1, h2, a, *layout.actor,
-                              out_shape=[grads_shape, jax.ShapeDtypeStruct((b * chunks, 5), f32)], AP=_padded(a), **common)
-    grads, aux_critic = launch(_critic_grads_kernel, obs3, rows[1], rows[3], params2, scalars[1], scalars[3], grads,
-                               m, np.float32(1.0 / m), chunk_rows, chunks, size, d, h1, h2, *layout.critic,
-                               out_shape=[grads_shape, jax.ShapeDtypeStruct((b * chunks, 2), f32)],
-                               input_output_aliases={6: 0}, OP=16, CLIP_VALUE=bool(clip_value_loss), **common)
+    grads, aux_actor = launch(
+        _actor_grads_kernel,
+        obs3,
+        actions2,
+        rows[0],
+        rows[2],
+        params2,
+        scalars[0],
+        scalars[2],
+        m,
+        np.float32(1.0 / m),
+        chunk_rows,
+        chunks,
+        size,
+        d,
+        h1,
+        h2,
+        a,
+        *layout.actor,
+        out_shape=[grads_shape, jax.ShapeDtypeStruct((b * chunks, 5), f32)],
+        AP=_padded(a),
+        **common,
+    )
+    grads, aux_critic = launch(
+        _critic_grads_kernel,
+        obs3,
+        rows[1],
+        rows[3],
+        params2,
+        scalars[1],
+        scalars[3],
+        grads,
+        m,
+        np.float32(1.0 / m),
+        chunk_rows,
+        chunks,
+        size,
+        d,
+        h1,
+        h2,
+        *layout.critic,
+        out_shape=[grads_shape, jax.ShapeDtypeStruct((b * chunks, 2), f32)],
+        input_output_aliases={6: 0},
+        OP=16,
+        CLIP_VALUE=bool(clip_value_loss),
+        **common,
+    )
     total = lambda x: x.reshape((b, chunks) + x.shape[1:]).sum(axis=1)
     if chunks == 1:  # each program's sum of squares covers its network's whole gradient
         sq_norm = aux_actor[:, 4] + aux_critic[:, 1]
@@ -473,9 +809,25 @@ def _flat_grads_core(obs, actions, old_log_probs, old_values, advantages, target
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_op(backend: str, automatic: bool, layout: FlatLayout, activation: str, clip_value_loss: bool, dot_precision: str):
-    return fold_vmap(functools.partial(_flat_grads_core, layout=layout, backend=backend, automatic=automatic, activation=activation,
-                                       clip_value_loss=clip_value_loss, dot_precision=dot_precision))
+def _kernel_op(
+    backend: str,
+    automatic: bool,
+    layout: FlatLayout,
+    activation: str,
+    clip_value_loss: bool,
+    dot_precision: str,
+):
+    return fold_vmap(
+        functools.partial(
+            _flat_grads_core,
+            layout=layout,
+            backend=backend,
+            automatic=automatic,
+            activation=activation,
+            clip_value_loss=clip_value_loss,
+            dot_precision=dot_precision,
+        )
+    )
 
 
 # ---------------------------------------------------------------- reference
@@ -490,7 +842,11 @@ def _mlp(layers, x, activation: str, precision):
 
 def clipped_surrogate_loss(ratio, advantages, clip_eps):
     """PPO's clipped surrogate (Schulman et al. 2017): -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))."""
-    return -jnp.mean(jnp.minimum(ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages))
+    return -jnp.mean(
+        jnp.minimum(
+            ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+        )
+    )
 
 
 def clipped_value_loss(values, old_values, targets, clip_eps, clip: bool = True):
@@ -502,8 +858,20 @@ def clipped_value_loss(values, old_values, targets, clip_eps, clip: bool = True)
     return 0.5 * jnp.mean(jnp.maximum(unclipped, clipped))
 
 
-def ppo_objective(log_prob, entropy, values, old_log_probs, old_values, advantages, targets,
-                  clip_eps, vf_clip_eps, ent_coef, vf_coef, clip_value_loss: bool = True):
+def ppo_objective(
+    log_prob,
+    entropy,
+    values,
+    old_log_probs,
+    old_values,
+    advantages,
+    targets,
+    clip_eps,
+    vf_clip_eps,
+    ent_coef,
+    vf_coef,
+    clip_value_loss: bool = True,
+):
     """(L, stats) of one minibatch, from the per-row log pi(a|s), entropy H and value V of the
     current policy (any action distribution):
 
@@ -528,8 +896,24 @@ def ppo_objective(log_prob, entropy, values, old_log_probs, old_values, advantag
     return total, stats
 
 
-def ppo_actor_critic_grads_reference(obs, actions, old_log_probs, old_values, advantages, targets, actor, critic,
-                                     clip_eps, vf_clip_eps, ent_coef, vf_coef, *, activation="tanh", clip_value_loss=True, dot_precision="tf32"):
+def ppo_actor_critic_grads_reference(
+    obs,
+    actions,
+    old_log_probs,
+    old_values,
+    advantages,
+    targets,
+    actor,
+    critic,
+    clip_eps,
+    vf_clip_eps,
+    ent_coef,
+    vf_coef,
+    *,
+    activation="tanh",
+    clip_value_loss=True,
+    dot_precision="tf32",
+):
     """Plain JAX: `jax.value_and_grad` of the loss in the module docstring (same signature and outputs)."""
     precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
 
@@ -539,10 +923,24 @@ def ppo_actor_critic_grads_reference(obs, actions, old_log_probs, old_values, ad
         log_p = jax.nn.log_softmax(logits)
         log_prob = jnp.take_along_axis(log_p, actions[..., None].astype(jnp.int32), axis=-1)[..., 0]
         entropy = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
-        return ppo_objective(log_prob, entropy, value, old_log_probs, old_values, advantages, targets,
-                             clip_eps, vf_clip_eps, ent_coef, vf_coef, clip_value_loss)
+        return ppo_objective(
+            log_prob,
+            entropy,
+            value,
+            old_log_probs,
+            old_values,
+            advantages,
+            targets,
+            clip_eps,
+            vf_clip_eps,
+            ent_coef,
+            vf_coef,
+            clip_value_loss,
+        )
 
-    (_, stats), (g_actor, g_critic) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(tuple(actor), tuple(critic))
+    (_, stats), (g_actor, g_critic) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+        tuple(actor), tuple(critic)
+    )
     return g_actor, g_critic, stats
 
 
@@ -569,19 +967,27 @@ def too_big_for_shared_memory(obs_dim: int, hidden: tuple[int, int], actions: in
     need = shared_memory_estimate(obs_dim, hidden, actions)
     if need <= SHARED_MEMORY_BYTES:
         return None
-    return (f"obs_dim {obs_dim}, hidden {tuple(hidden)} and {actions} actions need about {need:,} bytes of shared memory per program "
-            f"with tf32 products, more than the {SHARED_MEMORY_BYTES:,} of the GPUs measured (use dot_precision='ieee' or smaller sizes)")
+    return (
+        f"obs_dim {obs_dim}, hidden {tuple(hidden)} and {actions} actions need about {need:,} bytes of shared memory per program "
+        f"with tf32 products, more than the {SHARED_MEMORY_BYTES:,} of the GPUs measured (use dot_precision='ieee' or smaller sizes)"
+    )
 
 
 def _check(obs, actions, rows, actor, critic):
     obs = check_float_array("obs", obs, ndim=2)
     m, d = obs.shape
-    if tuple(jnp.shape(actions)) != (m,) or not jnp.issubdtype(jnp.asarray(actions).dtype, jnp.integer):
-        raise ValueError(f"actions must be an integer array of shape {(m,)} (one per obs row), got {jnp.asarray(actions).dtype} {tuple(jnp.shape(actions))}")
+    if tuple(jnp.shape(actions)) != (m,) or not jnp.issubdtype(
+        jnp.asarray(actions).dtype, jnp.integer
+    ):
+        raise ValueError(
+            f"actions must be an integer array of shape {(m,)} (one per obs row), got {jnp.asarray(actions).dtype} {tuple(jnp.shape(actions))}"
+        )
     for name, x in rows.items():
         x = check_float_array(name, x)
         if tuple(x.shape) != (m,):
-            raise ValueError(f"{name} must have shape {(m,)} (one per obs row), got {tuple(x.shape)}")
+            raise ValueError(
+                f"{name} must have shape {(m,)} (one per obs row), got {tuple(x.shape)}"
+            )
     for net, layers, out in (("actor", actor, None), ("critic", critic, 1)):
         if len(layers) != 6:
             raise ValueError(f"{net} must be (w1, b1, w2, b2, w3, b3), got {len(layers)} arrays")
@@ -590,20 +996,30 @@ def _check(obs, actions, rows, actor, critic):
         want = [(d, h1), (h1,), (h1, h2), (h2,), (h2, out if out else o), (out if out else o,)]
         for i, (g, w) in enumerate(zip(got, want)):
             if g != w:
-                raise ValueError(f"{net}[{i}] must have shape {w} for obs of shape {(m, d)}, got {g} (all shapes: {got})")
+                raise ValueError(
+                    f"{net}[{i}] must have shape {w} for obs of shape {(m, d)}, got {g} (all shapes: {got})"
+                )
         if h1 > LIMITS["hidden"] or h2 > LIMITS["hidden"]:
-            raise ValueError(f"{net}: hidden widths ({h1}, {h2}) exceed the fused kernel's limit {LIMITS['hidden']}")
+            raise ValueError(
+                f"{net}: hidden widths ({h1}, {h2}) exceed the fused kernel's limit {LIMITS['hidden']}"
+            )
     if d > LIMITS["obs_dim"]:
-        raise ValueError(f"obs has {d} features, more than the fused kernel's limit {LIMITS['obs_dim']}")
+        raise ValueError(
+            f"obs has {d} features, more than the fused kernel's limit {LIMITS['obs_dim']}"
+        )
     if jnp.shape(actor[4])[-1] > LIMITS["actions"]:
-        raise ValueError(f"actor has {jnp.shape(actor[4])[-1]} actions, more than the fused kernel's limit {LIMITS['actions']}")
+        raise ValueError(
+            f"actor has {jnp.shape(actor[4])[-1]} actions, more than the fused kernel's limit {LIMITS['actions']}"
+        )
 
 
 def _float_shape(name: str, x) -> tuple[int, ...]:
     """The shape of a floating-point array (or of a `jax.ShapeDtypeStruct` standing for one)."""
     dtype = x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype
     if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"{name} must be a floating-point array, got dtype {dtype} with shape {tuple(jnp.shape(x))}")
+        raise ValueError(
+            f"{name} must be a floating-point array, got dtype {dtype} with shape {tuple(jnp.shape(x))}"
+        )
     return tuple(jnp.shape(x))
 
 
@@ -621,9 +1037,25 @@ def _check_fits(name: str, dot_precision: str, layout: FlatLayout, op: str) -> N
             raise ValueError(f"{op}: {reason}")
 
 
-def ppo_actor_critic_grads_flat(obs, actions, old_log_probs, old_values, advantages, targets, params, layout: FlatLayout,
-                                clip_eps, vf_clip_eps, ent_coef, vf_coef, *, activation: str = "tanh",
-                                clip_value_loss: bool = True, dot_precision: str = "tf32", backend: str | None = None):
+def ppo_actor_critic_grads_flat(
+    obs,
+    actions,
+    old_log_probs,
+    old_values,
+    advantages,
+    targets,
+    params,
+    layout: FlatLayout,
+    clip_eps,
+    vf_clip_eps,
+    ent_coef,
+    vf_coef,
+    *,
+    activation: str = "tanh",
+    clip_value_loss: bool = True,
+    dot_precision: str = "tf32",
+    backend: str | None = None,
+):
     """`ppo_actor_critic_grads` on a flat parameter vector: params [size] holds the actor's and the
     critic's arrays where `layout` says (a `FlatLayout` whose arrays cover the vector exactly once).
     Returns (grads [size] laid out like params, ||grads||^2, stats). The kernels read the weights
@@ -634,10 +1066,19 @@ def ppo_actor_critic_grads_flat(obs, actions, old_log_probs, old_values, advanta
     layout = check_layout(layout)
     params = check_float_array("params", params, ndim=1)
     if params.shape != (layout.size,):
-        raise ValueError(f"params must have shape {(layout.size,)} (the layout's size), got {tuple(params.shape)}")
-    rows = {"old_log_probs": old_log_probs, "old_values": old_values, "advantages": advantages, "targets": targets}
+        raise ValueError(
+            f"params must have shape {(layout.size,)} (the layout's size), got {tuple(params.shape)}"
+        )
+    rows = {
+        "old_log_probs": old_log_probs,
+        "old_values": old_values,
+        "advantages": advantages,
+        "targets": targets,
+    }
     if jnp.ndim(obs) != 2 or jnp.shape(obs)[-1] != layout.obs_dim:
-        raise ValueError(f"obs must have shape (M, {layout.obs_dim}) (the layout's obs_dim), got {tuple(jnp.shape(obs))}")
+        raise ValueError(
+            f"obs must have shape (M, {layout.obs_dim}) (the layout's obs_dim), got {tuple(jnp.shape(obs))}"
+        )
     shapes_actor, shapes_critic = layout.shapes()
     like = lambda shapes: [jax.ShapeDtypeStruct(shape, params.dtype) for shape in shapes]
     _check(obs, actions, rows, like(shapes_actor), like(shapes_critic))
@@ -645,15 +1086,54 @@ def ppo_actor_critic_grads_flat(obs, actions, old_log_probs, old_values, advanta
     _check_fits(name, dot_precision, layout, "ppo_actor_critic_grads_flat")
     scalars = [jnp.asarray(x, jnp.float32) for x in (clip_eps, vf_clip_eps, ent_coef, vf_coef)]
     if name == "reference":
-        return _reference_flat(obs, actions, list(rows.values()), params, scalars, layout, activation, clip_value_loss, dot_precision)
-    op = _kernel_op(name, chosen_automatically(backend), layout, activation, bool(clip_value_loss), dot_precision)
-    grads, sq_norm, *stats = op(jnp.asarray(obs), jnp.asarray(actions), *(jnp.asarray(x) for x in rows.values()), params, *scalars)
+        return _reference_flat(
+            obs,
+            actions,
+            list(rows.values()),
+            params,
+            scalars,
+            layout,
+            activation,
+            clip_value_loss,
+            dot_precision,
+        )
+    op = _kernel_op(
+        name,
+        chosen_automatically(backend),
+        layout,
+        activation,
+        bool(clip_value_loss),
+        dot_precision,
+    )
+    grads, sq_norm, *stats = op(
+        jnp.asarray(obs),
+        jnp.asarray(actions),
+        *(jnp.asarray(x) for x in rows.values()),
+        params,
+        *scalars,
+    )
     return grads, sq_norm, dict(zip(AUX_NAMES, stats))
 
 
-def ppo_actor_critic_grads(obs, actions, old_log_probs, old_values, advantages, targets, actor, critic,
-                           clip_eps, vf_clip_eps, ent_coef, vf_coef, *, activation: str = "tanh",
-                           clip_value_loss: bool = True, dot_precision: str = "tf32", backend: str | None = None):
+def ppo_actor_critic_grads(
+    obs,
+    actions,
+    old_log_probs,
+    old_values,
+    advantages,
+    targets,
+    actor,
+    critic,
+    clip_eps,
+    vf_clip_eps,
+    ent_coef,
+    vf_coef,
+    *,
+    activation: str = "tanh",
+    clip_value_loss: bool = True,
+    dot_precision: str = "tf32",
+    backend: str | None = None,
+):
     """Gradient of PPO's loss for a two-MLP categorical actor-critic on one minibatch (module docstring).
 
     obs [M, D] float; actions [M] int; old_log_probs, old_values, advantages, targets [M];
@@ -672,17 +1152,49 @@ def ppo_actor_critic_grads(obs, actions, old_log_probs, old_values, advantages, 
     the kernels.
     """
     _check_options(activation, dot_precision)
-    rows = {"old_log_probs": old_log_probs, "old_values": old_values, "advantages": advantages, "targets": targets}
+    rows = {
+        "old_log_probs": old_log_probs,
+        "old_values": old_values,
+        "advantages": advantages,
+        "targets": targets,
+    }
     _check(obs, actions, rows, actor, critic)
-    layout = concatenated_layout(obs.shape[-1], (actor[0].shape[-1], actor[2].shape[-1]), actor[4].shape[-1])
+    layout = concatenated_layout(
+        obs.shape[-1], (actor[0].shape[-1], actor[2].shape[-1]), actor[4].shape[-1]
+    )
     name = resolve_backend(backend)
     _check_fits(name, dot_precision, layout, "ppo_actor_critic_grads")
     scalars = [jnp.asarray(x, jnp.float32) for x in (clip_eps, vf_clip_eps, ent_coef, vf_coef)]
     if name == "reference":
-        return ppo_actor_critic_grads_reference(obs, actions, old_log_probs, old_values, advantages, targets, actor, critic, *scalars,
-                                                activation=activation, clip_value_loss=clip_value_loss, dot_precision=dot_precision)
-    op = _kernel_op(name, chosen_automatically(backend), layout, activation, bool(clip_value_loss), dot_precision)
+        return ppo_actor_critic_grads_reference(
+            obs,
+            actions,
+            old_log_probs,
+            old_values,
+            advantages,
+            targets,
+            actor,
+            critic,
+            *scalars,
+            activation=activation,
+            clip_value_loss=clip_value_loss,
+            dot_precision=dot_precision,
+        )
+    op = _kernel_op(
+        name,
+        chosen_automatically(backend),
+        layout,
+        activation,
+        bool(clip_value_loss),
+        dot_precision,
+    )
     params = flatten(tuple(map(jnp.asarray, actor)), tuple(map(jnp.asarray, critic)), layout)
-    grads, _, *stats = op(jnp.asarray(obs), jnp.asarray(actions), *(jnp.asarray(x) for x in rows.values()), params, *scalars)
+    grads, _, *stats = op(
+        jnp.asarray(obs),
+        jnp.asarray(actions),
+        *(jnp.asarray(x) for x in rows.values()),
+        params,
+        *scalars,
+    )
     g_actor, g_critic = unflatten(grads, layout)
     return g_actor, g_critic, dict(zip(AUX_NAMES, stats))

@@ -28,6 +28,7 @@ The projection is linear in ``probs``; the backward is a gather:
 (at an atom lying exactly on an interior support point the right-hand
 derivative is used). No gradient flows into ``target_support``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +39,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels._triton import tl, triton
-from kernels.launch import cdiv, check_float_array, fold_vmap, launch, next_power_of_2, resolve_backend, rows_2d
+from kernels.launch import (
+    cdiv,
+    check_float_array,
+    fold_vmap,
+    launch,
+    next_power_of_2,
+    resolve_backend,
+    rows_2d,
+)
 from kernels.softmax import concrete_value, row_tiling
 
 __all__ = ["categorical_projection", "categorical_projection_reference"]
@@ -85,9 +94,18 @@ def _find_bracket(z, support_row, v_min, v_max, K: tl.constexpr, SEARCH_STEPS: t
 
 @triton.jit
 def _projection_fwd_kernel(
-    atoms_ptr, probs_ptr, support_ptr, n_rows, rows_per_support, out_ptr,
-    K_SRC: tl.constexpr, K: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    atoms_ptr,
+    probs_ptr,
+    support_ptr,
+    n_rows,
+    rows_per_support,
+    out_ptr,
+    K_SRC: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
 ):
     """BLOCK_R rows per program, BLOCK_S source atoms at a time, all in registers.
 
@@ -102,7 +120,9 @@ def _projection_fwd_kernel(
     cols = tl.arange(0, BLOCK_K)
     cols_f = cols.to(tl.float32)
     srcs = tl.arange(0, BLOCK_S)
-    support_row = support_ptr + (tl.minimum(rows, n_rows - 1) // rows_per_support).to(tl.int64)[:, None] * K
+    support_row = (
+        support_ptr + (tl.minimum(rows, n_rows - 1) // rows_per_support).to(tl.int64)[:, None] * K
+    )
     v_min = tl.load(support_row)
     v_max = tl.load(support_row + (K - 1))
     acc = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
@@ -126,8 +146,16 @@ def _projection_fwd_kernel(
 
 @triton.jit
 def _projection_scatter_kernel(
-    atoms_ptr, probs_ptr, support_ptr, n_rows, rows_per_support, out_ptr,
-    K_SRC: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    atoms_ptr,
+    probs_ptr,
+    support_ptr,
+    n_rows,
+    rows_per_support,
+    out_ptr,
+    K_SRC: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
 ):
     """O(K) per row: BLOCK consecutive (row, source atom) pairs of the flattened [n_rows, K_SRC]
     input per program; each atom's two bracket shares are added into its row of the output
@@ -157,15 +185,27 @@ def _projection_scatter_kernel(
 
 @triton.jit
 def _projection_bwd_kernel(
-    atoms_ptr, probs_ptr, support_ptr, g_ptr, n_rows, rows_per_support, d_probs_ptr, d_atoms_ptr,
-    K_SRC: tl.constexpr, K: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    atoms_ptr,
+    probs_ptr,
+    support_ptr,
+    g_ptr,
+    n_rows,
+    rows_per_support,
+    d_probs_ptr,
+    d_atoms_ptr,
+    K_SRC: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
 ):
     """Per source atom: find the bracket again and gather the two cotangents."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     srcs = tl.arange(0, BLOCK_S)
-    support_row = support_ptr + (tl.minimum(rows, n_rows - 1) // rows_per_support).to(tl.int64)[:, None] * K
+    support_row = (
+        support_ptr + (tl.minimum(rows, n_rows - 1) // rows_per_support).to(tl.int64)[:, None] * K
+    )
     v_min = tl.load(support_row)
     v_max = tl.load(support_row + (K - 1))
     for start in range(0, K_SRC, BLOCK_S):
@@ -221,7 +261,9 @@ class ProjectionConfig:
 
     def __post_init__(self):
         if self.method not in ("scatter", "dense"):
-            raise ValueError(f"ProjectionConfig.method must be 'scatter' or 'dense', got {self.method!r}")
+            raise ValueError(
+                f"ProjectionConfig.method must be 'scatter' or 'dense', got {self.method!r}"
+            )
         if self.block < 1 or self.block & (self.block - 1):
             raise ValueError(f"ProjectionConfig.block must be a power of two, got {self.block}")
 
@@ -263,18 +305,40 @@ def _forward_core(atoms, probs, support, *, lead, backend, config, deterministic
     cfg = config or choose_config(n_rows, k_src, k, method="dense" if deterministic else "scatter")
     if cfg.method == "scatter":
         out = launch(
-            _projection_scatter_kernel, atoms2, probs2, support2, n_rows, rows_per_support,
+            _projection_scatter_kernel,
+            atoms2,
+            probs2,
+            support2,
+            n_rows,
+            rows_per_support,
             out_shape=jax.ShapeDtypeStruct((n_rows, k), jnp.float32),
-            grid=(cdiv(n_rows * k_src, cfg.block),), backend=backend, zeroed_outputs=(0,),
-            num_warps=cfg.num_warps, K_SRC=k_src, K=k, BLOCK=cfg.block, SEARCH_STEPS=_search_steps(k),
+            grid=(cdiv(n_rows * k_src, cfg.block),),
+            backend=backend,
+            zeroed_outputs=(0,),
+            num_warps=cfg.num_warps,
+            K_SRC=k_src,
+            K=k,
+            BLOCK=cfg.block,
+            SEARCH_STEPS=_search_steps(k),
         )
         return out.reshape(out_shape)
     out = launch(
-        _projection_fwd_kernel, atoms2, probs2, support2, n_rows, rows_per_support,
+        _projection_fwd_kernel,
+        atoms2,
+        probs2,
+        support2,
+        n_rows,
+        rows_per_support,
         out_shape=jax.ShapeDtypeStruct((n_rows, k), jnp.float32),
-        grid=(cdiv(n_rows, cfg.block_rows),), backend=backend, num_warps=cfg.num_warps,
-        K_SRC=k_src, K=k, BLOCK_R=cfg.block_rows, BLOCK_K=next_power_of_2(k),
-        BLOCK_S=min(cfg.block_src, next_power_of_2(k_src)), SEARCH_STEPS=_search_steps(k),
+        grid=(cdiv(n_rows, cfg.block_rows),),
+        backend=backend,
+        num_warps=cfg.num_warps,
+        K_SRC=k_src,
+        K=k,
+        BLOCK_R=cfg.block_rows,
+        BLOCK_K=next_power_of_2(k),
+        BLOCK_S=min(cfg.block_src, next_power_of_2(k_src)),
+        SEARCH_STEPS=_search_steps(k),
     )
     return out.reshape(out_shape)
 
@@ -288,11 +352,22 @@ def _backward_core(atoms, probs, support, g, *, lead, backend):
     block_r, block_s, num_warps, _ = row_tiling(n_rows, k_src, max_tile_columns=1024)
     src = jax.ShapeDtypeStruct(atoms2.shape, jnp.float32)
     d_probs, d_atoms = launch(
-        _projection_bwd_kernel, atoms2, probs2, support2, g.reshape(n_rows, k),
-        n_rows, rows_per_support,
-        out_shape=[src, src], grid=(cdiv(n_rows, block_r),), backend=backend,
+        _projection_bwd_kernel,
+        atoms2,
+        probs2,
+        support2,
+        g.reshape(n_rows, k),
+        n_rows,
+        rows_per_support,
+        out_shape=[src, src],
+        grid=(cdiv(n_rows, block_r),),
+        backend=backend,
         num_warps=num_warps,
-        K_SRC=k_src, K=k, BLOCK_R=block_r, BLOCK_S=block_s, SEARCH_STEPS=_search_steps(k),
+        K_SRC=k_src,
+        K=k,
+        BLOCK_R=block_r,
+        BLOCK_S=block_s,
+        SEARCH_STEPS=_search_steps(k),
     )
     return d_probs.reshape(atoms.shape), d_atoms.reshape(atoms.shape)
 
@@ -301,7 +376,11 @@ def _backward_core(atoms, probs, support, g, *, lead, backend):
 def _kernel_op(backend: str, config: ProjectionConfig | None, deterministic: bool = False):
     """(atoms, probs, support) -> projected probs; VJP in atoms and probs (support: zero).
     ``deterministic``: the dense forward kernel (the backward is a gather either way)."""
-    forward = fold_vmap(functools.partial(_forward_core, backend=backend, config=config, deterministic=deterministic))
+    forward = fold_vmap(
+        functools.partial(
+            _forward_core, backend=backend, config=config, deterministic=deterministic
+        )
+    )
     backward = fold_vmap(functools.partial(_backward_core, backend=backend))
 
     @jax.custom_vjp
@@ -332,14 +411,14 @@ def categorical_projection_reference(atoms, probs, target_support):
     out_j = sum_i weight_ji p_i.
     """
     support = target_support
-    z = jnp.clip(atoms, support[0], support[-1])[..., None, :]           # [..., 1, K_src]
+    z = jnp.clip(atoms, support[0], support[-1])[..., None, :]  # [..., 1, K_src]
     gaps = support[1:] - support[:-1]
     zero = jnp.zeros((1,), support.dtype)
-    gap_up = jnp.concatenate([gaps, zero])[:, None]                       # s_{j+1} - s_j
-    gap_down = jnp.concatenate([zero, gaps])[:, None]                     # s_j - s_{j-1}
+    gap_up = jnp.concatenate([gaps, zero])[:, None]  # s_{j+1} - s_j
+    gap_down = jnp.concatenate([zero, gaps])[:, None]  # s_j - s_{j-1}
     inv_up = jnp.where(gap_up > 0, 1.0 / jnp.where(gap_up > 0, gap_up, 1.0), 0.0)
     inv_down = jnp.where(gap_down > 0, 1.0 / jnp.where(gap_down > 0, gap_down, 1.0), 0.0)
-    d = z - support[:, None]                                              # [..., K, K_src]
+    d = z - support[:, None]  # [..., K, K_src]
     distance = jnp.where(d >= 0, d * inv_up, -d * inv_down)
     weights = jnp.clip(1.0 - distance, 0.0, 1.0)
     return jnp.sum(weights * probs[..., None, :], axis=-1)
@@ -359,8 +438,15 @@ def _check_support(target_support):
     return support
 
 
-def categorical_projection(atoms, probs, target_support, *, backend: str | None = None,
-                           config: ProjectionConfig | None = None, deterministic: bool = False):
+def categorical_projection(
+    atoms,
+    probs,
+    target_support,
+    *,
+    backend: str | None = None,
+    config: ProjectionConfig | None = None,
+    deterministic: bool = False,
+):
     """Projects the distribution (atoms, probs) onto ``target_support`` (C51's L2 projection).
 
     Semantics of rlax's ``categorical_l2_project``: atoms are clipped to
@@ -395,12 +481,16 @@ def categorical_projection(atoms, probs, target_support, *, backend: str | None 
     dtype = jnp.result_type(atoms, probs)
     name = resolve_backend(backend)
     if name == "reference":
-        return categorical_projection_reference(atoms.astype(dtype), probs.astype(dtype), support.astype(dtype))
+        return categorical_projection_reference(
+            atoms.astype(dtype), probs.astype(dtype), support.astype(dtype)
+        )
     f32 = jnp.float32
     if deterministic and config is not None and config.method != "dense":
         raise ValueError(
             "categorical_projection(deterministic=True) needs the fixed-order kernel, "
             f"ProjectionConfig(method='dense'); got method={config.method!r}"
         )
-    out = _kernel_op(name, config, deterministic)(atoms.astype(f32), probs.astype(f32), support.astype(f32))
+    out = _kernel_op(name, config, deterministic)(
+        atoms.astype(f32), probs.astype(f32), support.astype(f32)
+    )
     return out.astype(dtype)

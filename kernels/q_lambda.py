@@ -24,21 +24,36 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels._triton import tl, triton
 from kernels import _chunked_scan as cs
-from kernels.launch import check_lambda_returns_inputs, fold_vmap, launch, resolve_backend, time_major_3d
+from kernels._triton import tl, triton
+from kernels.launch import (
+    check_lambda_returns_inputs,
+    fold_vmap,
+    launch,
+    resolve_backend,
+    time_major_3d,
+)
 from kernels.returns import adjoint_scan
-
 
 # --------------------------------------------------------------------------- Triton kernel
 
 
 @triton.jit
 def _q_lambda_kernel(
-    r_ptr, nv_ptr, d_ptr, lam_ptr,
-    T, N, n_chunks,
-    g_ptr, counter_ptr, flags_ptr,
-    CHAINED: tl.constexpr, CHUNK_T: tl.constexpr, BLOCK_N: tl.constexpr, PREFIX_LOOKUP: tl.constexpr,
+    r_ptr,
+    nv_ptr,
+    d_ptr,
+    lam_ptr,
+    T,
+    N,
+    n_chunks,
+    g_ptr,
+    counter_ptr,
+    flags_ptr,
+    CHAINED: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFIX_LOOKUP: tl.constexpr,
 ):
     """Q(lambda) returns over [B, T, N] (all four inputs [B, T, N])."""
     b, pid_n, j0, n_iter = cs.program_coords(counter_ptr, n_chunks, N, CHAINED, BLOCK_N)
@@ -55,12 +70,28 @@ def _q_lambda_kernel(
         nv = tl.load(nv_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         d = tl.load(d_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         lam = tl.load(lam_ptr + offs, mask=mask & (t < T - 1)[:, None], other=0.0).to(tl.float32)
-        g, carry = cs.scan_tile(r + d * (1.0 - lam) * nv, d * lam, carry, flags_ptr, b, j, n_chunks, N, cols,
-                                col_mask, True, CHUNK_T, CHAINED, PREFIX_LOOKUP)
+        g, carry = cs.scan_tile(
+            r + d * (1.0 - lam) * nv,
+            d * lam,
+            carry,
+            flags_ptr,
+            b,
+            j,
+            n_chunks,
+            N,
+            cols,
+            col_mask,
+            True,
+            CHUNK_T,
+            CHAINED,
+            PREFIX_LOOKUP,
+        )
         tl.store(g_ptr + offs, g.to(g_ptr.dtype.element_ty), mask=mask)
 
 
-def _q_lambda_core(rewards, next_values, discounts, lambdas, *, lead, backend, config, deterministic=False):
+def _q_lambda_core(
+    rewards, next_values, discounts, lambdas, *, lead, backend, config, deterministic=False
+):
     """Launches the kernel on ``[*lead, T, *batch]`` arrays."""
     r3, restore = time_major_3d(rewards, lead)
     b, t, n = r3.shape
@@ -70,8 +101,11 @@ def _q_lambda_core(rewards, next_values, discounts, lambdas, *, lead, backend, c
     grid, n_chunks, counter_size, flag_words = cs.grid_and_scratch(cfg, b, t, n)
     returns, _, _ = launch(
         _q_lambda_kernel,
-        r3, *(time_major_3d(x, lead)[0] for x in (next_values, discounts, lambdas)),
-        t, n, n_chunks,
+        r3,
+        *(time_major_3d(x, lead)[0] for x in (next_values, discounts, lambdas)),
+        t,
+        n,
+        n_chunks,
         out_shape=[
             jax.ShapeDtypeStruct(r3.shape, r3.dtype),
             jax.ShapeDtypeStruct((counter_size,), jnp.int32),
@@ -107,7 +141,9 @@ def q_lambda_returns_reference(rewards, next_values, discounts, lambdas):
         g = r + d * ((1 - lam) * nv + lam * g_next)
         return g, g
 
-    _, returns = jax.lax.scan(step, jnp.zeros_like(rewards[0]), (rewards, next_values, discounts, lambdas), reverse=True)
+    _, returns = jax.lax.scan(
+        step, jnp.zeros_like(rewards[0]), (rewards, next_values, discounts, lambdas), reverse=True
+    )
     return returns
 
 
@@ -116,7 +152,12 @@ def q_lambda_returns_reference(rewards, next_values, discounts, lambdas):
 
 @functools.lru_cache(maxsize=None)
 def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool = False):
-    forward = fold_vmap(functools.partial(_q_lambda_core, backend=backend, config=config, deterministic=deterministic), batch_axes="trailing")
+    forward = fold_vmap(
+        functools.partial(
+            _q_lambda_core, backend=backend, config=config, deterministic=deterministic
+        ),
+        batch_axes="trailing",
+    )
     adjoint = adjoint_scan(backend, config, deterministic)
 
     @jax.custom_vjp
@@ -140,8 +181,16 @@ def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool =
     return op
 
 
-def q_lambda_returns(rewards, next_values, discounts, lambda_, *, backend: str | None = None,
-                     config: cs.ScanConfig | None = None, deterministic: bool = False):
+def q_lambda_returns(
+    rewards,
+    next_values,
+    discounts,
+    lambda_,
+    *,
+    backend: str | None = None,
+    config: cs.ScanConfig | None = None,
+    deterministic: bool = False,
+):
     """Peng's Q(lambda) / TD(lambda) returns, time-major (the module docstring's recurrence).
 
     Args:
@@ -158,7 +207,9 @@ def q_lambda_returns(rewards, next_values, discounts, lambda_, *, backend: str |
     Returns ``[T, *batch]`` returns. Differentiable in every argument.
     Raises ValueError (at trace time) on non-float dtypes, rank 0 or mismatched shapes.
     """
-    r, nv, d, lambda_ = check_lambda_returns_inputs(rewards, lambda_, next_values=next_values, discounts=discounts)
+    r, nv, d, lambda_ = check_lambda_returns_inputs(
+        rewards, lambda_, next_values=next_values, discounts=discounts
+    )
     lambdas = jnp.broadcast_to(lambda_, r.shape)
     name = resolve_backend(backend)
     if name == "reference":

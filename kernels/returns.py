@@ -17,10 +17,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from kernels._triton import tl, triton
 from kernels import _chunked_scan as cs
+from kernels._triton import tl, triton
 from kernels.launch import (
     check_float_array,
     fold_vmap,
@@ -29,17 +28,26 @@ from kernels.launch import (
     time_major_3d,
 )
 
-
 # --------------------------------------------------------------------------- Triton kernel
 
 
 @triton.jit
 def _linear_scan_kernel(
-    x_ptr, c_ptr, init_ptr,
-    T, N, n_chunks,
-    y_ptr, counter_ptr, flags_ptr,
-    REVERSE: tl.constexpr, HAS_INIT: tl.constexpr, CHAINED: tl.constexpr,
-    CHUNK_T: tl.constexpr, BLOCK_N: tl.constexpr, PREFIX_LOOKUP: tl.constexpr,
+    x_ptr,
+    c_ptr,
+    init_ptr,
+    T,
+    N,
+    n_chunks,
+    y_ptr,
+    counter_ptr,
+    flags_ptr,
+    REVERSE: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    CHAINED: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFIX_LOOKUP: tl.constexpr,
 ):
     """y = the linear recurrence of ``_chunked_scan`` over [B, T, N]; init [B, N] when HAS_INIT."""
     b, pid_n, j0, n_iter = cs.program_coords(counter_ptr, n_chunks, N, CHAINED, BLOCK_N)
@@ -47,7 +55,9 @@ def _linear_scan_kernel(
     col_mask = cols < N
     base = b.to(tl.int64) * T * N
     if HAS_INIT:
-        carry = tl.load(init_ptr + b.to(tl.int64) * N + cols, mask=col_mask, other=0.0).to(tl.float32)
+        carry = tl.load(init_ptr + b.to(tl.int64) * N + cols, mask=col_mask, other=0.0).to(
+            tl.float32
+        )
     else:
         carry = tl.zeros([BLOCK_N], dtype=tl.float32)
     for it in range(n_iter):
@@ -60,8 +70,22 @@ def _linear_scan_kernel(
             m = tl.load(c_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         else:  # the coefficient entering step t is c_{t-1}
             m = tl.load(c_ptr + offs - N, mask=mask & (t >= 1)[:, None], other=0.0).to(tl.float32)
-        y, carry = cs.scan_tile(x, m, carry, flags_ptr, b, j, n_chunks, N, cols, col_mask,
-                                REVERSE, CHUNK_T, CHAINED, PREFIX_LOOKUP)
+        y, carry = cs.scan_tile(
+            x,
+            m,
+            carry,
+            flags_ptr,
+            b,
+            j,
+            n_chunks,
+            N,
+            cols,
+            col_mask,
+            REVERSE,
+            CHUNK_T,
+            CHAINED,
+            PREFIX_LOOKUP,
+        )
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -77,7 +101,12 @@ def _linear_scan_core(x, c, *init, lead, reverse, backend, config, deterministic
     init2 = init[0].reshape(b, n) if init else x3[:, 0, :1]  # placeholder pointer when no init
     y, _, _ = launch(
         _linear_scan_kernel,
-        x3, c3, init2, t, n, n_chunks,
+        x3,
+        c3,
+        init2,
+        t,
+        n,
+        n_chunks,
         out_shape=[
             jax.ShapeDtypeStruct(x3.shape, x3.dtype),
             jax.ShapeDtypeStruct((counter_size,), jnp.int32),
@@ -105,7 +134,13 @@ def adjoint_scan(backend: str, config: cs.ScanConfig | None = None, deterministi
     passes of discounted_returns and gae.
     """
     return fold_vmap(
-        functools.partial(_linear_scan_core, reverse=False, backend=backend, config=config, deterministic=deterministic),
+        functools.partial(
+            _linear_scan_core,
+            reverse=False,
+            backend=backend,
+            config=config,
+            deterministic=deterministic,
+        ),
         batch_axes="trailing",
     )
 
@@ -131,7 +166,13 @@ def discounted_returns_reference(rewards, discounts, bootstrap):
 @functools.lru_cache(maxsize=None)
 def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool = False):
     forward = fold_vmap(
-        functools.partial(_linear_scan_core, reverse=True, backend=backend, config=config, deterministic=deterministic),
+        functools.partial(
+            _linear_scan_core,
+            reverse=True,
+            backend=backend,
+            config=config,
+            deterministic=deterministic,
+        ),
         batch_axes="trailing",
     )
     adjoint = adjoint_scan(backend, config, deterministic)
@@ -154,8 +195,15 @@ def _kernel_op(backend: str, config: cs.ScanConfig | None, deterministic: bool =
     return op
 
 
-def discounted_returns(rewards, discounts, bootstrap, *, backend: str | None = None,
-                       config: cs.ScanConfig | None = None, deterministic: bool = False):
+def discounted_returns(
+    rewards,
+    discounts,
+    bootstrap,
+    *,
+    backend: str | None = None,
+    config: cs.ScanConfig | None = None,
+    deterministic: bool = False,
+):
     """Discounted returns, time-major: G_t = r_t + d_t * G_{t+1}, with G_T = bootstrap.
 
     Args:

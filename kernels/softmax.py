@@ -9,6 +9,7 @@ of up to ``MAX_TILE_COLUMNS`` columns is held in registers whole, and wider
 rows are streamed in chunks (an online max/sum pass, then a write pass).
 The backward reads the saved probabilities ``p`` and the cotangent ``g``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,8 +53,12 @@ NUM_WARPS = None
 # ----------------------------------------------------------------------------
 @triton.jit
 def _softmax_fwd_tile_kernel(
-    x_ptr, n_rows, p_ptr,
-    N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    n_rows,
+    p_ptr,
+    N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """One program: BLOCK_R whole rows, each held in registers."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -71,8 +76,10 @@ def _softmax_fwd_tile_kernel(
 
 @triton.jit
 def _softmax_fwd_loop_kernel(
-    x_ptr, p_ptr,
-    N: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    p_ptr,
+    N: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """One program per row, streamed in BLOCK_N chunks (rows wider than a tile).
 
@@ -101,8 +108,13 @@ def _softmax_fwd_loop_kernel(
 
 @triton.jit
 def _softmax_bwd_tile_kernel(
-    p_ptr, g_ptr, n_rows, dx_ptr,
-    N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    p_ptr,
+    g_ptr,
+    n_rows,
+    dx_ptr,
+    N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """dx = p * (g - sum(g * p)) for BLOCK_R whole rows."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -117,8 +129,11 @@ def _softmax_bwd_tile_kernel(
 
 @triton.jit
 def _softmax_bwd_loop_kernel(
-    p_ptr, g_ptr, dx_ptr,
-    N: tl.constexpr, BLOCK_N: tl.constexpr,
+    p_ptr,
+    g_ptr,
+    dx_ptr,
+    N: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """dx = p * (g - sum(g * p)) for one wide row, in BLOCK_N chunks."""
     base = tl.program_id(0).to(tl.int64) * N
@@ -140,9 +155,15 @@ def _softmax_bwd_loop_kernel(
 # ----------------------------------------------------------------------------
 # Tiling: how many rows and columns one program handles.
 # ----------------------------------------------------------------------------
-def row_tiling(n_rows: int, n_cols: int, *, max_tile_columns: int | None = None,
-               tile_elements: int | None = None, min_programs: int | None = None,
-               num_warps: int | None = None):
+def row_tiling(
+    n_rows: int,
+    n_cols: int,
+    *,
+    max_tile_columns: int | None = None,
+    tile_elements: int | None = None,
+    min_programs: int | None = None,
+    num_warps: int | None = None,
+):
     """(BLOCK_R, BLOCK_N, num_warps, looped) for a row-wise kernel over [n_rows, n_cols].
 
     BLOCK_N is n_cols rounded up to a power of two; narrow rows share a program
@@ -177,12 +198,29 @@ def _forward_core(x, *, lead, backend):
     block_r, block_n, num_warps, looped = row_tiling(n_rows, n)
     out = jax.ShapeDtypeStruct(x2.shape, jnp.float32)
     if looped:
-        p = launch(_softmax_fwd_loop_kernel, x2, out_shape=out, grid=(n_rows,), backend=backend,
-                   num_warps=num_warps, N=n, BLOCK_N=block_n)
+        p = launch(
+            _softmax_fwd_loop_kernel,
+            x2,
+            out_shape=out,
+            grid=(n_rows,),
+            backend=backend,
+            num_warps=num_warps,
+            N=n,
+            BLOCK_N=block_n,
+        )
     else:
-        p = launch(_softmax_fwd_tile_kernel, x2, n_rows, out_shape=out,
-                   grid=(cdiv(n_rows, block_r),), backend=backend, num_warps=num_warps,
-                   N=n, BLOCK_R=block_r, BLOCK_N=block_n)
+        p = launch(
+            _softmax_fwd_tile_kernel,
+            x2,
+            n_rows,
+            out_shape=out,
+            grid=(cdiv(n_rows, block_r),),
+            backend=backend,
+            num_warps=num_warps,
+            N=n,
+            BLOCK_R=block_r,
+            BLOCK_N=block_n,
+        )
     return restore(p)
 
 
@@ -195,12 +233,31 @@ def _backward_core(p, g, *, lead, backend):
     block_r, block_n, num_warps, looped = row_tiling(n_rows, n)
     out = jax.ShapeDtypeStruct(p2.shape, jnp.float32)
     if looped:
-        dx = launch(_softmax_bwd_loop_kernel, p2, g2, out_shape=out, grid=(n_rows,),
-                    backend=backend, num_warps=num_warps, N=n, BLOCK_N=block_n)
+        dx = launch(
+            _softmax_bwd_loop_kernel,
+            p2,
+            g2,
+            out_shape=out,
+            grid=(n_rows,),
+            backend=backend,
+            num_warps=num_warps,
+            N=n,
+            BLOCK_N=block_n,
+        )
     else:
-        dx = launch(_softmax_bwd_tile_kernel, p2, g2, n_rows, out_shape=out,
-                    grid=(cdiv(n_rows, block_r),), backend=backend, num_warps=num_warps,
-                    N=n, BLOCK_R=block_r, BLOCK_N=block_n)
+        dx = launch(
+            _softmax_bwd_tile_kernel,
+            p2,
+            g2,
+            n_rows,
+            out_shape=out,
+            grid=(cdiv(n_rows, block_r),),
+            backend=backend,
+            num_warps=num_warps,
+            N=n,
+            BLOCK_R=block_r,
+            BLOCK_N=block_n,
+        )
     return restore(dx)
 
 
@@ -245,7 +302,9 @@ def _check_axis(axis, x) -> int:
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise ValueError(f"axis must be an int, got {axis!r} for x of shape {tuple(x.shape)}")
     if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis {axis} is out of range for x of shape {tuple(x.shape)} (rank {x.ndim})")
+        raise ValueError(
+            f"axis {axis} is out of range for x of shape {tuple(x.shape)} (rank {x.ndim})"
+        )
     return int(axis) % x.ndim
 
 
@@ -274,7 +333,9 @@ def softmax(x, axis: int = -1, *, backend: str | None = None):
     """
     x = check_float_array("x", x, min_ndim=1)
     axis = _check_axis(axis, x)
-    name = automatic_crossover(resolve_backend(backend), chosen_automatically(backend), x.shape[axis])
+    name = automatic_crossover(
+        resolve_backend(backend), chosen_automatically(backend), x.shape[axis]
+    )
     if name == "reference":
         return softmax_reference(x, axis)
     moved = jnp.moveaxis(x, axis, -1).astype(jnp.float32)

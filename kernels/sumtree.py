@@ -46,11 +46,19 @@ from kernels._triton import tl, triton
 from kernels.launch import fold_vmap, launch, next_power_of_2, resolve_backend
 
 __all__ = [
-    "sumtree_set_leaves", "sumtree_set_leaves_reference", "sumtree_find_leaves", "sumtree_find_leaves_reference",
-    "child_sums", "last_of_runs", "recompute_ancestors", "MAX_LEVELS",
+    "sumtree_set_leaves",
+    "sumtree_set_leaves_reference",
+    "sumtree_find_leaves",
+    "sumtree_find_leaves_reference",
+    "child_sums",
+    "last_of_runs",
+    "recompute_ancestors",
+    "MAX_LEVELS",
 ]
 
-MAX_LEVELS = 7  # root and at most 6 levels below it (capacity up to 256 * 16**5 leaves at fan-out 16)
+MAX_LEVELS = (
+    7  # root and at most 6 levels below it (capacity up to 256 * 16**5 leaves at fan-out 16)
+)
 MAX_TOP = 1024  # most children of the root the kernel sums in one row
 BLOCK_B = 128  # batch entries per inner step
 DUP_BLOCK = 16  # later entries compared per step when looking for duplicates
@@ -82,11 +90,22 @@ def recompute_ancestors(tree, leaf_indices) -> tuple[jax.Array, ...]:
     gather of the children's groups and one scatter per level; a shared ancestor is written several
     times with the same value; an index outside the leaves refreshes nothing)."""
     levels = list(tree)
-    nodes = jnp.where((leaf_indices >= 0) & (leaf_indices < levels[-1].shape[-1]), leaf_indices, levels[-1].shape[-1])
+    nodes = jnp.where(
+        (leaf_indices >= 0) & (leaf_indices < levels[-1].shape[-1]),
+        leaf_indices,
+        levels[-1].shape[-1],
+    )
     for d in range(len(levels) - 1, 0, -1):
         fanout = levels[d].shape[-1] // levels[d - 1].shape[-1]
         nodes = nodes // fanout
-        levels[d - 1] = levels[d - 1].at[nodes].set(child_sums(levels[d], fanout, jnp.minimum(nodes, levels[d - 1].shape[-1] - 1)), mode="drop")
+        levels[d - 1] = (
+            levels[d - 1]
+            .at[nodes]
+            .set(
+                child_sums(levels[d], fanout, jnp.minimum(nodes, levels[d - 1].shape[-1] - 1)),
+                mode="drop",
+            )
+        )
     return tuple(levels)
 
 
@@ -111,7 +130,9 @@ def prefix_sums(rows) -> jax.Array:
     """Inclusive running sums along the last axis: c_k = sum_{j <= k} rows_j (a float32 matmul with
     an upper-triangular matrix of ones, at full precision whatever the default matmul precision)."""
     k = rows.shape[-1]
-    return jnp.matmul(rows, jnp.triu(jnp.ones((k, k), jnp.float32)), precision=jax.lax.Precision.HIGHEST)
+    return jnp.matmul(
+        rows, jnp.triu(jnp.ones((k, k), jnp.float32)), precision=jax.lax.Precision.HIGHEST
+    )
 
 
 def pick_child(masses, prefix, u):
@@ -131,7 +152,11 @@ def sumtree_find_leaves_reference(tree, targets):
     """Plain JAX: (leaves, masses) as `sumtree_find_leaves` (module docstring), one level at a time."""
     u = jnp.asarray(targets, jnp.float32)
     top = tree[1]  # the root's children: one row shared by every target
-    nodes, u, mass = pick_child(jnp.broadcast_to(top, u.shape + top.shape), jnp.broadcast_to(prefix_sums(top), u.shape + top.shape), u)
+    nodes, u, mass = pick_child(
+        jnp.broadcast_to(top, u.shape + top.shape),
+        jnp.broadcast_to(prefix_sums(top), u.shape + top.shape),
+        u,
+    )
     for parent, level in zip(tree[1:-1], tree[2:]):
         fanout = level.shape[-1] // parent.shape[-1]
         masses = level.reshape(-1, fanout)[nodes]
@@ -144,8 +169,18 @@ def sumtree_find_leaves_reference(tree, targets):
 
 
 @triton.jit
-def _write_leaves(leaf_ptr, idx_ptr, val_ptr, written_ptr, tree, B, N_LEAVES: tl.constexpr,
-                  DISTINCT: tl.constexpr, BLOCK: tl.constexpr, DUP: tl.constexpr):
+def _write_leaves(
+    leaf_ptr,
+    idx_ptr,
+    val_ptr,
+    written_ptr,
+    tree,
+    B,
+    N_LEAVES: tl.constexpr,
+    DISTINCT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    DUP: tl.constexpr,
+):
     """Leaves idx[b] = val[b] for in-range indices with no later duplicate; written[b] says which."""
     for start in range(0, B, BLOCK):
         b = start + tl.arange(0, BLOCK)
@@ -158,7 +193,9 @@ def _write_leaves(leaf_ptr, idx_ptr, val_ptr, written_ptr, tree, B, N_LEAVES: tl
             for j0 in range(start, B, DUP):
                 j = j0 + tl.arange(0, DUP)
                 other = tl.load(idx_ptr + tree * B + j, mask=j < B, other=-1)
-                hit = (idx[:, None] == other[None, :]) & (j[None, :] > b[:, None]) & (j[None, :] < B)
+                hit = (
+                    (idx[:, None] == other[None, :]) & (j[None, :] > b[:, None]) & (j[None, :] < B)
+                )
                 later = tl.maximum(later, tl.max(hit.to(tl.int32), axis=1))
             ok = ok & (later == 0)
         tl.store(leaf_ptr + tree * N_LEAVES + idx, val, mask=ok)
@@ -167,8 +204,17 @@ def _write_leaves(leaf_ptr, idx_ptr, val_ptr, written_ptr, tree, B, N_LEAVES: tl
 
 
 @triton.jit
-def _refresh_level(child_ptr, parent_ptr, idx_ptr, tree, B, N_LEAVES: tl.constexpr, N_CHILD: tl.constexpr,
-                   N_PARENT: tl.constexpr, BLOCK: tl.constexpr):
+def _refresh_level(
+    child_ptr,
+    parent_ptr,
+    idx_ptr,
+    tree,
+    B,
+    N_LEAVES: tl.constexpr,
+    N_CHILD: tl.constexpr,
+    N_PARENT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Every parent-level ancestor of the batch's in-range leaves set to the sum of its children."""
     F: tl.constexpr = N_CHILD // N_PARENT
     LEAVES_PER_PARENT: tl.constexpr = N_LEAVES // N_PARENT
@@ -178,19 +224,47 @@ def _refresh_level(child_ptr, parent_ptr, idx_ptr, tree, B, N_LEAVES: tl.constex
         idx = tl.load(idx_ptr + tree * B + b, mask=b < B, other=-1)
         ok = (b < B) & (idx >= 0) & (idx < N_LEAVES)
         parent = tl.where(ok, idx, 0) // LEAVES_PER_PARENT
-        children = tl.load(child_ptr + tree * N_CHILD + parent[:, None] * F + k[None, :], mask=ok[:, None], other=0.0)
+        children = tl.load(
+            child_ptr + tree * N_CHILD + parent[:, None] * F + k[None, :],
+            mask=ok[:, None],
+            other=0.0,
+        )
         tl.store(parent_ptr + tree * N_PARENT + parent, tl.sum(children, axis=1), mask=ok)
     tl.debug_barrier()
 
 
 @triton.jit
 def _sumtree_set_kernel(
-    idx_ptr, val_ptr, B,
-    in0, in1, in2, in3, in4, in5, in6,  # the levels as given (aliased to o0..o6; unused)
-    o0, o1, o2, o3, o4, o5, o6, written_ptr,
-    DEPTH: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, N3: tl.constexpr, N4: tl.constexpr,
-    N5: tl.constexpr, N6: tl.constexpr, N_LEAVES: tl.constexpr, TOP: tl.constexpr,
-    DISTINCT: tl.constexpr, BLOCK: tl.constexpr, DUP: tl.constexpr,
+    idx_ptr,
+    val_ptr,
+    B,
+    in0,
+    in1,
+    in2,
+    in3,
+    in4,
+    in5,
+    in6,  # the levels as given (aliased to o0..o6; unused)
+    o0,
+    o1,
+    o2,
+    o3,
+    o4,
+    o5,
+    o6,
+    written_ptr,
+    DEPTH: tl.constexpr,
+    N1: tl.constexpr,
+    N2: tl.constexpr,
+    N3: tl.constexpr,
+    N4: tl.constexpr,
+    N5: tl.constexpr,
+    N6: tl.constexpr,
+    N_LEAVES: tl.constexpr,
+    TOP: tl.constexpr,
+    DISTINCT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    DUP: tl.constexpr,
 ):
     """One program per tree: the leaf writes, then each level from the leaves' parents up to the root."""
     tree = tl.program_id(0).to(tl.int64)
@@ -235,12 +309,28 @@ def _set_core(indices, values, *levels, lead, backend, distinct):
     out_shape += [jax.ShapeDtypeStruct((trees, b), jnp.int32)]
     padded_sizes = sizes[1:] + [1] * (MAX_LEVELS - len(sizes))
     out = launch(
-        _sumtree_set_kernel, indices.reshape(trees, b).astype(jnp.int32), values.reshape(trees, b).astype(jnp.float32), b, *inputs,
-        out_shape=out_shape, grid=(trees,), backend=backend, num_warps=NUM_WARPS,
+        _sumtree_set_kernel,
+        indices.reshape(trees, b).astype(jnp.int32),
+        values.reshape(trees, b).astype(jnp.float32),
+        b,
+        *inputs,
+        out_shape=out_shape,
+        grid=(trees,),
+        backend=backend,
+        num_warps=NUM_WARPS,
         input_output_aliases={2 + d: d for d in range(len(sizes))},
-        DEPTH=depth, N1=padded_sizes[0], N2=padded_sizes[1], N3=padded_sizes[2], N4=padded_sizes[3], N5=padded_sizes[4],
-        N6=padded_sizes[5], N_LEAVES=sizes[-1], TOP=max(16, next_power_of_2(sizes[1])), DISTINCT=bool(distinct),
-        BLOCK=min(BLOCK_B, max(16, next_power_of_2(b))), DUP=DUP_BLOCK,
+        DEPTH=depth,
+        N1=padded_sizes[0],
+        N2=padded_sizes[1],
+        N3=padded_sizes[2],
+        N4=padded_sizes[3],
+        N5=padded_sizes[4],
+        N6=padded_sizes[5],
+        N_LEAVES=sizes[-1],
+        TOP=max(16, next_power_of_2(sizes[1])),
+        DISTINCT=bool(distinct),
+        BLOCK=min(BLOCK_B, max(16, next_power_of_2(b))),
+        DUP=DUP_BLOCK,
     )
     new_levels = [o.reshape(lead_shape + (n,)) for o, n in zip(out[: len(sizes)], sizes)]
     written = out[-1].reshape(lead_shape + (b,)) != 0
@@ -280,9 +370,25 @@ def _descend(level_ptr, tree, node, u, N_LEVEL: tl.constexpr, N_PARENT: tl.const
 
 @triton.jit
 def _sumtree_find_kernel(
-    target_ptr, B, l1, l2, l3, l4, l5, l6, leaf_ptr, mass_ptr,
-    DEPTH: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, N3: tl.constexpr, N4: tl.constexpr,
-    N5: tl.constexpr, N6: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr,
+    target_ptr,
+    B,
+    l1,
+    l2,
+    l3,
+    l4,
+    l5,
+    l6,
+    leaf_ptr,
+    mass_ptr,
+    DEPTH: tl.constexpr,
+    N1: tl.constexpr,
+    N2: tl.constexpr,
+    N3: tl.constexpr,
+    N4: tl.constexpr,
+    N5: tl.constexpr,
+    N6: tl.constexpr,
+    TOP: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Program (tree, block): its targets' descent from the root's children to the leaves."""
     tree = tl.program_id(0).to(tl.int64)
@@ -317,16 +423,34 @@ def _find_core(targets, *levels, lead, backend):
         return jnp.zeros(targets.shape, jnp.int32), jnp.zeros(targets.shape, jnp.float32)
     block = min(FIND_BLOCK, max(16, next_power_of_2(b)))
     if -(-b // block) > MAX_GRID_Y:
-        raise ValueError(f"sumtree_find_leaves: {b} targets per tree, more than the kernel's {MAX_GRID_Y * FIND_BLOCK}")
+        raise ValueError(
+            f"sumtree_find_leaves: {b} targets per tree, more than the kernel's {MAX_GRID_Y * FIND_BLOCK}"
+        )
     flat = [level.reshape(trees, n) for level, n in zip(levels[1:], sizes[1:])]
     unused = jnp.zeros((1,), jnp.float32)
     padded_sizes = sizes[1:] + [1] * (MAX_LEVELS - len(sizes))
     leaves, masses = launch(
-        _sumtree_find_kernel, targets.reshape(trees, b).astype(jnp.float32), b, *flat, *[unused] * (MAX_LEVELS - 1 - len(flat)),
-        out_shape=[jax.ShapeDtypeStruct((trees, b), jnp.int32), jax.ShapeDtypeStruct((trees, b), jnp.float32)],
-        grid=(trees, -(-b // block)), backend=backend, num_warps=NUM_WARPS,  # trees on axis 0: no 65,535 bound
-        DEPTH=len(sizes) - 1, N1=padded_sizes[0], N2=padded_sizes[1], N3=padded_sizes[2], N4=padded_sizes[3],
-        N5=padded_sizes[4], N6=padded_sizes[5], TOP=max(16, next_power_of_2(sizes[1])), BLOCK=block,
+        _sumtree_find_kernel,
+        targets.reshape(trees, b).astype(jnp.float32),
+        b,
+        *flat,
+        *[unused] * (MAX_LEVELS - 1 - len(flat)),
+        out_shape=[
+            jax.ShapeDtypeStruct((trees, b), jnp.int32),
+            jax.ShapeDtypeStruct((trees, b), jnp.float32),
+        ],
+        grid=(trees, -(-b // block)),
+        backend=backend,
+        num_warps=NUM_WARPS,  # trees on axis 0: no 65,535 bound
+        DEPTH=len(sizes) - 1,
+        N1=padded_sizes[0],
+        N2=padded_sizes[1],
+        N3=padded_sizes[2],
+        N4=padded_sizes[3],
+        N5=padded_sizes[4],
+        N6=padded_sizes[5],
+        TOP=max(16, next_power_of_2(sizes[1])),
+        BLOCK=block,
     )
     return leaves.reshape(targets.shape), masses.reshape(targets.shape)
 
@@ -341,7 +465,9 @@ def _find_op(backend: str):
 
 def _check_tree(tree) -> None:
     if not isinstance(tree, (tuple, list)) or len(tree) < 2:
-        raise ValueError(f"tree must be a tuple of at least 2 levels (root first), got {type(tree).__name__} of length {len(tree) if isinstance(tree, (tuple, list)) else '-'}")
+        raise ValueError(
+            f"tree must be a tuple of at least 2 levels (root first), got {type(tree).__name__} of length {len(tree) if isinstance(tree, (tuple, list)) else '-'}"
+        )
     shapes = [tuple(jnp.shape(level)) for level in tree]
     if any(len(s) != 1 for s in shapes) or shapes[0] != (1,):
         raise ValueError(f"tree levels must be 1-D with a root of shape (1,), got shapes {shapes}")
@@ -349,25 +475,37 @@ def _check_tree(tree) -> None:
         raise ValueError(f"tree levels must not be empty, got sizes {[s[0] for s in shapes]}")
     for parent, child in zip(shapes[:-1], shapes[1:]):
         if child[0] % parent[0]:
-            raise ValueError(f"each level's size must be a multiple of the one above, got sizes {[s[0] for s in shapes]}")
+            raise ValueError(
+                f"each level's size must be a multiple of the one above, got sizes {[s[0] for s in shapes]}"
+            )
     if len(tree) > MAX_LEVELS:
         raise ValueError(f"tree has {len(tree)} levels, more than the kernel's {MAX_LEVELS}")
     fanouts = [child[0] // parent[0] for parent, child in zip(shapes[1:-1], shapes[2:])]
     if any(f & (f - 1) for f in fanouts):
-        raise ValueError(f"below the root's children every fan-out must be a power of 2, got {fanouts} (sizes {[s[0] for s in shapes]})")
+        raise ValueError(
+            f"below the root's children every fan-out must be a power of 2, got {fanouts} (sizes {[s[0] for s in shapes]})"
+        )
     if shapes[1][0] > MAX_TOP:
         raise ValueError(f"the root has {shapes[1][0]} children, more than the kernel's {MAX_TOP}")
 
 
 def _check(tree, indices, values) -> None:
     _check_tree(tree)
-    if jnp.ndim(indices) != 1 or jnp.shape(values) != jnp.shape(indices) or jnp.shape(indices)[0] == 0:
-        raise ValueError(f"indices and values must be 1-D of the same non-zero length, got shapes {jnp.shape(indices)} and {jnp.shape(values)}")
+    if (
+        jnp.ndim(indices) != 1
+        or jnp.shape(values) != jnp.shape(indices)
+        or jnp.shape(indices)[0] == 0
+    ):
+        raise ValueError(
+            f"indices and values must be 1-D of the same non-zero length, got shapes {jnp.shape(indices)} and {jnp.shape(values)}"
+        )
     if not jnp.issubdtype(jnp.result_type(indices), jnp.integer):
         raise ValueError(f"indices must be integers, got {jnp.result_type(indices)}")
 
 
-def sumtree_set_leaves(tree, indices, values, *, distinct: bool = False, backend: str | None = None):
+def sumtree_set_leaves(
+    tree, indices, values, *, distinct: bool = False, backend: str | None = None
+):
     """(tree, written): leaves `indices` [B] set to `values` [B] and their ancestors recomputed
     (module docstring); `written` [B] bool marks the entries written (in range, last of their index).
 
@@ -380,8 +518,11 @@ def sumtree_set_leaves(tree, indices, values, *, distinct: bool = False, backend
     name = resolve_backend(backend)
     if name == "reference":
         return sumtree_set_leaves_reference(tree, indices, values, distinct)
-    out = _kernel_op(name, bool(distinct))(jnp.asarray(indices, jnp.int32), jnp.asarray(values, jnp.float32),
-                                           *(jnp.asarray(level, jnp.float32) for level in tree))
+    out = _kernel_op(name, bool(distinct))(
+        jnp.asarray(indices, jnp.int32),
+        jnp.asarray(values, jnp.float32),
+        *(jnp.asarray(level, jnp.float32) for level in tree),
+    )
     return tuple(out[:-1]), out[-1]
 
 
@@ -399,8 +540,12 @@ def sumtree_find_leaves(tree, targets, *, backend: str | None = None):
     """
     _check_tree(tree)
     targets = jnp.asarray(targets)
-    if not (jnp.issubdtype(targets.dtype, jnp.floating) or jnp.issubdtype(targets.dtype, jnp.integer)):
-        raise ValueError(f"targets must be real numbers (masses in [0, total)), got dtype {targets.dtype}")
+    if not (
+        jnp.issubdtype(targets.dtype, jnp.floating) or jnp.issubdtype(targets.dtype, jnp.integer)
+    ):
+        raise ValueError(
+            f"targets must be real numbers (masses in [0, total)), got dtype {targets.dtype}"
+        )
     targets = targets.astype(jnp.float32)
     levels = tuple(jnp.asarray(level, jnp.float32) for level in tree)
     name = resolve_backend(backend)

@@ -69,7 +69,6 @@ import numpy as np
 
 from kernels.sumtree import child_sums, last_of_runs, sumtree_find_leaves, sumtree_set_leaves
 
-
 SMALL_LEAF = 16  # most elements per item of a narrow-dtype leaf packed into the 32-bit block
 
 
@@ -110,7 +109,9 @@ class PrioritizedBuffer(NamedTuple):
     storage: tuple
     position: jax.Array
     size: jax.Array
-    tree: tuple[jax.Array, ...]  # float32 levels, root first (`sumtree_layout`); see the module docstring
+    tree: tuple[
+        jax.Array, ...
+    ]  # float32 levels, root first (`sumtree_layout`); see the module docstring
     max_leaf: jax.Array  # float32: largest leaf value (priority^alpha) seen; new items get it
     layout: StorageLayout
 
@@ -161,7 +162,11 @@ def _to_block(x, dtype: np.dtype, block_dtype: str):
     Only integer conversions, so float NaN payloads and signed zeros survive."""
     if block_dtype != "uint32":
         return x
-    bits = x.astype(jnp.uint8) if dtype == np.bool_ else jax.lax.bitcast_convert_type(x, _bits_type(dtype))
+    bits = (
+        x.astype(jnp.uint8)
+        if dtype == np.bool_
+        else jax.lax.bitcast_convert_type(x, _bits_type(dtype))
+    )
     return bits.astype(jnp.uint32)
 
 
@@ -180,7 +185,11 @@ def pack(layout: StorageLayout, items) -> tuple:
     for slot, x in zip(layout.slots, layout.treedef.flatten_up_to(items)):
         x = jnp.asarray(x).astype(slot.dtype)
         lead_shape = x.shape[: x.ndim - len(slot.shape)]
-        parts[slot.block].append(_to_block(x, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(lead_shape + (int(np.prod(slot.shape)),)))
+        parts[slot.block].append(
+            _to_block(x, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(
+                lead_shape + (int(np.prod(slot.shape)),)
+            )
+        )
     return tuple(jnp.concatenate(p, axis=-1) if len(p) > 1 else p[0] for p in parts)
 
 
@@ -190,7 +199,11 @@ def unpack(layout: StorageLayout, blocks):
     for slot in layout.slots:
         block = blocks[slot.block]
         columns = block[..., slot.start : slot.start + int(np.prod(slot.shape))]
-        leaves.append(_from_block(columns, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(block.shape[:-1] + slot.shape))
+        leaves.append(
+            _from_block(columns, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(
+                block.shape[:-1] + slot.shape
+            )
+        )
     return layout.treedef.unflatten(leaves)
 
 
@@ -202,7 +215,9 @@ def _check_capacity(capacity) -> int:
 
 def _empty_storage(item, capacity: int):
     layout = storage_layout(item)
-    return tuple(jnp.zeros((capacity, w), d) for d, w in zip(layout.block_dtypes, layout.block_widths)), layout
+    return tuple(
+        jnp.zeros((capacity, w), d) for d, w in zip(layout.block_dtypes, layout.block_widths)
+    ), layout
 
 
 def _check_items(layout: StorageLayout, items) -> int:
@@ -214,10 +229,14 @@ def _check_items(layout: StorageLayout, items) -> int:
     for (key_path, x), slot in zip(jax.tree_util.tree_leaves_with_path(items), layout.slots):
         name = jax.tree_util.keystr(key_path)
         if jnp.ndim(x) != len(slot.shape) + 1 or tuple(jnp.shape(x)[1:]) != slot.shape:
-            raise ValueError(f"items{name} has shape {jnp.shape(x)}; expected (num_items,) + {slot.shape}")
+            raise ValueError(
+                f"items{name} has shape {jnp.shape(x)}; expected (num_items,) + {slot.shape}"
+            )
         counts.add(jnp.shape(x)[0])
     if len(counts) != 1:
-        raise ValueError(f"items have different leading sizes {sorted(counts)}; every leaf needs the same number of items")
+        raise ValueError(
+            f"items have different leading sizes {sorted(counts)}; every leaf needs the same number of items"
+        )
     return counts.pop()
 
 
@@ -238,7 +257,10 @@ def _write_indices(buffer, items, valid):
 
 def _store(buffer, items, write_rows):
     """The storage with a batch of items written at `write_rows` (out of range: dropped), one scatter per block."""
-    return tuple(b.at[write_rows].set(x, mode="drop") for b, x in zip(buffer.storage, pack(buffer.layout, items)))
+    return tuple(
+        b.at[write_rows].set(x, mode="drop")
+        for b, x in zip(buffer.storage, pack(buffer.layout, items))
+    )
 
 
 def _gather(buffer, indices):
@@ -301,7 +323,9 @@ def sumtree_from_leaves(leaves, capacity: int | None = None) -> tuple[jax.Array,
     0), built bottom-up: every node is the float32 sum of its children (`child_sums`)."""
     leaves = jnp.asarray(leaves, jnp.float32)
     if capacity is not None and capacity < leaves.shape[0]:
-        raise ValueError(f"sumtree_from_leaves: capacity {capacity} is less than the {leaves.shape[0]} leaves given")
+        raise ValueError(
+            f"sumtree_from_leaves: capacity {capacity} is less than the {leaves.shape[0]} leaves given"
+        )
     sizes = sumtree_layout(capacity or leaves.shape[0])
     levels = [jnp.zeros((sizes[-1],), jnp.float32).at[: leaves.shape[0]].set(leaves)]
     for parent, child in zip(sizes[-2::-1], sizes[:0:-1]):
@@ -336,7 +360,9 @@ def sumtree_set(tree, indices, values, *, backend: str | None = None) -> tuple[j
     Duplicate indices: the last occurrence wins. Internal nodes are recomputed, never incremented
     (no float32 drift).
     """
-    return sumtree_set_leaves(tree, jnp.asarray(indices, jnp.int32), jnp.asarray(values, jnp.float32), backend=backend)[0]
+    return sumtree_set_leaves(
+        tree, jnp.asarray(indices, jnp.int32), jnp.asarray(values, jnp.float32), backend=backend
+    )[0]
 
 
 def sumtree_find_with_mass(tree, targets, *, backend: str | None = None):
@@ -366,19 +392,34 @@ def sumtree_find(tree, targets, *, backend: str | None = None) -> jax.Array:
 def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
     """An empty prioritized buffer (all leaves 0, max leaf 1) for up to `capacity` items like `item`."""
     storage, layout = _empty_storage(item, _check_capacity(capacity))
-    return PrioritizedBuffer(storage=storage, position=jnp.int32(0), size=jnp.int32(0), tree=sumtree_init(capacity),
-                             max_leaf=jnp.float32(1.0), layout=layout)
+    return PrioritizedBuffer(
+        storage=storage,
+        position=jnp.int32(0),
+        size=jnp.int32(0),
+        tree=sumtree_init(capacity),
+        max_leaf=jnp.float32(1.0),
+        layout=layout,
+    )
 
 
-def prioritized_add(buffer: PrioritizedBuffer, items, valid=True, *, backend: str | None = None) -> PrioritizedBuffer:
+def prioritized_add(
+    buffer: PrioritizedBuffer, items, valid=True, *, backend: str | None = None
+) -> PrioritizedBuffer:
     """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is False).
     `backend`: the kernels backend of the leaf write (`kernels.sumtree_set_leaves`)."""
     rows, write_rows, position, size = _write_indices(buffer, items, valid)
     # invalid: a row past the padded leaves (`write_rows` = capacity would be a padding leaf): not written
     leaf_rows = jnp.where(jnp.asarray(valid, jnp.bool_), rows, buffer.tree[-1].shape[-1])
-    tree, _ = sumtree_set_leaves(buffer.tree, leaf_rows, jnp.broadcast_to(buffer.max_leaf, leaf_rows.shape),
-                                 distinct=True, backend=backend)  # the rows of one add are distinct
-    return buffer._replace(storage=_store(buffer, items, write_rows), position=position, size=size, tree=tree)
+    tree, _ = sumtree_set_leaves(
+        buffer.tree,
+        leaf_rows,
+        jnp.broadcast_to(buffer.max_leaf, leaf_rows.shape),
+        distinct=True,
+        backend=backend,
+    )  # the rows of one add are distinct
+    return buffer._replace(
+        storage=_store(buffer, items, write_rows), position=position, size=size, tree=tree
+    )
 
 
 def sampling_probabilities(buffer: PrioritizedBuffer, indices) -> jax.Array:
@@ -388,16 +429,23 @@ def sampling_probabilities(buffer: PrioritizedBuffer, indices) -> jax.Array:
 
 def importance_weights(probabilities, size, beta) -> jax.Array:
     """w_i = (N P(i))^-beta / max_batch w (in (0, 1]); computed in log space."""
-    log_w = -beta * (jnp.log(jnp.maximum(size, 1).astype(jnp.float32)) + jnp.log(jnp.maximum(probabilities, 1e-30)))
+    log_w = -beta * (
+        jnp.log(jnp.maximum(size, 1).astype(jnp.float32))
+        + jnp.log(jnp.maximum(probabilities, 1e-30))
+    )
     return jnp.exp(log_w - log_w.max())
 
 
-def prioritized_sample(buffer: PrioritizedBuffer, key, batch_size: int, beta, *, backend: str | None = None):
+def prioritized_sample(
+    buffer: PrioritizedBuffer, key, batch_size: int, beta, *, backend: str | None = None
+):
     """A stratified batch: (items, indices, importance weights). Target k is uniform in the k-th of
     `batch_size` equal segments of the total mass. Empty buffer: row 0 and weights 1.
     `backend`: the kernels backend of the descent (`kernels.sumtree_find_leaves`)."""
     total = sumtree_total(buffer.tree)
-    u = (jnp.arange(batch_size, dtype=jnp.float32) + jax.random.uniform(key, (batch_size,))) / batch_size
+    u = (
+        jnp.arange(batch_size, dtype=jnp.float32) + jax.random.uniform(key, (batch_size,))
+    ) / batch_size
     targets = jnp.minimum(u * total, total)
     found, leaf = sumtree_find_with_mass(buffer.tree, targets, backend=backend)
     indices = jnp.clip(found, 0, jnp.maximum(buffer.size - 1, 0))
@@ -405,10 +453,16 @@ def prioritized_sample(buffer: PrioritizedBuffer, key, batch_size: int, beta, *,
     return _gather(buffer, indices), indices, weights
 
 
-def prioritized_update(buffer: PrioritizedBuffer, indices, priorities, alpha, *, backend: str | None = None) -> PrioritizedBuffer:
+def prioritized_update(
+    buffer: PrioritizedBuffer, indices, priorities, alpha, *, backend: str | None = None
+) -> PrioritizedBuffer:
     """Set the priorities p >= 0 of sampled items (leaf = p^alpha; the last of duplicate indices
     wins) and raise `max_leaf` to the largest new leaf. Callers add a small epsilon to |TD| so no
     stored item becomes unsampleable. `backend`: the kernels backend of the leaf write."""
     leaves = jnp.power(jnp.maximum(jnp.asarray(priorities, jnp.float32), 0.0), alpha)
-    tree, written = sumtree_set_leaves(buffer.tree, jnp.asarray(indices, jnp.int32), leaves, backend=backend)
-    return buffer._replace(tree=tree, max_leaf=jnp.maximum(buffer.max_leaf, jnp.max(jnp.where(written, leaves, 0.0))))
+    tree, written = sumtree_set_leaves(
+        buffer.tree, jnp.asarray(indices, jnp.int32), leaves, backend=backend
+    )
+    return buffer._replace(
+        tree=tree, max_leaf=jnp.maximum(buffer.max_leaf, jnp.max(jnp.where(written, leaves, 0.0)))
+    )

@@ -49,11 +49,15 @@ def _quiet_orbax() -> None:
 
 
 def _is_key(x) -> bool:
-    return isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    return isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) and jax.dtypes.issubdtype(
+        x.dtype, jax.dtypes.prng_key
+    )
 
 
 def _is_empty(x) -> bool:
-    return isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray)) and int(np.prod(x.shape)) == 0
+    return (
+        isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray)) and int(np.prod(x.shape)) == 0
+    )
 
 
 def strip_keys(tree):
@@ -76,7 +80,9 @@ def abstract_for_storage(abstract_tree):
     def convert(x):
         if _is_key(x):
             data = jax.eval_shape(jax.random.key_data, x)
-            return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=getattr(x, "sharding", None))
+            return jax.ShapeDtypeStruct(
+                data.shape, data.dtype, sharding=getattr(x, "sharding", None)
+            )
         return None if _is_empty(x) else x
 
     return jax.tree.map(convert, abstract_tree)
@@ -95,7 +101,9 @@ def restore_keys(tree, abstract_tree):
             return empty if sharding is None else jax.device_put(empty, sharding)
         x = next(stored)
         if _is_key(spec):
-            return jax.random.wrap_key_data(x, impl=spec.dtype._impl.name)  # the key dtype names its PRNG impl
+            return jax.random.wrap_key_data(
+                x, impl=spec.dtype._impl.name
+            )  # the key dtype names its PRNG impl
         return x
 
     return jax.tree.unflatten(treedef, [convert(spec) for spec in specs])
@@ -145,7 +153,11 @@ class Checkpoints:
         history = jax.tree.map(np.asarray, history)
         self._manager.save(
             int(step),
-            args=ocp.args.Composite(state=ocp.args.StandardSave(strip_keys(state)), history=ocp.args.StandardSave(history), meta=ocp.args.JsonSave(meta)),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(strip_keys(state)),
+                history=ocp.args.StandardSave(history),
+                meta=ocp.args.JsonSave(meta),
+            ),
             force=True,
         )
 
@@ -159,14 +171,21 @@ class Checkpoints:
         ShapeDtypeStructs, with shardings where arrays should be sharded)."""
         import orbax.checkpoint as ocp
 
-        items = {"state": ocp.args.StandardRestore(abstract_for_storage(abstract_state)), "meta": ocp.args.JsonRestore()}
+        items = {
+            "state": ocp.args.StandardRestore(abstract_for_storage(abstract_state)),
+            "meta": ocp.args.JsonRestore(),
+        }
         if with_history:
             items["history"] = ocp.args.StandardRestore()
         try:
             restored = self._manager.restore(int(step), args=ocp.args.Composite(**items))
         except ValueError as err:
-            if "Structure mismatch" in str(err):  # orbax's message when the saved tree has other keys
-                raise CheckpointStructureError(self._structure_message(step, str(err).splitlines()[0])) from None
+            if "Structure mismatch" in str(
+                err
+            ):  # orbax's message when the saved tree has other keys
+                raise CheckpointStructureError(
+                    self._structure_message(step, str(err).splitlines()[0])
+                ) from None
             raise
         state = restore_keys(restored["state"], abstract_state)
         _check_matches(state, abstract_state)
@@ -177,9 +196,11 @@ class Checkpoints:
         return state, history, meta
 
     def _structure_message(self, step: int, detail: str) -> str:
-        return (f"checkpoint {self.directory / str(step)} holds a training state of another structure than this run's agent builds "
-                f"({detail}): it was written by another version of fusedrl or with another config. Resume it with the version "
-                f"that wrote it, or start a new run; the checkpoint is left as it is")
+        return (
+            f"checkpoint {self.directory / str(step)} holds a training state of another structure than this run's agent builds "
+            f"({detail}): it was written by another version of fusedrl or with another config. Resume it with the version "
+            f"that wrote it, or start a new run; the checkpoint is left as it is"
+        )
 
     def restore_latest(self, abstract_state, with_history: bool = True, warn=None):
         """(step, state, history, meta) of the newest checkpoint that reads back correctly, or None if
@@ -192,10 +213,14 @@ class Checkpoints:
                 return (step, *self.restore(step, abstract_state, with_history))
             except CheckpointStructureError:
                 raise
-            except Exception as err:  # a damaged checkpoint: set it aside, fall back to an older one
+            except (
+                Exception
+            ) as err:  # a damaged checkpoint: set it aside, fall back to an older one
                 reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
                 moved = "" if self.read_only else f", moved to {self._set_aside(step)}"
-                warn(f"checkpoint {self.directory / str(step)} cannot be used ({reason}){moved}; trying an older one")
+                warn(
+                    f"checkpoint {self.directory / str(step)} cannot be used ({reason}){moved}; trying an older one"
+                )
         return None
 
     def _set_aside(self, step: int) -> Path:
@@ -221,24 +246,44 @@ class Checkpoints:
 def _check_matches(tree, abstract_tree) -> None:
     """CheckpointError unless `tree` has the structure, shapes and dtypes of `abstract_tree`."""
     if jax.tree.structure(tree) != jax.tree.structure(abstract_tree):
-        raise CheckpointStructureError("the checkpoint's state does not have the structure this config's agent builds")
-    for (path, leaf), spec in zip(jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(abstract_tree)):
+        raise CheckpointStructureError(
+            "the checkpoint's state does not have the structure this config's agent builds"
+        )
+    for (path, leaf), spec in zip(
+        jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(abstract_tree)
+    ):
         if tuple(leaf.shape) != tuple(spec.shape) or leaf.dtype != spec.dtype:
-            raise CheckpointError(f"state{jax.tree_util.keystr(path)} is {leaf.dtype}{list(leaf.shape)} in the checkpoint, expected {spec.dtype}{list(spec.shape)}")
+            raise CheckpointError(
+                f"state{jax.tree_util.keystr(path)} is {leaf.dtype}{list(leaf.shape)} in the checkpoint, expected {spec.dtype}{list(spec.shape)}"
+            )
 
 
 def _check_history(history: dict, meta: dict) -> None:
     points = int(meta["log_points"])
     for name, values in history.get("seed", {}).items():
         if values.shape[-1] != points:
-            raise CheckpointError(f"history of {name!r} has {values.shape[-1]} log points, the metadata says {points}")
+            raise CheckpointError(
+                f"history of {name!r} has {values.shape[-1]} log points, the metadata says {points}"
+            )
 
 
 def abstract_like(tree, sharding=None):
     """ShapeDtypeStructs of `tree`'s leaves (with `sharding` if given, else each leaf's own)."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding if sharding is not None else getattr(x, "sharding", None)), tree)
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape,
+            x.dtype,
+            sharding=sharding if sharding is not None else getattr(x, "sharding", None),
+        ),
+        tree,
+    )
 
 
 def all_finite(tree) -> jax.Array:
     """Per leaf, whether every element is finite (integer leaves are always finite)."""
-    return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True), tree)
+    return jax.tree.map(
+        lambda x: (
+            jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
+        ),
+        tree,
+    )

@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import math
+import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-from rl.config import ConfigError, Config, load_config, parse_sweep
+from rl.config import Config, ConfigError, load_config, parse_sweep
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1  # training diverged or the run directory could not be written
@@ -41,35 +39,87 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog="rl", description="Train JAX RL agents from config files.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
     train = commands.add_parser("train", help="train an agent from a config file")
-    train.add_argument("config", nargs="?", help="a YAML config file, or the name of a packaged config (rl configs lists them)")
-    train.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. agent.lr=0.05")
+    train.add_argument(
+        "config",
+        nargs="?",
+        help="a YAML config file, or the name of a packaged config (rl configs lists them)",
+    )
+    train.add_argument(
+        "overrides", nargs="*", help="dotted.key=value overrides, e.g. agent.lr=0.05"
+    )
     train.add_argument("--seeds", type=int, help="number of seeds trained at once (run.seeds)")
-    train.add_argument("--sweep", action="append", default=[], metavar="agent.KEY=V1,V2", help="sweep a hyperparameter over values (repeatable: the grid of all combinations)")
+    train.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="agent.KEY=V1,V2",
+        help="sweep a hyperparameter over values (repeatable: the grid of all combinations)",
+    )
     train.add_argument("--output-dir", help="parent folder of the run directory (run.output_dir)")
     train.add_argument("--name", help="run directory name (run.name)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest good checkpoint")
-    train.add_argument("--devices", metavar="N|all", help="shard the seed axis over N local devices (or all of them)")
-    train.add_argument("--shard", choices=("seeds", "envs"), default="seeds", help="axis split over --devices: seeds (default) or, for one large agent, its parallel envs (agent.num_envs)")
-    train.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: address of process 0 (jax.distributed), or 'auto'")
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest good checkpoint",
+    )
+    train.add_argument(
+        "--devices",
+        metavar="N|all",
+        help="shard the seed axis over N local devices (or all of them)",
+    )
+    train.add_argument(
+        "--shard",
+        choices=("seeds", "envs"),
+        default="seeds",
+        help="axis split over --devices: seeds (default) or, for one large agent, its parallel envs (agent.num_envs)",
+    )
+    train.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="multi-process run: address of process 0 (jax.distributed), or 'auto'",
+    )
     train.add_argument("--num-processes", type=int, help="multi-process run: number of processes")
     train.add_argument("--process-id", type=int, help="multi-process run: this process's index")
 
     evaluate = commands.add_parser("eval", help="evaluate a trained run's deterministic policy")
     evaluate.add_argument("run_dir", help="a run directory written by rl train")
-    evaluate.add_argument("--episodes", type=int, default=100, help="episodes per seed (default 100)")
-    evaluate.add_argument("--checkpoint", type=int, metavar="STEP", help="use the checkpoint at this env step instead of the final params")
-    evaluate.add_argument("--render", metavar="FILE.gif", help="save a GIF of one episode (setting 0, seed 0)")
-    evaluate.add_argument("--fps", type=int, default=10, help="frames per second of the GIF (default 10)")
-    evaluate.add_argument("--seed", type=int, default=0, help="PRNG seed of the evaluation episodes")
-    evaluate.add_argument("--json", metavar="FILE.json", help="also write the result (mean, median, std, min, max, per-seed means) as JSON")
+    evaluate.add_argument(
+        "--episodes", type=int, default=100, help="episodes per seed (default 100)"
+    )
+    evaluate.add_argument(
+        "--checkpoint",
+        type=int,
+        metavar="STEP",
+        help="use the checkpoint at this env step instead of the final params",
+    )
+    evaluate.add_argument(
+        "--render", metavar="FILE.gif", help="save a GIF of one episode (setting 0, seed 0)"
+    )
+    evaluate.add_argument(
+        "--fps", type=int, default=10, help="frames per second of the GIF (default 10)"
+    )
+    evaluate.add_argument(
+        "--seed", type=int, default=0, help="PRNG seed of the evaluation episodes"
+    )
+    evaluate.add_argument(
+        "--json",
+        metavar="FILE.json",
+        help="also write the result (mean, median, std, min, max, per-seed means) as JSON",
+    )
 
-    commands.add_parser("configs", help="list the configs shipped with the package (rl train NAME runs one)")
+    commands.add_parser(
+        "configs", help="list the configs shipped with the package (rl train NAME runs one)"
+    )
 
     plot = commands.add_parser("plot", help="plot learning curves of runs as a PNG")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    plot.add_argument("-o", "--output", help="PNG file (default RUN_DIR/learning_curve.png of the first run)")
-    plot.add_argument("--metric", default="episode_return", help="metric to plot (default episode_return)")
+    plot.add_argument(
+        "-o", "--output", help="PNG file (default RUN_DIR/learning_curve.png of the first run)"
+    )
+    plot.add_argument(
+        "--metric", default="episode_return", help="metric to plot (default episode_return)"
+    )
     return parser
 
 
@@ -120,14 +170,18 @@ def resolve_train_config(args) -> tuple[Config, list[dict]]:
 
     config = load_config(args.config, overrides)
     if smoke_seeds(config.run.seeds) != config.run.seeds:
-        config = load_config(args.config, overrides + [f"run.seeds={smoke_seeds(config.run.seeds)}"])
+        config = load_config(
+            args.config, overrides + [f"run.seeds={smoke_seeds(config.run.seeds)}"]
+        )
     grid = parse_sweep(args.sweep, config.agent) if args.sweep else [{}]
     return config, grid
 
 
 def make_run_dir(config: Config, exist_ok: bool = False) -> Path:
     """A new run directory; ConfigError if it exists already or cannot be created."""
-    env_name = config.env.id.replace(":", "-").replace("/", "-")  # "gymnax:Breakout-MinAtar": no ':' in file names
+    env_name = config.env.id.replace(":", "-").replace(
+        "/", "-"
+    )  # "gymnax:Breakout-MinAtar": no ':' in file names
     name = config.run.name or f"{config.agent.name}-{env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(config.run.output_dir) / name
     if path.exists() and not exist_ok:
@@ -149,7 +203,12 @@ def resume_conflicts(args) -> list[str]:
     conflicts = [f"the config file {text!r}" for text in positional if "=" not in text]
     if overrides:
         conflicts.append(f"the override{'s' if len(overrides) > 1 else ''} {' '.join(overrides)}")
-    flags = (("--sweep", args.sweep), ("--seeds", args.seeds), ("--output-dir", args.output_dir), ("--name", args.name))
+    flags = (
+        ("--sweep", args.sweep),
+        ("--seeds", args.seeds),
+        ("--output-dir", args.output_dir),
+        ("--name", args.name),
+    )
     conflicts += [flag for flag, value in flags if value]
     return conflicts
 
@@ -160,7 +219,9 @@ def resolve_resume(args) -> tuple[Config, list[dict], Path]:
 
     given = resume_conflicts(args)
     if given:
-        raise ConfigError(f"--resume continues a run with the config saved in it, so drop {' and '.join(given)} (to train with another config, start a new run: rl train CONFIG ...)")
+        raise ConfigError(
+            f"--resume continues a run with the config saved in it, so drop {' and '.join(given)} (to train with another config, start a new run: rl train CONFIG ...)"
+        )
     config, grid = load_run_config(args.resume)
     if args.no_progress:
         config = dataclasses.replace(config, run=dataclasses.replace(config.run, progress=False))
@@ -201,7 +262,9 @@ def train_command(args) -> int:
             if args.config is None:
                 raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
             config, grid = resolve_train_config(args)
-        devices = args.devices or ("all" if args.coordinator else 1)  # a multi-process run spans every device
+        devices = args.devices or (
+            "all" if args.coordinator else 1
+        )  # a multi-process run spans every device
         if args.shard == "envs":
             from rl.train import env_axis_size
 
@@ -210,17 +273,22 @@ def train_command(args) -> int:
             distributed.select_devices(devices, config.run.seeds)
         multi_process = distributed.jax.process_count() > 1
         if multi_process and not args.resume and not config.run.name:
-            raise ConfigError("a multi-process run needs run.name (--name) so that every process writes the same run directory")
+            raise ConfigError(
+                "a multi-process run needs run.name (--name) so that every process writes the same run directory"
+            )
         if not args.resume:
-            run_dir = make_run_dir(config, exist_ok=multi_process)  # every process of a multi-process run makes it
+            run_dir = make_run_dir(
+                config, exist_ok=multi_process
+            )  # every process of a multi-process run makes it
     except ConfigError as err:
         return _error(str(err), EXIT_BAD_INPUT)
+    from rl.checkpoint import CheckpointStructureError
     from rl.train import NonFiniteError, TrainingInterrupted, run_training
 
-    from rl.checkpoint import CheckpointStructureError
-
     try:
-        summary = run_training(config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard)
+        summary = run_training(
+            config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard
+        )
     except (NonFiniteError, CheckpointStructureError) as err:
         return _error(str(err), EXIT_FAILED)
     except TrainingInterrupted as err:
@@ -235,7 +303,10 @@ def train_command(args) -> int:
         if os_error is None:
             raise
         where = os_error.filename or run_dir
-        return _error(f"cannot write the run directory {str(run_dir)!r} ({where}): {os_error.strerror or os_error}", EXIT_FAILED)
+        return _error(
+            f"cannot write the run directory {str(run_dir)!r} ({where}): {os_error.strerror or os_error}",
+            EXIT_FAILED,
+        )
     if distributed.is_main_process():
         print_summary(summary, run_dir)
     return 0
@@ -255,7 +326,14 @@ def eval_command(args) -> int:
             raise ConfigError(f"--render: expected a .gif file name, got {args.render!r}")
         if args.fps < 1:
             raise ConfigError(f"--fps: expected a positive integer, got {args.fps}")
-        result = evaluate_run(args.run_dir, episodes=args.episodes, checkpoint=args.checkpoint, render=args.render, seed=args.seed, fps=args.fps)
+        result = evaluate_run(
+            args.run_dir,
+            episodes=args.episodes,
+            checkpoint=args.checkpoint,
+            render=args.render,
+            seed=args.seed,
+            fps=args.fps,
+        )
         if args.json is not None:
             Path(args.json).write_text(json.dumps(result, indent=2))
     except ConfigError as err:
@@ -263,7 +341,10 @@ def eval_command(args) -> int:
     except CheckpointStructureError as err:
         return _error(str(err), EXIT_FAILED)
     except OSError as err:
-        return _error(f"cannot write {err.filename or args.render or args.json}: {err.strerror or err}", EXIT_FAILED)
+        return _error(
+            f"cannot write {err.filename or args.render or args.json}: {err.strerror or err}",
+            EXIT_FAILED,
+        )
     print_evaluation(result)
     return 0
 
@@ -275,7 +356,10 @@ def config_listing(packaged: dict) -> list[str]:
     lines = []
     for name, path in packaged.items():
         data = read_yaml(path)
-        agent, env = (data.get("agent") or {}).get("name", "?"), (data.get("env") or {}).get("id", "?")
+        agent, env = (
+            (data.get("agent") or {}).get("name", "?"),
+            (data.get("env") or {}).get("id", "?"),
+        )
         lines.append(f"{name:<40} {agent} on {env}")
     return lines
 
@@ -289,7 +373,9 @@ def configs_command() -> int:
     except ConfigError as err:
         return _error(str(err), EXIT_FAILED)
     print("\n".join(lines))
-    print(f"({len(packaged)} configs in {next(iter(packaged.values())).parent if packaged else 'the package'}; run one with: rl train NAME)")
+    print(
+        f"({len(packaged)} configs in {next(iter(packaged.values())).parent if packaged else 'the package'}; run one with: rl train NAME)"
+    )
     return 0
 
 
@@ -301,27 +387,45 @@ def plot_command(args) -> int:
     except ConfigError as err:
         return _error(str(err), EXIT_BAD_INPUT)
     except OSError as err:
-        return _error(f"cannot write {err.filename or args.output}: {err.strerror or err}", EXIT_FAILED)
+        return _error(
+            f"cannot write {err.filename or args.output}: {err.strerror or err}", EXIT_FAILED
+        )
     print(f"wrote {path}")
     return 0
 
 
 def _fmt(value) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4g}"
+    return (
+        "n/a"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{value:.4g}"
+    )
 
 
 def summary_lines(summary: dict) -> list[str]:
     """The end-of-run summary as printed: timing, then per setting the final value of the metric it
     names (summary["metric"]) across seeds: mean +- std, median, min and max."""
     rate = summary["env_steps_per_second"]
-    speed = f"{rate:,.0f} env steps/s over all seeds" if rate is not None else "no env steps trained in this process"
-    lines = [f"compile {summary['compile_seconds']:.2f} s, train {summary['train_seconds']:.2f} s, {speed}"]
+    speed = (
+        f"{rate:,.0f} env steps/s over all seeds"
+        if rate is not None
+        else "no env steps trained in this process"
+    )
+    lines = [
+        f"compile {summary['compile_seconds']:.2f} s, train {summary['train_seconds']:.2f} s, {speed}"
+    ]
     lines.append(f"final {summary['metric']} ({summary['metric_description']}):")
     for row in summary["settings"]:
         finished = sum(v is not None for v in row["per_seed"])
-        seeds = f"{row['seeds']} seeds" if finished == row["seeds"] else f"{finished} of {row['seeds']} seeds have a value"
+        seeds = (
+            f"{row['seeds']} seeds"
+            if finished == row["seeds"]
+            else f"{finished} of {row['seeds']} seeds have a value"
+        )
         where = f"{row['label']}: " if row["label"] else ""
-        lines.append(f"  {where}{_fmt(row['mean'])} +- {_fmt(row['std'])} (median {_fmt(row['median'])}, min {_fmt(row['min'])}, max {_fmt(row['max'])}; {seeds})")
+        lines.append(
+            f"  {where}{_fmt(row['mean'])} +- {_fmt(row['std'])} (median {_fmt(row['median'])}, min {_fmt(row['min'])}, max {_fmt(row['max'])}; {seeds})"
+        )
     return lines
 
 
@@ -338,7 +442,9 @@ def completed_summary(run_dir: Path) -> dict | None:
 
 def print_complete(summary: dict, run_dir: Path) -> None:
     """What `rl train --resume` prints for a run that is already complete."""
-    print(f"run {run_dir} is already complete: nothing to resume (evaluate it with: rl eval {run_dir})")
+    print(
+        f"run {run_dir} is already complete: nothing to resume (evaluate it with: rl eval {run_dir})"
+    )
     if "metric" in summary:  # summaries written before the metric was named are not repeated
         for line in summary_lines(summary)[1:]:
             print(line)

@@ -35,14 +35,32 @@ class ConfigError(ValueError):
     """A config file, override or value that cannot be used; the message names the key."""
 
 
-def hp(default, *, low=None, high=None, low_open: bool = False, high_open: bool = False, choices=None, sweep: bool = False, doc: str = ""):
+def hp(
+    default,
+    *,
+    low=None,
+    high=None,
+    low_open: bool = False,
+    high_open: bool = False,
+    choices=None,
+    sweep: bool = False,
+    doc: str = "",
+):
     """A config field with validation metadata.
 
     `low`/`high` bound numeric values (inclusive unless `low_open`/`high_open`); `choices` lists the
     allowed values; `sweep=True` marks a numeric hyperparameter that `hyperparams` passes to the
     compiled program as a traced float32 scalar (so it can be vmapped over).
     """
-    meta = dict(low=low, high=high, low_open=low_open, high_open=high_open, choices=choices, sweep=sweep, doc=doc)
+    meta = dict(
+        low=low,
+        high=high,
+        low_open=low_open,
+        high_open=high_open,
+        choices=choices,
+        sweep=sweep,
+        doc=doc,
+    )
     if isinstance(default, (list, dict)):
         raise TypeError("use a tuple default for sequence fields")
     return field(default=default, metadata=meta)
@@ -51,9 +69,13 @@ def hp(default, *, low=None, high=None, low_open: bool = False, high_open: bool 
 @dataclass(frozen=True)
 class EnvConfig:
     id: str = hp("GridWorld", doc="an id of envs.make")
-    params: Mapping[str, Any] = field(default_factory=dict, metadata=dict(doc="overrides of the env's params"))
+    params: Mapping[str, Any] = field(
+        default_factory=dict, metadata=dict(doc="overrides of the env's params")
+    )
     observe: typing.Optional[typing.Union[str, tuple[int, ...]]] = hp(
-        None, doc="envs.MaskObservation: the observation entries kept (a list of indices, or 'positions': hide the velocities); default all")
+        None,
+        doc="envs.MaskObservation: the observation entries kept (a list of indices, or 'positions': hide the velocities); default all",
+    )
 
     def make(self):
         """(env, params): `envs.make(id, **params)`, wrapped in `envs.MaskObservation(env, observe)`
@@ -79,14 +101,24 @@ class EnvConfig:
 class WandbConfig:
     project: typing.Optional[str] = hp(None, doc="W&B project; logging to W&B is on when it is set")
     entity: typing.Optional[str] = hp(None, doc="W&B entity (user or team); default: the login's")
-    mode: str = hp("online", choices=("online", "offline", "disabled"), doc="W&B mode (WANDB_MODE overrides it)")
+    mode: str = hp(
+        "online",
+        choices=("online", "offline", "disabled"),
+        doc="W&B mode (WANDB_MODE overrides it)",
+    )
 
     def validate(self):
         """W&B logging needs the wandb package (the `wandb` extra); checked without importing it."""
         import importlib.util
 
-        if self.project is not None and self.mode != "disabled" and importlib.util.find_spec("wandb") is None:
-            raise ConfigError("run.wandb: logging to Weights & Biases needs the wandb package: pip install 'fusedrl[wandb]'")
+        if (
+            self.project is not None
+            and self.mode != "disabled"
+            and importlib.util.find_spec("wandb") is None
+        ):
+            raise ConfigError(
+                "run.wandb: logging to Weights & Biases needs the wandb package: pip install 'fusedrl[wandb]'"
+            )
 
 
 @dataclass(frozen=True)
@@ -98,22 +130,37 @@ class RunConfig:
     progress: bool = hp(True, doc="show a progress bar")
     checkpoint_every: int = hp(10, low=0, doc="log points between checkpoints (0: only at the end)")
     keep_checkpoints: int = hp(3, low=1, doc="newest checkpoints kept in RUN_DIR/checkpoints")
-    wandb: WandbConfig = field(default_factory=WandbConfig, metadata=dict(doc="Weights & Biases logging: {project, entity, mode}"))
-    matmul_precision: str = hp("default", choices=("default", "high", "highest"),
-                               doc="float32 matmul precision of the training program (jax.default_matmul_precision at trace "
-                                   "time): default = the platform's fastest (TF32 on Ampere/Hopper GPUs), highest = full float32")
+    wandb: WandbConfig = field(
+        default_factory=WandbConfig,
+        metadata=dict(doc="Weights & Biases logging: {project, entity, mode}"),
+    )
+    matmul_precision: str = hp(
+        "default",
+        choices=("default", "high", "highest"),
+        doc="float32 matmul precision of the training program (jax.default_matmul_precision at trace "
+        "time): default = the platform's fastest (TF32 on Ampere/Hopper GPUs), highest = full float32",
+    )
 
     def validate(self):
         """run.name is one directory name inside run.output_dir (no path separators, not . or ..)."""
-        if self.name is not None and (self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name):
-            raise ConfigError(f"run.name: {self.name!r} must be a plain directory name (no '/', not '.' or '..')")
+        if self.name is not None and (
+            self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name
+        ):
+            raise ConfigError(
+                f"run.name: {self.name!r} must be a plain directory name (no '/', not '.' or '..')"
+            )
 
 
 @dataclass(frozen=True)
 class KernelsConfig:
-    backend: str = hp("auto", choices=("auto", "triton", "reference", "interpret"), doc="kernel backend")
-    deterministic: bool = hp(False, doc="fixed-order kernels (C51 projection without atomic adds, scan look-back "
-                                        "in one order): bitwise-reproducible runs on the GPU, a little slower")
+    backend: str = hp(
+        "auto", choices=("auto", "triton", "reference", "interpret"), doc="kernel backend"
+    )
+    deterministic: bool = hp(
+        False,
+        doc="fixed-order kernels (C51 projection without atomic adds, scan look-back "
+        "in one order): bitwise-reproducible runs on the GPU, a little slower",
+    )
 
 
 @dataclass(frozen=True)
@@ -126,7 +173,11 @@ class Config:
     def to_dict(self) -> dict:
         """Plain nested dict (YAML-ready) of every resolved value."""
         return {
-            "env": {"id": self.env.id, "params": _plain(dict(self.env.params)), **({} if self.env.observe is None else {"observe": _plain(self.env.observe)})},
+            "env": {
+                "id": self.env.id,
+                "params": _plain(dict(self.env.params)),
+                **({} if self.env.observe is None else {"observe": _plain(self.env.observe)}),
+            },
             "agent": _plain(dataclasses.asdict(self.agent)),
             "run": _plain(dataclasses.asdict(self.run)),
             "kernels": _plain(dataclasses.asdict(self.kernels)),
@@ -153,13 +204,19 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {str(path)!r} cannot be parsed: {yaml_error_text(err)}") from None
+        raise ConfigError(
+            f"config file {str(path)!r} cannot be parsed: {yaml_error_text(err)}"
+        ) from None
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {str(path)!r} cannot be read: {err}".splitlines()[0]) from None
+        raise ConfigError(
+            f"config file {str(path)!r} cannot be read: {err}".splitlines()[0]
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}"
+        )
     return data
 
 
@@ -171,7 +228,9 @@ def yaml_error_text(err: yaml.YAMLError) -> str:
     if mark is None or problem is None:
         return str(err).splitlines()[0]
     context = getattr(err, "context", None)
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (
+        f" ({context})" if context else ""
+    )
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -281,7 +340,9 @@ def _coerce(value, annotation, where: str):
 def _check_range(value, meta: Mapping, where: str):
     choices = meta.get("choices")
     if choices is not None and value not in choices:
-        raise ConfigError(f"{where}: {value!r} is not one of {list(choices)}{_suggest(str(value), map(str, choices))}")
+        raise ConfigError(
+            f"{where}: {value!r} is not one of {list(choices)}{_suggest(str(value), map(str, choices))}"
+        )
     low, high = meta.get("low"), meta.get("high")
     if value is None or isinstance(value, (str, bool, tuple)):
         return
@@ -304,7 +365,9 @@ def build_dataclass(cls, data: Mapping, section: str, ignore: tuple[str, ...] = 
         if key in ignore:
             continue
         if key not in fields:
-            raise ConfigError(f"unknown key '{section}.{key}'{_suggest(key, fields, section)}; known keys: {', '.join(fields)}")
+            raise ConfigError(
+                f"unknown key '{section}.{key}'{_suggest(key, fields, section)}; known keys: {', '.join(fields)}"
+            )
         where = f"{section}.{key}"
         if dataclasses.is_dataclass(hints[key]):
             value = _nested(fields[key], hints[key], value, where)
@@ -331,7 +394,9 @@ def _nested(f, cls, value, where: str):
     if isinstance(value, cls):
         return value
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: expected a mapping of {', '.join(x.name for x in dataclasses.fields(cls))}, got {value!r}")
+        raise ConfigError(
+            f"{where}: expected a mapping of {', '.join(x.name for x in dataclasses.fields(cls))}, got {value!r}"
+        )
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else cls()
     return build_dataclass(cls, {**_plain(dataclasses.asdict(default)), **value}, where)
 
@@ -343,7 +408,9 @@ def build_config(data: Mapping) -> Config:
     known = ("env", "agent", "run", "kernels")
     for key in data:
         if key not in known:
-            raise ConfigError(f"unknown section '{key}'{_suggest(key, known)}; known sections: {', '.join(known)}")
+            raise ConfigError(
+                f"unknown section '{key}'{_suggest(key, known)}; known sections: {', '.join(known)}"
+            )
     for required in ("env", "agent"):
         if required not in data:
             raise ConfigError(f"missing section '{required}'")
@@ -356,7 +423,9 @@ def build_config(data: Mapping) -> Config:
         raise ConfigError("agent.name is required (one of: " + ", ".join(registered_agents()) + ")")
     name = agent_data["name"]
     if name not in registered_agents():
-        raise ConfigError(f"agent.name: unknown agent {name!r}{_suggest(str(name), registered_agents())}; known agents: {', '.join(registered_agents())}")
+        raise ConfigError(
+            f"agent.name: unknown agent {name!r}{_suggest(str(name), registered_agents())}; known agents: {', '.join(registered_agents())}"
+        )
     module = get_agent_module(name)
     agent = build_dataclass(module.Config, agent_data, "agent")
     check_recurrence(agent, module)
@@ -367,7 +436,9 @@ def build_config(data: Mapping) -> Config:
     if callable(check_compatible):
         check_compatible(config, *env_and_params)
     network = getattr(agent, "network", None)
-    if hasattr(network, "check_obs_space"):  # rl.networks.NetworkConfig: can the torso read the observations?
+    if hasattr(
+        network, "check_obs_space"
+    ):  # rl.networks.NetworkConfig: can the torso read the observations?
         made_env, env_params = env_and_params
         network.check_obs_space(made_env.observation_space(env_params))
     return config
@@ -380,7 +451,11 @@ def check_recurrence(agent, module) -> None:
     if getattr(network, "recurrent", False) and not getattr(module, "RECURRENT", False):
         from rl.registry import get_agent_module, registered_agents
 
-        recurrent = [name for name in registered_agents() if getattr(get_agent_module(name), "RECURRENT", False)]
+        recurrent = [
+            name
+            for name in registered_agents()
+            if getattr(get_agent_module(name), "RECURRENT", False)
+        ]
         raise ConfigError(
             f"agent.network.torso: {network.torso!r} is a recurrent torso and agent {agent.name!r} cannot carry a hidden state; "
             f"use a feedforward torso ('mlp') or a recurrent agent ({', '.join(recurrent) or 'none registered'})"
@@ -417,7 +492,9 @@ def find_config(name_or_path: str | Path) -> Path:
         return packaged[name]
     close = difflib.get_close_matches(name, list(packaged), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    raise ConfigError(f"config file {str(path)!r} does not exist and is not a packaged config{hint} (rl configs lists them)")
+    raise ConfigError(
+        f"config file {str(path)!r} does not exist and is not a packaged config{hint} (rl configs lists them)"
+    )
 
 
 # ---------------------------------------------------------------- sweeps and traced hyperparameters
@@ -451,7 +528,9 @@ def parse_sweep(specs: list[str], agent_config) -> list[dict]:
         if name not in fields:
             raise ConfigError(f"--sweep: unknown key 'agent.{name}'{_suggest(name, fields)}")
         if not fields[name].metadata.get("sweep"):
-            raise ConfigError(f"--sweep: agent.{name} cannot be swept; sweepable: {', '.join(sweepable(agent_config))}")
+            raise ConfigError(
+                f"--sweep: agent.{name} cannot be swept; sweepable: {', '.join(sweepable(agent_config))}"
+            )
         if name in names:
             raise ConfigError(f"--sweep: agent.{name} is given twice")
         values = []

@@ -25,9 +25,8 @@ collectives go through gloo.
 
 from __future__ import annotations
 
-import numpy as np
-
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rl.config import ConfigError
@@ -42,7 +41,9 @@ def parse_devices(spec) -> int | None:
     try:
         count = int(spec)
     except (TypeError, ValueError):
-        raise ConfigError(f"--devices: expected a positive integer or 'all', got {spec!r}") from None
+        raise ConfigError(
+            f"--devices: expected a positive integer or 'all', got {spec!r}"
+        ) from None
     if count < 1:
         raise ConfigError(f"--devices: expected a positive integer or 'all', got {spec!r}")
     return count
@@ -58,9 +59,13 @@ def select_devices(spec, num_seeds: int | None) -> list:
     if count is None:
         count = len(available)
     if count > len(available):
-        raise ConfigError(f"--devices {count}: only {len(available)} {available[0].platform} device(s) are visible")
+        raise ConfigError(
+            f"--devices {count}: only {len(available)} {available[0].platform} device(s) are visible"
+        )
     if num_seeds is not None and num_seeds % count:
-        raise ConfigError(f"run.seeds ({num_seeds}) must be a multiple of the number of devices ({count}) to shard the seed axis")
+        raise ConfigError(
+            f"run.seeds ({num_seeds}) must be a multiple of the number of devices ({count}) to shard the seed axis"
+        )
     return available[:count]
 
 
@@ -96,7 +101,14 @@ def to_host(tree):
         return jax.device_get(tree)
     from jax.experimental import multihost_utils
 
-    return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)) if isinstance(x, jax.Array) else x, tree)
+    return jax.tree.map(
+        lambda x: (
+            np.asarray(multihost_utils.process_allgather(x, tiled=True))
+            if isinstance(x, jax.Array)
+            else x
+        ),
+        tree,
+    )
 
 
 def is_main_process() -> bool:

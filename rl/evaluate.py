@@ -55,7 +55,9 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
         obs, state, memory, key, total, length, done = carry
         key, policy_key, step_key = jax.random.split(key, 3)
         memory, action = policy.step(params, memory, obs, policy_key)
-        next_obs, next_state, reward, terminated, info = env.step_env(step_key, state, action, env_params)
+        next_obs, next_state, reward, terminated, info = env.step_env(
+            step_key, state, action, env_params
+        )
         truncated = env.truncation(next_state, env_params)
         total = total + jnp.where(done, 0.0, jnp.asarray(reward, jnp.float32))
         length = length + jnp.where(done, 0, 1)
@@ -65,8 +67,18 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
         done = done | jnp.asarray(terminated, bool) | truncated
         return (obs, state, memory, key, total, length, done), (state, done)
 
-    init = (obs, state, policy.initial_carry(), key, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False))
-    (_, _, _, _, total, length, _), (states, dones) = jax.lax.scan(step, init, None, length=max_steps)
+    init = (
+        obs,
+        state,
+        policy.initial_carry(),
+        key,
+        jnp.float32(0.0),
+        jnp.int32(0),
+        jnp.bool_(False),
+    )
+    (_, _, _, _, total, length, _), (states, dones) = jax.lax.scan(
+        step, init, None, length=max_steps
+    )
     states = jax.tree.map(lambda first, rest: jnp.concatenate([first[None], rest]), state, states)
     dones = jnp.concatenate([jnp.zeros((1,), bool), dones])
     return total, length, states, dones
@@ -83,7 +95,9 @@ def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | Non
     run_dir = Path(run_dir)
     mesh = seed_mesh(jax.devices()[:1])
     _, init, _, keys, hparams = make_programs(config, grid, mesh)
-    abstract_state = abstract_like(jax.eval_shape(init, keys, hparams), jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    abstract_state = abstract_like(
+        jax.eval_shape(init, keys, hparams), jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    )
     final = run_dir / "final_params.msgpack"
     if checkpoint is None and final.is_file():
         target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_state["params"])
@@ -97,7 +111,9 @@ def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | Non
         step, state, _, _ = restored
     else:
         if checkpoint not in steps:
-            raise ConfigError(f"--checkpoint {checkpoint}: no such checkpoint in {str(checkpoints.directory)!r}; available steps: {', '.join(map(str, steps)) or 'none'}")
+            raise ConfigError(
+                f"--checkpoint {checkpoint}: no such checkpoint in {str(checkpoints.directory)!r}; available steps: {', '.join(map(str, steps)) or 'none'}"
+            )
         step = checkpoint
         state, _, _ = checkpoints.restore(step, abstract_state, with_history=False)
     return state["params"], str(checkpoints.directory / str(step))
@@ -115,7 +131,9 @@ def evaluate(config: Config, params, episodes: int, seed: int = 0):
 
     over_episodes = jax.vmap(one, in_axes=(None, 0))
     over_seeds = jax.vmap(over_episodes, in_axes=(0, None))
-    over_settings = jax.jit(at_matmul_precision(jax.vmap(over_seeds, in_axes=(0, None)), config.run.matmul_precision))
+    over_settings = jax.jit(
+        at_matmul_precision(jax.vmap(over_seeds, in_axes=(0, None)), config.run.matmul_precision)
+    )
     keys = jax.random.split(jax.random.PRNGKey(seed), episodes)
     returns, lengths = over_settings(params, keys)
     return np.asarray(returns), np.asarray(lengths)
@@ -128,11 +146,18 @@ def render_episode(config: Config, params_one, path, seed: int = 0, fps: int = 1
         raise ConfigError(f"--render: env {config.env.id} cannot render (it has no render method)")
     policy = get_agent_module(config.agent.name).make_policy(config)
     max_steps = int(env_params.max_steps_in_episode)
-    _, length, states, _ = jax.jit(lambda p, k: rollout(env, env_params, policy, p, k, max_steps))(params_one, jax.random.PRNGKey(seed))
+    _, length, states, _ = jax.jit(lambda p, k: rollout(env, env_params, policy, p, k, max_steps))(
+        params_one, jax.random.PRNGKey(seed)
+    )
     count = int(length) + 1  # the reset state and the state after every step
     states = jax.tree.map(lambda x: x[:count], states)
     states = jax.device_get(states)
-    frames = np.stack([np.asarray(env.render(jax.tree.map(lambda x: x[t], states), env_params)) for t in range(count)])
+    frames = np.stack(
+        [
+            np.asarray(env.render(jax.tree.map(lambda x: x[t], states), env_params))
+            for t in range(count)
+        ]
+    )
     envs.save_gif(list(frames), path, fps=fps)
     return count
 
@@ -160,7 +185,14 @@ def setting_summary(setting: dict, returns: np.ndarray, lengths: np.ndarray) -> 
     }
 
 
-def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, render=None, seed: int = 0, fps: int = 10) -> dict:
+def evaluate_run(
+    run_dir,
+    episodes: int = 100,
+    checkpoint: int | None = None,
+    render=None,
+    seed: int = 0,
+    fps: int = 10,
+) -> dict:
     """Evaluate a run directory (see the module docstring); returns a result dict for printing."""
     from rl.train import load_run_config
 
@@ -168,10 +200,21 @@ def evaluate_run(run_dir, episodes: int = 100, checkpoint: int | None = None, re
     params, source = load_params(run_dir, config, grid, checkpoint)
     returns, lengths = evaluate(config, params, episodes, seed)
     settings = [setting_summary(setting, returns[s], lengths[s]) for s, setting in enumerate(grid)]
-    result = {"run_dir": str(run_dir), "params": source, "agent": config.agent.name, "env": config.env.id, "metric": "return", "metric_description": METRIC_DESCRIPTION, "settings": settings}
+    result = {
+        "run_dir": str(run_dir),
+        "params": source,
+        "agent": config.agent.name,
+        "env": config.env.id,
+        "metric": "return",
+        "metric_description": METRIC_DESCRIPTION,
+        "settings": settings,
+    }
     if render is not None:
         one = jax.tree.map(lambda x: x[0, 0], params)
-        result["render"] = {"path": str(render), "frames": render_episode(config, one, render, seed, fps)}
+        result["render"] = {
+            "path": str(render),
+            "frames": render_episode(config, one, render, seed, fps),
+        }
     return result
 
 
@@ -181,7 +224,10 @@ def _fmt(value) -> str:
 
 def evaluation_lines(result: dict) -> list[str]:
     """What `rl eval` prints: where the params came from, the metric, then one line per setting."""
-    lines = [f"{result['agent']} on {result['env']}, params from {result['params']}", f"{result['metric']} ({result['metric_description']}):"]
+    lines = [
+        f"{result['agent']} on {result['env']}, params from {result['params']}",
+        f"{result['metric']} ({result['metric_description']}):",
+    ]
     for row in result["settings"]:
         where = f"{row['label']}: " if row["label"] else ""
         lines.append(

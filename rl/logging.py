@@ -73,7 +73,9 @@ def sink(fn: Callable[[dict], None]):
 class ProgressBar:
     """A text progress bar on stderr, fed by log points; redraws at most every `min_interval` s."""
 
-    def __init__(self, total_steps: int, label: str = "train", min_interval: float = 0.5, stream=None):
+    def __init__(
+        self, total_steps: int, label: str = "train", min_interval: float = 0.5, stream=None
+    ):
         self.total = int(total_steps)
         self.label = label
         self.min_interval = min_interval
@@ -88,7 +90,9 @@ class ProgressBar:
     def __call__(self, values: dict) -> None:
         step = int(np.max(values["step"]))
         now = time.perf_counter()
-        if self.first_step_time is None:  # rate excludes compilation: count from the first log point
+        if (
+            self.first_step_time is None
+        ):  # rate excludes compilation: count from the first log point
             self.first_step_time, self.first_step = now, step
         self.done = max(self.done, step)
         if now - self.last_draw >= self.min_interval or self.done >= self.total:
@@ -99,10 +103,20 @@ class ProgressBar:
         frac = min(self.done / max(self.total, 1), 1.0)
         bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
         elapsed = now - (self.first_step_time or now)
-        rate = (self.done - self.first_step) / elapsed if elapsed > 0 and self.done > self.first_step else None
-        speed = f"{rate:,.0f} steps/s per seed" if rate is not None else "steps/s from the next log point"
+        rate = (
+            (self.done - self.first_step) / elapsed
+            if elapsed > 0 and self.done > self.first_step
+            else None
+        )
+        speed = (
+            f"{rate:,.0f} steps/s per seed"
+            if rate is not None
+            else "steps/s from the next log point"
+        )
         line = f"{self.label} [{bar}] {self.done}/{self.total} steps  {speed}"
-        self.stream.write(f"\r{line.ljust(self.width)} ")  # padded: a shorter line covers a longer one
+        self.stream.write(
+            f"\r{line.ljust(self.width)} "
+        )  # padded: a shorter line covers a longer one
         self.width = len(line)
         self.stream.flush()
 
@@ -141,7 +155,9 @@ class RunLogger:
         self.columns: list[str] | None = None
         self.pending: list[dict] = []
         self.host = {"steps_per_second": [], "wall_time": []}
-        self.received = 0  # log points received since the start of the run (including restored ones)
+        self.received = (
+            0  # log points received since the start of the run (including restored ones)
+        )
         self.start = time.perf_counter()
         self.wall_offset = 0.0
         self.last_time = None
@@ -164,12 +180,21 @@ class RunLogger:
             return
         seed_metrics = history["seed"]
         points = next(iter(seed_metrics.values())).shape[-1]
-        self.host = {k: [float(v) for v in np.asarray(history["host"].get(k, np.full(points, np.nan)))] for k in self.host}
+        self.host = {
+            k: [float(v) for v in np.asarray(history["host"].get(k, np.full(points, np.nan)))]
+            for k in self.host
+        }
         self.wall_offset = self.host["wall_time"][-1] if points else 0.0
         for t in range(points):
             values = {k: v[..., t] for k, v in seed_metrics.items()}
             # TensorBoard already holds these (flushed before their checkpoint): files only.
-            self._queue_rows(values, t, self.host["steps_per_second"][t], self.host["wall_time"][t], tensorboard=False)
+            self._queue_rows(
+                values,
+                t,
+                self.host["steps_per_second"][t],
+                self.host["wall_time"][t],
+                tensorboard=False,
+            )
         self.received = points
         self.last_step = int(np.max(seed_metrics["step"][..., -1])) if points else None
         self.purge_step = self.last_step + 1 if points else None
@@ -207,10 +232,16 @@ class RunLogger:
 
     # ---- writing
 
-    def _queue_rows(self, values: dict, log_point: int, rate: float, wall: float, tensorboard: bool = True) -> None:
+    def _queue_rows(
+        self, values: dict, log_point: int, rate: float, wall: float, tensorboard: bool = True
+    ) -> None:
         arrays = {k: np.asarray(v) for k, v in values.items()}
         if self.columns is None:
-            self.columns = ["setting", "seed", "log_point"] + [k for k in arrays if arrays[k].ndim == 2] + ["steps_per_second", "wall_time"]
+            self.columns = (
+                ["setting", "seed", "log_point"]
+                + [k for k in arrays if arrays[k].ndim == 2]
+                + ["steps_per_second", "wall_time"]
+            )
             self._csv.write(",".join(self.columns) + "\n")
         settings, seeds = arrays["step"].shape
         for s in range(settings):
@@ -230,7 +261,17 @@ class RunLogger:
             _TBX_IMPORT.join()
         for row, tensorboard in rows:
             self._jsonl.write(json.dumps(row) + "\n")
-            self._csv.write(",".join("" if row.get(c) is None else repr(row[c]) if isinstance(row.get(c), float) else str(row[c]) for c in self.columns) + "\n")
+            self._csv.write(
+                ",".join(
+                    ""
+                    if row.get(c) is None
+                    else repr(row[c])
+                    if isinstance(row.get(c), float)
+                    else str(row[c])
+                    for c in self.columns
+                )
+                + "\n"
+            )
             if tensorboard:
                 self._write_event(row)
         self._jsonl.flush()
@@ -249,15 +290,27 @@ class RunLogger:
             folder.mkdir(parents=True, exist_ok=True)
             writer = EventsWriter(str(folder / "events"), self.tb_suffix)
             if self.purge_step is not None:  # TensorBoard drops the killed process's later events
-                writer.write_event(event_pb2.Event(wall_time=time.time(), step=self.purge_step, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+                writer.write_event(
+                    event_pb2.Event(
+                        wall_time=time.time(),
+                        step=self.purge_step,
+                        session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
+                    )
+                )
             self.tb[key] = writer
         return self.tb[key]
 
     def _write_event(self, row: dict) -> None:
         from tensorboardX.proto import event_pb2, summary_pb2
 
-        values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items() if k not in ("setting", "seed", "log_point", "step", "wall_time") and v is not None]
-        event = event_pb2.Event(wall_time=time.time(), step=int(row["step"]), summary=summary_pb2.Summary(value=values))
+        values = [
+            summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+            for k, v in row.items()
+            if k not in ("setting", "seed", "log_point", "step", "wall_time") and v is not None
+        ]
+        event = event_pb2.Event(
+            wall_time=time.time(), step=int(row["step"]), summary=summary_pb2.Summary(value=values)
+        )
         self._event_writer(row["setting"], row["seed"]).write_event(event)
 
     def close(self) -> None:

@@ -37,8 +37,10 @@ from rl.trainer import Trainer
 # ---------------------------------------------------------------- the replay loop's settings
 
 
-UNROLL_DOC = ("loop trips (speed only, the same computation): a phase's env and gradient loops unroll min(unroll, n); "
-              "the loop over phases max(1, unroll // max(env_iterations, gradient_steps))")
+UNROLL_DOC = (
+    "loop trips (speed only, the same computation): a phase's env and gradient loops unroll min(unroll, n); "
+    "the loop over phases max(1, unroll // max(env_iterations, gradient_steps))"
+)
 
 
 @dataclass(frozen=True)
@@ -58,26 +60,49 @@ class ReplayLoopConfig:
     gradient_steps: int = hp(128, low=1, doc="gradient steps per training phase")
     lr: float = hp(5e-4, low=0.0, low_open=True, sweep=True, doc="Adam step size")
     gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
-    max_grad_norm: float = hp(10.0, low=0.0, low_open=True, sweep=True, doc="global-norm gradient clipping")
+    max_grad_norm: float = hp(
+        10.0, low=0.0, low_open=True, sweep=True, doc="global-norm gradient clipping"
+    )
     target_update_interval: int = hp(256, low=1, doc="gradient steps between target updates")
-    tau: float = hp(1.0, low=0.0, high=1.0, low_open=True, sweep=True, doc="target <- tau * online + (1 - tau) * target")
+    tau: float = hp(
+        1.0,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        sweep=True,
+        doc="target <- tau * online + (1 - tau) * target",
+    )
     epsilon_start: float = hp(1.0, low=0.0, high=1.0, sweep=True)
     epsilon_end: float = hp(0.04, low=0.0, high=1.0, sweep=True)
     epsilon_decay_steps: int = hp(8_000, low=1, doc="env steps of the linear epsilon decay")
-    log_interval: int = hp(2_560, low=1, doc="env steps between log points (multiple of train_freq)")
-    eval_episodes: int = hp(10, low=0, doc="greedy episodes per log point, on separate eval envs (0: none, no eval_return)")
+    log_interval: int = hp(
+        2_560, low=1, doc="env steps between log points (multiple of train_freq)"
+    )
+    eval_episodes: int = hp(
+        10,
+        low=0,
+        doc="greedy episodes per log point, on separate eval envs (0: none, no eval_return)",
+    )
     unroll: int = hp(1, low=1, doc=UNROLL_DOC)
 
     def validate(self):
         """The step counts nest: num_envs | train_freq | log_interval | total_steps; one step fits the buffer."""
         if self.train_freq % self.num_envs:
-            raise ConfigError(f"agent.train_freq ({self.train_freq}) must be a multiple of agent.num_envs ({self.num_envs})")
+            raise ConfigError(
+                f"agent.train_freq ({self.train_freq}) must be a multiple of agent.num_envs ({self.num_envs})"
+            )
         if self.log_interval % self.train_freq:
-            raise ConfigError(f"agent.log_interval ({self.log_interval}) must be a multiple of agent.train_freq ({self.train_freq})")
+            raise ConfigError(
+                f"agent.log_interval ({self.log_interval}) must be a multiple of agent.train_freq ({self.train_freq})"
+            )
         if self.total_steps % self.log_interval:
-            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})")
+            raise ConfigError(
+                f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})"
+            )
         if self.num_envs > self.buffer_size:
-            raise ConfigError(f"agent.buffer_size ({self.buffer_size}) must hold at least one step of agent.num_envs ({self.num_envs}) envs")
+            raise ConfigError(
+                f"agent.buffer_size ({self.buffer_size}) must hold at least one step of agent.num_envs ({self.num_envs}) envs"
+            )
 
 
 @dataclass(frozen=True)
@@ -89,16 +114,40 @@ class ReplayActorCriticConfig:
 
     total_steps: int = hp(20_000, low=1, doc="env steps per seed (all envs counted)")
     num_envs: int = hp(1, low=1, doc="envs stepped together")
-    utd_ratio: float = hp(1.0, low=0.0, low_open=True, doc="gradient steps per env step (utd_ratio * num_envs must be a whole number)")
+    utd_ratio: float = hp(
+        1.0,
+        low=0.0,
+        low_open=True,
+        doc="gradient steps per env step (utd_ratio * num_envs must be a whole number)",
+    )
     buffer_size: int = hp(100_000, low=1, doc="replay capacity (transitions)")
-    learning_starts: int = hp(1_000, low=0, doc="env steps of uniformly random actions before learning")
+    learning_starts: int = hp(
+        1_000, low=0, doc="env steps of uniformly random actions before learning"
+    )
     batch_size: int = hp(256, low=1)
-    lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size of actor and critics")
+    lr: float = hp(
+        1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size of actor and critics"
+    )
     gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
-    tau: float = hp(0.005, low=0.0, high=1.0, low_open=True, sweep=True, doc="Polyak step of the target networks")
-    max_grad_norm: float = hp(1e6, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip of actor and critics (large: off)")
+    tau: float = hp(
+        0.005,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        sweep=True,
+        doc="Polyak step of the target networks",
+    )
+    max_grad_norm: float = hp(
+        1e6,
+        low=0.0,
+        low_open=True,
+        sweep=True,
+        doc="global gradient-norm clip of actor and critics (large: off)",
+    )
     log_interval: int = hp(1_000, low=1, doc="env steps between log points (multiple of num_envs)")
-    eval_episodes: int = hp(8, low=0, doc="deterministic evaluation episodes per log point (0: none)")
+    eval_episodes: int = hp(
+        8, low=0, doc="deterministic evaluation episodes per log point (0: none)"
+    )
     unroll: int = hp(1, low=1, doc=UNROLL_DOC)
 
     @property
@@ -107,12 +156,21 @@ class ReplayActorCriticConfig:
         return int(round(self.utd_ratio * self.num_envs))
 
     def validate(self):
-        if abs(self.utd_ratio * self.num_envs - self.gradient_steps) > 1e-9 or self.gradient_steps < 1:
-            raise ConfigError(f"agent.utd_ratio ({self.utd_ratio}) * agent.num_envs ({self.num_envs}) must be a whole number >= 1")
+        if (
+            abs(self.utd_ratio * self.num_envs - self.gradient_steps) > 1e-9
+            or self.gradient_steps < 1
+        ):
+            raise ConfigError(
+                f"agent.utd_ratio ({self.utd_ratio}) * agent.num_envs ({self.num_envs}) must be a whole number >= 1"
+            )
         if self.log_interval % self.num_envs:
-            raise ConfigError(f"agent.log_interval ({self.log_interval}) must be a multiple of agent.num_envs ({self.num_envs})")
+            raise ConfigError(
+                f"agent.log_interval ({self.log_interval}) must be a multiple of agent.num_envs ({self.num_envs})"
+            )
         if self.total_steps % self.log_interval:
-            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})")
+            raise ConfigError(
+                f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})"
+            )
 
 
 @dataclass(frozen=True)
@@ -121,15 +179,23 @@ class OnPolicyLoopConfig:
     `num_envs` envs step `num_steps` times with the current network, then `num_epochs` passes over
     that batch in `num_minibatches` shuffled minibatches, one Adam step each."""
 
-    total_steps: int = hp(500_000, low=1, doc="env steps per seed (all envs counted), rounded down to whole updates")
+    total_steps: int = hp(
+        500_000, low=1, doc="env steps per seed (all envs counted), rounded down to whole updates"
+    )
     num_envs: int = hp(32, low=1, doc="parallel envs")
     num_steps: int = hp(64, low=1, doc="rollout length per env per update")
     num_epochs: int = hp(4, low=1, doc="passes over each rollout")
     num_minibatches: int = hp(16, low=1, doc="minibatches per pass")
     anneal_lr: bool = hp(True, doc="linear learning-rate decay to 0 over the run")
     log_interval: int = hp(8, low=1, doc="updates between log points")
-    eval_envs: int = hp(0, low=0, doc="greedy evaluation episodes at each log point (0: no evaluation)")
-    unroll: int = hp(1, low=1, doc="iterations per loop trip of the rollout and minibatch scans (speed only: fewer loop trips on the GPU)")
+    eval_envs: int = hp(
+        0, low=0, doc="greedy evaluation episodes at each log point (0: no evaluation)"
+    )
+    unroll: int = hp(
+        1,
+        low=1,
+        doc="iterations per loop trip of the rollout and minibatch scans (speed only: fewer loop trips on the GPU)",
+    )
 
     @property
     def batch_size(self) -> int:
@@ -141,9 +207,13 @@ class OnPolicyLoopConfig:
 
     def validate(self):
         if self.batch_size % self.num_minibatches:
-            raise ConfigError(f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})")
+            raise ConfigError(
+                f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})"
+            )
         if self.num_updates < 1:
-            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be at least agent.num_envs * agent.num_steps ({self.batch_size})")
+            raise ConfigError(
+                f"agent.total_steps ({self.total_steps}) must be at least agent.num_envs * agent.num_steps ({self.batch_size})"
+            )
         if self.num_updates % self.log_interval:
             lower = self.num_updates // self.log_interval * self.log_interval * self.batch_size
             raise ConfigError(
@@ -160,23 +230,33 @@ def check_bounded_actions(config, env, env_params, discrete_ok: bool = False) ->
     action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
     name = config.agent.name
     if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
-        raise ConfigError(f"env.id: {name} needs vector (Box) observations; {config.env.id} has {obs_space}")
+        raise ConfigError(
+            f"env.id: {name} needs vector (Box) observations; {config.env.id} has {obs_space}"
+        )
     if config.agent.network.torso != "mlp":
-        raise ConfigError(f"agent.network.torso: {name} supports only the mlp torso (its critics read concat(obs, action)); got {config.agent.network.torso!r}")
+        raise ConfigError(
+            f"agent.network.torso: {name} supports only the mlp torso (its critics read concat(obs, action)); got {config.agent.network.torso!r}"
+        )
     if isinstance(action_space, Discrete) and discrete_ok:
         return
     if not isinstance(action_space, Box):
         wanted = "bounded Box or Discrete" if discrete_ok else "continuous (Box)"
-        raise ConfigError(f"env.id: {name} needs {wanted} actions; {config.env.id} has {action_space}")
+        raise ConfigError(
+            f"env.id: {name} needs {wanted} actions; {config.env.id} has {action_space}"
+        )
     if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-        raise ConfigError(f"env.id: {name} needs bounded Box actions; {config.env.id} has {action_space}")
+        raise ConfigError(
+            f"env.id: {name} needs bounded Box actions; {config.env.id} has {action_space}"
+        )
 
 
 def check_discrete_actions(config, env, env_params) -> None:
     """ConfigError unless the env's actions are Discrete (Q-learning with a network needs them)."""
     space = env.action_space(env_params)
     if not isinstance(space, Discrete):
-        raise ConfigError(f"env.id: {config.agent.name} needs discrete actions; {config.env.id} has {space}")
+        raise ConfigError(
+            f"env.id: {config.agent.name} needs discrete actions; {config.env.id} has {space}"
+        )
 
 
 # ---------------------------------------------------------------- the env an agent trains on
@@ -193,7 +273,11 @@ def make_env(config):
     """
     env, env_params = config.env.make()
     space = env.action_space(env_params)
-    if isinstance(space, Box) and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)):
+    if (
+        isinstance(space, Box)
+        and np.all(np.isfinite(space.low))
+        and np.all(np.isfinite(space.high))
+    ):
         env = RescaleAction(env)
     return EpisodeStatistics(env), env_params
 
@@ -231,8 +315,12 @@ def epsilon_greedy(key, q_values, epsilon):
     (exactly uniform when A is a power of two)."""
     u = jax.random.uniform(key, q_values.shape[:-1] + (2,))
     num_actions = q_values.shape[-1]
-    random_action = jnp.minimum(jnp.floor(u[..., 1] * num_actions).astype(jnp.int32), num_actions - 1)
-    return jnp.where(u[..., 0] < epsilon, random_action, jnp.argmax(q_values, axis=-1)).astype(jnp.int32)
+    random_action = jnp.minimum(
+        jnp.floor(u[..., 1] * num_actions).astype(jnp.int32), num_actions - 1
+    )
+    return jnp.where(u[..., 0] < epsilon, random_action, jnp.argmax(q_values, axis=-1)).astype(
+        jnp.int32
+    )
 
 
 def epsilon_greedy_random_ties(q_values, epsilon, explore_u, choice_u):
@@ -255,7 +343,9 @@ def global_norm(tree) -> jax.Array:
     leaves = jax.tree.leaves(tree)
     if not leaves:
         return jnp.float32(0.0)
-    return jnp.sqrt(jnp.sum(jnp.concatenate([jnp.square(jnp.ravel(g).astype(jnp.float32)) for g in leaves])))
+    return jnp.sqrt(
+        jnp.sum(jnp.concatenate([jnp.square(jnp.ravel(g).astype(jnp.float32)) for g in leaves]))
+    )
 
 
 def clip_by_global_norm(max_norm) -> optax.GradientTransformationExtraArgs:
@@ -266,7 +356,9 @@ def clip_by_global_norm(max_norm) -> optax.GradientTransformationExtraArgs:
 
     def update(updates, state, params=None, *, grad_sq_norm=None, **extra_args):
         norm = global_norm(updates) if grad_sq_norm is None else jnp.sqrt(grad_sq_norm)
-        return jax.tree.map(lambda g: jnp.where(norm < max_norm, g, g / norm.astype(g.dtype) * max_norm), updates), state
+        return jax.tree.map(
+            lambda g: jnp.where(norm < max_norm, g, g / norm.astype(g.dtype) * max_norm), updates
+        ), state
 
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
 
@@ -299,7 +391,9 @@ def rollout_keys(key, num_steps: int, num_envs: int):
     return pairs[:, 0], jax.vmap(lambda k: jax.random.split(k, num_envs))(pairs[:, 1])
 
 
-PACKED_OUTPUT_MAX = 4096  # most elements per step of an output leaf that `scan_packed_outputs` packs
+PACKED_OUTPUT_MAX = (
+    4096  # most elements per step of an output leaf that `scan_packed_outputs` packs
+)
 
 
 def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None, unroll: int = 1):
@@ -332,8 +426,16 @@ def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None,
     return carry, treedef.unflatten([next(small) if flag else next(large) for flag in small_flags])
 
 
-def minibatch_epochs(minibatch_step: Callable, carry, batch, key, num_epochs: int, num_minibatches: int, unroll: int = 1,
-                     refresh: Callable | None = None):
+def minibatch_epochs(
+    minibatch_step: Callable,
+    carry,
+    batch,
+    key,
+    num_epochs: int,
+    num_minibatches: int,
+    unroll: int = 1,
+    refresh: Callable | None = None,
+):
     """`num_epochs` passes over `batch` (a pytree of arrays with a leading batch axis), each a
     `lax.scan` of `minibatch_step(carry, minibatch) -> (carry, stats)` over `num_minibatches`
     minibatches of a fresh random permutation (`unroll` steps per loop trip). With `refresh`, every
@@ -344,14 +446,18 @@ def minibatch_epochs(minibatch_step: Callable, carry, batch, key, num_epochs: in
 
     def epoch(carry, key, batch=batch):
         order = jax.random.permutation(key, size)
-        minibatches = jax.tree.map(lambda x: jnp.take(x, order, axis=0).reshape(shape + x.shape[1:]), batch)
+        minibatches = jax.tree.map(
+            lambda x: jnp.take(x, order, axis=0).reshape(shape + x.shape[1:]), batch
+        )
         return jax.lax.scan(minibatch_step, carry, minibatches, unroll=min(unroll, num_minibatches))
 
     keys = jax.random.split(key, num_epochs)
     if refresh is None or num_epochs == 1:
         return jax.lax.scan(epoch, carry, keys)
     carry, first = epoch(carry, keys[0])
-    carry, rest = jax.lax.scan(lambda carry, key: epoch(carry, key, refresh(carry, batch)), carry, keys[1:])
+    carry, rest = jax.lax.scan(
+        lambda carry, key: epoch(carry, key, refresh(carry, batch)), carry, keys[1:]
+    )
     return carry, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
 
 
@@ -365,7 +471,9 @@ def polyak(target, online, tau):
 
 def periodic_polyak(target, online, tau, do_update):
     """`polyak(target, online, tau)` where `do_update` (a traced bool), else `target` unchanged."""
-    return jax.tree.map(lambda t, o: jnp.where(do_update, tau * o + (1.0 - tau) * t, t), target, online)
+    return jax.tree.map(
+        lambda t, o: jnp.where(do_update, tau * o + (1.0 - tau) * t, t), target, online
+    )
 
 
 # ---------------------------------------------------------------- episode statistics
@@ -381,7 +489,9 @@ class EpisodeTotals(NamedTuple):
 
 def no_episodes(shape: tuple[int, ...] = ()) -> EpisodeTotals:
     """Zero totals: one set, or one per element of `shape` (e.g. per env, for `count_episodes`)."""
-    return EpisodeTotals(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.int32))
+    return EpisodeTotals(
+        jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.int32)
+    )
 
 
 def add_episodes(totals: EpisodeTotals, info: dict) -> EpisodeTotals:
@@ -395,14 +505,20 @@ def count_episodes(totals: EpisodeTotals, info: dict) -> EpisodeTotals:
     one set per env): totals + (done * episode_return, done * episode_length, done). A rollout that
     carries these per env writes no per-step episode arrays; `add_totals` sums them once after it."""
     done = info["episode_done"]
-    return EpisodeTotals(totals.returns + jnp.where(done, info["episode_return"], 0.0),
-                         totals.lengths + jnp.where(done, info["episode_length"], 0),
-                         totals.count + done.astype(jnp.int32))
+    return EpisodeTotals(
+        totals.returns + jnp.where(done, info["episode_return"], 0.0),
+        totals.lengths + jnp.where(done, info["episode_length"], 0),
+        totals.count + done.astype(jnp.int32),
+    )
 
 
 def add_totals(totals: EpisodeTotals, more: EpisodeTotals) -> EpisodeTotals:
     """`totals` plus every element of `more` (per-env totals from `count_episodes`), summed."""
-    return EpisodeTotals(totals.returns + jnp.sum(more.returns), totals.lengths + jnp.sum(more.lengths), totals.count + jnp.sum(more.count))
+    return EpisodeTotals(
+        totals.returns + jnp.sum(more.returns),
+        totals.lengths + jnp.sum(more.lengths),
+        totals.count + jnp.sum(more.count),
+    )
 
 
 def episode_metrics(totals: EpisodeTotals) -> dict:
@@ -419,8 +535,14 @@ def episode_metrics(totals: EpisodeTotals) -> dict:
 # ---------------------------------------------------------------- off-policy phase and log points
 
 
-def act_then_train(env_step: Callable, gradient_step: Callable, env_iterations: int, gradient_steps: int, learning_starts: int,
-                   unroll: int = 1) -> Callable:
+def act_then_train(
+    env_step: Callable,
+    gradient_step: Callable,
+    env_iterations: int,
+    gradient_steps: int,
+    learning_starts: int,
+    unroll: int = 1,
+) -> Callable:
     """`phase((state, totals), key) -> ((state, totals), aux)`: `env_iterations` calls of
     `env_step((state, totals), key) -> ((state, totals), None)`, then, once
     state["step"] >= learning_starts, `gradient_steps` calls of `gradient_step(state, key) ->
@@ -435,9 +557,15 @@ def act_then_train(env_step: Callable, gradient_step: Callable, env_iterations: 
         return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
 
     def phase(carry, key):
-        keys = jax.random.split(key, env_iterations + gradient_steps)  # one split for the whole phase
-        (state, totals), _ = jax.lax.scan(env_step, carry, keys[:env_iterations], unroll=min(unroll, env_iterations))
-        state, aux = jax.lax.cond(state["step"] >= learning_starts, train, skip, state, keys[env_iterations:])
+        keys = jax.random.split(
+            key, env_iterations + gradient_steps
+        )  # one split for the whole phase
+        (state, totals), _ = jax.lax.scan(
+            env_step, carry, keys[:env_iterations], unroll=min(unroll, env_iterations)
+        )
+        state, aux = jax.lax.cond(
+            state["step"] >= learning_starts, train, skip, state, keys[env_iterations:]
+        )
         return (state, totals), aux
 
     return phase
@@ -465,8 +593,18 @@ def replay_state(key, params, opt_state, buffer, obs, env_state, **extra) -> dic
     """A replay agent's training state: online and target params (equal at the start), optimiser
     state, replay buffer, the envs' observations and states, the PRNG key, and the env-step and
     gradient-step counters, plus any `extra` entries."""
-    return {"params": params, "target_params": params, "opt_state": opt_state, "buffer": buffer, **extra,
-            "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0), "updates": jnp.int32(0)}
+    return {
+        "params": params,
+        "target_params": params,
+        "opt_state": opt_state,
+        "buffer": buffer,
+        **extra,
+        "obs": obs,
+        "env_state": env_state,
+        "key": key,
+        "step": jnp.int32(0),
+        "updates": jnp.int32(0),
+    }
 
 
 def step_and_store(env, env_params, num_envs: int, carry, action, key):
@@ -475,35 +613,76 @@ def step_and_store(env, env_params, num_envs: int, carry, action, key):
     episodes that ended are added to the totals. `carry` = (state, totals); returns ((state, totals), None)."""
     state, totals = carry
     _, step = batched(env)
-    obs, env_state, reward, terminated, _, info = step(jax.random.split(key, num_envs), state["env_state"], action, env_params)
-    transition = {"obs": state["obs"], "action": action, "reward": reward, "next_obs": info["final_obs"], "terminated": terminated}
-    state = {**state, "buffer": buffers.uniform_add(state["buffer"], transition), "obs": obs, "env_state": env_state, "step": state["step"] + num_envs}
+    obs, env_state, reward, terminated, _, info = step(
+        jax.random.split(key, num_envs), state["env_state"], action, env_params
+    )
+    transition = {
+        "obs": state["obs"],
+        "action": action,
+        "reward": reward,
+        "next_obs": info["final_obs"],
+        "terminated": terminated,
+    }
+    state = {
+        **state,
+        "buffer": buffers.uniform_add(state["buffer"], transition),
+        "obs": obs,
+        "env_state": env_state,
+        "step": state["step"] + num_envs,
+    }
     return (state, add_episodes(totals, info)), None
 
 
 def replay_epsilon(agent: ReplayLoopConfig, hparams, step):
     """Epsilon after `step` env steps: linear from epsilon_start to epsilon_end over epsilon_decay_steps."""
-    return linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
+    return linear_schedule(
+        hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step
+    )
 
 
-def off_policy_log_period(env, env_params, num_phases: int, eval_episodes: int, greedy_policy: Callable, extra_metrics: Callable, phase: Callable, state,
-                          unroll: int = 1):
+def off_policy_log_period(
+    env,
+    env_params,
+    num_phases: int,
+    eval_episodes: int,
+    greedy_policy: Callable,
+    extra_metrics: Callable,
+    phase: Callable,
+    state,
+    unroll: int = 1,
+):
     """One log period of an off-policy agent: `num_phases` act-then-train phases (`unroll` per loop
     trip), then the period's episode statistics, `extra_metrics(state)`, the mean of each
     gradient-step aux (NaN before learning), and the mean return of `eval_episodes` episodes of
     `greedy_policy(params) -> (obs -> action)` on fresh envs (none if 0)."""
     key, phase_key, eval_key = jax.random.split(state["key"], 3)
-    (state, totals), aux = jax.lax.scan(phase, ({**state, "key": key}, no_episodes()), jax.random.split(phase_key, num_phases),
-                                        unroll=min(unroll, num_phases))
+    (state, totals), aux = jax.lax.scan(
+        phase,
+        ({**state, "key": key}, no_episodes()),
+        jax.random.split(phase_key, num_phases),
+        unroll=min(unroll, num_phases),
+    )
     metrics = {"step": state["step"], **episode_metrics(totals), **extra_metrics(state)}
     metrics.update({name: jnp.nanmean(value) for name, value in aux.items()})
     if eval_episodes:
-        metrics["eval_return"] = greedy_episodes(env, env_params, greedy_policy(state["params"]), eval_key, eval_episodes)[0].mean()
+        metrics["eval_return"] = greedy_episodes(
+            env, env_params, greedy_policy(state["params"]), eval_key, eval_episodes
+        )[0].mean()
     return state, metrics
 
 
-def off_policy_trainer(agent, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable, greedy_policy: Callable,
-                       extra_metrics: Callable, env_iterations: int, phases_per_log: int) -> Trainer:
+def off_policy_trainer(
+    agent,
+    env,
+    env_params,
+    init: Callable,
+    env_step: Callable,
+    gradient_step: Callable,
+    greedy_policy: Callable,
+    extra_metrics: Callable,
+    env_iterations: int,
+    phases_per_log: int,
+) -> Trainer:
     """The Trainer of an off-policy agent: `init(key, hparams) -> state`; each log point is
     `off_policy_log_period` over `phases_per_log` `act_then_train` phases of `env_iterations` calls of
     `env_step(hparams, (state, totals), key)` and `agent.gradient_steps` calls of
@@ -512,29 +691,83 @@ def off_policy_trainer(agent, env, env_params, init: Callable, env_step: Callabl
     (`phase_unroll`)."""
 
     def run(state, hparams, num_log_points):
-        phase = act_then_train(partial(env_step, hparams), partial(gradient_step, hparams), env_iterations, agent.gradient_steps, agent.learning_starts,
-                               agent.unroll)
-        log_period = partial(off_policy_log_period, env, env_params, phases_per_log, agent.eval_episodes, greedy_policy,
-                             partial(extra_metrics, hparams), phase, unroll=phase_unroll(agent.unroll, env_iterations, agent.gradient_steps))
+        phase = act_then_train(
+            partial(env_step, hparams),
+            partial(gradient_step, hparams),
+            env_iterations,
+            agent.gradient_steps,
+            agent.learning_starts,
+            agent.unroll,
+        )
+        log_period = partial(
+            off_policy_log_period,
+            env,
+            env_params,
+            phases_per_log,
+            agent.eval_episodes,
+            greedy_policy,
+            partial(extra_metrics, hparams),
+            phase,
+            unroll=phase_unroll(agent.unroll, env_iterations, agent.gradient_steps),
+        )
         return scan_log_points(log_period, state, num_log_points)
 
     return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 
 
-def replay_trainer(agent: ReplayLoopConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable, greedy_policy: Callable) -> Trainer:
+def replay_trainer(
+    agent: ReplayLoopConfig,
+    env,
+    env_params,
+    init: Callable,
+    env_step: Callable,
+    gradient_step: Callable,
+    greedy_policy: Callable,
+) -> Trainer:
     """`off_policy_trainer` with the replay loop's shape: phases of `train_freq // num_envs` env
     iterations, `log_interval // train_freq` phases per log point, epsilon and the gradient-step count logged."""
-    extra = lambda hparams, state: {"epsilon": replay_epsilon(agent, hparams, state["step"]), "gradient_steps": state["updates"]}
-    return off_policy_trainer(agent, env, env_params, init, env_step, gradient_step, greedy_policy, extra,
-                              agent.train_freq // agent.num_envs, agent.log_interval // agent.train_freq)
+    extra = lambda hparams, state: {
+        "epsilon": replay_epsilon(agent, hparams, state["step"]),
+        "gradient_steps": state["updates"],
+    }
+    return off_policy_trainer(
+        agent,
+        env,
+        env_params,
+        init,
+        env_step,
+        gradient_step,
+        greedy_policy,
+        extra,
+        agent.train_freq // agent.num_envs,
+        agent.log_interval // agent.train_freq,
+    )
 
 
-def actor_critic_trainer(agent: ReplayActorCriticConfig, env, env_params, init: Callable, env_step: Callable, gradient_step: Callable,
-                         greedy_policy: Callable, extra_metrics: Callable) -> Trainer:
+def actor_critic_trainer(
+    agent: ReplayActorCriticConfig,
+    env,
+    env_params,
+    init: Callable,
+    env_step: Callable,
+    gradient_step: Callable,
+    greedy_policy: Callable,
+    extra_metrics: Callable,
+) -> Trainer:
     """`off_policy_trainer` with the actor-critic loop's shape: one env iteration per phase,
     `log_interval // num_envs` phases per log point; `extra_metrics(state)`."""
-    return off_policy_trainer(agent, env, env_params, init, env_step, gradient_step, greedy_policy, lambda hparams, state: extra_metrics(state),
-                              1, agent.log_interval // agent.num_envs)
+    return off_policy_trainer(
+        agent,
+        env,
+        env_params,
+        init,
+        env_step,
+        gradient_step,
+        greedy_policy,
+        lambda hparams, state: extra_metrics(state),
+        1,
+        agent.log_interval // agent.num_envs,
+    )
 
 
 def kernel_backend(config) -> str:
@@ -559,7 +792,13 @@ class PPOLoopConfig(OnPolicyLoopConfig):
     num_envs: int = hp(4, low=1, doc="parallel envs")
     num_steps: int = hp(128, low=1, doc="rollout length per env per update")
     num_minibatches: int = hp(4, low=1, doc="minibatches per pass")
-    lr: float = hp(2.5e-4, low=0.0, low_open=True, sweep=True, doc="Adam step size (annealed to 0 if anneal_lr)")
+    lr: float = hp(
+        2.5e-4,
+        low=0.0,
+        low_open=True,
+        sweep=True,
+        doc="Adam step size (annealed to 0 if anneal_lr)",
+    )
     gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
     gae_lambda: float = hp(0.95, low=0.0, high=1.0, sweep=True, doc="GAE lambda")
     clip_eps: float = hp(0.2, low=0.0, sweep=True, doc="surrogate clip range")
@@ -567,19 +806,38 @@ class PPOLoopConfig(OnPolicyLoopConfig):
     vf_clip_eps: float = hp(0.2, low=0.0, sweep=True, doc="value clip range (if clip_value_loss)")
     ent_coef: float = hp(0.01, low=0.0, sweep=True, doc="entropy bonus coefficient")
     vf_coef: float = hp(0.5, low=0.0, sweep=True, doc="value loss coefficient")
-    max_grad_norm: float = hp(0.5, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip")
-    adam_eps: float = hp(1e-5, low=0.0, low_open=True, doc="Adam's epsilon (1e-5: the PPO implementations' usual; 1e-8: optax's and Brax's)")
+    max_grad_norm: float = hp(
+        0.5, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip"
+    )
+    adam_eps: float = hp(
+        1e-5,
+        low=0.0,
+        low_open=True,
+        doc="Adam's epsilon (1e-5: the PPO implementations' usual; 1e-8: optax's and Brax's)",
+    )
     normalize_advantages: bool = hp(True, doc="normalise advantages per minibatch")
-    reward_scale: float = hp(1.0, low=0.0, low_open=True, sweep=True, doc="rewards are multiplied by this for learning")
+    reward_scale: float = hp(
+        1.0, low=0.0, low_open=True, sweep=True, doc="rewards are multiplied by this for learning"
+    )
     shared_network: bool = hp(False, doc="one torso for actor and critic")
-    continuous_policy: str = hp("gaussian", choices=("gaussian", "tanh_gaussian"), doc="policy for Box actions: a Gaussian with a learned state-independent log-std, its samples clipped to the bounds; or a tanh-squashed Gaussian with a state-dependent scale softplus(x) + 0.001 (Brax's PPO)")
-    log_std_init: float = hp(0.0, doc="initial log-std of the gaussian policy (continuous_policy: gaussian)")
+    continuous_policy: str = hp(
+        "gaussian",
+        choices=("gaussian", "tanh_gaussian"),
+        doc="policy for Box actions: a Gaussian with a learned state-independent log-std, its samples clipped to the bounds; or a tanh-squashed Gaussian with a state-dependent scale softplus(x) + 0.001 (Brax's PPO)",
+    )
+    log_std_init: float = hp(
+        0.0, doc="initial log-std of the gaussian policy (continuous_policy: gaussian)"
+    )
 
     def validate(self):
         if self.batch_size % self.num_minibatches:
-            raise ConfigError(f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})")
+            raise ConfigError(
+                f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})"
+            )
         if self.num_updates < 1 or self.num_updates % self.log_interval:
-            raise ConfigError(total_steps_problem(self.total_steps, self.batch_size, self.log_interval))
+            raise ConfigError(
+                total_steps_problem(self.total_steps, self.batch_size, self.log_interval)
+            )
 
 
 def total_steps_problem(total_steps: int, batch_size: int, log_interval: int) -> str:
@@ -601,10 +859,14 @@ def check_policy_env(config, env, env_params) -> None:
     """ConfigError unless the env's actions are Discrete or a bounded Box (a policy-gradient agent's
     categorical or Gaussian policy)."""
     space, name = env.action_space(env_params), config.agent.name
-    if isinstance(space, Box) and not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+    if isinstance(space, Box) and not (
+        np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))
+    ):
         raise ConfigError(f"env.id: {name} needs bounded Box actions; {config.env.id} has {space}")
     if not isinstance(space, (Box, Discrete)):
-        raise ConfigError(f"env.id: {name} needs Discrete or Box actions; {config.env.id} has {space}")
+        raise ConfigError(
+            f"env.id: {name} needs Discrete or Box actions; {config.env.id} has {space}"
+        )
 
 
 def policy_head(agent: PPOLoopConfig, env, env_params) -> tuple[Callable, str]:
@@ -649,21 +911,51 @@ def ppo_optimizer(agent: PPOLoopConfig, hparams):
     return annealed_clipped_adam(agent, hparams["lr"], hparams["max_grad_norm"], eps=agent.adam_eps)
 
 
-def ppo_minibatch_loss(policy, values, actions, old_log_probs, old_values, advantages, targets, hparams, agent: PPOLoopConfig,
-                       distribution: str, backend: str):
+def ppo_minibatch_loss(
+    policy,
+    values,
+    actions,
+    old_log_probs,
+    old_values,
+    advantages,
+    targets,
+    hparams,
+    agent: PPOLoopConfig,
+    distribution: str,
+    backend: str,
+):
     """(L, stats) = `losses.ppo_loss` of a minibatch from the current network's outputs on it (`policy`,
     `values`), advantages normalised first if `agent.normalize_advantages`. Any batch shape."""
     log_prob, entropy = losses.policy_log_prob_entropy(policy, actions, distribution, backend)
     if agent.normalize_advantages:
         advantages = losses.normalize(advantages)
     return losses.ppo_loss(
-        log_prob, entropy, values, old_log_probs, old_values, advantages, targets,
-        hparams["clip_eps"], hparams["vf_clip_eps"], hparams["ent_coef"], hparams["vf_coef"], agent.clip_value_loss,
+        log_prob,
+        entropy,
+        values,
+        old_log_probs,
+        old_values,
+        advantages,
+        targets,
+        hparams["clip_eps"],
+        hparams["vf_clip_eps"],
+        hparams["ent_coef"],
+        hparams["vf_coef"],
+        agent.clip_value_loss,
     )
 
 
-def flat_minibatch_epochs(agent: OnPolicyLoopConfig, optimizer, grads: Callable, params, opt_state, batch, key, refresh: Callable | None = None,
-                          flat_grads: Callable | None = None):
+def flat_minibatch_epochs(
+    agent: OnPolicyLoopConfig,
+    optimizer,
+    grads: Callable,
+    params,
+    opt_state,
+    batch,
+    key,
+    refresh: Callable | None = None,
+    flat_grads: Callable | None = None,
+):
     """`minibatch_epochs` of optimiser steps along `grads(params, minibatch) -> (gradient, stats)`,
     the optimiser on one flat parameter vector (one fused update instead of one per array; `opt_state`
     is `optimizer.init(ravel_pytree(params)[0])`). The batch's leading axis is what minibatches split:
@@ -688,9 +980,19 @@ def flat_minibatch_epochs(agent: OnPolicyLoopConfig, optimizer, grads: Callable,
             updates, opt_state = optimizer.update(g, opt_state, flat_params, grad_sq_norm=sq_norm)
         return (optax.apply_updates(flat_params, updates), opt_state), stats
 
-    epoch_batch = None if refresh is None else (lambda carry, batch: refresh(unravel(carry[0]), batch))
-    (flat_params, opt_state), stats = minibatch_epochs(minibatch_step, (flat_params, opt_state), batch, key,
-                                                       agent.num_epochs, agent.num_minibatches, agent.unroll, epoch_batch)
+    epoch_batch = (
+        None if refresh is None else (lambda carry, batch: refresh(unravel(carry[0]), batch))
+    )
+    (flat_params, opt_state), stats = minibatch_epochs(
+        minibatch_step,
+        (flat_params, opt_state),
+        batch,
+        key,
+        agent.num_epochs,
+        agent.num_minibatches,
+        agent.unroll,
+        epoch_batch,
+    )
     return unravel(flat_params), opt_state, stats
 
 
@@ -703,7 +1005,9 @@ def on_policy_log_period(agent: OnPolicyLoopConfig, update: Callable, evaluate: 
         state, totals, stats = update(*carry)
         return (state, totals), stats
 
-    (state, totals), stats = jax.lax.scan(one_update, (state, no_episodes()), None, length=agent.log_interval)
+    (state, totals), stats = jax.lax.scan(
+        one_update, (state, no_episodes()), None, length=agent.log_interval
+    )
     metrics = {"step": state["step"], **episode_metrics(totals), **jax.tree.map(jnp.mean, stats)}
     if agent.eval_envs:
         key, eval_key = jax.random.split(state["key"])
@@ -712,11 +1016,26 @@ def on_policy_log_period(agent: OnPolicyLoopConfig, update: Callable, evaluate: 
     return state, metrics
 
 
-def on_policy_trainer(agent: OnPolicyLoopConfig, init: Callable, update: Callable, evaluate: Callable, per_env=("obs", "env_state")) -> Trainer:
+def on_policy_trainer(
+    agent: OnPolicyLoopConfig,
+    init: Callable,
+    update: Callable,
+    evaluate: Callable,
+    per_env=("obs", "env_state"),
+) -> Trainer:
     """The Trainer of an on-policy agent: `init(key, hparams) -> state`; each log point is
     `on_policy_log_period` over `update(hparams, state, totals)` and `evaluate(params, key)`."""
 
     def run(state, hparams, num_log_points):
-        return scan_log_points(partial(on_policy_log_period, agent, partial(update, hparams), evaluate), state, num_log_points)
+        return scan_log_points(
+            partial(on_policy_log_period, agent, partial(update, hparams), evaluate),
+            state,
+            num_log_points,
+        )
 
-    return Trainer(init=init, run=run, num_log_points=agent.num_updates // agent.log_interval, per_env=tuple(per_env))
+    return Trainer(
+        init=init,
+        run=run,
+        num_log_points=agent.num_updates // agent.log_interval,
+        per_env=tuple(per_env),
+    )

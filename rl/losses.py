@@ -21,12 +21,36 @@ import kernels
 from kernels.ppo_grads import clipped_surrogate_loss, clipped_value_loss, ppo_objective
 
 __all__ = [
-    "action_value", "episode_discount", "n_step_discount", "bootstrap_value", "q_learning_target", "td_loss", "n_step_transition",
-    "categorical_q_values", "categorical_td_target", "categorical_cross_entropy",
-    "normalize", "gae_coefficients", "truncation_aware_gae", "clipped_surrogate_loss", "clipped_value_loss", "ppo_loss",
-    "gaussian_log_prob_entropy", "tanh_gaussian_log_prob_entropy", "policy_log_prob_entropy", "tanh_log_det_jacobian", "squashed_gaussian_sample", "squashed_gaussian_log_prob",
-    "soft_value", "soft_value_discrete", "twin_q_loss", "sac_actor_loss", "sac_actor_loss_discrete", "temperature_loss",
-    "smoothed_target_action", "deterministic_policy_loss",
+    "action_value",
+    "episode_discount",
+    "n_step_discount",
+    "bootstrap_value",
+    "q_learning_target",
+    "td_loss",
+    "n_step_transition",
+    "categorical_q_values",
+    "categorical_td_target",
+    "categorical_cross_entropy",
+    "normalize",
+    "gae_coefficients",
+    "truncation_aware_gae",
+    "clipped_surrogate_loss",
+    "clipped_value_loss",
+    "ppo_loss",
+    "gaussian_log_prob_entropy",
+    "tanh_gaussian_log_prob_entropy",
+    "policy_log_prob_entropy",
+    "tanh_log_det_jacobian",
+    "squashed_gaussian_sample",
+    "squashed_gaussian_log_prob",
+    "soft_value",
+    "soft_value_discrete",
+    "twin_q_loss",
+    "sac_actor_loss",
+    "sac_actor_loss_discrete",
+    "temperature_loss",
+    "smoothed_target_action",
+    "deterministic_policy_loss",
 ]
 
 # ---------------------------------------------------------------- value-based (DQN, Rainbow)
@@ -86,8 +110,13 @@ def n_step_transition(window, gamma, *, backend: str | None = None, deterministi
     n = window["reward"].shape[0]
     done = window["terminated"] | window["truncated"]
     discounts = gamma * (1.0 - done.astype(jnp.float32))
-    ret = kernels.discounted_returns(window["reward"], discounts, jnp.zeros_like(window["reward"][0]), backend=backend,
-                                    deterministic=deterministic)[0]
+    ret = kernels.discounted_returns(
+        window["reward"],
+        discounts,
+        jnp.zeros_like(window["reward"][0]),
+        backend=backend,
+        deterministic=deterministic,
+    )[0]
     last = jnp.arange(n)[:, None] == n - 1
     end = jnp.argmax(done | last, axis=0)
     take = lambda x: jnp.take_along_axis(x, end.reshape((1, -1) + (1,) * (x.ndim - 2)), axis=0)[0]
@@ -106,12 +135,24 @@ def categorical_q_values(logits, support, *, backend: str | None = None):
     return jnp.sum(kernels.softmax(logits, axis=-1, backend=backend) * support, axis=-1)
 
 
-def categorical_td_target(reward, discount, next_probs, support, *, backend: str | None = None, deterministic: bool = False):
+def categorical_td_target(
+    reward,
+    discount,
+    next_probs,
+    support,
+    *,
+    backend: str | None = None,
+    deterministic: bool = False,
+):
     """C51's target distribution (Bellemare et al. 2017), no gradient: the distribution of
     r + gamma_t z under `next_probs` [B, K], projected onto the support z [K]
     (`kernels.categorical_projection`; `deterministic`: its fixed-order kernel). `reward`, `discount`: [B]."""
     atoms = reward[:, None] + discount[:, None] * support[None, :]
-    return jax.lax.stop_gradient(kernels.categorical_projection(atoms, next_probs, support, backend=backend, deterministic=deterministic))
+    return jax.lax.stop_gradient(
+        kernels.categorical_projection(
+            atoms, next_probs, support, backend=backend, deterministic=deterministic
+        )
+    )
 
 
 def categorical_cross_entropy(logits, target_probs):
@@ -119,7 +160,14 @@ def categorical_cross_entropy(logits, target_probs):
     The KL (clipped at 0) is Rainbow's replay priority."""
     log_p = jax.nn.log_softmax(logits, axis=-1)
     cross_entropy = -jnp.sum(target_probs * log_p, axis=-1)
-    neg_entropy = jnp.sum(jnp.where(target_probs > 0, target_probs * jnp.log(jnp.where(target_probs > 0, target_probs, 1.0)), 0.0), axis=-1)
+    neg_entropy = jnp.sum(
+        jnp.where(
+            target_probs > 0,
+            target_probs * jnp.log(jnp.where(target_probs > 0, target_probs, 1.0)),
+            0.0,
+        ),
+        axis=-1,
+    )
     return cross_entropy, jnp.maximum(cross_entropy + neg_entropy, 0.0)
 
 
@@ -140,8 +188,18 @@ def gae_coefficients(terminated, truncated, gamma, gae_lambda):
     return discounts, lambdas
 
 
-def truncation_aware_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda, *, backend: str | None = None,
-                         deterministic: bool = False):
+def truncation_aware_gae(
+    rewards,
+    values,
+    next_values,
+    terminated,
+    truncated,
+    gamma,
+    gae_lambda,
+    *,
+    backend: str | None = None,
+    deterministic: bool = False,
+):
     """(advantages, value targets) of a time-major rollout, GAE (Schulman et al. 2016) with the
     coefficients of `gae_coefficients` and next_values = V(final_obs_t):
 
@@ -149,11 +207,28 @@ def truncation_aware_gae(rewards, values, next_values, terminated, truncated, ga
 
     through `kernels.gae`."""
     discounts, lambdas = gae_coefficients(terminated, truncated, gamma, gae_lambda)
-    return kernels.gae(rewards, values, next_values, discounts, lambdas, backend=backend, deterministic=deterministic)
+    return kernels.gae(
+        rewards,
+        values,
+        next_values,
+        discounts,
+        lambdas,
+        backend=backend,
+        deterministic=deterministic,
+    )
 
 
-def truncation_aware_q_lambda(rewards, next_values, terminated, truncated, gamma, q_lambda, *, backend: str | None = None,
-                              deterministic: bool = False):
+def truncation_aware_q_lambda(
+    rewards,
+    next_values,
+    terminated,
+    truncated,
+    gamma,
+    q_lambda,
+    *,
+    backend: str | None = None,
+    deterministic: bool = False,
+):
     """Peng's Q(lambda) targets of a time-major rollout (PQN; Gallici et al. 2024) with the
     coefficients of `gae_coefficients` and next_values = max_a Q(final_obs_t, a):
 
@@ -162,7 +237,9 @@ def truncation_aware_q_lambda(rewards, next_values, terminated, truncated, gamma
     so a time limit still bootstraps and no return chains across an episode end; through
     `kernels.q_lambda_returns`."""
     discounts, lambdas = gae_coefficients(terminated, truncated, gamma, q_lambda)
-    return kernels.q_lambda_returns(rewards, next_values, discounts, lambdas, backend=backend, deterministic=deterministic)
+    return kernels.q_lambda_returns(
+        rewards, next_values, discounts, lambdas, backend=backend, deterministic=deterministic
+    )
 
 
 ppo_loss = ppo_objective
@@ -191,8 +268,10 @@ def tanh_gaussian_log_prob_entropy(mean, log_std, u):
     log_prob, entropy = gaussian_log_prob_entropy(mean, log_std, u)
     std = jnp.exp(log_std)
     u_reparam = mean + std * jax.lax.stop_gradient((u - mean) / std)
-    return (log_prob - jnp.sum(tanh_log_det_jacobian(u), axis=-1),
-            entropy + jnp.sum(tanh_log_det_jacobian(u_reparam), axis=-1))
+    return (
+        log_prob - jnp.sum(tanh_log_det_jacobian(u), axis=-1),
+        entropy + jnp.sum(tanh_log_det_jacobian(u_reparam), axis=-1),
+    )
 
 
 DISTRIBUTIONS = ("categorical", "gaussian", "tanh_gaussian")
@@ -209,7 +288,9 @@ def policy_log_prob_entropy(policy, actions, distribution: str, backend: str | N
         return tanh_gaussian_log_prob_entropy(*policy, actions)
     if distribution == "categorical":
         return kernels.categorical_log_prob_entropy(policy, actions, backend=backend)
-    raise ValueError(f"unknown policy distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
+    raise ValueError(
+        f"unknown policy distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}"
+    )
 
 
 # ---------------------------------------------------------------- soft actor-critic (SAC)
@@ -223,7 +304,7 @@ def tanh_log_det_jacobian(u):
 def squashed_gaussian_sample(mean, log_std, key):
     """(a, log pi(a)) with a = tanh(u), u = mu + sigma eps, eps ~ N(0, I) (reparameterised):
 
-        log pi(a) = sum_j [log N(u_j; mu_j, sigma_j) - log(1 - tanh(u_j)^2)]   (over the last axis)."""
+    log pi(a) = sum_j [log N(u_j; mu_j, sigma_j) - log(1 - tanh(u_j)^2)]   (over the last axis)."""
     eps = jax.random.normal(key, mean.shape)
     u = mean + jnp.exp(log_std) * eps
     log_normal = -0.5 * eps * eps - log_std - 0.5 * math.log(2.0 * math.pi)
@@ -233,7 +314,9 @@ def squashed_gaussian_sample(mean, log_std, key):
 def squashed_gaussian_log_prob(mean, log_std, u):
     """log pi(tanh(u)) of the squashed Gaussian for a given pre-squash u (see `squashed_gaussian_sample`)."""
     z = (u - mean) * jnp.exp(-log_std)
-    return jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2.0 * math.pi) - tanh_log_det_jacobian(u), axis=-1)
+    return jnp.sum(
+        -0.5 * z * z - log_std - 0.5 * math.log(2.0 * math.pi) - tanh_log_det_jacobian(u), axis=-1
+    )
 
 
 def soft_value(q1, q2, log_prob, alpha):
@@ -273,10 +356,14 @@ def temperature_loss(log_alpha, entropy, target_entropy):
 # ---------------------------------------------------------------- TD3
 
 
-def smoothed_target_action(target_action, key, noise_std, noise_clip, low: float = -1.0, high: float = 1.0):
+def smoothed_target_action(
+    target_action, key, noise_std, noise_clip, low: float = -1.0, high: float = 1.0
+):
     """TD3's target policy smoothing (Fujimoto et al. 2018): a' = clip(mu'(s') + clip(eps, -c, c), low, high),
     eps ~ N(0, noise_std^2) per action dimension, c = `noise_clip`."""
-    noise = jnp.clip(noise_std * jax.random.normal(key, target_action.shape), -noise_clip, noise_clip)
+    noise = jnp.clip(
+        noise_std * jax.random.normal(key, target_action.shape), -noise_clip, noise_clip
+    )
     return jnp.clip(target_action + noise, low, high)
 
 

@@ -37,9 +37,17 @@ from rl.config import ConfigError, hp
 BACKENDS = ("flax", "haiku")
 INITS = ("orthogonal", "lecun_uniform")
 
-LAYER_NORM_EPS = 1e-5  # LayerNorm: (x - mean) / sqrt(var + eps) * scale + offset, over the last axis
+LAYER_NORM_EPS = (
+    1e-5  # LayerNorm: (x - mean) / sqrt(var + eps) * scale + offset, over the last axis
+)
 
-ACTIVATIONS: dict[str, Callable] = {"relu": jax.nn.relu, "tanh": jnp.tanh, "gelu": jax.nn.gelu, "silu": jax.nn.silu, "elu": jax.nn.elu}
+ACTIVATIONS: dict[str, Callable] = {
+    "relu": jax.nn.relu,
+    "tanh": jnp.tanh,
+    "gelu": jax.nn.gelu,
+    "silu": jax.nn.silu,
+    "elu": jax.nn.elu,
+}
 
 
 @dataclass(frozen=True)
@@ -77,8 +85,12 @@ def _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key):
 
 def _noisy_inits(fan_in: int, sigma0: float):
     bound = 1.0 / math.sqrt(fan_in)
-    uniform = lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
-    constant = lambda key, shape, dtype=jnp.float32: jnp.full(shape, sigma0 / math.sqrt(fan_in), dtype)
+    uniform = lambda key, shape, dtype=jnp.float32: jax.random.uniform(
+        key, shape, dtype, -bound, bound
+    )
+    constant = lambda key, shape, dtype=jnp.float32: jnp.full(
+        shape, sigma0 / math.sqrt(fan_in), dtype
+    )
     return uniform, constant
 
 
@@ -98,20 +110,39 @@ class FlaxLayers:
     def _kernel(self, scale: float):
         import flax.linen as nn
 
-        return _kernel_init(self.init, scale, nn.initializers.variance_scaling, nn.initializers.orthogonal)
+        return _kernel_init(
+            self.init, scale, nn.initializers.variance_scaling, nn.initializers.orthogonal
+        )
 
     def dense(self, x, features: int, scale: float = math.sqrt(2), name: str | None = None):
         import flax.linen as nn
 
-        layer = nn.Dense(features, kernel_init=self._kernel(scale), bias_init=nn.initializers.zeros, name=name)
+        layer = nn.Dense(
+            features, kernel_init=self._kernel(scale), bias_init=nn.initializers.zeros, name=name
+        )
         return layer(x)
 
-    def conv(self, x, features: int, kernel: int, stride: int = 1, scale: float = math.sqrt(2), name: str | None = None):
+    def conv(
+        self,
+        x,
+        features: int,
+        kernel: int,
+        stride: int = 1,
+        scale: float = math.sqrt(2),
+        name: str | None = None,
+    ):
         """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers' `init`, zero bias)."""
         import flax.linen as nn
 
-        layer = nn.Conv(features, (kernel, kernel), strides=(stride, stride), padding="VALID",
-                        kernel_init=self._kernel(scale), bias_init=nn.initializers.zeros, name=name)
+        layer = nn.Conv(
+            features,
+            (kernel, kernel),
+            strides=(stride, stride),
+            padding="VALID",
+            kernel_init=self._kernel(scale),
+            bias_init=nn.initializers.zeros,
+            name=name,
+        )
         return layer(x)
 
     def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
@@ -146,18 +177,36 @@ class HaikuLayers:
     def _kernel(self, scale: float):
         import haiku as hk
 
-        return _kernel_init(self.init, scale, hk.initializers.VarianceScaling, hk.initializers.Orthogonal)
+        return _kernel_init(
+            self.init, scale, hk.initializers.VarianceScaling, hk.initializers.Orthogonal
+        )
 
     def dense(self, x, features: int, scale: float = math.sqrt(2), name: str | None = None):
         import haiku as hk
 
         return hk.Linear(features, w_init=self._kernel(scale), b_init=jnp.zeros, name=name)(x)
 
-    def conv(self, x, features: int, kernel: int, stride: int = 1, scale: float = math.sqrt(2), name: str | None = None):
+    def conv(
+        self,
+        x,
+        features: int,
+        kernel: int,
+        stride: int = 1,
+        scale: float = math.sqrt(2),
+        name: str | None = None,
+    ):
         """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers' `init`, zero bias)."""
         import haiku as hk
 
-        return hk.Conv2D(features, kernel, stride, padding="VALID", w_init=self._kernel(scale), b_init=jnp.zeros, name=name)(x)
+        return hk.Conv2D(
+            features,
+            kernel,
+            stride,
+            padding="VALID",
+            w_init=self._kernel(scale),
+            b_init=jnp.zeros,
+            name=name,
+        )(x)
 
     def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
         import haiku as hk
@@ -166,19 +215,25 @@ class HaikuLayers:
             name, self.noisy_count = f"noisy_{self.noisy_count}", self.noisy_count + 1
         fan_in = x.shape[-1]
         uniform, constant = _noisy_inits(fan_in, sigma0)
-        haiku_init = lambda init: (lambda shape, dtype: init(hk.next_rng_key(), shape, dtype))
+        haiku_init = lambda init: lambda shape, dtype: init(hk.next_rng_key(), shape, dtype)
         with hk.name_scope(name):
             w_mu = hk.get_parameter("w_mu", (fan_in, features), init=haiku_init(uniform))
-            w_sigma = hk.get_parameter("w_sigma", (fan_in, features), init=lambda s, d: constant(None, s, d))
+            w_sigma = hk.get_parameter(
+                "w_sigma", (fan_in, features), init=lambda s, d: constant(None, s, d)
+            )
             b_mu = hk.get_parameter("b_mu", (features,), init=haiku_init(uniform))
-            b_sigma = hk.get_parameter("b_sigma", (features,), init=lambda s, d: constant(None, s, d))
+            b_sigma = hk.get_parameter(
+                "b_sigma", (features,), init=lambda s, d: constant(None, s, d)
+            )
         key = hk.maybe_next_rng_key()
         return _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key)
 
     def layer_norm(self, x, name: str | None = None):
         import haiku as hk
 
-        return hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS, name=name)(x)
+        return hk.LayerNorm(
+            axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS, name=name
+        )(x)
 
     def param(self, name: str, shape: Sequence[int], init: Callable):
         import haiku as hk
@@ -261,7 +316,11 @@ def _build_haiku(fn: Callable, init: str) -> Network:
 # layers after them are `agent.network.hidden`.
 CNN_LAYERS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "cnn_minatar": ((16, 3, 1),),  # MinAtar's net (Young & Tian 2019): then hidden [128]
-    "nature_cnn": ((32, 8, 4), (64, 4, 2), (64, 3, 1)),  # Nature DQN (Mnih et al. 2015): then hidden [512]
+    "nature_cnn": (
+        (32, 8, 4),
+        (64, 4, 2),
+        (64, 3, 1),
+    ),  # Nature DQN (Mnih et al. 2015): then hidden [512]
 }
 RECURRENT_TORSOS = ("gru", "lstm")
 TORSOS = ("mlp", *CNN_LAYERS) + RECURRENT_TORSOS
@@ -273,11 +332,20 @@ class NetworkConfig:
     backend. Each agent puts its own heads on the torso."""
 
     torso: str = hp("mlp", choices=TORSOS, doc="observation encoder")
-    hidden: tuple[int, ...] = hp((64, 64), doc="hidden widths of the torso (gru/lstm: of the layers before the cell; may be empty)")
+    hidden: tuple[int, ...] = hp(
+        (64, 64),
+        doc="hidden widths of the torso (gru/lstm: of the layers before the cell; may be empty)",
+    )
     activation: str = hp("relu", choices=tuple(ACTIVATIONS), doc="hidden activation")
     backend: str = hp("flax", choices=BACKENDS, doc="flax (linen) or haiku")
-    init: str = hp("orthogonal", choices=INITS, doc="dense/conv weight init: orthogonal with per-layer gains (sqrt 2 hidden, 0.01 policy, 1 value/Q), or lecun_uniform (U(+-sqrt(3/fan_in)), Brax's)")
-    layer_norm: bool = hp(False, doc="LayerNorm on each hidden layer's pre-activation (PQN's stabiliser)")
+    init: str = hp(
+        "orthogonal",
+        choices=INITS,
+        doc="dense/conv weight init: orthogonal with per-layer gains (sqrt 2 hidden, 0.01 policy, 1 value/Q), or lecun_uniform (U(+-sqrt(3/fan_in)), Brax's)",
+    )
+    layer_norm: bool = hp(
+        False, doc="LayerNorm on each hidden layer's pre-activation (PQN's stabiliser)"
+    )
     recurrent_hidden: int = hp(128, low=1, doc="hidden-state size of a gru or lstm torso")
 
     @property
@@ -288,7 +356,9 @@ class NetworkConfig:
 
     def validate(self):
         if (not self.hidden and not self.recurrent) or any(width < 1 for width in self.hidden):
-            raise ConfigError(f"agent.network.hidden must list positive widths, got {list(self.hidden)}")
+            raise ConfigError(
+                f"agent.network.hidden must list positive widths, got {list(self.hidden)}"
+            )
 
     def check_obs_space(self, obs_space) -> None:
         """ConfigError (naming agent.network.torso) if the torso cannot read these observations."""
@@ -301,10 +371,20 @@ class NetworkConfig:
 
 def network_config(**defaults) -> Any:
     """A dataclass field holding a `NetworkConfig` with an agent's own defaults."""
-    return field(default_factory=lambda: NetworkConfig(**defaults), metadata=dict(doc="torso and backend (NetworkConfig)"))
+    return field(
+        default_factory=lambda: NetworkConfig(**defaults),
+        metadata=dict(doc="torso and backend (NetworkConfig)"),
+    )
 
 
-def mlp(layers, x, hidden: Sequence[int], act: str = "relu", noisy: bool = False, layer_norm: bool = False):
+def mlp(
+    layers,
+    x,
+    hidden: Sequence[int],
+    act: str = "relu",
+    noisy: bool = False,
+    layer_norm: bool = False,
+):
     """Hidden layers h <- act(h W + b) of the given widths (gain sqrt(2) under the orthogonal init); with
     `layer_norm`, h <- act(LayerNorm(h W + b))."""
     f = activation(act)
@@ -314,7 +394,14 @@ def mlp(layers, x, hidden: Sequence[int], act: str = "relu", noisy: bool = False
     return x
 
 
-def cnn(layers, x, convs: Sequence[tuple[int, int, int]], hidden: Sequence[int], act: str = "relu", layer_norm: bool = False):
+def cnn(
+    layers,
+    x,
+    convs: Sequence[tuple[int, int, int]],
+    hidden: Sequence[int],
+    act: str = "relu",
+    layer_norm: bool = False,
+):
     """Conv layers h <- act(conv(h)) ((features, kernel, stride) each, VALID padding, gain
     sqrt(2) under the orthogonal init) on images x [..., H, W, C] (any leading batch dims, none included), flattened, then
     the `hidden` dense layers: features [..., F]. With `layer_norm`, every layer is
@@ -333,12 +420,20 @@ def cnn_output_shape(torso: str, obs_space) -> tuple[int, int, int]:
     if the observations are not images [H, W, C] or are smaller than the stack's receptive field."""
     shape = tuple(getattr(obs_space, "shape", ()) or ())
     if obs_space is None or type(obs_space).__name__ != "Box" or len(shape) != 3:
-        raise ValueError(f"torso {torso!r} needs image observations, a Box of shape [height, width, channels]; got {obs_space}")
+        raise ValueError(
+            f"torso {torso!r} needs image observations, a Box of shape [height, width, channels]; got {obs_space}"
+        )
     height, width, channels = shape
     for features, kernel, stride in CNN_LAYERS[torso]:
         if min(height, width) < kernel:
-            raise ValueError(f"torso {torso!r}: images of {shape[0]}x{shape[1]} are too small for its {kernel}x{kernel} conv layers {CNN_LAYERS[torso]}")
-        height, width, channels = (height - kernel) // stride + 1, (width - kernel) // stride + 1, features
+            raise ValueError(
+                f"torso {torso!r}: images of {shape[0]}x{shape[1]} are too small for its {kernel}x{kernel} conv layers {CNN_LAYERS[torso]}"
+            )
+        height, width, channels = (
+            (height - kernel) // stride + 1,
+            (width - kernel) // stride + 1,
+            features,
+        )
     return height, width, channels
 
 
@@ -377,11 +472,31 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
     if config.torso in CNN_LAYERS:
         cnn_output_shape(config.torso, obs_space)
         convs = CNN_LAYERS[config.torso]
-        return lambda layers, obs: cnn(layers, preprocess_obs(obs), convs, config.hidden, config.activation, layer_norm=config.layer_norm)
+        return lambda layers, obs: cnn(
+            layers,
+            preprocess_obs(obs),
+            convs,
+            config.hidden,
+            config.activation,
+            layer_norm=config.layer_norm,
+        )
     n = None if obs_space is None else num_discrete_obs(obs_space)
     if config.recurrent:
-        return RecurrentTorso(config.torso, config.recurrent_hidden, tuple(config.hidden), config.activation, n, config.layer_norm)
-    return lambda layers, obs: mlp(layers, flatten_obs(preprocess_obs(obs, n), obs_space), config.hidden, config.activation, layer_norm=config.layer_norm)
+        return RecurrentTorso(
+            config.torso,
+            config.recurrent_hidden,
+            tuple(config.hidden),
+            config.activation,
+            n,
+            config.layer_norm,
+        )
+    return lambda layers, obs: mlp(
+        layers,
+        flatten_obs(preprocess_obs(obs, n), obs_space),
+        config.hidden,
+        config.activation,
+        layer_norm=config.layer_norm,
+    )
 
 
 # ---------------------------------------------------------------- recurrent torsos (GRU, LSTM)
@@ -394,7 +509,9 @@ def _blockwise_orthogonal(blocks: int) -> Callable:
     def init(key, shape, dtype=jnp.float32):
         size = shape[0]
         keys = jax.random.split(key, blocks)
-        return jnp.concatenate([jax.nn.initializers.orthogonal()(k, (size, size), dtype) for k in keys], axis=-1)
+        return jnp.concatenate(
+            [jax.nn.initializers.orthogonal()(k, (size, size), dtype) for k in keys], axis=-1
+        )
 
     return init
 
@@ -462,18 +579,34 @@ class RecurrentTorso:
 
     def __call__(self, layers, carry, obs=None, reset=None):
         if obs is None or reset is None:
-            raise TypeError(f"a recurrent ({self.cell}) torso is called as torso(layers, carry, obs, reset); "
-                            "feedforward combinators (with_head, actor_critic, twin_q) cannot carry its state: use recurrent_actor_critic")
-        x = mlp(layers, preprocess_obs(obs, self.num_discrete_obs), self.hidden, self.activation, layer_norm=self.layer_norm)
+            raise TypeError(
+                f"a recurrent ({self.cell}) torso is called as torso(layers, carry, obs, reset); "
+                "feedforward combinators (with_head, actor_critic, twin_q) cannot carry its state: use recurrent_actor_critic"
+            )
+        x = mlp(
+            layers,
+            preprocess_obs(obs, self.num_discrete_obs),
+            self.hidden,
+            self.activation,
+            layer_norm=self.layer_norm,
+        )
         gates = 3 if self.cell == "gru" else 4
         inputs = layers.dense(x, gates * self.size, scale=1.0)
         name = _fresh_name(layers, self.cell)
-        w_h = layers.param(f"{name}_recurrent_kernel", (self.size, gates * self.size), _blockwise_orthogonal(gates))
-        b_hn = layers.param(f"{name}_candidate_bias", (self.size,), constant_init(0.0)) if self.cell == "gru" else None
+        w_h = layers.param(
+            f"{name}_recurrent_kernel", (self.size, gates * self.size), _blockwise_orthogonal(gates)
+        )
+        b_hn = (
+            layers.param(f"{name}_candidate_bias", (self.size,), constant_init(0.0))
+            if self.cell == "gru"
+            else None
+        )
 
         def step(carry, step_inputs):
             inputs_t, reset_t = step_inputs
-            carry = jax.tree.map(lambda c: jnp.where(reset_t[..., None], jnp.zeros_like(c), c), carry)
+            carry = jax.tree.map(
+                lambda c: jnp.where(reset_t[..., None], jnp.zeros_like(c), c), carry
+            )
             if self.cell == "gru":
                 carry = _gru_step(carry, inputs_t, w_h, b_hn)
                 return carry, carry
@@ -490,7 +623,9 @@ def _fresh_name(layers, prefix: str) -> str:
     return f"{prefix}_{count}"
 
 
-def recurrent_actor_critic(torso: RecurrentTorso, policy_head: Callable, shared: bool = False) -> Callable:
+def recurrent_actor_critic(
+    torso: RecurrentTorso, policy_head: Callable, shared: bool = False
+) -> Callable:
     """`actor_critic` for a recurrent torso: `fn(layers, carry, obs, reset) -> (carry, (policy, value))`
     over time-major sequences (see `RecurrentTorso`), with `fn.initial_carry(batch)`. Separate actor
     and critic cells carry the pair (actor carry, critic carry); a shared one carries its own."""
@@ -502,9 +637,16 @@ def recurrent_actor_critic(torso: RecurrentTorso, policy_head: Callable, shared:
             return carry, (policy_head(layers, features), value(layers, features))
         actor_carry, actor_features = torso(layers, carry[0], obs, reset)
         critic_carry, critic_features = torso(layers, carry[1], obs, reset)
-        return (actor_carry, critic_carry), (policy_head(layers, actor_features), value(layers, critic_features))
+        return (actor_carry, critic_carry), (
+            policy_head(layers, actor_features),
+            value(layers, critic_features),
+        )
 
-    fn.initial_carry = torso.initial_carry if shared else (lambda batch=(): (torso.initial_carry(batch), torso.initial_carry(batch)))
+    fn.initial_carry = (
+        torso.initial_carry
+        if shared
+        else (lambda batch=(): (torso.initial_carry(batch), torso.initial_carry(batch)))
+    )
     return fn
 
 
@@ -555,7 +697,9 @@ def deterministic_policy_head(action_dim: int) -> Callable:
     return lambda layers, x: jnp.tanh(layers.dense(x, action_dim, scale=0.01))
 
 
-def squashed_gaussian_head(action_dim: int, log_std_min: float = -5.0, log_std_max: float = 2.0) -> Callable:
+def squashed_gaussian_head(
+    action_dim: int, log_std_min: float = -5.0, log_std_max: float = 2.0
+) -> Callable:
     """(mean, log_std) of SAC's pre-tanh Gaussian, [..., action_dim], the log-std bounded smoothly:
     log_std = min + (max - min) (tanh(raw) + 1) / 2."""
 
@@ -567,7 +711,14 @@ def squashed_gaussian_head(action_dim: int, log_std_min: float = -5.0, log_std_m
     return head
 
 
-def rainbow_head(num_actions: int, num_atoms: int = 1, dueling: bool = True, noisy: bool = True, head_hidden: int = 0, act: str = "relu") -> Callable:
+def rainbow_head(
+    num_actions: int,
+    num_atoms: int = 1,
+    dueling: bool = True,
+    noisy: bool = True,
+    head_hidden: int = 0,
+    act: str = "relu",
+) -> Callable:
     """Rainbow's head, every part switchable: outputs [..., num_actions, num_atoms] (logits over
     atoms when num_atoms > 1, Q-values when 1).
 
@@ -602,7 +753,9 @@ def constant_init(value: float) -> Callable:
 
 def q_network(config: NetworkConfig, obs_space, num_actions: int) -> Network:
     """obs -> Q-values [..., num_actions]: the torso of `config` and a linear `q_head`, on `config.backend`."""
-    return build(with_head(make_torso(config, obs_space), q_head(num_actions)), config.backend, config.init)
+    return build(
+        with_head(make_torso(config, obs_space), q_head(num_actions)), config.backend, config.init
+    )
 
 
 def with_head(torso: Callable, head: Callable) -> Callable:
@@ -610,7 +763,12 @@ def with_head(torso: Callable, head: Callable) -> Callable:
     return lambda layers, obs: head(layers, torso(layers, obs))
 
 
-def actor_critic(torso: Callable, policy_head: Callable, shared: bool = False, critic_torso: Callable | None = None) -> Callable:
+def actor_critic(
+    torso: Callable,
+    policy_head: Callable,
+    shared: bool = False,
+    critic_torso: Callable | None = None,
+) -> Callable:
     """`fn(layers, obs) -> (policy, value)`: separate actor and critic torsos (or one shared torso),
     the policy head on the actor's features and a value head on the critic's. The critic's torso is
     `critic_torso` when given (e.g. wider than the actor's), else another `torso`."""
@@ -635,7 +793,9 @@ def twin_q(torso: Callable, num_actions: int | None = None) -> Callable:
     def fn(layers, obs, action=None):
         x = obs
         if num_actions is None:
-            x = jnp.concatenate([jnp.asarray(obs, jnp.float32), jnp.asarray(action, jnp.float32)], axis=-1)
+            x = jnp.concatenate(
+                [jnp.asarray(obs, jnp.float32), jnp.asarray(action, jnp.float32)], axis=-1
+            )
         return tuple(head(layers, torso(layers, x)) for _ in range(2))
 
     return fn
@@ -661,7 +821,9 @@ def dense_layers(params) -> list[tuple[jax.Array, jax.Array]]:
         keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
         module, name = keys[-2] if len(keys) >= 2 else None, keys[-1]
         if module is None or name not in _WEIGHT_NAMES + _BIAS_NAMES:
-            raise ValueError(f"dense_layers: parameter {'/'.join(map(str, keys))} is not a dense layer's weight or bias")
+            raise ValueError(
+                f"dense_layers: parameter {'/'.join(map(str, keys))} is not a dense layer's weight or bias"
+            )
         modules.setdefault(module, {})["w" if name in _WEIGHT_NAMES else "b"] = leaf
     ordered = sorted(modules, key=_layer_index)
     return [(modules[m]["w"], modules[m]["b"]) for m in ordered]
@@ -673,7 +835,7 @@ def leaf_offsets(params):
     `dense_layers(leaf_offsets(params))` gives each dense layer's (weight, bias) offsets."""
     leaves, treedef = jax.tree.flatten(params)
     sizes = [math.prod(jnp.shape(x)) for x in leaves]
-    return jax.tree.unflatten(treedef, [0, *itertools.accumulate(sizes)][:len(leaves)])
+    return jax.tree.unflatten(treedef, [0, *itertools.accumulate(sizes)][: len(leaves)])
 
 
 # ---------------------------------------------------------------- observation normalisation
@@ -691,7 +853,11 @@ def initial_observation_stats(obs_shape: Sequence[int]) -> dict:
     """{"mean": 0, "var": 1, "count": 1e-4} of `observation_stats_shape` (a plain dict of arrays, as
     `envs.wrappers.RunningMeanVar` starts), so checkpoints serialise it."""
     shape = observation_stats_shape(obs_shape)
-    return {"mean": jnp.zeros(shape, jnp.float32), "var": jnp.ones(shape, jnp.float32), "count": jnp.float32(1e-4)}
+    return {
+        "mean": jnp.zeros(shape, jnp.float32),
+        "var": jnp.ones(shape, jnp.float32),
+        "count": jnp.float32(1e-4),
+    }
 
 
 def update_observation_stats(stats: dict, obs, obs_shape: Sequence[int]) -> dict:

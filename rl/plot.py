@@ -38,7 +38,9 @@ def curves(rows: list[dict], metric: str) -> dict[int, tuple[np.ndarray, np.ndar
     """{setting: (steps [T], values [seeds, T])} from metrics rows (NaN where a value is missing)."""
     if rows and metric not in rows[0]:
         known = sorted(k for k in rows[0] if k not in ("setting", "seed", "log_point"))
-        raise ConfigError(f"--metric: no metric {metric!r} in the run; known metrics: {', '.join(known)}")
+        raise ConfigError(
+            f"--metric: no metric {metric!r} in the run; known metrics: {', '.join(known)}"
+        )
     by_setting: dict[int, dict] = {}
     for row in rows:
         point = row.get("log_point")
@@ -65,7 +67,9 @@ def _setting_labels(run_dir) -> list[str]:
     import yaml
 
     try:
-        grid = (yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("sweep") or [{}]
+        grid = (yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("sweep") or [
+            {}
+        ]
     except (OSError, yaml.YAMLError):
         return []
     return [", ".join(f"{k}={v}" for k, v in setting.items()) for setting in grid]
@@ -98,7 +102,9 @@ def plot_runs(run_dirs, output=None, metric: str = "episode_return") -> Path:
             axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.25, linewidth=0)
     axes.set_xlabel("env steps per seed")
     axes.set_ylabel(metric)
-    axes.set_title(f"{metric}: median over seeds, {INTERVAL[0]:g}-{INTERVAL[1]:g}th percentile band")
+    axes.set_title(
+        f"{metric}: median over seeds, {INTERVAL[0]:g}-{INTERVAL[1]:g}th percentile band"
+    )
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()

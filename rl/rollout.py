@@ -19,7 +19,9 @@ def greedy_episodes(env, env_params, act: Callable, key: jax.Array, num_episodes
     Returns (returns[E], lengths[E]) as float32.
     """
     reset_key, key = jax.random.split(key)
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_episodes), env_params)
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(reset_key, num_episodes), env_params
+    )
     max_steps = env_params.max_steps_in_episode
     zeros = jnp.zeros(num_episodes, jnp.float32)
 
@@ -34,12 +36,22 @@ def greedy_episodes(env, env_params, act: Callable, key: jax.Array, num_episodes
         key, step_key = jax.random.split(key)
         keys = jax.random.split(step_key, num_episodes)
         memory, action = policy(memory, obs)
-        obs, state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action, env_params)
+        obs, state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            keys, state, action, env_params
+        )
         returns = returns + jnp.where(done, 0.0, reward)
         lengths = lengths + jnp.where(done, 0.0, 1.0)
         return t + 1, obs, state, memory, returns, lengths, done | terminated | truncated, key
 
-    init = (jnp.int32(0), obs, state, () if carry is None else carry, zeros, zeros, jnp.zeros(num_episodes, jnp.bool_), key)
+    init = (
+        jnp.int32(0),
+        obs,
+        state,
+        () if carry is None else carry,
+        zeros,
+        zeros,
+        jnp.zeros(num_episodes, jnp.bool_),
+        key,
+    )
     _, _, _, _, returns, lengths, _, _ = jax.lax.while_loop(running, step, init)
     return returns, lengths
-

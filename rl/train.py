@@ -49,7 +49,10 @@ def seed_keys(config: Config) -> jax.Array:
 def stacked_hyperparams(config: Config, grid: list[dict]) -> dict:
     """The sweepable hyperparameters for each setting of the grid, stacked: {name: float32[settings]}."""
     base = hyperparams(config.agent)
-    return {name: jnp.asarray([setting.get(name, float(value)) for setting in grid], jnp.float32) for name, value in base.items()}
+    return {
+        name: jnp.asarray([setting.get(name, float(value)) for setting in grid], jnp.float32)
+        for name, value in base.items()
+    }
 
 
 def at_matmul_precision(fn, precision: str):
@@ -77,10 +80,18 @@ def vmap_over_settings(fn, in_axes):
     batched = jax.vmap(fn, in_axes=in_axes)
 
     def run(*args):
-        sizes = {x.shape[0] for arg, axis in zip(args, in_axes) if axis is not None for x in jax.tree.leaves(arg)}
+        sizes = {
+            x.shape[0]
+            for arg, axis in zip(args, in_axes)
+            if axis is not None
+            for x in jax.tree.leaves(arg)
+        }
         if sizes != {1}:
             return batched(*args)
-        alone = [arg if axis is None else jax.tree.map(lambda x: x[0], arg) for arg, axis in zip(args, in_axes)]
+        alone = [
+            arg if axis is None else jax.tree.map(lambda x: x[0], arg)
+            for arg, axis in zip(args, in_axes)
+        ]
         return jax.tree.map(lambda x: jnp.expand_dims(x, 0), fn(*alone))
 
     return run
@@ -91,7 +102,9 @@ def build_program(config: Config, grid: list[dict] | None = None):
     grid = grid or [{}]
     train = get_agent_module(config.agent.name).make_train(config)
     over_seeds = jax.vmap(train, in_axes=(0, None))
-    program = jax.jit(at_matmul_precision(vmap_over_settings(over_seeds, (None, 0)), config.run.matmul_precision))
+    program = jax.jit(
+        at_matmul_precision(vmap_over_settings(over_seeds, (None, 0)), config.run.matmul_precision)
+    )
     return program, seed_keys(config), stacked_hyperparams(config, grid)
 
 
@@ -146,7 +159,9 @@ def write_metrics_jsonl(path: Path, metrics: dict, grid: list[dict]) -> None:
             for seed in range(num_seeds):
                 for t in range(num_points):
                     row = {"setting": s, "seed": seed}
-                    row.update({k: _json_number(v[s, seed, t]) for k, v in arrays.items() if v.ndim == 3})
+                    row.update(
+                        {k: _json_number(v[s, seed, t]) for k, v in arrays.items() if v.ndim == 3}
+                    )
                     f.write(json.dumps(row) + "\n")
 
 
@@ -160,7 +175,14 @@ def setting_label(setting: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in setting.items())
 
 
-def summarise(config: Config, grid: list[dict], metrics: dict, compile_seconds: float, train_seconds: float, steps_trained: int | None = None) -> dict:
+def summarise(
+    config: Config,
+    grid: list[dict],
+    metrics: dict,
+    compile_seconds: float,
+    train_seconds: float,
+    steps_trained: int | None = None,
+) -> dict:
     """The run's summary (summary.json): per setting, the final value of `metric` (see
     SUMMARY_METRICS) across seeds, with its spread and per-seed values.
 
@@ -170,7 +192,15 @@ def summarise(config: Config, grid: list[dict], metrics: dict, compile_seconds: 
     finals = final_values(metrics, metric)
     steps = config.agent.total_steps if steps_trained is None else steps_trained
     total_steps = steps * config.run.seeds * len(grid)
-    settings = [{"hyperparams": setting, "label": setting_label(setting), "seeds": int(finals[s].size), **spread(finals[s])} for s, setting in enumerate(grid)]
+    settings = [
+        {
+            "hyperparams": setting,
+            "label": setting_label(setting),
+            "seeds": int(finals[s].size),
+            **spread(finals[s]),
+        }
+        for s, setting in enumerate(grid)
+    ]
     return {
         "agent": config.agent.name,
         "env": config.env.id,
@@ -179,7 +209,9 @@ def summarise(config: Config, grid: list[dict], metrics: dict, compile_seconds: 
         "compile_seconds": compile_seconds,
         "train_seconds": train_seconds,
         "env_steps_trained": int(steps),
-        "env_steps_per_second": total_steps / train_seconds if train_seconds > 0 and steps > 0 else None,
+        "env_steps_per_second": total_steps / train_seconds
+        if train_seconds > 0 and steps > 0
+        else None,
         "settings": settings,
     }
 
@@ -234,22 +266,35 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     init_many = vmap_over_settings(jax.vmap(init_one, in_axes=(0, None)), (None, 0))
     if shard == "seeds":
         state_sharding = metrics_sharding = seed_sharding(mesh)
-        keys = jax.make_array_from_callback(host_keys.shape, NamedSharding(mesh, PartitionSpec(axis)), lambda index: host_keys[index])
+        keys = jax.make_array_from_callback(
+            host_keys.shape,
+            NamedSharding(mesh, PartitionSpec(axis)),
+            lambda index: host_keys[index],
+        )
     elif shard == "envs":
         keys = put_replicated(host_keys, mesh)
-        state_sharding = env_sharding(trainer, jax.eval_shape(init_many, keys, hparams), mesh, env_axis_size(config, mesh.size))
+        state_sharding = env_sharding(
+            trainer,
+            jax.eval_shape(init_many, keys, hparams),
+            mesh,
+            env_axis_size(config, mesh.size),
+        )
         metrics_sharding = replicated(mesh)
     else:
         raise ValueError(f"shard must be 'seeds' or 'envs', got {shard!r}")
-    init = jax.jit(at_matmul_precision(init_many, config.run.matmul_precision), out_shardings=state_sharding)
+    init = jax.jit(
+        at_matmul_precision(init_many, config.run.matmul_precision), out_shardings=state_sharding
+    )
     chunks = {}
 
     def chunk(num_log_points: int):
         if num_log_points not in chunks:
             run_one = lambda state, hp: trainer.run(state, hp, num_log_points)
             run_many = vmap_over_settings(jax.vmap(run_one, in_axes=(0, None)), (0, 0))
-            chunks[num_log_points] = jax.jit(at_matmul_precision(run_many, config.run.matmul_precision),
-                                             out_shardings=(state_sharding, metrics_sharding))
+            chunks[num_log_points] = jax.jit(
+                at_matmul_precision(run_many, config.run.matmul_precision),
+                out_shardings=(state_sharding, metrics_sharding),
+            )
         return chunks[num_log_points]
 
     return trainer, init, chunk, keys, hparams
@@ -266,17 +311,23 @@ def env_sharding(trainer, abstract_state: dict, mesh, num_envs: int):
 
     per_env = set(trainer.per_env)
     if not per_env:
-        raise ConfigError("--shard envs: the agent's training state has no per-env entries to shard")
+        raise ConfigError(
+            "--shard envs: the agent's training state has no per-env entries to shard"
+        )
     unknown = per_env - set(abstract_state)
     if unknown:
-        raise ValueError(f"Trainer.per_env names {sorted(unknown)}, which the state does not have (its entries: {sorted(abstract_state)})")
+        raise ValueError(
+            f"Trainer.per_env names {sorted(unknown)}, which the state does not have (its entries: {sorted(abstract_state)})"
+        )
     split = NamedSharding(mesh, PartitionSpec(None, None, mesh.axis_names[0]))
 
     def place(path, leaf):
         if path[0].key not in per_env:
             return replicated(mesh)
         if leaf.ndim < 3 or leaf.shape[2] != num_envs:
-            raise ValueError(f"per-env state{jax.tree_util.keystr(path)} has shape {leaf.shape}: expected [settings, seeds, num_envs={num_envs}, ...]")
+            raise ValueError(
+                f"per-env state{jax.tree_util.keystr(path)} has shape {leaf.shape}: expected [settings, seeds, num_envs={num_envs}, ...]"
+            )
         return split
 
     return jax.tree_util.tree_map_with_path(place, abstract_state)
@@ -290,11 +341,15 @@ def env_axis_size(config: Config, num_devices: int) -> int:
     if not isinstance(num_envs, int):
         raise ConfigError(f"--shard envs: agent {config.agent.name} has no agent.num_envs to shard")
     if num_envs % num_devices:
-        raise ConfigError(f"--shard envs: agent.num_envs ({num_envs}) must be a multiple of the number of devices ({num_devices})")
+        raise ConfigError(
+            f"--shard envs: agent.num_envs ({num_envs}) must be a multiple of the number of devices ({num_devices})"
+        )
     return num_envs
 
 
-def find_non_finite(metrics: dict, finite_params: dict, step_range: tuple[int, int], history: dict | None = None) -> str | None:
+def find_non_finite(
+    metrics: dict, finite_params: dict, step_range: tuple[int, int], history: dict | None = None
+) -> str | None:
     """A message naming the first diverged metric (its value, step, setting and seed) or params leaf
     in a chunk, or None.
 
@@ -315,15 +370,20 @@ def find_non_finite(metrics: dict, finite_params: dict, step_range: tuple[int, i
         flat = full.reshape(*full.shape[:3], -1)  # [settings, seeds, log points, any extra axes]
         bad = np.isinf(flat).any(-1)
         if not name.startswith(NAN_ALLOWED_PREFIXES):
-            finite_before = np.cumsum(np.isfinite(flat).all(-1), axis=2) - np.isfinite(flat).all(-1) > 0
+            finite_before = (
+                np.cumsum(np.isfinite(flat).all(-1), axis=2) - np.isfinite(flat).all(-1) > 0
+            )
             bad |= np.isnan(flat).any(-1) & finite_before
-        bad = np.argwhere(bad[:, :, earlier.shape[2]:])
+        bad = np.argwhere(bad[:, :, earlier.shape[2] :])
         if bad.size:
             s, i, t = min(bad.tolist(), key=lambda index: index[2])
             point = flat[s, i, earlier.shape[2] + t]
             value = point[~np.isfinite(point)][0]
             if first is None or t < first[0]:
-                first = (t, f"non-finite {name} ({value}) at step {int(np.asarray(metrics['step'])[s, i, t])} (setting {s}, seed {i})")
+                first = (
+                    t,
+                    f"non-finite {name} ({value}) at step {int(np.asarray(metrics['step'])[s, i, t])} (setting {s}, seed {i})",
+                )
     if first is not None:
         return first[1]
     for path, finite in jax.tree_util.tree_leaves_with_path(finite_params):
@@ -337,6 +397,7 @@ def find_non_finite(metrics: dict, finite_params: dict, step_range: tuple[int, i
 @jax.jit
 def _finite_per_instance(tree):
     """Per leaf, bool[settings, seeds]: whether that instance's values are all finite."""
+
     def check(x):
         if not jnp.issubdtype(x.dtype, jnp.inexact):
             return jnp.ones(x.shape[:2], bool)
@@ -402,7 +463,15 @@ def _concat_history(history: dict | None, metrics: dict) -> dict:
     return {k: np.concatenate([history[k], v], axis=-1) for k, v in metrics.items()}
 
 
-def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: bool = False, devices=None, shard: str = "seeds") -> dict:
+def run_training(
+    config: Config,
+    grid: list[dict],
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    devices=None,
+    shard: str = "seeds",
+) -> dict:
     """Compile, train chunk by chunk with checkpoints, write the run directory; returns the summary.
 
     `resume=True` continues the run in `run_dir` from its newest good checkpoint (from scratch if it
@@ -416,7 +485,9 @@ def run_training(config: Config, grid: list[dict], run_dir: Path, *, resume: boo
     run_dir = Path(run_dir)
     main = is_main_process()
     if main and not resume:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump({**config.to_dict(), "sweep": grid}, sort_keys=False))
+        (run_dir / "config.yaml").write_text(
+            yaml.safe_dump({**config.to_dict(), "sweep": grid}, sort_keys=False)
+        )
     programs = make_programs(config, grid, run_mesh(config, devices, shard), shard)
     run = _ChunkedRun(config, grid, run_dir, programs, main)
     run.train(resume)
@@ -485,7 +556,9 @@ def chunk_sizes(done: int, total: int, every: int) -> set[int]:
 
 def compiling_message(programs: int, seeds: int, settings: int) -> str:
     """The line printed before the first compile, so that the wait is not mistaken for a hang."""
-    instances = f"{seeds} seed{'s' if seeds != 1 else ''}" + (f" x {settings} settings" if settings > 1 else "")
+    instances = f"{seeds} seed{'s' if seeds != 1 else ''}" + (
+        f" x {settings} settings" if settings > 1 else ""
+    )
     return f"compiling {programs} programs for {instances} (the first wait is XLA compilation; progress starts once steps run) ..."
 
 
@@ -504,8 +577,12 @@ class _ChunkedRun:
         self.every = config.run.checkpoint_every or self.total
         self.checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
         self.logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
-        self.wandb = None  # a WandbLogger when run.wandb.project is set (made in train: it knows `resume`)
-        self.guard = _SigintGuard("stopping after the current chunk and saving a checkpoint (Ctrl-C again to stop without saving)")
+        self.wandb = (
+            None  # a WandbLogger when run.wandb.project is set (made in train: it knows `resume`)
+        )
+        self.guard = _SigintGuard(
+            "stopping after the current chunk and saving a checkpoint (Ctrl-C again to stop without saving)"
+        )
         self.compiled_chunks: dict = {}
         self.state, self.done, self.history, self.checkpoint_step = None, 0, None, None
         self.compile_seconds = self.train_seconds = 0.0
@@ -518,14 +595,21 @@ class _ChunkedRun:
             with self.guard:
                 self.start(resume)
                 if self.config.run.progress and self.main:
-                    bar = ProgressBar(self.config.agent.total_steps, label=f"{self.config.agent.name}/{self.config.env.id}")
-                self.wandb = wandb_sink(self.config, self.grid, self.run_dir, resume) if self.main else None
+                    bar = ProgressBar(
+                        self.config.agent.total_steps,
+                        label=f"{self.config.agent.name}/{self.config.env.id}",
+                    )
+                self.wandb = (
+                    wandb_sink(self.config, self.grid, self.run_dir, resume) if self.main else None
+                )
                 with _sinks([s for s in (self.logger, bar, self.wandb) if s is not None]):
                     while self.done < self.total:
                         self.advance()
                 self.checkpoints.wait()
         except KeyboardInterrupt:
-            error = TrainingInterrupted(f"interrupted without saving; {self.kept('last checkpoint', 'no checkpoint was saved')}; continue with: rl train --resume {self.run_dir}")
+            error = TrainingInterrupted(
+                f"interrupted without saving; {self.kept('last checkpoint', 'no checkpoint was saved')}; continue with: rl train --resume {self.run_dir}"
+            )
             error.immediate = True  # the chunk is still computing in a worker thread
             raise error from None
         finally:
@@ -545,34 +629,59 @@ class _ChunkedRun:
 
     def start(self, resume: bool) -> None:
         """Compile `init`; then restore the newest good checkpoint (`resume`) or initialise."""
-        self.say(compiling_message(len(chunk_sizes(0, self.total, self.every)) + 1, self.config.run.seeds, len(self.grid)))
+        self.say(
+            compiling_message(
+                len(chunk_sizes(0, self.total, self.every)) + 1,
+                self.config.run.seeds,
+                len(self.grid),
+            )
+        )
         start = time.perf_counter()
-        compiled_init = _call_interruptibly(lambda: self.init.lower(self.keys, self.hparams).compile(), block=False)
+        compiled_init = _call_interruptibly(
+            lambda: self.init.lower(self.keys, self.hparams).compile(), block=False
+        )
         self.compile_seconds += time.perf_counter() - start
         shapes = jax.eval_shape(self.init, self.keys, self.hparams)
-        abstract_state = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes, compiled_init.output_shardings)
+        abstract_state = jax.tree.map(
+            lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+            shapes,
+            compiled_init.output_shardings,
+        )
         restored = self.checkpoints.restore_latest(abstract_state) if resume else None
         history = None
         if restored is not None:
             self.checkpoint_step, self.state, history, meta = restored
             self.done, self.history = int(meta["log_points"]), history["seed"]
-            print(f"rl: resuming from checkpoint {self.checkpoints.directory / str(self.checkpoint_step)} ({self.done}/{self.total} log points)", file=sys.stderr)
+            print(
+                f"rl: resuming from checkpoint {self.checkpoints.directory / str(self.checkpoint_step)} ({self.done}/{self.total} log points)",
+                file=sys.stderr,
+            )
         else:
             self.state = _call_interruptibly(compiled_init, self.keys, self.hparams)
         if self.logger is not None:
             self.logger.open(history)
-        self.steps_start = self.last_step = int(np.max(self.history["step"][..., -1])) if self.history else 0
+        self.steps_start = self.last_step = (
+            int(np.max(self.history["step"][..., -1])) if self.history else 0
+        )
 
     def advance(self) -> None:
         """One turn of the host loop: stop if Ctrl-C was pressed, else compile the next chunk's
         program (then come back, to check for Ctrl-C during the compile), else run and save it."""
         if self.guard.requested:
-            where = f"checkpoint {self.checkpoints.directory / str(self.checkpoint_step)} kept" if self.checkpoint_step is not None else "no checkpoint yet"
-            raise TrainingInterrupted(f"interrupted before step {self.last_step + 1} ({self.done}/{self.total} log points, {where}); continue with: rl train --resume {self.run_dir}")
+            where = (
+                f"checkpoint {self.checkpoints.directory / str(self.checkpoint_step)} kept"
+                if self.checkpoint_step is not None
+                else "no checkpoint yet"
+            )
+            raise TrainingInterrupted(
+                f"interrupted before step {self.last_step + 1} ({self.done}/{self.total} log points, {where}); continue with: rl train --resume {self.run_dir}"
+            )
         size = min(self.every, self.total - self.done)
         if size not in self.compiled_chunks:
             start = time.perf_counter()
-            self.compiled_chunks[size] = _call_interruptibly(lambda: self.chunk(size).lower(self.state, self.hparams).compile(), block=False)
+            self.compiled_chunks[size] = _call_interruptibly(
+                lambda: self.chunk(size).lower(self.state, self.hparams).compile(), block=False
+            )
             self.compile_seconds += time.perf_counter() - start
             if len(self.compiled_chunks) == 1:
                 self.say(f"compiled in {self.compile_seconds:.1f} s; training")
@@ -582,7 +691,9 @@ class _ChunkedRun:
         self.save(state, metrics, size, step)
         if self.guard.requested and self.done < self.total:
             self.checkpoints.wait()
-            raise TrainingInterrupted(f"interrupted at step {step} ({self.done}/{self.total} log points); checkpoint saved in {self.checkpoints.directory / str(step)}; continue with: rl train --resume {self.run_dir}")
+            raise TrainingInterrupted(
+                f"interrupted at step {step} ({self.done}/{self.total} log points); checkpoint saved in {self.checkpoints.directory / str(step)}; continue with: rl train --resume {self.run_dir}"
+            )
 
     def run_chunk(self, size: int):
         """(state, host metrics) after the next `size` log points; logs every log point."""
@@ -594,7 +705,9 @@ class _ChunkedRun:
         state, metrics = _call_interruptibly(self.compiled_chunks[size], self.state, self.hparams)
         self.train_seconds += time.perf_counter() - start
         metrics = to_host(metrics)
-        if self.logger is not None and self.logger.received < self.done + size:  # the agent did not stream every log point
+        if (
+            self.logger is not None and self.logger.received < self.done + size
+        ):  # the agent did not stream every log point
             for t in range(self.logger.received - self.done, size):
                 self.logger({k: np.asarray(v)[..., t] for k, v in metrics.items()})
         return state, metrics
@@ -604,12 +717,19 @@ class _ChunkedRun:
         from rl.distributed import to_host
 
         step = int(np.max(np.asarray(metrics["step"])[..., -1]))
-        problem = find_non_finite(metrics, to_host(_finite_per_instance(state["params"])), (self.last_step, step), self.history)
+        problem = find_non_finite(
+            metrics,
+            to_host(_finite_per_instance(state["params"])),
+            (self.last_step, step),
+            self.history,
+        )
         if self.logger is not None:
             self.logger.flush()
         if problem is not None:
             self.checkpoints.wait()
-            raise NonFiniteError(f"{problem}; training stopped, {self.kept('last good checkpoint', 'no checkpoint was saved before it')}")
+            raise NonFiniteError(
+                f"{problem}; training stopped, {self.kept('last good checkpoint', 'no checkpoint was saved before it')}"
+            )
         return step
 
     def save(self, state, metrics: dict, size: int, step: int) -> None:
@@ -619,14 +739,27 @@ class _ChunkedRun:
         if self.logger is not None:
             host_history = self.logger.host_history()
         else:
-            host_history = {"steps_per_second": np.full(self.done, np.nan), "wall_time": np.full(self.done, np.nan)}
-        meta = {"log_points": self.done, "step": step, "total_log_points": self.total, "agent": self.config.agent.name, "env": self.config.env.id}
+            host_history = {
+                "steps_per_second": np.full(self.done, np.nan),
+                "wall_time": np.full(self.done, np.nan),
+            }
+        meta = {
+            "log_points": self.done,
+            "step": step,
+            "total_log_points": self.total,
+            "agent": self.config.agent.name,
+            "env": self.config.env.id,
+        }
         self.checkpoints.save(step, state, {"seed": self.history, "host": host_history}, meta)
         self.checkpoint_step = step
 
     def kept(self, label: str, none: str) -> str:
         """Where the newest checkpoint is ("<label>: <dir>"), or `none`."""
-        return f"{label}: {self.checkpoints.directory / str(self.checkpoint_step)}" if self.checkpoint_step is not None else none
+        return (
+            f"{label}: {self.checkpoints.directory / str(self.checkpoint_step)}"
+            if self.checkpoint_step is not None
+            else none
+        )
 
     def finish(self) -> dict:
         """Write final_params.msgpack and summary.json (main process); returns the summary."""
@@ -635,9 +768,18 @@ class _ChunkedRun:
         from rl.distributed import to_host
 
         params = to_host(self.state["params"])
-        summary = summarise(self.config, self.grid, self.history, self.compile_seconds, self.train_seconds, steps_trained=self.last_step - self.steps_start)
+        summary = summarise(
+            self.config,
+            self.grid,
+            self.history,
+            self.compile_seconds,
+            self.train_seconds,
+            steps_trained=self.last_step - self.steps_start,
+        )
         if self.main:
-            (self.run_dir / "final_params.msgpack").write_bytes(serialization.msgpack_serialize(params))
+            (self.run_dir / "final_params.msgpack").write_bytes(
+                serialization.msgpack_serialize(params)
+            )
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 

@@ -42,14 +42,20 @@ def as_recurrent(policy) -> RecurrentPolicy:
     as one with an empty carry: code that plays episodes handles both with one loop."""
     if isinstance(policy, RecurrentPolicy):
         return policy
-    return RecurrentPolicy(initial_carry=lambda batch=(): (), step=lambda params, carry, obs, key: (carry, policy(params, obs, key)))
+    return RecurrentPolicy(
+        initial_carry=lambda batch=(): (),
+        step=lambda params, carry, obs, key: (carry, policy(params, obs, key)),
+    )
 
 
 class Trainer(NamedTuple):
     init: Callable  # (key, hparams) -> state; state is a dict with at least "params"
     run: Callable  # (state, hparams, num_log_points) -> (state, metrics); num_log_points is static
     num_log_points: int  # log points in a whole run
-    per_env: tuple[str, ...] = ("obs", "env_state")  # state entries whose leaves lead with the env axis
+    per_env: tuple[str, ...] = (
+        "obs",
+        "env_state",
+    )  # state entries whose leaves lead with the env axis
 
 
 def vmap_sequentially_on_cpu(init: Callable) -> Callable:
@@ -78,11 +84,15 @@ def vmap_sequentially_on_cpu(init: Callable) -> Callable:
 
             def instance(batched):
                 batched = iter(batched)
-                return looped(*arg_tree.unflatten([next(batched) if b else x for x, b in zip(leaves, flags)]))
+                return looped(
+                    *arg_tree.unflatten([next(batched) if b else x for x, b in zip(leaves, flags)])
+                )
 
             return jax.lax.map(instance, batched)
 
-        out = jax.lax.platform_dependent(*args, cpu=one_at_a_time, default=jax.vmap(init, in_axes=in_axes))
+        out = jax.lax.platform_dependent(
+            *args, cpu=one_at_a_time, default=jax.vmap(init, in_axes=in_axes)
+        )
         out_leaves, out_tree = jax.tree.flatten(out)
         out_batched = _depends_on(init, arg_tree, jax.tree.leaves(list(args)), flags)
         out_leaves = [x if b else x[0] for x, b in zip(out_leaves, out_batched)]
@@ -97,7 +107,9 @@ def _depends_on(fn, arg_tree, leaves, flags) -> list[bool]:
     outputs all depend on everything its inputs depend on."""
     from jax.extend.core import Var
 
-    shapes = [jax.ShapeDtypeStruct(x.shape[1:] if b else x.shape, x.dtype) for x, b in zip(leaves, flags)]
+    shapes = [
+        jax.ShapeDtypeStruct(x.shape[1:] if b else x.shape, x.dtype) for x, b in zip(leaves, flags)
+    ]
     jaxpr = jax.make_jaxpr(lambda *xs: fn(*arg_tree.unflatten(xs)))(*shapes).jaxpr
     tainted = {v for v, b in zip(jaxpr.invars, flags) if b}
     for eqn in jaxpr.eqns:

@@ -44,7 +44,9 @@ def scalar_row(values: dict, setting: int, seed: int) -> dict:
 class WandbLogger:
     """A sink (see rl.logging) logging each log point to one W&B run per (setting, seed)."""
 
-    def __init__(self, wandb_config, run_dir, config_dict: dict, grid: list[dict], resume: bool = False):
+    def __init__(
+        self, wandb_config, run_dir, config_dict: dict, grid: list[dict], resume: bool = False
+    ):
         self.settings = wandb_config
         self.run_dir = Path(run_dir)
         self.group = self.run_dir.name
@@ -70,7 +72,12 @@ class WandbLogger:
                 id=wandb_run_id(self.group, setting, seed),
                 resume="allow" if self.resume else None,
                 dir=str(self.run_dir),
-                config={**self.config_dict, "setting": setting, "hyperparams": self.grid[setting], "seed": seed},
+                config={
+                    **self.config_dict,
+                    "setting": setting,
+                    "hyperparams": self.grid[setting],
+                    "seed": seed,
+                },
                 reinit="create_new",
             )
         return self.runs[key]
@@ -82,7 +89,9 @@ class WandbLogger:
         step = np.asarray(values["step"])
         for setting in range(step.shape[0]):
             for seed in range(step.shape[1]):
-                self._run(setting, seed).log(scalar_row(values, setting, seed), step=int(step[setting, seed]))
+                self._run(setting, seed).log(
+                    scalar_row(values, setting, seed), step=int(step[setting, seed])
+                )
 
     def close(self) -> None:
         for run in self.runs.values():

@@ -23,8 +23,15 @@ def full_precision_matmuls():
 # self-contained; the fused PPO gradient's property tests each compile their own kernels; the agents'
 # training tests each compile their own program). Every other module stays whole on one worker, so
 # its module-scoped fixtures compile once.
-SPREAD_MODULES = ("test_readme.py", "test_ppo_grads.py", "test_ppo.py", "test_ppo_advantages.py", "test_ppo_rnn.py",
-                  "test_sac.py", "test_sweep.py")
+SPREAD_MODULES = (
+    "test_readme.py",
+    "test_ppo_grads.py",
+    "test_ppo.py",
+    "test_ppo_advantages.py",
+    "test_ppo_rnn.py",
+    "test_sac.py",
+    "test_sweep.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,7 +45,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 # (resolved once, at import: tests that chdir must not move it)
-TEST_TIMES = os.path.abspath(os.environ["FUSEDRL_TEST_TIMES"]) if os.environ.get("FUSEDRL_TEST_TIMES") else None
+TEST_TIMES = (
+    os.path.abspath(os.environ["FUSEDRL_TEST_TIMES"])
+    if os.environ.get("FUSEDRL_TEST_TIMES")
+    else None
+)
 
 
 def pytest_runtest_logreport(report):
@@ -46,9 +57,15 @@ def pytest_runtest_logreport(report):
     id" line to FILE as it finishes (.ci/gpu_suite.sh: a run stopped at its time limit still shows where
     its time went, per test and per worker)."""
     path = TEST_TIMES
-    if not path or not (report.when == "call" or report.outcome != "passed") or os.environ.get("PYTEST_XDIST_WORKER"):
+    if (
+        not path
+        or not (report.when == "call" or report.outcome != "passed")
+        or os.environ.get("PYTEST_XDIST_WORKER")
+    ):
         return  # (under pytest-xdist the controller writes: it receives every worker's reports, with its node)
     node = getattr(report, "node", None)
     worker = node.gateway.id if node is not None else "main"
     with open(path, "a") as f:
-        f.write(f"{worker}\t{report.when}:{report.outcome}\t{report.duration:.2f}\t{report.nodeid}\n")
+        f.write(
+            f"{worker}\t{report.when}:{report.outcome}\t{report.duration:.2f}\t{report.nodeid}\n"
+        )

@@ -17,7 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 # 20 log points of 1000 steps; checkpoints every 4 log points (at steps 4000, 8000, ...).
 TINY = {
     "env": {"id": "GridWorld", "params": {"size": 5, "max_steps_in_episode": 50}},
-    "agent": {"name": "qlearning", "total_steps": 20_000, "log_interval": 1_000, "epsilon_decay_steps": 10_000},
+    "agent": {
+        "name": "qlearning",
+        "total_steps": 20_000,
+        "log_interval": 1_000,
+        "epsilon_decay_steps": 10_000,
+    },
     "run": {"seed": 0, "seeds": 2, "checkpoint_every": 4, "progress": False},
 }
 
@@ -69,7 +74,9 @@ SIGNAL_SELF = textwrap.dedent(
 )
 
 
-def run_signalled(args: list[str], signal_at: int, signal_name: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_signalled(
+    args: list[str], signal_at: int, signal_name: str, timeout: float = 300
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", SIGNAL_SELF, str(signal_at), signal_name, *map(str, args)],
         cwd=REPO,
@@ -83,17 +90,25 @@ def run_signalled(args: list[str], signal_at: int, signal_name: str, timeout: fl
 def metric_rows(run_dir: Path) -> list[dict]:
     """metrics.jsonl rows without the host timing columns (which differ between runs)."""
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in ("steps_per_second", "wall_time")} for row in rows]
+    return [
+        {k: v for k, v in row.items() if k not in ("steps_per_second", "wall_time")} for row in rows
+    ]
 
 
-def assert_runs_close(a: Path, b: Path, *, rtol: float, params_atol: float, metric_atol: float) -> None:
+def assert_runs_close(
+    a: Path, b: Path, *, rtol: float, params_atol: float, metric_atol: float
+) -> None:
     """Two run directories: final parameters to (rtol, params_atol); per log point, integer metrics
     (steps, episode counts) identical and float metrics to (rtol, metric_atol)."""
     import jax
     import numpy as np
     import pytest
 
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=params_atol), final_params(a), final_params(b))
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=params_atol),
+        final_params(a),
+        final_params(b),
+    )
     rows_a, rows_b = metric_rows(a), metric_rows(b)
     assert len(rows_a) == len(rows_b)
     for row_a, row_b in zip(rows_a, rows_b):

@@ -31,7 +31,10 @@ def parse_modules(root: Path = REPO) -> dict[str, tuple[Path, ast.Module]]:
     modules = {}
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
-            modules[module_name(path, root)] = (path, ast.parse(path.read_text(), filename=str(path)))
+            modules[module_name(path, root)] = (
+                path,
+                ast.parse(path.read_text(), filename=str(path)),
+            )
     return modules
 
 
@@ -70,7 +73,9 @@ def imported_modules(name: str, path: Path, tree: ast.Module, known: set[str]) -
 
 def import_graph(modules: dict[str, tuple[Path, ast.Module]]) -> dict[str, set[str]]:
     known = set(modules)
-    return {name: imported_modules(name, path, tree, known) for name, (path, tree) in modules.items()}
+    return {
+        name: imported_modules(name, path, tree, known) for name, (path, tree) in modules.items()
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -83,7 +88,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:
@@ -106,7 +111,12 @@ def top(module: str) -> str:
 
 def layering_violations(graph: dict[str, set[str]]) -> list[str]:
     forbidden = {"envs": ("rl", "kernels"), "kernels": ("rl", "envs")}
-    return sorted(f"{name} imports {dep}" for name, deps in graph.items() for dep in deps if top(dep) in forbidden.get(top(name), ()))
+    return sorted(
+        f"{name} imports {dep}"
+        for name, deps in graph.items()
+        for dep in deps
+        if top(dep) in forbidden.get(top(name), ())
+    )
 
 
 def backend_setters(modules: dict[str, tuple[Path, ast.Module]], package: str = "rl") -> list[str]:
@@ -119,11 +129,21 @@ def backend_setters(modules: dict[str, tuple[Path, ast.Module]], package: str = 
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 fn = node.func
-                called = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
+                called = (
+                    fn.attr
+                    if isinstance(fn, ast.Attribute)
+                    else fn.id
+                    if isinstance(fn, ast.Name)
+                    else None
+                )
                 if called in GLOBAL_BACKEND_SETTERS:
                     found.append(f"{name}:{node.lineno} calls {called}")
-            elif isinstance(node, ast.ImportFrom) and any(alias.name in GLOBAL_BACKEND_SETTERS for alias in node.names):
-                found.append(f"{name}:{node.lineno} imports {', '.join(a.name for a in node.names if a.name in GLOBAL_BACKEND_SETTERS)}")
+            elif isinstance(node, ast.ImportFrom) and any(
+                alias.name in GLOBAL_BACKEND_SETTERS for alias in node.names
+            ):
+                found.append(
+                    f"{name}:{node.lineno} imports {', '.join(a.name for a in node.names if a.name in GLOBAL_BACKEND_SETTERS)}"
+                )
     return found
 
 
@@ -143,8 +163,14 @@ def test_envs_and_kernels_import_nothing_from_rl_nor_each_other(modules):
 
 def test_rl_modules_import_each_other_without_a_cycle(modules):
     graph = import_graph(modules)
-    rl_graph = {name: {dep for dep in deps if top(dep) == "rl"} for name, deps in graph.items() if top(name) == "rl"}
-    assert sum(map(len, rl_graph.values())) > 20  # the graph was really read (imports inside functions too)
+    rl_graph = {
+        name: {dep for dep in deps if top(dep) == "rl"}
+        for name, deps in graph.items()
+        if top(name) == "rl"
+    }
+    assert (
+        sum(map(len, rl_graph.values())) > 20
+    )  # the graph was really read (imports inside functions too)
     assert "rl.checkpoint" in rl_graph["rl.train"]  # an import inside a function counts
     assert find_cycle(rl_graph) is None, " -> ".join(find_cycle(rl_graph))
 
@@ -181,9 +207,23 @@ def test_the_checks_fail_on_violations(tmp_path):
     )
     modules = parse_modules(tmp_path)
     graph = import_graph(modules)
-    assert graph["rl.a"] == {"rl.b"} and graph["rl.b"] == {"rl.c"} and graph["rl.c"] == {"kernels", "rl.a"}
-    cycle = find_cycle({k: {d for d in v if top(d) == "rl"} for k, v in graph.items() if top(k) == "rl"})
+    assert (
+        graph["rl.a"] == {"rl.b"}
+        and graph["rl.b"] == {"rl.c"}
+        and graph["rl.c"] == {"kernels", "rl.a"}
+    )
+    cycle = find_cycle(
+        {k: {d for d in v if top(d) == "rl"} for k, v in graph.items() if top(k) == "rl"}
+    )
     assert cycle is not None and set(cycle) == {"rl.a", "rl.b", "rl.c"}
-    assert layering_violations(graph) == ["envs imports rl", "envs.x imports kernels.launch", "kernels.launch imports envs.x"]
+    assert layering_violations(graph) == [
+        "envs imports rl",
+        "envs.x imports kernels.launch",
+        "kernels.launch imports envs.x",
+    ]
     setters = backend_setters(modules)
-    assert "rl.c:5 calls set_backend" in setters and "rl.d:1 imports use_backend" in setters and "rl.d:3 calls use_backend" in setters
+    assert (
+        "rl.c:5 calls set_backend" in setters
+        and "rl.d:1 imports use_backend" in setters
+        and "rl.d:3 calls use_backend" in setters
+    )

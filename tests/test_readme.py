@@ -31,7 +31,10 @@ SHORT_AGENT_CALL = "_, metrics = jax.jit(jax.vmap(lambda k: train(k, 2, 20)))(ja
 def readme_blocks(language: str) -> list[tuple[int, str]]:
     """(line number, code) of every ```language block of the README, in order."""
     text = README.read_text()
-    return [(text[: m.start()].count("\n") + 1, m.group(1)) for m in re.finditer(rf"```{language}\n(.*?)```", text, re.S)]
+    return [
+        (text[: m.start()].count("\n") + 1, m.group(1))
+        for m in re.finditer(rf"```{language}\n(.*?)```", text, re.S)
+    ]
 
 
 def is_skipped(code: str) -> bool:
@@ -40,16 +43,24 @@ def is_skipped(code: str) -> bool:
 
 # The optional libraries a block may use (an extra each; CI installs them all through `test`):
 # the module to import, and what in a block's text names it.
-EXTRA_MARKERS = {"gymnax": ("gymnax:", "minatar"), "brax": ("brax:", "_brax_"), "craftax": ("craftax:", "_craftax_"),
-                 "jumanji": ("jumanji:",), "wandb": ("run.wandb",)}
+EXTRA_MARKERS = {
+    "gymnax": ("gymnax:", "minatar"),
+    "brax": ("brax:", "_brax_"),
+    "craftax": ("craftax:", "_craftax_"),
+    "jumanji": ("jumanji:",),
+    "wandb": ("run.wandb",),
+}
 
 
 def missing_extras(code: str) -> list[str]:
     """The optional libraries `code` uses that do not import here (e.g. on the GPU machine, which carries none)."""
     import importlib.util
 
-    return [name for name, marks in EXTRA_MARKERS.items()
-            if any(mark in code for mark in marks) and importlib.util.find_spec(name) is None]
+    return [
+        name
+        for name, marks in EXTRA_MARKERS.items()
+        if any(mark in code for mark in marks) and importlib.util.find_spec(name) is None
+    ]
 
 
 def mujoco_cannot_render() -> bool:
@@ -76,13 +87,20 @@ def runnable_shell(code: str) -> str:
 
 
 def test_the_skipped_blocks_are_few_and_say_why():
-    skipped = [code.splitlines()[0] for language in ("python", "bash") for _, code in readme_blocks(language) if is_skipped(code)]
+    skipped = [
+        code.splitlines()[0]
+        for language in ("python", "bash")
+        for _, code in readme_blocks(language)
+        if is_skipped(code)
+    ]
     assert len(skipped) <= 9, skipped
     assert all(line.endswith(")") and len(line) > len(SKIP) + 10 for line in skipped), skipped
 
 
 def test_ci_runs_exactly_the_readme_test_command():
-    (command,) = [code.splitlines()[1] for _, code in readme_blocks("bash") if "python -m pytest" in code]
+    (command,) = [
+        code.splitlines()[1] for _, code in readme_blocks("bash") if "python -m pytest" in code
+    ]
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert command in ci, f".ci/run must run the README's test command {command!r}"
 
@@ -102,7 +120,9 @@ def test_python_blocks_run(tmp_path, monkeypatch):
             pytest.fail(f"README.md python block at line {line} fails: {type(err).__name__}: {err}")
     metrics = namespace["metrics"]  # the Writing-an-agent example
     np.testing.assert_array_equal(np.asarray(metrics["step"])[0], [20 * 8 * 16, 2 * 20 * 8 * 16])
-    assert np.all(np.asarray(metrics["episodes"]) > 0) and np.all(np.isfinite(np.asarray(metrics["episode_return"])))
+    assert np.all(np.asarray(metrics["episodes"]) > 0) and np.all(
+        np.isfinite(np.asarray(metrics["episode_return"]))
+    )
     assert (tmp_path / "episode.gif").is_file()
 
 
@@ -113,7 +133,9 @@ def shell(tmp_path_factory):
     bin_dir = root / "bin"
     bin_dir.mkdir()
     rl = bin_dir / "rl"
-    rl.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m rl.cli "$@"\n')  # the console script, from this checkout
+    rl.write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" -m rl.cli "$@"\n'
+    )  # the console script, from this checkout
     rl.chmod(0o755)
     work = root / "work"
     work.mkdir()
@@ -130,7 +152,10 @@ def shell(tmp_path_factory):
         WANDB_CACHE_DIR=str(root / "wandb-cache"),
         MPLBACKEND="Agg",
     )
-    for folder in ("configs", "benchmarks"):  # commands name checkout paths (configs/*.yaml also resolve by name)
+    for folder in (
+        "configs",
+        "benchmarks",
+    ):  # commands name checkout paths (configs/*.yaml also resolve by name)
         (work / folder).symlink_to(REPO / folder)
     return work, env
 
@@ -143,7 +168,18 @@ def test_bash_block_runs(line, code, shell):
     if is_skipped(code):
         pytest.skip(code.splitlines()[0])
     if missing_extras(code):
-        pytest.skip(f"needs the optional libraries {missing_extras(code)} (their extras), not installed here")
+        pytest.skip(
+            f"needs the optional libraries {missing_extras(code)} (their extras), not installed here"
+        )
     work, env = shell
-    done = subprocess.run(["bash", "-e", "-c", runnable_shell(code)], cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"README.md bash block at line {line} fails:\n{done.stderr[-3000:]}"
+    done = subprocess.run(
+        ["bash", "-e", "-c", runnable_shell(code)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (
+        f"README.md bash block at line {line} fails:\n{done.stderr[-3000:]}"
+    )

@@ -7,4 +7,10 @@ and `rl.buffers`; the contract they meet is in `rl.trainer`, the name lookup in 
 from rl.registry import get_agent_module, registered_agents
 from rl.trainer import Trainer, train_from_trainer, vmap_sequentially_on_cpu
 
-__all__ = ["Trainer", "get_agent_module", "registered_agents", "train_from_trainer", "vmap_sequentially_on_cpu"]
+__all__ = [
+    "Trainer",
+    "get_agent_module",
+    "registered_agents",
+    "train_from_trainer",
+    "vmap_sequentially_on_cpu",
+]

@@ -52,7 +52,9 @@ class Setup(NamedTuple):
 
 def make_q_network(config, env, env_params) -> networks.Network:
     """Torso from `agent.network`, then a linear head of one Q-value per action."""
-    return networks.q_network(config.agent.network, env.observation_space(env_params), env.action_space(env_params).n)
+    return networks.q_network(
+        config.agent.network, env.observation_space(env_params), env.action_space(env_params).n
+    )
 
 
 def q_loss(apply, params, target_params, batch, gamma, double_q: bool, kind: str):
@@ -61,7 +63,9 @@ def q_loss(apply, params, target_params, batch, gamma, double_q: bool, kind: str
     q_next_target = apply(target_params, batch["next_obs"])
     q_next_selector = apply(params, batch["next_obs"]) if double_q else q_next_target
     next_value = losses.bootstrap_value(q_next_target, q_next_selector)
-    target = losses.q_learning_target(batch["reward"], losses.episode_discount(gamma, batch["terminated"]), next_value)
+    target = losses.q_learning_target(
+        batch["reward"], losses.episode_discount(gamma, batch["terminated"]), next_value
+    )
     td = q_taken - target
     return losses.td_loss(td, kind).mean(), (td, q_taken)
 
@@ -78,7 +82,13 @@ def init(setup: Setup, key, hparams):
     reset, _ = loop.batched(setup.env)
     obs, env_state = reset(jax.random.split(reset_key, setup.agent.num_envs), setup.env_params)
     params = setup.q_network.init(net_key, obs[0])
-    example = {"obs": obs[0], "action": jnp.int32(0), "reward": jnp.float32(0.0), "next_obs": obs[0], "terminated": jnp.bool_(False)}
+    example = {
+        "obs": obs[0],
+        "action": jnp.int32(0),
+        "reward": jnp.float32(0.0),
+        "next_obs": obs[0],
+        "terminated": jnp.bool_(False),
+    }
     buffer = buffers.uniform_init(example, setup.agent.buffer_size)
     return loop.replay_state(key, params, optimiser(hparams).init(params), buffer, obs, env_state)
 
@@ -88,22 +98,44 @@ def env_step(setup: Setup, hparams, carry, key):
     state, _ = carry
     k_act, k_env = jax.random.split(key)
     q_values = setup.q_network.apply(state["params"], state["obs"])
-    action = loop.epsilon_greedy(k_act, q_values, loop.replay_epsilon(setup.agent, hparams, state["step"]))
-    return loop.step_and_store(setup.env, setup.env_params, setup.agent.num_envs, carry, action, k_env)
+    action = loop.epsilon_greedy(
+        k_act, q_values, loop.replay_epsilon(setup.agent, hparams, state["step"])
+    )
+    return loop.step_and_store(
+        setup.env, setup.env_params, setup.agent.num_envs, carry, action, k_env
+    )
 
 
 def gradient_step(setup: Setup, hparams, state, key):
     """One Adam step on a uniform batch; the target follows every `target_update_interval` steps."""
     agent = setup.agent
     batch, _ = buffers.uniform_sample(state["buffer"], key, agent.batch_size)
-    loss_fn = partial(q_loss, setup.q_network.apply, target_params=state["target_params"], batch=batch,
-                      gamma=hparams["gamma"], double_q=agent.double_q, kind=agent.loss)
+    loss_fn = partial(
+        q_loss,
+        setup.q_network.apply,
+        target_params=state["target_params"],
+        batch=batch,
+        gamma=hparams["gamma"],
+        double_q=agent.double_q,
+        kind=agent.loss,
+    )
     (loss, (_, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
     updates, opt_state = optimiser(hparams).update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     updates_done = state["updates"] + 1
-    target = loop.periodic_polyak(state["target_params"], params, hparams["tau"], updates_done % agent.target_update_interval == 0)
-    state = {**state, "params": params, "target_params": target, "opt_state": opt_state, "updates": updates_done}
+    target = loop.periodic_polyak(
+        state["target_params"],
+        params,
+        hparams["tau"],
+        updates_done % agent.target_update_interval == 0,
+    )
+    state = {
+        **state,
+        "params": params,
+        "target_params": target,
+        "opt_state": opt_state,
+        "updates": updates_done,
+    }
     return state, {"loss": loss, "q_mean": q_taken.mean()}
 
 
@@ -116,7 +148,15 @@ def make_trainer(config) -> Trainer:
     env, env_params = loop.make_env(config)
     agent = config.agent
     setup = Setup(env, env_params, make_q_network(config, env, env_params), agent)
-    return loop.replay_trainer(agent, env, env_params, partial(init, setup), partial(env_step, setup), partial(gradient_step, setup), partial(greedy_policy, setup))
+    return loop.replay_trainer(
+        agent,
+        env,
+        env_params,
+        partial(init, setup),
+        partial(env_step, setup),
+        partial(gradient_step, setup),
+        partial(greedy_policy, setup),
+    )
 
 
 def make_train(config):

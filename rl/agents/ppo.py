@@ -61,10 +61,10 @@ max_grad_norm, reward_scale) are read from `hparams` inside the compiled program
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import partial
 import dataclasses
 import typing
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -73,10 +73,10 @@ from jax.flatten_util import ravel_pytree
 
 import kernels
 from envs.spaces import Box, Discrete
-from rl import losses, loop, networks
-from rl.trainer import Trainer, train_from_trainer
+from rl import loop, losses, networks
 from rl.config import ConfigError, hp
 from rl.rollout import greedy_episodes
+from rl.trainer import Trainer, train_from_trainer
 
 OBS_CLIP = 10.0  # agent.obs_clip's default
 
@@ -85,40 +85,76 @@ OBS_CLIP = 10.0  # agent.obs_clip's default
 class Config(loop.PPOLoopConfig):
     name: str = "ppo"
     network: networks.NetworkConfig = networks.network_config(hidden=(64, 64), activation="tanh")
-    normalize_obs: bool = hp(False, doc="the networks read observations normalised by their running mean and variance over all rollouts (per channel for images), kept in the params")
-    obs_clip: typing.Optional[float] = hp(OBS_CLIP, low=0.0, low_open=True, doc="with agent.normalize_obs, normalised observations are clipped to [-obs_clip, obs_clip]; null: not clipped (Brax's PPO)")
-    critic_hidden: typing.Optional[tuple[int, ...]] = hp(None, doc="hidden widths of the critic's torso when they differ from agent.network.hidden (separate torsos only)")
-    fused_update: bool = hp(True, doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads_flat) when the kernel backend is triton/interpret and the network fits it (and agent.minibatch_advantages is off); else autodiff (with the automatic backend the op itself takes autodiff for one seed's minibatch of under 32768 rows, measured faster)")
-    gae_horizon: int = hp(0, low=0, doc="GAE within segments of this many rollout steps, each bootstrapping from V at its end (Brax's PPO: its 5-step unrolls); 0: over the whole rollout")
-    recompute_advantages: bool = hp(False, doc="V, advantages and value targets recomputed with the current network at the start of every epoch (Andrychowicz et al. 2021); else once per update")
-    minibatch_advantages: bool = hp(False, doc="minibatches of whole agent.gae_horizon-step segments, whose V, advantages and value targets each minibatch's loss computes with the current network (Brax's PPO; autodiff, not the fused kernel); else computed before learning (or each epoch: agent.recompute_advantages)")
+    normalize_obs: bool = hp(
+        False,
+        doc="the networks read observations normalised by their running mean and variance over all rollouts (per channel for images), kept in the params",
+    )
+    obs_clip: typing.Optional[float] = hp(
+        OBS_CLIP,
+        low=0.0,
+        low_open=True,
+        doc="with agent.normalize_obs, normalised observations are clipped to [-obs_clip, obs_clip]; null: not clipped (Brax's PPO)",
+    )
+    critic_hidden: typing.Optional[tuple[int, ...]] = hp(
+        None,
+        doc="hidden widths of the critic's torso when they differ from agent.network.hidden (separate torsos only)",
+    )
+    fused_update: bool = hp(
+        True,
+        doc="minibatch gradient from the fused kernel (kernels.ppo_actor_critic_grads_flat) when the kernel backend is triton/interpret and the network fits it (and agent.minibatch_advantages is off); else autodiff (with the automatic backend the op itself takes autodiff for one seed's minibatch of under 32768 rows, measured faster)",
+    )
+    gae_horizon: int = hp(
+        0,
+        low=0,
+        doc="GAE within segments of this many rollout steps, each bootstrapping from V at its end (Brax's PPO: its 5-step unrolls); 0: over the whole rollout",
+    )
+    recompute_advantages: bool = hp(
+        False,
+        doc="V, advantages and value targets recomputed with the current network at the start of every epoch (Andrychowicz et al. 2021); else once per update",
+    )
+    minibatch_advantages: bool = hp(
+        False,
+        doc="minibatches of whole agent.gae_horizon-step segments, whose V, advantages and value targets each minibatch's loss computes with the current network (Brax's PPO; autodiff, not the fused kernel); else computed before learning (or each epoch: agent.recompute_advantages)",
+    )
 
     def validate(self):
         super().validate()
         if self.gae_horizon > self.num_steps:
-            raise ConfigError(f"agent.gae_horizon ({self.gae_horizon}) exceeds agent.num_steps ({self.num_steps}), so it would cut "
-                              f"nothing; use 0 for GAE over the whole rollout")
+            raise ConfigError(
+                f"agent.gae_horizon ({self.gae_horizon}) exceeds agent.num_steps ({self.num_steps}), so it would cut "
+                f"nothing; use 0 for GAE over the whole rollout"
+            )
         if self.minibatch_advantages:
             self.check_segment_minibatches()
         if not self.normalize_obs and self.obs_clip != OBS_CLIP:
-            raise ConfigError(f"agent.obs_clip ({self.obs_clip}) clips normalised observations: it needs agent.normalize_obs: true")
+            raise ConfigError(
+                f"agent.obs_clip ({self.obs_clip}) clips normalised observations: it needs agent.normalize_obs: true"
+            )
 
     def check_segment_minibatches(self):
         """`minibatch_advantages` splits the rollout into whole `gae_horizon`-step segments, dealt out
         evenly to the minibatches, and already recomputes what `recompute_advantages` would."""
         if not self.gae_horizon:
-            raise ConfigError("agent.minibatch_advantages needs agent.gae_horizon > 0: its minibatches hold whole segments of that many steps")
+            raise ConfigError(
+                "agent.minibatch_advantages needs agent.gae_horizon > 0: its minibatches hold whole segments of that many steps"
+            )
         if self.num_steps % self.gae_horizon:
-            raise ConfigError(f"agent.minibatch_advantages needs agent.gae_horizon ({self.gae_horizon}) to divide agent.num_steps ({self.num_steps}) "
-                              f"into whole segments")
+            raise ConfigError(
+                f"agent.minibatch_advantages needs agent.gae_horizon ({self.gae_horizon}) to divide agent.num_steps ({self.num_steps}) "
+                f"into whole segments"
+            )
         segments = self.batch_size // self.gae_horizon
         if segments % self.num_minibatches:
-            raise ConfigError(f"agent.minibatch_advantages: agent.num_minibatches ({self.num_minibatches}) must divide the "
-                              f"{segments} segments of agent.gae_horizon ({self.gae_horizon}) steps "
-                              f"(agent.num_envs * agent.num_steps / agent.gae_horizon)")
+            raise ConfigError(
+                f"agent.minibatch_advantages: agent.num_minibatches ({self.num_minibatches}) must divide the "
+                f"{segments} segments of agent.gae_horizon ({self.gae_horizon}) steps "
+                f"(agent.num_envs * agent.num_steps / agent.gae_horizon)"
+            )
         if self.recompute_advantages:
-            raise ConfigError("agent.recompute_advantages and agent.minibatch_advantages: choose one (minibatch advantages are "
-                              "already recomputed in every minibatch)")
+            raise ConfigError(
+                "agent.recompute_advantages and agent.minibatch_advantages: choose one (minibatch advantages are "
+                "already recomputed in every minibatch)"
+            )
 
 
 def check_env(config, env, env_params) -> None:
@@ -127,9 +163,13 @@ def check_env(config, env, env_params) -> None:
     agent = config.agent
     if agent.critic_hidden is not None:
         if agent.shared_network:
-            raise ConfigError("agent.critic_hidden: a shared torso (agent.shared_network: true) has no separate critic widths")
+            raise ConfigError(
+                "agent.critic_hidden: a shared torso (agent.shared_network: true) has no separate critic widths"
+            )
         if not agent.critic_hidden or any(width < 1 for width in agent.critic_hidden):
-            raise ConfigError(f"agent.critic_hidden must list positive widths, got {list(agent.critic_hidden)}")
+            raise ConfigError(
+                f"agent.critic_hidden must list positive widths, got {list(agent.critic_hidden)}"
+            )
 
 
 # ---------------------------------------------------------------- the network
@@ -141,8 +181,19 @@ def make_network(agent: Config, env, env_params):
     (`loop.policy_head`) and a value head (`networks.actor_critic`)."""
     head, distribution = loop.policy_head(agent, env, env_params)
     obs_space = env.observation_space(env_params)
-    critic = None if agent.critic_hidden is None else networks.make_torso(dataclasses.replace(agent.network, hidden=tuple(agent.critic_hidden)), obs_space)
-    fn = networks.actor_critic(networks.make_torso(agent.network, obs_space), head, shared=agent.shared_network, critic_torso=critic)
+    critic = (
+        None
+        if agent.critic_hidden is None
+        else networks.make_torso(
+            dataclasses.replace(agent.network, hidden=tuple(agent.critic_hidden)), obs_space
+        )
+    )
+    fn = networks.actor_critic(
+        networks.make_torso(agent.network, obs_space),
+        head,
+        shared=agent.shared_network,
+        critic_torso=critic,
+    )
     return networks.build(fn, agent.network.backend, agent.network.init), distribution
 
 
@@ -158,7 +209,11 @@ def network_params(agent: Config, params):
 def network_input(agent: Config, params, obs):
     """What the network reads: `networks.normalize_observation(obs, params["obs_stats"], agent.obs_clip)`
     with `agent.normalize_obs`, else obs."""
-    return networks.normalize_observation(obs, params["obs_stats"], agent.obs_clip) if agent.normalize_obs else obs
+    return (
+        networks.normalize_observation(obs, params["obs_stats"], agent.obs_clip)
+        if agent.normalize_obs
+        else obs
+    )
 
 
 def policy_params(agent: Config, net_params, obs_stats):
@@ -187,7 +242,19 @@ def minibatch_loss(net, params, batch, hparams, agent: Config, distribution: str
     """(L, stats) = `loop.ppo_minibatch_loss` of a minibatch (LearnBatch, advantages, targets) under `params`."""
     trans, advantages, targets = batch
     policy, values = net.apply(params, trans.obs)
-    return loop.ppo_minibatch_loss(policy, values, trans.action, trans.log_prob, trans.value, advantages, targets, hparams, agent, distribution, backend)
+    return loop.ppo_minibatch_loss(
+        policy,
+        values,
+        trans.action,
+        trans.log_prob,
+        trans.value,
+        advantages,
+        targets,
+        hparams,
+        agent,
+        distribution,
+        backend,
+    )
 
 
 def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
@@ -209,11 +276,23 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
         return f"observation space {obs_space} is not a flat Box"
     if agent.critic_hidden is not None and tuple(agent.critic_hidden) != tuple(network.hidden):
         return "the kernel needs the critic's hidden widths to be the actor's (agent.critic_hidden)"
-    if agent.shared_network or network.torso != "mlp" or network.layer_norm or len(network.hidden) != 2 or network.activation not in ("tanh", "relu"):
+    if (
+        agent.shared_network
+        or network.torso != "mlp"
+        or network.layer_norm
+        or len(network.hidden) != 2
+        or network.activation not in ("tanh", "relu")
+    ):
         return "the kernel needs separate actor and critic MLPs with two tanh or relu hidden layers"
-    if max(network.hidden) > limits["hidden"] or obs_space.shape[0] > limits["obs_dim"] or action_space.n > limits["actions"]:
+    if (
+        max(network.hidden) > limits["hidden"]
+        or obs_space.shape[0] > limits["obs_dim"]
+        or action_space.n > limits["actions"]
+    ):
         return f"sizes beyond the kernel's limits {limits}"
-    return kernels.ppo_grads.too_big_for_shared_memory(obs_space.shape[0], tuple(network.hidden), action_space.n)
+    return kernels.ppo_grads.too_big_for_shared_memory(
+        obs_space.shape[0], tuple(network.hidden), action_space.n
+    )
 
 
 def fused_layout(params) -> kernels.ppo_grads.FlatLayout:
@@ -222,7 +301,14 @@ def fused_layout(params) -> kernels.ppo_grads.FlatLayout:
     (w1, _), (w2, _), _, _, (head, _), _ = networks.dense_layers(params)
     a1, a2, c1, c2, a3, c3 = networks.dense_layers(networks.leaf_offsets(params))
     size = sum(x.size for x in jax.tree.leaves(params))
-    return kernels.ppo_grads.FlatLayout((*a1, *a2, *a3), (*c1, *c2, *c3), w1.shape[0], (w1.shape[1], w2.shape[1]), head.shape[1], size)
+    return kernels.ppo_grads.FlatLayout(
+        (*a1, *a2, *a3),
+        (*c1, *c2, *c3),
+        w1.shape[0],
+        (w1.shape[1], w2.shape[1]),
+        head.shape[1],
+        size,
+    )
 
 
 def fused_flat_grads(flat_params, batch, *, layout, hparams, agent: Config, backend: str):
@@ -234,9 +320,21 @@ def fused_flat_grads(flat_params, batch, *, layout, hparams, agent: Config, back
     if agent.normalize_advantages:
         advantages = losses.normalize(advantages)
     return kernels.ppo_actor_critic_grads_flat(
-        trans.obs, trans.action, trans.log_prob, trans.value, advantages, targets, flat_params, layout,
-        hparams["clip_eps"], hparams["vf_clip_eps"], hparams["ent_coef"], hparams["vf_coef"],
-        activation=agent.network.activation, clip_value_loss=agent.clip_value_loss, backend=backend,
+        trans.obs,
+        trans.action,
+        trans.log_prob,
+        trans.value,
+        advantages,
+        targets,
+        flat_params,
+        layout,
+        hparams["clip_eps"],
+        hparams["vf_clip_eps"],
+        hparams["ent_coef"],
+        hparams["vf_coef"],
+        activation=agent.network.activation,
+        clip_value_loss=agent.clip_value_loss,
+        backend=backend,
     )
 
 
@@ -253,7 +351,9 @@ class Setup(NamedTuple):
     step: Any  # vmapped env.step
     net: networks.Network
     distribution: str  # losses.DISTRIBUTIONS
-    backend: str  # kernel backend (`loop.kernel_backend`): a name, or "auto" for each op's own choice
+    backend: (
+        str  # kernel backend (`loop.kernel_backend`): a name, or "auto" for each op's own choice
+    )
     fused: bool  # minibatch gradient from the fused kernel
     deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
 
@@ -300,14 +400,22 @@ def rollout(s: Setup, params, obs, env_state, key):
         act_key, env_keys = keys
         policy, _ = apply_policy(s, params, obs)
         action = loop.sample_action(policy, act_key, s.distribution)
-        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, backend="reference")
-        next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, loop.env_action(action, s.distribution), s.env_params)
+        log_prob, _ = losses.policy_log_prob_entropy(
+            policy, action, s.distribution, backend="reference"
+        )
+        next_obs, env_state, reward, terminated, truncated, info = s.step(
+            env_keys, env_state, loop.env_action(action, s.distribution), s.env_params
+        )
         episodes = loop.count_episodes(episodes, info)
-        return (params, next_obs, env_state, episodes), Transition(obs, action, log_prob, reward, terminated, truncated, info["final_obs"])
+        return (params, next_obs, env_state, episodes), Transition(
+            obs, action, log_prob, reward, terminated, truncated, info["final_obs"]
+        )
 
     keys = loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
     carry = (params, obs, env_state, loop.no_episodes((s.agent.num_envs,)))
-    (_, obs, env_state, episodes), traj = loop.scan_packed_outputs(env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps))
+    (_, obs, env_state, episodes), traj = loop.scan_packed_outputs(
+        env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps)
+    )
     return obs, env_state, traj, episodes
 
 
@@ -330,8 +438,15 @@ def learn_batch(s: Setup, hparams, params, traj: Transition):
     _, final_values = s.net.apply(net_params, network_input(s.agent, params, traj.final_obs))
     traj = traj._replace(obs=obs)
     advantages, targets = losses.truncation_aware_gae(
-        traj.reward * hparams["reward_scale"], values, final_values, traj.terminated, gae_cuts(s.agent, traj.truncated),
-        hparams["gamma"], hparams["gae_lambda"], backend=s.backend, deterministic=s.deterministic,
+        traj.reward * hparams["reward_scale"],
+        values,
+        final_values,
+        traj.terminated,
+        gae_cuts(s.agent, traj.truncated),
+        hparams["gamma"],
+        hparams["gae_lambda"],
+        backend=s.backend,
+        deterministic=s.deterministic,
     )
     data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values), advantages, targets)
     return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
@@ -363,9 +478,19 @@ def segment_batch(s: Setup, hparams, params, traj: Transition) -> SegmentBatch:
     """The rollout as `agent.gae_horizon`-step segments (`segments`) of `SegmentBatch`, for minibatches
     that compute their own advantages; the observations are what the network reads."""
     obs = network_input(s.agent, params, traj.obs)
-    value = s.net.apply(network_params(s.agent, params), obs)[1] if s.agent.clip_value_loss else None
-    data = SegmentBatch(obs, network_input(s.agent, params, traj.final_obs), traj.action,
-                        traj.log_prob, value, traj.reward * hparams["reward_scale"], traj.terminated, traj.truncated)
+    value = (
+        s.net.apply(network_params(s.agent, params), obs)[1] if s.agent.clip_value_loss else None
+    )
+    data = SegmentBatch(
+        obs,
+        network_input(s.agent, params, traj.final_obs),
+        traj.action,
+        traj.log_prob,
+        value,
+        traj.reward * hparams["reward_scale"],
+        traj.terminated,
+        traj.truncated,
+    )
     return jax.tree.map(lambda x: segments(x, s.agent.gae_horizon), data)
 
 
@@ -377,14 +502,31 @@ def segment_minibatch_loss(s: Setup, params, minibatch: SegmentBatch, hparams):
     _, final_values = s.net.apply(params, minibatch.final_obs)
     time_major = lambda x: jnp.swapaxes(x, 0, 1)
     advantages, targets = losses.truncation_aware_gae(
-        time_major(minibatch.reward), time_major(jax.lax.stop_gradient(values)), time_major(jax.lax.stop_gradient(final_values)),
-        time_major(minibatch.terminated), time_major(minibatch.truncated), hparams["gamma"], hparams["gae_lambda"],
-        backend=s.backend, deterministic=s.deterministic,
+        time_major(minibatch.reward),
+        time_major(jax.lax.stop_gradient(values)),
+        time_major(jax.lax.stop_gradient(final_values)),
+        time_major(minibatch.terminated),
+        time_major(minibatch.truncated),
+        hparams["gamma"],
+        hparams["gae_lambda"],
+        backend=s.backend,
+        deterministic=s.deterministic,
     )
     advantages, targets = (jax.lax.stop_gradient(time_major(x)) for x in (advantages, targets))
     old_values = jax.lax.stop_gradient(values) if minibatch.value is None else minibatch.value
-    return loop.ppo_minibatch_loss(policy, values, minibatch.action, minibatch.log_prob, old_values, advantages, targets,
-                                   hparams, s.agent, s.distribution, s.backend)
+    return loop.ppo_minibatch_loss(
+        policy,
+        values,
+        minibatch.action,
+        minibatch.log_prob,
+        old_values,
+        advantages,
+        targets,
+        hparams,
+        s.agent,
+        s.distribution,
+        s.backend,
+    )
 
 
 def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
@@ -397,14 +539,32 @@ def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
         if s.agent.minibatch_advantages:
             loss = lambda p: segment_minibatch_loss(s, p, minibatch, hparams)
         else:
-            loss = lambda p: minibatch_loss(s.net, p, minibatch, hparams, s.agent, s.distribution, s.backend)
+            loss = lambda p: minibatch_loss(
+                s.net, p, minibatch, hparams, s.agent, s.distribution, s.backend
+            )
         (_, stats), g = jax.value_and_grad(loss, has_aux=True)(params)
         return g, stats
 
     flat_grads = None
     if s.fused:
-        flat_grads = partial(fused_flat_grads, layout=fused_layout(params), hparams=hparams, agent=s.agent, backend=s.backend)
-    return loop.flat_minibatch_epochs(s.agent, loop.ppo_optimizer(s.agent, hparams), grads, params, opt_state, batch, key, refresh, flat_grads)
+        flat_grads = partial(
+            fused_flat_grads,
+            layout=fused_layout(params),
+            hparams=hparams,
+            agent=s.agent,
+            backend=s.backend,
+        )
+    return loop.flat_minibatch_epochs(
+        s.agent,
+        loop.ppo_optimizer(s.agent, hparams),
+        grads,
+        params,
+        opt_state,
+        batch,
+        key,
+        refresh,
+        flat_grads,
+    )
 
 
 def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
@@ -412,18 +572,32 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
     learning. Returns (state, totals, mean loss stats)."""
     key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
     params = state["params"]
-    obs, env_state, traj, episodes = rollout(s, params, state["obs"], state["env_state"], rollout_key)
+    obs, env_state, traj, episodes = rollout(
+        s, params, state["obs"], state["env_state"], rollout_key
+    )
     totals = loop.add_totals(totals, episodes)
-    obs_stats = networks.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:]) if s.agent.normalize_obs else None
+    obs_stats = (
+        networks.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:])
+        if s.agent.normalize_obs
+        else None
+    )
     params = policy_params(s.agent, network_params(s.agent, params), obs_stats)
-    if s.agent.minibatch_advantages:  # whole segments; each minibatch's loss computes their advantages
+    if (
+        s.agent.minibatch_advantages
+    ):  # whole segments; each minibatch's loss computes their advantages
         batch = segment_batch(s, hparams, params, traj)
     else:
         batch = learn_batch(s, hparams, params, traj)
     refresh = None
-    if s.agent.recompute_advantages:  # every epoch's batch from its current network (the first epoch's is `batch`)
-        refresh = lambda net_params, batch: learn_batch(s, hparams, policy_params(s.agent, net_params, obs_stats), traj)
-    net_params, opt_state, stats = learn(s, hparams, network_params(s.agent, params), state["opt_state"], batch, shuffle_key, refresh)
+    if (
+        s.agent.recompute_advantages
+    ):  # every epoch's batch from its current network (the first epoch's is `batch`)
+        refresh = lambda net_params, batch: learn_batch(
+            s, hparams, policy_params(s.agent, net_params, obs_stats), traj
+        )
+    net_params, opt_state, stats = learn(
+        s, hparams, network_params(s.agent, params), state["opt_state"], batch, shuffle_key, refresh
+    )
     state = {
         "params": policy_params(s.agent, net_params, obs_stats),
         "opt_state": opt_state,
@@ -438,7 +612,9 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
 
 def evaluate(s: Setup, params, key):
     """Mean return and length of the first episode of `eval_envs` fresh envs under the greedy policy."""
-    act = lambda obs: loop.env_action(loop.greedy_action(apply_policy(s, params, obs)[0], s.distribution), s.distribution)
+    act = lambda obs: loop.env_action(
+        loop.greedy_action(apply_policy(s, params, obs)[0], s.distribution), s.distribution
+    )
     returns, lengths = greedy_episodes(s.env, s.env_params, act, key, s.agent.eval_envs)
     return returns.mean(), lengths.mean()
 
@@ -448,9 +624,25 @@ def make_trainer(config) -> Trainer:
     env, env_params = loop.make_env(config)
     net, distribution = make_network(agent, env, env_params)
     backend = loop.kernel_backend(config)
-    fused = agent.fused_update and kernels.resolve_backend(backend) in ("triton", "interpret") and fused_update_unfit_reason(config, env, env_params) is None
-    s = Setup(agent, env, env_params, *loop.batched(env), net, distribution, backend, fused, config.kernels.deterministic)
-    return loop.on_policy_trainer(agent, partial(init_state, s), partial(update, s), partial(evaluate, s))
+    fused = (
+        agent.fused_update
+        and kernels.resolve_backend(backend) in ("triton", "interpret")
+        and fused_update_unfit_reason(config, env, env_params) is None
+    )
+    s = Setup(
+        agent,
+        env,
+        env_params,
+        *loop.batched(env),
+        net,
+        distribution,
+        backend,
+        fused,
+        config.kernels.deterministic,
+    )
+    return loop.on_policy_trainer(
+        agent, partial(init_state, s), partial(update, s), partial(evaluate, s)
+    )
 
 
 def make_train(config):
@@ -466,7 +658,13 @@ def make_policy(config):
     net, distribution = make_network(agent, env, env_params)
 
     def policy(params, obs, key):
-        logits_or_gaussian = net.apply(network_params(agent, params), network_input(agent, params, obs))[0]
-        return loop.to_env_action(env, env_params, loop.env_action(loop.greedy_action(logits_or_gaussian, distribution), distribution))
+        logits_or_gaussian = net.apply(
+            network_params(agent, params), network_input(agent, params, obs)
+        )[0]
+        return loop.to_env_action(
+            env,
+            env_params,
+            loop.env_action(loop.greedy_action(logits_or_gaussian, distribution), distribution),
+        )
 
     return policy

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from rl import losses, loop, networks
+from rl import loop, losses, networks
 from rl.config import ConfigError
 from rl.rollout import greedy_episodes
 from rl.trainer import RecurrentPolicy, Trainer, train_from_trainer
@@ -46,15 +46,21 @@ EPISODE_INFO = ("episode_done", "episode_return", "episode_length")
 @dataclass(frozen=True)
 class Config(loop.PPOLoopConfig):
     name: str = "ppo_rnn"
-    network: networks.NetworkConfig = networks.network_config(torso="gru", hidden=(128,), recurrent_hidden=128, activation="relu")
+    network: networks.NetworkConfig = networks.network_config(
+        torso="gru", hidden=(128,), recurrent_hidden=128, activation="relu"
+    )
 
     def validate(self):
         if not self.network.recurrent:
-            raise ConfigError(f"agent.network.torso: ppo_rnn needs a recurrent torso ({' or '.join(networks.RECURRENT_TORSOS)}), "
-                              f"got {self.network.torso!r}; for a feedforward torso use agent ppo")
+            raise ConfigError(
+                f"agent.network.torso: ppo_rnn needs a recurrent torso ({' or '.join(networks.RECURRENT_TORSOS)}), "
+                f"got {self.network.torso!r}; for a feedforward torso use agent ppo"
+            )
         if self.num_envs % self.num_minibatches:
-            raise ConfigError(f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs ({self.num_envs}): "
-                              "a minibatch holds the whole sequences of some envs")
+            raise ConfigError(
+                f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs ({self.num_envs}): "
+                "a minibatch holds the whole sequences of some envs"
+            )
         super().validate()
 
 
@@ -68,8 +74,16 @@ def make_network(agent: Config, env, env_params):
     [T, *batch]) -> (carry, (policy, value))` (`networks.recurrent_actor_critic` on `agent.network`'s
     torso and `loop.policy_head`), and `initial_carry(batch)` of its state."""
     head, distribution = loop.policy_head(agent, env, env_params)
-    fn = networks.recurrent_actor_critic(networks.make_torso(agent.network, env.observation_space(env_params)), head, shared=agent.shared_network)
-    return networks.build(fn, agent.network.backend, agent.network.init), fn.initial_carry, distribution
+    fn = networks.recurrent_actor_critic(
+        networks.make_torso(agent.network, env.observation_space(env_params)),
+        head,
+        shared=agent.shared_network,
+    )
+    return (
+        networks.build(fn, agent.network.backend, agent.network.init),
+        fn.initial_carry,
+        distribution,
+    )
 
 
 def first_step(tree):
@@ -151,14 +165,32 @@ def rollout(s: Setup, params, obs, done, carry, env_state, key):
         carry, outputs = s.net.apply(params, carry, obs[None], done[None])
         policy, value = first_step(outputs)
         action = loop.sample_action(policy, act_key, s.distribution)
-        log_prob, _ = losses.policy_log_prob_entropy(policy, action, s.distribution, backend="reference")  # as in ppo.rollout
-        next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, loop.env_action(action, s.distribution), s.env_params)
+        log_prob, _ = losses.policy_log_prob_entropy(
+            policy, action, s.distribution, backend="reference"
+        )  # as in ppo.rollout
+        next_obs, env_state, reward, terminated, truncated, info = s.step(
+            env_keys, env_state, loop.env_action(action, s.distribution), s.env_params
+        )
         episode = {name: info[name] for name in EPISODE_INFO}
-        trans = Transition(obs, done, action, log_prob, value, reward, terminated, truncated, info["final_obs"], carry, episode)
+        trans = Transition(
+            obs,
+            done,
+            action,
+            log_prob,
+            value,
+            reward,
+            terminated,
+            truncated,
+            info["final_obs"],
+            carry,
+            episode,
+        )
         return (next_obs, terminated | truncated, carry, env_state), trans
 
     keys = loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
-    return jax.lax.scan(env_step, (obs, done, carry, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps))
+    return jax.lax.scan(
+        env_step, (obs, done, carry, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps)
+    )
 
 
 def bootstrap_values(s: Setup, params, traj: Transition):
@@ -173,12 +205,25 @@ def learn_batch(s: Setup, hparams, params, traj: Transition, initial_carry):
     """(Sequences, advantages, targets), env-major [E, T, ...]: truncation-aware GAE on the scaled
     rewards with the rollout's values and `bootstrap_values`."""
     advantages, targets = losses.truncation_aware_gae(
-        traj.reward * hparams["reward_scale"], traj.value, bootstrap_values(s, params, traj), traj.terminated, traj.truncated,
-        hparams["gamma"], hparams["gae_lambda"], backend=s.backend, deterministic=s.deterministic,
+        traj.reward * hparams["reward_scale"],
+        traj.value,
+        bootstrap_values(s, params, traj),
+        traj.terminated,
+        traj.truncated,
+        hparams["gamma"],
+        hparams["gae_lambda"],
+        backend=s.backend,
+        deterministic=s.deterministic,
     )
     env_major = lambda x: jnp.swapaxes(x, 0, 1)
-    sequences = jax.tree.map(env_major, Sequences(None, traj.obs, traj.reset, traj.action, traj.log_prob, traj.value))
-    return sequences._replace(initial_carry=initial_carry), env_major(advantages), env_major(targets)
+    sequences = jax.tree.map(
+        env_major, Sequences(None, traj.obs, traj.reset, traj.action, traj.log_prob, traj.value)
+    )
+    return (
+        sequences._replace(initial_carry=initial_carry),
+        env_major(advantages),
+        env_major(targets),
+    )
 
 
 def minibatch_loss(net, params, batch, hparams, agent: Config, distribution: str, backend: str):
@@ -188,7 +233,19 @@ def minibatch_loss(net, params, batch, hparams, agent: Config, distribution: str
     swap = lambda x: jnp.swapaxes(x, 0, 1)
     _, outputs = net.apply(params, seqs.initial_carry, swap(seqs.obs), swap(seqs.reset))
     policy, values = jax.tree.map(swap, outputs)
-    return loop.ppo_minibatch_loss(policy, values, seqs.action, seqs.log_prob, seqs.value, advantages, targets, hparams, agent, distribution, backend)
+    return loop.ppo_minibatch_loss(
+        policy,
+        values,
+        seqs.action,
+        seqs.log_prob,
+        seqs.value,
+        advantages,
+        targets,
+        hparams,
+        agent,
+        distribution,
+        backend,
+    )
 
 
 def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
@@ -196,16 +253,28 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
     (`loop.flat_minibatch_epochs` over the env axis). Returns (state, totals, mean loss stats)."""
     key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
     params = state["params"]
-    (obs, done, carry, env_state), traj = rollout(s, params, state["obs"], state["done"], state["carry"], state["env_state"], rollout_key)
+    (obs, done, carry, env_state), traj = rollout(
+        s, params, state["obs"], state["done"], state["carry"], state["env_state"], rollout_key
+    )
     totals = loop.add_episodes(totals, traj.episode)
     batch = learn_batch(s, hparams, params, traj, state["carry"])
 
     def grads(params, minibatch):
-        loss = lambda p: minibatch_loss(s.net, p, minibatch, hparams, s.agent, s.distribution, s.backend)
+        loss = lambda p: minibatch_loss(
+            s.net, p, minibatch, hparams, s.agent, s.distribution, s.backend
+        )
         (_, stats), g = jax.value_and_grad(loss, has_aux=True)(params)
         return g, stats
 
-    params, opt_state, stats = loop.flat_minibatch_epochs(s.agent, loop.ppo_optimizer(s.agent, hparams), grads, params, state["opt_state"], batch, shuffle_key)
+    params, opt_state, stats = loop.flat_minibatch_epochs(
+        s.agent,
+        loop.ppo_optimizer(s.agent, hparams),
+        grads,
+        params,
+        state["opt_state"],
+        batch,
+        shuffle_key,
+    )
     state = {
         "params": params,
         "opt_state": opt_state,
@@ -225,25 +294,43 @@ def evaluate(s: Setup, params, key):
     each starting from the initial state."""
 
     def act(carry, obs):
-        carry, outputs = s.net.apply(params, carry, obs[None], jnp.zeros((1, obs.shape[0]), jnp.bool_))
+        carry, outputs = s.net.apply(
+            params, carry, obs[None], jnp.zeros((1, obs.shape[0]), jnp.bool_)
+        )
         policy, _ = first_step(outputs)
         return carry, loop.env_action(loop.greedy_action(policy, s.distribution), s.distribution)
 
-    returns, lengths = greedy_episodes(s.env, s.env_params, act, key, s.agent.eval_envs, carry=s.initial_carry(s.agent.eval_envs))
+    returns, lengths = greedy_episodes(
+        s.env, s.env_params, act, key, s.agent.eval_envs, carry=s.initial_carry(s.agent.eval_envs)
+    )
     return returns.mean(), lengths.mean()
 
 
 def make_setup(config) -> Setup:
     env, env_params = loop.make_env(config)
     net, initial_carry, distribution = make_network(config.agent, env, env_params)
-    return Setup(config.agent, env, env_params, *loop.batched(env), net, initial_carry, distribution, loop.kernel_backend(config),
-                 config.kernels.deterministic)
+    return Setup(
+        config.agent,
+        env,
+        env_params,
+        *loop.batched(env),
+        net,
+        initial_carry,
+        distribution,
+        loop.kernel_backend(config),
+        config.kernels.deterministic,
+    )
 
 
 def make_trainer(config) -> Trainer:
     s = make_setup(config)
-    return loop.on_policy_trainer(s.agent, partial(init_state, s), partial(update, s), partial(evaluate, s),
-                                  per_env=("obs", "done", "carry", "env_state"))
+    return loop.on_policy_trainer(
+        s.agent,
+        partial(init_state, s),
+        partial(update, s),
+        partial(evaluate, s),
+        per_env=("obs", "done", "carry", "env_state"),
+    )
 
 
 def make_train(config):
@@ -261,6 +348,10 @@ def make_policy(config) -> RecurrentPolicy:
         no_reset = jnp.zeros((1,) + jnp.shape(obs)[: jnp.ndim(obs) - obs_ndim], jnp.bool_)
         carry, outputs = s.net.apply(params, carry, jnp.asarray(obs)[None], no_reset)
         policy, _ = first_step(outputs)
-        return carry, loop.to_env_action(s.env, s.env_params, loop.env_action(loop.greedy_action(policy, s.distribution), s.distribution))
+        return carry, loop.to_env_action(
+            s.env,
+            s.env_params,
+            loop.env_action(loop.greedy_action(policy, s.distribution), s.distribution),
+        )
 
     return RecurrentPolicy(initial_carry=s.initial_carry, step=step)

@@ -42,15 +42,29 @@ from rl.trainer import Trainer, train_from_trainer
 @dataclass(frozen=True)
 class Config(loop.OnPolicyLoopConfig):
     name: str = "pqn"
-    lr: float = hp(1e-4, low=0.0, low_open=True, sweep=True, doc="Adam step size (annealed to 0 if anneal_lr)")
-    max_grad_norm: float = hp(10.0, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip")
+    lr: float = hp(
+        1e-4, low=0.0, low_open=True, sweep=True, doc="Adam step size (annealed to 0 if anneal_lr)"
+    )
+    max_grad_norm: float = hp(
+        10.0, low=0.0, low_open=True, sweep=True, doc="global gradient-norm clip"
+    )
     gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
     q_lambda: float = hp(0.95, low=0.0, high=1.0, sweep=True, doc="lambda of the Q(lambda) targets")
-    reward_scale: float = hp(0.1, low=0.0, low_open=True, sweep=True, doc="rewards are multiplied by this for learning")
+    reward_scale: float = hp(
+        0.1, low=0.0, low_open=True, sweep=True, doc="rewards are multiplied by this for learning"
+    )
     epsilon_start: float = hp(1.0, low=0.0, high=1.0, sweep=True)
     epsilon_end: float = hp(0.05, low=0.0, high=1.0, sweep=True)
-    epsilon_decay_fraction: float = hp(0.2, low=0.0, high=1.0, low_open=True, doc="fraction of total_steps over which epsilon decays")
-    network: networks.NetworkConfig = networks.network_config(hidden=(256, 256), activation="relu", layer_norm=True)
+    epsilon_decay_fraction: float = hp(
+        0.2,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        doc="fraction of total_steps over which epsilon decays",
+    )
+    network: networks.NetworkConfig = networks.network_config(
+        hidden=(256, 256), activation="relu", layer_norm=True
+    )
 
 
 check_env = loop.check_discrete_actions
@@ -81,7 +95,9 @@ class Transition(NamedTuple):
 
 def make_q_network(agent: Config, env, env_params) -> networks.Network:
     """`agent.network`'s torso (LayerNorm by default) and one linear Q-value per action."""
-    return networks.q_network(agent.network, env.observation_space(env_params), env.action_space(env_params).n)
+    return networks.q_network(
+        agent.network, env.observation_space(env_params), env.action_space(env_params).n
+    )
 
 
 def optimizer(agent: Config, hparams):
@@ -90,7 +106,12 @@ def optimizer(agent: Config, hparams):
 
 def epsilon(agent: Config, hparams, step):
     """Linear decay from epsilon_start to epsilon_end over epsilon_decay_fraction * total_steps env steps."""
-    return loop.linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_fraction * agent.total_steps, step)
+    return loop.linear_schedule(
+        hparams["epsilon_start"],
+        hparams["epsilon_end"],
+        agent.epsilon_decay_fraction * agent.total_steps,
+        step,
+    )
 
 
 # ---------------------------------------------------------------- the loop
@@ -101,8 +122,15 @@ def init_state(s: Setup, key, hparams):
     key, net_key, reset_key = jax.random.split(key, 3)
     obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
     params = s.q_network.init(net_key, obs[0])
-    return {"params": params, "opt_state": optimizer(s.agent, hparams).init(ravel_pytree(params)[0]), "obs": obs,
-            "env_state": env_state, "key": key, "step": jnp.int32(0), "update": jnp.int32(0)}
+    return {
+        "params": params,
+        "opt_state": optimizer(s.agent, hparams).init(ravel_pytree(params)[0]),
+        "obs": obs,
+        "env_state": env_state,
+        "key": key,
+        "step": jnp.int32(0),
+        "update": jnp.int32(0),
+    }
 
 
 def rollout(s: Setup, params, obs, env_state, eps, key):
@@ -112,12 +140,20 @@ def rollout(s: Setup, params, obs, env_state, eps, key):
         obs, env_state = carry
         act_key, env_keys = keys
         action = loop.epsilon_greedy(act_key, s.q_network.apply(params, obs), eps)
-        next_obs, env_state, reward, terminated, truncated, info = s.step(env_keys, env_state, action, s.env_params)
-        episode = {name: info[name] for name in ("episode_done", "episode_return", "episode_length")}
-        return (next_obs, env_state), Transition(obs, action, reward, terminated, truncated, info["final_obs"], episode)
+        next_obs, env_state, reward, terminated, truncated, info = s.step(
+            env_keys, env_state, action, s.env_params
+        )
+        episode = {
+            name: info[name] for name in ("episode_done", "episode_return", "episode_length")
+        }
+        return (next_obs, env_state), Transition(
+            obs, action, reward, terminated, truncated, info["final_obs"], episode
+        )
 
     keys = loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
-    (obs, env_state), traj = jax.lax.scan(env_step, (obs, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps))
+    (obs, env_state), traj = jax.lax.scan(
+        env_step, (obs, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps)
+    )
     return obs, env_state, traj
 
 
@@ -126,8 +162,14 @@ def q_lambda_targets(s: Setup, hparams, params, traj: Transition):
     max_a Q(final_obs, a) under `params`."""
     next_values = s.q_network.apply(params, traj.final_obs).max(axis=-1)
     return losses.truncation_aware_q_lambda(
-        traj.reward * hparams["reward_scale"], next_values, traj.terminated, traj.truncated,
-        hparams["gamma"], hparams["q_lambda"], backend=s.backend, deterministic=s.deterministic,
+        traj.reward * hparams["reward_scale"],
+        next_values,
+        traj.terminated,
+        traj.truncated,
+        hparams["gamma"],
+        hparams["q_lambda"],
+        backend=s.backend,
+        deterministic=s.deterministic,
     )
 
 
@@ -149,10 +191,20 @@ def learn(s: Setup, hparams, params, opt_state, batch, key):
         flat_params, opt_state = carry
         (loss_value, q_mean), grads = jax.value_and_grad(loss, has_aux=True)(flat_params, minibatch)
         updates, opt_state = tx.update(grads, opt_state, flat_params)
-        return (optax.apply_updates(flat_params, updates), opt_state), {"loss": loss_value, "q_mean": q_mean}
+        return (optax.apply_updates(flat_params, updates), opt_state), {
+            "loss": loss_value,
+            "q_mean": q_mean,
+        }
 
     (flat_params, opt_state), stats = loop.minibatch_epochs(
-        minibatch_step, (flat_params, opt_state), batch, key, s.agent.num_epochs, s.agent.num_minibatches, s.agent.unroll)
+        minibatch_step,
+        (flat_params, opt_state),
+        batch,
+        key,
+        s.agent.num_epochs,
+        s.agent.num_minibatches,
+        s.agent.unroll,
+    )
     return unravel(flat_params), opt_state, stats
 
 
@@ -167,8 +219,16 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
     flat = lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:])
     batch = (flat(traj.obs), flat(traj.action), flat(targets))
     params, opt_state, stats = learn(s, hparams, params, state["opt_state"], batch, shuffle_key)
-    state = {**state, "params": params, "opt_state": opt_state, "obs": obs, "env_state": env_state, "key": key,
-             "step": state["step"] + s.agent.batch_size, "update": state["update"] + 1}
+    state = {
+        **state,
+        "params": params,
+        "opt_state": opt_state,
+        "obs": obs,
+        "env_state": env_state,
+        "key": key,
+        "step": state["step"] + s.agent.batch_size,
+        "update": state["update"] + 1,
+    }
     return state, totals, {**jax.tree.map(jnp.mean, stats), "epsilon": eps}
 
 
@@ -180,12 +240,20 @@ def log_period(s: Setup, hparams, state):
         state, totals, stats = update(s, hparams, *carry)
         return (state, totals), stats
 
-    (state, totals), stats = jax.lax.scan(one_update, (state, loop.no_episodes()), None, length=s.agent.log_interval)
-    metrics = {"step": state["step"], **loop.episode_metrics(totals), **jax.tree.map(jnp.mean, stats)}
+    (state, totals), stats = jax.lax.scan(
+        one_update, (state, loop.no_episodes()), None, length=s.agent.log_interval
+    )
+    metrics = {
+        "step": state["step"],
+        **loop.episode_metrics(totals),
+        **jax.tree.map(jnp.mean, stats),
+    }
     if s.agent.eval_envs:
         key, eval_key = jax.random.split(state["key"])
         state = {**state, "key": key}
-        returns, lengths = greedy_episodes(s.env, s.env_params, greedy_policy(s, state["params"]), eval_key, s.agent.eval_envs)
+        returns, lengths = greedy_episodes(
+            s.env, s.env_params, greedy_policy(s, state["params"]), eval_key, s.agent.eval_envs
+        )
         metrics["eval_return"], metrics["eval_length"] = returns.mean(), lengths.mean()
     return state, metrics
 
@@ -198,18 +266,30 @@ def greedy_policy(s: Setup, params):
 def make_setup(config) -> Setup:
     env, env_params = loop.make_env(config)
     agent = config.agent
-    return Setup(agent, env, env_params, *loop.batched(env), make_q_network(agent, env, env_params), loop.kernel_backend(config),
-                 config.kernels.deterministic)
+    return Setup(
+        agent,
+        env,
+        env_params,
+        *loop.batched(env),
+        make_q_network(agent, env, env_params),
+        loop.kernel_backend(config),
+        config.kernels.deterministic,
+    )
 
 
 def make_trainer(config) -> Trainer:
     s = make_setup(config)
 
     def run(state, hparams, num_log_points):
-        return loop.scan_log_points(lambda state: log_period(s, hparams, state), state, num_log_points)
+        return loop.scan_log_points(
+            lambda state: log_period(s, hparams, state), state, num_log_points
+        )
 
-    return Trainer(init=lambda key, hparams: init_state(s, key, hparams), run=run,
-                   num_log_points=s.agent.num_updates // s.agent.log_interval)
+    return Trainer(
+        init=lambda key, hparams: init_state(s, key, hparams),
+        run=run,
+        num_log_points=s.agent.num_updates // s.agent.log_interval,
+    )
 
 
 def make_train(config):

@@ -33,7 +33,9 @@ from rl.trainer import Trainer, train_from_trainer
 class Config:
     name: str = "qlearning"
     total_steps: int = hp(20_000, low=1, doc="env steps per seed")
-    lr: float = hp(0.1, low=0.0, high=1.0, low_open=True, sweep=True, doc="step size of the TD update")
+    lr: float = hp(
+        0.1, low=0.0, high=1.0, low_open=True, sweep=True, doc="step size of the TD update"
+    )
     gamma: float = hp(0.99, low=0.0, high=1.0, sweep=True, doc="discount")
     epsilon_start: float = hp(1.0, low=0.0, high=1.0, sweep=True)
     epsilon_end: float = hp(0.05, low=0.0, high=1.0, sweep=True)
@@ -42,14 +44,18 @@ class Config:
 
     def validate(self):
         if self.total_steps % self.log_interval:
-            raise ConfigError(f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})")
+            raise ConfigError(
+                f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})"
+            )
 
 
 def check_env(config, env, env_params) -> None:
     """Tabular Q-learning needs discrete observations and actions."""
     observations, actions = env.observation_space(env_params), env.action_space(env_params)
     if not isinstance(observations, Discrete) or not isinstance(actions, Discrete):
-        raise ConfigError(f"env.id: qlearning needs discrete observations and actions; {config.env.id} has observations {observations}, actions {actions}")
+        raise ConfigError(
+            f"env.id: qlearning needs discrete observations and actions; {config.env.id} has observations {observations}, actions {actions}"
+        )
 
 
 def q_update(q, obs, action, reward, next_obs, terminated, lr, gamma):
@@ -80,10 +86,14 @@ def greedy_episode_length(q, env, params, max_steps):
 
     def step(carry):
         obs, state, _, length = carry
-        obs, state, _, terminated, truncated, _ = env.step(key, state, jnp.argmax(q[obs]).astype(jnp.int32), params)
+        obs, state, _, terminated, truncated, _ = env.step(
+            key, state, jnp.argmax(q[obs]).astype(jnp.int32), params
+        )
         return obs, state, terminated | truncated, length + 1
 
-    _, _, _, length = jax.lax.while_loop(not_ended, step, (obs, state, jnp.bool_(False), jnp.int32(0)))
+    _, _, _, length = jax.lax.while_loop(
+        not_ended, step, (obs, state, jnp.bool_(False), jnp.int32(0))
+    )
     return length
 
 
@@ -104,24 +114,52 @@ def make_trainer(config) -> Trainer:
         def env_step(carry, noise):
             (q, obs, env_state, step), totals = carry
             step_key, (explore_u, choice_u) = noise
-            epsilon = loop.linear_schedule(hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step)
+            epsilon = loop.linear_schedule(
+                hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step
+            )
             action = loop.epsilon_greedy_random_ties(q[obs], epsilon, explore_u, choice_u)
-            next_obs, env_state, reward, terminated, _, info = env.step(step_key, env_state, action, env_params)
-            q = q_update(q, obs, action, reward, info["final_obs"], terminated, hparams["lr"], hparams["gamma"])
+            next_obs, env_state, reward, terminated, _, info = env.step(
+                step_key, env_state, action, env_params
+            )
+            q = q_update(
+                q,
+                obs,
+                action,
+                reward,
+                info["final_obs"],
+                terminated,
+                hparams["lr"],
+                hparams["gamma"],
+            )
             return ((q, next_obs, env_state, step + 1), loop.add_episodes(totals, info)), None
 
         def log_period(state):
             key, env_keys_key, uniforms_key = jax.random.split(state["key"], 3)
             n = agent.log_interval
             noise = (jax.random.split(env_keys_key, n), jax.random.uniform(uniforms_key, (n, 2)))
-            carry = ((state["params"], state["obs"], state["env_state"], state["step"]), loop.no_episodes())
+            carry = (
+                (state["params"], state["obs"], state["env_state"], state["step"]),
+                loop.no_episodes(),
+            )
             ((q, obs, env_state, step), totals), _ = jax.lax.scan(env_step, carry, noise)
-            metrics = {"step": step, **loop.episode_metrics(totals), "greedy_episode_length": greedy_episode_length(q, env, env_params, eval_steps)}
-            return {"params": q, "obs": obs, "env_state": env_state, "key": key, "step": step}, metrics
+            metrics = {
+                "step": step,
+                **loop.episode_metrics(totals),
+                "greedy_episode_length": greedy_episode_length(q, env, env_params, eval_steps),
+            }
+            return {
+                "params": q,
+                "obs": obs,
+                "env_state": env_state,
+                "key": key,
+                "step": step,
+            }, metrics
 
         return loop.scan_log_points(log_period, state, num_log_points)
 
-    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval, per_env=())
+    return Trainer(
+        init=init, run=run, num_log_points=agent.total_steps // agent.log_interval, per_env=()
+    )
 
 
 def make_train(config):

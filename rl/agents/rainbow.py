@@ -54,7 +54,13 @@ class Config(loop.ReplayLoopConfig):
     total_steps: int = hp(61_440, low=1, doc="env steps per seed (all envs counted)")
     lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size")
     target_update_interval: int = hp(128, low=1, doc="gradient steps between target updates")
-    epsilon_start: float = hp(0.0, low=0.0, high=1.0, sweep=True, doc="epsilon-greedy on top of (or instead of) noisy nets")
+    epsilon_start: float = hp(
+        0.0,
+        low=0.0,
+        high=1.0,
+        sweep=True,
+        doc="epsilon-greedy on top of (or instead of) noisy nets",
+    )
     epsilon_end: float = hp(0.0, low=0.0, high=1.0, sweep=True)
     epsilon_decay_steps: int = hp(10_000, low=1, doc="env steps of the linear epsilon decay")
     # components
@@ -69,7 +75,9 @@ class Config(loop.ReplayLoopConfig):
     v_min: float = hp(0.0, doc="lowest atom")
     v_max: float = hp(100.0, doc="highest atom")
     per_alpha: float = hp(0.5, low=0.0, sweep=True, doc="priority exponent")
-    per_beta_start: float = hp(0.4, low=0.0, high=1.0, sweep=True, doc="importance exponent, annealed to 1")
+    per_beta_start: float = hp(
+        0.4, low=0.0, high=1.0, sweep=True, doc="importance exponent, annealed to 1"
+    )
     per_beta_steps: int = hp(0, low=0, doc="env steps of the beta annealing (0: total_steps)")
     per_eps: float = hp(1e-6, low=0.0, low_open=True, sweep=True, doc="added to priorities")
     loss: str = hp("huber", choices=("huber", "mse"), doc="scalar (non-distributional) TD loss")
@@ -79,7 +87,9 @@ class Config(loop.ReplayLoopConfig):
     def validate(self):
         super().validate()
         if self.distributional and not self.v_min < self.v_max:
-            raise ConfigError(f"agent.v_min ({self.v_min}) must be below agent.v_max ({self.v_max})")
+            raise ConfigError(
+                f"agent.v_min ({self.v_min}) must be below agent.v_max ({self.v_max})"
+            )
 
 
 check_env = loop.check_discrete_actions
@@ -101,13 +111,23 @@ def make_network(config, env, env_params) -> networks.Network:
     """Torso from `agent.network`, then Rainbow's head (outputs [..., actions, atoms])."""
     a = config.agent
     torso = networks.make_torso(a.network, env.observation_space(env_params))
-    head = networks.rainbow_head(env.action_space(env_params).n, a.num_atoms if a.distributional else 1,
-                                 a.dueling, a.noisy, a.head_hidden, a.network.activation)
+    head = networks.rainbow_head(
+        env.action_space(env_params).n,
+        a.num_atoms if a.distributional else 1,
+        a.dueling,
+        a.noisy,
+        a.head_hidden,
+        a.network.activation,
+    )
     return networks.build(networks.with_head(torso, head), a.network.backend, a.network.init)
 
 
 def make_support(agent):
-    return jnp.linspace(agent.v_min, agent.v_max, agent.num_atoms, dtype=jnp.float32) if agent.distributional else None
+    return (
+        jnp.linspace(agent.v_min, agent.v_max, agent.num_atoms, dtype=jnp.float32)
+        if agent.distributional
+        else None
+    )
 
 
 def q_values(setup: Setup, outputs):
@@ -124,7 +144,9 @@ def noise(setup: Setup, key):
 
 def push_window(window, step):
     """Drop the oldest of the last n steps [n, envs, ...] and append `step` [envs, ...]."""
-    return jax.tree.map(lambda w, x: jnp.concatenate([w[1:], x[None].astype(w.dtype)], axis=0), window, step)
+    return jax.tree.map(
+        lambda w, x: jnp.concatenate([w[1:], x[None].astype(w.dtype)], axis=0), window, step
+    )
 
 
 def rainbow_loss(setup: Setup, params, target_params, batch, weights, keys, gamma):
@@ -138,12 +160,20 @@ def rainbow_loss(setup: Setup, params, target_params, batch, weights, keys, gamm
     next_action = jnp.argmax(q_values(setup, selector), axis=-1)
     discount = losses.n_step_discount(gamma, batch["bootstrap_steps"], batch["terminated"])
     if setup.support is None:
-        target = losses.q_learning_target(batch["reward"], discount, next_target[rows, next_action, 0])
+        target = losses.q_learning_target(
+            batch["reward"], discount, next_target[rows, next_action, 0]
+        )
         td = outputs[:, 0] - target
         return jnp.mean(weights * losses.td_loss(td, agent.loss)), (jnp.abs(td), outputs[:, 0])
     next_probs = kernels.softmax(next_target[rows, next_action], axis=-1, backend=setup.backend)
-    m = losses.categorical_td_target(batch["reward"], discount, next_probs, setup.support, backend=setup.backend,
-                                      deterministic=setup.deterministic)
+    m = losses.categorical_td_target(
+        batch["reward"],
+        discount,
+        next_probs,
+        setup.support,
+        backend=setup.backend,
+        deterministic=setup.deterministic,
+    )
     cross_entropy, kl = losses.categorical_cross_entropy(outputs, m)
     q_taken = jnp.sum(jnp.exp(jax.nn.log_softmax(outputs, axis=-1)) * setup.support, axis=-1)
     return jnp.mean(weights * cross_entropy), (jax.lax.stop_gradient(kl), q_taken)
@@ -164,11 +194,33 @@ def init(setup: Setup, key, hparams):
     params = setup.network.init(net_key, obs[0])
     zeros = lambda x: jnp.zeros((agent.n_step,) + x.shape, x.dtype)
     flags = jnp.zeros((agent.n_step, agent.num_envs), jnp.bool_)
-    window = {"obs": zeros(obs), "action": zeros(jnp.zeros((agent.num_envs,), jnp.int32)), "reward": zeros(jnp.zeros((agent.num_envs,))),
-              "final_obs": zeros(obs), "terminated": flags, "truncated": flags}
-    example = jax.tree.map(lambda x: x[0], losses.n_step_transition(window, 0.0, backend=setup.backend, deterministic=setup.deterministic))
-    buffer = (buffers.prioritized_init if agent.per else buffers.uniform_init)(example, agent.buffer_size)
-    return loop.replay_state(key, params, optimiser(hparams).init(params), buffer, obs, env_state, window=window, window_filled=jnp.int32(0))
+    window = {
+        "obs": zeros(obs),
+        "action": zeros(jnp.zeros((agent.num_envs,), jnp.int32)),
+        "reward": zeros(jnp.zeros((agent.num_envs,))),
+        "final_obs": zeros(obs),
+        "terminated": flags,
+        "truncated": flags,
+    }
+    example = jax.tree.map(
+        lambda x: x[0],
+        losses.n_step_transition(
+            window, 0.0, backend=setup.backend, deterministic=setup.deterministic
+        ),
+    )
+    buffer = (buffers.prioritized_init if agent.per else buffers.uniform_init)(
+        example, agent.buffer_size
+    )
+    return loop.replay_state(
+        key,
+        params,
+        optimiser(hparams).init(params),
+        buffer,
+        obs,
+        env_state,
+        window=window,
+        window_filled=jnp.int32(0),
+    )
 
 
 def env_step(setup: Setup, hparams, carry, key):
@@ -176,17 +228,47 @@ def env_step(setup: Setup, hparams, carry, key):
     state, totals = carry
     agent = setup.agent
     k_noise, k_act, k_env = jax.random.split(key, 3)
-    q = q_values(setup, setup.network.apply(state["params"], state["obs"], rng=noise(setup, k_noise)))
+    q = q_values(
+        setup, setup.network.apply(state["params"], state["obs"], rng=noise(setup, k_noise))
+    )
     action = loop.epsilon_greedy(k_act, q, loop.replay_epsilon(agent, hparams, state["step"]))
     _, step = loop.batched(setup.env)
-    obs, env_state, reward, terminated, truncated, info = step(jax.random.split(k_env, agent.num_envs), state["env_state"], action, setup.env_params)
-    window = push_window(state["window"], {"obs": state["obs"], "action": action, "reward": reward, "final_obs": info["final_obs"],
-                                           "terminated": terminated, "truncated": truncated})
+    obs, env_state, reward, terminated, truncated, info = step(
+        jax.random.split(k_env, agent.num_envs), state["env_state"], action, setup.env_params
+    )
+    window = push_window(
+        state["window"],
+        {
+            "obs": state["obs"],
+            "action": action,
+            "reward": reward,
+            "final_obs": info["final_obs"],
+            "terminated": terminated,
+            "truncated": truncated,
+        },
+    )
     filled = jnp.minimum(state["window_filled"] + 1, agent.n_step)
-    buffer_add = partial(buffers.prioritized_add, backend=setup.backend) if agent.per else buffers.uniform_add
-    buffer = buffer_add(state["buffer"], losses.n_step_transition(window, hparams["gamma"], backend=setup.backend, deterministic=setup.deterministic), filled >= agent.n_step)
-    state = {**state, "buffer": buffer, "window": window, "window_filled": filled, "obs": obs, "env_state": env_state,
-             "step": state["step"] + agent.num_envs}
+    buffer_add = (
+        partial(buffers.prioritized_add, backend=setup.backend)
+        if agent.per
+        else buffers.uniform_add
+    )
+    buffer = buffer_add(
+        state["buffer"],
+        losses.n_step_transition(
+            window, hparams["gamma"], backend=setup.backend, deterministic=setup.deterministic
+        ),
+        filled >= agent.n_step,
+    )
+    state = {
+        **state,
+        "buffer": buffer,
+        "window": window,
+        "window_filled": filled,
+        "obs": obs,
+        "env_state": env_state,
+        "step": state["step"] + agent.num_envs,
+    }
     return (state, loop.add_episodes(totals, info)), None
 
 
@@ -194,8 +276,12 @@ def sample(setup: Setup, hparams, buffer, key, step):
     """(batch, indices, importance weights): PER with beta annealed to 1, or uniform with weights 1."""
     agent = setup.agent
     if agent.per:
-        beta = loop.linear_schedule(hparams["per_beta_start"], 1.0, agent.per_beta_steps or agent.total_steps, step)
-        return buffers.prioritized_sample(buffer, key, agent.batch_size, beta, backend=setup.backend)
+        beta = loop.linear_schedule(
+            hparams["per_beta_start"], 1.0, agent.per_beta_steps or agent.total_steps, step
+        )
+        return buffers.prioritized_sample(
+            buffer, key, agent.batch_size, beta, backend=setup.backend
+        )
     batch, indices = buffers.uniform_sample(buffer, key, agent.batch_size)
     return batch, indices, jnp.ones((agent.batch_size,), jnp.float32)
 
@@ -206,34 +292,73 @@ def gradient_step(setup: Setup, hparams, state, key):
     k_sample, k_online, k_next, k_target = jax.random.split(key, 4)
     batch, indices, weights = sample(setup, hparams, state["buffer"], k_sample, state["step"])
     keys = (noise(setup, k_online), noise(setup, k_next), noise(setup, k_target))
-    loss_fn = lambda p: rainbow_loss(setup, p, state["target_params"], batch, weights, keys, hparams["gamma"])
-    (loss, (priorities, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    loss_fn = lambda p: rainbow_loss(
+        setup, p, state["target_params"], batch, weights, keys, hparams["gamma"]
+    )
+    (loss, (priorities, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state["params"]
+    )
     buffer = state["buffer"]
     if agent.per:
-        buffer = buffers.prioritized_update(buffer, indices, priorities + hparams["per_eps"], hparams["per_alpha"], backend=setup.backend)
+        buffer = buffers.prioritized_update(
+            buffer,
+            indices,
+            priorities + hparams["per_eps"],
+            hparams["per_alpha"],
+            backend=setup.backend,
+        )
     updates, opt_state = optimiser(hparams).update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     updates_done = state["updates"] + 1
-    target = loop.periodic_polyak(state["target_params"], params, hparams["tau"], updates_done % agent.target_update_interval == 0)
-    state = {**state, "params": params, "target_params": target, "opt_state": opt_state, "buffer": buffer, "updates": updates_done}
+    target = loop.periodic_polyak(
+        state["target_params"],
+        params,
+        hparams["tau"],
+        updates_done % agent.target_update_interval == 0,
+    )
+    state = {
+        **state,
+        "params": params,
+        "target_params": target,
+        "opt_state": opt_state,
+        "buffer": buffer,
+        "updates": updates_done,
+    }
     return state, {"loss": loss, "q_mean": q_taken.mean()}
 
 
 def greedy_policy(setup: Setup, params):
     """obs -> argmax_a of the noise-free network's Q-values."""
-    return lambda obs: jnp.argmax(q_values(setup, setup.network.apply(params, obs)), axis=-1).astype(jnp.int32)
+    return lambda obs: jnp.argmax(
+        q_values(setup, setup.network.apply(params, obs)), axis=-1
+    ).astype(jnp.int32)
 
 
 def make_setup(config) -> Setup:
     env, env_params = loop.make_env(config)
     agent = config.agent
-    return Setup(env, env_params, make_network(config, env, env_params), make_support(agent), agent, loop.kernel_backend(config),
-                 config.kernels.deterministic)
+    return Setup(
+        env,
+        env_params,
+        make_network(config, env, env_params),
+        make_support(agent),
+        agent,
+        loop.kernel_backend(config),
+        config.kernels.deterministic,
+    )
 
 
 def make_trainer(config) -> Trainer:
     setup, agent = make_setup(config), config.agent
-    return loop.replay_trainer(agent, setup.env, setup.env_params, partial(init, setup), partial(env_step, setup), partial(gradient_step, setup), partial(greedy_policy, setup))
+    return loop.replay_trainer(
+        agent,
+        setup.env,
+        setup.env_params,
+        partial(init, setup),
+        partial(env_step, setup),
+        partial(gradient_step, setup),
+        partial(greedy_policy, setup),
+    )
 
 
 def make_train(config):

@@ -38,9 +38,18 @@ from rl.trainer import Trainer, train_from_trainer
 @dataclass(frozen=True)
 class Config(loop.ReplayActorCriticConfig):
     name: str = "td3"
-    exploration_noise: float = hp(0.1, low=0.0, sweep=True, doc="std of the Gaussian noise added to acting actions (in [-1, 1] units)")
-    policy_noise: float = hp(0.2, low=0.0, sweep=True, doc="std of the target policy smoothing noise")
-    noise_clip: float = hp(0.5, low=0.0, sweep=True, doc="the smoothing noise is clipped to [-noise_clip, noise_clip]")
+    exploration_noise: float = hp(
+        0.1,
+        low=0.0,
+        sweep=True,
+        doc="std of the Gaussian noise added to acting actions (in [-1, 1] units)",
+    )
+    policy_noise: float = hp(
+        0.2, low=0.0, sweep=True, doc="std of the target policy smoothing noise"
+    )
+    noise_clip: float = hp(
+        0.5, low=0.0, sweep=True, doc="the smoothing noise is clipped to [-noise_clip, noise_clip]"
+    )
     policy_delay: int = hp(2, low=1, doc="critic steps per actor and target update")
     network: networks.NetworkConfig = networks.network_config(hidden=(256, 256), activation="relu")
 
@@ -66,7 +75,10 @@ def make_setup(config) -> Setup:
     agent = config.agent
     action_shape = tuple(env.action_space(env_params).shape)
     torso = lambda obs_space=None: networks.make_torso(agent.network, obs_space)
-    actor = networks.with_head(torso(env.observation_space(env_params)), networks.deterministic_policy_head(int(np.prod(action_shape))))
+    actor = networks.with_head(
+        torso(env.observation_space(env_params)),
+        networks.deterministic_policy_head(int(np.prod(action_shape))),
+    )
     critic = networks.twin_q(torso())  # reads concat(obs, action)
     build = lambda fn: networks.build(fn, agent.network.backend, agent.network.init)
     return Setup(env, env_params, build(actor), build(critic), action_shape, agent)
@@ -81,17 +93,27 @@ def optimiser(hparams):
 
 def critic_loss(setup: Setup, critic_params, target_params, batch, key, hparams):
     """(L_Q, mean Q1) with the smoothed, clipped double-Q target (the module docstring)."""
-    next_action = losses.smoothed_target_action(setup.actor.apply(target_params["actor"], batch["next_obs"]), key,
-                                                hparams["policy_noise"], hparams["noise_clip"])
-    next_value = jnp.minimum(*setup.critic.apply(target_params["critic"], batch["next_obs"], next_action))
-    target = losses.q_learning_target(batch["reward"], losses.episode_discount(hparams["gamma"], batch["terminated"]), next_value)
+    next_action = losses.smoothed_target_action(
+        setup.actor.apply(target_params["actor"], batch["next_obs"]),
+        key,
+        hparams["policy_noise"],
+        hparams["noise_clip"],
+    )
+    next_value = jnp.minimum(
+        *setup.critic.apply(target_params["critic"], batch["next_obs"], next_action)
+    )
+    target = losses.q_learning_target(
+        batch["reward"], losses.episode_discount(hparams["gamma"], batch["terminated"]), next_value
+    )
     q1, q2 = setup.critic.apply(critic_params, batch["obs"], batch["action"])
     return losses.twin_q_loss(q1, q2, target), jnp.mean(q1)
 
 
 def actor_loss(setup: Setup, actor_params, critic_params, batch):
     """-mean Q1(s, mu(s))."""
-    q1, _ = setup.critic.apply(critic_params, batch["obs"], setup.actor.apply(actor_params, batch["obs"]))
+    q1, _ = setup.critic.apply(
+        critic_params, batch["obs"], setup.actor.apply(actor_params, batch["obs"])
+    )
     return losses.deterministic_policy_loss(q1)
 
 
@@ -105,19 +127,39 @@ def init(setup: Setup, key, hparams):
     reset, _ = loop.batched(setup.env)
     obs, env_state = reset(jax.random.split(reset_key, agent.num_envs), setup.env_params)
     example_action = jnp.zeros(setup.action_shape, jnp.float32)
-    params = {"actor": setup.actor.init(actor_key, obs[0]), "critic": setup.critic.init(critic_key, obs[0], example_action)}
+    params = {
+        "actor": setup.actor.init(actor_key, obs[0]),
+        "critic": setup.critic.init(critic_key, obs[0], example_action),
+    }
     opt_state = {name: optimiser(hparams).init(p) for name, p in params.items()}
-    example = {"obs": obs[0], "action": example_action, "reward": jnp.float32(0.0), "next_obs": obs[0], "terminated": jnp.bool_(False)}
+    example = {
+        "obs": obs[0],
+        "action": example_action,
+        "reward": jnp.float32(0.0),
+        "next_obs": obs[0],
+        "terminated": jnp.bool_(False),
+    }
     buffer = buffers.uniform_init(example, agent.buffer_size)
-    return {"params": params, "target_params": params, "opt_state": opt_state, "buffer": buffer,
-            "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0), "updates": jnp.int32(0)}
+    return {
+        "params": params,
+        "target_params": params,
+        "opt_state": opt_state,
+        "buffer": buffer,
+        "obs": obs,
+        "env_state": env_state,
+        "key": key,
+        "step": jnp.int32(0),
+        "updates": jnp.int32(0),
+    }
 
 
 def act(setup: Setup, hparams, actor_params, obs, key, step):
     """clip(mu(s) + N(0, exploration_noise^2), -1, 1), or uniform in [-1, 1] before learning_starts."""
     noise_key, random_key = jax.random.split(key)
     mean = setup.actor.apply(actor_params, obs)
-    action = jnp.clip(mean + hparams["exploration_noise"] * jax.random.normal(noise_key, mean.shape), -1.0, 1.0)
+    action = jnp.clip(
+        mean + hparams["exploration_noise"] * jax.random.normal(noise_key, mean.shape), -1.0, 1.0
+    )
     random_action = jax.random.uniform(random_key, mean.shape, minval=-1.0, maxval=1.0)
     return jnp.where(step < setup.agent.learning_starts, random_action, action)
 
@@ -127,17 +169,26 @@ def env_step(setup: Setup, hparams, carry, key):
     state, _ = carry
     act_key, env_key = jax.random.split(key)
     action = act(setup, hparams, state["params"]["actor"], state["obs"], act_key, state["step"])
-    return loop.step_and_store(setup.env, setup.env_params, setup.agent.num_envs, carry, action, env_key)
+    return loop.step_and_store(
+        setup.env, setup.env_params, setup.agent.num_envs, carry, action, env_key
+    )
 
 
 def delayed_update(setup: Setup, hparams, state, batch):
     """The actor's Adam step against the new critics, then Polyak steps of both targets."""
     params, opt_state = state["params"], state["opt_state"]
-    loss, grads = jax.value_and_grad(partial(actor_loss, setup))(params["actor"], params["critic"], batch)
+    loss, grads = jax.value_and_grad(partial(actor_loss, setup))(
+        params["actor"], params["critic"], batch
+    )
     updates, actor_opt_state = optimiser(hparams).update(grads, opt_state["actor"], params["actor"])
     params = {**params, "actor": optax.apply_updates(params["actor"], updates)}
     target_params = loop.polyak(state["target_params"], params, hparams["tau"])
-    return {**state, "params": params, "target_params": target_params, "opt_state": {**opt_state, "actor": actor_opt_state}}, loss
+    return {
+        **state,
+        "params": params,
+        "target_params": target_params,
+        "opt_state": {**opt_state, "actor": actor_opt_state},
+    }, loss
 
 
 def gradient_step(setup: Setup, hparams, state, key):
@@ -145,13 +196,27 @@ def gradient_step(setup: Setup, hparams, state, key):
     sample_key, noise_key = jax.random.split(key)
     batch, _ = buffers.uniform_sample(state["buffer"], sample_key, setup.agent.batch_size)
     params, opt_state = state["params"], state["opt_state"]
-    (q_loss, q_mean), grads = jax.value_and_grad(partial(critic_loss, setup), has_aux=True)(params["critic"], state["target_params"], batch, noise_key, hparams)
-    updates, critic_opt_state = optimiser(hparams).update(grads, opt_state["critic"], params["critic"])
+    (q_loss, q_mean), grads = jax.value_and_grad(partial(critic_loss, setup), has_aux=True)(
+        params["critic"], state["target_params"], batch, noise_key, hparams
+    )
+    updates, critic_opt_state = optimiser(hparams).update(
+        grads, opt_state["critic"], params["critic"]
+    )
     updates_done = state["updates"] + 1
-    state = {**state, "params": {**params, "critic": optax.apply_updates(params["critic"], updates)},
-             "opt_state": {**opt_state, "critic": critic_opt_state}, "updates": updates_done}
+    state = {
+        **state,
+        "params": {**params, "critic": optax.apply_updates(params["critic"], updates)},
+        "opt_state": {**opt_state, "critic": critic_opt_state},
+        "updates": updates_done,
+    }
     skip = lambda state, batch: (state, jnp.float32(jnp.nan))
-    state, pi_loss = jax.lax.cond(updates_done % setup.agent.policy_delay == 0, partial(delayed_update, setup, hparams), skip, state, batch)
+    state, pi_loss = jax.lax.cond(
+        updates_done % setup.agent.policy_delay == 0,
+        partial(delayed_update, setup, hparams),
+        skip,
+        state,
+        batch,
+    )
     return state, {"critic_loss": q_loss, "actor_loss": pi_loss, "q_mean": q_mean}
 
 
@@ -166,8 +231,16 @@ def counters(state):
 
 def make_trainer(config) -> Trainer:
     setup, agent = make_setup(config), config.agent
-    return loop.actor_critic_trainer(agent, setup.env, setup.env_params, partial(init, setup), partial(env_step, setup),
-                                     partial(gradient_step, setup), partial(greedy_policy, setup), counters)
+    return loop.actor_critic_trainer(
+        agent,
+        setup.env,
+        setup.env_params,
+        partial(init, setup),
+        partial(env_step, setup),
+        partial(gradient_step, setup),
+        partial(greedy_policy, setup),
+        counters,
+    )
 
 
 def make_train(config):
@@ -177,4 +250,6 @@ def make_train(config):
 def make_policy(config):
     """`policy(params, obs, key) -> action` in the env's own action space: mu(obs) mapped onto the bounds."""
     setup = make_setup(config)
-    return lambda params, obs, key: loop.to_env_action(setup.env, setup.env_params, greedy_policy(setup, params)(obs))
+    return lambda params, obs, key: loop.to_env_action(
+        setup.env, setup.env_params, greedy_policy(setup, params)(obs)
+    )

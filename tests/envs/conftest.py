@@ -22,8 +22,18 @@ def random_rollout(env, params, key, num_steps, sample_action):
         def body(state, key):
             action_key, step_key = jax.random.split(key)
             action = sample_action(action_key)
-            obs, next_state, reward, terminated, truncated, info = env.step(step_key, state, action, params)
-            return next_state, (state, action, info["final_obs"], reward, terminated, truncated, obs)
+            obs, next_state, reward, terminated, truncated, info = env.step(
+                step_key, state, action, params
+            )
+            return next_state, (
+                state,
+                action,
+                info["final_obs"],
+                reward,
+                terminated,
+                truncated,
+                obs,
+            )
 
         _, trajectory = jax.lax.scan(body, state, jax.random.split(scan_key, num_steps))
         return trajectory
@@ -37,10 +47,14 @@ def step_from_states(env, params, states, actions, key=None):
     keys = jax.random.split(key, len(actions))
     step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
     obs, _, reward, terminated, truncated, info = step(keys, states, actions, params)
-    return jax.tree.map(np.asarray, (states, actions, info["final_obs"], reward, terminated, truncated, obs))
+    return jax.tree.map(
+        np.asarray, (states, actions, info["final_obs"], reward, terminated, truncated, obs)
+    )
 
 
-def gymnasium_parity(gym_env, set_state, trajectory, to_gym_action, obs_atol, reward_atol, obs_rtol=0.0):
+def gymnasium_parity(
+    gym_env, set_state, trajectory, to_gym_action, obs_atol, reward_atol, obs_rtol=0.0
+):
     """Step `gym_env.unwrapped` from each of our pre-step states with our action; compare one step.
 
     Checks the reached observation, reward and termination of every transition. Returns the number
@@ -53,8 +67,12 @@ def gymnasium_parity(gym_env, set_state, trajectory, to_gym_action, obs_atol, re
     for t in range(len(rewards)):
         set_state(env, jax.tree.map(lambda x: x[t], states))
         gym_obs, gym_reward, gym_terminated, gym_truncated, _ = env.step(to_gym_action(actions[t]))
-        np.testing.assert_allclose(final_obs[t], gym_obs, rtol=obs_rtol, atol=obs_atol, err_msg=f"obs at step {t}")
-        np.testing.assert_allclose(rewards[t], gym_reward, rtol=0, atol=reward_atol, err_msg=f"reward at step {t}")
+        np.testing.assert_allclose(
+            final_obs[t], gym_obs, rtol=obs_rtol, atol=obs_atol, err_msg=f"obs at step {t}"
+        )
+        np.testing.assert_allclose(
+            rewards[t], gym_reward, rtol=0, atol=reward_atol, err_msg=f"reward at step {t}"
+        )
         assert bool(terminated[t]) == bool(gym_terminated), f"terminated at step {t}"
         assert not gym_truncated
         num_terminated += int(gym_terminated)

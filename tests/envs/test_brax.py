@@ -10,17 +10,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from run_helpers import subprocess_env
 
 import envs
-from run_helpers import subprocess_env
 
 if importlib.util.find_spec("brax") is None:
     pytest.skip('needs the brax extra: pip install "fusedrl[brax]"', allow_module_level=True)
 from envs.brax import _brax_envs  # noqa: E402
 
-brax_envs = _brax_envs()  # Brax, imported as the adapter does: MuJoCo's OpenGL set to EGL before MuJoCo loads
+brax_envs = (
+    _brax_envs()
+)  # Brax, imported as the adapter does: MuJoCo's OpenGL set to EGL before MuJoCo loads
 
-NAME, BACKEND = "inverted_pendulum", "spring"  # terminates often under random actions; cheap to compile
+NAME, BACKEND = (
+    "inverted_pendulum",
+    "spring",
+)  # terminates often under random actions; cheap to compile
 EPISODE_LENGTH, ACTION_REPEAT = 16, 2  # truncation after 8 agent steps
 NUM_ENVS, NUM_STEPS = 4, 24
 
@@ -30,8 +35,15 @@ def random_inputs(env, params, seed=0):
     bounds, to check the clipping)."""
     k_reset, k_step, k_action = jax.random.split(jax.random.key(seed), 3)
     space = env.action_space(params)
-    actions = jax.random.uniform(k_action, (NUM_STEPS, NUM_ENVS) + space.shape, minval=-1.2, maxval=1.2) * space._high
-    return jax.random.split(k_reset, NUM_ENVS), jax.random.split(k_step, (NUM_STEPS, NUM_ENVS)), actions
+    actions = (
+        jax.random.uniform(k_action, (NUM_STEPS, NUM_ENVS) + space.shape, minval=-1.2, maxval=1.2)
+        * space._high
+    )
+    return (
+        jax.random.split(k_reset, NUM_ENVS),
+        jax.random.split(k_step, (NUM_STEPS, NUM_ENVS)),
+        actions,
+    )
 
 
 def ours(env, params, reset_keys, step_keys, actions):
@@ -43,8 +55,17 @@ def ours(env, params, reset_keys, step_keys, actions):
 
         def body(state, inputs):
             keys, action = inputs
-            obs, state, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
-            return state, (obs, info["final_obs"], reward, terminated, truncated, state.env_state.pipeline_state.q)
+            obs, state, reward, terminated, truncated, info = jax.vmap(
+                env.step, in_axes=(0, 0, 0, None)
+            )(keys, state, action, params)
+            return state, (
+                obs,
+                info["final_obs"],
+                reward,
+                terminated,
+                truncated,
+                state.env_state.pipeline_state.q,
+            )
 
         return jax.lax.scan(body, state, (step_keys, actions))[1]
 
@@ -92,12 +113,32 @@ def assert_same(mine, theirs):
 
 @pytest.mark.parametrize("auto_reset", ["fresh", "first"])
 def test_stepping_equals_brax_with_the_same_keys(auto_reset):
-    env, params = envs.make(f"brax:{NAME}", backend=BACKEND, episode_length=EPISODE_LENGTH, action_repeat=ACTION_REPEAT, auto_reset=auto_reset)
+    env, params = envs.make(
+        f"brax:{NAME}",
+        backend=BACKEND,
+        episode_length=EPISODE_LENGTH,
+        action_repeat=ACTION_REPEAT,
+        auto_reset=auto_reset,
+    )
     reset_keys, step_keys, actions = random_inputs(env, params)
     mine = ours(env, params, reset_keys, step_keys, actions)
-    wrapped = brax_envs.create(NAME, backend=BACKEND, episode_length=EPISODE_LENGTH, action_repeat=ACTION_REPEAT, auto_reset=auto_reset == "first")
+    wrapped = brax_envs.create(
+        NAME,
+        backend=BACKEND,
+        episode_length=EPISODE_LENGTH,
+        action_repeat=ACTION_REPEAT,
+        auto_reset=auto_reset == "first",
+    )
     space = env.action_space(params)
-    theirs = brax_own(wrapped, reset_keys, step_keys, actions, space._low, space._high, fresh=auto_reset == "fresh")
+    theirs = brax_own(
+        wrapped,
+        reset_keys,
+        step_keys,
+        actions,
+        space._low,
+        space._high,
+        fresh=auto_reset == "fresh",
+    )
     assert_same(mine, theirs)
     _, _, _, terminated, truncated, _ = mine
     assert terminated.any() and truncated.any()  # both kinds of episode end were compared
@@ -106,7 +147,9 @@ def test_stepping_equals_brax_with_the_same_keys(auto_reset):
     steps_since_reset = np.zeros(NUM_ENVS, int)
     for t in range(NUM_STEPS):
         steps_since_reset += 1
-        np.testing.assert_array_equal(truncated[t], (steps_since_reset >= params.max_steps_in_episode) & ~terminated[t])
+        np.testing.assert_array_equal(
+            truncated[t], (steps_since_reset >= params.max_steps_in_episode) & ~terminated[t]
+        )
         steps_since_reset[terminated[t] | truncated[t]] = 0
 
 
@@ -120,9 +163,15 @@ def test_spaces_params_and_every_backend():
         np.testing.assert_array_equal(space._low, -np.ones(8))
         np.testing.assert_array_equal(space._high, np.ones(8))
     assert space.to_gymnasium().shape == (8,)
-    assert (params.episode_length, params.action_repeat, params.max_steps_in_episode) == (1000, 1, 1000)
+    assert (params.episode_length, params.action_repeat, params.max_steps_in_episode) == (
+        1000,
+        1,
+        1000,
+    )
     _, params = envs.make("brax:ant", episode_length=1000, action_repeat=3)
-    assert params.max_steps_in_episode == 334  # ceil(1000 / 3): Brax's EpisodeWrapper counts physics steps
+    assert (
+        params.max_steps_in_episode == 334
+    )  # ceil(1000 / 3): Brax's EpisodeWrapper counts physics steps
     with pytest.raises(ValueError, match="unknown Brax env 'antt'"):
         envs.make("brax:antt")
     with pytest.raises(ValueError, match="action_repeat must be an integer >= 1"):
@@ -135,8 +184,12 @@ def test_spaces_params_and_every_backend():
 
 
 def test_render_draws_the_state_without_a_display():
-    if os.environ.get("MUJOCO_GL") == "disable":  # set by envs.brax without a display, libEGL or libOSMesa (the GPU machine)
-        pytest.skip("MUJOCO_GL=disable: no OpenGL platform here (test_steps_on_a_machine_without_gl_libraries checks render's error)")
+    if (
+        os.environ.get("MUJOCO_GL") == "disable"
+    ):  # set by envs.brax without a display, libEGL or libOSMesa (the GPU machine)
+        pytest.skip(
+            "MUJOCO_GL=disable: no OpenGL platform here (test_steps_on_a_machine_without_gl_libraries checks render's error)"
+        )
     env, params = envs.make(f"brax:{NAME}", backend=BACKEND)
     _, state = env.reset(jax.random.key(0), params)
     frame = envs.render(env, state, params)
@@ -171,14 +224,21 @@ def test_steps_on_a_machine_without_gl_libraries():
     )
     env = subprocess_env(MUJOCO_GL="disable", JAX_PLATFORMS="cpu")
     env.pop("DISPLAY", None)
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "RESULT" in proc.stdout and "True" in proc.stdout, proc.stderr[-2000:]
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and "RESULT" in proc.stdout and "True" in proc.stdout, proc.stderr[
+        -2000:
+    ]
     assert "RENDER True" in proc.stdout  # render says why it cannot draw
 
 
 def test_missing_extra_names_it(hide_package):
     hide_package("brax")
-    with pytest.raises(ImportError, match=r'brax:ant needs the \'brax.envs\' package, which does not import: pip install "fusedrl\[brax\]"'):
+    with pytest.raises(
+        ImportError,
+        match=r'brax:ant needs the \'brax.envs\' package, which does not import: pip install "fusedrl\[brax\]"',
+    ):
         envs.make("brax:ant", backend="mjx")
     assert not any(i.startswith("brax:") for i in envs.registered_ids())
     from rl.config import ConfigError, build_config
@@ -190,8 +250,29 @@ def test_missing_extra_names_it(hide_package):
 @pytest.mark.parametrize(
     "config, overrides",
     [
-        ("configs/ppo_brax_ant.yaml", ["agent.total_steps=40", "agent.num_envs=4", "agent.num_steps=10", "agent.num_minibatches=2", "agent.log_interval=1"]),
-        ("configs/sac_brax_halfcheetah.yaml", ["agent.total_steps=64", "agent.num_envs=4", "agent.log_interval=32", "agent.learning_starts=32", "agent.batch_size=8", "agent.utd_ratio=0.5", "agent.buffer_size=64", "agent.eval_episodes=0"]),
+        (
+            "configs/ppo_brax_ant.yaml",
+            [
+                "agent.total_steps=40",
+                "agent.num_envs=4",
+                "agent.num_steps=10",
+                "agent.num_minibatches=2",
+                "agent.log_interval=1",
+            ],
+        ),
+        (
+            "configs/sac_brax_halfcheetah.yaml",
+            [
+                "agent.total_steps=64",
+                "agent.num_envs=4",
+                "agent.log_interval=32",
+                "agent.learning_starts=32",
+                "agent.batch_size=8",
+                "agent.utd_ratio=0.5",
+                "agent.buffer_size=64",
+                "agent.eval_episodes=0",
+            ],
+        ),
     ],
 )
 def test_one_update_from_the_config(config, overrides, tmp_path):
@@ -199,8 +280,19 @@ def test_one_update_from_the_config(config, overrides, tmp_path):
     from rl.config import load_config
     from rl.train import train_many
 
-    config = load_config(config, overrides + ["env.params.backend=spring", "agent.network.hidden=[16,16]", "run.seeds=1", f"run.output_dir={tmp_path}"])
+    config = load_config(
+        config,
+        overrides
+        + [
+            "env.params.backend=spring",
+            "agent.network.hidden=[16,16]",
+            "run.seeds=1",
+            f"run.output_dir={tmp_path}",
+        ],
+    )
     assert config.env.id.startswith("brax:")
     _, metrics = train_many(config)
     assert int(np.asarray(metrics["step"])[0, 0, -1]) == config.agent.total_steps
-    assert np.isfinite(np.asarray(metrics["episode_return"])[np.isfinite(np.asarray(metrics["episode_return"]))]).all()
+    assert np.isfinite(
+        np.asarray(metrics["episode_return"])[np.isfinite(np.asarray(metrics["episode_return"]))]
+    ).all()

@@ -10,8 +10,16 @@ import pytest
 import envs
 from envs.spaces import Box, Discrete, check_action, from_gymnasium
 
-ALL_IDS = sorted(envs.REGISTRY)  # fusedrl's own envs; the adapters' ids ("gymnax:...") have their own tests
-CLASSIC_IDS = ["CartPole-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Acrobot-v1"]
+ALL_IDS = sorted(
+    envs.REGISTRY
+)  # fusedrl's own envs; the adapters' ids ("gymnax:...") have their own tests
+CLASSIC_IDS = [
+    "CartPole-v1",
+    "Pendulum-v1",
+    "MountainCar-v0",
+    "MountainCarContinuous-v0",
+    "Acrobot-v1",
+]
 
 
 def test_all_classic_control_ids_are_registered():
@@ -27,15 +35,21 @@ def test_terminating_step_auto_resets_and_keeps_final_obs():
     assert int(obs) == 8
     path = [1, 1, 2, 2]  # up, up, left, left
     for i, action in enumerate(path):
-        obs, state, reward, terminated, truncated, info = env.step(jax.random.key(i), state, jnp.int32(action), params)
+        obs, state, reward, terminated, truncated, info = env.step(
+            jax.random.key(i), state, jnp.int32(action), params
+        )
         last = i == len(path) - 1
         assert bool(terminated) == last and not bool(truncated)
         assert float(reward) == float(last)
         if last:
             assert int(info["final_obs"]) == 0  # the goal the transition reached
-            assert int(obs) == 8 and int(state.cell) == 8 and int(state.time) == 0  # a fresh episode
+            assert (
+                int(obs) == 8 and int(state.cell) == 8 and int(state.time) == 0
+            )  # a fresh episode
         else:
-            assert int(info["final_obs"]) == int(obs)  # present on every step, equal to obs mid-episode
+            assert int(info["final_obs"]) == int(
+                obs
+            )  # present on every step, equal to obs mid-episode
             assert int(state.time) == i + 1
 
 
@@ -43,11 +57,21 @@ def test_final_obs_is_the_pre_reset_observation_for_continuous_obs():
     env, params = envs.make("CartPole-v1")
     from envs.cartpole import CartPoleState
 
-    state = CartPoleState(x=jnp.float32(2.39), x_dot=jnp.float32(1.0), theta=jnp.float32(0.0), theta_dot=jnp.float32(0.0), time=jnp.int32(7))
-    obs, new_state, _, terminated, _, info = env.step(jax.random.key(0), state, jnp.int32(1), params)
+    state = CartPoleState(
+        x=jnp.float32(2.39),
+        x_dot=jnp.float32(1.0),
+        theta=jnp.float32(0.0),
+        theta_dot=jnp.float32(0.0),
+        time=jnp.int32(7),
+    )
+    obs, new_state, _, terminated, _, info = env.step(
+        jax.random.key(0), state, jnp.int32(1), params
+    )
     assert bool(terminated)
     # Euler: x' = x + tau x_dot, theta' = theta + tau theta_dot (from the pre-step velocities)
-    np.testing.assert_allclose(np.asarray(info["final_obs"])[[0, 2]], [2.39 + 0.02 * 1.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(info["final_obs"])[[0, 2]], [2.39 + 0.02 * 1.0, 0.0], rtol=1e-6
+    )
     assert float(info["final_obs"][0]) > 2.4
     assert np.all(np.abs(np.asarray(obs)) <= 0.05)  # the reset observation
     assert int(new_state.time) == 0
@@ -58,13 +82,17 @@ def test_truncation_is_not_termination_and_termination_wins_on_the_last_step():
     env, params = envs.make("GridWorld", size=3, max_steps_in_episode=4)
     _, state = env.reset(jax.random.key(0), params)
     for i, action in enumerate([1, 1, 2, 2]):
-        _, state, _, terminated, truncated, _ = env.step(jax.random.key(i), state, jnp.int32(action), params)
+        _, state, _, terminated, truncated, _ = env.step(
+            jax.random.key(i), state, jnp.int32(action), params
+        )
     assert bool(terminated) and not bool(truncated)
     # wandering (right into the wall) until the limit: truncated, not terminated
     _, state = env.reset(jax.random.key(0), params)
     flags = []
     for i in range(5):
-        _, state, _, terminated, truncated, _ = env.step(jax.random.key(i), state, jnp.int32(0), params)
+        _, state, _, terminated, truncated, _ = env.step(
+            jax.random.key(i), state, jnp.int32(0), params
+        )
         flags.append((bool(terminated), bool(truncated)))
     assert flags == [(False, False)] * 3 + [(False, True), (False, False)]
 
@@ -74,8 +102,12 @@ def test_step_outputs_have_the_contract_dtypes(env_id):
     env, params = envs.make(env_id)
     obs, state = env.reset(jax.random.key(0), params)
     action = env.action_space(params).sample(jax.random.key(1))
-    obs2, state2, reward, terminated, truncated, info = jax.jit(env.step)(jax.random.key(2), state, action, params)
-    assert obs2.shape == obs.shape == env.observation_space(params).shape and obs2.dtype == obs.dtype
+    obs2, state2, reward, terminated, truncated, info = jax.jit(env.step)(
+        jax.random.key(2), state, action, params
+    )
+    assert (
+        obs2.shape == obs.shape == env.observation_space(params).shape and obs2.dtype == obs.dtype
+    )
     assert reward.dtype == jnp.float32 and reward.shape == ()
     assert terminated.dtype == jnp.bool_ and truncated.dtype == jnp.bool_
     assert info["final_obs"].shape == obs.shape
@@ -109,13 +141,17 @@ def test_wrong_action_shape_or_dtype_fails_at_trace_time():
     env, params = envs.make("CartPole-v1")
     _, state = env.reset(jax.random.key(0), params)
     step = jax.jit(env.step)
-    with pytest.raises(ValueError, match=r"CartPole-v1.step: action must be a scalar integer.*shape \(2,\)"):
+    with pytest.raises(
+        ValueError, match=r"CartPole-v1.step: action must be a scalar integer.*shape \(2,\)"
+    ):
         step(jax.random.key(0), state, jnp.zeros(2, jnp.int32), params)
     with pytest.raises(ValueError, match="must be an integer.*float32"):
         step(jax.random.key(0), state, jnp.float32(1.0), params)
     env, params = envs.make("Pendulum-v1")
     _, state = env.reset(jax.random.key(0), params)
-    with pytest.raises(ValueError, match=r"Pendulum-v1.step: action must have shape \(1,\), got shape \(\)"):
+    with pytest.raises(
+        ValueError, match=r"Pendulum-v1.step: action must have shape \(1,\), got shape \(\)"
+    ):
         jax.jit(env.step)(jax.random.key(0), state, jnp.float32(1.0), params)
     with pytest.raises(ValueError, match="must be a float array"):
         jax.jit(env.step)(jax.random.key(0), state, jnp.ones(1, jnp.int32), params)
@@ -177,7 +213,11 @@ def test_vmap_over_params_gives_each_variant_its_own_dynamics():
     step = jax.jit(jax.vmap(env.step, in_axes=(None, None, None, axes)))
     obs = step(jax.random.key(1), state, jnp.int32(0), batch_params)[0]
     for i, g in enumerate([1.0, 9.8, 30.0]):
-        np.testing.assert_allclose(obs[i], env.step(jax.random.key(1), state, jnp.int32(0), params.replace(gravity=g))[0], rtol=1e-6)
+        np.testing.assert_allclose(
+            obs[i],
+            env.step(jax.random.key(1), state, jnp.int32(0), params.replace(gravity=g))[0],
+            rtol=1e-6,
+        )
     assert len({float(x) for x in obs[:, 3]}) == 3
 
 
@@ -187,7 +227,9 @@ def test_vmap_over_params_of_a_continuous_env_keeps_the_default_space():
     _, state = env.reset(jax.random.key(0), params)
     axes = params.replace(**{f: None for f in params.__dataclass_fields__}).replace(max_torque=0)
     step = jax.vmap(env.step, in_axes=(None, None, None, axes))
-    _, new_state, *_ = step(jax.random.key(1), state, jnp.array([2.0]), params.replace(max_torque=torques))
+    _, new_state, *_ = step(
+        jax.random.key(1), state, jnp.array([2.0]), params.replace(max_torque=torques)
+    )
     np.testing.assert_allclose(new_state.last_u, [1.0, 2.0])  # each variant clips at its own bound
 
 
@@ -205,8 +247,13 @@ def test_spaces_convert_to_gymnasiums_own(env_id):
 @pytest.mark.parametrize("env_id", ALL_IDS)
 def test_samples_lie_in_the_spaces(env_id):
     env, params = envs.make(env_id)
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(0), 64), params)
-    obs_space, action_space = env.observation_space(params).to_gymnasium(), env.action_space(params).to_gymnasium()
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(jax.random.key(0), 64), params
+    )
+    obs_space, action_space = (
+        env.observation_space(params).to_gymnasium(),
+        env.action_space(params).to_gymnasium(),
+    )
     for o in np.asarray(obs):
         assert obs_space.contains(o.astype(obs_space.dtype) if o.shape else int(o))
     for k in jax.random.split(jax.random.key(1), 16):
@@ -236,5 +283,11 @@ def test_import_envs_loads_no_outside_env_library():
     from pathlib import Path
 
     code = "import sys, envs, envs.brax, envs.craftax, envs.jumanji, rl.train; print(sorted({'brax', 'craftax', 'jumanji', 'mujoco'} & set(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert result.stdout.strip() == "[]"

@@ -12,15 +12,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from run_helpers import subprocess_env
 
 import envs
-from run_helpers import subprocess_env
 
 if importlib.util.find_spec("craftax") is None:
     pytest.skip('needs the craftax extra: pip install "fusedrl[craftax]"', allow_module_level=True)
 from craftax.craftax_env import make_craftax_env_from_name  # noqa: E402
 
-ENV_ID = "Craftax-Classic-Symbolic-v1"  # the cheapest to compile; the full game runs in the config test
+ENV_ID = (
+    "Craftax-Classic-Symbolic-v1"  # the cheapest to compile; the full game runs in the config test
+)
 NUM_ENVS, NUM_STEPS, MAX_TIMESTEPS = 3, 12, 5
 
 
@@ -48,22 +50,35 @@ def test_stepping_equals_craftax_with_the_same_keys(env_params):
     reset_keys = jax.random.split(k_reset, NUM_ENVS)
     step_keys = jax.random.split(k_steps, NUM_STEPS * NUM_ENVS).reshape(NUM_STEPS, NUM_ENVS, -1)
     actions = jax.random.randint(k_actions, (NUM_STEPS, NUM_ENVS), 0, env.action_space(params).n)
-    dying = jnp.array([True, False, False])  # env 0 starts at 0 health on the last step before the time limit
+    dying = jnp.array(
+        [True, False, False]
+    )  # env 0 starts at 0 health on the last step before the time limit
 
     @jax.jit
     def run(reset_keys, step_keys, actions):
         _, state = jax.vmap(env.reset, in_axes=(0, None))(reset_keys, params)
-        health = jnp.where(dying, 0, state.env_state.player_health).astype(state.env_state.player_health.dtype)
+        health = jnp.where(dying, 0, state.env_state.player_health).astype(
+            state.env_state.player_health.dtype
+        )
         timestep = jnp.where(dying, MAX_TIMESTEPS - 1, state.env_state.timestep)
-        state = state.replace(env_state=state.env_state.replace(player_health=health, timestep=timestep))
+        state = state.replace(
+            env_state=state.env_state.replace(player_health=health, timestep=timestep)
+        )
         lib_state = state.env_state
 
         def body(carry, inputs):
             state, lib_state = carry
             keys, action = inputs
-            obs, state, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
-            lib_obs, lib_state, lib_reward, lib_done, lib_info = jax.vmap(theirs.step, in_axes=(0, 0, 0, None))(keys, lib_state, action, params)
-            return (state, lib_state), ((obs, reward, terminated, truncated, info, state.env_state), (lib_obs, lib_reward, lib_done, lib_info, lib_state))
+            obs, state, reward, terminated, truncated, info = jax.vmap(
+                env.step, in_axes=(0, 0, 0, None)
+            )(keys, state, action, params)
+            lib_obs, lib_state, lib_reward, lib_done, lib_info = jax.vmap(
+                theirs.step, in_axes=(0, 0, 0, None)
+            )(keys, lib_state, action, params)
+            return (state, lib_state), (
+                (obs, reward, terminated, truncated, info, state.env_state),
+                (lib_obs, lib_reward, lib_done, lib_info, lib_state),
+            )
 
         return jax.lax.scan(body, (state, lib_state), (step_keys, actions))[1]
 
@@ -76,11 +91,15 @@ def test_stepping_equals_craftax_with_the_same_keys(env_params):
     final_obs = info.pop("final_obs")
     jax.tree.map(same, info, lib_info)
     going_on = ~(terminated | truncated)
-    same(final_obs[going_on], obs[going_on])  # final_obs is the observation reached: obs unless the episode ended
+    same(
+        final_obs[going_on], obs[going_on]
+    )  # final_obs is the observation reached: obs unless the episode ended
     assert not np.allclose(final_obs[~going_on], obs[~going_on])
     jax.tree.map(same, states, lib_states)  # auto-reset states included
     assert not (terminated & truncated).any()
-    assert terminated[0, 0] and not truncated[0, 0]  # a death at the time limit is a termination, not a truncation
+    assert (
+        terminated[0, 0] and not truncated[0, 0]
+    )  # a death at the time limit is a termination, not a truncation
     # the time limit is truncation: every MAX_TIMESTEPS steps in the envs that do not die
     expected = np.zeros_like(truncated)
     expected[MAX_TIMESTEPS - 1 :: MAX_TIMESTEPS, 1:] = True
@@ -92,18 +111,26 @@ SPACES = [
     ("Craftax-Classic-Symbolic-v1", (1345,), 17),
     ("Craftax-Symbolic-v1", (8268,), 43),
     ("Craftax-Classic-Pixels-v1", (63, 63, 3), 17),
-    pytest.param("Craftax-Pixels-v1", (130, 110, 3), 43, marks=pytest.mark.slow),  # its textures take minutes to process the first time
+    pytest.param(
+        "Craftax-Pixels-v1", (130, 110, 3), 43, marks=pytest.mark.slow
+    ),  # its textures take minutes to process the first time
 ]
 
 
 @pytest.mark.parametrize("env_id, obs_shape, actions", SPACES)
 def test_spaces_of_every_id(env_id, obs_shape, actions):
     env, params = envs.make(f"craftax:{env_id}")
-    assert env.observation_space(params).shape == obs_shape and env.action_space(params).n == actions
+    assert (
+        env.observation_space(params).shape == obs_shape and env.action_space(params).n == actions
+    )
     assert env.observation_space(params).to_gymnasium().shape == obs_shape
     obs, _ = jax.eval_shape(env.reset, jax.random.PRNGKey(0), params)
     assert obs.shape == obs_shape and obs.dtype == jnp.float32
-    assert params.max_steps_in_episode == params.max_timesteps == (10_000 if "Classic" in env_id else 100_000)
+    assert (
+        params.max_steps_in_episode
+        == params.max_timesteps
+        == (10_000 if "Classic" in env_id else 100_000)
+    )
 
 
 def test_params_and_ids():
@@ -114,12 +141,22 @@ def test_params_and_ids():
         envs.make("craftax:Craftax-Symbolic-v1", max_steps=50)
     with pytest.raises(ValueError, match="unknown Craftax id 'Craftax-Symbolic-v2'"):
         envs.make("craftax:Craftax-Symbolic-v2")
-    assert {f"craftax:{i}" for i in ("Craftax-Symbolic-v1", "Craftax-Pixels-v1", "Craftax-Classic-Symbolic-v1", "Craftax-Classic-Pixels-v1")} <= set(envs.registered_ids())
+    assert {
+        f"craftax:{i}"
+        for i in (
+            "Craftax-Symbolic-v1",
+            "Craftax-Pixels-v1",
+            "Craftax-Classic-Symbolic-v1",
+            "Craftax-Classic-Pixels-v1",
+        )
+    } <= set(envs.registered_ids())
 
 
 def test_render(env_params):
     env, params = env_params
-    _, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.PRNGKey(0), 2), params)
+    _, state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(jax.random.PRNGKey(0), 2), params
+    )
     frame = envs.render(env, state, params, index=1)
     assert frame.dtype == np.uint8 and frame.shape == (144, 144, 3) and frame.std() > 10
 
@@ -148,14 +185,26 @@ def test_texture_cache_is_built_once_and_a_truncated_one_is_rebuilt(tmp_path):
     with pytest.raises(EOFError):
         load_compressed_pickle(str(cache))
     env = subprocess_env(JAX_PLATFORMS="cpu")
-    procs = [subprocess.Popen([sys.executable, "-c", LOAD_TEXTURES, str(cache)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOAD_TEXTURES, str(cache)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err[-2000:]
         assert "textures 3" in out
     textures = load_compressed_pickle(str(cache))
-    assert set(textures) == {constants.BLOCK_PIXEL_SIZE_AGENT, constants.BLOCK_PIXEL_SIZE_IMG, constants.BLOCK_PIXEL_SIZE_HUMAN}
+    assert set(textures) == {
+        constants.BLOCK_PIXEL_SIZE_AGENT,
+        constants.BLOCK_PIXEL_SIZE_IMG,
+        constants.BLOCK_PIXEL_SIZE_HUMAN,
+    }
 
 
 def test_missing_extra_names_it(hide_package):
@@ -169,7 +218,9 @@ def test_missing_extra_names_it(hide_package):
     "env_id",
     [
         "craftax:Craftax-Classic-Symbolic-v1",  # the classic game compiles in a fraction of the full game's time
-        pytest.param("craftax:Craftax-Symbolic-v1", marks=pytest.mark.slow),  # as configured: about 4 minutes on 2 CPU cores
+        pytest.param(
+            "craftax:Craftax-Symbolic-v1", marks=pytest.mark.slow
+        ),  # as configured: about 4 minutes on 2 CPU cores
     ],
 )
 def test_one_update_from_the_config(env_id, tmp_path):
@@ -177,8 +228,17 @@ def test_one_update_from_the_config(env_id, tmp_path):
     from rl.config import load_config
     from rl.train import train_many
 
-    overrides = ["agent.total_steps=32", "agent.num_envs=2", "agent.num_steps=16", "agent.num_minibatches=2", "agent.log_interval=1",
-                 "agent.network.hidden=[16]", "run.seeds=1", f"run.output_dir={tmp_path}", f"env.id={env_id}"]
+    overrides = [
+        "agent.total_steps=32",
+        "agent.num_envs=2",
+        "agent.num_steps=16",
+        "agent.num_minibatches=2",
+        "agent.log_interval=1",
+        "agent.network.hidden=[16]",
+        "run.seeds=1",
+        f"run.output_dir={tmp_path}",
+        f"env.id={env_id}",
+    ]
     config = load_config("configs/ppo_craftax_symbolic.yaml", overrides)
     assert config.env.id == env_id and config.agent.num_envs == 2
     _, metrics = train_many(config)

@@ -40,7 +40,9 @@ def test_defaults():
     assert GridWorld.shortest_path_length(params) == 8
 
 
-@pytest.mark.parametrize("action, expected", [(RIGHT, (2, 3)), (UP, (1, 2)), (LEFT, (2, 1)), (DOWN, (3, 2))])
+@pytest.mark.parametrize(
+    "action, expected", [(RIGHT, (2, 3)), (UP, (1, 2)), (LEFT, (2, 1)), (DOWN, (3, 2))]
+)
 def test_each_action_moves_one_cell(action, expected):
     env, params = envs.make("GridWorld")
     obs, state, reward, terminated, truncated, info = step_from(env, params, 2 * 5 + 2, action)
@@ -56,12 +58,16 @@ def test_moves_match_reference_with_border_clipping_and_walls(size, data):
     cells = st.tuples(st.integers(0, size - 1), st.integers(0, size - 1))
     start = data.draw(cells, "start")
     goal = data.draw(cells.filter(lambda c: c != start), "goal")
-    walls = data.draw(st.frozensets(cells.filter(lambda c: c not in (start, goal)), max_size=size), "walls")
+    walls = data.draw(
+        st.frozensets(cells.filter(lambda c: c not in (start, goal)), max_size=size), "walls"
+    )
     cell = data.draw(cells.filter(lambda c: c not in walls and c != goal), "cell")
     action = data.draw(st.integers(0, 3), "action")
     env = GridWorld()
     params = make_gridworld_params(size=size, start=start, goal=goal, walls=sorted(walls))
-    obs, state, reward, terminated, truncated, info = step_from(env, params, cell[0] * size + cell[1], action)
+    obs, state, reward, terminated, truncated, info = step_from(
+        env, params, cell[0] * size + cell[1], action
+    )
     reached = reference_move(*cell, action, size, walls)
     assert divmod(int(info["final_obs"]), size) == reached
     assert bool(terminated) == (reached == goal)
@@ -104,7 +110,9 @@ def test_truncation_at_step_limit_is_not_termination():
         _, state = env.reset(key, params)
 
         def body(state, _):  # always RIGHT from the bottom-right corner: never reaches the goal
-            obs, state, reward, terminated, truncated, info = env.step(key, state, jnp.int32(RIGHT), params)
+            obs, state, reward, terminated, truncated, info = env.step(
+                key, state, jnp.int32(RIGHT), params
+            )
             return state, (state.time, reward, terminated, truncated, info["final_obs"], obs)
 
         return jax.lax.scan(body, state, None, length=25)[1]
@@ -135,7 +143,9 @@ def test_optimal_path_reaches_goal_in_shortest_path_length_steps():
     _, state = env.reset(KEY, params)
     total = 0.0
     for t, action in enumerate([UP] * 4 + [LEFT] * 4):
-        obs, state, reward, terminated, truncated, _ = env.step(KEY, state, jnp.int32(action), params)
+        obs, state, reward, terminated, truncated, _ = env.step(
+            KEY, state, jnp.int32(action), params
+        )
         total += float(reward)
         assert bool(terminated) == (t == 7)
     assert total == 1.0

@@ -30,7 +30,9 @@ def test_to_gymnasium_passes_the_env_checker(env_id):
     env, params = envs.make(env_id)
     gym_env = to_gymnasium(env, params, render_mode="rgb_array")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # advisory warnings (infinite bounds, asymmetric Box) as for gymnasium's own envs
+        warnings.simplefilter(
+            "ignore"
+        )  # advisory warnings (infinite bounds, asymmetric Box) as for gymnasium's own envs
         check_env(gym_env)
     gym_env.reset(seed=0)
     frame = gym_env.render()
@@ -50,7 +52,9 @@ def test_to_gymnasium_episode_semantics_and_seeding():
         if terminated:
             break
     assert terminated and not truncated
-    assert abs(obs[0]) > 2.4 or abs(obs[2]) > 12 * np.pi / 180  # the terminal observation, not a reset one
+    assert (
+        abs(obs[0]) > 2.4 or abs(obs[2]) > 12 * np.pi / 180
+    )  # the terminal observation, not a reset one
     again, _ = gym_env.reset(seed=7)
     np.testing.assert_array_equal(again, gym_env.reset(seed=7)[0])
     with pytest.raises(ValueError, match="outside"):
@@ -67,10 +71,22 @@ def test_to_gymnasium_time_limit_is_truncation():
 
 def test_vector_env_info_layout_matches_gymnasiums_sync_vector_env():
     ours = to_gymnasium(*envs.make("CartPole-v1"), num_envs=3)
-    theirs = gymnasium.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync", vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
-    assert ours.metadata["autoreset_mode"] == theirs.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+    theirs = gymnasium.make_vec(
+        "CartPole-v1",
+        num_envs=3,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+    )
+    assert (
+        ours.metadata["autoreset_mode"]
+        == theirs.metadata["autoreset_mode"]
+        == AutoresetMode.SAME_STEP
+    )
     assert ours.single_observation_space == theirs.single_observation_space
-    assert ours.action_space == theirs.action_space and ours.observation_space == theirs.observation_space
+    assert (
+        ours.action_space == theirs.action_space
+        and ours.observation_space == theirs.observation_space
+    )
     for vec in (ours, theirs):
         obs, _ = vec.reset(seed=0)
         assert obs.shape == (3, 4) and obs.dtype == np.float32
@@ -84,12 +100,17 @@ def test_vector_env_info_layout_matches_gymnasiums_sync_vector_env():
         for i in range(3):
             if info["_final_obs"][i]:
                 assert info["final_obs"][i].shape == (4,) and abs(info["final_obs"][i][2]) > 0.2
-                assert not np.array_equal(info["final_obs"][i], obs[i])  # obs is already the next episode's
+                assert not np.array_equal(
+                    info["final_obs"][i], obs[i]
+                )  # obs is already the next episode's
             else:
                 assert info["final_obs"][i] is None
 
 
-@pytest.mark.skipif(not VECTOR_WRAPPERS_SAME_STEP, reason=f"gymnasium {gymnasium.__version__}'s vector wrappers assume next-step autoreset (same-step from 1.4)")
+@pytest.mark.skipif(
+    not VECTOR_WRAPPERS_SAME_STEP,
+    reason=f"gymnasium {gymnasium.__version__}'s vector wrappers assume next-step autoreset (same-step from 1.4)",
+)
 def test_gymnasiums_vector_wrappers_agree_with_ours():
     """gymnasium's NormalizeReward and RecordEpisodeStatistics on to_gymnasium(...) vs our wrappers.
 
@@ -112,7 +133,9 @@ def test_gymnasiums_vector_wrappers_agree_with_ours():
     for t in range(steps):
         obs, reward, terminated, truncated, info = vec.step(actions[t])
         key, step_key = jax.random.split(key)
-        our_obs, state, our_reward, our_term, our_trunc, our_info = step(step_key, state, jnp.asarray(actions[t]), params)
+        our_obs, state, our_reward, our_term, our_trunc, our_info = step(
+            step_key, state, jnp.asarray(actions[t]), params
+        )
         np.testing.assert_allclose(our_obs, obs, rtol=1e-6)
         np.testing.assert_array_equal(our_term, terminated)
         np.testing.assert_array_equal(our_trunc, truncated)
@@ -120,8 +143,12 @@ def test_gymnasiums_vector_wrappers_agree_with_ours():
         if "episode" in info:
             done = info["_episode"]
             np.testing.assert_array_equal(np.asarray(our_info["episode_done"]), done)
-            np.testing.assert_allclose(np.asarray(our_info["episode_return"])[done], info["episode"]["r"][done])
-            np.testing.assert_array_equal(np.asarray(our_info["episode_length"])[done], info["episode"]["l"][done])
+            np.testing.assert_allclose(
+                np.asarray(our_info["episode_return"])[done], info["episode"]["r"][done]
+            )
+            np.testing.assert_array_equal(
+                np.asarray(our_info["episode_length"])[done], info["episode"]["l"][done]
+            )
             episodes += done.sum()
     assert episodes > 10
 
@@ -130,7 +157,11 @@ def test_vector_env_renders_every_env():
     vec = to_gymnasium(*envs.make("Acrobot-v1"), num_envs=2, render_mode="rgb_array")
     vec.reset(seed=0)
     frames = vec.render()
-    assert len(frames) == 2 and frames[0].shape == (500, 500, 3) and not np.array_equal(frames[0], frames[1])
+    assert (
+        len(frames) == 2
+        and frames[0].shape == (500, 500, 3)
+        and not np.array_equal(frames[0], frames[1])
+    )
 
 
 def test_to_gymnasium_bad_input():
@@ -152,7 +183,12 @@ def test_to_gymnasium_bad_input():
 
 def seeds_of(keys):
     """The gymnasium seeds our from_gymnasium env draws from JAX keys."""
-    return [int(s) for s in np.asarray(jax.vmap(lambda k: jax.random.randint(k, (), 0, 2**31 - 1, dtype=jnp.int32))(keys))]
+    return [
+        int(s)
+        for s in np.asarray(
+            jax.vmap(lambda k: jax.random.randint(k, (), 0, 2**31 - 1, dtype=jnp.int32))(keys)
+        )
+    ]
 
 
 def test_from_gymnasium_reproduces_gymnasiums_trajectory_with_auto_reset():
@@ -174,7 +210,9 @@ def test_from_gymnasium_reproduces_gymnasiums_trajectory_with_auto_reset():
 
         return obs, jax.lax.scan(body, state, (step_keys, actions))[1]
 
-    first, (obs, final_obs, reward, terminated, truncated, time) = jax.tree.map(np.asarray, run(jnp.asarray(actions)))
+    first, (obs, final_obs, reward, terminated, truncated, time) = jax.tree.map(
+        np.asarray, run(jnp.asarray(actions))
+    )
     reference = gymnasium.make("Pendulum-v1")
     ref_obs, _ = reference.reset(seed=seeds_of(jax.random.key(0)[None])[0])
     np.testing.assert_array_equal(first, ref_obs)
@@ -202,12 +240,16 @@ def test_from_gymnasium_vmap_gives_each_element_its_own_instance():
 
         def body(state, inputs):
             k, a = inputs
-            obs, state, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(k, state, a, params)
+            obs, state, reward, terminated, truncated, info = jax.vmap(
+                env.step, in_axes=(0, 0, 0, None)
+            )(k, state, a, params)
             return state, (obs, reward, terminated)
 
         return state, jax.lax.scan(body, state, (step_keys, actions))[1]
 
-    state, (obs, reward, terminated) = jax.jit(run, static_argnums=(0,))(env, params, keys, actions, step_keys)
+    state, (obs, reward, terminated) = jax.jit(run, static_argnums=(0,))(
+        env, params, keys, actions, step_keys
+    )
     np.testing.assert_array_equal(state.handle, [0, 1, 2])
     assert len(env._host.instances) == 3
     assert np.asarray(terminated).sum() >= 3
@@ -229,11 +271,15 @@ def test_from_gymnasium_stale_state_raises_but_reset_states_are_restorable():
     again = env.step(jax.random.key(1), reset_state, jnp.int32(0), params)
     np.testing.assert_array_equal(again[0], first[0])
     # a stepped state that the instance has moved past is stale
-    with pytest.raises(Exception, match="stale state for env instance"):  # raised when the result is ready (async on a GPU)
+    with pytest.raises(
+        Exception, match="stale state for env instance"
+    ):  # raised when the result is ready (async on a GPU)
         jax.block_until_ready(env.step(jax.random.key(3), first[1], jnp.int32(0), params))
     # repeating the last transition exactly returns the memoised result without stepping
     repeat = env.step(jax.random.key(4), again[1], jnp.int32(1), params)
-    np.testing.assert_array_equal(env.step(jax.random.key(4), again[1], jnp.int32(1), params)[0], repeat[0])
+    np.testing.assert_array_equal(
+        env.step(jax.random.key(4), again[1], jnp.int32(1), params)[0], repeat[0]
+    )
     assert later[1].token != repeat[1].token
 
 
@@ -249,7 +295,9 @@ def test_from_gymnasium_vmapped_while_loop_stops_at_episode_end():
 
         def body(carry):
             obs, state, _, length = carry
-            obs, state, _, terminated, truncated, _ = env.step(jax.random.key(0), state, push, params)
+            obs, state, _, terminated, truncated, _ = env.step(
+                jax.random.key(0), state, push, params
+            )
             return obs, state, terminated | truncated, length + 1
 
         return jax.lax.while_loop(not_done, body, (obs, state, jnp.bool_(False), jnp.int32(0)))[3]
@@ -293,7 +341,9 @@ def test_from_gymnasium_reset_sites_own_their_instances():
 
     state, (rewards, eval_obs) = train_with_eval(jax.random.key(1))
     np.testing.assert_array_equal(rewards, 5.0)
-    np.testing.assert_array_equal(eval_obs, np.broadcast_to(eval_obs[0], eval_obs.shape))  # same eval episode each time
+    np.testing.assert_array_equal(
+        eval_obs, np.broadcast_to(eval_obs[0], eval_obs.shape)
+    )  # same eval episode each time
     assert len(env._host.instances) == 2  # one per reset site, reused across iterations
 
 
@@ -308,7 +358,10 @@ def test_from_gymnasium_params_are_fixed():
 
 def test_from_gymnasium_action_checks_and_spaces():
     env, params = from_gymnasium("MountainCarContinuous-v0")
-    assert env.action_space(params).to_gymnasium() == gymnasium.make("MountainCarContinuous-v0").action_space
+    assert (
+        env.action_space(params).to_gymnasium()
+        == gymnasium.make("MountainCarContinuous-v0").action_space
+    )
     _, state = env.reset(jax.random.key(0), params)
     with pytest.raises(ValueError, match=r"action must have shape \(1,\)"):
         env.step(jax.random.key(0), state, jnp.float32(0.0), params)
@@ -333,7 +386,9 @@ def test_from_gymnasium_accepts_an_instance_or_factory_and_composes_with_wrapper
     @jax.jit
     def run(state):
         def body(state, key):
-            _, state, reward, terminated, truncated, info = stacked.step(key, state, jnp.ones(2, jnp.int32), params)
+            _, state, reward, terminated, truncated, info = stacked.step(
+                key, state, jnp.ones(2, jnp.int32), params
+            )
             return state, (info["episode_done"], info["episode_return"])
 
         return jax.lax.scan(body, state, jax.random.split(jax.random.key(1), 40))
@@ -365,7 +420,9 @@ def test_make_with_the_gymnasium_prefix():
 def test_exported_from_the_package():
     import envs.gymnasium as interop
 
-    assert envs.to_gymnasium is interop.to_gymnasium and envs.from_gymnasium is interop.from_gymnasium
+    assert (
+        envs.to_gymnasium is interop.to_gymnasium and envs.from_gymnasium is interop.from_gymnasium
+    )
 
 
 def test_an_agent_trains_on_a_from_gymnasium_env():
@@ -377,7 +434,13 @@ def test_an_agent_trains_on_a_from_gymnasium_env():
     config = build_config(
         {
             "env": {"id": "gymnasium:FrozenLake-v1", "params": {"is_slippery": False}},
-            "agent": {"name": "qlearning", "total_steps": 4000, "log_interval": 500, "epsilon_decay_steps": 2000, "lr": 0.5},
+            "agent": {
+                "name": "qlearning",
+                "total_steps": 4000,
+                "log_interval": 500,
+                "epsilon_decay_steps": 2000,
+                "lr": 0.5,
+            },
             "run": {"seeds": 2},
         }
     )

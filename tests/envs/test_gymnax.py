@@ -45,7 +45,9 @@ def rollouts(step, reset, sample_action, params, key):
 
         def body(state, key):
             action_key, step_key = jax.random.split(key)
-            obs, next_state, reward, terminated, truncated, info = step(step_key, state, sample_action(action_key), params)
+            obs, next_state, reward, terminated, truncated, info = step(
+                step_key, state, sample_action(action_key), params
+            )
             return next_state, (obs, next_state, reward, terminated, truncated, info)
 
         return obs, state, jax.lax.scan(body, state, jax.random.split(scan_key, NUM_STEPS))[1]
@@ -61,10 +63,14 @@ def test_stepping_through_fusedrl_equals_gymnax_under_jit_and_vmap(env_id):
     assert params == gx_params
     sample = env.action_space(params).sample
     ours = rollouts(env.step, env.reset, sample, params, jax.random.key(0))
-    theirs = rollouts(gx_env.step, gx_env.reset, sample, gx_params, jax.random.key(0))  # a separate program
+    theirs = rollouts(
+        gx_env.step, gx_env.reset, sample, gx_params, jax.random.key(0)
+    )  # a separate program
 
     (obs0, state0, (obs, state, reward, terminated, truncated, info)) = ours
-    (gx_obs0, gx_state0, (gx_obs, gx_state, gx_reward, gx_terminated, gx_truncated, gx_info)) = theirs
+    (gx_obs0, gx_state0, (gx_obs, gx_state, gx_reward, gx_terminated, gx_truncated, gx_info)) = (
+        theirs
+    )
     np.testing.assert_array_equal(obs0, gx_obs0)
     for a, b in zip(jax.tree.leaves(state0), jax.tree.leaves(gx_state0)):
         np.testing.assert_array_equal(a, b)
@@ -74,12 +80,18 @@ def test_stepping_through_fusedrl_equals_gymnax_under_jit_and_vmap(env_id):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(reward, gx_reward.astype(np.float32))
     np.testing.assert_array_equal(terminated, gx_terminated)
-    np.testing.assert_array_equal(truncated, gx_truncated & ~gx_terminated)  # truncation is never termination
+    np.testing.assert_array_equal(
+        truncated, gx_truncated & ~gx_terminated
+    )  # truncation is never termination
     assert reward.dtype == np.float32 and terminated.dtype == truncated.dtype == np.bool_
-    assert set(info) == {"final_obs"} | (set(gx_info) - {"terminated", "truncated", "final_observation"})
+    assert set(info) == {"final_obs"} | (
+        set(gx_info) - {"terminated", "truncated", "final_observation"}
+    )
     # the rollouts cover episode ends of both kinds, and auto-resets (time back to 0)
     assert terminated.any() and (state.time[terminated | truncated] == 0).all()
-    if env_id == "MemoryChain-bsuite":  # every episode ends on its last allowed step: gymnax reports both there
+    if (
+        env_id == "MemoryChain-bsuite"
+    ):  # every episode ends on its last allowed step: gymnax reports both there
         assert (gx_terminated & gx_truncated).any() and not truncated.any()
     else:
         assert truncated.any()
@@ -94,9 +106,15 @@ def test_vmap_over_envs_equals_each_env_alone():
     obs, state = env.reset(jax.random.split(keys[3])[0], params)
     for t, step_key in enumerate(jax.random.split(jax.random.split(keys[3])[1], NUM_STEPS)[:15]):
         action_key, step_key = jax.random.split(step_key)
-        obs, state, reward, terminated, truncated, _ = step(step_key, state, env.action_space(params).sample(action_key), params)
+        obs, state, reward, terminated, truncated, _ = step(
+            step_key, state, env.action_space(params).sample(action_key), params
+        )
         np.testing.assert_array_equal(obs, batched[2][0][3, t])
-        assert float(reward) == batched[2][2][3, t] and bool(terminated) == batched[2][3][3, t] and bool(truncated) == batched[2][4][3, t]
+        assert (
+            float(reward) == batched[2][2][3, t]
+            and bool(terminated) == batched[2][3][3, t]
+            and bool(truncated) == batched[2][4][3, t]
+        )
 
 
 def test_params_are_a_vmappable_pytree():
@@ -130,24 +148,37 @@ def test_params_are_a_vmappable_pytree():
 def test_spaces_map_gymnaxs_own(env_id):
     env, params = envs.make(f"gymnax:{env_id}")
     gx_env, gx_params = gymnax.make(env_id)
-    for ours, theirs in ((env.observation_space(params), gx_env.observation_space(gx_params)), (env.action_space(params), gx_env.action_space(gx_params))):
+    for ours, theirs in (
+        (env.observation_space(params), gx_env.observation_space(gx_params)),
+        (env.action_space(params), gx_env.action_space(gx_params)),
+    ):
         if isinstance(ours, Discrete):
             assert ours.n == theirs.n and ours.dtype == theirs.dtype
         else:
             assert isinstance(ours, Box)
             assert ours.shape == tuple(theirs.shape) and ours.dtype == theirs.dtype
-            np.testing.assert_array_equal(ours._low, np.broadcast_to(np.asarray(theirs.low, np.float32), ours.shape))
-            np.testing.assert_array_equal(ours._high, np.broadcast_to(np.asarray(theirs.high, np.float32), ours.shape))
-    obs, _ = gx_env.reset(jax.random.key(0), gx_params)  # (some lie outside gymnax's own bounds: MemoryChain, GaussianBandit)
+            np.testing.assert_array_equal(
+                ours._low, np.broadcast_to(np.asarray(theirs.low, np.float32), ours.shape)
+            )
+            np.testing.assert_array_equal(
+                ours._high, np.broadcast_to(np.asarray(theirs.high, np.float32), ours.shape)
+            )
+    obs, _ = gx_env.reset(
+        jax.random.key(0), gx_params
+    )  # (some lie outside gymnax's own bounds: MemoryChain, GaussianBandit)
     assert obs.shape == env.observation_space(params).shape
     action = gx_env.action_space(gx_params).sample(jax.random.key(1))
-    assert not np.all(np.isfinite(action)) or bool(env.action_space(params).contains(action))  # gymnax samples inf from +-float32 max
+    assert not np.all(np.isfinite(action)) or bool(
+        env.action_space(params).contains(action)
+    )  # gymnax samples inf from +-float32 max
 
 
 def test_registered_ids_list_the_installed_gymnax_ids():
     ids = envs.registered_ids()
     assert {f"gymnax:{i}" for i in gymnax.registered_envs} <= set(ids)
-    assert {"gymnax:Breakout-MinAtar", "gymnax:MemoryChain-bsuite", "gymnax:CartPole-v1"} <= set(ids)
+    assert {"gymnax:Breakout-MinAtar", "gymnax:MemoryChain-bsuite", "gymnax:CartPole-v1"} <= set(
+        ids
+    )
     assert ids[: len(envs.REGISTRY)] == sorted(envs.REGISTRY)
 
 
@@ -156,7 +187,9 @@ def test_space_bounds_fall_back_to_the_default_params_under_a_vmap_over_params()
     axes = jax.tree.map(lambda _: None, params).replace(max_torque=0)
     _, state = env.reset(jax.random.key(0), params)
     step = jax.vmap(env.step, in_axes=(None, None, None, axes))
-    out = step(jax.random.key(1), state, jnp.array([2.0]), params.replace(max_torque=jnp.array([1.0, 2.0])))
+    out = step(
+        jax.random.key(1), state, jnp.array([2.0]), params.replace(max_torque=jnp.array([1.0, 2.0]))
+    )
     assert out[0].shape == (2, 3)
     assert env.action_space(params).to_gymnasium().high.tolist() == [2.0]
 
@@ -166,13 +199,22 @@ def test_wrappers_read_the_spaces_inside_jit(env_id):
     """gymnax computes CartPole's bounds with jnp ops (traced inside jit): the space falls back to the
     default params' one, so the wrappers that read it inside a trace work (Breakout: per channel)."""
     env, params = envs.make(f"gymnax:{env_id}")
-    assert jax.jit(lambda p: jnp.zeros(env.observation_space(p).shape))(params).shape == env.observation_space(params).shape
+    assert (
+        jax.jit(lambda p: jnp.zeros(env.observation_space(p).shape))(params).shape
+        == env.observation_space(params).shape
+    )
     venv = envs.NormalizeObservation(envs.EpisodeStatistics(envs.vectorize(env, 4)))
     assert venv.per_channel == (env_id == "Breakout-MinAtar")
     obs, state = jax.jit(venv.reset)(jax.random.key(0), params)
-    obs, state, reward, terminated, truncated, info = jax.jit(venv.step)(jax.random.key(1), state, jnp.zeros(4, jnp.int32), params)
-    assert obs.shape == (4,) + env.observation_space(params).shape and info["episode_done"].shape == (4,)
-    assert state.obs_stats.mean.shape == (4,)  # Breakout: one per channel (not [10, 10, 4]); CartPole: one per feature
+    obs, state, reward, terminated, truncated, info = jax.jit(venv.step)(
+        jax.random.key(1), state, jnp.zeros(4, jnp.int32), params
+    )
+    assert obs.shape == (4,) + env.observation_space(params).shape and info[
+        "episode_done"
+    ].shape == (4,)
+    assert state.obs_stats.mean.shape == (
+        4,
+    )  # Breakout: one per channel (not [10, 10, 4]); CartPole: one per feature
 
 
 # --- make's keywords and errors --------------------------------------------------------------------
@@ -188,25 +230,52 @@ def test_make_takes_params_fields_and_constructor_keywords():
 
 
 def test_make_errors_name_the_problem():
-    with pytest.raises(ValueError, match=r"unknown env param\(s\) \['gravty'\].*constructor keywords: \['use_minimal_action_set'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown env param\(s\) \['gravty'\].*constructor keywords: \['use_minimal_action_set'\]",
+    ):
         envs.make("gymnax:Breakout-MinAtar", gravty=1)
-    with pytest.raises(ValueError, match=r"unknown gymnax id 'Breakot-MinAtar'. Did you mean 'gymnax:Breakout-MinAtar'"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown gymnax id 'Breakot-MinAtar'. Did you mean 'gymnax:Breakout-MinAtar'",
+    ):
         envs.make("gymnax:Breakot-MinAtar")
-    with pytest.raises(ValueError, match=r"unknown env id 'Breakout-MinAtar'. Did you mean 'gymnax:Breakout-MinAtar'.*'gymnax:<id>'"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown env id 'Breakout-MinAtar'. Did you mean 'gymnax:Breakout-MinAtar'.*'gymnax:<id>'",
+    ):
         envs.make("Breakout-MinAtar")
     env, params = envs.make("gymnax:CartPole-v1")
     _, state = env.reset(jax.random.key(0), params)
-    with pytest.raises(ValueError, match=r"gymnax:CartPole-v1.step: action 2 is outside Discrete\(2\)"):
+    with pytest.raises(
+        ValueError, match=r"gymnax:CartPole-v1.step: action 2 is outside Discrete\(2\)"
+    ):
         env.step(jax.random.key(0), state, 2, params)
 
 
 def test_rl_config_takes_gymnax_ids_and_params():
     from rl.config import ConfigError, build_config
 
-    config = build_config({"env": {"id": "gymnax:MemoryChain-bsuite", "params": {"memory_length": 4, "num_bits": 2}}, "agent": {"name": "ppo"}})
+    config = build_config(
+        {
+            "env": {
+                "id": "gymnax:MemoryChain-bsuite",
+                "params": {"memory_length": 4, "num_bits": 2},
+            },
+            "agent": {"name": "ppo"},
+        }
+    )
     assert config.env.params == {"memory_length": 4, "num_bits": 2}
-    with pytest.raises(ConfigError, match=r"^env.params: gymnax:MemoryChain-bsuite: unknown env param\(s\) \['memory'\]"):
-        build_config({"env": {"id": "gymnax:MemoryChain-bsuite", "params": {"memory": 4}}, "agent": {"name": "ppo"}})
+    with pytest.raises(
+        ConfigError,
+        match=r"^env.params: gymnax:MemoryChain-bsuite: unknown env param\(s\) \['memory'\]",
+    ):
+        build_config(
+            {
+                "env": {"id": "gymnax:MemoryChain-bsuite", "params": {"memory": 4}},
+                "agent": {"name": "ppo"},
+            }
+        )
     with pytest.raises(ConfigError, match=r"^env.id: unknown gymnax id"):
         build_config({"env": {"id": "gymnax:Nope"}, "agent": {"name": "ppo"}})
 
@@ -217,12 +286,17 @@ def test_rl_config_takes_gymnax_ids_and_params():
 def test_a_missing_gymnax_gives_one_error_naming_the_extra(monkeypatch):
     from rl.config import ConfigError, build_config
 
-    monkeypatch.setitem(sys.modules, "gymnax", None)  # `import gymnax` now fails as if not installed
+    monkeypatch.setitem(
+        sys.modules, "gymnax", None
+    )  # `import gymnax` now fails as if not installed
     with pytest.raises(MissingExtraError, match=r'pip install "fusedrl\[gymnax\]"'):
         envs.make("gymnax:Breakout-MinAtar")
     assert isinstance(MissingExtraError("x"), ImportError)
     assert not any(i.startswith("gymnax:") for i in envs.registered_ids())
-    with pytest.raises(ConfigError, match=r'^env.id: gymnax:<id> needs the .gymnax. package, .*pip install "fusedrl\[gymnax\]"'):
+    with pytest.raises(
+        ConfigError,
+        match=r'^env.id: gymnax:<id> needs the .gymnax. package, .*pip install "fusedrl\[gymnax\]"',
+    ):
         build_config({"env": {"id": "gymnax:Breakout-MinAtar"}, "agent": {"name": "ppo"}})
 
 
@@ -245,9 +319,13 @@ def test_minatar_frames_are_gymnaxs_viewer_colours():
     # by [black] + seaborn's cubehelix palette of the channels
     obs = np.asarray(env.gymnax_env.get_obs(state))
     index = np.amax(obs * np.arange(1, 5).reshape(1, 1, -1), axis=2).astype(int)
-    colours = np.round(np.asarray([(0.0, 0.0, 0.0)] + list(seaborn.color_palette("cubehelix", 4))) * 255).astype(np.uint8)
+    colours = np.round(
+        np.asarray([(0.0, 0.0, 0.0)] + list(seaborn.color_palette("cubehelix", 4))) * 255
+    ).astype(np.uint8)
     np.testing.assert_array_equal(frame[::16, ::16], colours[index])
-    np.testing.assert_array_equal(frame[16 * 9 : 16 * 10, 16 * 4 : 16 * 5], np.broadcast_to(colours[1], (16, 16, 3)))  # the paddle
+    np.testing.assert_array_equal(
+        frame[16 * 9 : 16 * 10, 16 * 4 : 16 * 5], np.broadcast_to(colours[1], (16, 16, 3))
+    )  # the paddle
     assert (index[1:4] == 4).all()  # three rows of bricks
     # a batch of envs: pick one with index=; frames follow the state
     venv = envs.vectorize(env, 3)

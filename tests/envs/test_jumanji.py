@@ -4,7 +4,6 @@ with discount 1 as truncation, the auto-reset state; spaces (the flattening rule
 actions), rendering and the missing-extra error."""
 
 import importlib.util
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,11 @@ import jumanji  # noqa: E402
 import jumanji.wrappers  # noqa: E402
 
 NUM_ENVS, NUM_STEPS = 8, 40
-SNAKE = {"num_rows": 7, "num_cols": 7, "time_limit": 6}  # a small board: random snakes die, the rest hit the time limit
+SNAKE = {
+    "num_rows": 7,
+    "num_cols": 7,
+    "time_limit": 6,
+}  # a small board: random snakes die, the rest hit the time limit
 
 
 class TimeLimitAsTruncation(jumanji.wrappers.Wrapper):
@@ -28,19 +31,30 @@ class TimeLimitAsTruncation(jumanji.wrappers.Wrapper):
 
     def step(self, state, action):
         state, timestep = self._env.step(state, action)
-        cut = timestep.last() & (state.step_count >= self._env.time_limit) & (timestep.discount == 0)
+        cut = (
+            timestep.last() & (state.step_count >= self._env.time_limit) & (timestep.discount == 0)
+        )
         died = timestep.last() & ~cut
-        return state, timestep.replace(discount=jnp.where(died, 0.0, 1.0).astype(timestep.discount.dtype))
+        return state, timestep.replace(
+            discount=jnp.where(died, 0.0, 1.0).astype(timestep.discount.dtype)
+        )
 
 
 def flat(observation):
     """The documented rule, written out: the leaves of the observation in pytree order, raveled, float32."""
-    return jnp.concatenate([jnp.ravel(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(observation)])
+    return jnp.concatenate(
+        [jnp.ravel(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(observation)]
+    )
 
 
 def host(tree):
     """NumPy leaves (typed PRNG keys, which Jumanji's states hold, as their key data)."""
-    return jax.tree.map(lambda x: np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x), tree)
+    return jax.tree.map(
+        lambda x: np.asarray(
+            jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+        ),
+        tree,
+    )
 
 
 def test_stepping_equals_jumanji_with_the_same_keys():
@@ -61,7 +75,13 @@ def test_stepping_equals_jumanji_with_the_same_keys():
         last = timestep.last()
         new_state = jax.tree.map(lambda r, s: jnp.where(last, r, s), restart, state)
         obs = jnp.where(last, flat(first.observation), flat(timestep.observation))
-        return new_state, (obs, flat(timestep.observation), timestep.reward, last & (timestep.discount == 0), last & (timestep.discount > 0))
+        return new_state, (
+            obs,
+            flat(timestep.observation),
+            timestep.reward,
+            last & (timestep.discount == 0),
+            last & (timestep.discount > 0),
+        )
 
     @jax.jit
     def run(reset_keys, step_keys, actions):
@@ -71,9 +91,16 @@ def test_stepping_equals_jumanji_with_the_same_keys():
         def body(carry, inputs):
             state, lib_state = carry
             keys, action = inputs
-            obs, state, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
+            obs, state, reward, terminated, truncated, info = jax.vmap(
+                env.step, in_axes=(0, 0, 0, None)
+            )(keys, state, action, params)
             lib_state, lib_out = jax.vmap(lib_step)(lib_state, keys, action)
-            return (state, lib_state), ((obs, info["final_obs"], reward, terminated, truncated), lib_out, state.env_state, lib_state)
+            return (state, lib_state), (
+                (obs, info["final_obs"], reward, terminated, truncated),
+                lib_out,
+                state.env_state,
+                lib_state,
+            )
 
         return jax.lax.scan(body, (state, lib_state), (step_keys, actions))[1]
 
@@ -87,17 +114,25 @@ def test_stepping_equals_jumanji_with_the_same_keys():
 
 def test_our_time_limit_truncates_and_snakes_own_limit_is_a_termination():
     env, params = envs.make("jumanji:Snake-v1", **SNAKE)
-    assert params.max_steps_in_episode == 6  # the env's own time_limit, which Snake ends with discount 0
+    assert (
+        params.max_steps_in_episode == 6
+    )  # the env's own time_limit, which Snake ends with discount 0
     _, state = env.reset(jax.random.key(0), params)
     step = jax.jit(env.step)
     for t in range(6):
-        _, state, _, terminated, truncated, _ = step(jax.random.key(t), state, jnp.int32(t % 4), params)
+        _, state, _, terminated, truncated, _ = step(
+            jax.random.key(t), state, jnp.int32(t % 4), params
+        )
     assert bool(terminated) and not bool(truncated)
     params = params.replace(max_steps_in_episode=3)
     _, state = env.reset(jax.random.key(0), params)
     flags = []
-    for t, action in enumerate([0, 1, 2, 3]):  # up, right, down, left: a loop, no death, no fruit needed
-        _, state, _, terminated, truncated, _ = step(jax.random.key(t), state, jnp.int32(action), params)
+    for t, action in enumerate(
+        [0, 1, 2, 3]
+    ):  # up, right, down, left: a loop, no death, no fruit needed
+        _, state, _, terminated, truncated, _ = step(
+            jax.random.key(t), state, jnp.int32(action), params
+        )
         flags.append((bool(terminated), bool(truncated), int(state.time)))
     assert flags == [(False, False, 1), (False, False, 2), (False, True, 0), (False, False, 1)]
 
@@ -108,7 +143,9 @@ def test_spaces_follow_the_flattening_rule():
     assert space.shape == (12 * 12 * 5 + 1 + 4,)  # grid [12, 12, 5], step_count, action_mask [4]
     np.testing.assert_array_equal(space._low, 0.0)
     np.testing.assert_array_equal(space._high[:720], 1.0)
-    assert space._high[720] == 3999 and np.all(space._high[721:] == 1.0)  # DiscreteArray(4000); booleans in [0, 1]
+    assert space._high[720] == 3999 and np.all(
+        space._high[721:] == 1.0
+    )  # DiscreteArray(4000); booleans in [0, 1]
     assert env.action_space(params).n == 4
     obs, state = env.reset(jax.random.key(0), params)
     _, timestep = env.jumanji_env.reset(jax.random.key(0))
@@ -124,7 +161,9 @@ def test_multidiscrete_actions_are_one_joint_discrete_action():
     env, params = envs.make("jumanji:RubiksCube-v0")  # (face 6, depth 1, direction 3)
     assert env.action_space(params).n == 18 and params.max_steps_in_episode == 200
     for index in (0, 5, 17):
-        np.testing.assert_array_equal(env.jumanji_action(jnp.int32(index)), np.unravel_index(index, (6, 1, 3)))
+        np.testing.assert_array_equal(
+            env.jumanji_action(jnp.int32(index)), np.unravel_index(index, (6, 1, 3))
+        )
     obs, state = env.reset(jax.random.key(0), params)
     obs, state, reward, *_ = jax.jit(env.step)(jax.random.key(1), state, jnp.int32(17), params)
     lib_state, _ = env.jumanji_env.reset(jax.random.key(0))
@@ -151,7 +190,10 @@ def test_render():
 
 def test_missing_extra_names_it(hide_package):
     hide_package("jumanji")
-    with pytest.raises(ImportError, match=r'jumanji:Snake-v1 needs the \'jumanji\' package, which does not import: pip install "fusedrl\[jumanji\]"'):
+    with pytest.raises(
+        ImportError,
+        match=r'jumanji:Snake-v1 needs the \'jumanji\' package, which does not import: pip install "fusedrl\[jumanji\]"',
+    ):
         envs.make("jumanji:Snake-v1")
     assert not any(i.startswith("jumanji:") for i in envs.registered_ids())
 
@@ -165,8 +207,19 @@ def test_rl_train_takes_the_id_and_its_params(tmp_path, capsys):
     from rl.cli import main
 
     config = {
-        "env": {"id": "jumanji:Snake-v1", "params": {"num_rows": 6, "num_cols": 6, "time_limit": 50, "max_steps_in_episode": 40}},
-        "agent": {"name": "ppo", "total_steps": 64, "num_envs": 2, "num_steps": 16, "num_minibatches": 2, "log_interval": 2, "network": {"hidden": [16]}},
+        "env": {
+            "id": "jumanji:Snake-v1",
+            "params": {"num_rows": 6, "num_cols": 6, "time_limit": 50, "max_steps_in_episode": 40},
+        },
+        "agent": {
+            "name": "ppo",
+            "total_steps": 64,
+            "num_envs": 2,
+            "num_steps": 16,
+            "num_minibatches": 2,
+            "log_interval": 2,
+            "network": {"hidden": [16]},
+        },
         "run": {"seeds": 1, "progress": False, "output_dir": str(tmp_path), "name": "snake"},
     }
     (tmp_path / "snake.yaml").write_text(yaml.safe_dump(config))

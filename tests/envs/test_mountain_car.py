@@ -30,7 +30,14 @@ def random_action(key):
 def test_parity_with_gymnasium_over_random_steps(env_params, rollout, parity):
     env, params = env_params
     trajectory = rollout(env, params, jax.random.key(0), 3000, random_action)
-    parity(gymnasium.make("MountainCar-v0"), set_gym_state, trajectory, to_gym_action, obs_atol=1e-6, reward_atol=0)
+    parity(
+        gymnasium.make("MountainCar-v0"),
+        set_gym_state,
+        trajectory,
+        to_gym_action,
+        obs_atol=1e-6,
+        reward_atol=0,
+    )
     assert trajectory[5].sum() >= 10  # crossed several truncations and auto-resets
 
 
@@ -45,10 +52,19 @@ def test_parity_from_random_states_covers_goal_and_wall(env_params, from_states,
     )
     actions = jnp.asarray(rng.integers(0, 3, n), jnp.int32)
     batch = from_states(env, params, states, actions)
-    num_terminated = parity(gymnasium.make("MountainCar-v0"), set_gym_state, batch, to_gym_action, obs_atol=1e-6, reward_atol=0)
+    num_terminated = parity(
+        gymnasium.make("MountainCar-v0"),
+        set_gym_state,
+        batch,
+        to_gym_action,
+        obs_atol=1e-6,
+        reward_atol=0,
+    )
     assert num_terminated > 50
     final_obs = batch[2]
-    assert ((final_obs[:, 0] == np.float32(-1.2)) & (final_obs[:, 1] == 0)).sum() > 10  # hit the left wall
+    assert (
+        (final_obs[:, 0] == np.float32(-1.2)) & (final_obs[:, 1] == 0)
+    ).sum() > 10  # hit the left wall
 
 
 def test_truncation_at_time_limit(env_params, time_limit):
@@ -58,7 +74,9 @@ def test_truncation_at_time_limit(env_params, time_limit):
 
 def test_initial_state_distribution(env_params):
     env, params = env_params
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(1), 20000), params)
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(jax.random.key(1), 20000), params
+    )
     position = np.asarray(state.position)
     assert position.min() >= -0.6 and position.max() <= -0.4
     assert position.min() < -0.599 and position.max() > -0.401

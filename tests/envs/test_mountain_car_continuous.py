@@ -33,7 +33,14 @@ def random_action(key):
 def test_parity_with_gymnasium_over_random_steps(env_params, rollout, parity):
     env, params = env_params
     trajectory = rollout(env, params, jax.random.key(0), 3000, random_action)
-    parity(gymnasium.make(GYM_ID), set_gym_state, trajectory, to_gym_action, obs_atol=1e-6, reward_atol=1e-5)
+    parity(
+        gymnasium.make(GYM_ID),
+        set_gym_state,
+        trajectory,
+        to_gym_action,
+        obs_atol=1e-6,
+        reward_atol=1e-5,
+    )
     assert trajectory[5].sum() >= 2  # crossed truncations and auto-resets
 
 
@@ -48,10 +55,14 @@ def test_parity_from_random_states_covers_goal_and_wall(env_params, from_states,
     )
     actions = jnp.asarray(rng.uniform(-2.0, 2.0, (n, 1)), jnp.float32)
     batch = from_states(env, params, states, actions)
-    num_terminated = parity(gymnasium.make(GYM_ID), set_gym_state, batch, to_gym_action, obs_atol=1e-6, reward_atol=1e-5)
+    num_terminated = parity(
+        gymnasium.make(GYM_ID), set_gym_state, batch, to_gym_action, obs_atol=1e-6, reward_atol=1e-5
+    )
     assert num_terminated > 50
     final_obs, rewards = batch[2], batch[3]
-    assert ((final_obs[:, 0] == np.float32(-1.2)) & (final_obs[:, 1] == 0)).sum() > 10  # hit the left wall
+    assert (
+        (final_obs[:, 0] == np.float32(-1.2)) & (final_obs[:, 1] == 0)
+    ).sum() > 10  # hit the left wall
     assert rewards.max() > 99.0
 
 
@@ -71,7 +82,9 @@ def test_truncation_at_time_limit(env_params, time_limit):
 
 def test_initial_state_distribution(env_params):
     env, params = env_params
-    _, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(1), 20000), params)
+    _, state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(jax.random.key(1), 20000), params
+    )
     position = np.asarray(state.position)
     assert position.min() >= -0.6 and position.max() <= -0.4
     assert position.min() < -0.599 and position.max() > -0.401

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 import envs
-from envs.rendering import fill_circle, fill_polygon, canvas, render, save_gif
+from envs.rendering import canvas, fill_circle, fill_polygon, render, save_gif
 from envs.wrappers import EpisodeStatistics, NormalizeObservation, vectorize
 
 SHAPES = {
@@ -26,10 +26,16 @@ def test_frames_have_the_right_shape_and_follow_the_state(env_id):
     _, state = env.reset(jax.random.key(0), params)
     frame = render(env, state, params)
     assert frame.shape == SHAPES[env_id] and frame.dtype == np.uint8
-    assert len(np.unique(frame.reshape(-1, 3), axis=0)) >= 3  # something besides the background is drawn
+    assert (
+        len(np.unique(frame.reshape(-1, 3), axis=0)) >= 3
+    )  # something besides the background is drawn
     frames = [frame]
     # GridWorld: step up (from the bottom-right start, right and down hit the wall)
-    action = jnp.int32(1) if env_id == "GridWorld" else env.action_space(params).sample(jax.random.key(1))
+    action = (
+        jnp.int32(1)
+        if env_id == "GridWorld"
+        else env.action_space(params).sample(jax.random.key(1))
+    )
     for t in range(5):
         _, state, *_ = env.step(jax.random.key(t), state, action, params)
         frames.append(render(env, state, params))
@@ -42,7 +48,9 @@ def test_frames_show_the_right_configuration():
     frame = render(env, state, params)
     red = (frame[..., 0] > 180) & (frame[..., 1] < 100)
     rows, cols = np.nonzero(red)
-    assert rows.min() >= 80 and cols.min() >= 80  # the agent in the bottom-right cell (start (2, 2))
+    assert (
+        rows.min() >= 80 and cols.min() >= 80
+    )  # the agent in the bottom-right cell (start (2, 2))
     env, params = envs.make("CartPole-v1")
     from envs.cartpole import CartPoleState
 
@@ -51,7 +59,9 @@ def test_frames_show_the_right_configuration():
         pole = np.all(render(env, state, params) == (202, 152, 101), axis=-1)
         return np.nonzero(pole)[1].mean()
 
-    assert pole_columns(0.3) > 300 > pole_columns(-0.3)  # positive theta leans right, as in gymnasium
+    assert (
+        pole_columns(0.3) > 300 > pole_columns(-0.3)
+    )  # positive theta leans right, as in gymnasium
 
 
 def test_render_unwraps_and_needs_an_index_for_a_batch():
@@ -71,7 +81,10 @@ def test_render_of_a_wrapped_state_with_the_base_env_says_which_env_to_pass():
     env, params = envs.make("Pendulum-v1")
     wrapped = NormalizeObservation(EpisodeStatistics(vectorize(env, 3)))
     _, state = wrapped.reset(jax.random.key(0), params)
-    with pytest.raises(ValueError, match=r"render: got a NormalizeObservationState for the env Pendulum-v1.*pass the env the state came from"):
+    with pytest.raises(
+        ValueError,
+        match=r"render: got a NormalizeObservationState for the env Pendulum-v1.*pass the env the state came from",
+    ):
         render(env, state, params)
 
 
@@ -99,5 +112,7 @@ def test_primitives_fill_the_expected_pixels():
     image = canvas(21, 21)
     fill_circle(image, (10.5, 10.5), 5, (0, 0, 0))
     assert abs((image[..., 0] == 0).sum() - np.pi * 25) < 8
-    fill_polygon(image, [(-50, -50), (-40, -50), (-40, -40)], (1, 2, 3))  # off-canvas: no error, no change
+    fill_polygon(
+        image, [(-50, -50), (-40, -50), (-40, -40)], (1, 2, 3)
+    )  # off-canvas: no error, no change
     assert not (image == (1, 2, 3)).all(-1).any()

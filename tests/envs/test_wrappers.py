@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 from gymnasium.wrappers.utils import RunningMeanStd
 from hypothesis import given, settings
-from flax import struct
 from hypothesis import strategies as st
 
 import envs
@@ -37,7 +37,9 @@ def run(env, params, key, num_steps, policy):
         def body(carry, key):
             obs, state = carry
             action_key, step_key = jax.random.split(key)
-            obs, state, reward, terminated, truncated, info = env.step(step_key, state, policy(action_key, obs), params)
+            obs, state, reward, terminated, truncated, info = env.step(
+                step_key, state, policy(action_key, obs), params
+            )
             return (obs, state), (obs, state, reward, terminated, truncated, info)
 
         return obs, jax.lax.scan(body, (obs, state), jax.random.split(scan_key, num_steps))[1]
@@ -67,9 +69,19 @@ def test_vectorize_shapes_and_independent_keys():
     np.testing.assert_array_equal(obs, jax.vmap(env.reset, in_axes=(0, None))(keys, params)[0])
     actions = jnp.array([0, 1, 0, 1, 1])
     out = jax.jit(venv.step)(jax.random.key(1), state, actions, params)
-    assert out[0].shape == (5, 4) and out[2].shape == (5,) and out[3].shape == (5,) and out[5]["final_obs"].shape == (5, 4)
+    assert (
+        out[0].shape == (5, 4)
+        and out[2].shape == (5,)
+        and out[3].shape == (5,)
+        and out[5]["final_obs"].shape == (5, 4)
+    )
     for i in range(5):
-        single = env.step(jax.random.split(jax.random.key(1), 5)[i], jax.tree.map(lambda x: x[i], state), actions[i], params)
+        single = env.step(
+            jax.random.split(jax.random.key(1), 5)[i],
+            jax.tree.map(lambda x: x[i], state),
+            actions[i],
+            params,
+        )
         np.testing.assert_allclose(out[0][i], single[0], rtol=1e-6)
 
 
@@ -81,7 +93,9 @@ def test_vectorize_checks_the_action_batch():
         venv.step(jax.random.key(0), state, jnp.zeros(4, jnp.int32), params)
     with pytest.raises(ValueError, match=r"actions \[5\] are outside Discrete\(3\)"):
         venv.step(jax.random.key(0), state, jnp.array([0, 5, 1]), params)
-    with pytest.raises(ValueError, match="must be an integer"):  # the per-env check still runs under vmap
+    with pytest.raises(
+        ValueError, match="must be an integer"
+    ):  # the per-env check still runs under vmap
         jax.jit(venv.step)(jax.random.key(0), state, jnp.zeros(3, jnp.float32), params)
     with pytest.raises(ValueError, match="num_envs must be >= 1"):
         vectorize(env, 0)
@@ -106,10 +120,18 @@ def reference_episode_stats(rewards, dones):
 
 @pytest.mark.parametrize("order", ["stats_outside", "stats_inside"])
 def test_episode_statistics_match_a_reference_across_auto_resets(order):
-    env, params = envs.make("CartPole-v1", max_steps_in_episode=30)  # both terminations and truncations
+    env, params = envs.make(
+        "CartPole-v1", max_steps_in_episode=30
+    )  # both terminations and truncations
     n = 6
-    stacked = EpisodeStatistics(vectorize(env, n)) if order == "stats_outside" else vectorize(EpisodeStatistics(env), n)
-    _, (obs, state, reward, terminated, truncated, info) = run(stacked, params, jax.random.key(0), 400, uniform_policy(env.action_space(params), n))
+    stacked = (
+        EpisodeStatistics(vectorize(env, n))
+        if order == "stats_outside"
+        else vectorize(EpisodeStatistics(env), n)
+    )
+    _, (obs, state, reward, terminated, truncated, info) = run(
+        stacked, params, jax.random.key(0), 400, uniform_policy(env.action_space(params), n)
+    )
     done = terminated | truncated
     assert terminated.sum() > 20 and truncated.sum() > 0
     np.testing.assert_array_equal(info["episode_done"], done)
@@ -134,8 +156,13 @@ def test_episode_statistics_known_episode_lengths():
     seen = []
     for t, a in enumerate(actions):
         _, state, _, _, _, info = stats_env.step(jax.random.key(t), state, jnp.int32(a), params)
-        seen.append((bool(info["episode_done"]), float(info["episode_return"]), int(info["episode_length"])))
-    assert seen == [(False, 0.0, 0)] * 3 + [(True, 1.0, 4)] + [(False, 1.0, 4)] * 4 + [(True, 0.0, 5), (False, 0.0, 5)]
+        seen.append(
+            (bool(info["episode_done"]), float(info["episode_return"]), int(info["episode_length"]))
+        )
+    assert seen == [(False, 0.0, 0)] * 3 + [(True, 1.0, 4)] + [(False, 1.0, 4)] * 4 + [
+        (True, 0.0, 5),
+        (False, 0.0, 5),
+    ]
 
 
 # --- running statistics --------------------------------------------------------------------------
@@ -183,7 +210,9 @@ def test_running_mean_var_is_independent_of_how_the_data_is_batched(sizes, scale
 
 
 def test_normalize_observation_statistics_are_over_the_batch_of_envs():
-    env, params = envs.make("MountainCar-v0")  # features on very different scales (position ~0.5, velocity ~0.01)
+    env, params = envs.make(
+        "MountainCar-v0"
+    )  # features on very different scales (position ~0.5, velocity ~0.01)
     n, steps = 8, 60
     wrapped = NormalizeObservation(EpisodeStatistics(vectorize(env, n)), clip=None)
     raw = EpisodeStatistics(vectorize(env, n))
@@ -191,7 +220,10 @@ def test_normalize_observation_statistics_are_over_the_batch_of_envs():
     first, (obs, state, *_rest) = run(wrapped, params, jax.random.key(0), steps, policy)
     raw_first, (raw_obs, *_raw_rest) = run(raw, params, jax.random.key(0), steps, policy)
     stats = state.obs_stats
-    assert stats.mean.shape == (steps, 2) and stats.var.shape == (steps, 2)  # per step of the scan: (2,) each
+    assert stats.mean.shape == (steps, 2) and stats.var.shape == (
+        steps,
+        2,
+    )  # per step of the scan: (2,) each
     # gymnasium's RunningMeanStd fed the same batches (reset batch, then each step's batch of 8)
     reference = RunningMeanStd(shape=(2,))
     reference.update(raw_first)
@@ -215,17 +247,29 @@ def test_normalize_observation_shares_one_statistic_across_envs():
     env, params = envs.make("CartPole-v1")
     wrapped = NormalizeObservation(vectorize(env, 4))
     obs, state = wrapped.reset(jax.random.key(0), params)
-    assert obs.shape == (4, 4) and state.obs_stats.mean.shape == (4,) and state.obs_stats.count.shape == ()
+    assert (
+        obs.shape == (4, 4)
+        and state.obs_stats.mean.shape == (4,)
+        and state.obs_stats.count.shape == ()
+    )
     raw_obs = vectorize(env, 4).reset(jax.random.key(0), params)[0]
-    np.testing.assert_allclose(state.obs_stats.mean, np.asarray(raw_obs).mean(0) * 4 / (4 + 1e-4), rtol=1e-4)
-    obs, state, _, _, _, info = wrapped.step(jax.random.key(1), state, jnp.array([0, 1, 1, 0]), params)
+    np.testing.assert_allclose(
+        state.obs_stats.mean, np.asarray(raw_obs).mean(0) * 4 / (4 + 1e-4), rtol=1e-4
+    )
+    obs, state, _, _, _, info = wrapped.step(
+        jax.random.key(1), state, jnp.array([0, 1, 1, 0]), params
+    )
     assert float(state.obs_stats.count) == pytest.approx(8 + 1e-4)
-    assert unwrap_state(wrapped, state)[1].x.shape == (4,)  # the vectorised CartPole state, batch axis kept
+    assert unwrap_state(wrapped, state)[1].x.shape == (
+        4,
+    )  # the vectorised CartPole state, batch axis kept
     # each env wrapped before vectorising: per-env statistics instead
     per_env = vectorize(NormalizeObservation(env), 4)
     _, per_state = per_env.reset(jax.random.key(0), params)
     assert per_state.obs_stats.mean.shape == (4, 4)
-    np.testing.assert_allclose(per_state.obs_stats.mean, np.asarray(raw_obs) / (1 + 1e-4), rtol=1e-4)
+    np.testing.assert_allclose(
+        per_state.obs_stats.mean, np.asarray(raw_obs) / (1 + 1e-4), rtol=1e-4
+    )
 
 
 def test_normalize_observation_final_obs_uses_the_same_statistics():
@@ -249,11 +293,15 @@ def test_normalize_observation_frozen_and_clipped():
     env, params = envs.make("Pendulum-v1")
     frozen = NormalizeObservation(vectorize(env, 3), update=False, clip=0.5)
     obs, state = frozen.reset(jax.random.key(0), params)
-    state = state.replace(obs_stats=RunningMeanVar(mean=jnp.zeros(3), var=jnp.full(3, 4.0), count=jnp.float32(10.0)))
+    state = state.replace(
+        obs_stats=RunningMeanVar(mean=jnp.zeros(3), var=jnp.full(3, 4.0), count=jnp.float32(10.0))
+    )
     obs, state, *_ = frozen.step(jax.random.key(1), state, jnp.zeros((3, 1)), params)
     raw_obs = unwrap_state(frozen, state)[1]
     assert float(state.obs_stats.count) == 10.0
-    np.testing.assert_allclose(obs[:, 2], np.clip(np.asarray(raw_obs.theta_dot) / 2.0, -0.5, 0.5), rtol=1e-5)
+    np.testing.assert_allclose(
+        obs[:, 2], np.clip(np.asarray(raw_obs.theta_dot) / 2.0, -0.5, 0.5), rtol=1e-5
+    )
     with pytest.raises(ValueError, match="Box observation space"):
         NormalizeObservation(envs.make("GridWorld")[0])
 
@@ -276,7 +324,9 @@ class ImageNoise(Env):
     MEANS, STDS = np.array([1.0, -2.0, 10.0]), np.array([0.5, 2.0, 0.1])
 
     def image(self, key):
-        return jnp.asarray(self.MEANS, jnp.float32) + jnp.asarray(self.STDS, jnp.float32) * jax.random.normal(key, (6, 5, 3))
+        return jnp.asarray(self.MEANS, jnp.float32) + jnp.asarray(
+            self.STDS, jnp.float32
+        ) * jax.random.normal(key, (6, 5, 3))
 
     def reset_env(self, key, params):
         return self.image(key), NoiseState(jnp.int32(0))
@@ -300,7 +350,10 @@ def test_normalize_observation_is_per_channel_for_images():
     first, (obs, state, *_rest) = run(wrapped, params, jax.random.key(0), steps, policy)
     raw_first, (raw_obs, *_raw_rest) = run(raw, params, jax.random.key(0), steps, policy)
     stats = state.obs_stats
-    assert stats.mean.shape == (steps, 3)  # one mean and variance per channel (per step of the scan)
+    assert stats.mean.shape == (
+        steps,
+        3,
+    )  # one mean and variance per channel (per step of the scan)
     # gymnasium's RunningMeanStd fed every pixel of each batch as a sample of its channel
     reference = RunningMeanStd(shape=(3,))
     reference.update(raw_first.reshape(-1, 3))
@@ -308,7 +361,12 @@ def test_normalize_observation_is_per_channel_for_images():
         reference.update(raw_obs[t].reshape(-1, 3))
         np.testing.assert_allclose(stats.mean[t], reference.mean, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(stats.var[t], reference.var, rtol=1e-3, atol=1e-6)
-        np.testing.assert_allclose(obs[t], (raw_obs[t] - reference.mean) / np.sqrt(reference.var + 1e-8), rtol=1e-3, atol=2e-3)
+        np.testing.assert_allclose(
+            obs[t],
+            (raw_obs[t] - reference.mean) / np.sqrt(reference.var + 1e-8),
+            rtol=1e-3,
+            atol=2e-3,
+        )
     assert stats.count[-1] == pytest.approx(n * 6 * 5 * (steps + 1) + 1e-4)
     np.testing.assert_allclose(stats.mean[-1], ImageNoise.MEANS, atol=0.05)
     np.testing.assert_allclose(np.sqrt(stats.var[-1]), ImageNoise.STDS, rtol=0.05)
@@ -316,7 +374,9 @@ def test_normalize_observation_is_per_channel_for_images():
     np.testing.assert_allclose(standardised.mean(0), 0.0, atol=0.3)
     np.testing.assert_allclose(standardised.std(0), 1.0, atol=0.2)
     # per feature on request: statistics of the image's shape
-    _, per_pixel = NormalizeObservation(vectorize(env, n), per_channel=False).reset(jax.random.key(0), params)
+    _, per_pixel = NormalizeObservation(vectorize(env, n), per_channel=False).reset(
+        jax.random.key(0), params
+    )
     assert per_pixel.obs_stats.mean.shape == (6, 5, 3)
     assert not NormalizeObservation(envs.make("CartPole-v1")[0]).per_channel
     with pytest.raises(ValueError, match=r"per_channel=True\) needs observations of rank >= 2"):
@@ -345,14 +405,18 @@ def test_normalize_reward_matches_gymnasiums_rule():
     stacked = NormalizeReward(EpisodeStatistics(vectorize(env, n)), gamma=0.9)
     raw = EpisodeStatistics(vectorize(env, n))
     policy = uniform_policy(env.action_space(params), n)
-    _, (_, state, scaled, terminated, truncated, info) = run(stacked, params, jax.random.key(0), 120, policy)
+    _, (_, state, scaled, terminated, truncated, info) = run(
+        stacked, params, jax.random.key(0), 120, policy
+    )
     _, (_, _, raw_reward, *_r) = run(raw, params, jax.random.key(0), 120, policy)
     assert truncated.sum() == 3 * n
     expected = reference_normalized_rewards(raw_reward, terminated, truncated, gamma=0.9)
     np.testing.assert_allclose(scaled, expected, rtol=2e-4)
     # episode statistics inside still report the env's own (raw) returns
     done = truncated
-    np.testing.assert_allclose(info["episode_return"][done], raw_reward.reshape(3, 40, n).sum(1).reshape(-1), rtol=1e-5)
+    np.testing.assert_allclose(
+        info["episode_return"][done], raw_reward.reshape(3, 40, n).sum(1).reshape(-1), rtol=1e-5
+    )
     assert state.return_stats.var.shape == (120,) and state.discounted_return.shape == (120, n)
     assert not np.allclose(scaled, raw_reward)
 
@@ -372,7 +436,9 @@ def test_clip_action():
     _, state = env.reset(jax.random.key(0), params)
     reward_clipped = clipped.step(jax.random.key(1), state, jnp.array([3.0]), params)[2]
     reward_raw = env.step(jax.random.key(1), state, jnp.array([3.0]), params)[2]
-    np.testing.assert_allclose([reward_clipped, reward_raw], [-0.1, -0.9], rtol=1e-6)  # the penalty of the clipped action
+    np.testing.assert_allclose(
+        [reward_clipped, reward_raw], [-0.1, -0.9], rtol=1e-6
+    )  # the penalty of the clipped action
     with pytest.raises(ValueError, match="Box \\(continuous\\) action space"):
         ClipAction(envs.make("CartPole-v1")[0])
 
@@ -409,8 +475,12 @@ def test_mask_observation_positions_hide_the_velocities(env_id, keep):
     np.testing.assert_array_equal(space._low, full_space._low[keep])
     np.testing.assert_array_equal(space._high, full_space._high[keep])
     policy = uniform_policy(env.action_space(params), 3)
-    first, (obs, _, reward, terminated, truncated, info) = run(vectorize(env, 3), params, jax.random.key(0), 250, policy)
-    m_first, (m_obs, _, m_reward, m_terminated, m_truncated, m_info) = run(vectorize(masked, 3), params, jax.random.key(0), 250, policy)
+    first, (obs, _, reward, terminated, truncated, info) = run(
+        vectorize(env, 3), params, jax.random.key(0), 250, policy
+    )
+    m_first, (m_obs, _, m_reward, m_terminated, m_truncated, m_info) = run(
+        vectorize(masked, 3), params, jax.random.key(0), 250, policy
+    )
     np.testing.assert_array_equal(m_first, first[..., keep])
     np.testing.assert_array_equal(m_obs, obs[..., keep])
     np.testing.assert_array_equal(m_info["final_obs"], info["final_obs"][..., keep])
@@ -427,7 +497,9 @@ def test_mask_observation_index_list_step_env_and_render():
     full_obs, full_state = env.reset_env(jax.random.key(0), params)
     np.testing.assert_array_equal(obs, full_obs[jnp.array([3, 1])])
     obs, state, reward, terminated, info = masked.step_env(jax.random.key(1), state, 1, params)
-    np.testing.assert_array_equal(obs, env.step_env(jax.random.key(1), full_state, 1, params)[0][jnp.array([3, 1])])
+    np.testing.assert_array_equal(
+        obs, env.step_env(jax.random.key(1), full_state, 1, params)[0][jnp.array([3, 1])]
+    )
     assert masked.render(state, params).shape == env.render(state, params).shape
     assert "keep=[3, 1]" in repr(masked)
 
@@ -453,9 +525,13 @@ def test_mask_observation_under_the_training_stack():
     env, params = envs.make("Pendulum-v1")
     stacked = EpisodeStatistics(vectorize(RescaleAction(MaskObservation(env)), 2))
     obs, state = stacked.reset(jax.random.key(0), params)
-    obs, state, *_, info = jax.jit(stacked.step)(jax.random.key(1), state, jnp.zeros((2, 1)), params)
+    obs, state, *_, info = jax.jit(stacked.step)(
+        jax.random.key(1), state, jnp.zeros((2, 1)), params
+    )
     assert obs.shape == (2, 2) and info["final_obs"].shape == (2, 2)
-    np.testing.assert_allclose(np.sum(np.asarray(obs) ** 2, axis=-1), 1.0, rtol=1e-5)  # cos^2 + sin^2
+    np.testing.assert_allclose(
+        np.sum(np.asarray(obs) ** 2, axis=-1), 1.0, rtol=1e-5
+    )  # cos^2 + sin^2
 
 
 # --- composition ---------------------------------------------------------------------------------
@@ -464,7 +540,9 @@ def test_mask_observation_under_the_training_stack():
 def test_full_stack_vmaps_over_seeds():
     env, params = envs.make("Pendulum-v1")
     n = 4
-    stacked = NormalizeReward(NormalizeObservation(EpisodeStatistics(vectorize(ClipAction(env), n))), gamma=0.99)
+    stacked = NormalizeReward(
+        NormalizeObservation(EpisodeStatistics(vectorize(ClipAction(env), n))), gamma=0.99
+    )
     policy = uniform_policy(envs.spaces.Box(-3.0, 3.0, (1,)), n)
 
     seeds = jax.random.split(jax.random.key(0), 3)
@@ -475,7 +553,9 @@ def test_full_stack_vmaps_over_seeds():
             obs, state = stacked.reset(key, params)
 
             def body(state, key):
-                obs, state, reward, terminated, truncated, info = stacked.step(key, state, policy(key, None), params)
+                obs, state, reward, terminated, truncated, info = stacked.step(
+                    key, state, policy(key, None), params
+                )
                 return state, (obs, reward, info["episode_return"], info["episode_done"])
 
             return jax.lax.scan(body, state, jax.random.split(key, 210))

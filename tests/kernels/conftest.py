@@ -27,7 +27,9 @@ def kernel_backends() -> list[str]:
         names = [n.strip() for n in requested.split(",") if n.strip()]
         unknown = [n for n in names if n not in BACKENDS]
         if unknown:
-            raise ValueError(f"FUSEDRL_TEST_BACKENDS names unknown backends {unknown}; valid: {BACKENDS}")
+            raise ValueError(
+                f"FUSEDRL_TEST_BACKENDS names unknown backends {unknown}; valid: {BACKENDS}"
+            )
         return names
     names = available_backends()
     if "triton" in names:
@@ -41,7 +43,9 @@ def backend(request) -> str:
     return request.param
 
 
-@pytest.fixture(scope="session", params=[n for n in kernel_backends() if n != "reference"] or ["<none>"])
+@pytest.fixture(
+    scope="session", params=[n for n in kernel_backends() if n != "reference"] or ["<none>"]
+)
 def kernel_backend(request) -> str:
     """Each backend under test that runs the Triton source (triton / interpret)."""
     if request.param == "<none>":

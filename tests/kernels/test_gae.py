@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels import gae
 from kernels._chunked_scan import ScanConfig
@@ -16,7 +17,9 @@ CONFIGS = [
     None,
     ScanConfig(chunk_t=4, block_n=4, chained=False),
     ScanConfig(chunk_t=4, block_n=8, chained=True),
-    ScanConfig(chunk_t=2, block_n=4, chained=True, prefix_lookup=False),  # look-back composes aggregates
+    ScanConfig(
+        chunk_t=2, block_n=4, chained=True, prefix_lookup=False
+    ),  # look-back composes aggregates
 ]
 
 
@@ -35,7 +38,9 @@ def numpy_gae(rewards, values, next_values, discounts, lambda_):
 def assert_close(actual, expected, horizon):
     expected = np.asarray(expected, np.float64)
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=1e-5, atol=2e-6 * (horizon + 1) * scale)
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float64), expected, rtol=1e-5, atol=2e-6 * (horizon + 1) * scale
+    )
 
 
 def random_inputs(rng, shape, gamma=0.99, done_prob=0.2):
@@ -55,7 +60,9 @@ def random_inputs(rng, shape, gamma=0.99, done_prob=0.2):
     done_prob=st.sampled_from([0.0, 0.3, 1.0]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_matches_float64_numpy(backend, horizon, batch, gamma, lam, per_step_lambda, done_prob, seed):
+def test_matches_float64_numpy(
+    backend, horizon, batch, gamma, lam, per_step_lambda, done_prob, seed
+):
     rng = np.random.default_rng(seed)
     shape = (horizon, *batch)
     inputs = random_inputs(rng, shape, gamma, done_prob)
@@ -102,8 +109,14 @@ def test_purejaxrl_formulation(backend):
     rewards, values = rng.normal(size=(2, horizon, envs)).astype(np.float32)
     last_value = rng.normal(size=envs).astype(np.float32)
     done = rng.uniform(size=(horizon, envs)) < 0.2
-    adv, _ = gae(rewards, values, np.concatenate([values[1:], last_value[None]]),
-                 (gamma * (1 - done)).astype(np.float32), np.float32(lam), backend=backend)
+    adv, _ = gae(
+        rewards,
+        values,
+        np.concatenate([values[1:], last_value[None]]),
+        (gamma * (1 - done)).astype(np.float32),
+        np.float32(lam),
+        backend=backend,
+    )
     gae_acc, expected = np.zeros(envs), np.zeros((horizon, envs))  # PureJaxRL's loop, unrolled
     next_value = last_value.astype(np.float64)
     for t in reversed(range(horizon)):
@@ -125,7 +138,9 @@ def test_jit_nested_vmap_over_lambda_and_seeds(backend):
     def one(lam, r):
         return gae(r, values, next_values, discounts, lam, backend=backend)
 
-    adv, targets = jax.jit(jax.vmap(jax.vmap(one, in_axes=(None, 0)), in_axes=(0, None)))(lambdas, rewards)
+    adv, targets = jax.jit(jax.vmap(jax.vmap(one, in_axes=(None, 0)), in_axes=(0, None)))(
+        lambdas, rewards
+    )
     assert adv.shape == (4, seeds, horizon, envs)
     for i, lam in enumerate(np.asarray(lambdas)):
         for s in range(seeds):
@@ -140,7 +155,9 @@ def test_inside_lax_scan(backend):
 
     @jax.jit
     def run(lambdas):
-        return jax.lax.scan(lambda c, lam: (c, gae(*inputs, lam, backend=backend)[0]), 0.0, lambdas)[1]
+        return jax.lax.scan(
+            lambda c, lam: (c, gae(*inputs, lam, backend=backend)[0]), 0.0, lambdas
+        )[1]
 
     lambdas = jnp.array([0.3, 0.9], jnp.float32)
     out = run(lambdas)
@@ -160,10 +177,13 @@ def test_gradients_match_reference(backend, per_step_lambda):
         def f(*args):
             adv, targets = fn(*args)
             return jnp.sum(w_adv * adv) + jnp.sum(w_tgt * targets**2)
+
         return f
 
     argnums = (0, 1, 2, 3, 4)
-    ours = jax.jit(jax.grad(loss(lambda *a: gae(*a, backend=backend)), argnums=argnums))(*inputs, lambda_)
+    ours = jax.jit(jax.grad(loss(lambda *a: gae(*a, backend=backend)), argnums=argnums))(
+        *inputs, lambda_
+    )
     ref = jax.grad(loss(gae_reference), argnums=argnums)(*inputs, lambda_)
     for got, want in zip(ours, ref):
         assert np.shape(got) == np.shape(want)
@@ -174,10 +194,22 @@ def test_gradients_match_reference(backend, per_step_lambda):
     "index, bad, message",
     [
         (0, np.zeros((5, 3), np.int32), "rewards must be a floating-point array, got dtype int32"),
-        (1, np.zeros((5, 2), np.float32), r"values must have the shape of rewards \(5, 3\), got \(5, 2\)"),
-        (2, np.zeros((4, 3), np.float32), r"next_values must have the shape of rewards \(5, 3\), got \(4, 3\)"),
+        (
+            1,
+            np.zeros((5, 2), np.float32),
+            r"values must have the shape of rewards \(5, 3\), got \(5, 2\)",
+        ),
+        (
+            2,
+            np.zeros((4, 3), np.float32),
+            r"next_values must have the shape of rewards \(5, 3\), got \(4, 3\)",
+        ),
         (3, np.zeros((5, 3), np.int32), "discounts must be a floating-point"),
-        (4, np.zeros((5,), np.float32), r"lambda_ must be a scalar or have the shape of rewards \(5, 3\), got \(5,\)"),
+        (
+            4,
+            np.zeros((5,), np.float32),
+            r"lambda_ must be a scalar or have the shape of rewards \(5, 3\), got \(5,\)",
+        ),
         (4, np.int32(1), "lambda_ must be a floating-point"),
     ],
 )
@@ -190,4 +222,11 @@ def test_bad_inputs_raise_at_trace_time(backend, index, bad, message):
 
 def test_rank_zero_rewards_raise(backend):
     with pytest.raises(ValueError, match=r"rewards must have rank >= 1, got shape \(\)"):
-        gae(np.float32(1), np.float32(1), np.float32(1), np.float32(1), np.float32(1), backend=backend)
+        gae(
+            np.float32(1),
+            np.float32(1),
+            np.float32(1),
+            np.float32(1),
+            np.float32(1),
+            backend=backend,
+        )

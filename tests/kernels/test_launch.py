@@ -34,9 +34,16 @@ def _writes_nothing_kernel(x_ptr, y_ptr):
 def _affine_core(x, a, *, lead, backend, launches):
     x2, restore = L.rows_2d(x, lead, core_ndim=x.ndim - lead)
     launches.append(x2.shape)
-    y = L.launch(_affine_kernel, x2, a.reshape(-1), x2.shape[1], backend=backend,
-                 out_shape=jax.ShapeDtypeStruct(x2.shape, x2.dtype),
-                 grid=(L.cdiv(x2.shape[1], 8), x2.shape[0]), BLOCK=8)
+    y = L.launch(
+        _affine_kernel,
+        x2,
+        a.reshape(-1),
+        x2.shape[1],
+        backend=backend,
+        out_shape=jax.ShapeDtypeStruct(x2.shape, x2.dtype),
+        grid=(L.cdiv(x2.shape[1], 8), x2.shape[0]),
+        BLOCK=8,
+    )
     return restore(y)
 
 
@@ -44,7 +51,9 @@ def _affine_core(x, a, *, lead, backend, launches):
 
 
 def test_unknown_backend_names_the_valid_ones(monkeypatch):
-    with pytest.raises(ValueError, match="unknown kernel backend 'cuda'.*triton, reference, interpret"):
+    with pytest.raises(
+        ValueError, match="unknown kernel backend 'cuda'.*triton, reference, interpret"
+    ):
         L.resolve_backend("cuda")
     with pytest.raises(ValueError, match="unknown kernel backend 'gpu'"):
         L.set_backend("gpu")
@@ -93,7 +102,10 @@ def test_auto_is_the_automatic_choice_spelled_as_a_value(monkeypatch):
     assert L.resolve_backend("auto") == "reference" and not L.chosen_automatically("auto")
 
 
-@pytest.mark.skipif(L.interpret_unavailable_reason() is not None, reason="needs triton and torch (the interpret extra)")
+@pytest.mark.skipif(
+    L.interpret_unavailable_reason() is not None,
+    reason="needs triton and torch (the interpret extra)",
+)
 def test_every_op_takes_auto_and_runs_the_kernel_the_process_chose(monkeypatch):
     """Under use_backend("interpret"), backend="auto" reaches each op's kernel path (the interpreter
     runs it through a pure_callback) and gives the reference's numbers."""
@@ -108,9 +120,15 @@ def test_every_op_takes_auto_and_runs_the_kernel_the_process_chose(monkeypatch):
         "q_lambda_returns": lambda b: kernels.q_lambda_returns(r, nv, d, 0.9, backend=b),
         "discounted_returns": lambda b: kernels.discounted_returns(r, d, nv[0], backend=b),
         "softmax": lambda b: kernels.softmax(logits, backend=b),
-        "categorical_log_prob_entropy": lambda b: kernels.categorical_log_prob_entropy(logits, actions, backend=b),
+        "categorical_log_prob_entropy": lambda b: kernels.categorical_log_prob_entropy(
+            logits, actions, backend=b
+        ),
         "categorical_projection": lambda b: kernels.categorical_projection(
-            jnp.broadcast_to(support * 0.9 + 0.5, (B, K)), jax.nn.softmax(logits), support, backend=b),
+            jnp.broadcast_to(support * 0.9 + 0.5, (B, K)),
+            jax.nn.softmax(logits),
+            support,
+            backend=b,
+        ),
     }
     for name, call in calls.items():
         with L.use_backend("interpret"):
@@ -130,8 +148,12 @@ def test_triton_where_it_cannot_run_is_a_clear_error():
     with pytest.raises(L.BackendUnavailableError, match="kernel backend 'triton' cannot run here"):
         L.resolve_backend("triton")
     with pytest.raises(L.BackendUnavailableError, match="cannot run here"):
-        kernels.discounted_returns(np.zeros((2, 1), np.float32), np.zeros((2, 1), np.float32),
-                                   np.zeros(1, np.float32), backend="triton")
+        kernels.discounted_returns(
+            np.zeros((2, 1), np.float32),
+            np.zeros((2, 1), np.float32),
+            np.zeros(1, np.float32),
+            backend="triton",
+        )
 
 
 # ------------------------------------------------------------------------- launching and folding
@@ -144,7 +166,9 @@ def test_vmap_folds_into_one_launch(kernel_backend):
     a = jnp.array([1.0, -2.0, 3.0, 0.5], jnp.float32)
 
     # seeds (x batched, a not) x hyper-parameters (a batched, x not): partial batching at each level
-    f = jax.vmap(jax.vmap(lambda a_, x_: L.fold_vmap(op)(x_, a_), in_axes=(None, 0)), in_axes=(0, None))
+    f = jax.vmap(
+        jax.vmap(lambda a_, x_: L.fold_vmap(op)(x_, a_), in_axes=(None, 0)), in_axes=(0, None)
+    )
     out = jax.jit(f)(a, x)
     np.testing.assert_allclose(out, a[:, None, None, None] * x[None] + 1.0)
     # the program holds one kernel call, on both vmapped axes folded into the grid's rows
@@ -155,18 +179,37 @@ def test_vmap_folds_into_one_launch(kernel_backend):
 
 def test_launch_rejects_python_floats(kernel_backend):
     with pytest.raises(TypeError, match="np.float32"):
-        L.launch(_affine_kernel, jnp.zeros((1, 8)), jnp.ones(1), 0.5, backend=kernel_backend,
-                 out_shape=jax.ShapeDtypeStruct((1, 8), jnp.float32), grid=(1, 1), BLOCK=8)
+        L.launch(
+            _affine_kernel,
+            jnp.zeros((1, 8)),
+            jnp.ones(1),
+            0.5,
+            backend=kernel_backend,
+            out_shape=jax.ShapeDtypeStruct((1, 8), jnp.float32),
+            grid=(1, 1),
+            BLOCK=8,
+        )
 
 
 def test_interpreter_marks_unwritten_outputs():
     if L.interpret_unavailable_reason() is not None:
         pytest.skip(L.interpret_unavailable_reason())
-    out = L.launch(_writes_nothing_kernel, jnp.zeros(4), backend="interpret",
-                   out_shape=jax.ShapeDtypeStruct((4,), jnp.float32), grid=(1,))
+    out = L.launch(
+        _writes_nothing_kernel,
+        jnp.zeros(4),
+        backend="interpret",
+        out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
+        grid=(1,),
+    )
     assert np.isnan(np.asarray(out)).all()
-    zeroed = L.launch(_writes_nothing_kernel, jnp.zeros(4), backend="interpret",
-                      out_shape=[jax.ShapeDtypeStruct((4,), jnp.float32)], grid=(1,), zeroed_outputs=(0,))
+    zeroed = L.launch(
+        _writes_nothing_kernel,
+        jnp.zeros(4),
+        backend="interpret",
+        out_shape=[jax.ShapeDtypeStruct((4,), jnp.float32)],
+        grid=(1,),
+        zeroed_outputs=(0,),
+    )
     np.testing.assert_array_equal(zeroed[0], 0.0)
 
 
@@ -176,10 +219,22 @@ def test_an_interpreter_launch_leaves_triton_language_as_it_was():
     if L.interpret_unavailable_reason() is not None:
         pytest.skip(L.interpret_unavailable_reason())
     before = [(ns, dict(vars(ns))) for ns in L._triton_language_namespaces()]
-    L.launch(_affine_kernel, jnp.zeros((1, 8)), jnp.ones(1), 8, backend="interpret",
-             out_shape=jax.ShapeDtypeStruct((1, 8), jnp.float32), grid=(1, 1), BLOCK=8).block_until_ready()
-    changed = [f"{getattr(ns, '__name__', ns)}.{name}" for ns, attrs in before for name, value in attrs.items()
-               if vars(ns).get(name) is not value]
+    L.launch(
+        _affine_kernel,
+        jnp.zeros((1, 8)),
+        jnp.ones(1),
+        8,
+        backend="interpret",
+        out_shape=jax.ShapeDtypeStruct((1, 8), jnp.float32),
+        grid=(1, 1),
+        BLOCK=8,
+    ).block_until_ready()
+    changed = [
+        f"{getattr(ns, '__name__', ns)}.{name}"
+        for ns, attrs in before
+        for name, value in attrs.items()
+        if vars(ns).get(name) is not value
+    ]
     assert not changed, changed
 
 
@@ -188,13 +243,27 @@ def test_triton_compiles_after_the_interpreter_ran_in_the_same_process():
     if L.interpret_unavailable_reason() is not None or L.triton_unavailable_reason() is not None:
         pytest.skip("needs both the interpret and the triton backend (a GPU with jax-triton)")
     x, scale = jnp.arange(8.0).reshape(1, 8), jnp.ones(1)
-    call = lambda backend: L.launch(_affine_kernel, x, scale, 8, backend=backend,
-                                    out_shape=jax.ShapeDtypeStruct((1, 8), jnp.float32), grid=(1, 1), BLOCK=8)
+    call = lambda backend: L.launch(
+        _affine_kernel,
+        x,
+        scale,
+        8,
+        backend=backend,
+        out_shape=jax.ShapeDtypeStruct((1, 8), jnp.float32),
+        grid=(1, 1),
+        BLOCK=8,
+    )
     interpreted = np.asarray(call("interpret"))
     np.testing.assert_array_equal(np.asarray(call("triton")), interpreted)
-    rewards, discounts = jnp.ones((16, 4)), jnp.full((16, 4), 0.9)  # a kernel with @triton.jit helpers
-    np.testing.assert_allclose(kernels.discounted_returns(rewards, discounts, jnp.zeros(4), backend="triton"),
-                               kernels.discounted_returns(rewards, discounts, jnp.zeros(4), backend="reference"), rtol=1e-6)
+    rewards, discounts = (
+        jnp.ones((16, 4)),
+        jnp.full((16, 4), 0.9),
+    )  # a kernel with @triton.jit helpers
+    np.testing.assert_allclose(
+        kernels.discounted_returns(rewards, discounts, jnp.zeros(4), backend="triton"),
+        kernels.discounted_returns(rewards, discounts, jnp.zeros(4), backend="reference"),
+        rtol=1e-6,
+    )
 
 
 def test_the_interpreter_runs_after_triton_compiled_in_the_same_process():
@@ -204,9 +273,17 @@ def test_the_interpreter_runs_after_triton_compiled_in_the_same_process():
         pytest.skip("needs both the interpret and the triton backend (a GPU with jax-triton)")
     rewards, discounts, last = jnp.ones((16, 4)), jnp.full((16, 4), 0.9), jnp.zeros(4)
     reference = kernels.discounted_returns(rewards, discounts, last, backend="reference")
-    np.testing.assert_allclose(kernels.discounted_returns(rewards, discounts, last, backend="triton"), reference, rtol=1e-6)
-    np.testing.assert_allclose(kernels.discounted_returns(rewards, discounts, last, backend="interpret"), reference, rtol=1e-6)
-    np.testing.assert_allclose(kernels.discounted_returns(rewards, discounts, last, backend="triton"), reference, rtol=1e-6)
+    np.testing.assert_allclose(
+        kernels.discounted_returns(rewards, discounts, last, backend="triton"), reference, rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        kernels.discounted_returns(rewards, discounts, last, backend="interpret"),
+        reference,
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        kernels.discounted_returns(rewards, discounts, last, backend="triton"), reference, rtol=1e-6
+    )
 
 
 def test_shape_helpers():

@@ -17,9 +17,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-
 from run_helpers import REPO, subprocess_env
-
 
 SCRIPT = textwrap.dedent(
     """
@@ -131,10 +129,17 @@ SCRIPT = textwrap.dedent(
 @pytest.fixture(scope="module")
 def cpu_result() -> dict:
     env = subprocess_env()
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def test_split_seed_axis_runs_each_devices_slice_without_collectives(cpu_result):
@@ -196,14 +201,16 @@ def _gpus() -> int:
 @pytest.mark.skipif(_gpus() < 2, reason="needs two GPUs (device kind nvidia-h200-x2)")
 def test_triton_gae_split_over_two_gpus_without_gathering():
     """The seed axis of a vmapped GAE, then the env axis of an unbatched one, split over two GPUs."""
-    import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     import kernels
 
     mesh = Mesh(np.array(jax.devices("gpu")[:2]), ("d",))
     sharding = NamedSharding(mesh, PartitionSpec("d"))
-    r, v, nv, d = (jax.device_put(jax.random.normal(jax.random.key(i), (4, 64, 32)), sharding) for i in range(4))
+    r, v, nv, d = (
+        jax.device_put(jax.random.normal(jax.random.key(i), (4, 64, 32)), sharding)
+        for i in range(4)
+    )
 
     def gae(backend):
         return jax.jit(jax.vmap(lambda *a: kernels.gae(*a, 0.95, backend=backend)))

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels import categorical_log_prob_entropy
 from kernels.policy_head import categorical_log_prob_entropy_reference
@@ -36,8 +37,9 @@ def numpy_policy_head_vjp(logits, actions, g_lp, g_ent):
     p = np.exp(log_p)
     entropy = -(p * log_p).sum(-1, keepdims=True)
     onehot = np.eye(x.shape[-1])[np.asarray(actions)]
-    return (np.asarray(g_lp, np.float64)[..., None] * (onehot - p)
-            - np.asarray(g_ent, np.float64)[..., None] * p * (log_p + entropy))
+    return np.asarray(g_lp, np.float64)[..., None] * (onehot - p) - np.asarray(g_ent, np.float64)[
+        ..., None
+    ] * p * (log_p + entropy)
 
 
 def assert_close(actual, expected, rtol=1e-5, atol=2e-6):
@@ -102,7 +104,9 @@ def test_out_of_range_actions(backend):
 
 def test_jit_and_nested_vmap(backend):
     logits, actions = random_inputs(np.random.default_rng(1), (3, 4, 5), 6)
-    f = jax.jit(jax.vmap(jax.vmap(lambda x, a: categorical_log_prob_entropy(x, a, backend=backend))))
+    f = jax.jit(
+        jax.vmap(jax.vmap(lambda x, a: categorical_log_prob_entropy(x, a, backend=backend)))
+    )
     for out, expected in zip(f(logits, actions), numpy_policy_head(logits, actions)):
         assert_close(out, expected)
     # only the actions are vmapped: every action of one row of logits
@@ -145,6 +149,7 @@ def test_gradients_match_reference(backend, batch, n_actions, weights):
         def f(x):
             log_prob, entropy = op(x, actions)
             return jnp.sum(w_lp * log_prob + w_ent * entropy)
+
         return f
 
     op = lambda x, a: categorical_log_prob_entropy(x, a, backend=backend)
@@ -169,17 +174,37 @@ def test_gradients_under_vmap_and_of_a_ppo_like_loss(backend):
     expected = jax.grad(lambda x: loss(categorical_log_prob_entropy_reference, x))(logits)
     assert_close(grad, np.asarray(expected, np.float64), atol=1e-6)
     per_seed = jax.vmap(jax.grad(lambda x, a: jnp.sum(op(x, a)[0] + op(x, a)[1])))(logits, actions)
-    assert_close(per_seed, numpy_policy_head_vjp(logits, actions, np.ones((3, 8)), np.ones((3, 8))), atol=1e-5)
+    assert_close(
+        per_seed,
+        numpy_policy_head_vjp(logits, actions, np.ones((3, 8)), np.ones((3, 8))),
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize(
     "logits,actions,message",
     [
-        (np.zeros((4, 3), np.int32), np.zeros(4, np.int32), r"logits must be a floating-point array, got dtype int32 with shape \(4, 3\)"),
+        (
+            np.zeros((4, 3), np.int32),
+            np.zeros(4, np.int32),
+            r"logits must be a floating-point array, got dtype int32 with shape \(4, 3\)",
+        ),
         (np.float32(0.0), np.int32(0), r"logits must have rank >= 1, got shape \(\)"),
-        (np.zeros((4, 0), np.float32), np.zeros(4, np.int32), r"at least one action, got shape \(4, 0\)"),
-        (np.zeros((4, 3), np.float32), np.zeros(4, np.float32), r"actions must be an integer array, got dtype float32 with shape \(4,\)"),
-        (np.zeros((4, 3), np.float32), np.zeros(5, np.int32), r"actions must have the shape of logits without its last axis \(4,\) \(logits \(4, 3\)\), got \(5,\)"),
+        (
+            np.zeros((4, 0), np.float32),
+            np.zeros(4, np.int32),
+            r"at least one action, got shape \(4, 0\)",
+        ),
+        (
+            np.zeros((4, 3), np.float32),
+            np.zeros(4, np.float32),
+            r"actions must be an integer array, got dtype float32 with shape \(4,\)",
+        ),
+        (
+            np.zeros((4, 3), np.float32),
+            np.zeros(5, np.int32),
+            r"actions must have the shape of logits without its last axis \(4,\) \(logits \(4, 3\)\), got \(5,\)",
+        ),
         (np.zeros((4, 3), np.float32), np.zeros((4, 3), np.int32), r"got \(4, 3\)"),
     ],
 )

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels import categorical_projection
 from kernels.projection import ProjectionConfig, categorical_projection_reference
@@ -88,7 +89,8 @@ def test_matches_float64_numpy(backend, batch, k_src, k, even, spread, seed):
 
 
 TILINGS = [
-    ProjectionConfig(1, 4, 4, method="dense"), ProjectionConfig(4, 8, 2, method="dense"),
+    ProjectionConfig(1, 4, 4, method="dense"),
+    ProjectionConfig(4, 8, 2, method="dense"),
     ProjectionConfig(2, 64, 4, method="dense"),
     ProjectionConfig(method="scatter", block=16, num_warps=1),  # programs end mid-row
     ProjectionConfig(method="scatter", block=128, num_warps=4),
@@ -113,10 +115,16 @@ def test_many_atoms_into_one_target(kernel_backend, method, even):
     """Atoms clipped onto the ends and atoms sharing a bracket: many adds meet at one address."""
     rng = np.random.default_rng(3)
     support = make_support(rng, 7, even)
-    atoms = np.concatenate([
-        np.full((6, 20), 1e3, np.float32), np.full((6, 20), -1e3, np.float32),
-        (support[2] + 0.3 * (support[3] - support[2]) + rng.uniform(0, 1e-3, (6, 20))).astype(np.float32),
-    ], axis=1)
+    atoms = np.concatenate(
+        [
+            np.full((6, 20), 1e3, np.float32),
+            np.full((6, 20), -1e3, np.float32),
+            (support[2] + 0.3 * (support[3] - support[2]) + rng.uniform(0, 1e-3, (6, 20))).astype(
+                np.float32
+            ),
+        ],
+        axis=1,
+    )
     probs = rng.uniform(0.0, 1.0, atoms.shape).astype(np.float32)
     config = ProjectionConfig(method=method, block=32)
     out = categorical_projection(atoms, probs, support, backend=kernel_backend, config=config)
@@ -165,7 +173,9 @@ def test_c51_bellman_target(backend):
     _, probs = random_distribution(rng, (3,), 51, 1.0)
     out = categorical_projection(atoms, probs, support, backend=backend)
     assert_close(out, numpy_projection(atoms, probs, support), atol=1e-6)
-    reference = categorical_projection_reference(jnp.asarray(atoms), jnp.asarray(probs), jnp.asarray(support))
+    reference = categorical_projection_reference(
+        jnp.asarray(atoms), jnp.asarray(probs), jnp.asarray(support)
+    )
     assert_close(out, np.asarray(reference, np.float64), atol=1e-6)
 
 
@@ -173,7 +183,9 @@ def test_jit_nested_vmap_and_a_vmapped_support(backend):
     rng = np.random.default_rng(1)
     support = make_support(rng, 9, even=False)
     atoms, probs = random_distribution(rng, (3, 4, 2), 7, 5.0)
-    f = jax.jit(jax.vmap(jax.vmap(lambda a, p: categorical_projection(a, p, support, backend=backend))))
+    f = jax.jit(
+        jax.vmap(jax.vmap(lambda a, p: categorical_projection(a, p, support, backend=backend)))
+    )
     assert_close(f(atoms, probs), numpy_projection(atoms, probs, support), atol=1e-6)
     # one support per vmapped setting (e.g. a sweep over v_max), shared atoms
     supports = np.stack([support * scale for scale in (0.5, 1.0, 2.0)])
@@ -209,7 +221,9 @@ def test_inside_lax_scan_with_traced_support(backend):
     assert_close(total, expected.sum(0), atol=1e-5)
 
 
-@pytest.mark.parametrize("batch,k_src,k,even", [((6,), 7, 9, True), ((2, 3), 51, 51, True), ((5,), 4, 6, False)])
+@pytest.mark.parametrize(
+    "batch,k_src,k,even", [((6,), 7, 9, True), ((2, 3), 51, 51, True), ((5,), 4, 6, False)]
+)
 def test_gradients_match_reference(backend, batch, k_src, k, even):
     rng = np.random.default_rng(3)
     support = make_support(rng, k, even)
@@ -221,7 +235,9 @@ def test_gradients_match_reference(backend, batch, k_src, k, even):
 
     op = lambda a, p, s: categorical_projection(a, p, s, backend=backend)
     d_atoms, d_probs = jax.jit(jax.grad(loss(op), argnums=(0, 1)))(atoms, probs)
-    ref_atoms, ref_probs = jax.grad(loss(categorical_projection_reference), argnums=(0, 1))(atoms, probs)
+    ref_atoms, ref_probs = jax.grad(loss(categorical_projection_reference), argnums=(0, 1))(
+        atoms, probs
+    )
     assert_close(d_probs, np.asarray(ref_probs, np.float64), atol=1e-5)
     assert_close(d_atoms, np.asarray(ref_atoms, np.float64), atol=1e-5)
     np_atoms, np_probs = numpy_projection_vjp(atoms, probs, support, w)
@@ -232,7 +248,9 @@ def test_gradients_match_reference(backend, batch, k_src, k, even):
 def test_no_gradient_into_the_support(backend):
     support = np.linspace(-1.0, 1.0, 5).astype(np.float32)
     atoms, probs = random_distribution(np.random.default_rng(4), (3,), 4, 1.0)
-    g = jax.grad(lambda s: jnp.sum(categorical_projection(atoms, probs, s, backend=backend) ** 2))(support)
+    g = jax.grad(lambda s: jnp.sum(categorical_projection(atoms, probs, s, backend=backend) ** 2))(
+        support
+    )
     assert np.all(np.asarray(g) == 0.0)
 
 
@@ -256,20 +274,61 @@ GOOD_SUPPORT = np.linspace(0.0, 1.0, 3).astype(np.float32)
 @pytest.mark.parametrize(
     "atoms,probs,support,message",
     [
-        (GOOD_ATOMS.astype(np.int32), GOOD_ATOMS, GOOD_SUPPORT, r"atoms must be a floating-point array, got dtype int32 with shape \(4, 5\)"),
-        (GOOD_ATOMS, GOOD_ATOMS.astype(np.int32), GOOD_SUPPORT, r"probs must be a floating-point array, got dtype int32"),
-        (GOOD_ATOMS, GOOD_ATOMS[:, :4], GOOD_SUPPORT, r"probs must have the shape of atoms \(4, 5\), got \(4, 4\)"),
-        (np.float32(0.0), np.float32(0.0), GOOD_SUPPORT, r"atoms must have rank >= 1, got shape \(\)"),
-        (GOOD_ATOMS, GOOD_ATOMS, GOOD_SUPPORT[None], r"target_support must have rank 1, got shape \(1, 3\)"),
-        (GOOD_ATOMS, GOOD_ATOMS, GOOD_SUPPORT[:1], r"target_support needs at least 2 atoms, got shape \(1,\)"),
-        (GOOD_ATOMS, GOOD_ATOMS, np.arange(3), r"target_support must be a floating-point array, got dtype int"),
+        (
+            GOOD_ATOMS.astype(np.int32),
+            GOOD_ATOMS,
+            GOOD_SUPPORT,
+            r"atoms must be a floating-point array, got dtype int32 with shape \(4, 5\)",
+        ),
+        (
+            GOOD_ATOMS,
+            GOOD_ATOMS.astype(np.int32),
+            GOOD_SUPPORT,
+            r"probs must be a floating-point array, got dtype int32",
+        ),
+        (
+            GOOD_ATOMS,
+            GOOD_ATOMS[:, :4],
+            GOOD_SUPPORT,
+            r"probs must have the shape of atoms \(4, 5\), got \(4, 4\)",
+        ),
+        (
+            np.float32(0.0),
+            np.float32(0.0),
+            GOOD_SUPPORT,
+            r"atoms must have rank >= 1, got shape \(\)",
+        ),
+        (
+            GOOD_ATOMS,
+            GOOD_ATOMS,
+            GOOD_SUPPORT[None],
+            r"target_support must have rank 1, got shape \(1, 3\)",
+        ),
+        (
+            GOOD_ATOMS,
+            GOOD_ATOMS,
+            GOOD_SUPPORT[:1],
+            r"target_support needs at least 2 atoms, got shape \(1,\)",
+        ),
+        (
+            GOOD_ATOMS,
+            GOOD_ATOMS,
+            np.arange(3),
+            r"target_support must be a floating-point array, got dtype int",
+        ),
     ],
 )
 def test_bad_inputs_raise_at_trace_time(backend, atoms, probs, support, message):
     with pytest.raises(ValueError, match=message):
-        jax.jit(lambda a, p, s: categorical_projection(a, p, s, backend=backend))(atoms, probs, support)
+        jax.jit(lambda a, p, s: categorical_projection(a, p, s, backend=backend))(
+            atoms, probs, support
+        )
 
 
 def test_unsorted_concrete_support_raises(backend):
-    with pytest.raises(ValueError, match=r"target_support must be strictly increasing, got \[0.0, 2.0, 1.0\]"):
-        categorical_projection(GOOD_ATOMS, GOOD_ATOMS, np.array([0.0, 2.0, 1.0], np.float32), backend=backend)
+    with pytest.raises(
+        ValueError, match=r"target_support must be strictly increasing, got \[0.0, 2.0, 1.0\]"
+    ):
+        categorical_projection(
+            GOOD_ATOMS, GOOD_ATOMS, np.array([0.0, 2.0, 1.0], np.float32), backend=backend
+        )

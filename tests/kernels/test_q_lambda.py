@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels import q_lambda_returns
 from kernels._chunked_scan import ScanConfig
@@ -35,7 +36,9 @@ def numpy_q_lambda(rewards, next_values, discounts, lambda_):
 def assert_close(actual, expected, horizon):
     expected = np.asarray(expected, np.float64)
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=1e-5, atol=2e-6 * (horizon + 1) * scale)
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float64), expected, rtol=1e-5, atol=2e-6 * (horizon + 1) * scale
+    )
 
 
 def random_inputs(rng, shape, gamma=0.99, done_prob=0.2):
@@ -54,11 +57,17 @@ def random_inputs(rng, shape, gamma=0.99, done_prob=0.2):
     done_prob=st.sampled_from([0.0, 0.3, 1.0]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_matches_float64_numpy(backend, horizon, batch, gamma, lam, per_step_lambda, done_prob, seed):
+def test_matches_float64_numpy(
+    backend, horizon, batch, gamma, lam, per_step_lambda, done_prob, seed
+):
     rng = np.random.default_rng(seed)
     shape = (horizon, *batch)
     inputs = random_inputs(rng, shape, gamma, done_prob)
-    lambda_ = (lam * (rng.uniform(size=shape) > 0.2)).astype(np.float32) if per_step_lambda else np.float32(lam)
+    lambda_ = (
+        (lam * (rng.uniform(size=shape) > 0.2)).astype(np.float32)
+        if per_step_lambda
+        else np.float32(lam)
+    )
     got = q_lambda_returns(*inputs, lambda_, backend=backend)
     assert got.shape == shape and got.dtype == jnp.float32
     assert_close(got, numpy_q_lambda(*inputs, lambda_), horizon)
@@ -92,14 +101,20 @@ def test_limits_are_one_step_q_learning_and_monte_carlo(backend):
     rng = np.random.default_rng(4)
     rewards, next_values = rng.normal(size=(2, 8, 3)).astype(np.float32)
     discounts = np.full((8, 3), 0.9, np.float32)
-    np.testing.assert_allclose(q_lambda_returns(rewards, next_values, discounts, np.float32(0), backend=backend),
-                               rewards + discounts * next_values, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        q_lambda_returns(rewards, next_values, discounts, np.float32(0), backend=backend),
+        rewards + discounts * next_values,
+        rtol=1e-5,
+        atol=1e-6,
+    )
     want = np.zeros((8, 3))
     g = next_values[-1].astype(np.float64)
     for t in reversed(range(8)):
         g = rewards[t] + 0.9 * g
         want[t] = g
-    assert_close(q_lambda_returns(rewards, next_values, discounts, np.float32(1), backend=backend), want, 8)
+    assert_close(
+        q_lambda_returns(rewards, next_values, discounts, np.float32(1), backend=backend), want, 8
+    )
 
 
 def test_jit_nested_vmap_over_lambda_and_seeds(backend):
@@ -113,7 +128,9 @@ def test_jit_nested_vmap_over_lambda_and_seeds(backend):
     assert got.shape == (4, seeds, horizon, envs)
     for i, lam in enumerate(np.asarray(lambdas)):
         for s in range(seeds):
-            assert_close(got[i, s], numpy_q_lambda(rewards[s], next_values, discounts, lam), horizon)
+            assert_close(
+                got[i, s], numpy_q_lambda(rewards[s], next_values, discounts, lam), horizon
+            )
 
 
 def test_inside_lax_scan(backend):
@@ -122,7 +139,9 @@ def test_inside_lax_scan(backend):
 
     @jax.jit
     def run(lambdas):
-        return jax.lax.scan(lambda c, lam: (c, q_lambda_returns(*inputs, lam, backend=backend)), 0.0, lambdas)[1]
+        return jax.lax.scan(
+            lambda c, lam: (c, q_lambda_returns(*inputs, lam, backend=backend)), 0.0, lambdas
+        )[1]
 
     lambdas = jnp.array([0.3, 0.9], jnp.float32)
     out = run(lambdas)
@@ -141,9 +160,13 @@ def test_gradients_match_autodiff_of_the_reference(backend, per_step_lambda):
     def loss(fn):
         return lambda *args: jnp.sum(weights * fn(*args) ** 2)
 
-    reference = lambda r, nv, d, lam: q_lambda_returns_reference(r, nv, d, jnp.broadcast_to(lam, r.shape))
+    reference = lambda r, nv, d, lam: q_lambda_returns_reference(
+        r, nv, d, jnp.broadcast_to(lam, r.shape)
+    )
     argnums = (0, 1, 2, 3)
-    ours = jax.jit(jax.grad(loss(lambda *a: q_lambda_returns(*a, backend=backend)), argnums=argnums))(*inputs, lambda_)
+    ours = jax.jit(
+        jax.grad(loss(lambda *a: q_lambda_returns(*a, backend=backend)), argnums=argnums)
+    )(*inputs, lambda_)
     ref = jax.grad(loss(reference), argnums=argnums)(*inputs, lambda_)
     for got, want in zip(ours, ref):
         assert np.shape(got) == np.shape(want)
@@ -154,9 +177,17 @@ def test_gradients_match_autodiff_of_the_reference(backend, per_step_lambda):
     "index, bad, message",
     [
         (0, np.zeros((5, 3), np.int32), "rewards must be a floating-point array, got dtype int32"),
-        (1, np.zeros((4, 3), np.float32), r"next_values must have the shape of rewards \(5, 3\), got \(4, 3\)"),
+        (
+            1,
+            np.zeros((4, 3), np.float32),
+            r"next_values must have the shape of rewards \(5, 3\), got \(4, 3\)",
+        ),
         (2, np.zeros((5, 3), np.int32), "discounts must be a floating-point"),
-        (3, np.zeros((5,), np.float32), r"lambda_ must be a scalar or have the shape of rewards \(5, 3\), got \(5,\)"),
+        (
+            3,
+            np.zeros((5,), np.float32),
+            r"lambda_ must be a scalar or have the shape of rewards \(5, 3\), got \(5,\)",
+        ),
     ],
 )
 def test_bad_inputs_raise_at_trace_time(backend, index, bad, message):

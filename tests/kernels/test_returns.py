@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels import discounted_returns
 from kernels._chunked_scan import ScanConfig
@@ -17,7 +18,9 @@ CONFIGS = [
     None,
     ScanConfig(chunk_t=4, block_n=4, chained=False),
     ScanConfig(chunk_t=4, block_n=8, chained=True),
-    ScanConfig(chunk_t=2, block_n=4, chained=True, prefix_lookup=False),  # look-back composes aggregates
+    ScanConfig(
+        chunk_t=2, block_n=4, chained=True, prefix_lookup=False
+    ),  # look-back composes aggregates
 ]
 
 
@@ -35,7 +38,9 @@ def numpy_returns(rewards, discounts, bootstrap):
 def assert_close(actual, expected, horizon):
     expected = np.asarray(expected, np.float64)
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=1e-5, atol=2e-6 * (horizon + 1) * scale)
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float64), expected, rtol=1e-5, atol=2e-6 * (horizon + 1) * scale
+    )
 
 
 def random_inputs(rng, shape, gamma=0.97, done_prob=0.2):
@@ -72,7 +77,9 @@ def test_tilings(kernel_backend, config, shape):
 
 def test_episode_end_at_every_position(backend):
     horizon = 6
-    rewards = np.arange(1, horizon + 1, dtype=np.float32)[:, None] * np.ones((1, horizon), np.float32)
+    rewards = np.arange(1, horizon + 1, dtype=np.float32)[:, None] * np.ones(
+        (1, horizon), np.float32
+    )
     discounts = np.full((horizon, horizon), 0.5, np.float32)
     discounts[np.arange(horizon), np.arange(horizon)] = 0.0  # column k ends its episode at step k
     bootstrap = np.full((horizon,), 100.0, np.float32)
@@ -86,7 +93,9 @@ def test_jit_nested_vmap_and_partial_batching(backend):
     rng = np.random.default_rng(2)
     seeds, envs, horizon = 3, 4, 11
     rewards = rng.normal(size=(seeds, envs, horizon)).astype(np.float32)
-    discounts = (0.9 * (rng.uniform(size=(envs, horizon)) > 0.1)).astype(np.float32)  # shared by seeds
+    discounts = (0.9 * (rng.uniform(size=(envs, horizon)) > 0.1)).astype(
+        np.float32
+    )  # shared by seeds
     bootstrap = rng.normal(size=(seeds, envs)).astype(np.float32)
 
     def one(r, d, b):  # r, d: [T], b: []
@@ -102,9 +111,9 @@ def test_jit_nested_vmap_and_partial_batching(backend):
 def test_vmap_over_a_non_leading_axis(backend):
     rng = np.random.default_rng(3)
     rewards, discounts, bootstrap = random_inputs(rng, (8, 5))
-    out = jax.vmap(lambda r, d, b: discounted_returns(r, d, b, backend=backend), in_axes=(1, 1, 0), out_axes=1)(
-        rewards, discounts, bootstrap
-    )
+    out = jax.vmap(
+        lambda r, d, b: discounted_returns(r, d, b, backend=backend), in_axes=(1, 1, 0), out_axes=1
+    )(rewards, discounts, bootstrap)
     assert_close(out, numpy_returns(rewards, discounts, bootstrap), 8)
 
 
@@ -134,7 +143,9 @@ def test_gradients_match_reference(backend):
     def loss(fn):
         return lambda r, d, b: jnp.sum(weights * jnp.sin(fn(r, d, b)))
 
-    ours = jax.jit(jax.grad(loss(lambda *a: discounted_returns(*a, backend=backend)), argnums=(0, 1, 2)))
+    ours = jax.jit(
+        jax.grad(loss(lambda *a: discounted_returns(*a, backend=backend)), argnums=(0, 1, 2))
+    )
     ref = jax.grad(loss(discounted_returns_reference), argnums=(0, 1, 2))
     for got, want in zip(ours(rewards, discounts, bootstrap), ref(rewards, discounts, bootstrap)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
@@ -150,7 +161,10 @@ def test_gradients_under_tilings(kernel_backend, config):
     def loss(fn):
         return lambda r, d, b: jnp.sum(weights * fn(r, d, b) ** 2)
 
-    ours = jax.grad(loss(lambda *a: discounted_returns(*a, backend=kernel_backend, config=config)), argnums=(0, 1, 2))
+    ours = jax.grad(
+        loss(lambda *a: discounted_returns(*a, backend=kernel_backend, config=config)),
+        argnums=(0, 1, 2),
+    )
     ref = jax.grad(loss(discounted_returns_reference), argnums=(0, 1, 2))
     for got, want in zip(ours(rewards, discounts, bootstrap), ref(rewards, discounts, bootstrap)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
@@ -172,13 +186,35 @@ def test_gradients_under_vmap(backend):
 @pytest.mark.parametrize(
     "rewards, discounts, bootstrap, message",
     [
-        (np.zeros((4, 3), np.int32), np.zeros((4, 3)), np.zeros(3), "rewards must be a floating-point"),
-        (np.zeros((4, 3)), np.zeros((4, 2)), np.zeros(3), r"discounts must have the shape of rewards \(4, 3\), got \(4, 2\)"),
-        (np.zeros((4, 3)), np.zeros((4, 3)), np.zeros(4), r"bootstrap must have the shape of one time step .*\(3,\).*got \(4,\)"),
+        (
+            np.zeros((4, 3), np.int32),
+            np.zeros((4, 3)),
+            np.zeros(3),
+            "rewards must be a floating-point",
+        ),
+        (
+            np.zeros((4, 3)),
+            np.zeros((4, 2)),
+            np.zeros(3),
+            r"discounts must have the shape of rewards \(4, 3\), got \(4, 2\)",
+        ),
+        (
+            np.zeros((4, 3)),
+            np.zeros((4, 3)),
+            np.zeros(4),
+            r"bootstrap must have the shape of one time step .*\(3,\).*got \(4,\)",
+        ),
         (np.zeros(()), np.zeros(()), np.zeros(()), r"rewards must have rank >= 1, got shape \(\)"),
-        (np.zeros((4, 3)), np.zeros((4, 3), bool), np.zeros(3), "discounts must be a floating-point"),
+        (
+            np.zeros((4, 3)),
+            np.zeros((4, 3), bool),
+            np.zeros(3),
+            "discounts must be a floating-point",
+        ),
     ],
 )
 def test_bad_inputs_raise_at_trace_time(backend, rewards, discounts, bootstrap, message):
     with pytest.raises(ValueError, match=message):
-        jax.jit(lambda r, d, b: discounted_returns(r, d, b, backend=backend)).lower(rewards, discounts, bootstrap)
+        jax.jit(lambda r, d, b: discounted_returns(r, d, b, backend=backend)).lower(
+            rewards, discounts, bootstrap
+        )

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import importlib
-
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels import softmax
 from kernels.softmax import softmax_reference
@@ -92,7 +92,12 @@ def test_other_axis_and_dtype(backend):
     assert_close(softmax(x, axis=-3, backend=backend), numpy_softmax(x, axis=0))
     half = softmax(jnp.asarray(x, jnp.bfloat16), backend=backend)
     assert half.dtype == jnp.bfloat16
-    assert_close(half, numpy_softmax(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)), rtol=2e-2, atol=1e-2)
+    assert_close(
+        half,
+        numpy_softmax(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)),
+        rtol=2e-2,
+        atol=1e-2,
+    )
 
 
 def test_jit_and_nested_vmap(backend):
@@ -130,7 +135,9 @@ def test_inside_lax_scan(backend):
     assert_close(carry, expected_carry, atol=1e-5)
 
 
-@pytest.mark.parametrize("shape,axis", [((6, 5), -1), ((2, 3, 18), -1), ((4, 51), -1), ((5, 4, 3), 1)])
+@pytest.mark.parametrize(
+    "shape,axis", [((6, 5), -1), ((2, 3, 18), -1), ((4, 51), -1), ((5, 4, 3), 1)]
+)
 def test_gradients_match_reference(backend, shape, axis):
     rng = np.random.default_rng(4)
     x = (3 * rng.normal(size=shape)).astype(np.float32)
@@ -150,14 +157,20 @@ def test_gradients_under_vmap(backend):
     rng = np.random.default_rng(5)
     x = rng.normal(size=(3, 4, 9)).astype(np.float32)
     g = rng.normal(size=(3, 4, 9)).astype(np.float32)
-    vjp = jax.vmap(jax.vmap(lambda v, c: jax.vjp(lambda u: softmax(u, backend=backend), v)[1](c)[0]))
+    vjp = jax.vmap(
+        jax.vmap(lambda v, c: jax.vjp(lambda u: softmax(u, backend=backend), v)[1](c)[0])
+    )
     assert_close(vjp(x, g), numpy_softmax_vjp(x, g))
 
 
 @pytest.mark.parametrize(
     "x,axis,message",
     [
-        (np.arange(6).reshape(2, 3), -1, r"x must be a floating-point array, got dtype int\d+ with shape \(2, 3\)"),
+        (
+            np.arange(6).reshape(2, 3),
+            -1,
+            r"x must be a floating-point array, got dtype int\d+ with shape \(2, 3\)",
+        ),
         (np.float32(1.0), -1, r"x must have rank >= 1, got shape \(\)"),
         (np.zeros((2, 3), np.float32), 2, r"axis 2 is out of range for x of shape \(2, 3\)"),
         (np.zeros((2, 3), np.float32), 1.0, r"axis must be an int"),
@@ -190,7 +203,9 @@ def test_automatic_choice_sends_narrow_rows_to_xla(monkeypatch):
 
 def test_softmax_on_narrow_rows_runs_no_kernel_when_the_choice_is_automatic(monkeypatch):
     """Through softmax() itself: an automatic triton choice on 6 columns traces no triton call."""
-    module = importlib.import_module("kernels.softmax")  # the module (kernels.softmax is also the function)
+    module = importlib.import_module(
+        "kernels.softmax"
+    )  # the module (kernels.softmax is also the function)
     monkeypatch.setattr(module, "resolve_backend", lambda backend=None: "triton")
     monkeypatch.setattr(module, "chosen_automatically", lambda backend=None: True)
     x = jax.random.normal(jax.random.PRNGKey(0), (32, 6))

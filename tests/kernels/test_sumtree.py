@@ -32,20 +32,26 @@ def numpy_set(leaves: np.ndarray, indices, values) -> tuple[np.ndarray, np.ndarr
     for b, (i, v) in enumerate(zip(indices, values)):
         if 0 <= i < len(leaves):
             leaves[i] = v
-            written[b] = i not in list(indices[b + 1:])
+            written[b] = i not in list(indices[b + 1 :])
     return leaves, written
 
 
 def assert_tree_equal(got, want):
     assert len(got) == len(want)
     for level, (g, w) in enumerate(zip(got, want)):
-        np.testing.assert_array_equal(np.asarray(g, np.float64), np.asarray(w, np.float64), err_msg=f"level {level}")
+        np.testing.assert_array_equal(
+            np.asarray(g, np.float64), np.asarray(w, np.float64), err_msg=f"level {level}"
+        )
 
 
 # integer-valued leaves and values: every sum is exact in float32, so all backends agree bit for bit
 @settings(max_examples=12, deadline=None)
-@given(capacity=st.sampled_from([1, 7, 256, 300, 5000, 70000]), batch=st.integers(1, 150),
-       duplicates=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(
+    capacity=st.sampled_from([1, 7, 256, 300, 5000, 70000]),
+    batch=st.integers(1, 150),
+    duplicates=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_matches_an_independent_float64_tree(backend, capacity, batch, duplicates, seed):
     rng = np.random.default_rng(seed)
     tree = sumtree_from_leaves(jnp.asarray(rng.integers(0, 8, capacity), jnp.float32), capacity)
@@ -54,7 +60,9 @@ def test_matches_an_independent_float64_tree(backend, capacity, batch, duplicate
     if duplicates and batch > 2:
         indices[rng.integers(0, batch, batch // 2)] = indices[0]
     values = rng.integers(1, 20, batch).astype(np.float32)
-    got, written = sumtree_set_leaves(tree, jnp.asarray(indices, jnp.int32), jnp.asarray(values), backend=backend)
+    got, written = sumtree_set_leaves(
+        tree, jnp.asarray(indices, jnp.int32), jnp.asarray(values), backend=backend
+    )
     leaves, want_written = numpy_set(np.asarray(tree[-1]), indices, values)
     assert_tree_equal(got, numpy_tree(leaves, [level.shape[0] for level in tree]))
     np.testing.assert_array_equal(np.asarray(written), want_written)
@@ -63,7 +71,9 @@ def test_matches_an_independent_float64_tree(backend, capacity, batch, duplicate
 def test_distinct_writes_skip_the_duplicate_search(backend):
     rng = np.random.default_rng(1)
     tree = sumtree_from_leaves(jnp.asarray(rng.integers(0, 8, 5000), jnp.float32), 5000)
-    indices = jnp.asarray(rng.permutation(5000)[:64].tolist() + [5120, -1], jnp.int32)  # the last two: out of range
+    indices = jnp.asarray(
+        rng.permutation(5000)[:64].tolist() + [5120, -1], jnp.int32
+    )  # the last two: out of range
     values = jnp.asarray(rng.integers(1, 20, 66), jnp.float32)
     got, written = sumtree_set_leaves(tree, indices, values, distinct=True, backend=backend)
     want, want_written = sumtree_set_leaves_reference(tree, indices, values)
@@ -78,14 +88,20 @@ def test_float_sums_match_the_reference_to_rounding(backend):
     indices = jnp.asarray(rng.integers(0, 100000, 128), jnp.int32)
     values = jnp.asarray(rng.random(128) * 3, jnp.float32)
     got, _ = sumtree_set_leaves(tree, indices, values, backend=backend)
-    want = numpy_tree(numpy_set(np.asarray(tree[-1]), np.asarray(indices), np.asarray(values))[0], [x.shape[0] for x in tree])
+    want = numpy_tree(
+        numpy_set(np.asarray(tree[-1]), np.asarray(indices), np.asarray(values))[0],
+        [x.shape[0] for x in tree],
+    )
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=2e-5, atol=1e-6)
 
 
 def test_nested_vmap_under_jit_equals_a_loop(kernel_backend):
     rng = np.random.default_rng(3)
-    trees = [sumtree_from_leaves(jnp.asarray(rng.integers(0, 8, 5000), jnp.float32), 5000) for _ in range(6)]
+    trees = [
+        sumtree_from_leaves(jnp.asarray(rng.integers(0, 8, 5000), jnp.float32), 5000)
+        for _ in range(6)
+    ]
     stacked = jax.tree.map(lambda *x: jnp.stack(x).reshape((2, 3) + x[0].shape), *trees)
     indices = jnp.asarray(rng.integers(0, 5000, (2, 3, 40)), jnp.int32)
     values = jnp.asarray(rng.integers(1, 9, (2, 3, 40)), jnp.float32)
@@ -93,7 +109,9 @@ def test_nested_vmap_under_jit_equals_a_loop(kernel_backend):
     got, written = jax.jit(jax.vmap(jax.vmap(f)))(stacked, indices, values)
     for a in range(2):
         for b in range(3):
-            want, want_written = sumtree_set_leaves_reference(trees[3 * a + b], indices[a, b], values[a, b])
+            want, want_written = sumtree_set_leaves_reference(
+                trees[3 * a + b], indices[a, b], values[a, b]
+            )
             assert_tree_equal([level[a, b] for level in got], want)
             np.testing.assert_array_equal(np.asarray(written[a, b]), np.asarray(want_written))
 
@@ -129,8 +147,12 @@ def numpy_find(leaves: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 @settings(max_examples=12, deadline=None)
-@given(capacity=st.sampled_from([1, 7, 256, 300, 5000, 70000]), batch=st.integers(1, 150),
-       zeros=st.floats(0.0, 0.9), seed=st.integers(0, 2**31 - 1))
+@given(
+    capacity=st.sampled_from([1, 7, 256, 300, 5000, 70000]),
+    batch=st.integers(1, 150),
+    zeros=st.floats(0.0, 0.9),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_descent_matches_float64_running_sums(backend, capacity, batch, zeros, seed):
     """Integer masses (exact sums) with runs of empty leaves; targets spread over [0, total], some
     exactly on a boundary, one at the total: the leaf and its mass as NumPy's searchsorted."""
@@ -140,7 +162,9 @@ def test_descent_matches_float64_running_sums(backend, capacity, batch, zeros, s
     padded = np.asarray(tree[-1], np.float64)
     total = padded.sum()
     targets = rng.random(batch) * total
-    targets[: batch // 3] = np.cumsum(padded)[rng.integers(0, len(padded), batch // 3)]  # exactly on a boundary
+    targets[: batch // 3] = np.cumsum(padded)[
+        rng.integers(0, len(padded), batch // 3)
+    ]  # exactly on a boundary
     targets[-1] = total
     targets = np.minimum(targets.astype(np.float32), np.float32(total))
     found, mass = sumtree_find_leaves(tree, jnp.asarray(targets), backend=backend)
@@ -179,7 +203,11 @@ def test_descent_of_an_empty_tree_and_of_any_target_shape(backend):
     tree = sumtree_from_leaves(jnp.arange(1.0, 301.0))
     targets = jnp.asarray([[0.0, 1.0, 2.5], [3.0, 44.0, 45.0]], jnp.float32)
     found, mass = sumtree_find_leaves(tree, targets, backend=backend)
-    assert found.shape == mass.shape == (2, 3) and found.dtype == jnp.int32 and mass.dtype == jnp.float32
+    assert (
+        found.shape == mass.shape == (2, 3)
+        and found.dtype == jnp.int32
+        and mass.dtype == jnp.float32
+    )
     np.testing.assert_array_equal(np.asarray(found), [[0, 1, 1], [2, 8, 9]])
     scalar, _ = sumtree_find_leaves(tree, jnp.float32(3.0), backend=backend)
     assert scalar.shape == () and int(scalar) == 2
@@ -189,7 +217,10 @@ def test_descent_of_an_empty_tree_and_of_any_target_shape(backend):
 
 def test_descent_under_nested_vmap_and_jit_equals_a_loop(kernel_backend):
     rng = np.random.default_rng(5)
-    trees = [sumtree_from_leaves(jnp.asarray(rng.integers(0, 8, 5000), jnp.float32), 5000) for _ in range(6)]
+    trees = [
+        sumtree_from_leaves(jnp.asarray(rng.integers(0, 8, 5000), jnp.float32), 5000)
+        for _ in range(6)
+    ]
     stacked = jax.tree.map(lambda *x: jnp.stack(x).reshape((2, 3) + x[0].shape), *trees)
     targets = jnp.asarray(rng.random((2, 3, 70)), jnp.float32) * stacked[0][..., :1]
     f = lambda t, u: sumtree_find_leaves(t, u, backend=kernel_backend)
@@ -206,14 +237,18 @@ def test_descent_under_nested_vmap_and_jit_equals_a_loop(kernel_backend):
         np.testing.assert_array_equal(np.asarray(shared[1][b]), np.asarray(want_mass))
 
 
-@pytest.mark.parametrize("sizes", [(1, 5, 20, 20), (1, 5, 5, 80), (1, 7, 7, 28, 28), (1, 1, 16), (1, 3, 3, 3, 3)])
+@pytest.mark.parametrize(
+    "sizes", [(1, 5, 20, 20), (1, 5, 5, 80), (1, 7, 7, 28, 28), (1, 1, 16), (1, 3, 3, 3, 3)]
+)
 def test_descent_through_levels_of_one_child(backend, sizes):
     """Fan-out 1 (a level as wide as the one above), alone or between wider ones; integer masses."""
     rng = np.random.default_rng(6)
     leaves = rng.integers(0, 5, sizes[-1]).astype(np.float64)
     levels = [jnp.asarray(level, jnp.float32) for level in numpy_tree(leaves, sizes)]
     total = leaves.sum()
-    targets = np.minimum(np.concatenate([rng.random(200) * total, [0.0, total]]), total).astype(np.float32)
+    targets = np.minimum(np.concatenate([rng.random(200) * total, [0.0, total]]), total).astype(
+        np.float32
+    )
     found, mass = sumtree_find_leaves(tuple(levels), jnp.asarray(targets), backend=backend)
     want = numpy_find(leaves, targets)
     np.testing.assert_array_equal(np.asarray(found), want)
@@ -237,9 +272,16 @@ def test_descent_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match="root of shape"):
         sumtree_find_leaves((tree[1], tree[2]), jnp.zeros((4,)), backend="reference")
     with pytest.raises(ValueError, match="must not be empty"):
-        sumtree_find_leaves((jnp.zeros((1,)), jnp.zeros((0,))), jnp.zeros((4,)), backend="reference")
+        sumtree_find_leaves(
+            (jnp.zeros((1,)), jnp.zeros((0,))), jnp.zeros((4,)), backend="reference"
+        )
     with pytest.raises(ValueError, match="must not be empty"):
-        sumtree_set_leaves((jnp.zeros((1,)), jnp.zeros((4,)), jnp.zeros((0,))), jnp.zeros((1,), jnp.int32), jnp.ones((1,)), backend="reference")
+        sumtree_set_leaves(
+            (jnp.zeros((1,)), jnp.zeros((4,)), jnp.zeros((0,))),
+            jnp.zeros((1,), jnp.int32),
+            jnp.ones((1,)),
+            backend="reference",
+        )
 
 
 def test_descent_over_more_trees_than_one_grid_axis_holds(kernel_backend):
@@ -249,7 +291,9 @@ def test_descent_over_more_trees_than_one_grid_axis_holds(kernel_backend):
     leaves = jnp.asarray(np.random.default_rng(7).integers(0, 5, (70_000, 16)), jnp.float32)
     trees = jax.vmap(sumtree_from_leaves)(leaves)
     targets = jnp.full((70_000, 2), 0.5) * trees[0]
-    found, mass = jax.jit(jax.vmap(lambda t, u: sumtree_find_leaves(t, u, backend=kernel_backend)))(trees, targets)
+    found, mass = jax.jit(jax.vmap(lambda t, u: sumtree_find_leaves(t, u, backend=kernel_backend)))(
+        trees, targets
+    )
     want, want_mass = jax.vmap(sumtree_find_leaves_reference)(trees, targets)
     np.testing.assert_array_equal(np.asarray(found), np.asarray(want))
     np.testing.assert_array_equal(np.asarray(mass), np.asarray(want_mass))
@@ -257,6 +301,8 @@ def test_descent_over_more_trees_than_one_grid_axis_holds(kernel_backend):
 
 def test_descent_refuses_more_targets_per_tree_than_its_grid_takes(kernel_backend):
     tree = sumtree_from_leaves(jnp.ones((300,), jnp.float32))
-    too_many = jax.ShapeDtypeStruct((65535 * 64 + 1,), jnp.float32)  # traced only: nothing is allocated
+    too_many = jax.ShapeDtypeStruct(
+        (65535 * 64 + 1,), jnp.float32
+    )  # traced only: nothing is allocated
     with pytest.raises(ValueError, match="targets per tree"):
         jax.eval_shape(lambda u: sumtree_find_leaves(tree, u, backend=kernel_backend), too_many)

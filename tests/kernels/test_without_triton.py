@@ -40,13 +40,23 @@ WITHOUT_TRITON = textwrap.dedent(
 
 
 def test_kernels_import_and_run_the_reference_backend_without_triton():
-    done = subprocess.run([sys.executable, "-c", WITHOUT_TRITON], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TRITON],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("reference 3.") and lines[1] == "available ('reference',)"
-    assert lines[2].startswith("interpret -> kernel backend 'interpret' needs triton and torch (CPU): ModuleNotFoundError")
+    assert lines[2].startswith(
+        "interpret -> kernel backend 'interpret' needs triton and torch (CPU): ModuleNotFoundError"
+    )
     assert lines[2].endswith("install them with pip install 'fusedrl[interpret]'")
-    assert lines[3].startswith("triton -> kernel backend 'triton' cannot run here")  # on the CPU: not a GPU first
+    assert lines[3].startswith(
+        "triton -> kernel backend 'triton' cannot run here"
+    )  # on the CPU: not a GPU first
     assert lines[4] == "False"  # nothing imported triton
 
 
@@ -55,6 +65,10 @@ def test_op_files_take_triton_from_one_guarded_module():
     offenders = [
         path.name
         for path in sorted((REPO / "kernels").glob("*.py"))
-        if path.name != "_triton.py" and any(line.startswith(("import triton", "from triton")) for line in path.read_text().splitlines())
+        if path.name != "_triton.py"
+        and any(
+            line.startswith(("import triton", "from triton"))
+            for line in path.read_text().splitlines()
+        )
     ]
     assert offenders == []

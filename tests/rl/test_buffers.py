@@ -58,7 +58,9 @@ def test_uniform_add_with_valid_false_changes_nothing():
 
 def test_uniform_sample_only_returns_stored_items_uniformly():
     buf = buffers.uniform_add(buffers.uniform_init(transition(0), 100), batch_of(range(1, 11)))
-    batch, idx = jax.jit(buffers.uniform_sample, static_argnums=2)(buf, jax.random.PRNGKey(0), 20_000)
+    batch, idx = jax.jit(buffers.uniform_sample, static_argnums=2)(
+        buf, jax.random.PRNGKey(0), 20_000
+    )
     idx = np.asarray(idx)
     assert idx.min() >= 0 and idx.max() < 10
     np.testing.assert_array_equal(np.asarray(batch["action"]), idx + 1)  # items match their indices
@@ -83,7 +85,9 @@ def test_buffers_work_under_vmap_and_scan():
     assert bufs.data["x"].shape == (3, 8)
     np.testing.assert_array_equal(bufs.size, [8, 8, 8])
     np.testing.assert_array_equal(bufs.data["x"][0], [4, 4.5, 5, 5.5, 2, 2.5, 3, 3.5])
-    np.testing.assert_array_equal(np.take_along_axis(np.asarray(bufs.data["x"]), np.asarray(idx), 1), items["x"])
+    np.testing.assert_array_equal(
+        np.take_along_axis(np.asarray(bufs.data["x"]), np.asarray(idx), 1), items["x"]
+    )
 
 
 def test_bad_items_raise_naming_the_problem():
@@ -109,7 +113,9 @@ def test_sumtree_set_matches_a_tree_built_from_scratch(leaves, data):
     n = len(leaves)
     tree = buffers.sumtree_from_leaves(jnp.asarray(leaves, jnp.float32))
     indices = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=12))
-    values = data.draw(st.lists(st.floats(0.0, 100.0, width=32), min_size=len(indices), max_size=len(indices)))
+    values = data.draw(
+        st.lists(st.floats(0.0, 100.0, width=32), min_size=len(indices), max_size=len(indices))
+    )
     updated = buffers.sumtree_set(tree, jnp.asarray(indices), jnp.asarray(values, jnp.float32))
     expected = np.asarray(leaves, np.float32).copy()
     for i, v in zip(indices, values):  # sequential writes: the last duplicate wins
@@ -125,15 +131,23 @@ def test_sumtree_find_hits_the_right_leaf_at_every_boundary():
     cum = np.concatenate([[0.0], np.cumsum(leaves)])
     targets, expected = [], []
     for i in np.flatnonzero(leaves):
-        targets += [cum[i], (cum[i] + cum[i + 1]) / 2, np.nextafter(np.float32(cum[i + 1]), np.float32(0))]
+        targets += [
+            cum[i],
+            (cum[i] + cum[i + 1]) / 2,
+            np.nextafter(np.float32(cum[i + 1]), np.float32(0)),
+        ]
         expected += [i, i, i]
-    np.testing.assert_array_equal(buffers.sumtree_find(tree, jnp.asarray(targets, jnp.float32)), expected)
+    np.testing.assert_array_equal(
+        buffers.sumtree_find(tree, jnp.asarray(targets, jnp.float32)), expected
+    )
     # overshoot by rounding (u >= total) lands on the last non-empty leaf, never on a zero leaf
     assert int(buffers.sumtree_find(tree, jnp.float32(cum[-1] * 1.001))) == 5
 
 
 def test_duplicate_indices_in_one_update_are_deterministic_last_wins():
-    buf = buffers.prioritized_add(buffers.prioritized_init({"x": jnp.float32(0)}, 4), {"x": jnp.arange(4.0)})
+    buf = buffers.prioritized_add(
+        buffers.prioritized_init({"x": jnp.float32(0)}, 4), {"x": jnp.arange(4.0)}
+    )
     idx = jnp.array([2, 0, 2, 2, 0])
     prio = jnp.array([5.0, 7.0, 1.0, 3.0, 2.0])
     out = jax.jit(buffers.prioritized_update)(buf, idx, prio, 1.0)
@@ -149,7 +163,9 @@ def filled_prioritized(priorities, alpha, capacity=None):
     n = len(priorities)
     buf = buffers.prioritized_init({"i": jnp.int32(0)}, capacity or n)
     buf = buffers.prioritized_add(buf, {"i": jnp.arange(n, dtype=jnp.int32)})
-    return buffers.prioritized_update(buf, jnp.arange(n), jnp.asarray(priorities, jnp.float32), alpha)
+    return buffers.prioritized_update(
+        buf, jnp.arange(n), jnp.asarray(priorities, jnp.float32), alpha
+    )
 
 
 def sample_counts(buf, num_batches, batch_size, beta=0.4, seed=0):
@@ -197,7 +213,9 @@ def test_new_items_enter_at_the_max_priority_seen():
     buf = buffers.prioritized_update(buf, jnp.array([0, 1]), jnp.array([9.0, 0.5]), 0.5)
     buf = buffers.prioritized_update(buf, jnp.array([0]), jnp.array([0.01]), 0.5)  # max stays 3
     buf = buffers.prioritized_add(buf, {"i": jnp.array([3, 4], jnp.int32)})
-    np.testing.assert_allclose(buffers.sumtree_leaves(buf.tree)[:5], [0.1, np.sqrt(0.5), 1.0, 3.0, 3.0], rtol=1e-6)
+    np.testing.assert_allclose(
+        buffers.sumtree_leaves(buf.tree)[:5], [0.1, np.sqrt(0.5), 1.0, 3.0, 3.0], rtol=1e-6
+    )
     # overwriting the oldest item replaces its leaf too
     buf = buffers.prioritized_add(buf, {"i": jnp.arange(5, 9, dtype=jnp.int32)})
     assert int(buf.position) == 1 and int(buf.size) == 8
@@ -224,15 +242,21 @@ def test_sumtree_does_not_drift_over_a_million_updates():
         def body(buf, key):
             k_idx, k_val, k_exp = jax.random.split(key, 3)
             idx = jax.random.randint(k_idx, (batch,), 0, capacity)
-            prio = jax.random.uniform(k_val, (batch,), minval=0.5, maxval=1.0) * 10.0 ** jax.random.randint(k_exp, (batch,), -4, 4)
+            prio = jax.random.uniform(
+                k_val, (batch,), minval=0.5, maxval=1.0
+            ) * 10.0 ** jax.random.randint(k_exp, (batch,), -4, 4)
             return buffers.prioritized_update(buf, idx, prio, 0.6), None
 
         return jax.lax.scan(body, buf, jax.random.split(key, steps))[0]
 
     buf = hammer(buf, jax.random.PRNGKey(3))
     levels = [np.asarray(level, np.float64) for level in buf.tree]
-    for parent, children in zip(levels[:-1], levels[1:]):  # each node vs the exact sum of its children
-        np.testing.assert_allclose(parent, children.reshape(parent.shape[0], -1).sum(axis=1), rtol=2e-6)
+    for parent, children in zip(
+        levels[:-1], levels[1:]
+    ):  # each node vs the exact sum of its children
+        np.testing.assert_allclose(
+            parent, children.reshape(parent.shape[0], -1).sum(axis=1), rtol=2e-6
+        )
     leaves = levels[-1]
     np.testing.assert_allclose(levels[0][0], leaves.sum(), rtol=1e-5)
     counts, _, _ = sample_counts(buf, num_batches=400, batch_size=256, seed=4)
@@ -253,7 +277,9 @@ def buffer_with_priorities(priorities, alpha, capacity):
     buf = buffers.prioritized_init({"i": jnp.int32(0)}, capacity)
     n = len(priorities)
     buf = buffers.prioritized_add(buf, {"i": jnp.arange(n, dtype=jnp.int32)})
-    return buffers.prioritized_update(buf, jnp.arange(n), jnp.asarray(priorities, jnp.float32), alpha)
+    return buffers.prioritized_update(
+        buf, jnp.arange(n), jnp.asarray(priorities, jnp.float32), alpha
+    )
 
 
 @settings(max_examples=12, deadline=None)
@@ -265,7 +291,15 @@ def buffer_with_priorities(priorities, alpha, capacity):
 )
 def test_sum_queries_sampling_and_weights_match_a_float64_reference(capacity, data, alpha, beta):
     n = data.draw(st.integers(1, min(capacity, 300)))
-    priorities = np.asarray(data.draw(st.lists(st.sampled_from([0.0, 1e-3, 0.5, 1.0, 7.0, 1e3]) | st.floats(1e-4, 1e4), min_size=n, max_size=n)))
+    priorities = np.asarray(
+        data.draw(
+            st.lists(
+                st.sampled_from([0.0, 1e-3, 0.5, 1.0, 7.0, 1e3]) | st.floats(1e-4, 1e4),
+                min_size=n,
+                max_size=n,
+            )
+        )
+    )
     if not np.any(priorities > 0):
         priorities[0] = 1.0
     buf = buffer_with_priorities(priorities, alpha, capacity)
@@ -302,7 +336,10 @@ def test_sum_queries_sampling_and_weights_match_a_float64_reference(capacity, da
     big, small = expected >= 20, (expected > 0) & (expected < 20)  # pool the small expected counts
     observed, expected = counts[big], expected[big]
     if small.any():
-        observed, expected = np.append(observed, counts[small].sum()), np.append(expected, p64[small].sum() * counts.sum())
+        observed, expected = (
+            np.append(observed, counts[small].sum()),
+            np.append(expected, p64[small].sum() * counts.sum()),
+        )
     if len(observed) >= 2:
         assert stats.chisquare(observed, expected).pvalue > 1e-4
 
@@ -317,7 +354,12 @@ def test_batched_seeds_under_vmap_equal_one_seed_at_a_time():
     """Sample, update and add vmapped over 3 buffers give the per-buffer results: the same indices
     and trees bit for bit, the same weights to float32 rounding (exp/log vectorise differently)."""
     capacity = 700
-    bufs = [buffer_with_priorities(np.random.default_rng(s).gamma(0.5, size=capacity - 50) + 1e-3, 0.6, capacity) for s in range(3)]
+    bufs = [
+        buffer_with_priorities(
+            np.random.default_rng(s).gamma(0.5, size=capacity - 50) + 1e-3, 0.6, capacity
+        )
+        for s in range(3)
+    ]
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *bufs)
     keys = jax.random.split(jax.random.PRNGKey(7), 3)
 
@@ -364,7 +406,9 @@ def test_updates_at_capacity_100k_leave_every_other_priority_intact():
     assert len(np.unique(np.asarray(idx))) > 1000
     levels = [np.asarray(level, np.float64) for level in out.tree]
     for parent, children in zip(levels[:-1], levels[1:]):
-        np.testing.assert_allclose(parent, children.reshape(parent.shape[0], -1).sum(axis=1), rtol=2e-6)
+        np.testing.assert_allclose(
+            parent, children.reshape(parent.shape[0], -1).sum(axis=1), rtol=2e-6
+        )
 
 
 @pytest.mark.parametrize("platform, backend", [("cpu", "reference"), ("gpu", "triton")])
@@ -381,7 +425,9 @@ def test_the_replay_loop_copies_nothing_of_capacity_size(platform, backend):
     capacity = 100_000
 
     def add(buf, x):
-        return buffers.prioritized_add(buf, {"obs": jnp.full((1, 4), x), "r": x[None]}, backend=backend), None
+        return buffers.prioritized_add(
+            buf, {"obs": jnp.full((1, 4), x), "r": x[None]}, backend=backend
+        ), None
 
     def learn(carry, key):
         buf, acc = carry
@@ -402,14 +448,21 @@ def test_the_replay_loop_copies_nothing_of_capacity_size(platform, backend):
     with jax.default_device(jax.devices(platform)[0]):
         buf = buffers.prioritized_init({"obs": jnp.zeros((4,)), "r": jnp.float32(0)}, capacity)
         hlo = jax.jit(program).lower(buf, jax.random.PRNGKey(0)).compile().as_text()
-    loops = hlo[: hlo.index("\nENTRY")]  # every computation but the entry: the loop bodies among them
-    sizes = [np.prod([int(d) for d in dims.split(",") if d]) for dims in re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} copy\(", loops)]
+    loops = hlo[
+        : hlo.index("\nENTRY")
+    ]  # every computation but the entry: the loop bodies among them
+    sizes = [
+        np.prod([int(d) for d in dims.split(",") if d])
+        for dims in re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} copy\(", loops)
+    ]
     assert not [s for s in sizes if s >= capacity], sizes
 
 
 def test_prioritized_add_with_valid_false_changes_nothing_even_with_padded_leaves():
     """Capacity 300 has 304 leaves (19 groups of 16): an invalid add must not wake a padding leaf."""
-    buf = buffers.prioritized_add(buffers.prioritized_init({"x": jnp.float32(0)}, 300), {"x": jnp.arange(5.0)})
+    buf = buffers.prioritized_add(
+        buffers.prioritized_init({"x": jnp.float32(0)}, 300), {"x": jnp.arange(5.0)}
+    )
     assert buffers.sumtree_leaves(buf.tree).shape == (304,)
     same = jax.jit(buffers.prioritized_add)(buf, {"x": jnp.arange(3.0)}, jnp.bool_(False))
     for a, b in zip(jax.tree.leaves(buf), jax.tree.leaves(same)):
@@ -438,26 +491,58 @@ def test_storage_packs_32_bit_and_small_leaves_into_one_block_and_large_narrow_l
         "extra": jnp.zeros((3,), jnp.int8),  # small
         "big_u8": jnp.zeros((17,), jnp.uint8),  # past SMALL_LEAF: its own block
     }
-    layout = buffers.storage_layout(item)  # blocks in order of first use, leaves in pytree order (sorted keys)
+    layout = buffers.storage_layout(
+        item
+    )  # blocks in order of first use, leaves in pytree order (sorted keys)
     assert layout.block_dtypes == ("uint32", "uint8", "bool")
     assert layout.block_widths == (1 + 3 + 1 + 1, 17, 800)
     buf = buffers.uniform_init(item, 7)
     assert [b.shape for b in buf.storage] == [(7, 6), (7, 17), (7, 800)]
-    cartpole = {"obs": jnp.zeros(4), "action": jnp.int32(0), "reward": jnp.float32(0), "next_obs": jnp.zeros(4), "terminated": jnp.bool_(False)}
-    assert buffers.storage_layout(cartpole).block_dtypes == ("uint32",)  # a DQN transition: one scatter per add
+    cartpole = {
+        "obs": jnp.zeros(4),
+        "action": jnp.int32(0),
+        "reward": jnp.float32(0),
+        "next_obs": jnp.zeros(4),
+        "terminated": jnp.bool_(False),
+    }
+    assert buffers.storage_layout(cartpole).block_dtypes == (
+        "uint32",
+    )  # a DQN transition: one scatter per add
 
 
-_DTYPES = ["float32", "int32", "uint32", "bool", "int8", "uint8", "int16", "uint16", "float16", "bfloat16"]
+_DTYPES = [
+    "float32",
+    "int32",
+    "uint32",
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "float16",
+    "bfloat16",
+]
 
 
 def _bits(a):
     """The raw bits of an array (bools as they are)."""
     a = np.asarray(a)
-    return a if a.dtype == np.bool_ else a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+    return (
+        a
+        if a.dtype == np.bool_
+        else a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+    )
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(_DTYPES), st.lists(st.integers(1, 6), max_size=2)), min_size=1, max_size=5), st.integers(0, 2**32 - 1))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(_DTYPES), st.lists(st.integers(1, 6), max_size=2)),
+        min_size=1,
+        max_size=5,
+    ),
+    st.integers(0, 2**32 - 1),
+)
 def test_stored_items_come_back_bit_for_bit(leaves, seed):
     """Any mix of dtypes and shapes, with random bit patterns (so float NaN payloads, infinities,
     subnormals, signed zeros and the extremes of every int type), written to a buffer by one jitted
@@ -470,7 +555,9 @@ def test_stored_items_come_back_bit_for_bit(leaves, seed):
             x = rng.integers(0, 2, shape).astype(bool)
         else:
             width = np.dtype(jnp.dtype(dtype)).itemsize
-            raw = rng.integers(0, 2 ** (8 * width), shape, dtype=np.uint64).astype({1: np.uint8, 2: np.uint16, 4: np.uint32}[width])
+            raw = rng.integers(0, 2 ** (8 * width), shape, dtype=np.uint64).astype(
+                {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+            )
             x = raw.view(jnp.dtype(dtype))
         items[f"leaf{i}"] = jnp.asarray(x)
     buf = buffers.uniform_init(jax.tree.map(lambda x: x[0], items), 5)
@@ -486,17 +573,33 @@ def test_zero_size_leaves_and_empty_adds_are_stored_as_nothing():
     layout = buffers.storage_layout(item)
     assert layout.block_dtypes == ("uint32", "uint8") and layout.block_widths == (0, 20)
     buf = buffers.uniform_init(item, 4)
-    buf = buffers.uniform_add(buf, {"empty": jnp.zeros((2, 0)), "image": jnp.ones((2, 20), jnp.uint8)})
-    buf = buffers.uniform_add(buf, {"empty": jnp.zeros((0, 0)), "image": jnp.zeros((0, 20), jnp.uint8)})
-    assert int(buf.size) == 2 and buf.data["empty"].dtype == jnp.float32 and buf.data["empty"].shape == (4, 0)
+    buf = buffers.uniform_add(
+        buf, {"empty": jnp.zeros((2, 0)), "image": jnp.ones((2, 20), jnp.uint8)}
+    )
+    buf = buffers.uniform_add(
+        buf, {"empty": jnp.zeros((0, 0)), "image": jnp.zeros((0, 20), jnp.uint8)}
+    )
+    assert (
+        int(buf.size) == 2
+        and buf.data["empty"].dtype == jnp.float32
+        and buf.data["empty"].shape == (4, 0)
+    )
     np.testing.assert_array_equal(buf.data["image"][:2], 1)
 
 
 def test_an_add_is_one_scatter_per_block_and_a_sample_one_gather_per_block():
-    item = {"obs": jnp.zeros(4), "action": jnp.int32(0), "reward": jnp.float32(0), "next_obs": jnp.zeros(4), "terminated": jnp.bool_(False)}
+    item = {
+        "obs": jnp.zeros(4),
+        "action": jnp.int32(0),
+        "reward": jnp.float32(0),
+        "next_obs": jnp.zeros(4),
+        "terminated": jnp.bool_(False),
+    }
     buf = buffers.uniform_init(item, 100)
     batch = jax.tree.map(lambda x: jnp.zeros((10,) + x.shape, x.dtype), item)
     add = str(jax.make_jaxpr(buffers.uniform_add)(buf, batch))
-    sample = str(jax.make_jaxpr(lambda b, k: buffers.uniform_sample(b, k, 32))(buf, jax.random.PRNGKey(0)))
+    sample = str(
+        jax.make_jaxpr(lambda b, k: buffers.uniform_sample(b, k, 32))(buf, jax.random.PRNGKey(0))
+    )
     assert len(re.findall(r"= scatter\[", add)) == 1, add
     assert len(re.findall(r"= gather\[", sample)) == 1, sample

@@ -5,25 +5,28 @@ half-written checkpoints are never used; chunked runs equal one long run."""
 from __future__ import annotations
 
 import json
-
 import shutil
 
 import jax
 import numpy as np
 import pytest
+from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
 
 from rl.checkpoint import Checkpoints, CheckpointStructureError, abstract_like
-from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
 
 
 def assert_same_params(a, b):
     jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
 
 
-def test_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(tmp_path, tmp_path_factory, capsys):
+def test_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(
+    tmp_path, tmp_path_factory, capsys
+):
     reference = trained_run(tmp_path_factory)  # same config, never interrupted
     config = write_config(tmp_path)
-    killed = run_signalled(["train", config, "--name", "killed"], signal_at=13_000, signal_name="SIGKILL")
+    killed = run_signalled(
+        ["train", config, "--name", "killed"], signal_at=13_000, signal_name="SIGKILL"
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     run_dir = tmp_path / "runs" / "killed"
     assert not (run_dir / "final_params.msgpack").exists()
@@ -41,10 +44,12 @@ def test_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(tmp_path, tmp
     capsys.readouterr()
     assert run_cli(["train", "--resume", run_dir]) == 0
     err = capsys.readouterr().err
-    assert "16000" in err and "cannot be used" in err and f"resuming from checkpoint" in err
+    assert "16000" in err and "cannot be used" in err and "resuming from checkpoint" in err
     assert (run_dir / "damaged_checkpoints" / "16000").is_dir()
     assert_same_params(final_params(run_dir), final_params(reference))
-    assert metric_rows(run_dir) == metric_rows(reference)  # rows written after the checkpoint were replaced
+    assert metric_rows(run_dir) == metric_rows(
+        reference
+    )  # rows written after the checkpoint were replaced
     assert Checkpoints(run_dir, read_only=True).steps()[-1] == 20_000
     # TensorBoard drops the killed process's events after the checkpoint (a purge marker at resume).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -69,7 +74,9 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path_factory, capsys):
     assert (run_dir / "final_params.msgpack").read_bytes() == before
 
 
-def test_resume_of_a_run_whose_last_chunk_was_saved_trains_nothing(tmp_path_factory, tmp_path, capsys):
+def test_resume_of_a_run_whose_last_chunk_was_saved_trains_nothing(
+    tmp_path_factory, tmp_path, capsys
+):
     """Every log point checkpointed but summary.json never written (killed just before the end)."""
     import shutil
 
@@ -94,7 +101,9 @@ def test_chunked_runner_equals_one_compiled_program(tmp_path_factory):
     returns = np.asarray(metrics["episode_return"])
     for row in rows:
         expected = returns[row["setting"], row["seed"], row["log_point"]]
-        assert (row["episode_return"] is None and np.isnan(expected)) or row["episode_return"] == pytest.approx(float(expected), rel=0, abs=0)
+        assert (row["episode_return"] is None and np.isnan(expected)) or row[
+            "episode_return"
+        ] == pytest.approx(float(expected), rel=0, abs=0)
 
 
 def test_checkpoint_roundtrip_keeps_structure_and_typed_keys(tmp_path):
@@ -104,26 +113,42 @@ def test_checkpoint_roundtrip_keeps_structure_and_typed_keys(tmp_path):
     class EnvState:
         cell: jax.Array
         time: jax.Array
-        actuators: jax.Array  # zero-size, as a Brax pipeline state's `act` on ant: orbax cannot store it
+        actuators: (
+            jax.Array
+        )  # zero-size, as a Brax pipeline state's `act` on ant: orbax cannot store it
 
     state = {
         "params": {"w": np.arange(12, dtype=np.float32).reshape(1, 2, 6)},
-        "env_state": EnvState(cell=np.ones((1, 2), np.int32), time=np.zeros((1, 2), np.int32), actuators=np.zeros((1, 2, 0), np.float32)),
+        "env_state": EnvState(
+            cell=np.ones((1, 2), np.int32),
+            time=np.zeros((1, 2), np.int32),
+            actuators=np.zeros((1, 2, 0), np.float32),
+        ),
         "key": jax.random.split(jax.random.key(3), 2)[None],  # typed keys
         "raw_key": np.zeros((1, 2, 2), np.uint32),
     }
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     state = jax.device_put(state, sharding)
     checkpoints = Checkpoints(tmp_path)
-    history = {"seed": {"step": np.array([[[10]] * 2])}, "host": {"steps_per_second": np.array([1.0])}}
+    history = {
+        "seed": {"step": np.array([[[10]] * 2])},
+        "host": {"steps_per_second": np.array([1.0])},
+    }
     checkpoints.save(10, state, history, {"log_points": 1})
     checkpoints.close()
-    restored_state, restored_history, meta = Checkpoints(tmp_path, read_only=True).restore(10, abstract_like(state))
+    restored_state, restored_history, meta = Checkpoints(tmp_path, read_only=True).restore(
+        10, abstract_like(state)
+    )
     assert isinstance(restored_state["env_state"], EnvState)
-    assert restored_state["env_state"].actuators.shape == (1, 2, 0) and restored_state["env_state"].actuators.dtype == np.float32
+    assert (
+        restored_state["env_state"].actuators.shape == (1, 2, 0)
+        and restored_state["env_state"].actuators.dtype == np.float32
+    )
     np.testing.assert_array_equal(restored_state["env_state"].cell, state["env_state"].cell)
     assert jax.dtypes.issubdtype(restored_state["key"].dtype, jax.dtypes.prng_key)
-    np.testing.assert_array_equal(jax.random.key_data(restored_state["key"]), jax.random.key_data(state["key"]))
+    np.testing.assert_array_equal(
+        jax.random.key_data(restored_state["key"]), jax.random.key_data(state["key"])
+    )
     np.testing.assert_array_equal(restored_state["params"]["w"], state["params"]["w"])
     assert meta == {"log_points": 1}
     np.testing.assert_array_equal(restored_history["seed"]["step"], history["seed"]["step"])
@@ -131,9 +156,18 @@ def test_checkpoint_roundtrip_keeps_structure_and_typed_keys(tmp_path):
 
 def test_checkpoint_of_another_shape_is_refused(tmp_path):
     checkpoints = Checkpoints(tmp_path)
-    checkpoints.save(1, {"params": np.zeros((1, 2, 3), np.float32)}, {"seed": {"step": np.ones((1, 2, 1))}, "host": {"x": np.ones(1)}}, {"log_points": 1})
+    checkpoints.save(
+        1,
+        {"params": np.zeros((1, 2, 3), np.float32)},
+        {"seed": {"step": np.ones((1, 2, 1))}, "host": {"x": np.ones(1)}},
+        {"log_points": 1},
+    )
     checkpoints.close()
-    wrong = {"params": jax.ShapeDtypeStruct((1, 2, 4), np.float32, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}
+    wrong = {
+        "params": jax.ShapeDtypeStruct(
+            (1, 2, 4), np.float32, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        )
+    }
     warnings = []
     assert Checkpoints(tmp_path, read_only=True).restore_latest(wrong, warn=warnings.append) is None
     assert warnings and "cannot be used" in warnings[0]
@@ -141,10 +175,63 @@ def test_checkpoint_of_another_shape_is_refused(tmp_path):
 
 # Tiny configs of the neural agents (replay buffers, optimiser states, target networks, normalisers).
 NEURAL = {
-    "dqn": {"env": {"id": "CartPole-v1"}, "agent": {"name": "dqn", "total_steps": 1024, "log_interval": 256, "learning_starts": 256, "buffer_size": 1000, "train_freq": 64, "gradient_steps": 4, "batch_size": 16, "network": {"hidden": [16]}, "eval_episodes": 2}},
-    "rainbow": {"env": {"id": "CartPole-v1"}, "agent": {"name": "rainbow", "total_steps": 1024, "log_interval": 256, "learning_starts": 256, "buffer_size": 1000, "train_freq": 64, "gradient_steps": 4, "batch_size": 16, "network": {"hidden": [16]}, "eval_episodes": 2, "num_atoms": 11}},
-    "ppo": {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo", "total_steps": 1024, "num_envs": 2, "num_steps": 64, "num_epochs": 2, "num_minibatches": 2, "network": {"hidden": [16]}, "log_interval": 2}},
-    "sac": {"env": {"id": "Pendulum-v1"}, "agent": {"name": "sac", "total_steps": 600, "log_interval": 200, "learning_starts": 200, "buffer_size": 1000, "batch_size": 16, "network": {"hidden": [16]}, "eval_episodes": 1}},
+    "dqn": {
+        "env": {"id": "CartPole-v1"},
+        "agent": {
+            "name": "dqn",
+            "total_steps": 1024,
+            "log_interval": 256,
+            "learning_starts": 256,
+            "buffer_size": 1000,
+            "train_freq": 64,
+            "gradient_steps": 4,
+            "batch_size": 16,
+            "network": {"hidden": [16]},
+            "eval_episodes": 2,
+        },
+    },
+    "rainbow": {
+        "env": {"id": "CartPole-v1"},
+        "agent": {
+            "name": "rainbow",
+            "total_steps": 1024,
+            "log_interval": 256,
+            "learning_starts": 256,
+            "buffer_size": 1000,
+            "train_freq": 64,
+            "gradient_steps": 4,
+            "batch_size": 16,
+            "network": {"hidden": [16]},
+            "eval_episodes": 2,
+            "num_atoms": 11,
+        },
+    },
+    "ppo": {
+        "env": {"id": "CartPole-v1"},
+        "agent": {
+            "name": "ppo",
+            "total_steps": 1024,
+            "num_envs": 2,
+            "num_steps": 64,
+            "num_epochs": 2,
+            "num_minibatches": 2,
+            "network": {"hidden": [16]},
+            "log_interval": 2,
+        },
+    },
+    "sac": {
+        "env": {"id": "Pendulum-v1"},
+        "agent": {
+            "name": "sac",
+            "total_steps": 600,
+            "log_interval": 200,
+            "learning_starts": 200,
+            "buffer_size": 1000,
+            "batch_size": 16,
+            "network": {"hidden": [16]},
+            "eval_episodes": 1,
+        },
+    },
 }
 
 
@@ -157,7 +244,9 @@ def test_neural_agent_interrupted_and_resumed_equals_uninterrupted(agent, tmp_pa
 
     from rl import logging as rl_logging
 
-    config = write_config(tmp_path, {**NEURAL[agent], "run": {"seeds": 2, "checkpoint_every": 1, "progress": False}})
+    config = write_config(
+        tmp_path, {**NEURAL[agent], "run": {"seeds": 2, "checkpoint_every": 1, "progress": False}}
+    )
     assert run_cli(["train", config, "--name", "full"]) == 0
     sent = []
 
@@ -171,7 +260,9 @@ def test_neural_agent_interrupted_and_resumed_equals_uninterrupted(agent, tmp_pa
     assert "interrupted at step" in capsys.readouterr().err
     assert run_cli(["train", "--resume", tmp_path / "runs" / "stopped"]) == 0
     runs = tmp_path / "runs"
-    assert (runs / "stopped" / "final_params.msgpack").read_bytes() == (runs / "full" / "final_params.msgpack").read_bytes()
+    assert (runs / "stopped" / "final_params.msgpack").read_bytes() == (
+        runs / "full" / "final_params.msgpack"
+    ).read_bytes()
     assert metric_rows(runs / "stopped") == metric_rows(runs / "full")
 
 
@@ -181,10 +272,26 @@ def test_a_checkpoint_of_another_structure_stops_the_restore_and_stays_in_place(
     import jax.numpy as jnp
 
     checkpoints = Checkpoints(tmp_path / "run")
-    old = {"params": {"w": jnp.ones((1, 2, 3))}, "buffer": {"data": {"obs": jnp.zeros((1, 2, 4, 3))}}}
-    checkpoints.save(10, old, {"seed": {"step": np.zeros((1, 2, 1))}, "host": {"wall_time": np.zeros(1)}}, {"log_points": 1, "step": 10})
+    old = {
+        "params": {"w": jnp.ones((1, 2, 3))},
+        "buffer": {"data": {"obs": jnp.zeros((1, 2, 4, 3))}},
+    }
+    checkpoints.save(
+        10,
+        old,
+        {"seed": {"step": np.zeros((1, 2, 1))}, "host": {"wall_time": np.zeros(1)}},
+        {"log_points": 1, "step": 10},
+    )
     checkpoints.wait()
-    new = jax.eval_shape(lambda: {"params": {"w": jnp.ones((1, 2, 3))}, "buffer": {"storage": (jnp.zeros((1, 2, 4, 5), jnp.uint32),)}})
-    with pytest.raises(CheckpointStructureError, match=r"checkpoints/10 holds a training state of another structure"):
+    new = jax.eval_shape(
+        lambda: {
+            "params": {"w": jnp.ones((1, 2, 3))},
+            "buffer": {"storage": (jnp.zeros((1, 2, 4, 5), jnp.uint32),)},
+        }
+    )
+    with pytest.raises(
+        CheckpointStructureError,
+        match=r"checkpoints/10 holds a training state of another structure",
+    ):
         checkpoints.restore_latest(new)
     assert checkpoints.steps() == [10] and not (tmp_path / "run" / "damaged_checkpoints").exists()

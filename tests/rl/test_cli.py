@@ -16,7 +16,12 @@ from rl.cli import main
 
 TINY = {
     "env": {"id": "GridWorld", "params": {"size": 3, "max_steps_in_episode": 20}},
-    "agent": {"name": "qlearning", "total_steps": 400, "log_interval": 100, "epsilon_decay_steps": 200},
+    "agent": {
+        "name": "qlearning",
+        "total_steps": 400,
+        "log_interval": 100,
+        "epsilon_decay_steps": 200,
+    },
     "run": {"seed": 7, "seeds": 3, "progress": False},
 }
 
@@ -49,10 +54,20 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
     from rl.config import build_config
 
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["agent"]["lr"] == 0.1 and saved["agent"]["gamma"] == 0.99 and saved["agent"]["total_steps"] == 400
-    assert saved["run"]["seeds"] == 3 and saved["run"]["output_dir"] == str(out) and saved["run"]["name"] == "tiny"
+    assert (
+        saved["agent"]["lr"] == 0.1
+        and saved["agent"]["gamma"] == 0.99
+        and saved["agent"]["total_steps"] == 400
+    )
+    assert (
+        saved["run"]["seeds"] == 3
+        and saved["run"]["output_dir"] == str(out)
+        and saved["run"]["name"] == "tiny"
+    )
     assert saved["env"] == TINY["env"]
-    config = build_config({k: v for k, v in saved.items() if k in ("env", "agent", "run", "kernels")})
+    config = build_config(
+        {k: v for k, v in saved.items() if k in ("env", "agent", "run", "kernels")}
+    )
     assert config.agent.epsilon_decay_steps == 200
 
     # metrics: one row per seed and log point, with the required metrics
@@ -67,13 +82,24 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
     # final params: [settings, seeds, states, actions], equal to training the same seeds as a library
     from flax import serialization
 
-    params = np.asarray(serialization.msgpack_restore((run_dir / "final_params.msgpack").read_bytes()))
+    params = np.asarray(
+        serialization.msgpack_restore((run_dir / "final_params.msgpack").read_bytes())
+    )
     assert params.shape == (1, 3, 9, 4)
     from rl.train import train_many
 
     final_state, metrics = train_many(config)
     np.testing.assert_array_equal(params, np.asarray(final_state["params"]))
-    jsonl_returns = np.array([[row["episode_return"] if row["episode_return"] is not None else np.nan for row in rows if row["seed"] == s] for s in range(3)])
+    jsonl_returns = np.array(
+        [
+            [
+                row["episode_return"] if row["episode_return"] is not None else np.nan
+                for row in rows
+                if row["seed"] == s
+            ]
+            for s in range(3)
+        ]
+    )
     np.testing.assert_array_equal(jsonl_returns, np.asarray(metrics["episode_return"])[0])
 
     # summary: written and printed
@@ -81,10 +107,16 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
     assert summary["agent"] == "qlearning" and summary["env"] == "GridWorld"
     assert len(summary["settings"]) == 1 and summary["settings"][0]["seeds"] == 3
     row = summary["settings"][0]
-    assert summary["metric"] == "episode_return" and "exploratory" in summary["metric_description"]  # qlearning has no eval_return
+    assert (
+        summary["metric"] == "episode_return" and "exploratory" in summary["metric_description"]
+    )  # qlearning has no eval_return
     assert len(row["per_seed"]) == 3 and row["label"] == ""
     assert row["mean"] == pytest.approx(1.0)  # every episode that ends reaches the goal
-    assert row["median"] == pytest.approx(1.0) and row["min"] == row["max"] == pytest.approx(1.0) and row["std"] == pytest.approx(0.0)
+    assert (
+        row["median"] == pytest.approx(1.0)
+        and row["min"] == row["max"] == pytest.approx(1.0)
+        and row["std"] == pytest.approx(0.0)
+    )
     assert "final episode_return (return of the training (exploratory) episodes" in captured.out
     assert "[config]" not in captured.out
     assert summary["compile_seconds"] > 0 and summary["env_steps_per_second"] > 0
@@ -97,18 +129,28 @@ def _summary_of(metrics, grid=({},)):
     from rl.train import summarise
 
     config = build_config(TINY)
-    return summarise(config, list(grid), {k: np.asarray(v, np.float64) for k, v in metrics.items()}, 1.0, 2.0)
+    return summarise(
+        config, list(grid), {k: np.asarray(v, np.float64) for k, v in metrics.items()}, 1.0, 2.0
+    )
 
 
 def test_summary_reports_the_greedy_eval_return_when_the_agent_has_one():
     # [settings=1, seeds=3, log points=3]; eval_return differs from the exploratory episode_return
     episode = [[[1.0, 2.0, 3.0], [1.0, 2.0, 5.0], [1.0, np.nan, np.nan]]]
     evals = [[[10.0, 20.0, 30.0], [10.0, 40.0, np.nan], [np.nan, np.nan, np.nan]]]
-    summary = _summary_of({"step": [[[100, 200, 300]] * 3], "episode_return": episode, "eval_return": evals})
+    summary = _summary_of(
+        {"step": [[[100, 200, 300]] * 3], "episode_return": episode, "eval_return": evals}
+    )
     assert summary["metric"] == "eval_return" and "greedy" in summary["metric_description"]
     row = summary["settings"][0]
     assert row["per_seed"] == [30.0, 40.0, None]  # the last finite value per seed; None where none
-    assert row["mean"] == 35.0 and row["median"] == 35.0 and row["std"] == 5.0 and row["min"] == 30.0 and row["max"] == 40.0
+    assert (
+        row["mean"] == 35.0
+        and row["median"] == 35.0
+        and row["std"] == 5.0
+        and row["min"] == 30.0
+        and row["max"] == 40.0
+    )
     from rl.cli import summary_lines
 
     lines = summary_lines(summary)
@@ -119,7 +161,10 @@ def test_summary_reports_the_greedy_eval_return_when_the_agent_has_one():
 def test_summary_falls_back_to_episode_return_and_labels_sweep_settings():
     nan = [[[np.nan, np.nan]] * 2] * 2
     episode = [[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]]
-    summary = _summary_of({"step": [[[1, 2]] * 2] * 2, "episode_return": episode, "eval_return": nan}, grid=[{"lr": 0.1}, {"lr": 0.5}])
+    summary = _summary_of(
+        {"step": [[[1, 2]] * 2] * 2, "episode_return": episode, "eval_return": nan},
+        grid=[{"lr": 0.1}, {"lr": 0.5}],
+    )
     assert summary["metric"] == "episode_return"
     assert [row["per_seed"] for row in summary["settings"]] == [[2.0, 4.0], [6.0, 8.0]]
     from rl.cli import summary_lines
@@ -130,10 +175,26 @@ def test_summary_falls_back_to_episode_return_and_labels_sweep_settings():
 def test_overrides_after_options_are_applied(tmp_path, capsys):
     config_path = write_config(tmp_path)
     out = tmp_path / "runs"
-    status = run_cli(["train", config_path, "--output-dir", out, "agent.lr=0.3", "--seeds", "2", "run.name=after", "agent.gamma=0.9"])
+    status = run_cli(
+        [
+            "train",
+            config_path,
+            "--output-dir",
+            out,
+            "agent.lr=0.3",
+            "--seeds",
+            "2",
+            "run.name=after",
+            "agent.gamma=0.9",
+        ]
+    )
     assert status == 0, capsys.readouterr().err
     saved = yaml.safe_load((out / "after" / "config.yaml").read_text())
-    assert saved["agent"]["lr"] == 0.3 and saved["agent"]["gamma"] == 0.9 and saved["run"]["seeds"] == 2
+    assert (
+        saved["agent"]["lr"] == 0.3
+        and saved["agent"]["gamma"] == 0.9
+        and saved["run"]["seeds"] == 2
+    )
     rows = (out / "after" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2 * 4
 
@@ -150,30 +211,93 @@ def _bad(tmp_path, **changes):
 
 
 BAD_INPUTS = {
-    "missing file": (lambda p: ["train", p / "nope.yaml"], "config file .*nope.yaml' does not exist"),
+    "missing file": (
+        lambda p: ["train", p / "nope.yaml"],
+        "config file .*nope.yaml' does not exist",
+    ),
     "unparsable file": (lambda p: ["train", _text(p, "agent: {name: [\n")], "cannot be parsed"),
     "not a mapping": (lambda p: ["train", _text(p, "- 1\n")], "must hold a mapping"),
-    "unknown key": (lambda p: ["train", _bad(p, agent={**TINY["agent"], "lrr": 0.1})], r"unknown key 'agent\.lrr' \(did you mean 'agent\.lr'\?\)"),
-    "unknown key override": (lambda p: ["train", write_config(p), "agent.epsilon_stat=0.5"], r"unknown key 'agent\.epsilon_stat' \(did you mean 'agent\.epsilon_start'\?\)"),
-    "wrong type": (lambda p: ["train", write_config(p), "agent.lr=fast"], r"agent\.lr: expected a number"),
-    "negative lr": (lambda p: ["train", write_config(p), "agent.lr=-0.1"], r"agent\.lr: -0\.1 is out of range"),
-    "gamma above 1": (lambda p: ["train", write_config(p), "agent.gamma=1.5"], r"agent\.gamma: 1\.5 is out of range"),
-    "gamma below 0": (lambda p: ["train", _bad(p, agent={**TINY["agent"], "gamma": -0.5})], r"agent\.gamma: -0\.5 is out of range"),
-    "zero seeds flag": (lambda p: ["train", write_config(p), "--seeds", "0"], r"run\.seeds: 0 is out of range"),
-    "zero seeds override": (lambda p: ["train", write_config(p), "run.seeds=0"], r"run\.seeds: 0 is out of range"),
-    "unknown env": (lambda p: ["train", write_config(p), "env.id=GridWorl"], r"env\.id: unknown env id 'GridWorl'\. Did you mean 'GridWorld'\?"),
-    "unknown env param": (lambda p: ["train", write_config(p), "env.params.colour=red"], r"env\.params: .*colour"),
-    "unknown agent": (lambda p: ["train", write_config(p), "agent.name=qlearnin"], r"agent\.name: unknown agent 'qlearnin' \(did you mean 'qlearning'\?\)"),
+    "unknown key": (
+        lambda p: ["train", _bad(p, agent={**TINY["agent"], "lrr": 0.1})],
+        r"unknown key 'agent\.lrr' \(did you mean 'agent\.lr'\?\)",
+    ),
+    "unknown key override": (
+        lambda p: ["train", write_config(p), "agent.epsilon_stat=0.5"],
+        r"unknown key 'agent\.epsilon_stat' \(did you mean 'agent\.epsilon_start'\?\)",
+    ),
+    "wrong type": (
+        lambda p: ["train", write_config(p), "agent.lr=fast"],
+        r"agent\.lr: expected a number",
+    ),
+    "negative lr": (
+        lambda p: ["train", write_config(p), "agent.lr=-0.1"],
+        r"agent\.lr: -0\.1 is out of range",
+    ),
+    "gamma above 1": (
+        lambda p: ["train", write_config(p), "agent.gamma=1.5"],
+        r"agent\.gamma: 1\.5 is out of range",
+    ),
+    "gamma below 0": (
+        lambda p: ["train", _bad(p, agent={**TINY["agent"], "gamma": -0.5})],
+        r"agent\.gamma: -0\.5 is out of range",
+    ),
+    "zero seeds flag": (
+        lambda p: ["train", write_config(p), "--seeds", "0"],
+        r"run\.seeds: 0 is out of range",
+    ),
+    "zero seeds override": (
+        lambda p: ["train", write_config(p), "run.seeds=0"],
+        r"run\.seeds: 0 is out of range",
+    ),
+    "unknown env": (
+        lambda p: ["train", write_config(p), "env.id=GridWorl"],
+        r"env\.id: unknown env id 'GridWorl'\. Did you mean 'GridWorld'\?",
+    ),
+    "unknown env param": (
+        lambda p: ["train", write_config(p), "env.params.colour=red"],
+        r"env\.params: .*colour",
+    ),
+    "unknown agent": (
+        lambda p: ["train", write_config(p), "agent.name=qlearnin"],
+        r"agent\.name: unknown agent 'qlearnin' \(did you mean 'qlearning'\?\)",
+    ),
     "missing section": (lambda p: ["train", _bad(p, agent=None)], r"missing section 'agent'"),
-    "bad override syntax": (lambda p: ["train", write_config(p), "=0.3"], r"override '=0\.3' has an empty key"),
-    "override into a value": (lambda p: ["train", write_config(p), "agent.lr.x=1"], r"agent\.lr( is not a section|: expected a number)"),
-    "bad sweep spec": (lambda p: ["train", write_config(p), "--sweep", "agent.lr"], r"--sweep 'agent\.lr' must look like"),
-    "unsweepable key": (lambda p: ["train", write_config(p), "--sweep", "agent.total_steps=100,200"], r"agent\.total_steps cannot be swept"),
-    "bad sweep value": (lambda p: ["train", write_config(p), "--sweep", "agent.lr=0.1,-2"], r"agent\.lr: -2(\.0)? is out of range"),
-    "steps not a multiple": (lambda p: ["train", write_config(p), "agent.log_interval=300"], r"must be a multiple of agent\.log_interval"),
-    "run name outside the output dir": (lambda p: ["train", write_config(p), "run.name=../escaped"], r"run\.name: '\.\./escaped' must be a plain directory name"),
-    "unknown option": (lambda p: ["train", write_config(p), "--sedes", "3"], r"unrecognized arguments: --sedes"),
-    "non-integer seeds": (lambda p: ["train", write_config(p), "--seeds", "many"], r"--seeds: invalid int value"),
+    "bad override syntax": (
+        lambda p: ["train", write_config(p), "=0.3"],
+        r"override '=0\.3' has an empty key",
+    ),
+    "override into a value": (
+        lambda p: ["train", write_config(p), "agent.lr.x=1"],
+        r"agent\.lr( is not a section|: expected a number)",
+    ),
+    "bad sweep spec": (
+        lambda p: ["train", write_config(p), "--sweep", "agent.lr"],
+        r"--sweep 'agent\.lr' must look like",
+    ),
+    "unsweepable key": (
+        lambda p: ["train", write_config(p), "--sweep", "agent.total_steps=100,200"],
+        r"agent\.total_steps cannot be swept",
+    ),
+    "bad sweep value": (
+        lambda p: ["train", write_config(p), "--sweep", "agent.lr=0.1,-2"],
+        r"agent\.lr: -2(\.0)? is out of range",
+    ),
+    "steps not a multiple": (
+        lambda p: ["train", write_config(p), "agent.log_interval=300"],
+        r"must be a multiple of agent\.log_interval",
+    ),
+    "run name outside the output dir": (
+        lambda p: ["train", write_config(p), "run.name=../escaped"],
+        r"run\.name: '\.\./escaped' must be a plain directory name",
+    ),
+    "unknown option": (
+        lambda p: ["train", write_config(p), "--sedes", "3"],
+        r"unrecognized arguments: --sedes",
+    ),
+    "non-integer seeds": (
+        lambda p: ["train", write_config(p), "--seeds", "many"],
+        r"--seeds: invalid int value",
+    ),
 }
 
 
@@ -211,7 +335,11 @@ def test_existing_run_directory_is_refused_and_left_alone(tmp_path, capsys):
     (out / "run" / "keep.txt").write_text("mine")
     status = run_cli(["train", write_config(tmp_path), "--output-dir", out, "--name", "run"])
     captured = capsys.readouterr()
-    assert status == 2 and "already exists" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert (
+        status == 2
+        and "already exists" in captured.err
+        and len(captured.err.strip().splitlines()) == 1
+    )
     assert os.listdir(out / "run") == ["keep.txt"]
 
 
@@ -223,7 +351,9 @@ def test_console_script_reports_bad_input(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stdout == ""
-    assert result.stderr.strip().splitlines() == ["rl: error: agent.gamma: 2.0 is out of range (must be <= 1.0)"]
+    assert result.stderr.strip().splitlines() == [
+        "rl: error: agent.gamma: 2.0 is out of range (must be <= 1.0)"
+    ]
     assert not out.exists()
 
 
@@ -240,8 +370,24 @@ def test_train_and_eval_leave_the_kernels_process_wide_backend_alone(tmp_path, c
 
     before = kernels.get_backend()
     out = tmp_path / "runs"
-    assert run_cli(["train", write_config(tmp_path), "--output-dir", out, "--name", "interp", "kernels.backend=interpret"]) == 0
-    assert yaml.safe_load((out / "interp" / "config.yaml").read_text())["kernels"] == {"backend": "interpret", "deterministic": False}
+    assert (
+        run_cli(
+            [
+                "train",
+                write_config(tmp_path),
+                "--output-dir",
+                out,
+                "--name",
+                "interp",
+                "kernels.backend=interpret",
+            ]
+        )
+        == 0
+    )
+    assert yaml.safe_load((out / "interp" / "config.yaml").read_text())["kernels"] == {
+        "backend": "interpret",
+        "deterministic": False,
+    }
     assert kernels.get_backend() == before
     assert run_cli(["eval", out / "interp", "--episodes", "2"]) == 0
     assert kernels.get_backend() == before
@@ -271,7 +417,7 @@ def test_progress_bar_rate_starts_at_the_second_log_point():
     assert "100/300 steps  steps/s from the next log point" in first and "0 steps/s" not in first
     bar.first_step_time -= 2.0  # two seconds between the log points
     bar({"step": np.array([[300]])})
-    assert "300/300 steps  100 steps/s per seed" in stream.getvalue()[len(first):]
+    assert "300/300 steps  100 steps/s per seed" in stream.getvalue()[len(first) :]
 
 
 def test_smoke_seeds_caps_the_seeds_and_names_a_bad_value(monkeypatch):
@@ -284,5 +430,8 @@ def test_smoke_seeds_caps_the_seeds_and_names_a_bad_value(monkeypatch):
     monkeypatch.setenv("FUSEDRL_SMOKE_SEEDS", "64")
     assert resolve_train_config(args)[0].run.seeds == 16
     monkeypatch.setenv("FUSEDRL_SMOKE_SEEDS", "two")
-    with pytest.raises(ConfigError, match="environment variable FUSEDRL_SMOKE_SEEDS: expected a positive integer, got 'two'"):
+    with pytest.raises(
+        ConfigError,
+        match="environment variable FUSEDRL_SMOKE_SEEDS: expected a positive integer, got 'two'",
+    ):
         resolve_train_config(args)

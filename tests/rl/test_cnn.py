@@ -13,7 +13,9 @@ from envs.spaces import Box
 from rl import networks
 from rl.config import ConfigError, build_config
 
-pytestmark = pytest.mark.usefixtures("full_precision_matmuls")  # exact float32 comparisons, also on the GPU
+pytestmark = pytest.mark.usefixtures(
+    "full_precision_matmuls"
+)  # exact float32 comparisons, also on the GPU
 
 KEY = jax.random.PRNGKey(0)
 MINATAR = Box(0, 1, (10, 10, 4))
@@ -32,10 +34,25 @@ def q_net(torso: str, hidden, obs_space, num_actions: int):
 # (torso, hidden, observation space, actions, parameter count by hand)
 CASES = {
     # conv 3x3x4x16 + 16 -> 8x8x16 = 1024 features -> dense 128 -> 3 Q-values
-    "cnn_minatar": ("cnn_minatar", (128,), MINATAR, 3, (3 * 3 * 4 * 16 + 16) + (1024 * 128 + 128) + (128 * 3 + 3)),
+    "cnn_minatar": (
+        "cnn_minatar",
+        (128,),
+        MINATAR,
+        3,
+        (3 * 3 * 4 * 16 + 16) + (1024 * 128 + 128) + (128 * 3 + 3),
+    ),
     # 84 -> 20 -> 9 -> 7: 7x7x64 = 3136 features -> dense 512 -> 6 Q-values
-    "nature_cnn": ("nature_cnn", (512,), ATARI, 6,
-                   (8 * 8 * 4 * 32 + 32) + (4 * 4 * 32 * 64 + 64) + (3 * 3 * 64 * 64 + 64) + (3136 * 512 + 512) + (512 * 6 + 6)),
+    "nature_cnn": (
+        "nature_cnn",
+        (512,),
+        ATARI,
+        6,
+        (8 * 8 * 4 * 32 + 32)
+        + (4 * 4 * 32 * 64 + 64)
+        + (3 * 3 * 64 * 64 + 64)
+        + (3136 * 512 + 512)
+        + (512 * 6 + 6),
+    ),
 }
 
 
@@ -49,11 +66,18 @@ def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
         params = jax.eval_shape(net.init, KEY, obs)  # shapes only
         assert jax.eval_shape(net.apply, params, obs).shape == (5, actions)
         assert jax.eval_shape(net.apply, params, obs[0]).shape == (actions,)  # one observation
-        assert jax.eval_shape(net.apply, params, jnp.zeros((2, 3) + space.shape)).shape == (2, 3, actions)
+        assert jax.eval_shape(net.apply, params, jnp.zeros((2, 3) + space.shape)).shape == (
+            2,
+            3,
+            actions,
+        )
         results[backend] = (count(params), sorted(x.shape for x in jax.tree.leaves(params)))
     assert results["flax"] == results["haiku"]
     assert results["flax"][0] == num_params
-    assert networks.cnn_output_shape(torso, space) == {"cnn_minatar": (8, 8, 16), "nature_cnn": (7, 7, 64)}[name]
+    assert (
+        networks.cnn_output_shape(torso, space)
+        == {"cnn_minatar": (8, 8, 16), "nature_cnn": (7, 7, 64)}[name]
+    )
 
 
 @pytest.mark.parametrize("backend", networks.BACKENDS)
@@ -64,7 +88,9 @@ def test_leading_batch_dims_are_independent_samples(backend):
     batched = net.apply(params, obs)
     for i in range(2):
         for j in range(3):
-            np.testing.assert_allclose(batched[i, j], net.apply(params, obs[i, j]), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                batched[i, j], net.apply(params, obs[i, j]), rtol=1e-5, atol=1e-6
+            )
 
 
 @pytest.mark.parametrize("backend", networks.BACKENDS)
@@ -81,7 +107,9 @@ def test_actor_critic_with_a_cnn_torso_has_two_conv_stacks():
     config = networks.NetworkConfig(torso="cnn_minatar", hidden=(128,), activation="relu")
     torso = networks.make_torso(config, MINATAR)
     for shared, stacks in ((False, 2), (True, 1)):
-        net = networks.build(networks.actor_critic(torso, networks.categorical_policy_head(3), shared=shared), "flax")
+        net = networks.build(
+            networks.actor_critic(torso, networks.categorical_policy_head(3), shared=shared), "flax"
+        )
         params = net.init(KEY, jnp.zeros(MINATAR.shape))
         assert sum(x.ndim == 4 for x in jax.tree.leaves(params)) == stacks
         logits, value = net.apply(params, jnp.zeros((7,) + MINATAR.shape))
@@ -97,13 +125,18 @@ def test_mlp_flattens_image_observations():
 
 def test_cnn_torsos_need_images_large_enough():
     config = networks.NetworkConfig(torso="cnn_minatar")
-    with pytest.raises(ValueError, match=r"torso 'cnn_minatar' needs image observations, a Box of shape \[height, width, channels\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"torso 'cnn_minatar' needs image observations, a Box of shape \[height, width, channels\]",
+    ):
         networks.make_torso(config, Box(-1, 1, (4,)))
     with pytest.raises(ValueError, match="needs image observations"):
         networks.make_torso(config)  # no observation space
     with pytest.raises(ValueError, match=r"images of 10x10 are too small for its 4x4 conv layers"):
         networks.make_torso(networks.NetworkConfig(torso="nature_cnn"), MINATAR)
-    networks.make_torso(networks.NetworkConfig(torso="nature_cnn"), Box(0, 1, (36, 36, 1)))  # the smallest it takes
+    networks.make_torso(
+        networks.NetworkConfig(torso="nature_cnn"), Box(0, 1, (36, 36, 1))
+    )  # the smallest it takes
     with pytest.raises(ConfigError, match="^agent.network.torso: torso 'nature_cnn'"):
         networks.NetworkConfig(torso="nature_cnn").check_obs_space(Box(0, 1, (35, 40, 3)))
 
@@ -111,18 +144,37 @@ def test_cnn_torsos_need_images_large_enough():
 @pytest.mark.parametrize(
     "agent, env, message",
     [
-        ("ppo", "CartPole-v1", r"^agent.network.torso: torso 'cnn_minatar' needs image observations"),
-        ("dqn", "CartPole-v1", r"^agent.network.torso: torso 'cnn_minatar' needs image observations"),
-        ("rainbow", "Acrobot-v1", r"^agent.network.torso: torso 'cnn_minatar' needs image observations"),
+        (
+            "ppo",
+            "CartPole-v1",
+            r"^agent.network.torso: torso 'cnn_minatar' needs image observations",
+        ),
+        (
+            "dqn",
+            "CartPole-v1",
+            r"^agent.network.torso: torso 'cnn_minatar' needs image observations",
+        ),
+        (
+            "rainbow",
+            "Acrobot-v1",
+            r"^agent.network.torso: torso 'cnn_minatar' needs image observations",
+        ),
         ("sac", "Pendulum-v1", r"^agent.network.torso: sac supports only the mlp torso"),
         ("td3", "Pendulum-v1", r"^agent.network.torso: td3 supports only the mlp torso"),
     ],
 )
 def test_configs_with_a_cnn_torso_on_vector_observations_fail_naming_the_key(agent, env, message):
     with pytest.raises(ConfigError, match=message):
-        build_config({"env": {"id": env}, "agent": {"name": agent, "network": {"torso": "cnn_minatar"}}})
+        build_config(
+            {"env": {"id": env}, "agent": {"name": agent, "network": {"torso": "cnn_minatar"}}}
+        )
 
 
 def test_unknown_torso_is_a_config_error_listing_the_torsos():
-    with pytest.raises(ConfigError, match=r"agent.network.torso: 'cnn' is not one of \['mlp', 'cnn_minatar', 'nature_cnn'"):
-        build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "dqn", "network": {"torso": "cnn"}}})
+    with pytest.raises(
+        ConfigError,
+        match=r"agent.network.torso: 'cnn' is not one of \['mlp', 'cnn_minatar', 'nature_cnn'",
+    ):
+        build_config(
+            {"env": {"id": "CartPole-v1"}, "agent": {"name": "dqn", "network": {"torso": "cnn"}}}
+        )

@@ -8,13 +8,25 @@ import jax.numpy as jnp
 import pytest
 import yaml
 
-from rl.config import ConfigError, build_config, hyperparams, load_config, parse_override, parse_sweep, sweepable
+from rl.config import (
+    ConfigError,
+    build_config,
+    hyperparams,
+    load_config,
+    parse_override,
+    parse_sweep,
+    sweepable,
+)
 
 DEFAULT = "configs/qlearning_gridworld.yaml"
 
 
 def base():
-    return {"env": {"id": "GridWorld", "params": {"size": 5}}, "agent": {"name": "qlearning", "total_steps": 2000, "log_interval": 500}, "run": {"seeds": 2}}
+    return {
+        "env": {"id": "GridWorld", "params": {"size": 5}},
+        "agent": {"name": "qlearning", "total_steps": 2000, "log_interval": 500},
+        "run": {"seeds": 2},
+    }
 
 
 def with_value(dotted: str, value):
@@ -49,8 +61,21 @@ def test_to_dict_round_trips():
 
 
 def test_overrides_set_nested_values_and_parse_yaml_scalars():
-    config = load_config(DEFAULT, ["agent.lr=0.05", "run.seeds=3", "env.params.max_steps_in_episode=50", "run.progress=false", "agent.gamma=1"])
-    assert config.agent.lr == 0.05 and isinstance(config.agent.gamma, float) and config.agent.gamma == 1.0
+    config = load_config(
+        DEFAULT,
+        [
+            "agent.lr=0.05",
+            "run.seeds=3",
+            "env.params.max_steps_in_episode=50",
+            "run.progress=false",
+            "agent.gamma=1",
+        ],
+    )
+    assert (
+        config.agent.lr == 0.05
+        and isinstance(config.agent.gamma, float)
+        and config.agent.gamma == 1.0
+    )
     assert config.run.seeds == 3 and config.run.progress is False
     assert config.env.params["max_steps_in_episode"] == 50
 
@@ -62,7 +87,9 @@ def test_yaml_exponent_without_dot_is_a_number():
 def test_hyperparams_are_the_sweepable_fields_as_float32():
     config = build_config(base())
     hp = hyperparams(config.agent)
-    assert set(hp) == set(sweepable(config.agent)) >= {"lr", "gamma", "epsilon_start", "epsilon_end"}
+    assert (
+        set(hp) == set(sweepable(config.agent)) >= {"lr", "gamma", "epsilon_start", "epsilon_end"}
+    )
     assert "total_steps" not in hp and "epsilon_decay_steps" not in hp
     assert all(v.dtype == jnp.float32 and v.shape == () for v in hp.values())
     assert float(hp["lr"]) == pytest.approx(0.1)
@@ -103,15 +130,31 @@ def test_hyperparams_are_the_sweepable_fields_as_float32():
         ("run.name", "a/b", r"run\.name: 'a/b' must be a plain directory name"),
         ("run.name", "..", r"run\.name: '\.\.' must be a plain directory name"),
         ("agent.total_steps", 0, r"agent\.total_steps: 0 is out of range"),
-        ("agent.log_interval", 300, r"agent\.total_steps \(2000\) must be a multiple of agent\.log_interval \(300\)"),
-        ("kernels.backend", "tritonn", r"kernels\.backend: 'tritonn' is not one of .* \(did you mean 'kernels\.triton'\?\)|kernels\.backend: 'tritonn' is not one of"),
+        (
+            "agent.log_interval",
+            300,
+            r"agent\.total_steps \(2000\) must be a multiple of agent\.log_interval \(300\)",
+        ),
+        (
+            "kernels.backend",
+            "tritonn",
+            r"kernels\.backend: 'tritonn' is not one of .* \(did you mean 'kernels\.triton'\?\)|kernels\.backend: 'tritonn' is not one of",
+        ),
         # unknown env, env param, agent
         ("env.id", "GridWorl", r"env\.id: unknown env id 'GridWorl'\. Did you mean 'GridWorld'\?"),
         ("env.id", "Nope-v0", r"env\.id: unknown env id 'Nope-v0'"),
         ("env.params", {"colour": "red"}, r"env\.params: .*unknown env param.*colour"),
         ("env.params", {"size": 1}, r"env\.params: .*size must be at least 2"),
-        ("agent.name", "qlearnin", r"agent\.name: unknown agent 'qlearnin' \(did you mean 'qlearning'\?\)"),
-        ("agent.name", "alphazero", r"agent\.name: unknown agent 'alphazero'.*known agents: .*qlearning"),
+        (
+            "agent.name",
+            "qlearnin",
+            r"agent\.name: unknown agent 'qlearnin' \(did you mean 'qlearning'\?\)",
+        ),
+        (
+            "agent.name",
+            "alphazero",
+            r"agent\.name: unknown agent 'alphazero'.*known agents: .*qlearning",
+        ),
     ],
 )
 def test_bad_values_name_the_key(dotted, value, pattern):
@@ -165,7 +208,9 @@ def test_unparsable_file(tmp_path):
 
 def test_yaml_syntax_error_names_its_line_and_column(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("env:\n  id: GridWorld\nagent:\n  name: qlearning\n lr: 0.1\n")  # line 5 is indented by 1, not 2
+    path.write_text(
+        "env:\n  id: GridWorld\nagent:\n  name: qlearning\n lr: 0.1\n"
+    )  # line 5 is indented by 1, not 2
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert "bad.yaml' cannot be parsed: line 5, column 2: expected <block end>" in str(info.value)
@@ -222,7 +267,10 @@ def test_sweep_grid_is_the_product_of_values():
     "spec, pattern",
     [
         ("agent.lr", r"--sweep 'agent\.lr' must look like agent\.key=v1,v2"),
-        ("agent.lrr=0.1,0.2", r"--sweep: unknown key 'agent\.lrr' \(did you mean 'lr'\?\)|--sweep: unknown key 'agent\.lrr'"),
+        (
+            "agent.lrr=0.1,0.2",
+            r"--sweep: unknown key 'agent\.lrr' \(did you mean 'lr'\?\)|--sweep: unknown key 'agent\.lrr'",
+        ),
         ("agent.total_steps=100,200", r"--sweep: agent\.total_steps cannot be swept; sweepable: "),
         ("agent.lr=0.1,", r"--sweep 'agent\.lr=0\.1,': empty value"),
         ("agent.lr=0.1,-0.5", r"agent\.lr: -0\.5 is out of range"),

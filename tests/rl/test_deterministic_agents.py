@@ -16,20 +16,29 @@ import sys
 import textwrap
 
 import jax
-import numpy as np
 import pytest
+from run_helpers import REPO, subprocess_env
 
 from kernels import launch
 from rl import losses
-from rl.agents import pqn, ppo, rainbow
+from rl.agents import ppo, pqn, rainbow
 from rl.config import ConfigError, build_config, hyperparams, load_config
 
-from run_helpers import REPO, subprocess_env
-
 TINY_RAINBOW = dict(
-    name="rainbow", total_steps=512, buffer_size=256, learning_starts=128, batch_size=16, train_freq=64,
-    gradient_steps=4, target_update_interval=16, network={"hidden": [16, 16]}, log_interval=256, eval_episodes=1,
-    num_atoms=11, v_min=0.0, v_max=10.0,
+    name="rainbow",
+    total_steps=512,
+    buffer_size=256,
+    learning_starts=128,
+    batch_size=16,
+    train_freq=64,
+    gradient_steps=4,
+    target_update_interval=16,
+    network={"hidden": [16, 16]},
+    log_interval=256,
+    eval_episodes=1,
+    num_atoms=11,
+    v_min=0.0,
+    v_max=10.0,
 )
 
 
@@ -41,11 +50,19 @@ def test_the_config_key_validates_and_defaults_off():
         build_config({**base, "kernels": {"deterministic": "sometimes"}})
 
 
-@pytest.mark.parametrize("module, config_file", [(rainbow, "rainbow_cartpole"), (ppo, "ppo_cartpole"), (pqn, "pqn_cartpole")])
+@pytest.mark.parametrize(
+    "module, config_file",
+    [(rainbow, "rainbow_cartpole"), (ppo, "ppo_cartpole"), (pqn, "pqn_cartpole")],
+)
 def test_agents_carry_the_mode_to_their_kernel_calls(module, config_file, monkeypatch):
     """Each agent passes deterministic=True to the order-dependent op it calls (recorded at trace)."""
     seen = []
-    for name in ("categorical_td_target", "truncation_aware_gae", "truncation_aware_q_lambda", "n_step_transition"):
+    for name in (
+        "categorical_td_target",
+        "truncation_aware_gae",
+        "truncation_aware_q_lambda",
+        "n_step_transition",
+    ):
         real = getattr(losses, name)
 
         def spy(*args, _real=real, _name=name, **kwargs):
@@ -53,7 +70,10 @@ def test_agents_carry_the_mode_to_their_kernel_calls(module, config_file, monkey
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(losses, name, spy)
-    config = load_config(REPO / "configs" / f"{config_file}.yaml", ["kernels.backend=reference", "kernels.deterministic=true"])
+    config = load_config(
+        REPO / "configs" / f"{config_file}.yaml",
+        ["kernels.backend=reference", "kernels.deterministic=true"],
+    )
     trainer, hparams = module.make_trainer(config), hyperparams(config.agent)
     state = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), hparams)
     jax.eval_shape(lambda s, h: trainer.run(s, h, 1), state, hparams)
@@ -99,6 +119,13 @@ def test_rainbow_with_deterministic_kernels_is_bitwise_reproducible_on_the_gpu()
         pytest.skip(reason)
     env = subprocess_env()
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()
-    result = subprocess.run([sys.executable, "-c", GPU_RUN_TWICE], cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
+    result = subprocess.run(
+        [sys.executable, "-c", GPU_RUN_TWICE],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "bitwise equal" in result.stdout

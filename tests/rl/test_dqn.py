@@ -14,14 +14,26 @@ from rl.agents import dqn
 from rl.config import ConfigError, build_config, hyperparams
 
 SMALL = dict(
-    name="dqn", total_steps=1024, buffer_size=512, learning_starts=128, batch_size=16, train_freq=64,
-    gradient_steps=8, target_update_interval=16, network={"hidden": [16, 16]}, log_interval=256, eval_episodes=2,
-    epsilon_decay_steps=512, lr=1e-3,
+    name="dqn",
+    total_steps=1024,
+    buffer_size=512,
+    learning_starts=128,
+    batch_size=16,
+    train_freq=64,
+    gradient_steps=8,
+    target_update_interval=16,
+    network={"hidden": [16, 16]},
+    log_interval=256,
+    eval_episodes=2,
+    epsilon_decay_steps=512,
+    lr=1e-3,
 )
 
 
 def make_config(env_params=None, **agent):
-    return build_config({"env": {"id": "CartPole-v1", "params": env_params or {}}, "agent": {**SMALL, **agent}})
+    return build_config(
+        {"env": {"id": "CartPole-v1", "params": env_params or {}}, "agent": {**SMALL, **agent}}
+    )
 
 
 # ---------------------------------------------------------------- the TD target by hand
@@ -38,20 +50,31 @@ def test_td_target_bootstraps_on_truncation_and_not_on_termination():
         "obs": jnp.array([[1.0, 0.0], [1.0, 0.0]]),
         "action": jnp.array([0, 0]),
         "reward": jnp.array([1.0, 1.0]),
-        "next_obs": jnp.array([[1.0, 1.0], [1.0, 1.0]]),  # Q_target(s') = [3, 2], Q_online(s') = [1, 2]
-        "terminated": jnp.array([False, True]),  # the first was truncated (terminated False): bootstrap
+        "next_obs": jnp.array(
+            [[1.0, 1.0], [1.0, 1.0]]
+        ),  # Q_target(s') = [3, 2], Q_online(s') = [1, 2]
+        "terminated": jnp.array(
+            [False, True]
+        ),  # the first was truncated (terminated False): bootstrap
     }
     _, (td, q_taken) = dqn.q_loss(linear_q, online, target, batch, 0.9, double_q=False, kind="mse")
     np.testing.assert_allclose(q_taken, [1.0, 1.0])
     np.testing.assert_allclose(td, [1.0 - (1.0 + 0.9 * 3.0), 1.0 - 1.0], rtol=1e-6)
     _, (td, _) = dqn.q_loss(linear_q, online, target, batch, 0.9, double_q=True, kind="mse")
-    np.testing.assert_allclose(td, [1.0 - (1.0 + 0.9 * 2.0), 0.0], rtol=1e-6)  # online picks action 1
+    np.testing.assert_allclose(
+        td, [1.0 - (1.0 + 0.9 * 2.0), 0.0], rtol=1e-6
+    )  # online picks action 1
 
 
 def test_huber_and_mse_losses():
     params = jnp.zeros((2, 2))
-    batch = {"obs": jnp.ones((2, 2)), "action": jnp.array([0, 1]), "reward": jnp.array([3.0, 0.5]),
-             "next_obs": jnp.ones((2, 2)), "terminated": jnp.array([True, True])}
+    batch = {
+        "obs": jnp.ones((2, 2)),
+        "action": jnp.array([0, 1]),
+        "reward": jnp.array([3.0, 0.5]),
+        "next_obs": jnp.ones((2, 2)),
+        "terminated": jnp.array([True, True]),
+    }
     mse, _ = dqn.q_loss(linear_q, params, params, batch, 0.99, False, "mse")
     huber, _ = dqn.q_loss(linear_q, params, params, batch, 0.99, False, "huber")
     np.testing.assert_allclose(mse, (9.0 + 0.25) / 2, rtol=1e-6)
@@ -61,10 +84,19 @@ def test_huber_and_mse_losses():
 def test_stored_transitions_hold_the_final_obs_and_truncation_is_not_termination():
     """Episodes truncated every 5 steps: each stored next_obs is the dynamics' successor of obs
     (never the reset obs) and no transition is marked terminated."""
-    config = make_config({"max_steps_in_episode": 5}, total_steps=256, log_interval=256, train_freq=64, num_envs=4, learning_starts=10_000)
+    config = make_config(
+        {"max_steps_in_episode": 5},
+        total_steps=256,
+        log_interval=256,
+        train_freq=64,
+        num_envs=4,
+        learning_starts=10_000,
+    )
     trainer = dqn.make_trainer(config)
     hp = hyperparams(config.agent)
-    state, metrics = jax.jit(trainer.run, static_argnums=2)(trainer.init(jax.random.PRNGKey(0), hp), hp, 1)
+    state, metrics = jax.jit(trainer.run, static_argnums=2)(
+        trainer.init(jax.random.PRNGKey(0), hp), hp, 1
+    )
     assert int(state["buffer"].size) == 256
     data = jax.tree.map(lambda x: np.asarray(x)[:256], state["buffer"].data)
     assert not data["terminated"].any()
@@ -130,7 +162,9 @@ def test_chunked_runs_equal_one_run(small_run):
     state, rest = run(state, hp, 3)
     whole = jax.jit(train)(keys[0])[1]
     for name in ("eval_return", "loss", "q_mean"):
-        np.testing.assert_array_equal(np.concatenate([first[name], rest[name]]), whole[name], err_msg=name)
+        np.testing.assert_array_equal(
+            np.concatenate([first[name], rest[name]]), whole[name], err_msg=name
+        )
 
 
 def test_no_eval_episodes_trains_the_same_and_logs_no_eval_return(small_run):
@@ -138,7 +172,9 @@ def test_no_eval_episodes_trains_the_same_and_logs_no_eval_return(small_run):
     metric only: evaluation draws its own key, so training is bit for bit that of the run with it."""
     config, train, keys, _ = small_run
     states, metrics = jax.jit(train)(keys[0])
-    state, bare = jax.jit(dqn.make_train(make_config(double_q=True, tau=0.5, eval_episodes=0)))(keys[0])
+    state, bare = jax.jit(dqn.make_train(make_config(double_q=True, tau=0.5, eval_episodes=0)))(
+        keys[0]
+    )
     assert "eval_return" not in bare and "eval_return" in metrics
     for name in ("loss", "q_mean", "episode_return", "step"):
         np.testing.assert_array_equal(bare[name], metrics[name], err_msg=name)
@@ -151,25 +187,35 @@ def test_unrolled_loops_compute_the_same_run(small_run):
     phase's 64 env iterations unroll; test_sac.py covers unrolling the loop over phases)."""
     _, train, keys, _ = small_run
     state, metrics = jax.jit(train)(keys[0])
-    unrolled_state, unrolled = jax.jit(dqn.make_train(make_config(double_q=True, tau=0.5, unroll=8)))(keys[0])
+    unrolled_state, unrolled = jax.jit(
+        dqn.make_train(make_config(double_q=True, tau=0.5, unroll=8))
+    )(keys[0])
     for name in ("eval_return", "loss", "q_mean", "episode_return", "step"):
-        np.testing.assert_allclose(unrolled[name], metrics[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(
+            unrolled[name], metrics[name], rtol=1e-5, atol=1e-6, err_msg=name
+        )
     for a, b in zip(jax.tree.leaves(unrolled_state["params"]), jax.tree.leaves(state["params"])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_haiku_backend_trains_like_flax():
-    config = make_config(network={"backend": "haiku", "hidden": [16, 16]}, total_steps=512, gradient_steps=4)
+    config = make_config(
+        network={"backend": "haiku", "hidden": [16, 16]}, total_steps=512, gradient_steps=4
+    )
     state, metrics = jax.jit(dqn.make_train(config))(jax.random.PRNGKey(0))
     assert np.all(np.isfinite(np.asarray(metrics["loss"])[1:]))
-    flax_params = jax.jit(dqn.make_trainer(make_config()).init)(jax.random.PRNGKey(0), hyperparams(config.agent))["params"]
+    flax_params = jax.jit(dqn.make_trainer(make_config()).init)(
+        jax.random.PRNGKey(0), hyperparams(config.agent)
+    )["params"]
     size = lambda p: sum(x.size for x in jax.tree.leaves(p))
     assert size(state["params"]) == size(flax_params) == 4 * 16 + 16 + 16 * 16 + 16 + 16 * 2 + 2
 
 
 def test_policy_is_greedy_in_the_q_network():
     config = make_config()
-    params = dqn.make_trainer(config).init(jax.random.PRNGKey(0), hyperparams(config.agent))["params"]
+    params = dqn.make_trainer(config).init(jax.random.PRNGKey(0), hyperparams(config.agent))[
+        "params"
+    ]
     policy = dqn.make_policy(config)
     obs = jnp.array([0.01, -0.02, 0.03, 0.04])
     from rl import networks
@@ -185,15 +231,35 @@ def test_policy_is_greedy_in_the_q_network():
 @pytest.mark.parametrize(
     "agent, env, message",
     [
-        ({"train_freq": 60, "num_envs": 8}, "CartPole-v1", "agent.train_freq \\(60\\) must be a multiple of agent.num_envs \\(8\\)"),
-        ({"log_interval": 100}, "CartPole-v1", "agent.log_interval \\(100\\) must be a multiple of agent.train_freq"),
-        ({"total_steps": 1000}, "CartPole-v1", "agent.total_steps \\(1000\\) must be a multiple of agent.log_interval"),
+        (
+            {"train_freq": 60, "num_envs": 8},
+            "CartPole-v1",
+            "agent.train_freq \\(60\\) must be a multiple of agent.num_envs \\(8\\)",
+        ),
+        (
+            {"log_interval": 100},
+            "CartPole-v1",
+            "agent.log_interval \\(100\\) must be a multiple of agent.train_freq",
+        ),
+        (
+            {"total_steps": 1000},
+            "CartPole-v1",
+            "agent.total_steps \\(1000\\) must be a multiple of agent.log_interval",
+        ),
         ({"loss": "l1"}, "CartPole-v1", "agent.loss: 'l1' is not one of"),
         ({"batch_size": 0}, "CartPole-v1", "agent.batch_size: 0 is out of range"),
         ({"gamma": 1.5}, "CartPole-v1", "agent.gamma: 1.5 is out of range"),
         ({"network": {"backend": "torch"}}, "CartPole-v1", "agent.network.backend"),
-        ({"network": {"hidden": [16, 0]}}, "CartPole-v1", "agent.network.hidden must list positive widths"),
-        ({"double": True}, "CartPole-v1", "unknown key 'agent.double'.*did you mean 'agent.double_q'"),
+        (
+            {"network": {"hidden": [16, 0]}},
+            "CartPole-v1",
+            "agent.network.hidden must list positive widths",
+        ),
+        (
+            {"double": True},
+            "CartPole-v1",
+            "unknown key 'agent.double'.*did you mean 'agent.double_q'",
+        ),
         ({}, "Pendulum-v1", "env.id: dqn needs discrete actions"),
     ],
 )

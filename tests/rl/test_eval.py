@@ -7,11 +7,11 @@ import json
 
 import numpy as np
 import pytest
+from run_helpers import run_cli, trained_run
 
 import envs
 from rl.evaluate import evaluate, load_params
 from rl.train import load_run_config
-from run_helpers import run_cli, trained_run
 
 
 def last_metric(run_dir, name):
@@ -47,7 +47,11 @@ def test_eval_command_prints_return_and_writes_a_gif(tmp_path_factory, tmp_path,
     result = json.loads(report.read_text())
     row = result["settings"][0]
     assert result["metric"] == "return" and row["episodes"] == 4 and len(row["per_seed"]) == 2
-    assert row["min"] <= row["median"] <= row["max"] and row["min"] <= row["mean"] <= row["max"] and row["std"] >= 0
+    assert (
+        row["min"] <= row["median"] <= row["max"]
+        and row["min"] <= row["mean"] <= row["max"]
+        and row["std"] >= 0
+    )
     assert row["mean"] == pytest.approx(np.mean(row["per_seed"]))
     config, grid = load_run_config(run_dir)
     params, _ = load_params(run_dir, config, grid)

@@ -14,13 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
 
 import rl.registry
 from rl.checkpoint import Checkpoints
 from rl.config import hp
 from rl.logging import emit
 from rl.trainer import Trainer, train_from_trainer
-from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
 
 # ---------------------------------------------------------------- a diverging agent
 
@@ -34,7 +34,11 @@ class DivergingConfig:
     log_interval: int = hp(10, low=1)
     lr: float = hp(3.0, low=0.0, sweep=True)
     emit_loss: bool = hp(True)
-    nan_until: int = hp(0, low=0, doc="loss reported as NaN (no value yet) up to this step, like a loss before learning starts")
+    nan_until: int = hp(
+        0,
+        low=0,
+        doc="loss reported as NaN (no value yet) up to this step, like a loss before learning starts",
+    )
 
 
 def make_trainer(config):
@@ -49,9 +53,15 @@ def make_trainer(config):
                 w, loss = carry
                 return (w - hparams["lr"] * w, 0.5 * w * w), None
 
-            (w, loss), _ = jax.lax.scan(sgd, (state["params"]["w"], jnp.float32(0.0)), None, length=agent.log_interval)
+            (w, loss), _ = jax.lax.scan(
+                sgd, (state["params"]["w"], jnp.float32(0.0)), None, length=agent.log_interval
+            )
             step = state["step"] + agent.log_interval
-            metrics = {"step": step, "episode_return": jnp.float32(jnp.nan), "episode_length": jnp.float32(jnp.nan)}
+            metrics = {
+                "step": step,
+                "episode_return": jnp.float32(jnp.nan),
+                "episode_length": jnp.float32(jnp.nan),
+            }
             if agent.emit_loss:
                 metrics["loss"] = jnp.where(step <= agent.nan_until, jnp.nan, loss)
             return {**state, "params": {"w": w}, "step": step}, emit(metrics)
@@ -67,7 +77,7 @@ def diverging_agent(monkeypatch):
     module.Config = DivergingConfig
     module.make_trainer = make_trainer
     module.make_train = lambda config: train_from_trainer(make_trainer(config), config.agent)
-    module.make_policy = lambda config: (lambda params, obs, key: jnp.int32(0))
+    module.make_policy = lambda config: lambda params, obs, key: jnp.int32(0)
     monkeypatch.setitem(sys.modules, "diverging_agent", module)
     monkeypatch.setitem(rl.registry.AGENTS, "diverging", "diverging_agent")
 
@@ -86,8 +96,14 @@ def first_overflow(lr: float, log_interval: int, of_loss: bool) -> int:
 
 
 @pytest.mark.parametrize("emit_loss", [True, False])
-def test_non_finite_loss_or_params_stop_the_run_keeping_the_last_good_checkpoint(tmp_path, capsys, diverging_agent, emit_loss):
-    data = {"env": {"id": "GridWorld"}, "agent": {"name": "diverging", "emit_loss": emit_loss}, "run": {"seeds": 2, "checkpoint_every": 2, "progress": False}}
+def test_non_finite_loss_or_params_stop_the_run_keeping_the_last_good_checkpoint(
+    tmp_path, capsys, diverging_agent, emit_loss
+):
+    data = {
+        "env": {"id": "GridWorld"},
+        "agent": {"name": "diverging", "emit_loss": emit_loss},
+        "run": {"seeds": 2, "checkpoint_every": 2, "progress": False},
+    }
     config = write_config(tmp_path, data)
     capsys.readouterr()
     assert run_cli(["train", config, "--name", "nan"]) == 1
@@ -102,12 +118,20 @@ def test_non_finite_loss_or_params_stop_the_run_keeping_the_last_good_checkpoint
     if emit_loss:
         assert f"non-finite loss (inf) at step {bad} (setting 0, seed 0)" in err
     else:
-        assert f"non-finite params['w'] between step {chunk_start} and step {chunk_start + 20}" in err
+        assert (
+            f"non-finite params['w'] between step {chunk_start} and step {chunk_start + 20}" in err
+        )
     assert not (run_dir / "final_params.msgpack").exists()
 
 
-def test_a_loss_that_is_nan_until_learning_starts_does_not_stop_the_run(tmp_path, capsys, diverging_agent):
-    data = {"env": {"id": "GridWorld"}, "agent": {"name": "diverging", "lr": 0.5, "nan_until": 50}, "run": {"seeds": 2, "checkpoint_every": 2, "progress": False}}
+def test_a_loss_that_is_nan_until_learning_starts_does_not_stop_the_run(
+    tmp_path, capsys, diverging_agent
+):
+    data = {
+        "env": {"id": "GridWorld"},
+        "agent": {"name": "diverging", "lr": 0.5, "nan_until": 50},
+        "run": {"seeds": 2, "checkpoint_every": 2, "progress": False},
+    }
     assert run_cli(["train", write_config(tmp_path, data), "--name", "late"]) == 0
     rows = metric_rows(tmp_path / "runs" / "late")
     assert [r["loss"] is None for r in rows if r["seed"] == 0] == [True] * 5 + [False] * 15
@@ -116,13 +140,20 @@ def test_a_loss_that_is_nan_until_learning_starts_does_not_stop_the_run(tmp_path
 # ---------------------------------------------------------------- Ctrl-C
 
 
-def test_ctrl_c_saves_a_checkpoint_exits_cleanly_and_resumes_exactly(tmp_path, tmp_path_factory, capsys):
+def test_ctrl_c_saves_a_checkpoint_exits_cleanly_and_resumes_exactly(
+    tmp_path, tmp_path_factory, capsys
+):
     reference = trained_run(tmp_path_factory)
     config = write_config(tmp_path)
-    interrupted = run_signalled(["train", config, "--name", "ctrl-c"], signal_at=13_000, signal_name="SIGINT")
+    interrupted = run_signalled(
+        ["train", config, "--name", "ctrl-c"], signal_at=13_000, signal_name="SIGINT"
+    )
     assert interrupted.returncode == 130, interrupted.stderr[-2000:]
     assert "Traceback" not in interrupted.stderr
-    assert "interrupted at step 16000" in interrupted.stderr and "rl train --resume" in interrupted.stderr
+    assert (
+        "interrupted at step 16000" in interrupted.stderr
+        and "rl train --resume" in interrupted.stderr
+    )
     run_dir = tmp_path / "runs" / "ctrl-c"
     assert Checkpoints(run_dir, read_only=True).steps()[-1] == 16_000
     assert not (run_dir / "final_params.msgpack").exists()
@@ -143,24 +174,33 @@ def test_run_directory_that_cannot_be_created(tmp_path, capsys):
     assert err.startswith("rl: error: cannot create run directory") and err.count("\n") == 1
 
 
-@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux) to simulate a full disk")
+@pytest.mark.skipif(
+    not Path("/dev/full").exists(), reason="needs /dev/full (Linux) to simulate a full disk"
+)
 def test_full_disk_is_one_clear_line(tmp_path, tmp_path_factory, capsys):
     run_dir = tmp_path / "copy"
     shutil.copytree(trained_run(tmp_path_factory), run_dir)
-    (run_dir / "summary.json").unlink()  # not complete: --resume goes on (a complete run is left alone)
+    (
+        run_dir / "summary.json"
+    ).unlink()  # not complete: --resume goes on (a complete run is left alone)
     (run_dir / "metrics.jsonl").unlink()
     (run_dir / "metrics.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
     capsys.readouterr()
     assert run_cli(["train", "--resume", run_dir]) == 1
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("rl: resuming from checkpoint") and len(lines) == 2
-    assert lines[1].startswith("rl: error: cannot write the run directory") and "No space left on device" in lines[1]
+    assert (
+        lines[1].startswith("rl: error: cannot write the run directory")
+        and "No space left on device" in lines[1]
+    )
 
 
 def test_checkpoint_folder_that_cannot_be_written(tmp_path, tmp_path_factory, capsys):
     run_dir = tmp_path / "copy"
     shutil.copytree(trained_run(tmp_path_factory), run_dir)
-    (run_dir / "summary.json").unlink()  # not complete: --resume goes on (a complete run is left alone)
+    (
+        run_dir / "summary.json"
+    ).unlink()  # not complete: --resume goes on (a complete run is left alone)
     shutil.rmtree(run_dir / "checkpoints")
     (run_dir / "checkpoints").write_text("in the way")
     capsys.readouterr()
@@ -174,15 +214,27 @@ def test_checkpoint_folder_that_cannot_be_written(tmp_path, tmp_path_factory, ca
     "args, message",
     [
         (["--resume", "/nonexistent/run"], "does not exist"),
-        (["CONFIG", "--resume", "RUN"], "continues a run with the config saved in it, so drop the config file "),
-        (["--resume", "RUN", "agent.total_steps=40000"], "so drop the override agent.total_steps=40000 (to train with another config, start a new run: rl train CONFIG ...)"),
-        (["--resume", "RUN", "agent.lr=0.1", "--seeds", "3"], "so drop the override agent.lr=0.1 and --seeds ("),
+        (
+            ["CONFIG", "--resume", "RUN"],
+            "continues a run with the config saved in it, so drop the config file ",
+        ),
+        (
+            ["--resume", "RUN", "agent.total_steps=40000"],
+            "so drop the override agent.total_steps=40000 (to train with another config, start a new run: rl train CONFIG ...)",
+        ),
+        (
+            ["--resume", "RUN", "agent.lr=0.1", "--seeds", "3"],
+            "so drop the override agent.lr=0.1 and --seeds (",
+        ),
         ([], "needs a config file"),
     ],
 )
 def test_resume_bad_input(tmp_path_factory, capsys, args, message):
     run_dir = trained_run(tmp_path_factory)
-    args = [str(run_dir / "config.yaml") if a == "CONFIG" else str(run_dir) if a == "RUN" else a for a in args]
+    args = [
+        str(run_dir / "config.yaml") if a == "CONFIG" else str(run_dir) if a == "RUN" else a
+        for a in args
+    ]
     assert run_cli(["train", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rl: error:") and message in err and err.count("\n") == 1
@@ -212,11 +264,21 @@ def test_second_ctrl_c_stops_at_once_keeping_the_checkpoints_written(tmp_path, t
 
     reference = trained_run(tmp_path_factory)
     config = write_config(tmp_path)
-    done = subprocess.run([sys.executable, "-c", DOUBLE_CTRL_C, "train", str(config), "--name", "twice"], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", DOUBLE_CTRL_C, "train", str(config), "--name", "twice"],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 130, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     run_dir = tmp_path / "runs" / "twice"
-    assert f"interrupted without saving; last checkpoint: {run_dir / 'checkpoints' / '4000'}" in done.stderr
+    assert (
+        f"interrupted without saving; last checkpoint: {run_dir / 'checkpoints' / '4000'}"
+        in done.stderr
+    )
     assert Checkpoints(run_dir, read_only=True).steps() == [4000]
     assert run_cli(["train", "--resume", run_dir]) == 0
     jax.tree.map(np.testing.assert_array_equal, final_params(run_dir), final_params(reference))

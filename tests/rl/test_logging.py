@@ -10,9 +10,9 @@ import json
 import jax
 import numpy as np
 import pytest
+from run_helpers import TINY, trained_run
 
 from rl.logging import sink
-from run_helpers import TINY, trained_run
 
 
 def tensorboard_scalars(folder, tag):
@@ -31,7 +31,9 @@ def test_jsonl_has_one_row_per_setting_seed_and_log_point(tmp_path_factory):
     rows = jsonl_rows(trained_run(tmp_path_factory))
     points = TINY["agent"]["total_steps"] // TINY["agent"]["log_interval"]
     assert len(rows) == TINY["run"]["seeds"] * points
-    assert {(r["seed"], r["log_point"]) for r in rows} == {(s, t) for s in range(2) for t in range(points)}
+    assert {(r["seed"], r["log_point"]) for r in rows} == {
+        (s, t) for s in range(2) for t in range(points)
+    }
     for row in rows:
         assert row["step"] == (row["log_point"] + 1) * TINY["agent"]["log_interval"]
         assert {"episode_return", "episode_length", "steps_per_second", "wall_time"} <= set(row)
@@ -106,4 +108,6 @@ def test_one_setting_alone_equals_the_same_setting_in_a_vmapped_pair():
     config = build_config({**TINY, "run": {"seeds": 2}})
     _, alone = train_many(config, [{"lr": 0.1}])
     _, pair = train_many(config, [{"lr": 0.1}, {"lr": 0.5}])
-    np.testing.assert_allclose(np.asarray(alone["episode_length"])[0], np.asarray(pair["episode_length"])[0], rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(alone["episode_length"])[0], np.asarray(pair["episode_length"])[0], rtol=1e-5
+    )

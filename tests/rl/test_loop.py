@@ -26,6 +26,7 @@ def env_config(env_id, **params):
     """The part of a Config that make_env reads (no agent needed)."""
     return SimpleNamespace(env=EnvConfig(id=env_id, params=params))
 
+
 # ---------------------------------------------------------------- make_env
 
 
@@ -50,7 +51,9 @@ def test_make_env_rescales_box_actions_and_adds_episode_statistics():
     # episode statistics in info: an episode of 3 steps ends on the third
     returns, infos = 0.0, []
     for _ in range(3):
-        obs, state, reward, terminated, truncated, info = env.step(key, state, jnp.array([0.0]), params)
+        obs, state, reward, terminated, truncated, info = env.step(
+            key, state, jnp.array([0.0]), params
+        )
         returns += float(reward)
         infos.append(info)
     assert [bool(i["episode_done"]) for i in infos] == [False, False, True]
@@ -79,16 +82,26 @@ def test_batched_steps_every_env_with_its_own_key():
         np.testing.assert_array_equal(obs[i], env.reset(keys[i], params)[0])
     next_obs, _, reward, *_ = step(keys, states, jnp.array([0, 1, 0], jnp.int32), params)
     assert next_obs.shape == (3, 4) and reward.shape == (3,)
-    np.testing.assert_array_equal(next_obs[1], env.step(keys[1], jax.tree.map(lambda x: x[1], states), jnp.int32(1), params)[0])
+    np.testing.assert_array_equal(
+        next_obs[1],
+        env.step(keys[1], jax.tree.map(lambda x: x[1], states), jnp.int32(1), params)[0],
+    )
 
 
 # ---------------------------------------------------------------- schedules and exploration
 
 
 @settings(max_examples=30, deadline=None)
-@given(start=st.floats(0, 1), end=st.floats(0, 1), duration=st.integers(1, 10_000), step=st.integers(0, 30_000))
+@given(
+    start=st.floats(0, 1),
+    end=st.floats(0, 1),
+    duration=st.integers(1, 10_000),
+    step=st.integers(0, 30_000),
+)
 def test_linear_schedule(start, end, duration, step):
-    value = float(loop.linear_schedule(jnp.float32(start), jnp.float32(end), duration, jnp.int32(step)))
+    value = float(
+        loop.linear_schedule(jnp.float32(start), jnp.float32(end), duration, jnp.int32(step))
+    )
     expected = start + (end - start) * min(step / duration, 1.0)
     assert value == pytest.approx(expected, abs=1e-6)
     assert min(start, end) - 1e-6 <= value <= max(start, end) + 1e-6
@@ -113,7 +126,10 @@ def test_epsilon_greedy_explores_uniformly_with_probability_epsilon():
     freq = np.bincount(actions, minlength=4) / actions.size
     np.testing.assert_allclose(freq, [0.1, 0.7, 0.1, 0.1], atol=0.015)
     # epsilon 1: uniform
-    freq = np.bincount(np.asarray(loop.epsilon_greedy(jax.random.PRNGKey(3), q, 1.0)), minlength=4) / q.shape[0]
+    freq = (
+        np.bincount(np.asarray(loop.epsilon_greedy(jax.random.PRNGKey(3), q, 1.0)), minlength=4)
+        / q.shape[0]
+    )
     np.testing.assert_allclose(freq, 0.25, atol=0.015)
 
 
@@ -138,15 +154,27 @@ def test_random_ties_are_broken_only_among_maximal_values():
 
 
 @settings(max_examples=40, deadline=None)
-@given(values=st.lists(st.integers(-2, 2), min_size=4, max_size=4), epsilon=st.floats(0, 1), explore_u=st.floats(0, 0.999))
+@given(
+    values=st.lists(st.integers(-2, 2), min_size=4, max_size=4),
+    epsilon=st.floats(0, 1),
+    explore_u=st.floats(0, 0.999),
+)
 def test_random_ties_pick_each_candidate_for_an_equal_share_of_choice_u(values, epsilon, explore_u):
     """Over an even grid of choice_u, each candidate (every action when exploring, else each
     maximiser) is picked equally often, and nothing else is ever picked."""
     q = jnp.asarray(values, jnp.float32)
-    explore = np.float32(explore_u) < np.float32(epsilon)  # compared in float32, as the function does
+    explore = np.float32(explore_u) < np.float32(
+        epsilon
+    )  # compared in float32, as the function does
     candidates = set(range(4)) if explore else {i for i, v in enumerate(values) if v == max(values)}
     grid = (jnp.arange(120) + 0.5) / 120  # 120 is divisible by 1, 2, 3 and 4 candidates
-    pick = jax.jit(jax.vmap(lambda u: loop.epsilon_greedy_random_ties(q, jnp.float32(epsilon), jnp.float32(explore_u), u)))
+    pick = jax.jit(
+        jax.vmap(
+            lambda u: loop.epsilon_greedy_random_ties(
+                q, jnp.float32(epsilon), jnp.float32(explore_u), u
+            )
+        )
+    )
     counts = np.bincount(np.asarray(pick(grid)), minlength=4)
     expected = [120 // len(candidates) if a in candidates else 0 for a in range(4)]
     np.testing.assert_array_equal(counts, expected)
@@ -178,7 +206,9 @@ def test_polyak_averages_leaf_by_leaf():
 def test_periodic_polyak_updates_only_when_asked():
     update = jax.jit(lambda flag: loop.periodic_polyak(TARGET, ONLINE, 0.5, flag))
     jax.tree.map(np.testing.assert_array_equal, update(jnp.bool_(False)), TARGET)
-    jax.tree.map(np.testing.assert_allclose, update(jnp.bool_(True)), loop.polyak(TARGET, ONLINE, 0.5))
+    jax.tree.map(
+        np.testing.assert_allclose, update(jnp.bool_(True)), loop.polyak(TARGET, ONLINE, 0.5)
+    )
     np.testing.assert_allclose(update(jnp.bool_(True))["w"], [0.5, 2.0])
 
 
@@ -208,7 +238,11 @@ def test_add_episodes_and_episode_metrics_on_a_hand_made_batch():
 
 
 def test_episode_metrics_are_nan_when_no_episode_ended():
-    info = {"episode_done": jnp.zeros(4, bool), "episode_return": jnp.full(4, 7.0), "episode_length": jnp.full(4, 3, jnp.int32)}
+    info = {
+        "episode_done": jnp.zeros(4, bool),
+        "episode_return": jnp.full(4, 7.0),
+        "episode_length": jnp.full(4, 3, jnp.int32),
+    }
     metrics = loop.episode_metrics(loop.add_episodes(loop.no_episodes(), info))
     assert np.isnan(metrics["episode_return"]) and np.isnan(metrics["episode_length"])
     assert int(metrics["episodes"]) == 0
@@ -223,19 +257,28 @@ def _toy_steps():
 
     def env_step(carry, key):
         state, totals = carry
-        info = {"episode_done": jnp.bool_(True), "episode_return": jnp.float32(1.0), "episode_length": jnp.int32(1)}
+        info = {
+            "episode_done": jnp.bool_(True),
+            "episode_return": jnp.float32(1.0),
+            "episode_length": jnp.int32(1),
+        }
         return ({**state, "step": state["step"] + 1}, loop.add_episodes(totals, info)), None
 
     def gradient_step(state, key):
         updates = state["updates"] + 1
-        return {**state, "updates": updates}, {"loss": updates.astype(jnp.float32), "draw": jax.random.uniform(key)}
+        return {**state, "updates": updates}, {
+            "loss": updates.astype(jnp.float32),
+            "draw": jax.random.uniform(key),
+        }
 
     return env_step, gradient_step
 
 
 def _toy_phase(learning_starts, env_iterations=2, gradient_steps=3):
     """`act_then_train` of `_toy_steps`, jitted."""
-    return jax.jit(loop.act_then_train(*_toy_steps(), env_iterations, gradient_steps, learning_starts))
+    return jax.jit(
+        loop.act_then_train(*_toy_steps(), env_iterations, gradient_steps, learning_starts)
+    )
 
 
 def test_act_then_train_returns_nan_aux_before_learning_starts_then_trains():
@@ -259,7 +302,9 @@ def test_act_then_train_returns_nan_aux_before_learning_starts_then_trains():
 
 def test_act_then_train_with_learning_starts_zero_trains_from_the_first_phase():
     phase = _toy_phase(learning_starts=0, env_iterations=1, gradient_steps=2)
-    carry, aux = phase(({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes()), jax.random.PRNGKey(0))
+    carry, aux = phase(
+        ({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes()), jax.random.PRNGKey(0)
+    )
     assert int(carry[0]["updates"]) == 2
     np.testing.assert_array_equal(aux["loss"], [1.0, 2.0])
 
@@ -270,7 +315,9 @@ def test_minibatch_epochs_refresh_gives_each_later_epoch_a_batch_from_its_carry(
     batch = jnp.arange(8.0)
     step = lambda carry, minibatch: (carry + minibatch.sum(), minibatch.sum())
     refresh = lambda carry, batch: batch + carry
-    carry, stats = loop.minibatch_epochs(step, jnp.float32(0), batch, jax.random.PRNGKey(0), 3, 2, refresh=refresh)
+    carry, stats = loop.minibatch_epochs(
+        step, jnp.float32(0), batch, jax.random.PRNGKey(0), 3, 2, refresh=refresh
+    )
     # epoch 1: 28; epoch 2 over batch + 28: 28 + 8 * 28 = 252, carry 280; epoch 3 over batch + 280: 28 + 8 * 280, carry 2548
     assert float(carry) == 2548.0 and stats.shape == (3, 2)
     np.testing.assert_allclose(stats.sum(axis=1), [28.0, 252.0, 2268.0])
@@ -288,12 +335,18 @@ def test_unrolled_phase_computes_the_same_as_the_rolled_one():
         b, aux_b = jax.jit(unrolled_phase)(b, jax.random.PRNGKey(i))
         for x, y in zip(jax.tree.leaves((a, aux_a)), jax.tree.leaves((b, aux_b))):
             np.testing.assert_array_equal(x, y)  # NaN aux before learning equals NaN
-    assert int(b[0]["updates"]) == 8  # phase 1 (step 3 < 4) skipped learning, phases 2 and 3 trained
+    assert (
+        int(b[0]["updates"]) == 8
+    )  # phase 1 (step 3 < 4) skipped learning, phases 2 and 3 trained
 
 
-@pytest.mark.parametrize("unroll, env_iterations, gradient_steps, expected", [
-    (1, 1, 1, 1), (16, 1, 1, 16), (16, 4, 1, 4), (16, 1, 8, 2), (16, 32, 1, 1), (3, 2, 2, 1)])
-def test_phase_unroll_spends_what_the_phase_loops_leave(unroll, env_iterations, gradient_steps, expected):
+@pytest.mark.parametrize(
+    "unroll, env_iterations, gradient_steps, expected",
+    [(1, 1, 1, 1), (16, 1, 1, 16), (16, 4, 1, 4), (16, 1, 8, 2), (16, 32, 1, 1), (3, 2, 2, 1)],
+)
+def test_phase_unroll_spends_what_the_phase_loops_leave(
+    unroll, env_iterations, gradient_steps, expected
+):
     assert loop.phase_unroll(unroll, env_iterations, gradient_steps) == expected
 
 
@@ -318,7 +371,10 @@ def test_scan_log_points_emits_every_log_point_and_stacks_metrics():
 def test_kernel_backend_is_the_configs_choice_and_sets_nothing_process_wide(monkeypatch):
     monkeypatch.delenv(kernels.launch.ENV_VAR, raising=False)
     before = kernels.resolve_backend(None)
-    assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="interpret"))) == "interpret"
+    assert (
+        loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="interpret")))
+        == "interpret"
+    )
     assert kernels.resolve_backend(None) == before
     # the automatic choice reaches the ops as "auto", so that their measured small-shape crossovers apply
     assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "auto"
@@ -330,9 +386,17 @@ def test_kernel_backend_is_the_configs_choice_and_sets_nothing_process_wide(monk
         assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "interpret"
 
 
-@pytest.mark.skipif(kernels.launch.triton_unavailable_reason() is None, reason="triton can run on this machine")
+@pytest.mark.skipif(
+    kernels.launch.triton_unavailable_reason() is None, reason="triton can run on this machine"
+)
 def test_an_agent_with_a_backend_that_cannot_run_fails_when_it_is_built():
-    config = build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo", "total_steps": 1024, "log_interval": 1}, "kernels": {"backend": "triton"}})
+    config = build_config(
+        {
+            "env": {"id": "CartPole-v1"},
+            "agent": {"name": "ppo", "total_steps": 1024, "log_interval": 1},
+            "kernels": {"backend": "triton"},
+        }
+    )
     with pytest.raises(kernels.BackendUnavailableError, match="'triton' cannot run here"):
         ppo.make_train(config)
 
@@ -352,7 +416,9 @@ def test_to_env_action_is_what_the_training_env_sends():
         wrapped_obs = env.step(key, state, action, params)[0]
         raw_obs = raw.step(key, raw_state, loop.to_env_action(env, params, action), raw_params)[0]
         np.testing.assert_array_equal(np.asarray(wrapped_obs), np.asarray(raw_obs))
-    cartpole, cartpole_params = loop.make_env(build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}}))
+    cartpole, cartpole_params = loop.make_env(
+        build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}})
+    )
     assert int(loop.to_env_action(cartpole, cartpole_params, jnp.int32(1))) == 1
 
 
@@ -362,9 +428,16 @@ def test_clip_by_global_norm_matches_optax(max_norm, seed):
     import optax
 
     rng = np.random.default_rng(seed)
-    grads = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32), "b": (jnp.asarray(rng.normal(size=3), jnp.float32),)}
-    ours, state = loop.clip_by_global_norm(max_norm).update(grads, loop.clip_by_global_norm(max_norm).init(grads))
-    theirs, their_state = optax.clip_by_global_norm(max_norm).update(grads, optax.clip_by_global_norm(max_norm).init(grads))
+    grads = {
+        "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+        "b": (jnp.asarray(rng.normal(size=3), jnp.float32),),
+    }
+    ours, state = loop.clip_by_global_norm(max_norm).update(
+        grads, loop.clip_by_global_norm(max_norm).init(grads)
+    )
+    theirs, their_state = optax.clip_by_global_norm(max_norm).update(
+        grads, optax.clip_by_global_norm(max_norm).init(grads)
+    )
     assert jax.tree.structure(state) == jax.tree.structure(their_state)
     np.testing.assert_allclose(loop.global_norm(grads), optax.global_norm(grads), rtol=1e-6)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
@@ -373,7 +446,9 @@ def test_clip_by_global_norm_matches_optax(max_norm, seed):
 
 def test_global_norm_by_hand():
     assert float(loop.global_norm({})) == 0.0  # as optax.global_norm
-    np.testing.assert_allclose(loop.global_norm({"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}), 5.0)
+    np.testing.assert_allclose(
+        loop.global_norm({"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}), 5.0
+    )
     clip = loop.clip_by_global_norm(1.0)
     grads = {"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}
     clipped, _ = clip.update(grads, clip.init(grads))
@@ -404,8 +479,9 @@ def test_flat_minibatch_epochs_steps_along_a_flat_gradient_and_its_norm():
     """`flat_grads` replaces `grads`: with a clip-then-SGD optimiser, one epoch of one minibatch moves
     the flat parameters by -lr g max_norm / sqrt(given squared norm) (the given norm, not g's own),
     and the params come back in their tree."""
-    import optax
     from types import SimpleNamespace
+
+    import optax
 
     agent = SimpleNamespace(num_epochs=1, num_minibatches=1, unroll=1)
     params = {"a": jnp.array([1.0, 2.0]), "b": jnp.array([[3.0]])}
@@ -414,8 +490,16 @@ def test_flat_minibatch_epochs_steps_along_a_flat_gradient_and_its_norm():
     g = jnp.array([1.0, 0.0, 2.0])
     never = lambda params, minibatch: (_ for _ in ()).throw(AssertionError("grads called"))
     flat_grads = lambda flat, minibatch: (g, jnp.float32(16.0), {"seen": jnp.sum(minibatch)})
-    new, _, stats = loop.flat_minibatch_epochs(agent, optimizer, never, params, opt_state, jnp.arange(4.0), jax.random.PRNGKey(0),
-                                               flat_grads=flat_grads)
+    new, _, stats = loop.flat_minibatch_epochs(
+        agent,
+        optimizer,
+        never,
+        params,
+        opt_state,
+        jnp.arange(4.0),
+        jax.random.PRNGKey(0),
+        flat_grads=flat_grads,
+    )
     # ravel order: a (2 entries), then b (1): g / 4 (clip at norm 4), times lr 0.5
     np.testing.assert_allclose(np.asarray(new["a"]), [1.0 - 0.125, 2.0], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(new["b"]), [[3.0 - 0.25]], rtol=1e-6)
@@ -426,8 +510,11 @@ def test_per_env_episode_counts_sum_to_the_batch_totals():
     """`count_episodes` step by step per env, then `add_totals`, gives `add_episodes` of the whole
     [T, E] batch: the same lengths and counts, the same return sum up to float rounding."""
     rng = np.random.default_rng(0)
-    info = {"episode_done": jnp.asarray(rng.random((7, 3)) < 0.4), "episode_return": jnp.asarray(rng.normal(size=(7, 3)), jnp.float32),
-            "episode_length": jnp.asarray(rng.integers(1, 50, (7, 3)), jnp.int32)}
+    info = {
+        "episode_done": jnp.asarray(rng.random((7, 3)) < 0.4),
+        "episode_return": jnp.asarray(rng.normal(size=(7, 3)), jnp.float32),
+        "episode_length": jnp.asarray(rng.integers(1, 50, (7, 3)), jnp.int32),
+    }
     per_env = loop.no_episodes((3,))
     for t in range(7):
         per_env = loop.count_episodes(per_env, {k: v[t] for k, v in info.items()})
@@ -459,11 +546,15 @@ def test_scan_packed_outputs_equals_lax_scan_bit_for_bit(unroll):
     xs = jnp.asarray([0.5, 1.25, 2.5, -1.0, 3.0], jnp.float32)
     carry = (jnp.float32(0.0), jnp.int32(0))
     want_carry, want = jax.lax.scan(_mixed_step, carry, xs, unroll=unroll)
-    got_carry, got = jax.jit(lambda c, x: loop.scan_packed_outputs(_mixed_step, c, x, unroll=unroll))(carry, xs)
+    got_carry, got = jax.jit(
+        lambda c, x: loop.scan_packed_outputs(_mixed_step, c, x, unroll=unroll)
+    )(carry, xs)
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for g, w in zip(jax.tree.leaves((got_carry, got)), jax.tree.leaves((want_carry, want))):
         assert g.dtype == w.dtype and g.shape == w.shape
-        np.testing.assert_array_equal(np.atleast_1d(np.asarray(g)).view(np.uint8), np.atleast_1d(np.asarray(w)).view(np.uint8))  # bits: NaN, -0.0
+        np.testing.assert_array_equal(
+            np.atleast_1d(np.asarray(g)).view(np.uint8), np.atleast_1d(np.asarray(w)).view(np.uint8)
+        )  # bits: NaN, -0.0
 
 
 def test_scan_packed_outputs_under_vmap_and_with_no_small_outputs():
@@ -474,9 +565,15 @@ def test_scan_packed_outputs_under_vmap_and_with_no_small_outputs():
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(g, w)
     only_large = lambda c, x: (c, jnp.full((loop.PACKED_OUTPUT_MAX + 1,), x))
-    got, want = loop.scan_packed_outputs(only_large, 0.0, xs[0]), jax.lax.scan(only_large, 0.0, xs[0])
+    got, want = (
+        loop.scan_packed_outputs(only_large, 0.0, xs[0]),
+        jax.lax.scan(only_large, 0.0, xs[0]),
+    )
     np.testing.assert_array_equal(got[1], want[1])
     counter = lambda c, _: (c + 1, {"c": c, "twice": 2 * c})  # no xs: `length` steps
-    got, want = loop.scan_packed_outputs(counter, 0, None, length=5), jax.lax.scan(counter, 0, None, length=5)
+    got, want = (
+        loop.scan_packed_outputs(counter, 0, None, length=5),
+        jax.lax.scan(counter, 0, None, length=5),
+    )
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(g, w)

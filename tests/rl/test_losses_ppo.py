@@ -27,8 +27,16 @@ def test_clipped_value_loss_by_hand():
     old = jnp.array([0.5, 2.0, 0.0])
     targets = jnp.array([2.0, 2.0, 1.0])
     # clipped values (eps .2): 0.7, 2.2, 0.0 -> squared errors clipped 1.69, .04, 1; unclipped 1, 1, 1
-    np.testing.assert_allclose(losses.clipped_value_loss(values, old, targets, 0.2, True), 0.5 * np.mean([1.69, 1.0, 1.0]), rtol=1e-6)
-    np.testing.assert_allclose(losses.clipped_value_loss(values, old, targets, 0.2, False), 0.5 * np.mean([1.0, 1.0, 1.0]), rtol=1e-6)
+    np.testing.assert_allclose(
+        losses.clipped_value_loss(values, old, targets, 0.2, True),
+        0.5 * np.mean([1.69, 1.0, 1.0]),
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        losses.clipped_value_loss(values, old, targets, 0.2, False),
+        0.5 * np.mean([1.0, 1.0, 1.0]),
+        rtol=1e-6,
+    )
 
 
 def test_ppo_loss_total_and_stats_by_hand():
@@ -40,8 +48,20 @@ def test_ppo_loss_total_and_stats_by_hand():
     old_values = jnp.array([1.0, 0.5])
     advantages = jnp.array([1.0, -2.0])
     targets = jnp.array([2.0, 0.0])
-    total, stats = losses.ppo_loss(log_prob, entropy, values, old_log_prob, old_values, advantages, targets,
-                                   0.2, 0.2, 0.01, 0.5, True)
+    total, stats = losses.ppo_loss(
+        log_prob,
+        entropy,
+        values,
+        old_log_prob,
+        old_values,
+        advantages,
+        targets,
+        0.2,
+        0.2,
+        0.01,
+        0.5,
+        True,
+    )
     r0, r1 = math.exp(0.5), math.exp(-0.1)
     policy_loss = -np.mean([min(r0 * 1.0, 1.2 * 1.0), min(r1 * -2.0, r1 * -2.0)])
     # row 1: V=0, V_old=.5 -> clipped V = .3; max((0-0)^2, (.3-0)^2) = .09; row 0: max(1, 1) = 1
@@ -52,7 +72,9 @@ def test_ppo_loss_total_and_stats_by_hand():
     np.testing.assert_allclose(stats["entropy"], entropy_mean, rtol=1e-6)
     np.testing.assert_allclose(stats["approx_kl"], np.mean([r0 - 1 - 0.5, r1 - 1 + 0.1]), rtol=1e-5)
     np.testing.assert_allclose(stats["clip_fraction"], 0.5)  # |e^.5 - 1| > .2, |e^-.1 - 1| < .2
-    np.testing.assert_allclose(total, policy_loss + 0.5 * value_loss - 0.01 * entropy_mean, rtol=1e-6)
+    np.testing.assert_allclose(
+        total, policy_loss + 0.5 * value_loss - 0.01 * entropy_mean, rtol=1e-6
+    )
 
 
 def test_normalize():
@@ -66,28 +88,42 @@ def test_normalize():
 # one env, 5 steps: an episode truncated at t=1 (time limit), a new one terminated at t=3, then one step.
 REWARDS = np.array([1.0, 2.0, 3.0, 4.0, 5.0], np.float32)
 VALUES = np.array([10.0, 11.0, 12.0, 13.0, 14.0], np.float32)
-NEXT_VALUES = np.array([11.0, 20.0, 13.0, 99.0, 15.0], np.float32)  # V(final_obs): 20 after truncation; 99 ignored (terminated)
+NEXT_VALUES = np.array(
+    [11.0, 20.0, 13.0, 99.0, 15.0], np.float32
+)  # V(final_obs): 20 after truncation; 99 ignored (terminated)
 TERMINATED = np.array([False, False, False, True, False])
 TRUNCATED = np.array([False, True, False, False, False])
 
 
 def test_gae_coefficients_hand_made_trajectory():
-    discounts, lambdas = losses.gae_coefficients(jnp.asarray(TERMINATED), jnp.asarray(TRUNCATED), 0.9, 0.8)
-    np.testing.assert_allclose(discounts, [0.9, 0.9, 0.9, 0.0, 0.9], rtol=1e-6)  # bootstraps through the time limit
-    np.testing.assert_allclose(lambdas, [0.8, 0.0, 0.8, 0.0, 0.8], rtol=1e-6)  # chain cut at both episode ends
+    discounts, lambdas = losses.gae_coefficients(
+        jnp.asarray(TERMINATED), jnp.asarray(TRUNCATED), 0.9, 0.8
+    )
+    np.testing.assert_allclose(
+        discounts, [0.9, 0.9, 0.9, 0.0, 0.9], rtol=1e-6
+    )  # bootstraps through the time limit
+    np.testing.assert_allclose(
+        lambdas, [0.8, 0.0, 0.8, 0.0, 0.8], rtol=1e-6
+    )  # chain cut at both episode ends
 
 
 def test_gae_hand_made_trajectory_bootstraps_on_truncation_and_cuts_the_chain():
     column = lambda x: jnp.asarray(x)[:, None]
     adv, targets = losses.truncation_aware_gae(
-        column(REWARDS), column(VALUES), column(NEXT_VALUES), column(TERMINATED), column(TRUNCATED),
-        jnp.float32(0.9), jnp.float32(0.8), backend="reference",
+        column(REWARDS),
+        column(VALUES),
+        column(NEXT_VALUES),
+        column(TERMINATED),
+        column(TRUNCATED),
+        jnp.float32(0.9),
+        jnp.float32(0.8),
+        backend="reference",
     )
     # by hand, backwards:
-    a4 = 5.0 + 0.9 * 15.0 - 14.0                      # last step bootstraps from V(final_obs)
-    a3 = 4.0 + 0.0 - 13.0                             # terminated: no bootstrap, chain cut
+    a4 = 5.0 + 0.9 * 15.0 - 14.0  # last step bootstraps from V(final_obs)
+    a3 = 4.0 + 0.0 - 13.0  # terminated: no bootstrap, chain cut
     a2 = (3.0 + 0.9 * 13.0 - 12.0) + 0.9 * 0.8 * a3
-    a1 = 2.0 + 0.9 * 20.0 - 11.0                      # truncated: bootstrap from V(final_obs) = 20, chain cut
+    a1 = 2.0 + 0.9 * 20.0 - 11.0  # truncated: bootstrap from V(final_obs) = 20, chain cut
     a0 = (1.0 + 0.9 * 11.0 - 10.0) + 0.9 * 0.8 * a1
     expected = np.array([a0, a1, a2, a3, a4])
     np.testing.assert_allclose(np.asarray(adv)[:, 0], expected, rtol=1e-6)
@@ -98,7 +134,9 @@ def test_gae_traced_gamma_and_lambda_under_vmap():
     rewards = jnp.ones((4, 3))
     values = jnp.zeros((4, 3))
     term = jnp.zeros((4, 3), bool)
-    f = lambda g, l: losses.truncation_aware_gae(rewards, values, values, term, term, g, l, backend="reference")[0]
+    f = lambda g, l: losses.truncation_aware_gae(
+        rewards, values, values, term, term, g, l, backend="reference"
+    )[0]
     out = jax.jit(jax.vmap(f))(jnp.array([0.5, 0.9]), jnp.array([1.0, 0.0]))
     np.testing.assert_allclose(out[0, :, 0], [1.875, 1.75, 1.5, 1.0], rtol=1e-6)  # sum of 0.5^k
     np.testing.assert_allclose(out[1], 1.0, rtol=1e-6)  # lambda 0: one-step TD errors
@@ -113,5 +151,9 @@ def test_gaussian_log_prob_entropy_by_hand():
     a = jnp.array([[1.0, 0.0]])
     lp, ent = losses.gaussian_log_prob_entropy(mean, log_std, a)
     normal_pdf = lambda x, m, s: math.exp(-0.5 * ((x - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))
-    np.testing.assert_allclose(lp[0], math.log(normal_pdf(1, 0, 1) * normal_pdf(0, 1, 2)), rtol=1e-6)
-    np.testing.assert_allclose(ent[0], 0.5 * math.log(2 * math.pi * math.e) * 2 + math.log(2.0), rtol=1e-6)
+    np.testing.assert_allclose(
+        lp[0], math.log(normal_pdf(1, 0, 1) * normal_pdf(0, 1, 2)), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        ent[0], 0.5 * math.log(2 * math.pi * math.e) * 2 + math.log(2.0), rtol=1e-6
+    )

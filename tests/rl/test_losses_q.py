@@ -3,11 +3,12 @@ and double-Q), the TD target and losses, C51's Q-values, projection target and c
 
 from __future__ import annotations
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rl import losses
 
@@ -15,18 +16,26 @@ from rl import losses
 def test_episode_discount_zero_only_on_termination():
     np.testing.assert_allclose(losses.episode_discount(0.9, jnp.array([False, True])), [0.9, 0.0])
     steps = jnp.array([1, 3, 3])
-    np.testing.assert_allclose(losses.n_step_discount(0.5, steps, jnp.array([False, False, True])), [0.5, 0.125, 0.0])
+    np.testing.assert_allclose(
+        losses.n_step_discount(0.5, steps, jnp.array([False, False, True])), [0.5, 0.125, 0.0]
+    )
 
 
 def test_bootstrap_value_dqn_selects_with_target_double_q_with_online():
     q_target = jnp.array([[3.0, 2.0], [0.0, 5.0]])
     q_online = jnp.array([[1.0, 2.0], [4.0, 1.0]])
-    np.testing.assert_allclose(losses.bootstrap_value(q_target, q_target), [3.0, 5.0])  # max of the target
-    np.testing.assert_allclose(losses.bootstrap_value(q_target, q_online), [2.0, 0.0])  # target at online's argmax
+    np.testing.assert_allclose(
+        losses.bootstrap_value(q_target, q_target), [3.0, 5.0]
+    )  # max of the target
+    np.testing.assert_allclose(
+        losses.bootstrap_value(q_target, q_online), [2.0, 0.0]
+    )  # target at online's argmax
 
 
 def test_q_learning_target_is_fixed_and_adds_the_discounted_value():
-    y = losses.q_learning_target(jnp.array([1.0, 1.0]), jnp.array([0.9, 0.0]), jnp.array([3.0, 3.0]))
+    y = losses.q_learning_target(
+        jnp.array([1.0, 1.0]), jnp.array([0.9, 0.0]), jnp.array([3.0, 3.0])
+    )
     np.testing.assert_allclose(y, [1.0 + 0.9 * 3.0, 1.0])
     grad = jax.grad(lambda v: losses.q_learning_target(1.0, 0.9, v))(2.0)
     assert float(grad) == 0.0
@@ -48,7 +57,9 @@ def test_td_loss_rejects_an_unknown_kind():
 def test_categorical_q_values_are_the_mean_over_the_support():
     probs = np.array([[0.2, 0.5, 0.3], [1.0, 0.0, 0.0]])
     logits = jnp.log(jnp.asarray(probs) + 1e-12)
-    np.testing.assert_allclose(losses.categorical_q_values(logits, jnp.array([0.0, 1.0, 2.0])), [1.1, 0.0], atol=1e-5)
+    np.testing.assert_allclose(
+        losses.categorical_q_values(logits, jnp.array([0.0, 1.0, 2.0])), [1.1, 0.0], atol=1e-5
+    )
 
 
 def test_categorical_cross_entropy_and_kl_by_hand():

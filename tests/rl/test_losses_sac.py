@@ -21,11 +21,26 @@ def normal_log_pdf(x, mean, std):
 
 def test_tanh_log_det_jacobian_matches_float64_and_is_stable():
     u = np.linspace(-8.0, 8.0, 101)
-    np.testing.assert_allclose(losses.tanh_log_det_jacobian(jnp.asarray(u, jnp.float32)), np.log(1.0 - np.tanh(u) ** 2), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(losses.tanh_log_det_jacobian(jnp.array([0.0, 0.5])), [0.0, -2 * math.log(math.cosh(0.5))], atol=1e-6)
+    np.testing.assert_allclose(
+        losses.tanh_log_det_jacobian(jnp.asarray(u, jnp.float32)),
+        np.log(1.0 - np.tanh(u) ** 2),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    np.testing.assert_allclose(
+        losses.tanh_log_det_jacobian(jnp.array([0.0, 0.5])),
+        [0.0, -2 * math.log(math.cosh(0.5))],
+        atol=1e-6,
+    )
     big = losses.tanh_log_det_jacobian(jnp.array([-60.0, 60.0]))
-    np.testing.assert_allclose(big, 2 * (math.log(2.0) - 60.0), rtol=1e-6)  # log(1 - tanh^2) in float32 would be log 0
-    assert np.all(np.isfinite(jax.grad(lambda x: losses.tanh_log_det_jacobian(x).sum())(jnp.array([-60.0, 0.3, 60.0]))))
+    np.testing.assert_allclose(
+        big, 2 * (math.log(2.0) - 60.0), rtol=1e-6
+    )  # log(1 - tanh^2) in float32 would be log 0
+    assert np.all(
+        np.isfinite(
+            jax.grad(lambda x: losses.tanh_log_det_jacobian(x).sum())(jnp.array([-60.0, 0.3, 60.0]))
+        )
+    )
 
 
 def test_squashed_log_prob_is_the_change_of_variables_density():
@@ -35,7 +50,9 @@ def test_squashed_log_prob_is_the_change_of_variables_density():
     h = 1e-6
     jac = (np.tanh(u + h) - np.tanh(u - h)) / (2 * h)
     expected = normal_log_pdf(u, mean, 0.7) - np.log(jac)
-    got = losses.squashed_gaussian_log_prob(jnp.full((6, 1), mean), jnp.full((6, 1), log_std), jnp.asarray(u, jnp.float32)[:, None])
+    got = losses.squashed_gaussian_log_prob(
+        jnp.full((6, 1), mean), jnp.full((6, 1), log_std), jnp.asarray(u, jnp.float32)[:, None]
+    )
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -60,9 +77,20 @@ def test_squashed_density_integrates_to_one_and_matches_monte_carlo():
     mean, log_std = -0.6, math.log(1.3)
     a = np.linspace(-1 + 1e-6, 1 - 1e-6, 200_001)  # quadrature in action space
     u = np.arctanh(a)
-    density = np.exp(np.asarray(losses.squashed_gaussian_log_prob(jnp.full((a.size, 1), mean), jnp.full((a.size, 1), log_std), jnp.asarray(u, jnp.float32)[:, None]), np.float64))
+    density = np.exp(
+        np.asarray(
+            losses.squashed_gaussian_log_prob(
+                jnp.full((a.size, 1), mean),
+                jnp.full((a.size, 1), log_std),
+                jnp.asarray(u, jnp.float32)[:, None],
+            ),
+            np.float64,
+        )
+    )
     assert abs(np.trapezoid(density, a) - 1.0) < 2e-3
-    actions, log_probs = losses.squashed_gaussian_sample(jnp.full((200_000, 1), mean), jnp.full((200_000, 1), log_std), jax.random.PRNGKey(0))
+    actions, log_probs = losses.squashed_gaussian_sample(
+        jnp.full((200_000, 1), mean), jnp.full((200_000, 1), log_std), jax.random.PRNGKey(0)
+    )
     actions = np.asarray(actions)[:, 0]
     edges = np.linspace(-1, 1, 11)
     counts = np.histogram(actions, edges)[0] / actions.size
@@ -70,14 +98,23 @@ def test_squashed_density_integrates_to_one_and_matches_monte_carlo():
         inside = (a >= lo) & (a <= hi)
         assert abs(np.trapezoid(density[inside], a[inside]) - frac) < 0.006, (lo, hi)
     u_s = np.arctanh(np.clip(actions.astype(np.float64), -1 + 1e-7, 1 - 1e-7))[:1000]
-    ref = losses.squashed_gaussian_log_prob(jnp.full((1000, 1), mean), jnp.full((1000, 1), log_std), jnp.asarray(u_s, jnp.float32)[:, None])
+    ref = losses.squashed_gaussian_log_prob(
+        jnp.full((1000, 1), mean),
+        jnp.full((1000, 1), log_std),
+        jnp.asarray(u_s, jnp.float32)[:, None],
+    )
     np.testing.assert_allclose(np.asarray(log_probs)[:1000], ref, rtol=1e-3, atol=2e-3)
 
 
 def test_log_prob_sums_over_action_dimensions():
     mean, log_std, u = jnp.array([[0.1, -0.2]]), jnp.array([[0.0, -0.5]]), jnp.array([[0.5, 0.2]])
     joint = losses.squashed_gaussian_log_prob(mean, log_std, u)
-    parts = sum(losses.squashed_gaussian_log_prob(mean[:, i : i + 1], log_std[:, i : i + 1], u[:, i : i + 1]) for i in range(2))
+    parts = sum(
+        losses.squashed_gaussian_log_prob(
+            mean[:, i : i + 1], log_std[:, i : i + 1], u[:, i : i + 1]
+        )
+        for i in range(2)
+    )
     np.testing.assert_allclose(joint, parts, rtol=1e-6)
 
 
@@ -93,16 +130,25 @@ def test_soft_value_discrete_is_the_expectation_over_actions():
     pi = np.array([[0.25, 0.75], [0.5, 0.5]])
     q1, q2 = np.array([[2.0, 3.0], [0.0, 1.0]]), np.array([[2.5, 2.0], [1.0, -1.0]])
     alpha = 0.5
-    v = losses.soft_value_discrete(jnp.log(jnp.asarray(pi, jnp.float32)), jnp.asarray(q1), jnp.asarray(q2), alpha)
+    v = losses.soft_value_discrete(
+        jnp.log(jnp.asarray(pi, jnp.float32)), jnp.asarray(q1), jnp.asarray(q2), alpha
+    )
     # row 0: min Q = [2, 2]; row 1: min Q = [0, -1]
-    expected = [0.25 * (2 - 0.5 * math.log(0.25)) + 0.75 * (2 - 0.5 * math.log(0.75)), 0.5 * (0 - 0.5 * math.log(0.5)) + 0.5 * (-1 - 0.5 * math.log(0.5))]
+    expected = [
+        0.25 * (2 - 0.5 * math.log(0.25)) + 0.75 * (2 - 0.5 * math.log(0.75)),
+        0.5 * (0 - 0.5 * math.log(0.5)) + 0.5 * (-1 - 0.5 * math.log(0.5)),
+    ]
     np.testing.assert_allclose(v, expected, rtol=1e-6)
 
 
 def test_soft_critic_target_bootstraps_through_truncation_only():
     """y = r + gamma (1 - terminated) V(s'): a truncated transition (terminated False) bootstraps."""
-    v = losses.soft_value(jnp.array([1.0, 1.0]), jnp.array([2.0, 2.0]), jnp.array([-1.0, -1.0]), 0.1)
-    y = losses.q_learning_target(jnp.array([1.0, 2.0]), losses.episode_discount(0.9, jnp.array([False, True])), v)
+    v = losses.soft_value(
+        jnp.array([1.0, 1.0]), jnp.array([2.0, 2.0]), jnp.array([-1.0, -1.0]), 0.1
+    )
+    y = losses.q_learning_target(
+        jnp.array([1.0, 2.0]), losses.episode_discount(0.9, jnp.array([False, True])), v
+    )
     np.testing.assert_allclose(y, [1.0 + 0.9 * 1.1, 2.0], rtol=1e-6)
 
 
@@ -135,14 +181,18 @@ def test_sac_actor_loss_discrete_by_hand_with_q_held_fixed():
     q1, q2 = jnp.array([[1.0, 2.0]]), jnp.array([[1.5, 1.0]])
     alpha = 0.5
     loss = losses.sac_actor_loss_discrete(log_pi, q1, q2, alpha)
-    np.testing.assert_allclose(loss, np.sum(pi * (alpha * np.log(pi) - np.array([1.0, 1.0]))), rtol=1e-6)
+    np.testing.assert_allclose(
+        loss, np.sum(pi * (alpha * np.log(pi) - np.array([1.0, 1.0]))), rtol=1e-6
+    )
     g1, g2 = jax.grad(losses.sac_actor_loss_discrete, argnums=(1, 2))(log_pi, q1, q2, alpha)
     np.testing.assert_array_equal(g1, 0.0)
     np.testing.assert_array_equal(g2, 0.0)
     # d/dlogits of sum pi (alpha log pi - q) through the softmax, against central differences
     logits = jnp.log(jnp.asarray(pi, jnp.float32))
     f = lambda z: float(losses.sac_actor_loss_discrete(jax.nn.log_softmax(z)[None], q1, q2, alpha))
-    grad = jax.grad(lambda z: losses.sac_actor_loss_discrete(jax.nn.log_softmax(z)[None], q1, q2, alpha))(logits)
+    grad = jax.grad(
+        lambda z: losses.sac_actor_loss_discrete(jax.nn.log_softmax(z)[None], q1, q2, alpha)
+    )(logits)
     h = 1e-3
     numeric = [(f(logits.at[i].add(h)) - f(logits.at[i].add(-h))) / (2 * h) for i in range(2)]
     np.testing.assert_allclose(grad, numeric, rtol=1e-2, atol=1e-4)
@@ -153,7 +203,13 @@ def test_temperature_loss_value_and_gradient_sign(entropy, target, sign):
     """L = log_alpha (H - target): above the target entropy the gradient is positive (descent lowers
     alpha), below it negative (alpha grows); no gradient reaches the entropy."""
     log_alpha = jnp.float32(math.log(0.5))
-    np.testing.assert_allclose(losses.temperature_loss(log_alpha, entropy, target), math.log(0.5) * (entropy - target), rtol=1e-6)
-    g_alpha, g_entropy = jax.grad(losses.temperature_loss, argnums=(0, 1))(log_alpha, jnp.float32(entropy), jnp.float32(target))
+    np.testing.assert_allclose(
+        losses.temperature_loss(log_alpha, entropy, target),
+        math.log(0.5) * (entropy - target),
+        rtol=1e-6,
+    )
+    g_alpha, g_entropy = jax.grad(losses.temperature_loss, argnums=(0, 1))(
+        log_alpha, jnp.float32(entropy), jnp.float32(target)
+    )
     assert float(g_alpha) == pytest.approx(entropy - target) and np.sign(float(g_alpha)) == sign
     assert float(g_entropy) == 0.0

@@ -16,9 +16,20 @@ from rl import networks
 from rl.config import ConfigError, build_config
 from rl.train import at_matmul_precision, make_programs, run_mesh
 
-DQN = dict(name="dqn", total_steps=256, buffer_size=128, learning_starts=64, batch_size=8, train_freq=64,
-           gradient_steps=2, target_update_interval=16, network={"hidden": [8, 8]}, log_interval=128, eval_episodes=1,
-           epsilon_decay_steps=128)
+DQN = dict(
+    name="dqn",
+    total_steps=256,
+    buffer_size=128,
+    learning_starts=64,
+    batch_size=8,
+    train_freq=64,
+    gradient_steps=2,
+    target_update_interval=16,
+    network={"hidden": [8, 8]},
+    log_interval=128,
+    eval_episodes=1,
+    epsilon_decay_steps=128,
+)
 DOT = re.compile(r"stablehlo\.dot_general .*?precision = \[(\w+), (\w+)\]")
 
 
@@ -46,7 +57,9 @@ def lowered_chunk(config) -> str:
     return chunk(1).lower(state, hparams).as_text()
 
 
-@pytest.mark.parametrize("precision, expected", [("default", {"DEFAULT"}), ("high", {"HIGH"}), ("highest", {"HIGHEST"})])
+@pytest.mark.parametrize(
+    "precision, expected", [("default", {"DEFAULT"}), ("high", {"HIGH"}), ("highest", {"HIGHEST"})]
+)
 def test_the_training_program_is_traced_at_the_configured_precision(precision, expected):
     assert dot_precisions(lowered_chunk(make_config(matmul_precision=precision))) == expected
 

@@ -13,7 +13,9 @@ import pytest
 from envs.spaces import Discrete
 from rl import networks
 
-pytestmark = pytest.mark.usefixtures("full_precision_matmuls")  # exact float32 comparisons, also on the GPU
+pytestmark = pytest.mark.usefixtures(
+    "full_precision_matmuls"
+)  # exact float32 comparisons, also on the GPU
 
 KEY = jax.random.PRNGKey(0)
 
@@ -40,14 +42,37 @@ def q_net(num_actions, hidden=(64, 64), obs_space=None):
 
 
 def rainbow_net(num_actions, hidden, **head):
-    return networks.with_head(networks.make_torso(networks.NetworkConfig(hidden=hidden)), networks.rainbow_head(num_actions, **head))
+    return networks.with_head(
+        networks.make_torso(networks.NetworkConfig(hidden=hidden)),
+        networks.rainbow_head(num_actions, **head),
+    )
 
 
 NETS = {
-    "q_mlp": (lambda: q_net(4, hidden=(32, 16)), (jnp.ones((5, 6)),), (5, 4), 6 * 32 + 32 + 32 * 16 + 16 + 16 * 4 + 4),
-    "q_mlp_discrete_obs": (lambda: q_net(4, hidden=(8,), obs_space=Discrete(25)), (jnp.arange(7),), (7, 4), 25 * 8 + 8 + 8 * 4 + 4),
-    "noisy": (lambda: noisy_mlp(), (jnp.ones((5, 6)),), (5, 3), 2 * (6 * 16 + 16) + 2 * (16 * 3 + 3)),
-    "rainbow_noisy_dueling": (lambda: rainbow_net(3, (16,), num_atoms=5), (jnp.ones((2, 4)),), (2, 3, 5), (4 * 16 + 16) + 2 * (16 * 5 + 5) + 2 * (16 * 15 + 15)),
+    "q_mlp": (
+        lambda: q_net(4, hidden=(32, 16)),
+        (jnp.ones((5, 6)),),
+        (5, 4),
+        6 * 32 + 32 + 32 * 16 + 16 + 16 * 4 + 4,
+    ),
+    "q_mlp_discrete_obs": (
+        lambda: q_net(4, hidden=(8,), obs_space=Discrete(25)),
+        (jnp.arange(7),),
+        (7, 4),
+        25 * 8 + 8 + 8 * 4 + 4,
+    ),
+    "noisy": (
+        lambda: noisy_mlp(),
+        (jnp.ones((5, 6)),),
+        (5, 3),
+        2 * (6 * 16 + 16) + 2 * (16 * 3 + 3),
+    ),
+    "rainbow_noisy_dueling": (
+        lambda: rainbow_net(3, (16,), num_atoms=5),
+        (jnp.ones((2, 4)),),
+        (2, 3, 5),
+        (4 * 16 + 16) + 2 * (16 * 5 + 5) + 2 * (16 * 15 + 15),
+    ),
 }
 
 
@@ -59,7 +84,9 @@ def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
         net = networks.build(make_fn(), backend)
         params = jax.eval_shape(net.init, KEY, *inputs)  # shapes only: nothing is computed
         out = jax.eval_shape(net.apply, params, *inputs)
-        out_noisy = jax.eval_shape(lambda p, *x: net.apply(p, *x, rng=jax.random.PRNGKey(1)), params, *inputs)
+        out_noisy = jax.eval_shape(
+            lambda p, *x: net.apply(p, *x, rng=jax.random.PRNGKey(1)), params, *inputs
+        )
         assert out.shape == out_shape and out.dtype == jnp.float32
         assert out_noisy.shape == out_shape
         results[backend] = (count(params), leaves_by_shape(params))
@@ -75,7 +102,9 @@ def test_actor_critic_and_twin_q_shapes(backend):
     params = ac.init(KEY, obs)
     (mean, log_std), value = ac.apply(params, obs)
     assert mean.shape == log_std.shape == (3, 2) and value.shape == (3,)
-    twin = networks.build(networks.twin_q(networks.make_torso(networks.NetworkConfig(hidden=(8,)))), backend)
+    twin = networks.build(
+        networks.twin_q(networks.make_torso(networks.NetworkConfig(hidden=(8,)))), backend
+    )
     q1, q2 = twin.apply(twin.init(KEY, obs, jnp.ones((3, 2))), obs, jnp.ones((3, 2)))
     assert q1.shape == q2.shape == (3,) and not np.allclose(q1, q2)  # two independent networks
 
@@ -87,7 +116,10 @@ def test_dense_init_is_orthogonal_with_gain_and_zero_bias(backend):
     weights = sorted((x for x in jax.tree.leaves(params) if x.ndim == 2), key=lambda w: w.shape[0])
     biases = [x for x in jax.tree.leaves(params) if x.ndim == 1]
     hidden_w, head_w = weights[1], weights[0]  # [64, 32] (gain sqrt 2), [32, 4] (gain 1)
-    hidden_w, head_w = np.asarray(hidden_w, np.float64), np.asarray(head_w, np.float64)  # products on the host, in float64
+    hidden_w, head_w = (
+        np.asarray(hidden_w, np.float64),
+        np.asarray(head_w, np.float64),
+    )  # products on the host, in float64
     np.testing.assert_allclose(hidden_w.T @ hidden_w, 2.0 * np.eye(32), atol=1e-5)
     np.testing.assert_allclose(head_w.T @ head_w, np.eye(4), atol=1e-5)
     assert all(np.all(b == 0) for b in biases)
@@ -101,8 +133,14 @@ def test_lecun_uniform_init_draws_uniform_weights_of_variance_one_over_fan_in(ba
 
     from envs.spaces import Box
 
-    torso = networks.make_torso(networks.NetworkConfig(torso="cnn_minatar", hidden=(64,)), Box(0.0, 1.0, (10, 10, 4)))
-    net = networks.build(networks.with_head(torso, networks.categorical_policy_head(6)), backend, init="lecun_uniform")
+    torso = networks.make_torso(
+        networks.NetworkConfig(torso="cnn_minatar", hidden=(64,)), Box(0.0, 1.0, (10, 10, 4))
+    )
+    net = networks.build(
+        networks.with_head(torso, networks.categorical_policy_head(6)),
+        backend,
+        init="lecun_uniform",
+    )
     params = net.init(KEY, jnp.ones((1, 10, 10, 4)))
     kernels = [np.asarray(x, np.float64) for x in jax.tree.leaves(params) if x.ndim >= 2]
     assert sorted(k.shape for k in kernels) == sorted([(3, 3, 4, 16), (1024, 64), (64, 6)])
@@ -123,11 +161,20 @@ def test_every_agent_builds_its_networks_with_the_configured_init(agent, monkeyp
     from rl.registry import get_agent_module
 
     env_id = "Pendulum-v1" if agent in ("sac", "td3") else "CartPole-v1"
-    network = {"init": "lecun_uniform", **({"torso": "gru", "hidden": [8]} if agent == "ppo_rnn" else {})}
+    network = {
+        "init": "lecun_uniform",
+        **({"torso": "gru", "hidden": [8]} if agent == "ppo_rnn" else {}),
+    }
     steps = {"pqn": {"total_steps": 65536}}.get(agent, {})
-    config = build_config({"env": {"id": env_id}, "agent": {"name": agent, "network": network, **steps}})
+    config = build_config(
+        {"env": {"id": env_id}, "agent": {"name": agent, "network": network, **steps}}
+    )
     seen, build = [], networks.build
-    monkeypatch.setattr(networks, "build", lambda fn, backend="flax", init="orthogonal": seen.append(init) or build(fn, backend, init))
+    monkeypatch.setattr(
+        networks,
+        "build",
+        lambda fn, backend="flax", init="orthogonal": seen.append(init) or build(fn, backend, init),
+    )
     get_agent_module(agent).make_train(config)
     assert seen and set(seen) == {"lecun_uniform"}, seen
 
@@ -150,7 +197,10 @@ def test_noisy_layers_deterministic_without_rng_stochastic_with_it(backend):
 def test_noisy_init_ranges(backend):
     net = networks.build(noisy_mlp(hidden=(16,)), backend)
     params = net.init(KEY, jnp.ones((1, 9)))
-    flat = {"/".join(str(getattr(k, "key", k)) for k in path): v for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    flat = {
+        "/".join(str(getattr(k, "key", k)) for k in path): v
+        for path, v in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
     sigmas = [v for k, v in flat.items() if "sigma" in k]
     mus = [v for k, v in flat.items() if "mu" in k]
     assert len(sigmas) == 4 and len(mus) == 4
@@ -163,18 +213,29 @@ def test_noisy_init_ranges(backend):
 def test_noisy_dense_matches_the_explicit_noise_matrix():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3, 5)).astype(np.float32)
-    w_mu, w_sigma = rng.normal(size=(5, 4)).astype(np.float32), rng.random((5, 4)).astype(np.float32)
+    w_mu, w_sigma = (
+        rng.normal(size=(5, 4)).astype(np.float32),
+        rng.random((5, 4)).astype(np.float32),
+    )
     b_mu, b_sigma = rng.normal(size=4).astype(np.float32), rng.random(4).astype(np.float32)
     key = jax.random.PRNGKey(7)
     out = np.asarray(networks._noisy_dense(jnp.asarray(x), 4, w_mu, w_sigma, b_mu, b_sigma, key))
     # the same noise draws, then the dense formula y = x (mu + sigma * f(e_in) f(e_out)^T) + b
     k_in, k_out = jax.random.split(key)
     f = lambda e: np.sign(e) * np.sqrt(np.abs(e))
-    e_in, e_out = f(np.asarray(jax.random.normal(k_in, (5,)), np.float64)), f(np.asarray(jax.random.normal(k_out, (4,)), np.float64))
+    e_in, e_out = (
+        f(np.asarray(jax.random.normal(k_in, (5,)), np.float64)),
+        f(np.asarray(jax.random.normal(k_out, (4,)), np.float64)),
+    )
     w = w_mu + w_sigma * np.outer(e_in, e_out)
     expected = x.astype(np.float64) @ w + b_mu + b_sigma * e_out
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(networks._noisy_dense(jnp.asarray(x), 4, w_mu, w_sigma, b_mu, b_sigma, None)), x @ w_mu + b_mu, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(networks._noisy_dense(jnp.asarray(x), 4, w_mu, w_sigma, b_mu, b_sigma, None)),
+        x @ w_mu + b_mu,
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("backend", networks.BACKENDS)
@@ -198,12 +259,18 @@ def test_network_config_from_yaml_merges_over_the_agents_defaults_and_names_bad_
     from rl.config import ConfigError, build_config
 
     base = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}}
-    assert build_config(base).agent.network == networks.NetworkConfig(hidden=(64, 64), activation="tanh")
+    assert build_config(base).agent.network == networks.NetworkConfig(
+        hidden=(64, 64), activation="tanh"
+    )
     config = build_config({**base, "agent": {"name": "ppo", "network": {"hidden": [32]}}})
-    assert config.agent.network.hidden == (32,) and config.agent.network.activation == "tanh"  # default kept
+    assert (
+        config.agent.network.hidden == (32,) and config.agent.network.activation == "tanh"
+    )  # default kept
     with pytest.raises(ConfigError, match="agent.network.hidden"):
         build_config({**base, "agent": {"name": "ppo", "network": {"hidden": [8, 0]}}})
-    with pytest.raises(ConfigError, match="unknown key 'agent.network.hiden'.*did you mean 'agent.network.hidden'"):
+    with pytest.raises(
+        ConfigError, match="unknown key 'agent.network.hiden'.*did you mean 'agent.network.hidden'"
+    ):
         build_config({**base, "agent": {"name": "ppo", "network": {"hiden": [8]}}})
     with pytest.raises(ConfigError, match="agent.network.torso"):
         build_config({**base, "agent": {"name": "ppo", "network": {"torso": "transformer"}}})
@@ -216,14 +283,20 @@ def test_torso_and_heads_compose(backend):
     """Two torso calls make two torsos; a shared actor-critic has one; heads give their shapes."""
     torso = networks.make_torso(networks.NetworkConfig(hidden=(8,)))
     obs = jnp.ones((3, 4))
-    separate = networks.build(networks.actor_critic(torso, networks.categorical_policy_head(5)), backend)
-    shared = networks.build(networks.actor_critic(torso, networks.categorical_policy_head(5), shared=True), backend)
+    separate = networks.build(
+        networks.actor_critic(torso, networks.categorical_policy_head(5)), backend
+    )
+    shared = networks.build(
+        networks.actor_critic(torso, networks.categorical_policy_head(5), shared=True), backend
+    )
     p_sep, p_shared = separate.init(KEY, obs), shared.init(KEY, obs)
     assert count(p_sep) == 2 * (4 * 8 + 8) + (8 * 5 + 5) + (8 + 1)
     assert count(p_shared) == (4 * 8 + 8) + (8 * 5 + 5) + (8 + 1)
     logits, value = separate.apply(p_sep, obs)
     assert logits.shape == (3, 5) and value.shape == (3,)
-    squashed = networks.build(networks.with_head(torso, networks.squashed_gaussian_head(2, -5.0, 2.0)), backend)
+    squashed = networks.build(
+        networks.with_head(torso, networks.squashed_gaussian_head(2, -5.0, 2.0)), backend
+    )
     mean, log_std = squashed.apply(squashed.init(KEY, obs), obs * 100.0)
     assert mean.shape == log_std.shape == (3, 2) and np.all((log_std >= -5.0) & (log_std <= 2.0))
 
@@ -232,7 +305,9 @@ def test_torso_and_heads_compose(backend):
 
 
 def recurrent_torso(cell, hidden=(8,), size=5, obs_space=None):
-    return networks.make_torso(networks.NetworkConfig(torso=cell, hidden=hidden, recurrent_hidden=size), obs_space)
+    return networks.make_torso(
+        networks.NetworkConfig(torso=cell, hidden=hidden, recurrent_hidden=size), obs_space
+    )
 
 
 def run_torso(backend, torso, carry, obs, reset, key=KEY):
@@ -254,11 +329,17 @@ def test_recurrent_torso_shapes_on_both_backends(backend, cell):
         assert features.shape == (4, *batch, 5)
         assert jax.tree.map(jnp.shape, new_carry) == jax.tree.map(jnp.shape, carry)
         want = (*batch, 5) if cell == "gru" else ((*batch, 5), (*batch, 5))
-        assert jax.tree.map(jnp.shape, carry) == want and all(not np.any(c) for c in jax.tree.leaves(carry))
+        assert jax.tree.map(jnp.shape, carry) == want and all(
+            not np.any(c) for c in jax.tree.leaves(carry)
+        )
         gates = 3 if cell == "gru" else 4
         # embedding 6 -> 8, input projection 8 -> gates * 5 (+ bias), recurrent kernel 5 x gates * 5 (+ GRU's candidate bias)
-        assert count(params) == 6 * 8 + 8 + 8 * gates * 5 + gates * 5 + 5 * gates * 5 + (5 if cell == "gru" else 0)
-    assert jax.tree.map(jnp.shape, torso.initial_carry(7)) == jax.tree.map(jnp.shape, torso.initial_carry((7,)))
+        assert count(params) == 6 * 8 + 8 + 8 * gates * 5 + gates * 5 + 5 * gates * 5 + (
+            5 if cell == "gru" else 0
+        )
+    assert jax.tree.map(jnp.shape, torso.initial_carry(7)) == jax.tree.map(
+        jnp.shape, torso.initial_carry((7,))
+    )
 
 
 @pytest.mark.parametrize("cell", networks.RECURRENT_TORSOS)
@@ -274,7 +355,11 @@ def test_recurrent_flax_and_haiku_agree_on_structure(cell):
         params = net.init(KEY, carry, obs, reset)
         shapes[backend] = leaves_by_shape(params)
         outs[backend] = jax.tree.map(jnp.shape, net.apply(params, carry, obs, reset))
-        kernels = [x for path, x in jax.tree_util.tree_flatten_with_path(params)[0] if "recurrent_kernel" in jax.tree_util.keystr(path)]
+        kernels = [
+            x
+            for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+            if "recurrent_kernel" in jax.tree_util.keystr(path)
+        ]
         assert len(kernels) == 2  # one cell each for actor and critic
         for kernel in kernels:
             for block in np.split(np.asarray(kernel), 3 if cell == "gru" else 4, axis=-1):
@@ -296,10 +381,16 @@ def test_gru_equals_flax_gru_cell():
     p = params["params"]
     w_i, b_i = np.split(p["Dense_0"]["kernel"], 3, -1), np.split(p["Dense_0"]["bias"], 3, -1)
     w_h = np.split(p["gru_0_recurrent_kernel"], 3, -1)
-    cell_params = {"params": {
-        "ir": {"kernel": w_i[0], "bias": b_i[0]}, "iz": {"kernel": w_i[1], "bias": b_i[1]}, "in": {"kernel": w_i[2], "bias": b_i[2]},
-        "hr": {"kernel": w_h[0]}, "hz": {"kernel": w_h[1]}, "hn": {"kernel": w_h[2], "bias": p["gru_0_candidate_bias"]},
-    }}
+    cell_params = {
+        "params": {
+            "ir": {"kernel": w_i[0], "bias": b_i[0]},
+            "iz": {"kernel": w_i[1], "bias": b_i[1]},
+            "in": {"kernel": w_i[2], "bias": b_i[2]},
+            "hr": {"kernel": w_h[0]},
+            "hz": {"kernel": w_h[1]},
+            "hn": {"kernel": w_h[2], "bias": p["gru_0_candidate_bias"]},
+        }
+    }
     cell, h, want = nn.GRUCell(features=4), carry, []
     for t in range(6):
         h, _ = cell.apply(cell_params, h, obs[t])
@@ -315,14 +406,23 @@ def test_lstm_equals_haiku_lstm():
     torso = recurrent_torso("lstm", hidden=(), size=4)
     obs = jax.random.normal(jax.random.PRNGKey(1), (6, 3, 5))
     reset = jnp.zeros((6, 3), bool)
-    carry = (jax.random.normal(jax.random.PRNGKey(2), (3, 4)), jax.random.normal(jax.random.PRNGKey(3), (3, 4)))
+    carry = (
+        jax.random.normal(jax.random.PRNGKey(2), (3, 4)),
+        jax.random.normal(jax.random.PRNGKey(3), (3, 4)),
+    )
     _, params, ((h_last, c_last), features) = run_torso("haiku", torso, carry, obs, reset)
-    order = lambda x: np.concatenate([np.split(x, 4, -1)[i] for i in (0, 2, 1, 3)], -1)  # (i, f, g, o) -> (i, g, f, o)
-    w = np.concatenate([order(params["linear"]["w"]), order(params["~"]["lstm_0_recurrent_kernel"])], axis=0)
+    order = lambda x: np.concatenate(
+        [np.split(x, 4, -1)[i] for i in (0, 2, 1, 3)], -1
+    )  # (i, f, g, o) -> (i, g, f, o)
+    w = np.concatenate(
+        [order(params["linear"]["w"]), order(params["~"]["lstm_0_recurrent_kernel"])], axis=0
+    )
     lstm = hk.without_apply_rng(hk.transform(lambda x, state: hk.LSTM(4)(x, state)))
     state, want = hk.LSTMState(hidden=carry[0], cell=carry[1]), []
     for t in range(6):
-        out, state = lstm.apply({"lstm/linear": {"w": w, "b": order(params["linear"]["b"])}}, obs[t], state)
+        out, state = lstm.apply(
+            {"lstm/linear": {"w": w, "b": order(params["linear"]["b"])}}, obs[t], state
+        )
         want.append(out)
     np.testing.assert_allclose(features, np.stack(want), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(c_last, state.cell, rtol=1e-5, atol=1e-6)
@@ -337,15 +437,30 @@ def test_recurrent_reset_puts_the_carry_back_before_the_cell(backend, cell):
     torso = recurrent_torso(cell)
     T = 7
     obs = jax.random.normal(jax.random.PRNGKey(1), (T, 2, 6))
-    reset = jnp.zeros((T, 2), bool).at[0, :].set(True).at[3, 0].set(True).at[5, 1].set(True)  # env 0 at 3, env 1 at 5
+    reset = (
+        jnp.zeros((T, 2), bool).at[0, :].set(True).at[3, 0].set(True).at[5, 1].set(True)
+    )  # env 0 at 3, env 1 at 5
     junk = jax.tree.map(lambda x: x + 3.0, torso.initial_carry(2))
     net, params, (carry, features) = run_torso(backend, torso, junk, obs, reset)
-    np.testing.assert_allclose(features, net.apply(params, torso.initial_carry(2), obs, reset)[1], rtol=1e-6)  # reset at t = 0
+    np.testing.assert_allclose(
+        features, net.apply(params, torso.initial_carry(2), obs, reset)[1], rtol=1e-6
+    )  # reset at t = 0
     for env, t in [(0, 3), (1, 5)]:
-        fresh_carry, fresh = net.apply(params, torso.initial_carry(), obs[t:, env], jnp.zeros((T - t,), bool))
+        fresh_carry, fresh = net.apply(
+            params, torso.initial_carry(), obs[t:, env], jnp.zeros((T - t,), bool)
+        )
         np.testing.assert_allclose(features[t:, env], fresh, rtol=1e-5, atol=1e-6)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a[env], b, rtol=1e-5, atol=1e-6), carry, fresh_carry)
-        assert not np.allclose(features[t - 1, env], net.apply(params, torso.initial_carry(), obs[t - 1 : t, env], jnp.zeros((1,), bool))[1][0])
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a[env], b, rtol=1e-5, atol=1e-6),
+            carry,
+            fresh_carry,
+        )
+        assert not np.allclose(
+            features[t - 1, env],
+            net.apply(params, torso.initial_carry(), obs[t - 1 : t, env], jnp.zeros((1,), bool))[1][
+                0
+            ],
+        )
     # no reset at t = 2: running [0, 2) then [2, T) from the carry in between equals the whole run
     mid, first = net.apply(params, torso.initial_carry(2), obs[:2], reset[:2])
     _, rest = net.apply(params, mid, obs[2:], reset[2:])
@@ -354,7 +469,9 @@ def test_recurrent_reset_puts_the_carry_back_before_the_cell(backend, cell):
 
 def test_recurrent_torso_reads_discrete_observations_one_hot():
     torso = recurrent_torso("gru", hidden=(), size=3, obs_space=Discrete(6))
-    _, params, (_, features) = run_torso("flax", torso, torso.initial_carry(4), jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 4), bool))
+    _, params, (_, features) = run_torso(
+        "flax", torso, torso.initial_carry(4), jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 4), bool)
+    )
     assert features.shape == (2, 4, 3) and params["params"]["Dense_0"]["kernel"].shape == (6, 9)
 
 
@@ -367,11 +484,17 @@ def test_recurrent_torso_in_a_feedforward_network_says_what_to_use():
 def test_recurrent_network_config():
     from rl.config import ConfigError, build_dataclass
 
-    config = build_dataclass(networks.NetworkConfig, {"torso": "lstm", "hidden": [], "recurrent_hidden": 32}, "agent.network")
+    config = build_dataclass(
+        networks.NetworkConfig,
+        {"torso": "lstm", "hidden": [], "recurrent_hidden": 32},
+        "agent.network",
+    )
     assert config.recurrent and not networks.NetworkConfig().recurrent
     with pytest.raises(ConfigError, match="agent.network.hidden"):
         build_dataclass(networks.NetworkConfig, {"torso": "mlp", "hidden": []}, "agent.network")
     with pytest.raises(ConfigError, match="agent.network.recurrent_hidden"):
-        build_dataclass(networks.NetworkConfig, {"torso": "gru", "recurrent_hidden": 0}, "agent.network")
+        build_dataclass(
+            networks.NetworkConfig, {"torso": "gru", "recurrent_hidden": 0}, "agent.network"
+        )
     with pytest.raises(ConfigError, match="agent.network.torso"):
         build_dataclass(networks.NetworkConfig, {"torso": "rnn"}, "agent.network")

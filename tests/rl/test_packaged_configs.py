@@ -12,24 +12,30 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from run_helpers import REPO, run_cli
 
 from rl.config import ConfigError, find_config, packaged_configs
-from run_helpers import REPO, run_cli
 
 TINY = ["agent.total_steps=2000", "agent.log_interval=1000", "run.seeds=2", "--no-progress"]
 
 
 def test_every_config_of_the_checkout_is_packaged():
-    assert sorted(packaged_configs()) == sorted(path.stem for path in (REPO / "configs").glob("*.yaml"))
+    assert sorted(packaged_configs()) == sorted(
+        path.stem for path in (REPO / "configs").glob("*.yaml")
+    )
 
 
 def test_rl_train_finds_a_packaged_config_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert run_cli(["train", "qlearning_gridworld", "--name", "by_name", *TINY]) == 0, capsys.readouterr().err
+    assert run_cli(["train", "qlearning_gridworld", "--name", "by_name", *TINY]) == 0, (
+        capsys.readouterr().err
+    )
     assert (tmp_path / "runs" / "by_name" / "summary.json").is_file()
 
 
-@pytest.mark.parametrize("given", ["ppo_cartpole", "ppo_cartpole.yaml", "configs/ppo_cartpole.yaml"])
+@pytest.mark.parametrize(
+    "given", ["ppo_cartpole", "ppo_cartpole.yaml", "configs/ppo_cartpole.yaml"]
+)
 def test_names_and_checkout_paths_find_the_packaged_file(given, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no configs/ folder here
     assert find_config(given) == packaged_configs()["ppo_cartpole"]
@@ -42,7 +48,10 @@ def test_an_existing_file_path_wins_over_a_packaged_name(tmp_path, monkeypatch):
 
 
 def test_an_unknown_name_suggests_the_closest_packaged_configs():
-    with pytest.raises(ConfigError, match=r"'ppo_cartpol' does not exist and is not a packaged config; did you mean ppo_cartpole"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'ppo_cartpol' does not exist and is not a packaged config; did you mean ppo_cartpole",
+    ):
         find_config("ppo_cartpol")
 
 
@@ -59,7 +68,9 @@ def environment_without_the_checkout() -> dict[str, str]:
     must find the installed wheel, while other entries (on the offline GPU machine, the folder its
     wheels were unpacked into) still provide the dependencies."""
     env = dict(os.environ)
-    entries = [entry for entry in env.pop("PYTHONPATH", "").split(os.pathsep) if entry not in ("", ".")]
+    entries = [
+        entry for entry in env.pop("PYTHONPATH", "").split(os.pathsep) if entry not in ("", ".")
+    ]
     kept = [entry for entry in entries if Path(entry).resolve() != REPO.resolve()]
     if kept:
         env["PYTHONPATH"] = os.pathsep.join(kept)
@@ -70,8 +81,17 @@ def see_this_environments_packages(python: Path) -> None:
     """Appends the running interpreter's site-packages to the virtualenv's path (a .pth file), after
     its own: `--system-site-packages` shows only the base interpreter's, and when this test itself
     runs in a virtualenv (the GPU machine's python) the dependencies live in that one."""
-    venv_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True).stdout.strip()
-    parents = [p for p in site.getsitepackages() if Path(p).is_dir() and Path(p).resolve() != Path(venv_site).resolve()]
+    venv_site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    parents = [
+        p
+        for p in site.getsitepackages()
+        if Path(p).is_dir() and Path(p).resolve() != Path(venv_site).resolve()
+    ]
     (Path(venv_site) / "parent_environment.pth").write_text("\n".join(parents) + "\n")
 
 
@@ -80,7 +100,23 @@ def test_a_wheel_installs_and_runs_the_quickstart_from_an_empty_directory(tmp_pa
     environment's packages for the dependencies, the wheel installed into it (not editable), then
     `rl configs` and a short Quickstart from an empty directory."""
     wheels = tmp_path / "wheels"
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, REPO], capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            wheels,
+            REPO,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = wheels.glob("fusedrl-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -88,18 +124,53 @@ def test_a_wheel_installs_and_runs_the_quickstart_from_an_empty_directory(tmp_pa
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", venv], check=True, timeout=120
+    )
     python = venv / "bin" / "python"
-    env = environment_without_the_checkout()  # else pip finds the checkout's egg-info and installs nothing
-    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], env=env, capture_output=True, text=True, timeout=300)
+    env = (
+        environment_without_the_checkout()
+    )  # else pip finds the checkout's egg-info and installs nothing
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", wheel],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
     see_this_environments_packages(python)
     empty = tmp_path / "empty"
     empty.mkdir()
-    where = subprocess.run([python, "-c", "import rl; print(rl.__file__)"], cwd=empty, env=env, capture_output=True, text=True, timeout=120)
+    where = subprocess.run(
+        [python, "-c", "import rl; print(rl.__file__)"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert where.stdout.startswith(str(venv)), where  # the installed copy, not the checkout
-    listing = subprocess.run([venv / "bin" / "rl", "configs"], cwd=empty, env=env, capture_output=True, text=True, timeout=120)
-    assert listing.returncode == 0 and "qlearning_gridworld" in listing.stdout, listing.stderr[-2000:]
-    train = subprocess.run([venv / "bin" / "rl", "train", "qlearning_gridworld", "--name", "quick", *TINY], cwd=empty, env=env, capture_output=True, text=True, timeout=300)
+    listing = subprocess.run(
+        [venv / "bin" / "rl", "configs"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listing.returncode == 0 and "qlearning_gridworld" in listing.stdout, listing.stderr[
+        -2000:
+    ]
+    train = subprocess.run(
+        [venv / "bin" / "rl", "train", "qlearning_gridworld", "--name", "quick", *TINY],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert train.returncode == 0, train.stderr[-3000:]
-    assert (empty / "runs" / "quick" / "summary.json").is_file() and "final episode_return" in train.stdout
+    assert (
+        empty / "runs" / "quick" / "summary.json"
+    ).is_file() and "final episode_return" in train.stdout

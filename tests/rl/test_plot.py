@@ -4,9 +4,9 @@ sweep setting."""
 from __future__ import annotations
 
 import numpy as np
+from run_helpers import run_cli, trained_run, write_config
 
 from rl.plot import curves, read_metrics
-from run_helpers import run_cli, trained_run, write_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -27,7 +27,20 @@ def test_plot_writes_a_png(tmp_path_factory, tmp_path, capsys):
 def test_plot_default_output_and_several_runs_with_a_sweep(tmp_path_factory, tmp_path):
     run_dir = trained_run(tmp_path_factory)
     config = write_config(tmp_path, seeds=2)
-    assert run_cli(["train", config, "--name", "sweep", "--sweep", "agent.lr=0.05,0.5", "agent.total_steps=4000"]) == 0
+    assert (
+        run_cli(
+            [
+                "train",
+                config,
+                "--name",
+                "sweep",
+                "--sweep",
+                "agent.lr=0.05,0.5",
+                "agent.total_steps=4000",
+            ]
+        )
+        == 0
+    )
     sweep_dir = tmp_path / "runs" / "sweep"
     assert run_cli(["plot", sweep_dir, run_dir]) == 0
     assert (sweep_dir / "learning_curve.png").read_bytes().startswith(PNG_SIGNATURE)

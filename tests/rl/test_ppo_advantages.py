@@ -7,11 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_ppo import make_config
 
 from rl import loop, losses
 from rl.agents import ppo
 from rl.config import hyperparams
-from test_ppo import make_config
 
 
 def test_gae_horizon_equals_gae_run_on_each_segment_alone():
@@ -23,14 +23,18 @@ def test_gae_horizon_equals_gae_run_on_each_segment_alone():
     T, N = 12, 5
     r, v, nv = (jnp.asarray(rng.normal(size=(T, N)), jnp.float32) for _ in range(3))
     term, trunc = (jnp.asarray(rng.random((T, N)) < 0.15) for _ in range(2))
-    gae = lambda sl, cuts: losses.truncation_aware_gae(r[sl], v[sl], nv[sl], term[sl], cuts, 0.97, 0.95, backend="reference")
+    gae = lambda sl, cuts: losses.truncation_aware_gae(
+        r[sl], v[sl], nv[sl], term[sl], cuts, 0.97, 0.95, backend="reference"
+    )
     cut = ppo.gae_cuts(make_config(num_steps=12, total_steps=960, gae_horizon=4).agent, trunc)
-    np.testing.assert_array_equal(np.asarray(cut) & ~np.asarray(trunc), np.asarray(~trunc) & (np.arange(T)[:, None] % 4 == 3))
+    np.testing.assert_array_equal(
+        np.asarray(cut) & ~np.asarray(trunc), np.asarray(~trunc) & (np.arange(T)[:, None] % 4 == 3)
+    )
     segmented = gae(slice(None), cut)
     for start in (0, 4, 8):
-        alone = gae(slice(start, start + 4), trunc[start:start + 4])
+        alone = gae(slice(start, start + 4), trunc[start : start + 4])
         for a, b in zip(segmented, alone):
-            np.testing.assert_allclose(a[start:start + 4], b, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(a[start : start + 4], b, rtol=1e-6, atol=1e-6)
     assert ppo.gae_cuts(make_config().agent, trunc) is trunc
     whole = gae(slice(None), trunc)
     assert not np.allclose(whole[0][3], segmented[0][3])
@@ -54,7 +58,10 @@ def test_recompute_advantages_recomputes_from_the_current_network():
     for name in ("value_loss", "policy_loss", "approx_kl"):
         np.testing.assert_allclose(frozen[0][name], frozen[1][name], rtol=1e-5, atol=1e-7)
     assert not np.allclose(run(recompute_advantages=True)["value_loss"], run()["value_loss"])
-    for a, b in zip(jax.tree.leaves(run(num_epochs=1, recompute_advantages=True)), jax.tree.leaves(run(num_epochs=1))):
+    for a, b in zip(
+        jax.tree.leaves(run(num_epochs=1, recompute_advantages=True)),
+        jax.tree.leaves(run(num_epochs=1)),
+    ):
         np.testing.assert_array_equal(a, b)
 
 
@@ -65,7 +72,9 @@ def test_segments_hold_consecutive_steps_of_one_env():
     assert seg.shape == (t // h * n, h)
     for k in range(t // h):
         for env in range(n):
-            np.testing.assert_array_equal(seg[k * n + env], [(k * h + i) * n + env for i in range(h)])
+            np.testing.assert_array_equal(
+                seg[k * n + env], [(k * h + i) * n + env for i in range(h)]
+            )
     assert ppo.segments(jnp.zeros((t, n, 4, 5)), h).shape == (t // h * n, h, 4, 5)
 
 
@@ -77,19 +86,35 @@ def setup_and_rollout(config, seed=0):
     s = ppo.Setup(agent, env, env_params, *loop.batched(env), net, distribution, "reference", False)
     hparams = hyperparams(agent)
     state = ppo.init_state(s, jax.random.PRNGKey(seed), hparams)
-    _, _, traj, _ = ppo.rollout(s, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(seed + 1))
+    _, _, traj, _ = ppo.rollout(
+        s, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(seed + 1)
+    )
     return s, hparams, state["params"], traj
 
 
-@pytest.mark.parametrize("env_id, clip_value_loss, normalize_advantages", [("CartPole-v1", True, True), ("Pendulum-v1", False, False)])
-def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(env_id, clip_value_loss, normalize_advantages, full_precision_matmuls):
+@pytest.mark.parametrize(
+    "env_id, clip_value_loss, normalize_advantages",
+    [("CartPole-v1", True, True), ("Pendulum-v1", False, False)],
+)
+def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(
+    env_id, clip_value_loss, normalize_advantages, full_precision_matmuls
+):
     """A minibatch of whole segments, whose loss computes V, GAE within each segment and the targets
     from the params it is given, has the loss and gradient of the same transitions with advantages
     precomputed at those params by the per-update path (`learn_batch` with the same gae_horizon):
     segment k N + n is steps kH..kH+H-1 of env n, flat rows t N + n. The rollout's end flags are
     replaced by random terminations and truncations, so both kinds fall inside and at segment ends."""
-    config = make_config(env_id, num_steps=40, total_steps=400, num_envs=5, gae_horizon=4, minibatch_advantages=True,
-                         clip_value_loss=clip_value_loss, normalize_advantages=normalize_advantages, num_minibatches=1)
+    config = make_config(
+        env_id,
+        num_steps=40,
+        total_steps=400,
+        num_envs=5,
+        gae_horizon=4,
+        minibatch_advantages=True,
+        clip_value_loss=clip_value_loss,
+        normalize_advantages=normalize_advantages,
+        num_minibatches=1,
+    )
     s, hparams, params, traj = setup_and_rollout(config)
     rng = np.random.default_rng(7)
     terminated = rng.random(traj.terminated.shape) < 0.1
@@ -98,12 +123,24 @@ def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(env
     seg = ppo.segment_batch(s, hparams, params, traj)
     flat = ppo.learn_batch(s, hparams, params, traj)
     n, h = config.agent.num_envs, config.agent.gae_horizon
-    ends = np.flatnonzero(np.asarray(seg.terminated | seg.truncated).any(axis=1))  # segments with an episode end
+    ends = np.flatnonzero(
+        np.asarray(seg.terminated | seg.truncated).any(axis=1)
+    )  # segments with an episode end
     assert np.asarray(seg.truncated[ends[:3]]).any() and np.asarray(seg.terminated[ends[:3]]).any()
     rows = np.unique(np.concatenate([ends[:3], [0, 4, 7, 13, 49]]))  # of the 50 segments
     flat_rows = np.concatenate([[(r // n * h + i) * n + r % n for i in range(h)] for r in rows])
-    seg_loss = lambda p: ppo.segment_minibatch_loss(s, p, jax.tree.map(lambda x: x[rows], seg), hparams)
-    flat_loss = lambda p: ppo.minibatch_loss(s.net, p, jax.tree.map(lambda x: x[flat_rows], flat), hparams, config.agent, s.distribution, "reference")
+    seg_loss = lambda p: ppo.segment_minibatch_loss(
+        s, p, jax.tree.map(lambda x: x[rows], seg), hparams
+    )
+    flat_loss = lambda p: ppo.minibatch_loss(
+        s.net,
+        p,
+        jax.tree.map(lambda x: x[flat_rows], flat),
+        hparams,
+        config.agent,
+        s.distribution,
+        "reference",
+    )
     (l_seg, st_seg), g_seg = jax.value_and_grad(seg_loss, has_aux=True)(params)
     (l_flat, st_flat), g_flat = jax.value_and_grad(flat_loss, has_aux=True)(params)
     np.testing.assert_allclose(l_seg, l_flat, rtol=1e-5, atol=1e-6)
@@ -113,7 +150,9 @@ def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(env
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_minibatch_advantages_with_a_frozen_network_average_to_the_per_update_run(full_precision_matmuls):
+def test_minibatch_advantages_with_a_frozen_network_average_to_the_per_update_run(
+    full_precision_matmuls,
+):
     """With a step size so small that Adam leaves the network unchanged, every minibatch computes the
     targets the per-update path computes once, so the update's mean value loss (a mean over
     equal-sized minibatches of all transitions) is the per-update run's; entropy, KL and the
@@ -122,10 +161,14 @@ def test_minibatch_advantages_with_a_frozen_network_average_to_the_per_update_ru
     the network its predecessors trained. Both sides use autodiff (the fused kernel computes its
     products at TF32 on the GPU)."""
     key = jax.random.PRNGKey(0)
-    run = lambda **agent: jax.jit(ppo.make_train(make_config(gae_horizon=8, fused_update=False, **agent)))(key)[1]
+    run = lambda **agent: jax.jit(
+        ppo.make_train(make_config(gae_horizon=8, fused_update=False, **agent))
+    )(key)[1]
     frozen = run(lr=1e-30, minibatch_advantages=True), run(lr=1e-30)
     for name in ("value_loss", "entropy", "approx_kl", "policy_loss"):
-        np.testing.assert_allclose(frozen[0][name], frozen[1][name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(
+            frozen[0][name], frozen[1][name], rtol=1e-5, atol=1e-6, err_msg=name
+        )
     learning = run(minibatch_advantages=True)
     assert np.isfinite(np.asarray(learning["value_loss"])).all()
     assert not np.allclose(learning["value_loss"], run()["value_loss"])
@@ -133,5 +176,7 @@ def test_minibatch_advantages_with_a_frozen_network_average_to_the_per_update_ru
 
 
 def test_minibatch_advantages_take_the_autodiff_gradient():
-    assert "agent.minibatch_advantages" in ppo.fused_update_unfit_reason(make_config(gae_horizon=8, minibatch_advantages=True))
+    assert "agent.minibatch_advantages" in ppo.fused_update_unfit_reason(
+        make_config(gae_horizon=8, minibatch_advantages=True)
+    )
     assert ppo.fused_update_unfit_reason(make_config(gae_horizon=8)) is None

@@ -16,14 +16,29 @@ from rl.config import ConfigError, build_config, hyperparams, parse_sweep
 from rl.train import at_matmul_precision, train_many
 from rl.trainer import RecurrentPolicy
 
-pytestmark = pytest.mark.usefixtures("full_precision_matmuls")  # exact float32 comparisons, also on the GPU
+pytestmark = pytest.mark.usefixtures(
+    "full_precision_matmuls"
+)  # exact float32 comparisons, also on the GPU
 
 
 def make_config(env_id="CartPole-v1", network=None, env=None, seeds=1, **agent):
-    base = dict(name="ppo_rnn", total_steps=512, num_envs=4, num_steps=16, num_epochs=2, num_minibatches=2, log_interval=2)
+    base = dict(
+        name="ppo_rnn",
+        total_steps=512,
+        num_envs=4,
+        num_steps=16,
+        num_epochs=2,
+        num_minibatches=2,
+        log_interval=2,
+    )
     base.update(agent)
     base["network"] = {"torso": "gru", "hidden": [16], "recurrent_hidden": 8, **(network or {})}
-    data = {"env": {"id": env_id, **(env or {})}, "agent": base, "kernels": {"backend": "reference"}, "run": {"seeds": seeds, "progress": False}}
+    data = {
+        "env": {"id": env_id, **(env or {})},
+        "agent": base,
+        "kernels": {"backend": "reference"},
+        "run": {"seeds": seeds, "progress": False},
+    }
     return build_config(data)
 
 
@@ -34,7 +49,11 @@ def step_once(s, params, carry, obs):
 
 
 def close(a, b):
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6), a, b)
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6),
+        a,
+        b,
+    )
 
 
 # ---------------------------------------------------------------- the hidden state in the rollout
@@ -47,23 +66,35 @@ def test_hidden_state_resets_at_episode_ends_and_bootstraps_from_the_pre_reset_s
     the initial state at t = 3 and 8 and the carried one everywhere else; V(final_obs_t) is the
     value one step on from h_t, the pre-reset state; the value target of a truncated step is
     r + gamma V(final_obs)."""
-    config = make_config(env={"params": {"max_steps_in_episode": 5}, "observe": "positions"}, num_envs=3, num_steps=12, num_minibatches=1, network={"torso": cell})
+    config = make_config(
+        env={"params": {"max_steps_in_episode": 5}, "observe": "positions"},
+        num_envs=3,
+        num_steps=12,
+        num_minibatches=1,
+        network={"torso": cell},
+    )
     s = ppo_rnn.make_setup(config)
     hp = hyperparams(config.agent)
     state = ppo_rnn.init_state(s, jax.random.PRNGKey(0), hp)
     params = state["params"]
     rollout = jax.jit(partial(ppo_rnn.rollout, s, params))
-    (obs, done, carry, env_state), _ = rollout(state["obs"], state["done"], state["carry"], state["env_state"], jax.random.PRNGKey(1))
+    (obs, done, carry, env_state), _ = rollout(
+        state["obs"], state["done"], state["carry"], state["env_state"], jax.random.PRNGKey(1)
+    )
     _, traj = rollout(obs, done, carry, env_state, jax.random.PRNGKey(2))
 
     ended = np.zeros((12, 3), bool)
     ended[[2, 7]] = True
     np.testing.assert_array_equal(traj.truncated, ended)
     assert not np.any(traj.terminated)
-    np.testing.assert_array_equal(traj.reset, np.concatenate([done[None], ended[:-1]]))  # obs_t begins an episode
+    np.testing.assert_array_equal(
+        traj.reset, np.concatenate([done[None], ended[:-1]])
+    )  # obs_t begins an episode
 
     initial = s.initial_carry(3)
-    previous = carry  # h_{-1}: the state the first rollout ended with (mid-episode, not the initial one)
+    previous = (
+        carry  # h_{-1}: the state the first rollout ended with (mid-episode, not the initial one)
+    )
     for t in range(12):
         read = initial if t in (3, 8) else previous
         want, _ = step_once(s, params, read, traj.obs[t])
@@ -80,7 +111,9 @@ def test_hidden_state_resets_at_episode_ends_and_bootstraps_from_the_pre_reset_s
         np.testing.assert_allclose(boot[t], want, rtol=1e-5, atol=1e-6)
         assert not np.allclose(boot[t], from_initial, atol=1e-4)
     goes_on = [t for t in range(11) if t not in (2, 7)]
-    np.testing.assert_allclose(np.asarray(boot)[goes_on], np.asarray(traj.value)[1:][goes_on], rtol=1e-5, atol=1e-6)  # V(final_obs_t) = V(h_{t+1})
+    np.testing.assert_allclose(
+        np.asarray(boot)[goes_on], np.asarray(traj.value)[1:][goes_on], rtol=1e-5, atol=1e-6
+    )  # V(final_obs_t) = V(h_{t+1})
 
     seqs, advantages, targets = ppo_rnn.learn_batch(s, hp, params, traj, carry)
     for t in (2, 7):
@@ -91,35 +124,75 @@ def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rol
     """The learn batch is env-major with the carry at the start of the rollout; re-running any subset
     of envs from it gives the rollout's values and log-probs, so the first minibatch step of an update
     sees ratio 1 (approx_kl 0, nothing clipped)."""
-    config = make_config(env={"observe": "positions"}, num_envs=4, num_steps=20, num_minibatches=2, network={"torso": "lstm"})
+    config = make_config(
+        env={"observe": "positions"},
+        num_envs=4,
+        num_steps=20,
+        num_minibatches=2,
+        network={"torso": "lstm"},
+    )
     s = ppo_rnn.make_setup(config)
     hp = hyperparams(config.agent)
     state = ppo_rnn.init_state(s, jax.random.PRNGKey(0), hp)
-    state, _, _ = jax.jit(partial(ppo_rnn.update, s, hp))(state, ppo_rnn.loop.no_episodes())  # the carry is mid-episode now
+    state, _, _ = jax.jit(partial(ppo_rnn.update, s, hp))(
+        state, ppo_rnn.loop.no_episodes()
+    )  # the carry is mid-episode now
     params = state["params"]
-    _, traj = ppo_rnn.rollout(s, params, state["obs"], state["done"], state["carry"], state["env_state"], jax.random.PRNGKey(5))
+    _, traj = ppo_rnn.rollout(
+        s,
+        params,
+        state["obs"],
+        state["done"],
+        state["carry"],
+        state["env_state"],
+        jax.random.PRNGKey(5),
+    )
     seqs, advantages, targets = ppo_rnn.learn_batch(s, hp, params, traj, state["carry"])
     assert seqs.obs.shape == (4, 20, 2) and advantages.shape == targets.shape == (4, 20)
     np.testing.assert_array_equal(seqs.obs, np.swapaxes(traj.obs, 0, 1))
     close(seqs.initial_carry, state["carry"])
     envs_ = jnp.array([3, 1])
     take = lambda x: x[envs_]
-    _, (logits, values) = s.net.apply(params, jax.tree.map(take, seqs.initial_carry), np.swapaxes(take(seqs.obs), 0, 1), np.swapaxes(take(seqs.reset), 0, 1))
+    _, (logits, values) = s.net.apply(
+        params,
+        jax.tree.map(take, seqs.initial_carry),
+        np.swapaxes(take(seqs.obs), 0, 1),
+        np.swapaxes(take(seqs.reset), 0, 1),
+    )
     np.testing.assert_allclose(np.swapaxes(values, 0, 1), take(seqs.value), rtol=1e-5, atol=1e-6)
-    log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), np.swapaxes(take(seqs.action), 0, 1)[..., None], -1)[..., 0]
-    np.testing.assert_allclose(np.swapaxes(log_probs, 0, 1), take(seqs.log_prob), rtol=1e-5, atol=1e-5)
+    log_probs = jnp.take_along_axis(
+        jax.nn.log_softmax(logits), np.swapaxes(take(seqs.action), 0, 1)[..., None], -1
+    )[..., 0]
+    np.testing.assert_allclose(
+        np.swapaxes(log_probs, 0, 1), take(seqs.log_prob), rtol=1e-5, atol=1e-5
+    )
 
-    grads = lambda p, mb: jax.grad(lambda p: ppo_rnn.minibatch_loss(s.net, p, mb, hp, s.agent, "categorical", "reference"), has_aux=True)(p)
+    grads = lambda p, mb: jax.grad(
+        lambda p: ppo_rnn.minibatch_loss(s.net, p, mb, hp, s.agent, "categorical", "reference"),
+        has_aux=True,
+    )(p)
     optimizer = ppo_rnn.loop.ppo_optimizer(s.agent, hp)
-    _, _, stats = ppo_rnn.loop.flat_minibatch_epochs(s.agent, optimizer, grads, params, state["opt_state"], (seqs, advantages, targets), jax.random.PRNGKey(6))
+    _, _, stats = ppo_rnn.loop.flat_minibatch_epochs(
+        s.agent,
+        optimizer,
+        grads,
+        params,
+        state["opt_state"],
+        (seqs, advantages, targets),
+        jax.random.PRNGKey(6),
+    )
     assert stats["approx_kl"].shape == (2, 2)
-    assert abs(float(stats["approx_kl"][0, 0])) < 1e-6 and float(stats["clip_fraction"][0, 0]) == 0.0
+    assert (
+        abs(float(stats["approx_kl"][0, 0])) < 1e-6 and float(stats["clip_fraction"][0, 0]) == 0.0
+    )
 
 
 # ---------------------------------------------------------------- training
 
 
-@pytest.mark.parametrize("backend, cell, total_steps", [("flax", "gru", 24_576), ("haiku", "lstm", 49_152)])
+@pytest.mark.parametrize(
+    "backend, cell, total_steps", [("flax", "gru", 24_576), ("haiku", "lstm", 49_152)]
+)
 def test_ppo_rnn_learns_masked_cartpole(backend, cell, total_steps):
     """CartPole with the velocities hidden, the shipped config's settings (no annealing), 24k steps
     (GRU) or 49k (LSTM, which learns more slowly), 8 seeds in one program, at full float32 matmul
@@ -132,23 +205,45 @@ def test_ppo_rnn_learns_masked_cartpole(backend, cell, total_steps):
     runs) 43 / 54, a fail; at 37k: CPU 82 / 158, that H200 67 / 116 (91 / 200 with autotuning); at
     49k: CPU 112 / 225, that H200 110 / 162."""
     config = make_config(
-        env={"observe": "positions"}, total_steps=total_steps, num_envs=8, num_steps=32, num_epochs=10, num_minibatches=1, lr=1e-3,
-        anneal_lr=False, gamma=0.98, gae_lambda=0.8, ent_coef=0.0, log_interval=16, eval_envs=8,
+        env={"observe": "positions"},
+        total_steps=total_steps,
+        num_envs=8,
+        num_steps=32,
+        num_epochs=10,
+        num_minibatches=1,
+        lr=1e-3,
+        anneal_lr=False,
+        gamma=0.98,
+        gae_lambda=0.8,
+        ent_coef=0.0,
+        log_interval=16,
+        eval_envs=8,
         network={"torso": cell, "hidden": [64], "recurrent_hidden": 64, "backend": backend},
     )
     keys = jax.random.split(jax.random.PRNGKey(0), 8)
     _, metrics = jax.jit(at_matmul_precision(jax.vmap(ppo_rnn.make_train(config)), "highest"))(keys)
     returns = np.asarray(metrics["episode_return"])  # [seed, log point]
     assert np.all(np.asarray(metrics["step"])[:, -1] == total_steps)
-    late_best = np.max(returns[:, returns.shape[1] // 2:], axis=1)
+    late_best = np.max(returns[:, returns.shape[1] // 2 :], axis=1)
     assert np.median(late_best) > 2 * np.median(returns[:, 0]), returns
     best_greedy = np.max(np.asarray(metrics["eval_return"]), axis=1)
     assert np.median(best_greedy) > 60, best_greedy
 
 
 def test_ppo_rnn_continuous_masked_pendulum_runs_and_acts_within_bounds():
-    config = make_config("Pendulum-v1", env={"observe": "positions"}, total_steps=2048, num_envs=4, num_steps=64, log_interval=4, eval_envs=2,
-                         network={"torso": "lstm"}, shared_network=True, clip_value_loss=False, reward_scale=0.1)
+    config = make_config(
+        "Pendulum-v1",
+        env={"observe": "positions"},
+        total_steps=2048,
+        num_envs=4,
+        num_steps=64,
+        log_interval=4,
+        eval_envs=2,
+        network={"torso": "lstm"},
+        shared_network=True,
+        clip_value_loss=False,
+        reward_scale=0.1,
+    )
     state, metrics = jax.jit(ppo_rnn.make_train(config))(jax.random.PRNGKey(0))
     for name in ("episode_return", "value_loss", "policy_loss", "entropy", "eval_return"):
         assert np.all(np.isfinite(metrics[name])), name
@@ -172,7 +267,13 @@ def test_vmap_over_seeds_equals_per_seed_runs():
     for i in range(2):
         _, single = single_train(keys[i])
         for name in ("step", "episode_return", "policy_loss", "value_loss", "entropy"):
-            np.testing.assert_allclose(np.asarray(batched[name][i]), np.asarray(single[name]), rtol=1e-5, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(
+                np.asarray(batched[name][i]),
+                np.asarray(single[name]),
+                rtol=1e-5,
+                atol=1e-6,
+                err_msg=name,
+            )
 
 
 def test_sweep_gives_one_result_per_setting_equal_to_a_plain_run():
@@ -182,7 +283,9 @@ def test_sweep_gives_one_result_per_setting_equal_to_a_plain_run():
     grid = parse_sweep(["agent.lr=1e-2,3e-2"], config.agent)
     _, swept = train_many(config, grid)
     assert swept["step"].shape[:2] == (2, 2)  # [settings, seeds]
-    _, plain = train_many(make_config(env={"observe": "positions"}, total_steps=256, seeds=2, lr=3e-2))
+    _, plain = train_many(
+        make_config(env={"observe": "positions"}, total_steps=256, seeds=2, lr=3e-2)
+    )
     for key in ("policy_loss", "value_loss", "entropy"):
         np.testing.assert_allclose(swept[key][1], plain[key][0], rtol=2e-5, atol=1e-6, err_msg=key)
     assert not np.allclose(swept["value_loss"][0], swept["value_loss"][1])
@@ -200,10 +303,28 @@ def test_rl_train_and_rl_eval_from_a_config(tmp_path):
         "        network: {torso: lstm, hidden: [8], recurrent_hidden: 8, backend: haiku}}\n"
         "kernels: {backend: reference}\n"
     )
-    assert main(["train", str(config_path), "--seeds", "2", "--output-dir", str(tmp_path), "--name", "rnn", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(config_path),
+                "--seeds",
+                "2",
+                "--output-dir",
+                str(tmp_path),
+                "--name",
+                "rnn",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     run_dir = tmp_path / "rnn"
     assert "observe: positions" in (run_dir / "config.yaml").read_text()
-    assert main(["eval", str(run_dir), "--episodes", "2", "--render", str(tmp_path / "episode.gif")]) == 0
+    assert (
+        main(["eval", str(run_dir), "--episodes", "2", "--render", str(tmp_path / "episode.gif")])
+        == 0
+    )
     assert (tmp_path / "episode.gif").stat().st_size > 0
     from rl.evaluate import evaluate_run
 
@@ -231,7 +352,14 @@ def test_bad_config_names_the_key(agent, key, message):
         make_config(env=env, **agent)
 
 
-@pytest.mark.parametrize("name, env_id", [("ppo", "CartPole-v1"), ("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")])
+@pytest.mark.parametrize(
+    "name, env_id", [("ppo", "CartPole-v1"), ("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")]
+)
 def test_a_recurrent_torso_given_to_a_feedforward_agent_is_refused(name, env_id):
-    with pytest.raises(ConfigError, match=r"agent\.network\.torso: 'gru' is a recurrent torso and agent '" + name + "' cannot carry a hidden state.*ppo_rnn"):
+    with pytest.raises(
+        ConfigError,
+        match=r"agent\.network\.torso: 'gru' is a recurrent torso and agent '"
+        + name
+        + "' cannot carry a hidden state.*ppo_rnn",
+    ):
         build_config({"env": {"id": env_id}, "agent": {"name": name, "network": {"torso": "gru"}}})

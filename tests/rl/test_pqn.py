@@ -14,12 +14,23 @@ from rl import networks
 from rl.agents import pqn
 from rl.config import ConfigError, build_config, hyperparams
 
-SMALL = dict(name="pqn", total_steps=4096, num_envs=8, num_steps=32, num_epochs=2, num_minibatches=4,
-             log_interval=4, eval_envs=4, network={"hidden": [32, 32]})
+SMALL = dict(
+    name="pqn",
+    total_steps=4096,
+    num_envs=8,
+    num_steps=32,
+    num_epochs=2,
+    num_minibatches=4,
+    log_interval=4,
+    eval_envs=4,
+    network={"hidden": [32, 32]},
+)
 
 
 def make_config(env="CartPole-v1", backend="reference", **agent):
-    return build_config({"env": {"id": env}, "agent": {**SMALL, **agent}, "kernels": {"backend": backend}})
+    return build_config(
+        {"env": {"id": env}, "agent": {**SMALL, **agent}, "kernels": {"backend": backend}}
+    )
 
 
 def test_q_lambda_targets_by_hand():
@@ -27,19 +38,25 @@ def test_q_lambda_targets_by_hand():
     (bootstraps, chain cut), step 2 terminated (no bootstrap), step 3 the rollout's last step."""
     config = make_config(gamma=0.5, q_lambda=0.5, reward_scale=1.0)
     q_table = jnp.array([[1.0, 2.0], [4.0, 3.0], [10.0, 0.0], [6.0, 8.0]])
-    fake_q = networks.Network(init=None, apply=lambda p, obs: q_table[obs[..., 0].astype(jnp.int32)])
+    fake_q = networks.Network(
+        init=None, apply=lambda p, obs: q_table[obs[..., 0].astype(jnp.int32)]
+    )
     setup = pqn.Setup(config.agent, None, None, None, None, fake_q, "reference")
     col = lambda *xs: jnp.array(xs)[:, None]
     traj = pqn.Transition(
-        obs=None, action=None, reward=col(1.0, 1.0, 1.0, 1.0),
-        terminated=col(False, False, True, False), truncated=col(False, True, False, False),
-        final_obs=jnp.array([0.0, 1.0, 2.0, 3.0])[:, None, None], episode=None,
+        obs=None,
+        action=None,
+        reward=col(1.0, 1.0, 1.0, 1.0),
+        terminated=col(False, False, True, False),
+        truncated=col(False, True, False, False),
+        final_obs=jnp.array([0.0, 1.0, 2.0, 3.0])[:, None, None],
+        episode=None,
     )
     targets = pqn.q_lambda_targets(setup, hyperparams(config.agent), None, traj)[:, 0]
-    g3 = 1 + 0.5 * 8.0                       # last step: r + gamma max Q(final_obs_3)
-    g2 = 1.0                                 # terminated: no bootstrap
-    g1 = 1 + 0.5 * 4.0                       # truncated: bootstraps from max Q(final_obs_1), no chain
-    g0 = 1 + 0.5 * (0.5 * 2.0 + 0.5 * g1)    # mid-episode: (1 - lambda) max Q + lambda G_1
+    g3 = 1 + 0.5 * 8.0  # last step: r + gamma max Q(final_obs_3)
+    g2 = 1.0  # terminated: no bootstrap
+    g1 = 1 + 0.5 * 4.0  # truncated: bootstraps from max Q(final_obs_1), no chain
+    g0 = 1 + 0.5 * (0.5 * 2.0 + 0.5 * g1)  # mid-episode: (1 - lambda) max Q + lambda G_1
     np.testing.assert_allclose(targets, [g0, g1, g2, g3], rtol=1e-6)
 
 
@@ -50,7 +67,9 @@ def test_layer_norm_torso(backend):
     x = jax.random.normal(jax.random.PRNGKey(0), (5, 3)) * 100.0
     params = net.init(jax.random.PRNGKey(1), x)
     sizes = sorted(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-    assert sizes == sorted([3 * 16, 16, 16, 16, 16 * 16, 16, 16, 16])  # two dense layers + two (scale, offset)
+    assert sizes == sorted(
+        [3 * 16, 16, 16, 16, 16 * 16, 16, 16, 16]
+    )  # two dense layers + two (scale, offset)
     one_layer = networks.build(lambda layers, x: layers.layer_norm(layers.dense(x, 16)), backend)
     h = one_layer.apply(one_layer.init(jax.random.PRNGKey(2), x), x)
     np.testing.assert_allclose(h.mean(-1), 0.0, atol=1e-5)  # unit scale and zero offset at init
@@ -69,15 +88,26 @@ def test_short_cartpole_run_improves():
     two log points (8 greedy episodes each) it averages more than 120 for each seed. (One seed's last
     log point alone is noisy: 149.5 on one machine's CPU, 150 being the old bar, after the random
     streams of epsilon-greedy changed.)"""
-    config = make_config(total_steps=32768, num_envs=16, num_steps=32, num_epochs=4, num_minibatches=4, log_interval=16,
-                         eval_envs=8, lr=5e-4, network={"hidden": [64, 64]})
+    config = make_config(
+        total_steps=32768,
+        num_envs=16,
+        num_steps=32,
+        num_epochs=4,
+        num_minibatches=4,
+        log_interval=16,
+        eval_envs=8,
+        lr=5e-4,
+        network={"hidden": [64, 64]},
+    )
     with jax.default_device(jax.devices("cpu")[0]):
         keys = jnp.stack([jax.random.PRNGKey(1), jax.random.PRNGKey(2)])
         _, metrics = jax.jit(jax.vmap(pqn.make_train(config)))(keys)
     eval_return = np.asarray(metrics["eval_return"])
     assert np.all(np.isfinite(np.asarray(metrics["loss"])))
     assert np.all(eval_return[:, -2:].mean(axis=1) > 120), eval_return
-    np.testing.assert_allclose(np.asarray(metrics["epsilon"])[:, -1], 0.05, rtol=1e-5)  # decayed within the first 20%
+    np.testing.assert_allclose(
+        np.asarray(metrics["epsilon"])[:, -1], 0.05, rtol=1e-5
+    )  # decayed within the first 20%
 
 
 def test_vmap_over_seeds_equals_per_seed_runs():
@@ -89,7 +119,13 @@ def test_vmap_over_seeds_equals_per_seed_runs():
         for i in range(2):
             _, single = jax.jit(train)(keys[i])
             for name in ("step", "episode_return", "loss", "q_mean", "eval_return"):
-                np.testing.assert_allclose(np.asarray(batched[name][i]), np.asarray(single[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+                np.testing.assert_allclose(
+                    np.asarray(batched[name][i]),
+                    np.asarray(single[name]),
+                    rtol=1e-4,
+                    atol=1e-5,
+                    err_msg=name,
+                )
 
 
 def test_kernel_source_gives_the_reference_run():
@@ -105,10 +141,14 @@ def test_kernel_source_gives_the_reference_run():
     device = jax.devices()[0] if backend == "triton" else jax.devices("cpu")[0]
     with jax.default_device(device):
         _, ref = jax.jit(pqn.make_train(make_config(**config)))(jax.random.PRNGKey(3))
-        _, kernel = jax.jit(pqn.make_train(make_config(backend=backend, **config)))(jax.random.PRNGKey(3))
+        _, kernel = jax.jit(pqn.make_train(make_config(backend=backend, **config)))(
+            jax.random.PRNGKey(3)
+        )
     tolerance = 1e-3 if backend == "triton" else 1e-4
     for name in ("loss", "q_mean", "eval_return"):
-        np.testing.assert_allclose(np.asarray(kernel[name]), np.asarray(ref[name]), rtol=tolerance, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(kernel[name]), np.asarray(ref[name]), rtol=tolerance, atol=1e-5, err_msg=name
+        )
 
 
 def test_sweep_gives_one_result_per_setting():
@@ -124,7 +164,9 @@ def test_sweep_gives_one_result_per_setting():
 
 
 def test_haiku_backend_and_greedy_policy():
-    config = make_config(total_steps=1024, log_interval=2, network={"hidden": [16], "backend": "haiku"})
+    config = make_config(
+        total_steps=1024, log_interval=2, network={"hidden": [16], "backend": "haiku"}
+    )
     state, metrics = jax.jit(pqn.make_train(config))(jax.random.PRNGKey(0))
     assert np.isfinite(np.asarray(metrics["loss"])[-1])
     policy = pqn.make_policy(config)
@@ -133,13 +175,20 @@ def test_haiku_backend_and_greedy_policy():
     np.testing.assert_array_equal(policy(state["params"], obs, None), jnp.argmax(q, axis=-1))
 
 
-@pytest.mark.parametrize("agent, env, message", [
-    ({}, "Pendulum-v1", "env.id: pqn needs discrete actions; Pendulum-v1 has Box"),
-    ({"num_minibatches": 3}, "CartPole-v1", r"agent.num_minibatches \(3\) must divide"),
-    ({"log_interval": 3}, "CartPole-v1", r"agent.log_interval \(3 updates\) must divide .* e.g. agent.total_steps=3840 or 4608"),
-    ({"q_lambda": 1.5}, "CartPole-v1", "agent.q_lambda: 1.5 is out of range"),
-    ({"epsilon_decay_fraction": 0.0}, "CartPole-v1", "agent.epsilon_decay_fraction"),
-])
+@pytest.mark.parametrize(
+    "agent, env, message",
+    [
+        ({}, "Pendulum-v1", "env.id: pqn needs discrete actions; Pendulum-v1 has Box"),
+        ({"num_minibatches": 3}, "CartPole-v1", r"agent.num_minibatches \(3\) must divide"),
+        (
+            {"log_interval": 3},
+            "CartPole-v1",
+            r"agent.log_interval \(3 updates\) must divide .* e.g. agent.total_steps=3840 or 4608",
+        ),
+        ({"q_lambda": 1.5}, "CartPole-v1", "agent.q_lambda: 1.5 is out of range"),
+        ({"epsilon_decay_fraction": 0.0}, "CartPole-v1", "agent.epsilon_decay_fraction"),
+    ],
+)
 def test_config_errors_name_the_key(agent, env, message):
     with pytest.raises(ConfigError, match=message):
         config = make_config(env, **agent)
@@ -150,13 +199,21 @@ def test_shipped_config_loads():
     from rl.config import load_config
 
     config = load_config("configs/pqn_cartpole.yaml")
-    assert config.agent.name == "pqn" and config.agent.network.layer_norm and config.agent.num_updates == 96
+    assert (
+        config.agent.name == "pqn"
+        and config.agent.network.layer_norm
+        and config.agent.num_updates == 96
+    )
 
 
 def test_unrolled_loops_compute_the_same_run():
     config = dict(total_steps=1024, log_interval=2, eval_envs=2)
     with jax.default_device(jax.devices("cpu")[0]):
         _, rolled = jax.jit(pqn.make_train(make_config(**config)))(jax.random.PRNGKey(4))
-        _, unrolled = jax.jit(pqn.make_train(make_config(unroll=4, **config)))(jax.random.PRNGKey(4))
+        _, unrolled = jax.jit(pqn.make_train(make_config(unroll=4, **config)))(
+            jax.random.PRNGKey(4)
+        )
     for name in ("loss", "q_mean", "eval_return", "episode_return"):
-        np.testing.assert_allclose(np.asarray(unrolled[name]), np.asarray(rolled[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(unrolled[name]), np.asarray(rolled[name]), rtol=1e-4, atol=1e-5, err_msg=name
+        )

@@ -17,7 +17,13 @@ from rl.train import seed_keys, train_many
 
 def make_config(env_params=None, seeds=1, **agent):
     agent = {"name": "qlearning", "total_steps": 2000, "log_interval": 500, **agent}
-    return build_config({"env": {"id": "GridWorld", "params": env_params or {}}, "agent": agent, "run": {"seeds": seeds}})
+    return build_config(
+        {
+            "env": {"id": "GridWorld", "params": env_params or {}},
+            "agent": agent,
+            "run": {"seeds": seeds},
+        }
+    )
 
 
 def assert_trees_equal(a, b):
@@ -34,7 +40,7 @@ def test_default_config_trains_all_30_seeds_to_the_optimal_path():
     assert greedy.shape == (1, 30, config.agent.total_steps // config.agent.log_interval)
     np.testing.assert_array_equal(greedy[0, :, -1], np.full(30, optimal))
     # the greedy policy of every final table, rolled out independently of the agent, walks 8 steps
-    env, params = GridWorld(), make_gridworld_params(**config.env.params)
+    params = make_gridworld_params(**config.env.params)
     policy = qlearning.make_policy(config)
     for q in np.asarray(final_state["params"])[0]:
         cell, steps = int(params.start), 0
@@ -60,7 +66,9 @@ def test_vmap_over_seeds_equals_each_seed_alone():
     from_cli_path = train_many(config)
     assert_trees_equal(jax.tree.map(lambda x: x[0], from_cli_path), batched)
     # and different seeds really differ
-    assert not np.array_equal(np.asarray(batched[0]["params"][0]), np.asarray(batched[0]["params"][1]))
+    assert not np.array_equal(
+        np.asarray(batched[0]["params"][0]), np.asarray(batched[0]["params"][1])
+    )
 
 
 def test_same_seed_same_result():
@@ -79,13 +87,23 @@ def test_first_greedy_step_from_a_zero_table_takes_every_action():
     cells = np.asarray(step(jax.random.split(jax.random.PRNGKey(0), 400)))
     share = {cell: np.mean(cells == cell) for cell in (24, 19, 23)}
     assert set(np.unique(cells)) == {19, 23, 24}
-    assert abs(share[24] - 0.5) < 0.08 and abs(share[19] - 0.25) < 0.07 and abs(share[23] - 0.25) < 0.07
+    assert (
+        abs(share[24] - 0.5) < 0.08
+        and abs(share[19] - 0.25) < 0.07
+        and abs(share[23] - 0.25) < 0.07
+    )
 
 
 def test_epsilon_schedule_in_training_explores_then_exploits():
     # epsilon 1 -> 0 over the first half: the first log period is random walk (long episodes), the
     # last one greedy on a learned table (optimal episodes).
-    config = make_config(total_steps=6000, log_interval=1000, epsilon_start=1.0, epsilon_end=0.0, epsilon_decay_steps=3000)
+    config = make_config(
+        total_steps=6000,
+        log_interval=1000,
+        epsilon_start=1.0,
+        epsilon_end=0.0,
+        epsilon_decay_steps=3000,
+    )
     _, metrics = jax.jit(qlearning.make_train(config))(jax.random.PRNGKey(0))
     lengths = np.asarray(metrics["episode_length"])
     assert lengths[0] > 20
@@ -111,17 +129,29 @@ def test_q_update_rounds_the_same_batched_and_alone():
     n = 64
     q = jnp.asarray(rng.random((n, 25, 4), dtype=np.float32))
     obs, action, next_obs = (jnp.asarray(rng.integers(0, hi, n), jnp.int32) for hi in (25, 4, 25))
-    reward, terminated = jnp.asarray(rng.random(n, dtype=np.float32)), jnp.asarray(rng.random(n) < 0.3)
+    reward, terminated = (
+        jnp.asarray(rng.random(n, dtype=np.float32)),
+        jnp.asarray(rng.random(n) < 0.3),
+    )
     update = lambda *args: qlearning.q_update(*args, jnp.float32(0.1), jnp.float32(0.99))
     batched = np.asarray(jax.jit(jax.vmap(update))(q, obs, action, reward, next_obs, terminated))
     alone = jax.jit(update)
     for i in range(n):
-        np.testing.assert_array_equal(batched[i], np.asarray(alone(q[i], obs[i], action[i], reward[i], next_obs[i], terminated[i])))
+        np.testing.assert_array_equal(
+            batched[i],
+            np.asarray(alone(q[i], obs[i], action[i], reward[i], next_obs[i], terminated[i])),
+        )
     # and it is the TD update, in float64
     i = 0
-    target = float(reward[i]) + (0.0 if bool(terminated[i]) else 0.99 * float(np.max(np.asarray(q[i, int(next_obs[i])], np.float64))))
+    target = float(reward[i]) + (
+        0.0
+        if bool(terminated[i])
+        else 0.99 * float(np.max(np.asarray(q[i, int(next_obs[i])], np.float64)))
+    )
     old = float(q[i, int(obs[i]), int(action[i])])
-    assert batched[i, int(obs[i]), int(action[i])] == pytest.approx(old + 0.1 * (target - old), rel=1e-6)
+    assert batched[i, int(obs[i]), int(action[i])] == pytest.approx(
+        old + 0.1 * (target - old), rel=1e-6
+    )
 
 
 def test_one_training_step_matches_hand_computed_update_with_truncation_bootstrap():
@@ -130,7 +160,12 @@ def test_one_training_step_matches_hand_computed_update_with_truncation_bootstra
     lr, gamma = 0.5, 0.9
     config = make_config(
         env_params={"start": 1, "goal": 0, "max_steps_in_episode": 1},
-        total_steps=1, log_interval=1, lr=lr, gamma=gamma, epsilon_start=1.0, epsilon_end=1.0,
+        total_steps=1,
+        log_interval=1,
+        lr=lr,
+        gamma=gamma,
+        epsilon_start=1.0,
+        epsilon_end=1.0,
     )
     trainer = qlearning.make_trainer(config)
     hp = hyperparams(config.agent)
@@ -169,9 +204,13 @@ def test_chunked_runs_equal_one_run():
     chunk_state, first = run(state, hp, 3)
     chunk_state, second = run(chunk_state, hp, 5)
     assert_trees_equal(chunk_state, whole_state)
-    assert_trees_equal(jax.tree.map(lambda a, b: jnp.concatenate([a, b]), first, second), whole_metrics)
+    assert_trees_equal(
+        jax.tree.map(lambda a, b: jnp.concatenate([a, b]), first, second), whole_metrics
+    )
     # and train(key) is the same as the trainer run in one go
-    assert_trees_equal(jax.jit(qlearning.make_train(config))(jax.random.PRNGKey(5)), (whole_state, whole_metrics))
+    assert_trees_equal(
+        jax.jit(qlearning.make_train(config))(jax.random.PRNGKey(5)), (whole_state, whole_metrics)
+    )
 
 
 def test_sweep_gives_one_result_per_setting_matching_single_runs():
@@ -184,16 +223,26 @@ def test_sweep_gives_one_result_per_setting_matching_single_runs():
     for s, setting in enumerate(grid):
         hp = {**hyperparams(config.agent), **{k: jnp.float32(v) for k, v in setting.items()}}
         single_state, single_metrics = single(seed_keys(config), hp)
-        assert_trees_equal(jax.tree.map(lambda x: x[s], (final_state, metrics)), (single_state, single_metrics))
-    assert not np.array_equal(np.asarray(final_state["params"][0]), np.asarray(final_state["params"][1]))
+        assert_trees_equal(
+            jax.tree.map(lambda x: x[s], (final_state, metrics)), (single_state, single_metrics)
+        )
+    assert not np.array_equal(
+        np.asarray(final_state["params"][0]), np.asarray(final_state["params"][1])
+    )
 
 
 def test_metrics_layout_and_nan_when_no_episode_ended():
-    config = make_config(env_params={"goal": (0, 0), "walls": [(0, 1), (1, 0)]}, total_steps=200, log_interval=50)
+    config = make_config(
+        env_params={"goal": (0, 0), "walls": [(0, 1), (1, 0)]}, total_steps=200, log_interval=50
+    )
     _, metrics = jax.jit(qlearning.make_train(config))(jax.random.PRNGKey(0))
-    assert {"step", "episode_return", "episode_length", "episodes", "greedy_episode_length"} <= set(metrics)
+    assert {"step", "episode_return", "episode_length", "episodes", "greedy_episode_length"} <= set(
+        metrics
+    )
     np.testing.assert_array_equal(np.asarray(metrics["step"]), [50, 100, 150, 200])
-    ret, length, episodes = (np.asarray(metrics[k]) for k in ("episode_return", "episode_length", "episodes"))
+    ret, length, episodes = (
+        np.asarray(metrics[k]) for k in ("episode_return", "episode_length", "episodes")
+    )
     # unreachable goal, 100-step limit: episodes end only by truncation, at steps 100 and 200
     np.testing.assert_array_equal(episodes, [0, 1, 0, 1])
     assert np.isnan(ret[[0, 2]]).all() and np.isnan(length[[0, 2]]).all()

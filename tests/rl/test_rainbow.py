@@ -6,7 +6,6 @@ seeds equals per-seed runs, both network backends, config errors, the shipped co
 from __future__ import annotations
 
 import glob
-
 from types import SimpleNamespace
 
 import jax
@@ -16,17 +15,31 @@ import pytest
 
 from rl import buffers, losses, networks
 from rl.agents import rainbow
-from rl.config import ConfigError, build_config, hyperparams, load_config
+from rl.config import ConfigError, build_config, load_config
 
 SMALL = dict(
-    name="rainbow", total_steps=1024, buffer_size=512, learning_starts=128, batch_size=16, train_freq=64,
-    gradient_steps=8, target_update_interval=16, network={"hidden": [16, 16]}, log_interval=256, eval_episodes=2,
-    num_atoms=11, v_min=0.0, v_max=10.0, lr=1e-3,
+    name="rainbow",
+    total_steps=1024,
+    buffer_size=512,
+    learning_starts=128,
+    batch_size=16,
+    train_freq=64,
+    gradient_steps=8,
+    target_update_interval=16,
+    network={"hidden": [16, 16]},
+    log_interval=256,
+    eval_episodes=2,
+    num_atoms=11,
+    v_min=0.0,
+    v_max=10.0,
+    lr=1e-3,
 )
 
 
 def make_config(env_params=None, **agent):
-    return build_config({"env": {"id": "CartPole-v1", "params": env_params or {}}, "agent": {**SMALL, **agent}})
+    return build_config(
+        {"env": {"id": "CartPole-v1", "params": env_params or {}}, "agent": {**SMALL, **agent}}
+    )
 
 
 # ---------------------------------------------------------------- n-step transitions
@@ -61,10 +74,14 @@ def test_n_step_transition_cuts_at_the_first_episode_end():
     np.testing.assert_array_equal(out["bootstrap_steps"], [3, 2, 1, 3, 1, 3])
     np.testing.assert_array_equal(out["terminated"], [F, F, T, T, F, F])
     end = np.array([2, 1, 0, 2, 0, 2])
-    np.testing.assert_array_equal(out["next_obs"][:, 0], end * 10 + np.arange(6) + 100)  # final_obs of the end step
+    np.testing.assert_array_equal(
+        out["next_obs"][:, 0], end * 10 + np.arange(6) + 100
+    )  # final_obs of the end step
     np.testing.assert_array_equal(out["obs"][:, 0], np.arange(6))  # the oldest step
     # the bootstrap discount gamma^steps * (1 - terminated): truncation keeps it, termination zeroes it
-    discount = g ** np.asarray(out["bootstrap_steps"], np.float64) * (1 - np.asarray(out["terminated"]))
+    discount = g ** np.asarray(out["bootstrap_steps"], np.float64) * (
+        1 - np.asarray(out["terminated"])
+    )
     np.testing.assert_allclose(discount, [g**3, g**2, 0, 0, g, g**3], rtol=1e-6)
 
 
@@ -92,7 +109,9 @@ def test_categorical_target_projects_by_hand():
     # row 0: atoms 0.5 + z = [0.5, 1.5, 2.5], all mass on 0.5 -> half to 0, half to 1
     # row 1: terminal (discount 0): every atom at 1.25 -> 0.75 to atom 1, 0.25 to atom 2
     # row 2: atoms -1 + 0.5 z = [-1, -0.5, 0]: mass on 0 -> atom 0
-    m = losses.categorical_td_target(jnp.array([0.5, 1.25, -1.0]), jnp.array([1.0, 0.0, 0.5]), one_hot, support)
+    m = losses.categorical_td_target(
+        jnp.array([0.5, 1.25, -1.0]), jnp.array([1.0, 0.0, 0.5]), one_hot, support
+    )
     np.testing.assert_allclose(m, [[0.5, 0.5, 0.0], [0.0, 0.75, 0.25], [1.0, 0.0, 0.0]], atol=1e-6)
 
 
@@ -104,21 +123,38 @@ def fixed_apply(logits_by_obs):
 
 def fake_setup(apply, support, double_q=True, loss="huber"):
     agent = SimpleNamespace(double_q=double_q, loss=loss, noisy=False)
-    return rainbow.Setup(None, None, networks.Network(init=None, apply=apply), support, agent, "reference")
+    return rainbow.Setup(
+        None, None, networks.Network(init=None, apply=apply), support, agent, "reference"
+    )
 
 
 def test_distributional_loss_and_priorities_by_hand():
     support = jnp.array([0.0, 1.0, 2.0])
-    logits = np.log(np.array([
-        [[0.2, 0.5, 0.3], [0.6, 0.2, 0.2]],  # obs 0 (the state)
-        [[1.0, 1e-9, 1e-9], [1e-9, 1e-9, 1.0]],  # obs 1 (next state): action 1 has the higher mean
-    ]))
+    logits = np.log(
+        np.array(
+            [
+                [[0.2, 0.5, 0.3], [0.6, 0.2, 0.2]],  # obs 0 (the state)
+                [
+                    [1.0, 1e-9, 1e-9],
+                    [1e-9, 1e-9, 1.0],
+                ],  # obs 1 (next state): action 1 has the higher mean
+            ]
+        )
+    )
     apply = fixed_apply(logits)
-    batch = {"obs": jnp.array([[0.0], [0.0]]), "action": jnp.array([0, 1]), "reward": jnp.array([0.0, 0.5]),
-             "next_obs": jnp.array([[1.0], [1.0]]), "terminated": jnp.array([False, True]), "bootstrap_steps": jnp.array([2, 1])}
+    batch = {
+        "obs": jnp.array([[0.0], [0.0]]),
+        "action": jnp.array([0, 1]),
+        "reward": jnp.array([0.0, 0.5]),
+        "next_obs": jnp.array([[1.0], [1.0]]),
+        "terminated": jnp.array([False, True]),
+        "bootstrap_steps": jnp.array([2, 1]),
+    }
     weights = jnp.array([1.0, 0.5])
     keys = (None, None, None)
-    loss, (priorities, q) = rainbow.rainbow_loss(fake_setup(apply, support), None, None, batch, weights, keys, 0.5)
+    loss, (priorities, q) = rainbow.rainbow_loss(
+        fake_setup(apply, support), None, None, batch, weights, keys, 0.5
+    )
     # row 0: next action 1 (all mass at z=2), discount 0.5^2: atom 0.5 -> m = [0.5, 0.5, 0]
     # row 1: terminal: atom 0.5 -> m = [0.5, 0.5, 0]
     m = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]])
@@ -131,10 +167,26 @@ def test_distributional_loss_and_priorities_by_hand():
 
 
 def test_scalar_loss_bootstraps_on_truncation_only():
-    apply = fixed_apply(np.array([[[1.0], [0.0]], [[3.0], [2.0]]]))  # Q(obs 0) = [1, 0], Q(obs 1) = [3, 2]
-    batch = {"obs": jnp.zeros((2, 1)), "action": jnp.array([0, 0]), "reward": jnp.array([1.0, 1.0]),
-             "next_obs": jnp.ones((2, 1)), "terminated": jnp.array([False, True]), "bootstrap_steps": jnp.array([3, 3])}
-    _, (priorities, _) = rainbow.rainbow_loss(fake_setup(apply, None, double_q=False, loss="mse"), None, None, batch, jnp.ones(2), (None,) * 3, 0.5)
+    apply = fixed_apply(
+        np.array([[[1.0], [0.0]], [[3.0], [2.0]]])
+    )  # Q(obs 0) = [1, 0], Q(obs 1) = [3, 2]
+    batch = {
+        "obs": jnp.zeros((2, 1)),
+        "action": jnp.array([0, 0]),
+        "reward": jnp.array([1.0, 1.0]),
+        "next_obs": jnp.ones((2, 1)),
+        "terminated": jnp.array([False, True]),
+        "bootstrap_steps": jnp.array([3, 3]),
+    }
+    _, (priorities, _) = rainbow.rainbow_loss(
+        fake_setup(apply, None, double_q=False, loss="mse"),
+        None,
+        None,
+        batch,
+        jnp.ones(2),
+        (None,) * 3,
+        0.5,
+    )
     np.testing.assert_allclose(priorities, [abs(1.0 - (1.0 + 0.125 * 3.0)), 0.0], rtol=1e-6)
 
 
@@ -149,7 +201,10 @@ def test_head_shapes_dueling_mean_and_noise(dueling, noisy, backend):
     params = net.init(jax.random.PRNGKey(0), obs)
     out = net.apply(params, obs)
     assert out.shape == (7, 3, 5)
-    a, b = net.apply(params, obs, rng=jax.random.PRNGKey(1)), net.apply(params, obs, rng=jax.random.PRNGKey(2))
+    a, b = (
+        net.apply(params, obs, rng=jax.random.PRNGKey(1)),
+        net.apply(params, obs, rng=jax.random.PRNGKey(2)),
+    )
     assert bool(jnp.any(a != b)) == noisy  # noise only with noisy layers and an rng
     np.testing.assert_array_equal(net.apply(params, obs), out)  # no rng: the mean network
 
@@ -160,12 +215,23 @@ def test_head_shapes_dueling_mean_and_noise(dueling, noisy, backend):
 COMPONENTS = ["noisy", "dueling", "distributional", "double_q", "per"]
 
 
-@pytest.mark.parametrize("off, backend", [(None, "flax"), ("noisy+per", "haiku"), ("distributional+dueling+double_q", "flax")])
+@pytest.mark.parametrize(
+    "off, backend",
+    [(None, "flax"), ("noisy+per", "haiku"), ("distributional+dueling+double_q", "flax")],
+)
 def test_short_run_minimises_its_loss_and_q_stays_finite(off, backend):
     """gamma = 0: the target is the reward 1, on the support (distributional) or as a scalar, so the
     loss must fall; Q must approach 1. Both network backends."""
     switches = {name: False for name in (off or "").split("+") if name}
-    config = make_config(total_steps=2048, gamma=0.0, gradient_steps=32, lr=3e-3, n_step=2, network={"backend": backend, "hidden": [16, 16]}, **switches)
+    config = make_config(
+        total_steps=2048,
+        gamma=0.0,
+        gradient_steps=32,
+        lr=3e-3,
+        n_step=2,
+        network={"backend": backend, "hidden": [16, 16]},
+        **switches,
+    )
     state, metrics = jax.jit(rainbow.make_train(config))(jax.random.PRNGKey(1))
     loss, q = np.asarray(metrics["loss"]), np.asarray(metrics["q_mean"])
     assert np.all(np.isfinite(loss)) and np.all(np.isfinite(q))
@@ -176,7 +242,13 @@ def test_short_run_minimises_its_loss_and_q_stays_finite(off, backend):
 
 @pytest.fixture(scope="module")
 def small_run():
-    config = build_config({"env": {"id": "CartPole-v1"}, "agent": {**SMALL, "n_step": 3}, "kernels": {"backend": "reference"}})
+    config = build_config(
+        {
+            "env": {"id": "CartPole-v1"},
+            "agent": {**SMALL, "n_step": 3},
+            "kernels": {"backend": "reference"},
+        }
+    )
     train = rainbow.make_train(config)
     with jax.default_device(jax.devices("cpu")[0]):  # vmap equals per-seed runs exactly on the CPU
         keys = jnp.stack([jax.random.PRNGKey(i) for i in (5, 6)])
@@ -221,7 +293,10 @@ def test_the_prioritized_buffer_holds_n_step_transitions(small_run):
         ({"num_atoms": 1}, "agent.num_atoms: 1 is out of range"),
         ({"per_beta_start": 1.5}, "agent.per_beta_start: 1.5 is out of range"),
         ({"noisy": "yes"}, "agent.noisy: expected true or false"),
-        ({"train_freq": 60, "num_envs": 8}, "agent.train_freq \\(60\\) must be a multiple of agent.num_envs"),
+        (
+            {"train_freq": 60, "num_envs": 8},
+            "agent.train_freq \\(60\\) must be a multiple of agent.num_envs",
+        ),
         ({"dueling_net": True}, "unknown key 'agent.dueling_net'"),
     ],
 )
@@ -237,5 +312,7 @@ def test_shipped_configs_load_and_ablations_differ_in_one_component():
     assert len(ablations) == 6
     for path in ablations:
         agent = load_config(path).agent
-        changed = [name for name in COMPONENTS + ["n_step"] if getattr(agent, name) != getattr(full, name)]
+        changed = [
+            name for name in COMPONENTS + ["n_step"] if getattr(agent, name) != getattr(full, name)
+        ]
         assert len(changed) == 1, (path, changed)

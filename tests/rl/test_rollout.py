@@ -17,7 +17,9 @@ def lean_policy(obs):
 def step_by_step(env, params, act, key, num_episodes):
     """The obvious loop with greedy_episodes' key schedule: each env's reward until its first episode end."""
     reset_key, key = jax.random.split(key)
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_episodes), params)
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(reset_key, num_episodes), params
+    )
     step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
     returns, lengths = np.zeros(num_episodes), np.zeros(num_episodes)
     done = np.zeros(num_episodes, bool)
@@ -25,7 +27,9 @@ def step_by_step(env, params, act, key, num_episodes):
         if done.all():
             break
         key, step_key = jax.random.split(key)
-        obs, state, reward, terminated, truncated, _ = step(jax.random.split(step_key, num_episodes), state, act(obs), params)
+        obs, state, reward, terminated, truncated, _ = step(
+            jax.random.split(step_key, num_episodes), state, act(obs), params
+        )
         returns += np.where(done, 0.0, np.asarray(reward))
         lengths += np.where(done, 0, 1)
         done |= np.asarray(terminated | truncated)
@@ -50,7 +54,13 @@ def test_episodes_differ_per_env_and_run_under_vmap():
     env, params = envs.make("CartPole-v1")
     always_left = lambda obs: jnp.zeros(obs.shape[:-1], jnp.int32)
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    returns, lengths = jax.jit(jax.vmap(lambda key: greedy_episodes(env, params, always_left, key, 4)))(keys)
+    returns, lengths = jax.jit(
+        jax.vmap(lambda key: greedy_episodes(env, params, always_left, key, 4))
+    )(keys)
     assert returns.shape == (3, 4)
-    np.testing.assert_array_equal(np.asarray(returns), np.asarray(lengths))  # CartPole pays 1 per step
-    assert np.all(np.asarray(lengths) < 20) and len(np.unique(np.asarray(lengths))) > 1  # falls fast, from different starts
+    np.testing.assert_array_equal(
+        np.asarray(returns), np.asarray(lengths)
+    )  # CartPole pays 1 per step
+    assert (
+        np.all(np.asarray(lengths) < 20) and len(np.unique(np.asarray(lengths))) > 1
+    )  # falls fast, from different starts

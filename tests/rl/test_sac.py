@@ -9,13 +9,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import losses, loop
+from rl import loop, losses
 from rl.agents import sac
 from rl.config import ConfigError, build_config, hyperparams
 
 
 def make_config(env_id="Pendulum-v1", **agent):
-    base = dict(name="sac", total_steps=256, learning_starts=64, batch_size=32, buffer_size=1000, network={"hidden": [16, 16]}, log_interval=64, eval_episodes=2)
+    base = dict(
+        name="sac",
+        total_steps=256,
+        learning_starts=64,
+        batch_size=32,
+        buffer_size=1000,
+        network={"hidden": [16, 16]},
+        log_interval=64,
+        eval_episodes=2,
+    )
     base.update(agent)
     return build_config({"env": {"id": env_id}, "agent": base})
 
@@ -25,23 +34,35 @@ def make_config(env_id="Pendulum-v1", **agent):
 
 def test_continuous_critic_target_by_hand():
     """A fixed 'policy' (mean m, tiny std) and a linear 'critic' make the target computable by hand."""
-    actor = lambda p, obs: (jnp.full(obs.shape[:-1] + (1,), p["m"]), jnp.full(obs.shape[:-1] + (1,), -20.0))
-    critic = lambda p, obs, a: (p["w1"] * obs[..., 0] + a[..., 0], p["w2"] * obs[..., 0] + a[..., 0])
+    actor = lambda p, obs: (
+        jnp.full(obs.shape[:-1] + (1,), p["m"]),
+        jnp.full(obs.shape[:-1] + (1,), -20.0),
+    )
+    critic = lambda p, obs, a: (
+        p["w1"] * obs[..., 0] + a[..., 0],
+        p["w2"] * obs[..., 0] + a[..., 0],
+    )
     critic_loss, actor_loss = sac.continuous_losses(actor, critic)
     batch = {
         "obs": jnp.array([[1.0], [2.0]]),
         "action": jnp.array([[0.5], [-0.5]]),
         "reward": jnp.array([1.0, 2.0]),
-        "next_obs": jnp.array([[3.0], [4.0]]),  # transition 0 was truncated (terminated False): bootstraps
+        "next_obs": jnp.array(
+            [[3.0], [4.0]]
+        ),  # transition 0 was truncated (terminated False): bootstraps
         "terminated": jnp.array([False, True]),
     }
     critic_p = {"w1": jnp.float32(1.0), "w2": jnp.float32(2.0)}
     target_p = {"w1": jnp.float32(0.5), "w2": jnp.float32(0.25)}
     alpha, gamma, m = 0.1, 0.9, 0.3
-    loss, _ = critic_loss(critic_p, {"m": jnp.float32(m)}, target_p, alpha, batch, jax.random.PRNGKey(0), gamma)
+    loss, _ = critic_loss(
+        critic_p, {"m": jnp.float32(m)}, target_p, alpha, batch, jax.random.PRNGKey(0), gamma
+    )
     a_next = math.tanh(m)
     std = math.exp(-20.0)
-    _, lp = losses.squashed_gaussian_sample(jnp.full((2, 1), m), jnp.full((2, 1), -20.0), jax.random.PRNGKey(0))
+    _, lp = losses.squashed_gaussian_sample(
+        jnp.full((2, 1), m), jnp.full((2, 1), -20.0), jax.random.PRNGKey(0)
+    )
     # min target Q at s'=3: min(.5*3, .25*3) + a' = .75 + a'
     y0 = 1.0 + gamma * (0.75 + a_next - 0.1 * float(lp[0]))
     y1 = 2.0
@@ -52,17 +73,30 @@ def test_continuous_critic_target_by_hand():
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
     assert std < 1e-8
     # actor: a = tanh(m) everywhere, min Q(s, a) = min(1 s, 2 s) + a = s + a
-    pi_loss, entropy = actor_loss({"m": jnp.float32(m)}, critic_p, alpha, batch, jax.random.PRNGKey(0))
-    np.testing.assert_allclose(float(pi_loss), np.mean(alpha * np.asarray(lp) - (np.array([1.0, 2.0]) + a_next)), rtol=1e-5)
+    pi_loss, entropy = actor_loss(
+        {"m": jnp.float32(m)}, critic_p, alpha, batch, jax.random.PRNGKey(0)
+    )
+    np.testing.assert_allclose(
+        float(pi_loss), np.mean(alpha * np.asarray(lp) - (np.array([1.0, 2.0]) + a_next)), rtol=1e-5
+    )
     np.testing.assert_allclose(float(entropy), -np.mean(np.asarray(lp)), rtol=1e-6)
 
 
 def test_discrete_losses_by_hand():
     logits = jnp.log(jnp.array([0.25, 0.75]))
     actor = lambda p, obs: jnp.broadcast_to(logits, obs.shape[:-1] + (2,))
-    critic = lambda p, obs: (obs * p["s"] + jnp.array([0.0, 1.0]), obs * p["s"] + jnp.array([0.5, 0.0]))
+    critic = lambda p, obs: (
+        obs * p["s"] + jnp.array([0.0, 1.0]),
+        obs * p["s"] + jnp.array([0.5, 0.0]),
+    )
     critic_loss, actor_loss = sac.discrete_losses(actor, critic)
-    batch = {"obs": jnp.array([[1.0]]), "action": jnp.array([1]), "reward": jnp.array([1.0]), "next_obs": jnp.array([[2.0]]), "terminated": jnp.array([False])}
+    batch = {
+        "obs": jnp.array([[1.0]]),
+        "action": jnp.array([1]),
+        "reward": jnp.array([1.0]),
+        "next_obs": jnp.array([[2.0]]),
+        "terminated": jnp.array([False]),
+    }
     alpha, gamma = 0.5, 0.9
     loss, _ = critic_loss({"s": 1.0}, None, {"s": 1.0}, alpha, batch, None, gamma)
     q_next_min = np.minimum([2.0, 3.0], [2.5, 2.0])  # [2, 2]
@@ -81,17 +115,38 @@ def test_discrete_losses_by_hand():
 
 
 def test_sac_learns_pendulum():
-    config = make_config(total_steps=4000, learning_starts=500, batch_size=64, network={"hidden": [64, 64]}, log_interval=500, eval_episodes=4)
+    config = make_config(
+        total_steps=4000,
+        learning_starts=500,
+        batch_size=64,
+        network={"hidden": [64, 64]},
+        log_interval=500,
+        eval_episodes=4,
+    )
     state, metrics = jax.jit(sac.make_train(config))(jax.random.PRNGKey(0))
     ev = np.asarray(metrics["eval_return"])
     assert np.all(np.isfinite(metrics["critic_loss"][1:]))
     assert ev[-2:].mean() > ev[0] + 300 and ev[-1] > -700, ev
-    action = sac.make_policy(config)(state["params"], jnp.array([1.0, 0.0, 0.0]), jax.random.PRNGKey(0))
+    action = sac.make_policy(config)(
+        state["params"], jnp.array([1.0, 0.0, 0.0]), jax.random.PRNGKey(0)
+    )
     assert action.shape == (1,) and -2.0 <= float(action[0]) <= 2.0
 
 
 def test_discrete_sac_trains_on_cartpole():
-    config = make_config("CartPole-v1", total_steps=4000, learning_starts=500, batch_size=64, network={"hidden": [64, 64]}, log_interval=500, eval_episodes=4, lr=3e-4, alpha_lr=3e-4, target_entropy_scale=0.5, gamma=0.99)
+    config = make_config(
+        "CartPole-v1",
+        total_steps=4000,
+        learning_starts=500,
+        batch_size=64,
+        network={"hidden": [64, 64]},
+        log_interval=500,
+        eval_episodes=4,
+        lr=3e-4,
+        alpha_lr=3e-4,
+        target_entropy_scale=0.5,
+        gamma=0.99,
+    )
     _, metrics = jax.jit(sac.make_train(config))(jax.random.PRNGKey(0))
     ev = np.asarray(metrics["eval_return"])
     assert np.all(np.isfinite(metrics["critic_loss"][1:])) and np.all(np.isfinite(metrics["alpha"]))
@@ -113,12 +168,20 @@ def check_vmap_over_seeds_equals_per_seed_runs():
         state, single = jax.jit(train)(keys[i])
         # one 200-step Pendulum episode ends in 256 steps, reported by the env's episode statistics
         np.testing.assert_array_equal(single["episodes"], [0, 0, 0, 1])
-        assert float(single["episode_length"][-1]) == 200.0 and np.isfinite(single["episode_return"][-1])
+        assert float(single["episode_length"][-1]) == 200.0 and np.isfinite(
+            single["episode_return"][-1]
+        )
         # uniformly random actions in [-1, 1] before learning_starts (64 steps)
         random_actions = np.asarray(state["buffer"].data["action"][:64, 0])
         assert np.all(np.abs(random_actions) <= 1.0) and 0.45 < random_actions.std() < 0.7
         for name in ("step", "episode_return", "critic_loss", "actor_loss", "alpha", "eval_return"):
-            np.testing.assert_allclose(np.asarray(batched[name][i]), np.asarray(single[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+            np.testing.assert_allclose(
+                np.asarray(batched[name][i]),
+                np.asarray(single[name]),
+                rtol=1e-4,
+                atol=1e-5,
+                err_msg=name,
+            )
 
 
 def test_chunked_run_equals_one_run():
@@ -131,7 +194,9 @@ def test_chunked_run_equals_one_run():
     half, first = run(state, hp, 2)
     half, second = run(half, hp, 2)
     for name in whole:
-        np.testing.assert_array_equal(np.concatenate([first[name], second[name]]), whole[name], err_msg=name)
+        np.testing.assert_array_equal(
+            np.concatenate([first[name], second[name]]), whole[name], err_msg=name
+        )
     jax.tree.map(np.testing.assert_array_equal, half, whole_state)
 
 
@@ -142,7 +207,9 @@ def test_unrolled_loops_compute_the_same_run():
     _, rolled = jax.jit(sac.make_train(make_config()))(key)
     _, unrolled = jax.jit(sac.make_train(make_config(unroll=4)))(key)
     for name in rolled:
-        np.testing.assert_allclose(np.asarray(unrolled[name]), np.asarray(rolled[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(unrolled[name]), np.asarray(rolled[name]), rtol=1e-4, atol=1e-5, err_msg=name
+        )
 
 
 def test_policy_returns_env_space_actions():
@@ -152,15 +219,22 @@ def test_policy_returns_env_space_actions():
     env, env_params = loop.make_env(config)
     actor = sac.make_networks(config, env, env_params)[0]
     obs = jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.5]])
-    params = {**state["params"], "actor": jax.tree.map(lambda x: 30.0 * x, state["params"]["actor"])}  # means far from 0
+    params = {
+        **state["params"],
+        "actor": jax.tree.map(lambda x: 30.0 * x, state["params"]["actor"]),
+    }  # means far from 0
     mean = np.tanh(np.asarray(actor.apply(params["actor"], obs)[0], np.float64))
     action = sac.make_policy(config)(params, obs, jax.random.PRNGKey(0))
     np.testing.assert_allclose(action, -2.0 + (mean + 1.0) * 2.0, rtol=1e-5, atol=1e-6)
     config = make_config("CartPole-v1")
     state = jax.jit(sac.make_trainer(config).init)(jax.random.PRNGKey(0), hyperparams(config.agent))
     env, env_params = loop.make_env(config)
-    logits = sac.make_networks(config, env, env_params)[0].apply(state["params"]["actor"], jnp.ones((3, 4)))
-    np.testing.assert_array_equal(sac.make_policy(config)(state["params"], jnp.ones((3, 4)), None), np.argmax(logits, axis=-1))
+    logits = sac.make_networks(config, env, env_params)[0].apply(
+        state["params"]["actor"], jnp.ones((3, 4))
+    )
+    np.testing.assert_array_equal(
+        sac.make_policy(config)(state["params"], jnp.ones((3, 4)), None), np.argmax(logits, axis=-1)
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,14 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-
-from run_helpers import REPO, assert_runs_close, final_params, metric_rows, subprocess_env, write_config
+from run_helpers import (
+    REPO,
+    assert_runs_close,
+    final_params,
+    metric_rows,
+    subprocess_env,
+    write_config,
+)
 
 SHARDED = textwrap.dedent(
     """
@@ -48,14 +54,21 @@ SHARDED = textwrap.dedent(
 def run_script(script, *args, devices=4, **env):
     flags = f"--xla_force_host_platform_device_count={devices}"
     env = {"JAX_PLATFORMS": "cpu", **env}  # CPU devices, also on a GPU machine
-    return subprocess.Popen([sys.executable, "-c", script, *map(str, args)], cwd=REPO, env=subprocess_env(XLA_FLAGS=flags, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)],
+        cwd=REPO,
+        env=subprocess_env(XLA_FLAGS=flags, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def result_of(process, timeout=400):
     out, err = process.communicate(timeout=timeout)
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert process.returncode == 0 and lines, err[-3000:]
-    return json.loads(lines[-1][len("RESULT "):]), err
+    return json.loads(lines[-1][len("RESULT ") :]), err
 
 
 def assert_same_run(a, b):
@@ -72,7 +85,9 @@ def test_sharded_seeds_equal_unsharded_on_4_cpu_devices(tmp_path):
     assert result["sharded"] == result["all"] == result["single"] == 0
     assert result["uneven"] == 2 and "must be a multiple of the number of devices (3)" in err
     assert result["too_many"] == 2 and "only 4 cpu device(s)" in err
-    assert result["shard_devices"] == 4 and result["shard_shapes"] == [[1, 1, 25, 4]]  # [settings, seeds per device, states, actions]
+    assert result["shard_devices"] == 4 and result["shard_shapes"] == [
+        [1, 1, 25, 4]
+    ]  # [settings, seeds per device, states, actions]
     runs = tmp_path / "runs"
     assert_same_run(runs / "sharded", runs / "single")
     assert_same_run(runs / "all", runs / "single")
@@ -99,7 +114,11 @@ def free_port() -> int:
 
 def test_two_processes_through_jax_distributed_equal_one_process(tmp_path):
     config = write_config(tmp_path, seeds=4)
-    single = run_script("import sys; from rl.cli import main; print('RESULT', main(['train', sys.argv[1], '--name', 'single']))", config, devices=1)
+    single = run_script(
+        "import sys; from rl.cli import main; print('RESULT', main(['train', sys.argv[1], '--name', 'single']))",
+        config,
+        devices=1,
+    )
     port = free_port()
     processes = [run_script(MULTI_PROCESS, config, port, i, devices=2) for i in range(2)]
     results = [result_of(p)[0] for p in processes]
@@ -118,7 +137,10 @@ def test_two_processes_through_jax_distributed_equal_one_process(tmp_path):
         (["--devices", "4096"], "device(s) are visible"),
         (["--num-processes", "2"], "need --coordinator"),
         (["--coordinator", "localhost:1"], "needs --num-processes and --process-id"),
-        (["--coordinator", "localhost:1", "--num-processes", "2", "--process-id", "2"], "--process-id: expected 0 <= id < 2"),
+        (
+            ["--coordinator", "localhost:1", "--num-processes", "2", "--process-id", "2"],
+            "--process-id: expected 0 <= id < 2",
+        ),
     ],
 )
 def test_bad_device_arguments_are_one_line_and_write_nothing(tmp_path, capsys, args, message):
@@ -161,16 +183,39 @@ ENV_SHARDED = textwrap.dedent(
 
 
 def test_env_axis_of_one_large_agent_sharded_equals_one_device(tmp_path):
-    data = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo", "total_steps": 512, "num_envs": 4, "num_steps": 32, "num_epochs": 1, "num_minibatches": 2, "network": {"hidden": [8]}, "log_interval": 2}, "run": {"seeds": 1, "checkpoint_every": 1, "progress": False}}
+    data = {
+        "env": {"id": "CartPole-v1"},
+        "agent": {
+            "name": "ppo",
+            "total_steps": 512,
+            "num_envs": 4,
+            "num_steps": 32,
+            "num_epochs": 1,
+            "num_minibatches": 2,
+            "network": {"hidden": [8]},
+            "log_interval": 2,
+        },
+        "run": {"seeds": 1, "checkpoint_every": 1, "progress": False},
+    }
     config = write_config(tmp_path, data)
     (tmp_path / "tabular").mkdir()
     tabular = write_config(tmp_path / "tabular")
     result, err = result_of(run_script(ENV_SHARDED, config, tabular))
     assert result["sharded"] == result["single"] == 0
-    assert result["uneven"] == 2 and "agent.num_envs (4) must be a multiple of the number of devices (3)" in err
+    assert (
+        result["uneven"] == 2
+        and "agent.num_envs (4) must be a multiple of the number of devices (3)" in err
+    )
     # exactly the Trainer's per-env entries are split, each leaf on its env axis (4 envs, 1 per device)
-    assert result["split"] == result["per_env"] and result["per_env"] and result["per_env_leaves_all_split"]
-    assert all(full[2] == 4 and shard[2] == 1 and full[:2] == shard[:2] and full[3:] == shard[3:] for full, shard in result["split_shapes"])
+    assert (
+        result["split"] == result["per_env"]
+        and result["per_env"]
+        and result["per_env_leaves_all_split"]
+    )
+    assert all(
+        full[2] == 4 and shard[2] == 1 and full[:2] == shard[:2] and full[3:] == shard[3:]
+        for full, shard in result["split_shapes"]
+    )
     assert result["no_envs"] == 2 and "agent qlearning has no agent.num_envs" in err
     assert not (tmp_path / "tabular" / "runs").exists()
     runs = tmp_path / "runs"
@@ -202,8 +247,21 @@ KILLABLE = textwrap.dedent(
 def two_processes(kill_at: int, *args):
     """Both processes of a 2 x 2-device run through jax.distributed on a fresh port."""
     port = free_port()
-    return [run_script(KILLABLE, kill_at, *args, "--coordinator", f"localhost:{port}", "--num-processes", 2,
-                       "--process-id", i, devices=2) for i in range(2)]
+    return [
+        run_script(
+            KILLABLE,
+            kill_at,
+            *args,
+            "--coordinator",
+            f"localhost:{port}",
+            "--num-processes",
+            2,
+            "--process-id",
+            i,
+            devices=2,
+        )
+        for i in range(2)
+    ]
 
 
 def test_two_process_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(tmp_path):
@@ -215,7 +273,10 @@ def test_two_process_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(t
     from rl.checkpoint import Checkpoints
 
     config = write_config(tmp_path, seeds=4)
-    uninterrupted = run_script("import sys; from rl.cli import main; print('RESULT', main(['train', sys.argv[1], '--name', 'whole', '--devices', '4']))", config)
+    uninterrupted = run_script(
+        "import sys; from rl.cli import main; print('RESULT', main(['train', sys.argv[1], '--name', 'whole', '--devices', '4']))",
+        config,
+    )
     killed = two_processes(13_000, "train", config, "--name", "killed")
     _, err0 = killed[0].communicate(timeout=300)
     assert killed[0].returncode == -9, err0[-3000:]
@@ -232,5 +293,9 @@ def test_two_process_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(t
     assert f"resuming from checkpoint {run_dir / 'checkpoints' / str(max(steps))}" in results[0][1]
     assert result_of(uninterrupted)[0] == 0
     whole = tmp_path / "runs" / "whole"
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), final_params(run_dir), final_params(whole))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        final_params(run_dir),
+        final_params(whole),
+    )
     assert metric_rows(run_dir) == metric_rows(whole)

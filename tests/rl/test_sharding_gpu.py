@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import jax
 import pytest
-
 from run_helpers import assert_runs_close, metric_rows, run_cli, write_config
 
 
@@ -33,8 +32,16 @@ pytestmark = pytest.mark.skipif(_gpus() < 2, reason="needs two GPUs (device kind
 
 PPO = {
     "env": {"id": "CartPole-v1"},
-    "agent": {"name": "ppo", "total_steps": 2048, "num_envs": 4, "num_steps": 128, "num_epochs": 2, "num_minibatches": 2,
-              "network": {"hidden": [16]}, "log_interval": 2},
+    "agent": {
+        "name": "ppo",
+        "total_steps": 2048,
+        "num_envs": 4,
+        "num_steps": 128,
+        "num_epochs": 2,
+        "num_minibatches": 2,
+        "network": {"hidden": [16]},
+        "log_interval": 2,
+    },
     "run": {"seeds": 2, "checkpoint_every": 1, "progress": False, "matmul_precision": "highest"},
 }
 
@@ -63,13 +70,17 @@ def test_seed_axis_on_two_gpus_equals_one_gpu(tmp_path, backend):
     leaf = jax.tree.leaves(params)[0]
     assert {s.device.platform for s in leaf.addressable_shards} == {"gpu"}
     assert len({s.device for s in leaf.addressable_shards}) == 2
-    assert {s.data.shape[1] for s in leaf.addressable_shards} == {1}  # [settings, seeds per device, ...]
+    assert {s.data.shape[1] for s in leaf.addressable_shards} == {
+        1
+    }  # [settings, seeds per device, ...]
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_env_axis_on_two_gpus_equals_one_gpu(tmp_path, backend):
     data = {**PPO, "kernels": {"backend": backend}, "run": {**PPO["run"], "seeds": 1}}
     config_path = write_config(tmp_path, data)
-    assert run_cli(["train", config_path, "--name", "two", "--devices", "2", "--shard", "envs"]) == 0
+    assert (
+        run_cli(["train", config_path, "--name", "two", "--devices", "2", "--shard", "envs"]) == 0
+    )
     assert run_cli(["train", config_path, "--name", "one"]) == 0
     assert_close_runs(tmp_path / "runs" / "two", tmp_path / "runs" / "one")

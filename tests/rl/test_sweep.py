@@ -10,11 +10,27 @@ from rl.cli import main
 from rl.config import build_config, parse_sweep
 from rl.train import train_many
 
-PPO_AGENT = dict(name="ppo", total_steps=256, num_envs=2, num_steps=32, num_epochs=2, num_minibatches=2, network={"hidden": [8, 8]}, log_interval=2, anneal_lr=True)
+PPO_AGENT = dict(
+    name="ppo",
+    total_steps=256,
+    num_envs=2,
+    num_steps=32,
+    num_epochs=2,
+    num_minibatches=2,
+    network={"hidden": [8, 8]},
+    log_interval=2,
+    anneal_lr=True,
+)
 
 
 def ppo_config(**agent):
-    return build_config({"env": {"id": "CartPole-v1"}, "agent": {**PPO_AGENT, **agent}, "run": {"seeds": 2, "progress": False}})
+    return build_config(
+        {
+            "env": {"id": "CartPole-v1"},
+            "agent": {**PPO_AGENT, **agent},
+            "run": {"seeds": 2, "progress": False},
+        }
+    )
 
 
 # Every sweepable PPO hyperparameter, two values each: setting 1 must equal a plain run with that value.
@@ -41,8 +57,12 @@ def test_ppo_sweep_setting_equals_plain_run(name):
     for i, value in enumerate(values):
         _, plain = train_many(ppo_config(**{name: value}))
         for key in ("episode_return", "policy_loss", "value_loss", "entropy"):
-            np.testing.assert_allclose(swept[key][i], plain[key][0], rtol=2e-5, atol=1e-6, err_msg=f"{name}={value}: {key}")
-    assert not np.allclose(swept["value_loss"][0], swept["value_loss"][1]), f"sweeping {name} changed nothing"
+            np.testing.assert_allclose(
+                swept[key][i], plain[key][0], rtol=2e-5, atol=1e-6, err_msg=f"{name}={value}: {key}"
+            )
+    assert not np.allclose(swept["value_loss"][0], swept["value_loss"][1]), (
+        f"sweeping {name} changed nothing"
+    )
 
 
 def test_every_ppo_sweepable_hyperparameter_changes_the_run():
@@ -53,18 +73,38 @@ def test_every_ppo_sweepable_hyperparameter_changes_the_run():
     grid = [{}] + [{name: values[1]} for name, values in PPO_SWEEPS.items()]
     _, swept = train_many(config, grid)
     for i, (name, values) in enumerate(PPO_SWEEPS.items(), start=1):
-        changed = any(not np.allclose(swept[k][i], swept[k][0]) for k in ("value_loss", "policy_loss", "approx_kl", "clip_fraction"))
+        changed = any(
+            not np.allclose(swept[k][i], swept[k][0])
+            for k in ("value_loss", "policy_loss", "approx_kl", "clip_fraction")
+        )
         assert changed, f"sweeping {name} changed nothing: is it read from hparams?"
     for name in ("gamma", "gae_lambda", "clip_eps"):
         i = 1 + list(PPO_SWEEPS).index(name)
         _, plain = train_many(ppo_config(**{**base, name: PPO_SWEEPS[name][1]}))
         for key in ("value_loss", "policy_loss", "clip_fraction"):
-            np.testing.assert_allclose(swept[key][i], plain[key][0], rtol=2e-5, atol=1e-6, err_msg=f"{name}: {key}")
+            np.testing.assert_allclose(
+                swept[key][i], plain[key][0], rtol=2e-5, atol=1e-6, err_msg=f"{name}: {key}"
+            )
 
 
 def test_sac_sweep_one_result_per_setting():
-    agent = dict(name="sac", total_steps=128, learning_starts=32, batch_size=16, buffer_size=500, network={"hidden": [8, 8]}, log_interval=64, eval_episodes=1)
-    make = lambda **kw: build_config({"env": {"id": "Pendulum-v1"}, "agent": {**agent, **kw}, "run": {"seeds": 1, "progress": False}})
+    agent = dict(
+        name="sac",
+        total_steps=128,
+        learning_starts=32,
+        batch_size=16,
+        buffer_size=500,
+        network={"hidden": [8, 8]},
+        log_interval=64,
+        eval_episodes=1,
+    )
+    make = lambda **kw: build_config(
+        {
+            "env": {"id": "Pendulum-v1"},
+            "agent": {**agent, **kw},
+            "run": {"seeds": 1, "progress": False},
+        }
+    )
     config = make()
     grid = parse_sweep(["agent.lr=1e-3,1e-2", "agent.tau=0.005,0.5"], config.agent)
     assert len(grid) == 4
@@ -72,18 +112,45 @@ def test_sac_sweep_one_result_per_setting():
     assert swept["critic_loss"].shape[:2] == (4, 1)
     for i, setting in [(0, grid[0]), (3, grid[3])]:
         _, plain = train_many(make(**setting))
-        np.testing.assert_allclose(swept["critic_loss"][i], plain["critic_loss"][0], rtol=1e-4, atol=1e-6, err_msg=str(setting))
+        np.testing.assert_allclose(
+            swept["critic_loss"][i],
+            plain["critic_loss"][0],
+            rtol=1e-4,
+            atol=1e-6,
+            err_msg=str(setting),
+        )
     assert len({round(float(swept["critic_loss"][i, 0, -1]), 6) for i in range(4)}) == 4
 
 
 def test_cli_sweep_prints_and_writes_one_row_per_setting(tmp_path, capsys):
     config_path = tmp_path / "ppo.yaml"
-    agent_yaml = "\n".join(f"  {k}: {list(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else v}" for k, v in PPO_AGENT.items())
+    agent_yaml = "\n".join(
+        f"  {k}: {list(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in PPO_AGENT.items()
+    )
     config_path.write_text(f"env:\n  id: CartPole-v1\nagent:\n{agent_yaml}\n")
-    code = main(["train", str(config_path), "--seeds", "2", "--sweep", "agent.lr=1e-4,3e-4,1e-3", "--output-dir", str(tmp_path), "--name", "sweep", "--no-progress"])
+    code = main(
+        [
+            "train",
+            str(config_path),
+            "--seeds",
+            "2",
+            "--sweep",
+            "agent.lr=1e-4,3e-4,1e-3",
+            "--output-dir",
+            str(tmp_path),
+            "--name",
+            "sweep",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())
-    assert [row["hyperparams"] for row in summary["settings"]] == [{"lr": 1e-4}, {"lr": 3e-4}, {"lr": 1e-3}]
+    assert [row["hyperparams"] for row in summary["settings"]] == [
+        {"lr": 1e-4},
+        {"lr": 3e-4},
+        {"lr": 1e-3},
+    ]
     assert all(row["seeds"] == 2 for row in summary["settings"])
     out = capsys.readouterr().out
     assert "lr=0.0001" in out and "lr=0.001" in out

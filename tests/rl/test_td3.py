@@ -15,8 +15,16 @@ from rl import loop, losses, networks
 from rl.agents import td3
 from rl.config import ConfigError, build_config, hyperparams
 
-SMALL = dict(name="td3", total_steps=4000, learning_starts=500, batch_size=64, log_interval=1000, eval_episodes=4,
-             gamma=0.98, network={"hidden": [64, 64]})
+SMALL = dict(
+    name="td3",
+    total_steps=4000,
+    learning_starts=500,
+    batch_size=64,
+    log_interval=1000,
+    eval_episodes=4,
+    gamma=0.98,
+    network={"hidden": [64, 64]},
+)
 
 
 def make_config(env="Pendulum-v1", **agent):
@@ -30,7 +38,9 @@ def test_smoothed_target_action_clips_the_noise_and_the_action():
     noise = a - mu
     assert float(jnp.max(jnp.abs(noise[:, 0]))) <= 0.5 + 1e-6  # clipped noise
     assert float(jnp.max(a)) <= 1.0 and float(jnp.min(a)) >= -1.0  # clipped action
-    np.testing.assert_allclose(float(jnp.std(noise[:, 0])), 0.2 * 0.9887, rtol=0.08)  # std of N(0, .2^2) clipped at 2.5 sigma: sqrt(E[min(|x|, 2.5)^2]) = 0.9887 sigma
+    np.testing.assert_allclose(
+        float(jnp.std(noise[:, 0])), 0.2 * 0.9887, rtol=0.08
+    )  # std of N(0, .2^2) clipped at 2.5 sigma: sqrt(E[min(|x|, 2.5)^2]) = 0.9887 sigma
     np.testing.assert_array_equal(losses.smoothed_target_action(mu, key, 0.0, 0.5), mu)
 
 
@@ -41,19 +51,36 @@ def test_deterministic_policy_loss_is_minus_the_mean_q():
 def fake_setup(actor_out, q_by_obs):
     """Actor: a constant action; critic: (q1, q2) looked up by obs id (obs[..., 0])."""
     table = jnp.asarray(q_by_obs, jnp.float32)
-    actor = networks.Network(init=None, apply=lambda p, obs: jnp.full(obs.shape[:-1] + (1,), actor_out))
-    critic = networks.Network(init=None, apply=lambda p, obs, a: (table[obs[..., 0].astype(jnp.int32), 0], table[obs[..., 0].astype(jnp.int32), 1]))
+    actor = networks.Network(
+        init=None, apply=lambda p, obs: jnp.full(obs.shape[:-1] + (1,), actor_out)
+    )
+    critic = networks.Network(
+        init=None,
+        apply=lambda p, obs, a: (
+            table[obs[..., 0].astype(jnp.int32), 0],
+            table[obs[..., 0].astype(jnp.int32), 1],
+        ),
+    )
     return td3.Setup(None, None, actor, critic, (1,), SimpleNamespace())
 
 
 def test_critic_target_is_clipped_double_q_and_bootstraps_on_truncation_only():
     setup = fake_setup(0.0, [[1.0, 2.0], [5.0, 3.0]])  # Q(obs 0) = (1, 2); Q(obs 1) = (5, 3)
-    batch = {"obs": jnp.zeros((2, 1)), "action": jnp.zeros((2, 1)), "reward": jnp.array([1.0, 1.0]),
-             "next_obs": jnp.ones((2, 1)), "terminated": jnp.array([False, True])}  # the first is truncated or mid-episode
+    batch = {
+        "obs": jnp.zeros((2, 1)),
+        "action": jnp.zeros((2, 1)),
+        "reward": jnp.array([1.0, 1.0]),
+        "next_obs": jnp.ones((2, 1)),
+        "terminated": jnp.array([False, True]),
+    }  # the first is truncated or mid-episode
     hparams = {"gamma": 0.9, "policy_noise": 0.2, "noise_clip": 0.5}
-    loss, q_mean = td3.critic_loss(setup, None, {"actor": None, "critic": None}, batch, jax.random.PRNGKey(0), hparams)
+    loss, q_mean = td3.critic_loss(
+        setup, None, {"actor": None, "critic": None}, batch, jax.random.PRNGKey(0), hparams
+    )
     y = np.array([1.0 + 0.9 * min(5.0, 3.0), 1.0])
-    np.testing.assert_allclose(loss, 0.5 * (np.mean((1.0 - y) ** 2) + np.mean((2.0 - y) ** 2)), rtol=1e-6)
+    np.testing.assert_allclose(
+        loss, 0.5 * (np.mean((1.0 - y) ** 2) + np.mean((2.0 - y) ** 2)), rtol=1e-6
+    )
     np.testing.assert_allclose(q_mean, 1.0)
 
 
@@ -64,13 +91,19 @@ def test_actor_and_targets_update_every_policy_delay_critic_steps():
     state = jax.jit(trainer.init)(jax.random.PRNGKey(0), hp)
     setup = td3.make_setup(config)
     keys = jax.random.split(jax.random.PRNGKey(1), 64)
-    fill = jax.jit(lambda s, keys: jax.lax.scan(lambda s, k: (td3.env_step(setup, hp, (s, loop.no_episodes()), k)[0][0], None), s, keys)[0])
+    fill = jax.jit(
+        lambda s, keys: jax.lax.scan(
+            lambda s, k: (td3.env_step(setup, hp, (s, loop.no_episodes()), k)[0][0], None), s, keys
+        )[0]
+    )
     state = fill(state, keys)  # 64 transitions in the buffer
     step = jax.jit(lambda s, k: td3.gradient_step(setup, hp, s, k))
     actor_changes, target_changes, critic_changes = [], [], []
     for i in range(6):
         new, aux = step(state, jax.random.PRNGKey(10 + i))
-        changed = lambda a, b: not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+        changed = lambda a, b: (
+            not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+        )
         actor_changes.append(changed(new["params"]["actor"], state["params"]["actor"]))
         target_changes.append(changed(new["target_params"], state["target_params"]))
         critic_changes.append(changed(new["params"]["critic"], state["params"]["critic"]))
@@ -94,15 +127,35 @@ def test_vmap_over_seeds_equals_per_seed_runs():
     """On the CPU, over a short horizon: training amplifies last-bit differences between a batched
     and an unbatched program (XLA may contract multiply-adds differently in each; on some CPUs the
     two drift apart by 1e-4 within 800 gradient steps), so 400 gradient steps (about 1e-6 apart)."""
-    config = make_config(total_steps=600, learning_starts=200, log_interval=150, eval_episodes=2, network={"hidden": [16, 16]})
+    config = make_config(
+        total_steps=600,
+        learning_starts=200,
+        log_interval=150,
+        eval_episodes=2,
+        network={"hidden": [16, 16]},
+    )
     train = td3.make_train(config)
     with jax.default_device(jax.devices("cpu")[0]):
         keys = jnp.stack([jax.random.PRNGKey(1), jax.random.PRNGKey(2)])
         _, batched = jax.jit(jax.vmap(train))(keys)
         for i in range(2):
             _, single = jax.jit(train)(keys[i])
-            for name in ("step", "episodes", "episode_return", "critic_loss", "actor_loss", "q_mean", "eval_return"):
-                np.testing.assert_allclose(np.asarray(batched[name][i]), np.asarray(single[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+            for name in (
+                "step",
+                "episodes",
+                "episode_return",
+                "critic_loss",
+                "actor_loss",
+                "q_mean",
+                "eval_return",
+            ):
+                np.testing.assert_allclose(
+                    np.asarray(batched[name][i]),
+                    np.asarray(single[name]),
+                    rtol=1e-4,
+                    atol=1e-5,
+                    err_msg=name,
+                )
 
 
 def test_sweep_gives_one_result_per_setting():
@@ -118,7 +171,12 @@ def test_sweep_gives_one_result_per_setting():
 
 
 def test_haiku_backend_and_policy_in_env_units():
-    config = make_config(total_steps=1000, learning_starts=200, eval_episodes=1, network={"hidden": [16], "backend": "haiku"})
+    config = make_config(
+        total_steps=1000,
+        learning_starts=200,
+        eval_episodes=1,
+        network={"hidden": [16], "backend": "haiku"},
+    )
     state, metrics = jax.jit(td3.make_train(config))(jax.random.PRNGKey(0))
     assert np.isfinite(np.asarray(metrics["critic_loss"])[-1])
     policy = td3.make_policy(config)
@@ -126,13 +184,24 @@ def test_haiku_backend_and_policy_in_env_units():
     assert action.shape == (1,) and -2.0 <= float(action[0]) <= 2.0  # Pendulum torque bounds
 
 
-@pytest.mark.parametrize("agent, env, message", [
-    ({}, "CartPole-v1", "env.id: td3 needs continuous \\(Box\\) actions"),
-    ({"policy_delay": 0}, "Pendulum-v1", "agent.policy_delay: 0 is out of range"),
-    ({"noise_clip": -1.0}, "Pendulum-v1", "agent.noise_clip"),
-    ({"utd_ratio": 0.5}, "Pendulum-v1", "agent.utd_ratio \\(0.5\\) \\* agent.num_envs \\(1\\) must be a whole number"),
-    ({"log_interval": 300}, "Pendulum-v1", "agent.total_steps \\(4000\\) must be a multiple of agent.log_interval"),
-])
+@pytest.mark.parametrize(
+    "agent, env, message",
+    [
+        ({}, "CartPole-v1", "env.id: td3 needs continuous \\(Box\\) actions"),
+        ({"policy_delay": 0}, "Pendulum-v1", "agent.policy_delay: 0 is out of range"),
+        ({"noise_clip": -1.0}, "Pendulum-v1", "agent.noise_clip"),
+        (
+            {"utd_ratio": 0.5},
+            "Pendulum-v1",
+            "agent.utd_ratio \\(0.5\\) \\* agent.num_envs \\(1\\) must be a whole number",
+        ),
+        (
+            {"log_interval": 300},
+            "Pendulum-v1",
+            "agent.total_steps \\(4000\\) must be a multiple of agent.log_interval",
+        ),
+    ],
+)
 def test_config_errors_name_the_key(agent, env, message):
     with pytest.raises(ConfigError, match=message):
         make_config(env, **agent)

@@ -18,11 +18,12 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+from run_helpers import REPO, subprocess_env
 
 from rl.config import build_config, parse_sweep
 from rl.train import build_program, make_programs, stacked_hyperparams
 from rl.trainer import vmap_sequentially_on_cpu
-from run_helpers import REPO, subprocess_env
+
 
 @pytest.fixture(autouse=True)
 def on_the_cpu():
@@ -32,22 +33,79 @@ def on_the_cpu():
 
 
 TINY_AGENTS = {
-    "sac": ("Pendulum-v1", dict(total_steps=8, log_interval=8, learning_starts=8, buffer_size=64, batch_size=8, eval_episodes=0, network={"hidden": [16, 16]})),
-    "ppo": ("CartPole-v1", dict(total_steps=64, num_envs=2, num_steps=16, num_epochs=1, num_minibatches=2, log_interval=2, network={"hidden": [16, 16]})),
-    "dqn": ("CartPole-v1", dict(total_steps=64, num_envs=2, train_freq=32, learning_starts=32, buffer_size=64, batch_size=8, log_interval=32, eval_episodes=1, network={"hidden": [16, 16]})),
-    "rainbow": ("CartPole-v1", dict(total_steps=64, num_envs=2, train_freq=32, learning_starts=32, buffer_size=64, batch_size=8, log_interval=32, eval_episodes=1, network={"hidden": [16, 16]})),
+    "sac": (
+        "Pendulum-v1",
+        dict(
+            total_steps=8,
+            log_interval=8,
+            learning_starts=8,
+            buffer_size=64,
+            batch_size=8,
+            eval_episodes=0,
+            network={"hidden": [16, 16]},
+        ),
+    ),
+    "ppo": (
+        "CartPole-v1",
+        dict(
+            total_steps=64,
+            num_envs=2,
+            num_steps=16,
+            num_epochs=1,
+            num_minibatches=2,
+            log_interval=2,
+            network={"hidden": [16, 16]},
+        ),
+    ),
+    "dqn": (
+        "CartPole-v1",
+        dict(
+            total_steps=64,
+            num_envs=2,
+            train_freq=32,
+            learning_starts=32,
+            buffer_size=64,
+            batch_size=8,
+            log_interval=32,
+            eval_episodes=1,
+            network={"hidden": [16, 16]},
+        ),
+    ),
+    "rainbow": (
+        "CartPole-v1",
+        dict(
+            total_steps=64,
+            num_envs=2,
+            train_freq=32,
+            learning_starts=32,
+            buffer_size=64,
+            batch_size=8,
+            log_interval=32,
+            eval_episodes=1,
+            network={"hidden": [16, 16]},
+        ),
+    ),
 }
 
 
 def tiny_config(agent: str, seeds: int = 2):
     env, params = TINY_AGENTS[agent]
     run = {"seeds": seeds, "progress": False}
-    return build_config({"env": {"id": env}, "agent": {"name": agent, **params}, "run": run, "kernels": {"backend": "reference"}})
+    return build_config(
+        {
+            "env": {"id": env},
+            "agent": {"name": agent, **params},
+            "run": run,
+            "kernels": {"backend": "reference"},
+        }
+    )
 
 
 def lapack_batch_dims(hlo_text: str) -> list[int]:
     """The number of batch dimensions of every LAPACK custom call in a lowered program."""
-    return [int(n) for n in re.findall(r'custom_call @lapack_\w+\(.*num_batch_dims = "(\d+)"', hlo_text)]
+    return [
+        int(n) for n in re.findall(r'custom_call @lapack_\w+\(.*num_batch_dims = "(\d+)"', hlo_text)
+    ]
 
 
 @pytest.mark.parametrize("agent", sorted(TINY_AGENTS))
@@ -57,7 +115,9 @@ def test_sweep_program_has_no_batched_lapack_call(agent):
     program, keys, hparams = build_program(config, [{}, {}])
     batch_dims = lapack_batch_dims(program.lower(keys, hparams).as_text())
     assert batch_dims, "expected the orthogonal init's QR in the program"
-    assert set(batch_dims) == {0}, f"batched LAPACK call in {agent}'s program: batch dims {batch_dims}"
+    assert set(batch_dims) == {0}, (
+        f"batched LAPACK call in {agent}'s program: batch dims {batch_dims}"
+    )
 
 
 def test_chunked_init_program_has_no_batched_lapack_call():
@@ -79,7 +139,9 @@ def test_looped_init_equals_batched_and_single_calls():
     trainer = sac.make_trainer(config)
     hparams = stacked_hyperparams(config, parse_sweep(["agent.lr=1e-3,3e-4"], config.agent))
     keys = jax.random.split(jax.random.PRNGKey(7), 3)
-    many = lambda init: jax.jit(jax.vmap(jax.vmap(init, in_axes=(0, None)), in_axes=(None, 0)))(keys, hparams)
+    many = lambda init: jax.jit(jax.vmap(jax.vmap(init, in_axes=(0, None)), in_axes=(None, 0)))(
+        keys, hparams
+    )
     looped, batched = many(vmap_sequentially_on_cpu(trainer.init)), many(trainer.init)
     assert jax.tree.structure(looped) == jax.tree.structure(batched)
     for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(batched)):
@@ -105,7 +167,11 @@ def test_outputs_that_depend_on_no_batched_input_stay_unbatched():
     hparams = hyperparams(config.agent)
     init = vmap_sequentially_on_cpu(trainer.init)
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    unbatched = jax.jit(jax.vmap(lambda key: (init(key, hparams)["step"], init(key, hparams)["buffer"]), out_axes=None))(keys)
+    unbatched = jax.jit(
+        jax.vmap(
+            lambda key: (init(key, hparams)["step"], init(key, hparams)["buffer"]), out_axes=None
+        )
+    )(keys)
     assert int(unbatched[0]) == 0 and int(unbatched[1].size) == 0
     obs = jax.jit(jax.vmap(lambda key: init(key, hparams)["obs"]))(keys)
     assert obs.shape[0] == 3 and not np.allclose(obs[0], obs[1])
@@ -135,7 +201,14 @@ def test_sac_sweep_program_does_not_hang_under_the_default_scheduler():
     a 2-core machine; a hang fails here on the timeout."""
     env = subprocess_env(XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=true")
     try:
-        done = subprocess.run([sys.executable, "-c", SAC_SWEEP], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-c", SAC_SWEEP],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("the SAC sweep x seed program hung (no result after 300 s)")
     assert done.returncode == 0 and "DONE" in done.stdout, done.stderr[-3000:]

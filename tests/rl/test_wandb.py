@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from run_helpers import REPO, TINY, run_cli, subprocess_env, write_config
 
 pytest.importorskip("wandb")
@@ -20,11 +19,17 @@ def test_offline_wandb_logs_one_run_per_setting_and_seed(tmp_path, monkeypatch, 
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # W&B's own settings and caches stay in tmp
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
-    data = {**TINY, "agent": {**TINY["agent"], "total_steps": 4_000}, "run": {**TINY["run"], "wandb": {"project": "fusedrl-ci", "mode": "online"}}}
+    data = {
+        **TINY,
+        "agent": {**TINY["agent"], "total_steps": 4_000},
+        "run": {**TINY["run"], "wandb": {"project": "fusedrl-ci", "mode": "online"}},
+    }
     config = write_config(tmp_path, data)
     status = run_cli(["train", config, "--name", "wb", "--sweep", "agent.lr=0.1,0.5"])
     assert status == 0, capsys.readouterr().err
-    folders = sorted((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*"))  # WANDB_MODE beats mode: online
+    folders = sorted(
+        (tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*")
+    )  # WANDB_MODE beats mode: online
     ids = sorted(folder.name.split("-", 3)[-1] for folder in folders)
     assert ids == [f"wb-setting{s}-seed{i}" for s in range(2) for i in range(2)]
     for folder in folders:
@@ -36,7 +41,11 @@ def test_offline_wandb_logs_one_run_per_setting_and_seed(tmp_path, monkeypatch, 
 def test_scalar_row_keeps_finite_scalars_of_one_instance():
     from rl.wandb_logger import scalar_row, wandb_run_id
 
-    values = {"step": np.array([[10, 10]]), "loss": np.array([[0.5, np.nan]]), "hist": np.zeros((1, 2, 3))}
+    values = {
+        "step": np.array([[10, 10]]),
+        "loss": np.array([[0.5, np.nan]]),
+        "hist": np.zeros((1, 2, 3)),
+    }
     assert scalar_row(values, 0, 0) == {"loss": 0.5}
     assert scalar_row(values, 0, 1) == {}
     assert wandb_run_id("ppo-CartPole v1", 1, 2) == "ppo-CartPole-v1-setting1-seed2"
@@ -57,7 +66,17 @@ sys.exit(main(sys.argv[1:]))
 
 def test_wandb_without_the_package_is_one_error_naming_the_extra(tmp_path):
     config = write_config(tmp_path, {**TINY, "run": {**TINY["run"], "wandb": {"project": "p"}}})
-    done = subprocess.run([sys.executable, "-c", WITHOUT_WANDB, "train", str(config), "--name", "nowb"], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_WANDB, "train", str(config), "--name", "nowb"],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr == "rl: error: run.wandb: logging to Weights & Biases needs the wandb package: pip install 'fusedrl[wandb]'\n"
+    assert (
+        done.stderr
+        == "rl: error: run.wandb: logging to Weights & Biases needs the wandb package: pip install 'fusedrl[wandb]'\n"
+    )
     assert not (tmp_path / "runs" / "nowb").exists()
