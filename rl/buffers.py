@@ -25,7 +25,7 @@ Prioritized replay is proportional PER (Schaul et al. 2016). Item i is stored wi
 q_i = p_i^alpha and sampled with probability P(i) = q_i / sum_j q_j. A batch of B is stratified:
 the total mass is cut into B equal segments and one target is drawn uniformly inside each. The
 importance weights are w_i = (N P(i))^-beta / max_batch w (N the number of stored items, the max
-taken over the sampled batch), so they only ever scale an update down; `rl.loop.linear_schedule` anneals
+taken over the sampled batch), so they only ever scale an update down; `rl.exploration.linear_schedule` anneals
 beta to 1. New items enter with the largest leaf value stored so far (1 initially), so each is
 likely to be replayed at least once.
 

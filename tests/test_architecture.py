@@ -198,7 +198,7 @@ def test_the_checks_fail_on_violations(tmp_path):
             "rl/b.py": "from rl.c import thing\n",  # rl.b -> rl.c (thing is no module)
             "rl/c.py": "import kernels\n\ndef g(config):\n    import rl.a\n    kernels.set_backend(config)\n",  # rl.c -> rl.a
             "rl/d.py": "from kernels.launch import use_backend\n\nwith use_backend('interpret'):\n    pass\n",
-            "envs/__init__.py": "def make():\n    from rl.loop import make_env\n",
+            "envs/__init__.py": "def make():\n    from rl.environment import make_env\n",
             "envs/x.py": "from . import wrappers\nimport kernels.launch\n",
             "envs/wrappers.py": "",
             "kernels/__init__.py": "",

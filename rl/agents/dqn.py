@@ -7,7 +7,7 @@ reached, before any auto-reset: a time-limit truncation still bootstraps, only t
     a*   = argmax_a Q_target(s', a)      (DQN)   or   argmax_a Q_online(s', a)   (double-Q),
     loss = mean_batch huber(Q_online(s, a) - y)   (or the squared error),
 
-minimised by Adam on gradients clipped to a global norm. The loop (`rl.loop.ReplayLoopConfig`):
+minimised by Adam on gradients clipped to a global norm. The loop (`rl.agent_configs.ReplayLoopConfig`):
 `num_envs` envs step together with epsilon-greedy actions (epsilon decays linearly over
 `epsilon_decay_steps` env steps) into a uniform replay buffer; every `train_freq` env steps come
 `gradient_steps` gradient steps once `learning_starts` steps are stored; the target network follows
@@ -25,20 +25,20 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rl import buffers, loop, losses, networks
+from rl import agent_configs, buffers, environment, exploration, loop, losses, networks, optimizers
 from rl.config import hp
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config(loop.ReplayLoopConfig):
+class Config(agent_configs.ReplayLoopConfig):
     name: str = "dqn"
     loss: str = hp("huber", choices=("huber", "mse"))
     double_q: bool = hp(True, doc="select the bootstrap action with the online network")
     network: networks.NetworkConfig = networks.network_config(hidden=(128, 128), activation="relu")
 
 
-check_env = loop.check_discrete_actions
+check_env = environment.check_discrete_actions
 
 
 class Setup(NamedTuple):
@@ -71,7 +71,7 @@ def q_loss(apply, params, target_params, batch, gamma, double_q: bool, kind: str
 
 
 def optimiser(hparams):
-    return loop.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
+    return optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
 
 
 # ---------------------------------------------------------------- the loop
@@ -79,7 +79,7 @@ def optimiser(hparams):
 
 def init(setup: Setup, key, hparams):
     key, net_key, reset_key = jax.random.split(key, 3)
-    reset, _ = loop.batched(setup.env)
+    reset, _ = environment.batched(setup.env)
     obs, env_state = reset(jax.random.split(reset_key, setup.agent.num_envs), setup.env_params)
     params = setup.q_network.init(net_key, obs[0])
     example = {
@@ -98,7 +98,7 @@ def env_step(setup: Setup, hparams, carry, key):
     state, _ = carry
     k_act, k_env = jax.random.split(key)
     q_values = setup.q_network.apply(state["params"], state["obs"])
-    action = loop.epsilon_greedy(
+    action = exploration.epsilon_greedy(
         k_act, q_values, loop.replay_epsilon(setup.agent, hparams, state["step"])
     )
     return loop.step_and_store(
@@ -123,7 +123,7 @@ def gradient_step(setup: Setup, hparams, state, key):
     updates, opt_state = optimiser(hparams).update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     updates_done = state["updates"] + 1
-    target = loop.periodic_polyak(
+    target = optimizers.periodic_polyak(
         state["target_params"],
         params,
         hparams["tau"],
@@ -145,7 +145,7 @@ def greedy_policy(setup: Setup, params):
 
 
 def make_trainer(config) -> Trainer:
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     agent = config.agent
     setup = Setup(env, env_params, make_q_network(config, env, env_params), agent)
     return loop.replay_trainer(
@@ -165,6 +165,6 @@ def make_train(config):
 
 def make_policy(config):
     """`policy(params, obs, key) -> action`: argmax of the online Q-network (first index on ties)."""
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     setup = Setup(env, env_params, make_q_network(config, env, env_params), config.agent)
     return lambda params, obs, key: greedy_policy(setup, params)(obs)

@@ -38,7 +38,7 @@ minibatch's loss computes its segments' V, advantages and targets with the netwo
 Policies: categorical over logits; for Box actions (`agent.continuous_policy`) a diagonal Gaussian
 with a state-independent learned log-std (`gaussian`) or a tanh-squashed diagonal Gaussian with a
 state-dependent scale softplus(x) + 0.001 (`tanh_gaussian`, Brax's PPO policy). Both live in the
-agent's action space [-1, 1]^d of `loop.make_env`: a sample u is stored and scored before any
+agent's action space [-1, 1]^d of `environment.make_env`: a sample u is stored and scored before any
 squashing or clipping (log-probabilities stay exact), and the env receives
 L + (clip(a, -1, 1) + 1) (H - L) / 2 with a = u (clipped to the bounds) or a = tanh(u). The tanh
 Gaussian's entropy bonus is the one-sample estimate of `losses.tanh_gaussian_log_prob_entropy`. The
@@ -73,7 +73,7 @@ from jax.flatten_util import ravel_pytree
 
 import kernels
 from envs.spaces import Box, Discrete
-from rl import loop, losses, networks
+from rl import agent_configs, collection, environment, episodes, loop, losses, networks
 from rl.config import ConfigError, hp
 from rl.rollout import greedy_episodes
 from rl.trainer import Trainer, train_from_trainer
@@ -82,7 +82,7 @@ OBS_CLIP = 10.0  # agent.obs_clip's default
 
 
 @dataclass(frozen=True)
-class Config(loop.PPOLoopConfig):
+class Config(agent_configs.PPOLoopConfig):
     name: str = "ppo"
     network: networks.NetworkConfig = networks.network_config(hidden=(64, 64), activation="tanh")
     normalize_obs: bool = hp(
@@ -159,7 +159,7 @@ class Config(loop.PPOLoopConfig):
 
 def check_env(config, env, env_params) -> None:
     """PPO needs Discrete or bounded Box actions; `agent.critic_hidden` needs separate torsos."""
-    loop.check_policy_env(config, env, env_params)
+    environment.check_policy_env(config, env, env_params)
     agent = config.agent
     if agent.critic_hidden is not None:
         if agent.shared_network:
@@ -262,9 +262,9 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
     it needs Discrete actions, a flat Box observation, separate actor and critic mlp torsos with two
     hidden layers, tanh or relu, and sizes within `kernels.ppo_grads.LIMITS` whose tf32 kernel fits
     one program's shared memory (`kernels.ppo_grads.too_big_for_shared_memory`). The env is
-    `loop.make_env(config)` unless given."""
+    `environment.make_env(config)` unless given."""
     if env is None:
-        env, env_params = loop.make_env(config)
+        env, env_params = environment.make_env(config)
     agent, network = config.agent, config.agent.network
     action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
     limits = kernels.ppo_grads.LIMITS
@@ -351,9 +351,7 @@ class Setup(NamedTuple):
     step: Any  # vmapped env.step
     net: networks.Network
     distribution: str  # losses.DISTRIBUTIONS
-    backend: (
-        str  # kernel backend (`loop.kernel_backend`): a name, or "auto" for each op's own choice
-    )
+    backend: str  # kernel backend (`environment.kernel_backend`): a name, or "auto" for each op's own choice
     fused: bool  # minibatch gradient from the fused kernel
     deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
 
@@ -389,14 +387,14 @@ def init_state(s: Setup, key, hparams):
 
 def rollout(s: Setup, params, obs, env_state, key):
     """num_steps steps of every env under the policy; (obs, env_state, Transition [T, E, ...], the
-    episodes that ended as `loop.EpisodeTotals` per env [E], counted as the rollout goes rather than
+    episodes that ended as `episodes.EpisodeTotals` per env [E], counted as the rollout goes rather than
     stacked per step). Acting needs log pi(a|s) alone, in plain JAX: XLA fuses it into the policy's
     last layer, where a kernel launch per env step would cost more than it saves (the kernels serve
-    the loss). Each step's Transition is stored as one packed row (`loop.scan_packed_outputs`: one
+    the loss). Each step's Transition is stored as one packed row (`collection.scan_packed_outputs`: one
     write per step instead of one per field; the same arrays)."""
 
     def env_step(carry, keys):
-        params, obs, env_state, episodes = carry
+        params, obs, env_state, ended = carry
         act_key, env_keys = keys
         policy, _ = apply_policy(s, params, obs)
         action = loop.sample_action(policy, act_key, s.distribution)
@@ -406,17 +404,17 @@ def rollout(s: Setup, params, obs, env_state, key):
         next_obs, env_state, reward, terminated, truncated, info = s.step(
             env_keys, env_state, loop.env_action(action, s.distribution), s.env_params
         )
-        episodes = loop.count_episodes(episodes, info)
-        return (params, next_obs, env_state, episodes), Transition(
+        ended = episodes.count_episodes(ended, info)
+        return (params, next_obs, env_state, ended), Transition(
             obs, action, log_prob, reward, terminated, truncated, info["final_obs"]
         )
 
-    keys = loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
-    carry = (params, obs, env_state, loop.no_episodes((s.agent.num_envs,)))
-    (_, obs, env_state, episodes), traj = loop.scan_packed_outputs(
+    keys = collection.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
+    carry = (params, obs, env_state, episodes.no_episodes((s.agent.num_envs,)))
+    (_, obs, env_state, ended), traj = collection.scan_packed_outputs(
         env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps)
     )
-    return obs, env_state, traj, episodes
+    return obs, env_state, traj, ended
 
 
 def gae_cuts(agent: Config, truncated):
@@ -567,15 +565,13 @@ def learn(s: Setup, hparams, params, opt_state, batch, key, refresh=None):
     )
 
 
-def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
+def update(s: Setup, hparams, state, totals: episodes.EpisodeTotals):
     """One PPO update: rollout, observation statistics (with `agent.normalize_obs`), advantages,
     learning. Returns (state, totals, mean loss stats)."""
     key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
     params = state["params"]
-    obs, env_state, traj, episodes = rollout(
-        s, params, state["obs"], state["env_state"], rollout_key
-    )
-    totals = loop.add_totals(totals, episodes)
+    obs, env_state, traj, ended = rollout(s, params, state["obs"], state["env_state"], rollout_key)
+    totals = episodes.add_totals(totals, ended)
     obs_stats = (
         networks.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:])
         if s.agent.normalize_obs
@@ -621,9 +617,9 @@ def evaluate(s: Setup, params, key):
 
 def make_trainer(config) -> Trainer:
     agent = config.agent
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     net, distribution = make_network(agent, env, env_params)
-    backend = loop.kernel_backend(config)
+    backend = environment.kernel_backend(config)
     fused = (
         agent.fused_update
         and kernels.resolve_backend(backend) in ("triton", "interpret")
@@ -633,7 +629,7 @@ def make_trainer(config) -> Trainer:
         agent,
         env,
         env_params,
-        *loop.batched(env),
+        *environment.batched(env),
         net,
         distribution,
         backend,
@@ -654,14 +650,14 @@ def make_policy(config):
     or the Gaussian mean (squashed by tanh for the tanh Gaussian), clipped and mapped to the Box
     bounds (the key is unused)."""
     agent = config.agent
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     net, distribution = make_network(agent, env, env_params)
 
     def policy(params, obs, key):
         logits_or_gaussian = net.apply(
             network_params(agent, params), network_input(agent, params, obs)
         )[0]
-        return loop.to_env_action(
+        return environment.to_env_action(
             env,
             env_params,
             loop.env_action(loop.greedy_action(logits_or_gaussian, distribution), distribution),

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from rl import loop, losses, networks
+from rl import agent_configs, collection, environment, episodes, loop, losses, networks
 from rl.config import ConfigError
 from rl.rollout import greedy_episodes
 from rl.trainer import RecurrentPolicy, Trainer, train_from_trainer
@@ -44,7 +44,7 @@ EPISODE_INFO = ("episode_done", "episode_return", "episode_length")
 
 
 @dataclass(frozen=True)
-class Config(loop.PPOLoopConfig):
+class Config(agent_configs.PPOLoopConfig):
     name: str = "ppo_rnn"
     network: networks.NetworkConfig = networks.network_config(
         torso="gru", hidden=(128,), recurrent_hidden=128, activation="relu"
@@ -66,7 +66,7 @@ class Config(loop.PPOLoopConfig):
 
 def check_env(config, env, env_params) -> None:
     """Recurrent PPO needs Discrete or bounded Box actions."""
-    loop.check_policy_env(config, env, env_params)
+    environment.check_policy_env(config, env, env_params)
 
 
 def make_network(agent: Config, env, env_params):
@@ -187,7 +187,7 @@ def rollout(s: Setup, params, obs, done, carry, env_state, key):
         )
         return (next_obs, terminated | truncated, carry, env_state), trans
 
-    keys = loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
+    keys = collection.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
     return jax.lax.scan(
         env_step, (obs, done, carry, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps)
     )
@@ -248,7 +248,7 @@ def minibatch_loss(net, params, batch, hparams, agent: Config, distribution: str
     )
 
 
-def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
+def update(s: Setup, hparams, state, totals: episodes.EpisodeTotals):
     """One recurrent PPO update: rollout, advantages, epochs over minibatches of env sequences
     (`loop.flat_minibatch_epochs` over the env axis). Returns (state, totals, mean loss stats)."""
     key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
@@ -256,7 +256,7 @@ def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
     (obs, done, carry, env_state), traj = rollout(
         s, params, state["obs"], state["done"], state["carry"], state["env_state"], rollout_key
     )
-    totals = loop.add_episodes(totals, traj.episode)
+    totals = episodes.add_episodes(totals, traj.episode)
     batch = learn_batch(s, hparams, params, traj, state["carry"])
 
     def grads(params, minibatch):
@@ -307,17 +307,17 @@ def evaluate(s: Setup, params, key):
 
 
 def make_setup(config) -> Setup:
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     net, initial_carry, distribution = make_network(config.agent, env, env_params)
     return Setup(
         config.agent,
         env,
         env_params,
-        *loop.batched(env),
+        *environment.batched(env),
         net,
         initial_carry,
         distribution,
-        loop.kernel_backend(config),
+        environment.kernel_backend(config),
         config.kernels.deterministic,
     )
 
@@ -348,7 +348,7 @@ def make_policy(config) -> RecurrentPolicy:
         no_reset = jnp.zeros((1,) + jnp.shape(obs)[: jnp.ndim(obs) - obs_ndim], jnp.bool_)
         carry, outputs = s.net.apply(params, carry, jnp.asarray(obs)[None], no_reset)
         policy, _ = first_step(outputs)
-        return carry, loop.to_env_action(
+        return carry, environment.to_env_action(
             s.env,
             s.env_params,
             loop.env_action(loop.greedy_action(policy, s.distribution), s.distribution),

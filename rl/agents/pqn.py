@@ -2,7 +2,7 @@
 parallel envs with Q(lambda) targets, no replay buffer and no target network; LayerNorm in the
 Q-network keeps the bootstrapped targets stable. Compiled end to end.
 
-One update (`rl.loop.OnPolicyLoopConfig`):
+One update (`rl.agent_configs.OnPolicyLoopConfig`):
 
     rollout   num_envs envs step num_steps times, epsilon-greedy on Q (epsilon decays linearly from
               epsilon_start to epsilon_end over the first epsilon_decay_fraction of the run)
@@ -33,14 +33,25 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from rl import loop, losses, networks
+from rl import (
+    agent_configs,
+    collection,
+    environment,
+    episodes,
+    exploration,
+    log_points,
+    losses,
+    minibatches,
+    networks,
+    optimizers,
+)
 from rl.config import hp
 from rl.rollout import greedy_episodes
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config(loop.OnPolicyLoopConfig):
+class Config(agent_configs.OnPolicyLoopConfig):
     name: str = "pqn"
     lr: float = hp(
         1e-4, low=0.0, low_open=True, sweep=True, doc="Adam step size (annealed to 0 if anneal_lr)"
@@ -67,7 +78,7 @@ class Config(loop.OnPolicyLoopConfig):
     )
 
 
-check_env = loop.check_discrete_actions
+check_env = environment.check_discrete_actions
 
 
 class Setup(NamedTuple):
@@ -101,12 +112,12 @@ def make_q_network(agent: Config, env, env_params) -> networks.Network:
 
 
 def optimizer(agent: Config, hparams):
-    return loop.annealed_clipped_adam(agent, hparams["lr"], hparams["max_grad_norm"])
+    return optimizers.annealed_clipped_adam(agent, hparams["lr"], hparams["max_grad_norm"])
 
 
 def epsilon(agent: Config, hparams, step):
     """Linear decay from epsilon_start to epsilon_end over epsilon_decay_fraction * total_steps env steps."""
-    return loop.linear_schedule(
+    return exploration.linear_schedule(
         hparams["epsilon_start"],
         hparams["epsilon_end"],
         agent.epsilon_decay_fraction * agent.total_steps,
@@ -139,7 +150,7 @@ def rollout(s: Setup, params, obs, env_state, eps, key):
     def env_step(carry, keys):
         obs, env_state = carry
         act_key, env_keys = keys
-        action = loop.epsilon_greedy(act_key, s.q_network.apply(params, obs), eps)
+        action = exploration.epsilon_greedy(act_key, s.q_network.apply(params, obs), eps)
         next_obs, env_state, reward, terminated, truncated, info = s.step(
             env_keys, env_state, action, s.env_params
         )
@@ -150,7 +161,7 @@ def rollout(s: Setup, params, obs, env_state, eps, key):
             obs, action, reward, terminated, truncated, info["final_obs"], episode
         )
 
-    keys = loop.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
+    keys = collection.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
     (obs, env_state), traj = jax.lax.scan(
         env_step, (obs, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps)
     )
@@ -196,7 +207,7 @@ def learn(s: Setup, hparams, params, opt_state, batch, key):
             "q_mean": q_mean,
         }
 
-    (flat_params, opt_state), stats = loop.minibatch_epochs(
+    (flat_params, opt_state), stats = minibatches.minibatch_epochs(
         minibatch_step,
         (flat_params, opt_state),
         batch,
@@ -208,13 +219,13 @@ def learn(s: Setup, hparams, params, opt_state, batch, key):
     return unravel(flat_params), opt_state, stats
 
 
-def update(s: Setup, hparams, state, totals: loop.EpisodeTotals):
+def update(s: Setup, hparams, state, totals: episodes.EpisodeTotals):
     """One PQN update: rollout, Q(lambda) targets, learning. Returns (state, totals, mean stats)."""
     key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
     params = state["params"]
     eps = epsilon(s.agent, hparams, state["step"])
     obs, env_state, traj = rollout(s, params, state["obs"], state["env_state"], eps, rollout_key)
-    totals = loop.add_episodes(totals, traj.episode)
+    totals = episodes.add_episodes(totals, traj.episode)
     targets = jax.lax.stop_gradient(q_lambda_targets(s, hparams, params, traj))
     flat = lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:])
     batch = (flat(traj.obs), flat(traj.action), flat(targets))
@@ -241,11 +252,11 @@ def log_period(s: Setup, hparams, state):
         return (state, totals), stats
 
     (state, totals), stats = jax.lax.scan(
-        one_update, (state, loop.no_episodes()), None, length=s.agent.log_interval
+        one_update, (state, episodes.no_episodes()), None, length=s.agent.log_interval
     )
     metrics = {
         "step": state["step"],
-        **loop.episode_metrics(totals),
+        **episodes.episode_metrics(totals),
         **jax.tree.map(jnp.mean, stats),
     }
     if s.agent.eval_envs:
@@ -264,15 +275,15 @@ def greedy_policy(s: Setup, params):
 
 
 def make_setup(config) -> Setup:
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     agent = config.agent
     return Setup(
         agent,
         env,
         env_params,
-        *loop.batched(env),
+        *environment.batched(env),
         make_q_network(agent, env, env_params),
-        loop.kernel_backend(config),
+        environment.kernel_backend(config),
         config.kernels.deterministic,
     )
 
@@ -281,7 +292,7 @@ def make_trainer(config) -> Trainer:
     s = make_setup(config)
 
     def run(state, hparams, num_log_points):
-        return loop.scan_log_points(
+        return log_points.scan_log_points(
             lambda state: log_period(s, hparams, state), state, num_log_points
         )
 

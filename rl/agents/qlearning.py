@@ -7,7 +7,7 @@ auto-reset, so a time-limit truncation still bootstraps):
 
 Actions are epsilon-greedy, epsilon decaying linearly from `epsilon_start` to `epsilon_end` over
 `epsilon_decay_steps`; the greedy action breaks ties uniformly at random among the maximal Q-values
-(`loop.epsilon_greedy_random_ties`: with argmax's first-index ties an agent on an all-zero table
+(`exploration.epsilon_greedy_random_ties`: with argmax's first-index ties an agent on an all-zero table
 would always pick action 0).
 
 The run is one `lax.scan` over log points, each a `lax.scan` over `log_interval` env steps, so
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.spaces import Discrete
-from rl import loop
+from rl import environment, episodes, exploration, log_points
 from rl.config import ConfigError, hp
 from rl.trainer import Trainer, train_from_trainer
 
@@ -99,7 +99,7 @@ def greedy_episode_length(q, env, params, max_steps):
 
 def make_trainer(config) -> Trainer:
     agent = config.agent
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     num_states = env.observation_space(env_params).n
     num_actions = env.action_space(env_params).n
     eval_steps = int(env_params.max_steps_in_episode)
@@ -114,10 +114,10 @@ def make_trainer(config) -> Trainer:
         def env_step(carry, noise):
             (q, obs, env_state, step), totals = carry
             step_key, (explore_u, choice_u) = noise
-            epsilon = loop.linear_schedule(
+            epsilon = exploration.linear_schedule(
                 hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step
             )
-            action = loop.epsilon_greedy_random_ties(q[obs], epsilon, explore_u, choice_u)
+            action = exploration.epsilon_greedy_random_ties(q[obs], epsilon, explore_u, choice_u)
             next_obs, env_state, reward, terminated, _, info = env.step(
                 step_key, env_state, action, env_params
             )
@@ -131,7 +131,7 @@ def make_trainer(config) -> Trainer:
                 hparams["lr"],
                 hparams["gamma"],
             )
-            return ((q, next_obs, env_state, step + 1), loop.add_episodes(totals, info)), None
+            return ((q, next_obs, env_state, step + 1), episodes.add_episodes(totals, info)), None
 
         def log_period(state):
             key, env_keys_key, uniforms_key = jax.random.split(state["key"], 3)
@@ -139,12 +139,12 @@ def make_trainer(config) -> Trainer:
             noise = (jax.random.split(env_keys_key, n), jax.random.uniform(uniforms_key, (n, 2)))
             carry = (
                 (state["params"], state["obs"], state["env_state"], state["step"]),
-                loop.no_episodes(),
+                episodes.no_episodes(),
             )
             ((q, obs, env_state, step), totals), _ = jax.lax.scan(env_step, carry, noise)
             metrics = {
                 "step": step,
-                **loop.episode_metrics(totals),
+                **episodes.episode_metrics(totals),
                 "greedy_episode_length": greedy_episode_length(q, env, env_params, eval_steps),
             }
             return {
@@ -155,7 +155,7 @@ def make_trainer(config) -> Trainer:
                 "step": step,
             }, metrics
 
-        return loop.scan_log_points(log_period, state, num_log_points)
+        return log_points.scan_log_points(log_period, state, num_log_points)
 
     return Trainer(
         init=init, run=run, num_log_points=agent.total_steps // agent.log_interval, per_env=()

@@ -43,13 +43,23 @@ import jax.numpy as jnp
 import optax
 
 import kernels
-from rl import buffers, loop, losses, networks
+from rl import (
+    agent_configs,
+    buffers,
+    environment,
+    episodes,
+    exploration,
+    loop,
+    losses,
+    networks,
+    optimizers,
+)
 from rl.config import ConfigError, hp
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config(loop.ReplayLoopConfig):
+class Config(agent_configs.ReplayLoopConfig):
     name: str = "rainbow"
     total_steps: int = hp(61_440, low=1, doc="env steps per seed (all envs counted)")
     lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size")
@@ -92,7 +102,7 @@ class Config(loop.ReplayLoopConfig):
             )
 
 
-check_env = loop.check_discrete_actions
+check_env = environment.check_discrete_actions
 
 
 class Setup(NamedTuple):
@@ -180,7 +190,7 @@ def rainbow_loss(setup: Setup, params, target_params, batch, weights, keys, gamm
 
 
 def optimiser(hparams):
-    return loop.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
+    return optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
 
 
 # ---------------------------------------------------------------- the loop
@@ -189,7 +199,7 @@ def optimiser(hparams):
 def init(setup: Setup, key, hparams):
     agent = setup.agent
     key, net_key, reset_key = jax.random.split(key, 3)
-    reset, _ = loop.batched(setup.env)
+    reset, _ = environment.batched(setup.env)
     obs, env_state = reset(jax.random.split(reset_key, agent.num_envs), setup.env_params)
     params = setup.network.init(net_key, obs[0])
     zeros = lambda x: jnp.zeros((agent.n_step,) + x.shape, x.dtype)
@@ -231,8 +241,10 @@ def env_step(setup: Setup, hparams, carry, key):
     q = q_values(
         setup, setup.network.apply(state["params"], state["obs"], rng=noise(setup, k_noise))
     )
-    action = loop.epsilon_greedy(k_act, q, loop.replay_epsilon(agent, hparams, state["step"]))
-    _, step = loop.batched(setup.env)
+    action = exploration.epsilon_greedy(
+        k_act, q, loop.replay_epsilon(agent, hparams, state["step"])
+    )
+    _, step = environment.batched(setup.env)
     obs, env_state, reward, terminated, truncated, info = step(
         jax.random.split(k_env, agent.num_envs), state["env_state"], action, setup.env_params
     )
@@ -269,14 +281,14 @@ def env_step(setup: Setup, hparams, carry, key):
         "env_state": env_state,
         "step": state["step"] + agent.num_envs,
     }
-    return (state, loop.add_episodes(totals, info)), None
+    return (state, episodes.add_episodes(totals, info)), None
 
 
 def sample(setup: Setup, hparams, buffer, key, step):
     """(batch, indices, importance weights): PER with beta annealed to 1, or uniform with weights 1."""
     agent = setup.agent
     if agent.per:
-        beta = loop.linear_schedule(
+        beta = exploration.linear_schedule(
             hparams["per_beta_start"], 1.0, agent.per_beta_steps or agent.total_steps, step
         )
         return buffers.prioritized_sample(
@@ -310,7 +322,7 @@ def gradient_step(setup: Setup, hparams, state, key):
     updates, opt_state = optimiser(hparams).update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     updates_done = state["updates"] + 1
-    target = loop.periodic_polyak(
+    target = optimizers.periodic_polyak(
         state["target_params"],
         params,
         hparams["tau"],
@@ -335,7 +347,7 @@ def greedy_policy(setup: Setup, params):
 
 
 def make_setup(config) -> Setup:
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     agent = config.agent
     return Setup(
         env,
@@ -343,7 +355,7 @@ def make_setup(config) -> Setup:
         make_network(config, env, env_params),
         make_support(agent),
         agent,
-        loop.kernel_backend(config),
+        environment.kernel_backend(config),
         config.kernels.deterministic,
     )
 

@@ -42,13 +42,13 @@ import numpy as np
 import optax
 
 from envs.spaces import Box
-from rl import buffers, loop, losses, networks
+from rl import agent_configs, buffers, environment, loop, losses, networks, optimizers
 from rl.config import ConfigError, hp
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config(loop.ReplayActorCriticConfig):
+class Config(agent_configs.ReplayActorCriticConfig):
     name: str = "sac"
     alpha_lr: float = hp(
         1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size of log alpha"
@@ -76,14 +76,14 @@ class Config(loop.ReplayActorCriticConfig):
 
 def check_env(config, env, env_params) -> None:
     """SAC needs Box observations and bounded Box (or Discrete) actions."""
-    loop.check_bounded_actions(config, env, env_params, discrete_ok=True)
+    environment.check_bounded_actions(config, env, env_params, discrete_ok=True)
 
 
 # ---------------------------------------------------------------- networks and losses
 
 
 def make_networks(config, env, env_params):
-    """(actor, critic, continuous, action_dim) for the env `loop.make_env` built.
+    """(actor, critic, continuous, action_dim) for the env `environment.make_env` built.
 
     actor(params, obs) -> (mean, log_std) of the pre-tanh Gaussian, or logits;
     critic(params, obs, action) -> (q1, q2), or critic(params, obs) -> (q1, q2) [..., A]."""
@@ -169,9 +169,9 @@ def target_entropy(continuous: bool, action_dim: int, scale):
     return -scale * action_dim if continuous else scale * math.log(action_dim)
 
 
-def optimizers(hparams):
+def make_optimizers(hparams):
     """(actor, critic, log alpha) optimisers: Adam on clipped gradients for the networks, plain Adam for log alpha."""
-    clipped = loop.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
+    clipped = optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
     return clipped, clipped, optax.adam(hparams["alpha_lr"])
 
 
@@ -181,7 +181,7 @@ def optimizers(hparams):
 def make_gradient_step(agent, critic_loss_fn, actor_loss_fn, entropy_target, hparams):
     """`gradient_step(state, key) -> (state, aux)` on one uniformly sampled minibatch: the critics,
     then the actor (against the new critics), then log alpha (if autotuned), then the Polyak targets."""
-    actor_opt, critic_opt, alpha_opt = optimizers(hparams)
+    actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
 
     def gradient_step(state, key):
         params, opt_state = state["params"], state["opt_state"]
@@ -211,7 +211,7 @@ def make_gradient_step(agent, critic_loss_fn, actor_loss_fn, entropy_target, hpa
             grad = jax.grad(losses.temperature_loss)(log_alpha, entropy, entropy_target)
             updates, alpha_state = alpha_opt.update(grad, alpha_state, log_alpha)
             log_alpha = optax.apply_updates(log_alpha, updates)
-        target_critic = loop.polyak(params["target_critic"], critic_params, hparams["tau"])
+        target_critic = optimizers.polyak(params["target_critic"], critic_params, hparams["tau"])
         params = {
             "actor": actor_params,
             "critic": critic_params,
@@ -246,7 +246,7 @@ class Setup(NamedTuple):
 
 
 def make_setup(config) -> Setup:
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     actor, critic, continuous, action_dim = make_networks(config, env, env_params)
     return Setup(env, env_params, actor, critic, continuous, action_dim, config.agent)
 
@@ -255,7 +255,7 @@ def init(setup: Setup, key, hparams):
     """Actor, twin critics and their target copy, log alpha, three optimiser states, an empty buffer, the envs."""
     agent = setup.agent
     key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
-    reset, _ = loop.batched(setup.env)
+    reset, _ = environment.batched(setup.env)
     obs, env_state = reset(jax.random.split(reset_key, agent.num_envs), setup.env_params)
     example_action = (
         jnp.zeros(setup.env.action_space(setup.env_params).shape, jnp.float32)
@@ -272,7 +272,7 @@ def init(setup: Setup, key, hparams):
         "log_alpha": log_alpha,
         "target_critic": critic_params,
     }
-    actor_opt, critic_opt, alpha_opt = optimizers(hparams)
+    actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
     opt_state = {
         "actor": actor_opt.init(params["actor"]),
         "critic": critic_opt.init(params["critic"]),
@@ -371,6 +371,6 @@ def make_policy(config):
     """`policy(params, obs, key) -> action` in the env's own action space: tanh of the Gaussian mean
     mapped onto the Box bounds, or the argmax of the logits (the key is unused)."""
     setup = make_setup(config)
-    return lambda params, obs, key: loop.to_env_action(
+    return lambda params, obs, key: environment.to_env_action(
         setup.env, setup.env_params, greedy(setup, params["actor"], obs)
     )

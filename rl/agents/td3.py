@@ -1,7 +1,7 @@
 """TD3 (Fujimoto et al. 2018, "Addressing Function Approximation Error in Actor-Critic Methods"),
 compiled end to end; continuous actions.
 
-The loop is `rl.loop.ReplayActorCriticConfig`'s: `num_envs` envs take one step with the exploration
+The loop is `rl.agent_configs.ReplayActorCriticConfig`'s: `num_envs` envs take one step with the exploration
 policy a = clip(mu(s) + N(0, exploration_noise^2), -1, 1) (uniformly random actions for the first
 `learning_starts` env steps), the transitions (s, a, r, s' = info["final_obs"], terminated) go to a
 uniform replay buffer, and `utd_ratio * num_envs` gradient steps follow. Each gradient step, on a
@@ -15,7 +15,7 @@ fresh minibatch:
     targets: theta' <- tau theta + (1 - tau) theta'   (actor and critics)
 
 Truncation is not termination: only `terminated` zeroes the bootstrap, and s' is the observation
-reached before any auto-reset. Actions live in [-1, 1]^d; `loop.make_env` maps them onto the env's
+reached before any auto-reset. Actions live in [-1, 1]^d; `environment.make_env` maps them onto the env's
 bounds. Sweepable: lr, gamma, tau, max_grad_norm, exploration_noise, policy_noise, noise_clip.
 """
 
@@ -30,13 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rl import buffers, loop, losses, networks
+from rl import agent_configs, buffers, environment, loop, losses, networks, optimizers
 from rl.config import hp
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config(loop.ReplayActorCriticConfig):
+class Config(agent_configs.ReplayActorCriticConfig):
     name: str = "td3"
     exploration_noise: float = hp(
         0.1,
@@ -56,7 +56,7 @@ class Config(loop.ReplayActorCriticConfig):
 
 def check_env(config, env, env_params) -> None:
     """TD3 needs Box observations and bounded Box actions."""
-    loop.check_bounded_actions(config, env, env_params)
+    environment.check_bounded_actions(config, env, env_params)
 
 
 class Setup(NamedTuple):
@@ -71,7 +71,7 @@ class Setup(NamedTuple):
 
 
 def make_setup(config) -> Setup:
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     agent = config.agent
     action_shape = tuple(env.action_space(env_params).shape)
     torso = lambda obs_space=None: networks.make_torso(agent.network, obs_space)
@@ -85,7 +85,7 @@ def make_setup(config) -> Setup:
 
 
 def optimiser(hparams):
-    return loop.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
+    return optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
 
 
 # ---------------------------------------------------------------- losses of one minibatch
@@ -124,7 +124,7 @@ def init(setup: Setup, key, hparams):
     """Actor, twin critics and their target copies, two optimiser states, an empty buffer, the envs."""
     agent = setup.agent
     key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
-    reset, _ = loop.batched(setup.env)
+    reset, _ = environment.batched(setup.env)
     obs, env_state = reset(jax.random.split(reset_key, agent.num_envs), setup.env_params)
     example_action = jnp.zeros(setup.action_shape, jnp.float32)
     params = {
@@ -182,7 +182,7 @@ def delayed_update(setup: Setup, hparams, state, batch):
     )
     updates, actor_opt_state = optimiser(hparams).update(grads, opt_state["actor"], params["actor"])
     params = {**params, "actor": optax.apply_updates(params["actor"], updates)}
-    target_params = loop.polyak(state["target_params"], params, hparams["tau"])
+    target_params = optimizers.polyak(state["target_params"], params, hparams["tau"])
     return {
         **state,
         "params": params,
@@ -250,6 +250,6 @@ def make_train(config):
 def make_policy(config):
     """`policy(params, obs, key) -> action` in the env's own action space: mu(obs) mapped onto the bounds."""
     setup = make_setup(config)
-    return lambda params, obs, key: loop.to_env_action(
+    return lambda params, obs, key: environment.to_env_action(
         setup.env, setup.env_params, greedy_policy(setup, params)(obs)
     )

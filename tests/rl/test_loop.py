@@ -16,8 +16,17 @@ import envs
 import kernels
 from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction
+from rl import (
+    collection,
+    environment,
+    episodes,
+    exploration,
+    log_points,
+    loop,
+    minibatches,
+    optimizers,
+)
 from rl import logging as rl_logging
-from rl import loop
 from rl.agents import ppo
 from rl.config import EnvConfig, KernelsConfig, build_config
 
@@ -32,7 +41,7 @@ def env_config(env_id, **params):
 
 def test_make_env_rescales_box_actions_and_adds_episode_statistics():
     config = env_config("Pendulum-v1", max_steps_in_episode=3)
-    env, params = loop.make_env(config)
+    env, params = environment.make_env(config)
     assert isinstance(env, EpisodeStatistics) and isinstance(env.env, RescaleAction)
     assert int(params.max_steps_in_episode) == 3  # env.params reach the env
     space = env.action_space(params)
@@ -63,7 +72,7 @@ def test_make_env_rescales_box_actions_and_adds_episode_statistics():
 
 def test_make_env_keeps_discrete_actions_and_always_adds_episode_statistics():
     config = env_config("CartPole-v1")
-    env, params = loop.make_env(config)
+    env, params = environment.make_env(config)
     assert isinstance(env, EpisodeStatistics) and not isinstance(env.env, RescaleAction)
     assert isinstance(env.action_space(params), Discrete)
     obs, state = env.reset(jax.random.PRNGKey(0), params)
@@ -73,8 +82,8 @@ def test_make_env_keeps_discrete_actions_and_always_adds_episode_statistics():
 
 def test_batched_steps_every_env_with_its_own_key():
     config = env_config("CartPole-v1")
-    env, params = loop.make_env(config)
-    reset, step = loop.batched(env)
+    env, params = environment.make_env(config)
+    reset, step = environment.batched(env)
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     obs, states = reset(keys, params)
     assert obs.shape == (3, 4)
@@ -100,7 +109,7 @@ def test_batched_steps_every_env_with_its_own_key():
 )
 def test_linear_schedule(start, end, duration, step):
     value = float(
-        loop.linear_schedule(jnp.float32(start), jnp.float32(end), duration, jnp.int32(step))
+        exploration.linear_schedule(jnp.float32(start), jnp.float32(end), duration, jnp.int32(step))
     )
     expected = start + (end - start) * min(step / duration, 1.0)
     assert value == pytest.approx(expected, abs=1e-6)
@@ -108,26 +117,28 @@ def test_linear_schedule(start, end, duration, step):
 
 
 def test_linear_schedule_hand_computed():
-    values = [float(loop.linear_schedule(1.0, 0.1, 100, s)) for s in (0, 50, 100, 1000)]
+    values = [float(exploration.linear_schedule(1.0, 0.1, 100, s)) for s in (0, 50, 100, 1000)]
     np.testing.assert_allclose(values, [1.0, 0.55, 0.1, 0.1], rtol=1e-6)
 
 
 def test_epsilon_greedy_is_greedy_with_first_index_ties_at_epsilon_zero():
     q = jnp.array([[0.0, 2.0, 2.0], [5.0, -1.0, 5.0], [0.0, 0.0, 0.0]])
-    actions = loop.epsilon_greedy(jax.random.PRNGKey(0), q, 0.0)
+    actions = exploration.epsilon_greedy(jax.random.PRNGKey(0), q, 0.0)
     assert actions.dtype == jnp.int32 and actions.shape == (3,)
     np.testing.assert_array_equal(actions, [1, 0, 0])
 
 
 def test_epsilon_greedy_explores_uniformly_with_probability_epsilon():
     q = jnp.tile(jnp.array([0.0, 2.0, 1.0, 0.5]), (20000, 1))
-    actions = np.asarray(loop.epsilon_greedy(jax.random.PRNGKey(2), q, 0.4))
+    actions = np.asarray(exploration.epsilon_greedy(jax.random.PRNGKey(2), q, 0.4))
     # greedy with prob 1 - eps + eps / 4, each other action eps / 4
     freq = np.bincount(actions, minlength=4) / actions.size
     np.testing.assert_allclose(freq, [0.1, 0.7, 0.1, 0.1], atol=0.015)
     # epsilon 1: uniform
     freq = (
-        np.bincount(np.asarray(loop.epsilon_greedy(jax.random.PRNGKey(3), q, 1.0)), minlength=4)
+        np.bincount(
+            np.asarray(exploration.epsilon_greedy(jax.random.PRNGKey(3), q, 1.0)), minlength=4
+        )
         / q.shape[0]
     )
     np.testing.assert_allclose(freq, 0.25, atol=0.015)
@@ -140,7 +151,9 @@ def _noise(key):
 
 def test_random_tie_breaking_from_a_zero_table_picks_every_action():
     q = jnp.zeros(4)
-    draw = jax.jit(jax.vmap(lambda key: loop.epsilon_greedy_random_ties(q, 0.0, *_noise(key))))
+    draw = jax.jit(
+        jax.vmap(lambda key: exploration.epsilon_greedy_random_ties(q, 0.0, *_noise(key)))
+    )
     actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(0), 400)))
     counts = np.bincount(actions, minlength=4)
     assert (counts > 60).all(), counts  # ~100 each
@@ -148,7 +161,9 @@ def test_random_tie_breaking_from_a_zero_table_picks_every_action():
 
 def test_random_ties_are_broken_only_among_maximal_values():
     q = jnp.array([1.0, 0.0, 1.0, -3.0])
-    draw = jax.jit(jax.vmap(lambda key: loop.epsilon_greedy_random_ties(q, 0.0, *_noise(key))))
+    draw = jax.jit(
+        jax.vmap(lambda key: exploration.epsilon_greedy_random_ties(q, 0.0, *_noise(key)))
+    )
     actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(1), 400)))
     assert set(actions.tolist()) == {0, 2}
 
@@ -170,7 +185,7 @@ def test_random_ties_pick_each_candidate_for_an_equal_share_of_choice_u(values, 
     grid = (jnp.arange(120) + 0.5) / 120  # 120 is divisible by 1, 2, 3 and 4 candidates
     pick = jax.jit(
         jax.vmap(
-            lambda u: loop.epsilon_greedy_random_ties(
+            lambda u: exploration.epsilon_greedy_random_ties(
                 q, jnp.float32(epsilon), jnp.float32(explore_u), u
             )
         )
@@ -182,7 +197,9 @@ def test_random_ties_pick_each_candidate_for_an_equal_share_of_choice_u(values, 
 
 def test_random_ties_explore_with_probability_epsilon():
     q = jnp.array([0.0, 2.0, 1.0, 0.5])
-    draw = jax.jit(jax.vmap(lambda key: loop.epsilon_greedy_random_ties(q, 0.4, *_noise(key))))
+    draw = jax.jit(
+        jax.vmap(lambda key: exploration.epsilon_greedy_random_ties(q, 0.4, *_noise(key)))
+    )
     actions = np.asarray(draw(jax.random.split(jax.random.PRNGKey(2), 20000)))
     freq = np.bincount(actions, minlength=4) / actions.size
     np.testing.assert_allclose(freq, [0.1, 0.7, 0.1, 0.1], atol=0.015)
@@ -196,18 +213,18 @@ ONLINE = {"w": jnp.array([1.0, 0.0]), "b": {"c": jnp.array(0.0)}}
 
 
 def test_polyak_averages_leaf_by_leaf():
-    new = loop.polyak(TARGET, ONLINE, 0.25)
+    new = optimizers.polyak(TARGET, ONLINE, 0.25)
     np.testing.assert_allclose(new["w"], [0.25, 3.0])
     np.testing.assert_allclose(new["b"]["c"], 6.0)
-    copy = loop.polyak(TARGET, ONLINE, 1.0)
+    copy = optimizers.polyak(TARGET, ONLINE, 1.0)
     jax.tree.map(np.testing.assert_array_equal, copy, ONLINE)
 
 
 def test_periodic_polyak_updates_only_when_asked():
-    update = jax.jit(lambda flag: loop.periodic_polyak(TARGET, ONLINE, 0.5, flag))
+    update = jax.jit(lambda flag: optimizers.periodic_polyak(TARGET, ONLINE, 0.5, flag))
     jax.tree.map(np.testing.assert_array_equal, update(jnp.bool_(False)), TARGET)
     jax.tree.map(
-        np.testing.assert_allclose, update(jnp.bool_(True)), loop.polyak(TARGET, ONLINE, 0.5)
+        np.testing.assert_allclose, update(jnp.bool_(True)), optimizers.polyak(TARGET, ONLINE, 0.5)
     )
     np.testing.assert_allclose(update(jnp.bool_(True))["w"], [0.5, 2.0])
 
@@ -224,16 +241,16 @@ def test_add_episodes_and_episode_metrics_on_a_hand_made_batch():
         "episode_return": jnp.array([[5.0, 100.0, 1.0], [5.0, 9.0, 1.0]]),
         "episode_length": jnp.array([[4, 70, 2], [4, 10, 2]], jnp.int32),
     }
-    totals = loop.add_episodes(loop.no_episodes(), info)
+    totals = episodes.add_episodes(episodes.no_episodes(), info)
     assert float(totals.returns) == 15.0 and int(totals.lengths) == 16 and int(totals.count) == 3
-    metrics = loop.episode_metrics(totals)
+    metrics = episodes.episode_metrics(totals)
     assert float(metrics["episode_return"]) == pytest.approx(5.0)
     assert float(metrics["episode_length"]) == pytest.approx(16 / 3)
     assert int(metrics["episodes"]) == 3
     # adding step by step gives the same totals
-    stepwise = loop.no_episodes()
+    stepwise = episodes.no_episodes()
     for t in range(2):
-        stepwise = loop.add_episodes(stepwise, jax.tree.map(lambda x: x[t], info))
+        stepwise = episodes.add_episodes(stepwise, jax.tree.map(lambda x: x[t], info))
     assert stepwise == totals
 
 
@@ -243,7 +260,7 @@ def test_episode_metrics_are_nan_when_no_episode_ended():
         "episode_return": jnp.full(4, 7.0),
         "episode_length": jnp.full(4, 3, jnp.int32),
     }
-    metrics = loop.episode_metrics(loop.add_episodes(loop.no_episodes(), info))
+    metrics = episodes.episode_metrics(episodes.add_episodes(episodes.no_episodes(), info))
     assert np.isnan(metrics["episode_return"]) and np.isnan(metrics["episode_length"])
     assert int(metrics["episodes"]) == 0
 
@@ -262,7 +279,7 @@ def _toy_steps():
             "episode_return": jnp.float32(1.0),
             "episode_length": jnp.int32(1),
         }
-        return ({**state, "step": state["step"] + 1}, loop.add_episodes(totals, info)), None
+        return ({**state, "step": state["step"] + 1}, episodes.add_episodes(totals, info)), None
 
     def gradient_step(state, key):
         updates = state["updates"] + 1
@@ -283,7 +300,7 @@ def _toy_phase(learning_starts, env_iterations=2, gradient_steps=3):
 
 def test_act_then_train_returns_nan_aux_before_learning_starts_then_trains():
     phase = _toy_phase(learning_starts=4)
-    carry = ({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes())
+    carry = ({"step": jnp.int32(0), "updates": jnp.int32(0)}, episodes.no_episodes())
     # phase 1: 2 env steps (step 2 < 4): no gradient step, aux NaN with the gradient steps' shape
     carry, aux = phase(carry, jax.random.PRNGKey(0))
     assert int(carry[0]["step"]) == 2 and int(carry[0]["updates"]) == 0
@@ -303,7 +320,8 @@ def test_act_then_train_returns_nan_aux_before_learning_starts_then_trains():
 def test_act_then_train_with_learning_starts_zero_trains_from_the_first_phase():
     phase = _toy_phase(learning_starts=0, env_iterations=1, gradient_steps=2)
     carry, aux = phase(
-        ({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes()), jax.random.PRNGKey(0)
+        ({"step": jnp.int32(0), "updates": jnp.int32(0)}, episodes.no_episodes()),
+        jax.random.PRNGKey(0),
     )
     assert int(carry[0]["updates"]) == 2
     np.testing.assert_array_equal(aux["loss"], [1.0, 2.0])
@@ -315,18 +333,20 @@ def test_minibatch_epochs_refresh_gives_each_later_epoch_a_batch_from_its_carry(
     batch = jnp.arange(8.0)
     step = lambda carry, minibatch: (carry + minibatch.sum(), minibatch.sum())
     refresh = lambda carry, batch: batch + carry
-    carry, stats = loop.minibatch_epochs(
+    carry, stats = minibatches.minibatch_epochs(
         step, jnp.float32(0), batch, jax.random.PRNGKey(0), 3, 2, refresh=refresh
     )
     # epoch 1: 28; epoch 2 over batch + 28: 28 + 8 * 28 = 252, carry 280; epoch 3 over batch + 280: 28 + 8 * 280, carry 2548
     assert float(carry) == 2548.0 and stats.shape == (3, 2)
     np.testing.assert_allclose(stats.sum(axis=1), [28.0, 252.0, 2268.0])
-    plain, _ = loop.minibatch_epochs(step, jnp.float32(0), batch, jax.random.PRNGKey(0), 3, 2)
+    plain, _ = minibatches.minibatch_epochs(
+        step, jnp.float32(0), batch, jax.random.PRNGKey(0), 3, 2
+    )
     assert float(plain) == 84.0
 
 
 def test_unrolled_phase_computes_the_same_as_the_rolled_one():
-    carry = ({"step": jnp.int32(0), "updates": jnp.int32(0)}, loop.no_episodes())
+    carry = ({"step": jnp.int32(0), "updates": jnp.int32(0)}, episodes.no_episodes())
     rolled = _toy_phase(learning_starts=4, env_iterations=3, gradient_steps=4)
     unrolled_phase = loop.act_then_train(*_toy_steps(), 3, 4, 4, unroll=8)
     a, b = carry, carry
@@ -357,7 +377,9 @@ def test_scan_log_points_emits_every_log_point_and_stacks_metrics():
 
     received = []
     with rl_logging.sink(received.append):
-        state, metrics = jax.jit(lambda s: loop.scan_log_points(log_period, s, 3))(jnp.int32(0))
+        state, metrics = jax.jit(lambda s: log_points.scan_log_points(log_period, s, 3))(
+            jnp.int32(0)
+        )
     assert int(state) == 30
     np.testing.assert_array_equal(metrics["step"], [10, 20, 30])
     np.testing.assert_allclose(metrics["half"], [5.0, 10.0, 15.0])
@@ -372,18 +394,18 @@ def test_kernel_backend_is_the_configs_choice_and_sets_nothing_process_wide(monk
     monkeypatch.delenv(kernels.launch.ENV_VAR, raising=False)
     before = kernels.resolve_backend(None)
     assert (
-        loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="interpret")))
+        environment.kernel_backend(SimpleNamespace(kernels=KernelsConfig(backend="interpret")))
         == "interpret"
     )
     assert kernels.resolve_backend(None) == before
     # the automatic choice reaches the ops as "auto", so that their measured small-shape crossovers apply
-    assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "auto"
+    assert environment.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "auto"
     assert kernels.resolve_backend("auto") == before
     # a choice made outside the config is fixed by name when the agent is built
     monkeypatch.setenv(kernels.launch.ENV_VAR, "reference")
-    assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "reference"
+    assert environment.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "reference"
     with kernels.use_backend("interpret"):
-        assert loop.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "interpret"
+        assert environment.kernel_backend(SimpleNamespace(kernels=KernelsConfig())) == "interpret"
 
 
 @pytest.mark.skipif(
@@ -402,24 +424,28 @@ def test_an_agent_with_a_backend_that_cannot_run_fails_when_it_is_built():
 
 
 def test_to_env_action_is_what_the_training_env_sends():
-    """loop.to_env_action(u) (what make_policy returns) equals what make_env's env does with u:
+    """environment.to_env_action(u) (what make_policy returns) equals what make_env's env does with u:
     stepping the raw Pendulum with it and the training env with u gives the same next state."""
     config = build_config({"env": {"id": "Pendulum-v1"}, "agent": {"name": "ppo"}})
-    env, params = loop.make_env(config)
+    env, params = environment.make_env(config)
     raw, raw_params = envs.make("Pendulum-v1")
     u = jnp.array([[-3.0], [-0.5], [0.25], [1.5]])
-    np.testing.assert_allclose(loop.to_env_action(env, params, u)[:, 0], [-2.0, -1.0, 0.5, 2.0])
+    np.testing.assert_allclose(
+        environment.to_env_action(env, params, u)[:, 0], [-2.0, -1.0, 0.5, 2.0]
+    )
     key = jax.random.PRNGKey(0)
     _, state = env.reset(key, params)
     _, raw_state = raw.reset(key, raw_params)
     for action in u:
         wrapped_obs = env.step(key, state, action, params)[0]
-        raw_obs = raw.step(key, raw_state, loop.to_env_action(env, params, action), raw_params)[0]
+        raw_obs = raw.step(
+            key, raw_state, environment.to_env_action(env, params, action), raw_params
+        )[0]
         np.testing.assert_array_equal(np.asarray(wrapped_obs), np.asarray(raw_obs))
-    cartpole, cartpole_params = loop.make_env(
+    cartpole, cartpole_params = environment.make_env(
         build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}})
     )
-    assert int(loop.to_env_action(cartpole, cartpole_params, jnp.int32(1))) == 1
+    assert int(environment.to_env_action(cartpole, cartpole_params, jnp.int32(1))) == 1
 
 
 @settings(max_examples=30, deadline=None)
@@ -432,24 +458,24 @@ def test_clip_by_global_norm_matches_optax(max_norm, seed):
         "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
         "b": (jnp.asarray(rng.normal(size=3), jnp.float32),),
     }
-    ours, state = loop.clip_by_global_norm(max_norm).update(
-        grads, loop.clip_by_global_norm(max_norm).init(grads)
+    ours, state = optimizers.clip_by_global_norm(max_norm).update(
+        grads, optimizers.clip_by_global_norm(max_norm).init(grads)
     )
     theirs, their_state = optax.clip_by_global_norm(max_norm).update(
         grads, optax.clip_by_global_norm(max_norm).init(grads)
     )
     assert jax.tree.structure(state) == jax.tree.structure(their_state)
-    np.testing.assert_allclose(loop.global_norm(grads), optax.global_norm(grads), rtol=1e-6)
+    np.testing.assert_allclose(optimizers.global_norm(grads), optax.global_norm(grads), rtol=1e-6)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
         np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
 
 
 def test_global_norm_by_hand():
-    assert float(loop.global_norm({})) == 0.0  # as optax.global_norm
+    assert float(optimizers.global_norm({})) == 0.0  # as optax.global_norm
     np.testing.assert_allclose(
-        loop.global_norm({"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}), 5.0
+        optimizers.global_norm({"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}), 5.0
     )
-    clip = loop.clip_by_global_norm(1.0)
+    clip = optimizers.clip_by_global_norm(1.0)
     grads = {"a": jnp.array([3.0]), "b": jnp.array([[4.0, 0.0]])}
     clipped, _ = clip.update(grads, clip.init(grads))
     np.testing.assert_allclose(clipped["a"], [0.6], rtol=1e-6)
@@ -462,7 +488,7 @@ def test_clip_takes_a_given_squared_norm_through_the_chain():
     (here 1 / 10, then through plain SGD); a smaller one leaves it unclipped."""
     import optax
 
-    optimizer = optax.chain(loop.clip_by_global_norm(1.0), optax.sgd(1.0))
+    optimizer = optax.chain(optimizers.clip_by_global_norm(1.0), optax.sgd(1.0))
     grads = jnp.array([3.0, 4.0, 0.0])  # ||g|| = 5
     state = optimizer.init(grads)
     plain, _ = optimizer.update(grads, state, grads)
@@ -485,7 +511,7 @@ def test_flat_minibatch_epochs_steps_along_a_flat_gradient_and_its_norm():
 
     agent = SimpleNamespace(num_epochs=1, num_minibatches=1, unroll=1)
     params = {"a": jnp.array([1.0, 2.0]), "b": jnp.array([[3.0]])}
-    optimizer = optax.chain(loop.clip_by_global_norm(1.0), optax.sgd(0.5))
+    optimizer = optax.chain(optimizers.clip_by_global_norm(1.0), optax.sgd(0.5))
     opt_state = optimizer.init(jnp.zeros(3))
     g = jnp.array([1.0, 0.0, 2.0])
     never = lambda params, minibatch: (_ for _ in ()).throw(AssertionError("grads called"))
@@ -515,11 +541,11 @@ def test_per_env_episode_counts_sum_to_the_batch_totals():
         "episode_return": jnp.asarray(rng.normal(size=(7, 3)), jnp.float32),
         "episode_length": jnp.asarray(rng.integers(1, 50, (7, 3)), jnp.int32),
     }
-    per_env = loop.no_episodes((3,))
+    per_env = episodes.no_episodes((3,))
     for t in range(7):
-        per_env = loop.count_episodes(per_env, {k: v[t] for k, v in info.items()})
-    start = loop.EpisodeTotals(jnp.float32(1.5), jnp.int32(4), jnp.int32(2))
-    got, want = loop.add_totals(start, per_env), loop.add_episodes(start, info)
+        per_env = episodes.count_episodes(per_env, {k: v[t] for k, v in info.items()})
+    start = episodes.EpisodeTotals(jnp.float32(1.5), jnp.int32(4), jnp.int32(2))
+    got, want = episodes.add_totals(start, per_env), episodes.add_episodes(start, info)
     assert int(got.count) == int(want.count) == 2 + int(np.sum(np.asarray(info["episode_done"])))
     assert int(got.lengths) == int(want.lengths)
     np.testing.assert_allclose(float(got.returns), float(want.returns), rtol=1e-6)
@@ -535,7 +561,7 @@ def _mixed_step(carry, x):
         "done": x > 2.0,
         "flags": jnp.full((20,), x > 1.0),  # a narrow leaf too large for the uint32 block
         "byte": (x * 11).astype(jnp.uint8),
-        "image": jnp.full((loop.PACKED_OUTPUT_MAX + 1,), x, jnp.float32),  # stacked as it is
+        "image": jnp.full((collection.PACKED_OUTPUT_MAX + 1,), x, jnp.float32),  # stacked as it is
         "nested": (x.astype(jnp.float16), {"int": jnp.arange(3) + count}),
     }
     return (total + x, count + 1), out
@@ -547,7 +573,7 @@ def test_scan_packed_outputs_equals_lax_scan_bit_for_bit(unroll):
     carry = (jnp.float32(0.0), jnp.int32(0))
     want_carry, want = jax.lax.scan(_mixed_step, carry, xs, unroll=unroll)
     got_carry, got = jax.jit(
-        lambda c, x: loop.scan_packed_outputs(_mixed_step, c, x, unroll=unroll)
+        lambda c, x: collection.scan_packed_outputs(_mixed_step, c, x, unroll=unroll)
     )(carry, xs)
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for g, w in zip(jax.tree.leaves((got_carry, got)), jax.tree.leaves((want_carry, want))):
@@ -559,20 +585,20 @@ def test_scan_packed_outputs_equals_lax_scan_bit_for_bit(unroll):
 
 def test_scan_packed_outputs_under_vmap_and_with_no_small_outputs():
     xs = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)  # [batch 3, steps 4]
-    step = lambda c, x: (c + x, {"image": jnp.full((loop.PACKED_OUTPUT_MAX + 1,), x), "x": x})
+    step = lambda c, x: (c + x, {"image": jnp.full((collection.PACKED_OUTPUT_MAX + 1,), x), "x": x})
     want = jax.vmap(lambda x: jax.lax.scan(step, 0.0, x))(xs)
-    got = jax.vmap(lambda x: loop.scan_packed_outputs(step, 0.0, x))(xs)
+    got = jax.vmap(lambda x: collection.scan_packed_outputs(step, 0.0, x))(xs)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(g, w)
-    only_large = lambda c, x: (c, jnp.full((loop.PACKED_OUTPUT_MAX + 1,), x))
+    only_large = lambda c, x: (c, jnp.full((collection.PACKED_OUTPUT_MAX + 1,), x))
     got, want = (
-        loop.scan_packed_outputs(only_large, 0.0, xs[0]),
+        collection.scan_packed_outputs(only_large, 0.0, xs[0]),
         jax.lax.scan(only_large, 0.0, xs[0]),
     )
     np.testing.assert_array_equal(got[1], want[1])
     counter = lambda c, _: (c + 1, {"c": c, "twice": 2 * c})  # no xs: `length` steps
     got, want = (
-        loop.scan_packed_outputs(counter, 0, None, length=5),
+        collection.scan_packed_outputs(counter, 0, None, length=5),
         jax.lax.scan(counter, 0, None, length=5),
     )
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

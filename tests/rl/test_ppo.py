@@ -11,7 +11,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import kernels
-from rl import loop, losses
+from rl import environment, loop, losses
 from rl.agents import ppo
 from rl.config import ConfigError, build_config, hyperparams
 
@@ -114,7 +114,7 @@ def test_ppo_continuous_pendulum_improves_and_acts_within_bounds():
     obs = jnp.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 8.0], [0.0, 1.0, -8.0]])
     actions = policy(state["params"], obs, jax.random.PRNGKey(0))
     assert actions.shape == (3, 1) and np.all(np.abs(np.asarray(actions)) <= 2.0)
-    net, _ = ppo.make_network(config.agent, *loop.make_env(config))
+    net, _ = ppo.make_network(config.agent, *environment.make_env(config))
     mean = net.apply(state["params"], obs)[0][0]
     np.testing.assert_allclose(
         actions, np.clip(np.asarray(mean), -1.0, 1.0) * 2.0, rtol=1e-6, atol=1e-6
@@ -283,10 +283,17 @@ def test_acting_takes_the_log_prob_in_plain_jax_on_a_kernel_backend():
 
     config = make_config(kernel_backend=triton_source_backend())
     agent = config.agent
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     net, distribution = ppo.make_network(agent, env, env_params)
     s = ppo.Setup(
-        agent, env, env_params, *loop.batched(env), net, distribution, config.kernels.backend, False
+        agent,
+        env,
+        env_params,
+        *environment.batched(env),
+        net,
+        distribution,
+        config.kernels.backend,
+        False,
     )
     state = ppo.init_state(s, jax.random.PRNGKey(0), hyperparams(agent))
     rollout = lambda state: ppo.rollout(
@@ -321,7 +328,7 @@ def test_fused_gradient_equals_autodiff_of_the_agents_loss(network_backend, kern
     config = make_config(
         network={"backend": network_backend, "activation": "tanh", "hidden": [16, 8]}
     )
-    net, _ = ppo.make_network(config.agent, *loop.make_env(config))
+    net, _ = ppo.make_network(config.agent, *environment.make_env(config))
     rng = np.random.default_rng(0)
     m = 37
     obs = jnp.asarray(rng.normal(size=(m, 4)).astype(np.float32))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_ppo import make_config
 
-from rl import loop, losses
+from rl import environment, losses
 from rl.agents import ppo
 from rl.config import hyperparams
 
@@ -81,9 +81,11 @@ def test_segments_hold_consecutive_steps_of_one_env():
 def setup_and_rollout(config, seed=0):
     """The agent's Setup on the reference kernels, fresh state, and one rollout from it."""
     agent = config.agent
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     net, distribution = ppo.make_network(agent, env, env_params)
-    s = ppo.Setup(agent, env, env_params, *loop.batched(env), net, distribution, "reference", False)
+    s = ppo.Setup(
+        agent, env, env_params, *environment.batched(env), net, distribution, "reference", False
+    )
     hparams = hyperparams(agent)
     state = ppo.init_state(s, jax.random.PRNGKey(seed), hparams)
     _, _, traj, _ = ppo.rollout(

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl import loop, losses, networks
+from rl import environment, loop, losses, networks
 from rl.agents import ppo
 from rl.config import ConfigError, build_config
 
@@ -167,7 +167,7 @@ def test_ppo_with_normalised_observations_keeps_the_statistics_of_every_rollout_
     assert np.all(np.isfinite(metrics["eval_return"]))
     obs = jnp.array([[1.0, 0.0, 0.5]])
     policy = ppo.make_policy(config)
-    net, _ = ppo.make_network(config.agent, *loop.make_env(config))
+    net, _ = ppo.make_network(config.agent, *environment.make_env(config))
     mean = net.apply(state["params"]["network"], networks.normalize_observation(obs, stats))[0][0]
     np.testing.assert_allclose(
         policy(state["params"], obs, None),
@@ -214,9 +214,9 @@ def test_ppo_normalised_observations_reach_the_learner_normalised():
     config = make_config(normalize_obs=True)
     trainer_setup = ppo.Setup(
         config.agent,
-        *loop.make_env(config),
-        *loop.batched(loop.make_env(config)[0]),
-        *ppo.make_network(config.agent, *loop.make_env(config)),
+        *environment.make_env(config),
+        *environment.batched(environment.make_env(config)[0]),
+        *ppo.make_network(config.agent, *environment.make_env(config)),
         "reference",
         False,
     )
@@ -264,7 +264,7 @@ def test_ppo_tanh_gaussian_pendulum_improves_with_normalised_observations_and_ac
     policy = ppo.make_policy(config)
     obs = jnp.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 8.0], [0.0, 1.0, -8.0]])
     actions = policy(state["params"], obs, None)
-    net, _ = ppo.make_network(config.agent, *loop.make_env(config))
+    net, _ = ppo.make_network(config.agent, *environment.make_env(config))
     mean = net.apply(
         state["params"]["network"],
         networks.normalize_observation(obs, state["params"]["obs_stats"]),
@@ -275,7 +275,8 @@ def test_ppo_tanh_gaussian_pendulum_improves_with_normalised_observations_and_ac
 def test_critic_hidden_needs_separate_torsos():
     with pytest.raises(ConfigError, match="agent.critic_hidden: a shared torso"):
         ppo.check_env(
-            make_config(shared_network=True, critic_hidden=[8]), *loop.make_env(make_config())
+            make_config(shared_network=True, critic_hidden=[8]),
+            *environment.make_env(make_config()),
         )
     assert "critic's hidden widths" in ppo.fused_update_unfit_reason(
         make_config("CartPole-v1", critic_hidden=[32, 32])

@@ -1,6 +1,6 @@
 """Tabular Q-learning: learns the 5x5 GridWorld, vmap == per seed, tie-breaking and the epsilon
 schedule in the trainer, TD update, truncation bootstrapping, chunked runs, sweeps. The exploration
-pieces themselves (loop.epsilon_greedy_random_ties, loop.linear_schedule) are tested in test_loop.py."""
+pieces themselves (exploration.epsilon_greedy_random_ties, exploration.linear_schedule) are tested in test_loop.py."""
 
 from __future__ import annotations
 

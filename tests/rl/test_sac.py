@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import loop, losses
+from rl import environment, losses
 from rl.agents import sac
 from rl.config import ConfigError, build_config, hyperparams
 
@@ -216,7 +216,7 @@ def test_policy_returns_env_space_actions():
     """tanh of the Gaussian mean mapped onto Pendulum's [-2, 2] as RescaleAction maps it; argmax on CartPole."""
     config = make_config()
     state = jax.jit(sac.make_trainer(config).init)(jax.random.PRNGKey(0), hyperparams(config.agent))
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     actor = sac.make_networks(config, env, env_params)[0]
     obs = jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.5]])
     params = {
@@ -228,7 +228,7 @@ def test_policy_returns_env_space_actions():
     np.testing.assert_allclose(action, -2.0 + (mean + 1.0) * 2.0, rtol=1e-5, atol=1e-6)
     config = make_config("CartPole-v1")
     state = jax.jit(sac.make_trainer(config).init)(jax.random.PRNGKey(0), hyperparams(config.agent))
-    env, env_params = loop.make_env(config)
+    env, env_params = environment.make_env(config)
     logits = sac.make_networks(config, env, env_params)[0].apply(
         state["params"]["actor"], jnp.ones((3, 4))
     )

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import loop, losses, networks
+from rl import episodes, losses, networks
 from rl.agents import td3
 from rl.config import ConfigError, build_config, hyperparams
 
@@ -93,7 +93,9 @@ def test_actor_and_targets_update_every_policy_delay_critic_steps():
     keys = jax.random.split(jax.random.PRNGKey(1), 64)
     fill = jax.jit(
         lambda s, keys: jax.lax.scan(
-            lambda s, k: (td3.env_step(setup, hp, (s, loop.no_episodes()), k)[0][0], None), s, keys
+            lambda s, k: (td3.env_step(setup, hp, (s, episodes.no_episodes()), k)[0][0], None),
+            s,
+            keys,
         )[0]
     )
     state = fill(state, keys)  # 64 transitions in the buffer

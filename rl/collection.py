@@ -1,0 +1,53 @@
+"""Collecting rollouts: the PRNG keys of a rollout, split up front, and a `lax.scan` whose small
+per-step outputs are stored as one packed row per step."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl import buffers
+
+
+def rollout_keys(key, num_steps: int, num_envs: int):
+    """Per rollout step: the action key and one env key per env (split up front, outside the loop)."""
+    pairs = jax.vmap(jax.random.split)(jax.random.split(key, num_steps))
+    return pairs[:, 0], jax.vmap(lambda k: jax.random.split(k, num_envs))(pairs[:, 1])
+
+
+PACKED_OUTPUT_MAX = (
+    4096  # most elements per step of an output leaf that `scan_packed_outputs` packs
+)
+
+
+def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None, unroll: int = 1):
+    """`jax.lax.scan(step, carry, xs, length, unroll=unroll)`, the same (carry, stacked outputs) bit for bit,
+    with the per-step output leaves of at most `PACKED_OUTPUT_MAX` elements stored as one row of
+    `buffers.pack`'s blocks (32-bit leaves and small narrow ones bitcast into one uint32 row, other
+    dtypes one row each) and unpacked after the loop. Stacking a leaf costs a dynamic-update-slice
+    per loop trip; a rollout step's transition (observation, action, log-prob, reward, terminated,
+    truncated, final observation) becomes one or two instead of one per leaf. Larger leaves (image
+    observations) are stacked as they are, so no large output is copied once more after the loop
+    (unpacking slices the small ones out of the stacked rows)."""
+    packed_layout = []  # filled while tracing `packed_step`
+
+    def is_small(leaf) -> bool:
+        return int(np.prod(jnp.shape(leaf))) <= PACKED_OUTPUT_MAX
+
+    def packed_step(carry, x):
+        carry, out = step(carry, x)
+        leaves, treedef = jax.tree.flatten(out)
+        small = [leaf for leaf in leaves if is_small(leaf)]
+        large = [leaf for leaf in leaves if not is_small(leaf)]
+        layout = buffers.storage_layout(small)
+        packed_layout.append((treedef, [is_small(leaf) for leaf in leaves], layout))
+        return carry, (buffers.pack(layout, small) if small else (), large)
+
+    carry, (blocks, large) = jax.lax.scan(packed_step, carry, xs, length, unroll=unroll)
+    treedef, small_flags, layout = packed_layout[-1]
+    small = iter(buffers.unpack(layout, blocks) if blocks else [])
+    large = iter(large)
+    return carry, treedef.unflatten([next(small) if flag else next(large) for flag in small_flags])
