@@ -51,3 +51,19 @@ def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None,
     small = iter(buffers.unpack(layout, blocks) if blocks else [])
     large = iter(large)
     return carry, treedef.unflatten([next(small) if flag else next(large) for flag in small_flags])
+
+
+def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1):
+    """`lax.scan(step, carry, xs)` where the traced bool `pred` holds; else `carry` unchanged and
+    outputs of the scan's shapes filled with NaN (one branch runs: `lax.cond`). The training phase
+    of a replay agent before `learning_starts`: its per-step statistics read NaN there, which the
+    log point's `nanmean` skips."""
+
+    def run(carry, xs):
+        return jax.lax.scan(step, carry, xs, unroll=unroll)
+
+    def skip(carry, xs):
+        shapes = jax.eval_shape(run, carry, xs)[1]
+        return carry, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+
+    return jax.lax.cond(pred, run, skip, carry, xs)

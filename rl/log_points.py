@@ -1,12 +1,15 @@
-"""The scan over log points: a run is `num_log_points` log periods, each of whose metrics reach
-the host sinks (`rl.logging.emit`) as it ends."""
+"""Log points: a run is `num_log_points` log periods, each of whose metrics reach the host sinks
+(`rl.logging.emit`) as it ends; an on-policy log period is a scan over updates; a log point's
+metrics are the env steps, the episodes that ended and the mean of each update statistic."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
+from rl.episodes import EpisodeTotals, episode_metrics, no_episodes
 from rl.logging import emit
 
 
@@ -19,3 +22,27 @@ def scan_log_points(log_period: Callable, state, num_log_points: int):
         return state, emit(metrics)
 
     return jax.lax.scan(body, state, None, length=num_log_points)
+
+
+def scan_updates(update: Callable, state, num_updates: int):
+    """`lax.scan` of `update(state, totals) -> (state, totals, stats)` over `num_updates` updates
+    from no finished episodes: the updates of one log period. Returns (state, `EpisodeTotals` of
+    the episodes that ended, stats stacked over the updates)."""
+
+    def body(carry, _):
+        state, totals, stats = update(*carry)
+        return (state, totals), stats
+
+    (state, totals), stats = jax.lax.scan(body, (state, no_episodes()), None, length=num_updates)
+    return state, totals, stats
+
+
+def log_point_metrics(step, totals: EpisodeTotals, stats, reduce: Callable = jnp.mean) -> dict:
+    """A log point's metrics: "step" (env steps so far), the mean return and length of the episodes
+    in `totals` and their count (`episode_metrics`), and `reduce` (mean; nanmean where stats are NaN
+    before learning) of each entry of the dict `stats`."""
+    return {
+        "step": step,
+        **episode_metrics(totals),
+        **{name: reduce(value) for name, value in stats.items()},
+    }
