@@ -3,7 +3,7 @@
     python benchmarks/scaling.py configs/qlearning_gridworld.yaml --devices 1,2 --seeds-per-device 64
     python benchmarks/scaling.py configs/ppo_cartpole.yaml --devices 1,2 --seeds 128 agent.total_steps=1000000
 
-For each device count D it builds the same programs `rl train --devices D` runs (rl.train.make_programs:
+For each device count D it builds the same programs `rl train --devices D` runs (rl.programs.make_programs:
 init, and `run` over a chunk of `--log-points` log points, jitted with NamedSharding over a "seeds"
 mesh), compiles them (compile time reported apart), runs one warm-up chunk, then times `--repeats`
 chunks, each continuing from the previous state (so caches are not flattered by replaying the
@@ -63,7 +63,7 @@ def measure(
 
     from rl.config import load_config
     from rl.distributed import seed_mesh, select_devices
-    from rl.train import make_programs
+    from rl.programs import make_programs
 
     config = load_config(config_path, [*overrides, f"run.seeds={seeds}", "run.progress=false"])
     mesh = seed_mesh(select_devices(devices, seeds if shard == "seeds" else None), axis=shard)

@@ -215,7 +215,7 @@ def resume_conflicts(args) -> list[str]:
 
 def resolve_resume(args) -> tuple[Config, list[dict], Path]:
     """The saved config and grid of `rl train --resume RUN_DIR` (ConfigError on bad input)."""
-    from rl.train import load_run_config
+    from rl.run_dir import load_run_config
 
     given = resume_conflicts(args)
     if given:
@@ -266,7 +266,7 @@ def train_command(args) -> int:
             "all" if args.coordinator else 1
         )  # a multi-process run spans every device
         if args.shard == "envs":
-            from rl.train import env_axis_size
+            from rl.programs import env_axis_size
 
             env_axis_size(config, len(distributed.select_devices(devices, None)))
         else:
@@ -283,7 +283,9 @@ def train_command(args) -> int:
     except ConfigError as err:
         return _error(str(err), EXIT_BAD_INPUT)
     from rl.checkpoint import CheckpointStructureError
-    from rl.train import NonFiniteError, TrainingInterrupted, run_training
+    from rl.divergence import NonFiniteError
+    from rl.interrupts import TrainingInterrupted
+    from rl.train import run_training
 
     try:
         summary = run_training(

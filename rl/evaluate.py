@@ -2,17 +2,18 @@
 
     rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif]
 
-Params come from `RUN_DIR/final_params.msgpack`, or from the checkpoint at env step STEP, or (a run
-that was stopped before the end) from the newest checkpoint. The policy is the agent module's
+The run's config and params come from the run directory (rl.run_dir): the params from
+`RUN_DIR/final_params.msgpack`, or from the checkpoint at env step STEP, or (a run that was
+stopped before the end) from the newest checkpoint. The policy is the agent module's
 `make_policy(config) -> policy(params, obs, key) -> action` (or, for a recurrent agent, a
 `rl.trainer.RecurrentPolicy` whose carry starts fresh each episode), which takes the raw env's
 observations and returns actions in the raw env's action space (`config.env.make()`: the env with
 its observation masked if `env.observe` is set, no training wrappers). The agent reads its kernel
-backend from `config.kernels` itself. Every
-(setting, seed) plays `episodes` episodes in one compiled program (vmapped over settings, seeds and
-episodes); each episode runs the env's own transition `step_env` from `reset` until it terminates or is truncated
-(`env.truncation`: `max_steps_in_episode` unless the env says otherwise; no auto-reset, so the final state can be rendered), and its return is the
-undiscounted sum of rewards.
+backend from `config.kernels` itself. Every (setting, seed) plays `episodes` episodes in one
+compiled program (vmapped over settings, seeds and episodes); each episode runs the env's own
+transition `step_env` from `reset` until it terminates or is truncated (`env.truncation`:
+`max_steps_in_episode` unless the env says otherwise; no auto-reset, so the final state can be
+rendered), and its return is the undiscounted sum of rewards.
 
 Rendering calls the env's host-side `env.render(state, params) -> uint8[H, W, 3]` on every state of
 one episode of setting 0, seed 0 (the reset state, then the state after each step, the terminal
@@ -22,7 +23,6 @@ one included), written as a GIF with Pillow.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +30,10 @@ import numpy as np
 
 import envs
 from rl.config import Config, ConfigError
+from rl.programs import at_matmul_precision
 from rl.registry import get_agent_module
-from rl.train import at_matmul_precision
+from rl.run_dir import load_params, load_run_config
+from rl.summary import setting_label, spread
 from rl.trainer import as_recurrent
 
 
@@ -42,7 +44,8 @@ def make_env(config: Config):
 
 
 def rollout(env, env_params, policy, params, key, max_steps: int):
-    """One deterministic-policy episode: (return, length, states [max_steps + 1], done [max_steps + 1]).
+    """One deterministic-policy episode: (return, length, states [max_steps + 1],
+    done [max_steps + 1]).
 
     states[t] is the state after t steps, frozen once the episode has ended; done[t] says whether it
     had ended by then. reward_t counts only while the episode runs. A `RecurrentPolicy` starts from
@@ -84,41 +87,6 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
     return total, length, states, dones
 
 
-def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | None = None):
-    """(params with leading axes [settings, seeds], description of where they came from)."""
-    from flax import serialization
-
-    from rl.checkpoint import Checkpoints, abstract_like
-    from rl.distributed import seed_mesh
-    from rl.train import make_programs
-
-    run_dir = Path(run_dir)
-    mesh = seed_mesh(jax.devices()[:1])
-    _, init, _, keys, hparams = make_programs(config, grid, mesh)
-    abstract_state = abstract_like(
-        jax.eval_shape(init, keys, hparams), jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    )
-    final = run_dir / "final_params.msgpack"
-    if checkpoint is None and final.is_file():
-        target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_state["params"])
-        return serialization.from_bytes(target, final.read_bytes()), str(final)
-    checkpoints = Checkpoints(run_dir, read_only=True)
-    steps = checkpoints.steps()
-    if checkpoint is None:
-        restored = checkpoints.restore_latest(abstract_state, with_history=False)
-        if restored is None:
-            raise ConfigError(f"{str(run_dir)!r} has neither final_params.msgpack nor a checkpoint")
-        step, state, _, _ = restored
-    else:
-        if checkpoint not in steps:
-            raise ConfigError(
-                f"--checkpoint {checkpoint}: no such checkpoint in {str(checkpoints.directory)!r}; available steps: {', '.join(map(str, steps)) or 'none'}"
-            )
-        step = checkpoint
-        state, _, _ = checkpoints.restore(step, abstract_state, with_history=False)
-    return state["params"], str(checkpoints.directory / str(step))
-
-
 def evaluate(config: Config, params, episodes: int, seed: int = 0):
     """Returns and lengths, each [settings, seeds, episodes], of the deterministic policy."""
     env, env_params = make_env(config)
@@ -140,7 +108,8 @@ def evaluate(config: Config, params, episodes: int, seed: int = 0):
 
 
 def render_episode(config: Config, params_one, path, seed: int = 0, fps: int = 10) -> int:
-    """Write a GIF of one episode of the policy with `params_one` (one seed's params); returns frames."""
+    """Write a GIF of one episode of the policy with `params_one` (one seed's params); returns the
+    number of frames."""
     env, env_params = make_env(config)
     if not hasattr(env, "render"):
         raise ConfigError(f"--render: env {config.env.id} cannot render (it has no render method)")
@@ -168,8 +137,6 @@ METRIC_DESCRIPTION = "undiscounted return of the deterministic (greedy) policy o
 def setting_summary(setting: dict, returns: np.ndarray, lengths: np.ndarray) -> dict:
     """One setting's evaluation from its returns and lengths [seeds, episodes]: mean, median, std,
     min and max over every episode, and `per_seed` (each seed's mean return)."""
-    from rl.train import setting_label, spread
-
     per_seed = spread(returns.mean(axis=-1))
     over_episodes = spread(returns)
     del over_episodes["per_seed"]
@@ -194,8 +161,6 @@ def evaluate_run(
     fps: int = 10,
 ) -> dict:
     """Evaluate a run directory (see the module docstring); returns a result dict for printing."""
-    from rl.train import load_run_config
-
     config, grid = load_run_config(run_dir)
     params, source = load_params(run_dir, config, grid, checkpoint)
     returns, lengths = evaluate(config, params, episodes, seed)
@@ -233,7 +198,8 @@ def evaluation_lines(result: dict) -> list[str]:
         lines.append(
             f"  {where}{_fmt(row['mean'])} +- {_fmt(row['std'])} "
             f"(median {_fmt(row['median'])}, min {_fmt(row['min'])}, max {_fmt(row['max'])}; "
-            f"std of the seed means {_fmt(row['seed_mean_std'])}) over {row['episodes']} episodes x {row['seeds']} seeds, "
+            f"std of the seed means {_fmt(row['seed_mean_std'])}) "
+            f"over {row['episodes']} episodes x {row['seeds']} seeds, "
             f"mean length {_fmt(row['length_mean'])}"
         )
     if "render" in result:

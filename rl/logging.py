@@ -47,8 +47,8 @@ def emit(metrics: dict) -> dict:
 
 def run_batch(values: dict) -> dict | None:
     """A log point as a run's [settings, seeds, ...] arrays: a [settings, seeds] batch as it is; a
-    [seeds] batch (a run of one setting, which `rl.train.vmap_over_settings` traces without the
-    settings axis) with a settings axis of 1 put in front; None for any other shape of "step"
+    [seeds] batch (a run of one setting, which `rl.programs.vmap_over_settings` traces without
+    the settings axis) with a settings axis of 1 put in front; None for any other shape of "step"
     (not a run's batch, e.g. an unbatched train call)."""
     ndim = np.ndim(values["step"])
     if ndim == 2:

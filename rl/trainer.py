@@ -68,8 +68,8 @@ def vmap_sequentially_on_cpu(init: Callable) -> Callable:
 
     Network init draws orthogonal weights with a LAPACK QR; a batched QR on XLA:CPU waits on its
     intra-op thread pool and can deadlock it when as many run at once as the pool has threads, while
-    an unbatched QR runs inline. `train_from_trainer` and `rl.train` apply this wrapper; code that
-    vmaps `trainer.init` itself should too.
+    an unbatched QR runs inline. `train_from_trainer` and `rl.programs` apply this wrapper; code
+    that vmaps `trainer.init` itself should too.
     """
     looped = jax.custom_batching.custom_vmap(init)
 

@@ -112,7 +112,7 @@ SCRIPT = textwrap.dedent(
         return jax.pure_callback(lambda a: np.asarray(a) * 2.0, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
     sharding = NamedSharding(mesh, P(None, "d"))
-    # (out_shardings as rl.train gives them: a callback's own output is placed on device 0)
+    # (out_shardings as rl.programs gives them: a callback's own output is placed on device 0)
     got = jax.jit(jax.vmap(jax.vmap(fold_vmap(host_core))), out_shardings=sharding)(jax.device_put(x, sharding))
     out["host_error"] = float(jnp.max(jnp.abs(got - 2 * x)))
 

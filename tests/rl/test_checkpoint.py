@@ -91,7 +91,8 @@ def test_resume_of_a_run_whose_last_chunk_was_saved_trains_nothing(
 
 
 def test_chunked_runner_equals_one_compiled_program(tmp_path_factory):
-    from rl.train import load_run_config, train_many
+    from rl.run_dir import load_run_config
+    from rl.train import train_many
 
     run_dir = trained_run(tmp_path_factory)
     config, grid = load_run_config(run_dir)

@@ -126,7 +126,7 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
 
 def _summary_of(metrics, grid=({},)):
     from rl.config import build_config
-    from rl.train import summarise
+    from rl.summary import summarise
 
     config = build_config(TINY)
     return summarise(

@@ -84,7 +84,7 @@ GPU_RUN_TWICE = textwrap.dedent(
     """
     import jax, numpy as np
     from rl.config import build_config
-    from rl.train import build_program
+    from rl.programs import build_program
 
     agent = dict(name="rainbow", total_steps=4096, num_envs=4, buffer_size=2048, learning_starts=512, batch_size=256,
                  train_freq=256, gradient_steps=16, target_update_interval=64, log_interval=1024, eval_episodes=2,

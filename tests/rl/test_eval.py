@@ -10,8 +10,8 @@ import pytest
 from run_helpers import run_cli, trained_run
 
 import envs
-from rl.evaluate import evaluate, load_params
-from rl.train import load_run_config
+from rl.evaluate import evaluate
+from rl.run_dir import load_params, load_run_config
 
 
 def last_metric(run_dir, name):

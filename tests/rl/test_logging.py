@@ -83,9 +83,9 @@ def test_emit_is_one_host_call_per_log_point_for_all_seeds_and_settings():
 
 
 def test_a_run_of_one_setting_streams_seed_batches_that_sinks_read_as_one_setting():
-    """With one setting the program runs without the settings vmap (`rl.train.vmap_over_settings`):
-    each log point reaches the host as [seeds]; `run_batch` gives it the settings axis back, and the
-    program's outputs keep [settings, seeds]."""
+    """With one setting the program runs without the settings vmap
+    (`rl.programs.vmap_over_settings`): each log point reaches the host as [seeds]; `run_batch` gives
+    it the settings axis back, and the program's outputs keep [settings, seeds]."""
     from rl.config import build_config
     from rl.logging import run_batch
     from rl.train import train_many

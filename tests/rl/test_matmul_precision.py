@@ -14,7 +14,7 @@ import pytest
 
 from rl import networks
 from rl.config import ConfigError, build_config
-from rl.train import at_matmul_precision, make_programs, run_mesh
+from rl.programs import at_matmul_precision, make_programs, run_mesh
 
 DQN = dict(
     name="dqn",

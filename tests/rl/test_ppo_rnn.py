@@ -13,7 +13,8 @@ import pytest
 
 from rl.agents import ppo_rnn
 from rl.config import ConfigError, build_config, hyperparams, parse_sweep
-from rl.train import at_matmul_precision, train_many
+from rl.programs import at_matmul_precision
+from rl.train import train_many
 from rl.trainer import RecurrentPolicy
 
 pytestmark = pytest.mark.usefixtures(
@@ -196,7 +197,7 @@ def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rol
 def test_ppo_rnn_learns_masked_cartpole(backend, cell, total_steps):
     """CartPole with the velocities hidden, the shipped config's settings (no annealing), 24k steps
     (GRU) or 49k (LSTM, which learns more slowly), 8 seeds in one program, at full float32 matmul
-    precision (`rl.train.at_matmul_precision`, as `run.matmul_precision: highest`; a no-op on the
+    precision (`rl.programs.at_matmul_precision`, as `run.matmul_precision: highest`; a no-op on the
     CPU): with a GPU's TF32 default the LSTM learns more slowly at this budget, which is not what this
     checks. Over the seeds (medians, because single seeds' curves follow the platform's and the batch
     size's matmul rounding), the best training return of the second half of the run is at least twice

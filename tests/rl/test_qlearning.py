@@ -12,7 +12,8 @@ import pytest
 from envs.gridworld import GridWorld, make_gridworld_params, move
 from rl.agents import qlearning
 from rl.config import build_config, hyperparams, load_config
-from rl.train import seed_keys, train_many
+from rl.programs import seed_keys
+from rl.train import train_many
 
 
 def make_config(env_params=None, seeds=1, **agent):

@@ -31,7 +31,7 @@ SHARDED = textwrap.dedent(
     from rl.cli import main
     from rl.config import load_config
     from rl.distributed import seed_mesh, select_devices
-    from rl.train import make_programs
+    from rl.programs import make_programs
 
     config_path, out = sys.argv[1], {}
     out["devices"] = len(jax.devices())
@@ -160,7 +160,7 @@ ENV_SHARDED = textwrap.dedent(
     from rl.cli import main
     from rl.config import load_config
     from rl.distributed import seed_mesh, select_devices
-    from rl.train import make_programs
+    from rl.programs import make_programs
 
     config_path, out = sys.argv[1], {}
     out["sharded"] = main(["train", config_path, "--name", "envs4", "--devices", "4", "--shard", "envs"])

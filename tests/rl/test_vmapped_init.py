@@ -21,7 +21,7 @@ import pytest
 from run_helpers import REPO, subprocess_env
 
 from rl.config import build_config, parse_sweep
-from rl.train import build_program, make_programs, stacked_hyperparams
+from rl.programs import build_program, make_programs, stacked_hyperparams
 from rl.trainer import vmap_sequentially_on_cpu
 
 
@@ -110,7 +110,7 @@ def lapack_batch_dims(hlo_text: str) -> list[int]:
 
 @pytest.mark.parametrize("agent", sorted(TINY_AGENTS))
 def test_sweep_program_has_no_batched_lapack_call(agent):
-    """The one-program sweep x seed run (rl.train.build_program, i.e. jax.jit(vmap(vmap(train))))."""
+    """The one-program sweep x seed run (rl.programs.build_program, i.e. jax.jit(vmap(vmap(train))))."""
     config = tiny_config(agent)
     program, keys, hparams = build_program(config, [{}, {}])
     batch_dims = lapack_batch_dims(program.lower(keys, hparams).as_text())
@@ -121,7 +121,7 @@ def test_sweep_program_has_no_batched_lapack_call(agent):
 
 
 def test_chunked_init_program_has_no_batched_lapack_call():
-    """The init program of `rl train` (rl.train.make_programs), also vmapped over settings x seeds."""
+    """The init program of `rl train` (rl.programs.make_programs), also vmapped over settings x seeds."""
     from rl.distributed import seed_mesh
 
     config = tiny_config("sac")
@@ -183,7 +183,7 @@ SAC_SWEEP = textwrap.dedent(
     """
     import jax
     from rl.config import build_config, parse_sweep
-    from rl.train import build_program
+    from rl.programs import build_program
     agent = dict(name="sac", total_steps=8, log_interval=8, learning_starts=8, buffer_size=64, batch_size=8, eval_episodes=0, network={"hidden": [128, 128]})
     config = build_config({"env": {"id": "Pendulum-v1"}, "agent": agent, "run": {"seeds": 2, "progress": False}})
     program, keys, hparams = build_program(config, parse_sweep(["agent.lr=1e-3,3e-4"], config.agent))
