@@ -9,7 +9,7 @@ since seeds are independent no collective runs inside the training step. The per
 call per log point carrying every seed.
 
 `--shard envs` (one large agent) splits the env axis instead: the mesh axis is named "envs", the
-state entries the agent's `Trainer.per_env` names are placed with `P(None, None, "envs")` and the
+state under the agent's `rl.state.Envs` is placed with `P(None, None, "envs")` and the
 rest (params, optimiser state) replicated (`rl.programs.env_sharding`).
 
 Multi-host: start one process per host with the same command plus

@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rl.config import Config, ConfigError, hyperparams
 from rl.distributed import put_replicated, replicated, seed_mesh, seed_sharding, select_devices
 from rl.registry import get_agent_module
+from rl.state import is_envs
 from rl.trainer import vmap_sequentially_on_cpu
 
 
@@ -98,8 +99,7 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     `init(keys, hparams) -> state` and `chunk(num_log_points)(state, hparams) -> (state, metrics)`
     are jitted with explicit output shardings; every output has leading axes [settings, seeds].
     `shard="seeds"`: the seed axis is split over the mesh. `shard="envs"` (one large agent): the
-    state entries the Trainer names `per_env` (env states, observations) are split on their env
-    axis; params, optimiser state and the rest are replicated, and XLA's SPMD partitioner inserts
+    state under the agent's `rl.state.Envs` (observations, env states) is split on its env axis; params, optimiser state and the rest are replicated, and XLA's SPMD partitioner inserts
     the collectives the update needs (e.g. the mean of a loss over envs).
     """
     trainer = get_agent_module(config.agent.name).make_trainer(config)
@@ -118,7 +118,6 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     elif shard == "envs":
         keys = put_replicated(host_keys, mesh)
         state_sharding = env_sharding(
-            trainer,
             jax.eval_shape(init_many, keys, hparams),
             mesh,
             env_axis_size(config, mesh.size),
@@ -144,27 +143,19 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     return trainer, init, chunk, keys, hparams
 
 
-def env_sharding(trainer, abstract_state: dict, mesh, num_envs: int):
-    """Shardings of a state with leading axes [settings, seeds]: every leaf of the entries in
-    `trainer.per_env` split over the mesh on its env axis (axis 2, of size `num_envs`), every other
-    leaf replicated. ValueError if a per-env leaf has no such axis (the agent broke the
-    contract)."""
-    per_env = set(trainer.per_env)
-    if not per_env:
+def env_sharding(abstract_state, mesh, num_envs: int):
+    """Shardings of a state with leading axes [settings, seeds]: every leaf under an `rl.state.Envs`
+    (observations, env states, policy memory) split over the mesh on its env axis (axis 2, of size
+    `num_envs`), every other leaf replicated. ConfigError if the state holds no `Envs`; ValueError if
+    a per-env leaf has no such axis (the agent broke the contract)."""
+    found = [node for node in jax.tree.leaves(abstract_state, is_leaf=is_envs) if is_envs(node)]
+    if not found:
         raise ConfigError(
             "--shard envs: the agent's training state has no per-env entries to shard"
         )
-    unknown = per_env - set(abstract_state)
-    if unknown:
-        raise ValueError(
-            f"Trainer.per_env names {sorted(unknown)}, which the state does not have "
-            f"(its entries: {sorted(abstract_state)})"
-        )
     split = NamedSharding(mesh, PartitionSpec(None, None, mesh.axis_names[0]))
 
-    def place(path, leaf):
-        if path[0].key not in per_env:
-            return replicated(mesh)
+    def place_env_leaf(path, leaf):
         if leaf.ndim < 3 or leaf.shape[2] != num_envs:
             raise ValueError(
                 f"per-env state{jax.tree_util.keystr(path)} has shape {leaf.shape}: "
@@ -172,7 +163,14 @@ def env_sharding(trainer, abstract_state: dict, mesh, num_envs: int):
             )
         return split
 
-    return jax.tree_util.tree_map_with_path(place, abstract_state)
+    def place(path, node):
+        if is_envs(node):
+            return jax.tree_util.tree_map_with_path(
+                lambda sub, leaf: place_env_leaf(path + sub, leaf), node
+            )
+        return replicated(mesh)
+
+    return jax.tree_util.tree_map_with_path(place, abstract_state, is_leaf=is_envs)
 
 
 def env_axis_size(config: Config, num_devices: int) -> int:

@@ -92,7 +92,7 @@ def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | Non
     )
     final = run_dir / FINAL_PARAMS_FILE
     if checkpoint is None and final.is_file():
-        target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_state["params"])
+        target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_state.params)
         return serialization.from_bytes(target, final.read_bytes()), str(final)
     checkpoints = Checkpoints(run_dir, read_only=True)
     steps = checkpoints.steps()
@@ -110,4 +110,4 @@ def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | Non
             )
         step = checkpoint
         state, _, _ = checkpoints.restore(step, abstract_state, with_history=False)
-    return state["params"], str(checkpoints.directory / str(step))
+    return state.params, str(checkpoints.directory / str(step))

@@ -285,7 +285,7 @@ class _ChunkedRun:
         step = int(np.max(np.asarray(metrics["step"])[..., -1]))
         problem = find_non_finite(
             metrics,
-            to_host(finite_per_instance(state["params"])),
+            to_host(finite_per_instance(state.params)),
             (self.last_step, step),
             self.history,
         )
@@ -328,7 +328,7 @@ class _ChunkedRun:
 
     def finish(self) -> dict:
         """Write final_params.msgpack and summary.json (main process); returns the summary."""
-        params = to_host(self.state["params"])
+        params = to_host(self.state.params)
         summary = summarise(
             self.config,
             self.grid,

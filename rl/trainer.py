@@ -6,11 +6,11 @@ Trainer`, `make_train(config) -> train(key, hparams=None) -> (final_state, metri
 recurrent torso) declares `RECURRENT = True` and its `make_policy` returns a `RecurrentPolicy`.
 
 A `Trainer` splits a run so it can be checkpointed and resumed between compiled chunks:
-`init(key, hparams) -> state` (the whole training state: params, optimiser state, env states,
-buffers, PRNG key, counters) and `run(state, hparams, num_log_points) -> (state, metrics)`, a
-`lax.scan` over log points; `train(key) = run(init(key), all log points)`. `per_env` names the
-top-level state entries whose every leaf has the env axis first (observations, env states): the
-runner shards those over devices with `--shard envs` and replicates the rest.
+`init(key, hparams) -> state` (the whole training state, typed as `rl.state` says: params,
+optimiser state, envs, buffers, PRNG key, counters) and `run(state, hparams, num_log_points) ->
+(state, metrics)`, a `lax.scan` over log points; `train(key) = run(init(key), all log points)`.
+The runner reads `state.params`, and shards what the state holds in an `rl.state.Envs` over
+devices with `--shard envs`.
 
 `train` is pure: `jax.jit(jax.vmap(train))(keys)` trains many seeds in one program, and
 `jax.vmap(train, in_axes=(None, 0))(key, grid)` sweeps the sweepable hyperparameters (a dict of
@@ -49,13 +49,9 @@ def as_recurrent(policy) -> RecurrentPolicy:
 
 
 class Trainer(NamedTuple):
-    init: Callable  # (key, hparams) -> state; state is a dict with at least "params"
+    init: Callable  # (key, hparams) -> state: a NamedTuple with `params` (see rl.state)
     run: Callable  # (state, hparams, num_log_points) -> (state, metrics); num_log_points is static
     num_log_points: int  # log points in a whole run
-    per_env: tuple[str, ...] = (
-        "obs",
-        "env_state",
-    )  # state entries whose leaves lead with the env axis
 
 
 def vmap_sequentially_on_cpu(init: Callable) -> Callable:

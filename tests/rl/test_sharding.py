@@ -171,10 +171,10 @@ ENV_SHARDED = textwrap.dedent(
     state = init(keys, hparams)
     split = lambda x: x.addressable_shards[0].data.shape != x.shape
     leaves = jax.tree_util.tree_leaves_with_path(state)
-    out["per_env"] = sorted(trainer.per_env)
-    out["split"] = sorted({path[0].key for path, x in leaves if split(x)})
+    out["per_env"] = ["envs"]  # the state's rl.state.Envs field
+    out["split"] = sorted({path[0].name for path, x in leaves if split(x)})
     out["split_shapes"] = sorted({(tuple(x.shape), tuple(x.addressable_shards[0].data.shape)) for path, x in leaves if split(x)})
-    out["per_env_leaves_all_split"] = all(split(x) for path, x in leaves if path[0].key in trainer.per_env)
+    out["per_env_leaves_all_split"] = all(split(x) for path, x in leaves if path[0].name == "envs")
     # a qlearning run has no env axis: --shard envs is refused before anything is written
     out["no_envs"] = main(["train", sys.argv[2], "--name", "qlearning-envs", "--devices", "2", "--shard", "envs"])
     print("RESULT " + json.dumps(out))
