@@ -6,7 +6,8 @@ One update (`rl.agent_configs.OnPolicyLoopConfig`):
 
     rollout   num_envs envs step num_steps times, epsilon-greedy on Q (epsilon decays linearly from
               epsilon_start to epsilon_end over the first epsilon_decay_fraction of the run)
-    targets   G = truncation_aware_q_lambda(r * reward_scale, max_a Q(final_obs, a), terminated, truncated):
+    targets   G = truncation_aware_q_lambda(r * reward_scale, max_a Q(final_obs, a), terminated,
+              truncated):
 
         G_t = r_t + d_t [(1 - lambda_t) max_a Q(final_obs_t, a) + lambda_t G_{t+1}],
         d_t = gamma (1 - terminated_t),   lambda_t = q_lambda (1 - (terminated_t | truncated_t)),
@@ -26,11 +27,10 @@ the compiled program.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax.flatten_util import ravel_pytree
 
 from rl import (
@@ -47,6 +47,7 @@ from rl import (
 )
 from rl.config import hp
 from rl.rollout import greedy_episodes
+from rl.state import Envs, OnPolicyState
 from rl.trainer import Trainer, train_from_trainer
 
 
@@ -81,19 +82,6 @@ class Config(agent_configs.OnPolicyLoopConfig):
 check_env = environment.check_discrete_actions
 
 
-class Setup(NamedTuple):
-    """What the compiled program is built from, fixed per make_trainer."""
-
-    agent: Config
-    env: Any
-    env_params: Any
-    reset: Any  # vmapped env.reset
-    step: Any  # vmapped env.step
-    q_network: networks.Network
-    backend: str  # kernel backend
-    deterministic: bool = False  # kernels.deterministic: fixed-order Q(lambda) scan
-
-
 class Transition(NamedTuple):
     obs: jax.Array
     action: jax.Array
@@ -116,7 +104,8 @@ def optimizer(agent: Config, hparams):
 
 
 def epsilon(agent: Config, hparams, step):
-    """Linear decay from epsilon_start to epsilon_end over epsilon_decay_fraction * total_steps env steps."""
+    """Linear decay from epsilon_start to epsilon_end over epsilon_decay_fraction * total_steps env
+    steps."""
     return exploration.linear_schedule(
         hparams["epsilon_start"],
         hparams["epsilon_end"],
@@ -125,53 +114,11 @@ def epsilon(agent: Config, hparams, step):
     )
 
 
-# ---------------------------------------------------------------- the loop
-
-
-def init_state(s: Setup, key, hparams):
-    """Fresh params, optimiser state and envs (`num_envs` resets), the PRNG key and the counters."""
-    key, net_key, reset_key = jax.random.split(key, 3)
-    obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
-    params = s.q_network.init(net_key, obs[0])
-    return {
-        "params": params,
-        "opt_state": optimizer(s.agent, hparams).init(ravel_pytree(params)[0]),
-        "obs": obs,
-        "env_state": env_state,
-        "key": key,
-        "step": jnp.int32(0),
-        "update": jnp.int32(0),
-    }
-
-
-def rollout(s: Setup, params, obs, env_state, eps, key):
-    """num_steps epsilon-greedy steps of every env; (obs, env_state, Transition [T, E, ...])."""
-
-    def env_step(carry, keys):
-        obs, env_state = carry
-        act_key, env_keys = keys
-        action = exploration.epsilon_greedy(act_key, s.q_network.apply(params, obs), eps)
-        next_obs, env_state, reward, terminated, truncated, info = s.step(
-            env_keys, env_state, action, s.env_params
-        )
-        episode = {
-            name: info[name] for name in ("episode_done", "episode_return", "episode_length")
-        }
-        return (next_obs, env_state), Transition(
-            obs, action, reward, terminated, truncated, info["final_obs"], episode
-        )
-
-    keys = collection.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
-    (obs, env_state), traj = jax.lax.scan(
-        env_step, (obs, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps)
-    )
-    return obs, env_state, traj
-
-
-def q_lambda_targets(s: Setup, hparams, params, traj: Transition):
-    """G [T, E]: the Q(lambda) targets of the rollout (the module docstring), bootstrapped from
-    max_a Q(final_obs, a) under `params`."""
-    next_values = s.q_network.apply(params, traj.final_obs).max(axis=-1)
+def q_lambda_targets(apply, params, traj: Transition, hparams, backend: str, deterministic=False):
+    """G [T, E]: the Q(lambda) targets of the rollout `traj` (the module docstring), bootstrapped
+    from max_a Q(final_obs, a) = max_a apply(params, final_obs)[a]. `deterministic`: the kernel's
+    fixed-order scan."""
+    next_values = apply(params, traj.final_obs).max(axis=-1)
     return losses.truncation_aware_q_lambda(
         traj.reward * hparams["reward_scale"],
         next_values,
@@ -179,8 +126,8 @@ def q_lambda_targets(s: Setup, hparams, params, traj: Transition):
         traj.truncated,
         hparams["gamma"],
         hparams["q_lambda"],
-        backend=s.backend,
-        deterministic=s.deterministic,
+        backend=backend,
+        deterministic=deterministic,
     )
 
 
@@ -191,116 +138,122 @@ def q_loss(apply, params, minibatch):
     return 0.5 * jnp.mean(jnp.square(q_taken - target)), q_taken.mean()
 
 
-def learn(s: Setup, hparams, params, opt_state, batch, key):
-    """num_epochs passes of shuffled minibatch Adam steps on `q_loss`; Adam sees one flat parameter
-    vector (one fused update instead of one per array). Returns (params, opt_state, stats)."""
-    tx = optimizer(s.agent, hparams)
-    flat_params, unravel = ravel_pytree(params)
-    loss = lambda flat, minibatch: q_loss(s.q_network.apply, unravel(flat), minibatch)
-
-    def minibatch_step(carry, minibatch):
-        flat_params, opt_state = carry
-        (loss_value, q_mean), grads = jax.value_and_grad(loss, has_aux=True)(flat_params, minibatch)
-        updates, opt_state = tx.update(grads, opt_state, flat_params)
-        return (optax.apply_updates(flat_params, updates), opt_state), {
-            "loss": loss_value,
-            "q_mean": q_mean,
-        }
-
-    (flat_params, opt_state), stats = minibatches.minibatch_epochs(
-        minibatch_step,
-        (flat_params, opt_state),
-        batch,
-        key,
-        s.agent.num_epochs,
-        s.agent.num_minibatches,
-        s.agent.unroll,
-    )
-    return unravel(flat_params), opt_state, stats
-
-
-def update(s: Setup, hparams, state, totals: episodes.EpisodeTotals):
-    """One PQN update: rollout, Q(lambda) targets, learning. Returns (state, totals, mean stats)."""
-    key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
-    params = state["params"]
-    eps = epsilon(s.agent, hparams, state["step"])
-    obs, env_state, traj = rollout(s, params, state["obs"], state["env_state"], eps, rollout_key)
-    totals = episodes.add_episodes(totals, traj.episode)
-    targets = jax.lax.stop_gradient(q_lambda_targets(s, hparams, params, traj))
-    flat = lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:])
-    batch = (flat(traj.obs), flat(traj.action), flat(targets))
-    params, opt_state, stats = learn(s, hparams, params, state["opt_state"], batch, shuffle_key)
-    state = {
-        **state,
-        "params": params,
-        "opt_state": opt_state,
-        "obs": obs,
-        "env_state": env_state,
-        "key": key,
-        "step": state["step"] + s.agent.batch_size,
-        "update": state["update"] + 1,
-    }
-    return state, totals, {**jax.tree.map(jnp.mean, stats), "epsilon": eps}
-
-
-def log_period(s: Setup, hparams, state):
-    """log_interval updates, then the log point's metrics: env steps, the mean return and length of
-    the episodes that ended, loss, mean Q, epsilon and (eval_envs > 0) greedy evaluation."""
-
-    def one_update(carry, _):
-        state, totals, stats = update(s, hparams, *carry)
-        return (state, totals), stats
-
-    (state, totals), stats = jax.lax.scan(
-        one_update, (state, episodes.no_episodes()), None, length=s.agent.log_interval
-    )
-    metrics = {
-        "step": state["step"],
-        **episodes.episode_metrics(totals),
-        **jax.tree.map(jnp.mean, stats),
-    }
-    if s.agent.eval_envs:
-        key, eval_key = jax.random.split(state["key"])
-        state = {**state, "key": key}
-        returns, lengths = greedy_episodes(
-            s.env, s.env_params, greedy_policy(s, state["params"]), eval_key, s.agent.eval_envs
-        )
-        metrics["eval_return"], metrics["eval_length"] = returns.mean(), lengths.mean()
-    return state, metrics
-
-
-def greedy_policy(s: Setup, params):
+def greedy_policy(apply, params):
     """obs -> argmax_a Q(obs, a) (first index on ties)."""
-    return lambda obs: jnp.argmax(s.q_network.apply(params, obs), axis=-1).astype(jnp.int32)
-
-
-def make_setup(config) -> Setup:
-    env, env_params = environment.make_env(config)
-    agent = config.agent
-    return Setup(
-        agent,
-        env,
-        env_params,
-        *environment.batched(env),
-        make_q_network(agent, env, env_params),
-        environment.kernel_backend(config),
-        config.kernels.deterministic,
-    )
+    return lambda obs: jnp.argmax(apply(params, obs), axis=-1).astype(jnp.int32)
 
 
 def make_trainer(config) -> Trainer:
-    s = make_setup(config)
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    reset_envs, step_envs = environment.batched(env)
+    q_network = make_q_network(agent, env, env_params)
+    backend, deterministic = environment.kernel_backend(config), config.kernels.deterministic
+
+    # ---------------------------------------------------------------- init
+
+    def init(key, hparams) -> OnPolicyState:
+        """Fresh params, optimiser state and envs (`num_envs` resets), the PRNG key, the
+        counters."""
+        key, net_key, reset_key = jax.random.split(key, 3)
+        obs, env_state = reset_envs(jax.random.split(reset_key, agent.num_envs), env_params)
+        params = q_network.init(net_key, obs[0])
+        opt_state = optimizer(agent, hparams).init(ravel_pytree(params)[0])
+        return OnPolicyState(
+            params, opt_state, Envs(obs, env_state), key, jnp.int32(0), jnp.int32(0)
+        )
+
+    # ---------------------------------------------------------------- rollout
+
+    def rollout(params, envs: Envs, eps, key):
+        """num_steps epsilon-greedy steps of every env; (envs, Transition [T, E, ...])."""
+
+        def env_step(envs: Envs, keys):
+            act_key, env_keys = keys
+            action = exploration.epsilon_greedy(act_key, q_network.apply(params, envs.obs), eps)
+            next_obs, env_state, reward, terminated, truncated, info = step_envs(
+                env_keys, envs.state, action, env_params
+            )
+            episode = {
+                name: info[name] for name in ("episode_done", "episode_return", "episode_length")
+            }
+            return Envs(next_obs, env_state), Transition(
+                envs.obs, action, reward, terminated, truncated, info["final_obs"], episode
+            )
+
+        keys = collection.rollout_keys(key, agent.num_steps, agent.num_envs)
+        return jax.lax.scan(env_step, envs, keys, unroll=min(agent.unroll, agent.num_steps))
+
+    # ---------------------------------------------------------------- learn
+
+    def learn(hparams, params, opt_state, batch, key):
+        """num_epochs passes of shuffled minibatch Adam steps on `q_loss`; Adam sees one flat
+        parameter vector (`optimizers.flat_step`). Returns (params, opt_state, stats)."""
+        tx = optimizer(agent, hparams)
+        flat_params, unravel = ravel_pytree(params)
+        loss = lambda flat, minibatch: q_loss(q_network.apply, unravel(flat), minibatch)
+        loss_and_grad = jax.value_and_grad(loss, has_aux=True)
+
+        def minibatch_step(carry, minibatch):
+            flat_params, opt_state = carry
+            (loss_value, q_mean), grads = loss_and_grad(flat_params, minibatch)
+            carry = optimizers.flat_step(tx, flat_params, opt_state, grads)
+            return carry, {"loss": loss_value, "q_mean": q_mean}
+
+        (flat_params, opt_state), stats = minibatches.minibatch_epochs(
+            minibatch_step,
+            (flat_params, opt_state),
+            batch,
+            key,
+            agent.num_epochs,
+            agent.num_minibatches,
+            agent.unroll,
+        )
+        return unravel(flat_params), opt_state, stats
+
+    # ---------------------------------------------------------------- one update
+
+    def update(hparams, state: OnPolicyState, totals: episodes.EpisodeTotals):
+        """Rollout, Q(lambda) targets, learning. Returns (state, totals, mean stats)."""
+        key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
+        eps = epsilon(agent, hparams, state.step)
+        envs, traj = rollout(state.params, state.envs, eps, rollout_key)
+        totals = episodes.add_episodes(totals, traj.episode)
+        targets = jax.lax.stop_gradient(
+            q_lambda_targets(q_network.apply, state.params, traj, hparams, backend, deterministic)
+        )
+        flat = lambda x: x.reshape((agent.batch_size,) + x.shape[2:])
+        batch = (flat(traj.obs), flat(traj.action), flat(targets))
+        params, opt_state, stats = learn(hparams, state.params, state.opt_state, batch, shuffle_key)
+        step, updates = state.step + agent.batch_size, state.updates + 1
+        state = OnPolicyState(params, opt_state, envs, key, step, updates)
+        return state, totals, {**jax.tree.map(jnp.mean, stats), "epsilon": eps}
+
+    # ---------------------------------------------------------------- log period
+
+    def log_period(hparams, state: OnPolicyState):
+        """log_interval updates, then the log point's metrics: env steps, the mean return and length
+        of the episodes that ended, loss, mean Q, epsilon and (eval_envs > 0) greedy evaluation."""
+        state, totals, stats = log_points.scan_updates(
+            lambda state, totals: update(hparams, state, totals), state, agent.log_interval
+        )
+        metrics = log_points.log_point_metrics(state.step, totals, stats)
+        if agent.eval_envs:
+            key, eval_key = jax.random.split(state.key)
+            state = state._replace(key=key)
+            policy = greedy_policy(q_network.apply, state.params)
+            returns, lengths = greedy_episodes(env, env_params, policy, eval_key, agent.eval_envs)
+            metrics["eval_return"], metrics["eval_length"] = returns.mean(), lengths.mean()
+        return state, metrics
+
+    # ---------------------------------------------------------------- run
 
     def run(state, hparams, num_log_points):
         return log_points.scan_log_points(
-            lambda state: log_period(s, hparams, state), state, num_log_points
+            lambda state: log_period(hparams, state), state, num_log_points
         )
 
-    return Trainer(
-        init=lambda key, hparams: init_state(s, key, hparams),
-        run=run,
-        num_log_points=s.agent.num_updates // s.agent.log_interval,
-    )
+    return Trainer(init=init, run=run, num_log_points=agent.num_updates // agent.log_interval)
 
 
 def make_train(config):
@@ -309,5 +262,5 @@ def make_train(config):
 
 def make_policy(config):
     """`policy(params, obs, key) -> action`: argmax of the Q-network (first index on ties)."""
-    s = make_setup(config)
-    return lambda params, obs, key: greedy_policy(s, params)(obs)
+    q_network = make_q_network(config.agent, *environment.make_env(config))
+    return lambda params, obs, key: greedy_policy(q_network.apply, params)(obs)

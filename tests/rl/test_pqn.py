@@ -1,7 +1,8 @@
-"""PQN: the Q(lambda) targets by hand (truncation bootstraps from final_obs, termination does not, no
-chain across an episode end), LayerNorm in the torso on both backends, no replay buffer or target
-network in the state, a short CartPole run that improves, vmap over seeds equals per-seed runs (CPU),
-the interpreter-run kernel gives the reference's run, a sweep gives one result per setting, errors."""
+"""PQN: the Q(lambda) targets by hand (truncation bootstraps from final_obs, termination does not,
+no chain across an episode end), LayerNorm in the torso on both backends, a typed state with no
+replay buffer or target network, a short CartPole run that improves, vmap over seeds equals
+per-seed runs (CPU), the interpreter-run kernel gives the reference's run, a sweep gives one result
+per setting, errors."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from rl import networks
 from rl.agents import pqn
 from rl.config import ConfigError, build_config, hyperparams
+from rl.environment import make_env
+from rl.state import Envs, OnPolicyState
 
 SMALL = dict(
     name="pqn",
@@ -38,10 +41,7 @@ def test_q_lambda_targets_by_hand():
     (bootstraps, chain cut), step 2 terminated (no bootstrap), step 3 the rollout's last step."""
     config = make_config(gamma=0.5, q_lambda=0.5, reward_scale=1.0)
     q_table = jnp.array([[1.0, 2.0], [4.0, 3.0], [10.0, 0.0], [6.0, 8.0]])
-    fake_q = networks.Network(
-        init=None, apply=lambda p, obs: q_table[obs[..., 0].astype(jnp.int32)]
-    )
-    setup = pqn.Setup(config.agent, None, None, None, None, fake_q, "reference")
+    fake_q = lambda params, obs: q_table[obs[..., 0].astype(jnp.int32)]
     col = lambda *xs: jnp.array(xs)[:, None]
     traj = pqn.Transition(
         obs=None,
@@ -52,7 +52,8 @@ def test_q_lambda_targets_by_hand():
         final_obs=jnp.array([0.0, 1.0, 2.0, 3.0])[:, None, None],
         episode=None,
     )
-    targets = pqn.q_lambda_targets(setup, hyperparams(config.agent), None, traj)[:, 0]
+    targets = pqn.q_lambda_targets(fake_q, None, traj, hyperparams(config.agent), "reference")
+    targets = targets[:, 0]
     g3 = 1 + 0.5 * 8.0  # last step: r + gamma max Q(final_obs_3)
     g2 = 1.0  # terminated: no bootstrap
     g1 = 1 + 0.5 * 4.0  # truncated: bootstraps from max Q(final_obs_1), no chain
@@ -79,15 +80,15 @@ def test_layer_norm_torso(backend):
 def test_state_has_no_buffer_and_no_target_network():
     config = make_config()
     state = pqn.make_trainer(config).init(jax.random.PRNGKey(0), hyperparams(config.agent))
-    assert set(state) == {"params", "opt_state", "obs", "env_state", "key", "step", "update"}
-    assert "LayerNorm_0" in state["params"]["params"]
+    assert isinstance(state, OnPolicyState) and isinstance(state.envs, Envs)
+    assert state.envs.obs.shape == (config.agent.num_envs, 4)
+    assert "LayerNorm_0" in state.params["params"]
 
 
 def test_short_cartpole_run_improves():
-    """32k env steps: the greedy return rises well above a random policy's (about 20): over the last
-    two log points (8 greedy episodes each) it averages more than 120 for each seed. (One seed's last
-    log point alone is noisy: 149.5 on one machine's CPU, 150 being the old bar, after the random
-    streams of epsilon-greedy changed.)"""
+    """32k env steps: the greedy return rises well above a random policy's (about 20): over the
+    last two log points (8 greedy episodes each) it averages more than 120 for each seed (one
+    log point alone is noisy)."""
     config = make_config(
         total_steps=32768,
         num_envs=16,
@@ -129,9 +130,9 @@ def test_vmap_over_seeds_equals_per_seed_runs():
 
 
 def test_kernel_source_gives_the_reference_run():
-    """The Q(lambda) targets through the Triton source (Triton's interpreter on the CPU; the GPU kernel
-    where it runs) train as the plain-JAX reference does, up to float rounding (the GPU kernel scans in
-    another order, so a 16-update run agrees to 1e-3 there)."""
+    """The Q(lambda) targets through the Triton source (Triton's interpreter on the CPU; the GPU
+    kernel where it runs) train as the plain-JAX reference does, up to float rounding (the GPU
+    kernel scans in another order, so a 16-update run agrees to 1e-3 there)."""
     from kernels.launch import available_backends
 
     backend = "triton" if "triton" in available_backends() else "interpret"
@@ -171,8 +172,8 @@ def test_haiku_backend_and_greedy_policy():
     assert np.isfinite(np.asarray(metrics["loss"])[-1])
     policy = pqn.make_policy(config)
     obs = jnp.array([[0.0, 0.0, 0.1, 0.0], [0.0, 0.0, -0.1, 0.0]])
-    q = pqn.make_q_network(config.agent, *pqn.make_setup(config)[1:3]).apply(state["params"], obs)
-    np.testing.assert_array_equal(policy(state["params"], obs, None), jnp.argmax(q, axis=-1))
+    q = pqn.make_q_network(config.agent, *make_env(config)).apply(state.params, obs)
+    np.testing.assert_array_equal(policy(state.params, obs, None), jnp.argmax(q, axis=-1))
 
 
 @pytest.mark.parametrize(
@@ -192,7 +193,7 @@ def test_haiku_backend_and_greedy_policy():
 def test_config_errors_name_the_key(agent, env, message):
     with pytest.raises(ConfigError, match=message):
         config = make_config(env, **agent)
-        pqn.check_env(config, *pqn.loop.make_env(config))
+        pqn.check_env(config, *make_env(config))
 
 
 def test_shipped_config_loads():
