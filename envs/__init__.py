@@ -47,7 +47,8 @@ ADAPTERS: dict[str, str] = {
 
 
 def __getattr__(name: str):
-    """`envs.to_gymnasium` / `envs.from_gymnasium`, imported on first use (gymnasium stays optional to import envs)."""
+    """`envs.to_gymnasium` / `envs.from_gymnasium`, imported on first use
+    (gymnasium stays optional to import envs)."""
     if name in ("to_gymnasium", "from_gymnasium"):
         from envs import gymnasium as interop
 
@@ -56,8 +57,9 @@ def __getattr__(name: str):
 
 
 def registered_ids() -> list[str]:
-    """The ids `make` accepts: the built-in envs, then "<prefix>:<id>" for each adapter whose library
-    is installed (listing those imports the libraries). `gymnasium:<id>` ids are not listed."""
+    """The ids `make` accepts: the built-in envs, then "<prefix>:<id>" for each adapter whose
+    library is installed (listing those imports the libraries). `gymnasium:<id>` ids are not
+    listed."""
     ids = sorted(REGISTRY)
     for prefix, module in ADAPTERS.items():
         try:
@@ -74,8 +76,8 @@ def make(env_id: str, **param_overrides):
     unknown param names. An id "gymnasium:<id>" wraps gymnasium's own env through host callbacks,
     `from_gymnasium("<id>", **param_overrides)` (the overrides go to `gymnasium.make`). An id
     "<prefix>:<id>" of `ADAPTERS` ("gymnax:Breakout-MinAtar", "brax:ant", "craftax:<id>",
-    "jumanji:<id>") is that library's env through its adapter (`envs/gymnax.py`, ...; the keywords are
-    documented there); `MissingExtraError` (an ImportError naming the pip extra, e.g.
+    "jumanji:<id>") is that library's env through its adapter (`envs/gymnax.py`, ...; the keywords
+    are documented there); `MissingExtraError` (an ImportError naming the pip extra, e.g.
     `pip install "fusedrl[brax]"`) if the library is not installed.
     """
     if isinstance(env_id, str) and env_id.startswith("gymnasium:"):
@@ -101,9 +103,9 @@ def unknown_id_message(env_id) -> str:
     hint = f" Did you mean {close[0]!r}?" if close else ""
     libraries = ", ".join(f"'{prefix}:<id>'" for prefix in ADAPTERS)
     return (
-        f"unknown env id {env_id!r}.{hint} Known ids: {', '.join(sorted(REGISTRY))}; {libraries} for the ids of "
-        "other env libraries (envs.registered_ids() lists those installed); or 'gymnasium:<id>' for a gymnasium "
-        "env through host callbacks"
+        f"unknown env id {env_id!r}.{hint} Known ids: {', '.join(sorted(REGISTRY))}; "
+        f"{libraries} for the ids of other env libraries (envs.registered_ids() "
+        "lists those installed); or 'gymnasium:<id>' for a gymnasium env through host callbacks"
     )
 
 

@@ -13,15 +13,16 @@ Equations of motion (Sutton & Barto's book version; `book_or_nips="nips"` drops 
     phi2 = m2 lc2 g cos(theta1 + theta2 - pi/2)
     phi1 = -m2 l1 lc2 dtheta2^2 sin theta2 - 2 m2 l1 lc2 dtheta2 dtheta1 sin theta2
            + (m1 lc1 + m2 l1) g cos(theta1 - pi/2) + phi2
-    ddtheta2 = (tau + d2/d1 phi1 - m2 l1 lc2 dtheta1^2 sin theta2 - phi2) / (m2 lc2^2 + I2 - d2^2/d1)
+    ddtheta2 = (tau + d2/d1 phi1 - m2 l1 lc2 dtheta1^2 sin theta2 - phi2)
+               / (m2 lc2^2 + I2 - d2^2/d1)
     ddtheta1 = -(d2 ddtheta2 + phi1) / d1
 
 integrated over dt = 0.2 s with one classical Runge-Kutta (RK4) step, the torque held constant.
 Afterwards the angles are wrapped into [-pi, pi] (gymnasium's `wrap`: subtract or add 2 pi until
 inside) and the velocities clipped to +-4 pi and +-9 pi (gymnasium's `bound`). The episode
 terminates when the tip is more than one link length above the joint,
--cos(theta1) - cos(theta1 + theta2) > 1; the reward is -1 on every step that does not terminate and 0
-on the terminating one. Truncation after 500 steps. The initial state is uniform in [-0.1, 0.1]^4.
+-cos(theta1) - cos(theta1 + theta2) > 1; the reward is -1 on every step that does not terminate and
+0 on the terminating one. Truncation after 500 steps. The initial state is uniform in [-0.1, 0.1]^4.
 The observation is (cos theta1, sin theta1, cos theta2, sin theta2, dtheta1, dtheta2).
 
 Traced actions outside [0, 3) are clipped into range (concrete ones raise in `Env.step`).
@@ -72,10 +73,11 @@ TORQUES = np.array([-1.0, 0.0, 1.0], dtype=np.float32)
 
 
 def wrap(x: jax.Array, low: float, high: float) -> jax.Array:
-    """x shifted by whole multiples of (high - low) into [low, high], like gymnasium's loop-based `wrap`.
+    """x shifted by whole multiples of (high - low) into [low, high],
+    like gymnasium's loop-based `wrap`.
 
-    Values already in [low, high] are unchanged; x > high loses ceil((x - high) / d) periods d, x < low
-    gains ceil((low - x) / d).
+    Values already in [low, high] are unchanged; x > high loses ceil((x - high) / d) periods d,
+    x < low gains ceil((low - x) / d).
     """
     period = high - low
     down = jnp.ceil((x - high) / period)

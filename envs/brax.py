@@ -1,25 +1,28 @@
 """Brax environments behind the Env contract (the `brax` extra: pip install "fusedrl[brax]").
 
-    env, params = envs.make("brax:ant", backend="mjx")          # any name of brax.envs, any backend
-    env, params = envs.make("brax:halfcheetah", backend="positional", episode_length=500, action_repeat=2)
+    env, params = envs.make("brax:ant", backend="mjx")  # any name of brax.envs, any backend
+    env, params = envs.make(
+        "brax:halfcheetah", backend="positional", episode_length=500, action_repeat=2
+    )
 
 The env is Brax's own (`brax.envs.get_environment(name, backend=..., **kwargs)`: every env Brax
-registers, on every backend it offers: mjx, generalized, positional, spring), without Brax's training
-wrappers; this adapter does their work under the Env contract:
+registers, on every backend it offers: mjx, generalized, positional, spring), without Brax's
+training wrappers; this adapter does their work under the Env contract:
 
-  * `action_repeat` (params, static) and `episode_length` (params) as Brax's `EpisodeWrapper`: a step
-    applies the action `action_repeat` times and returns the summed reward; it *terminates* when the
-    env's own `done` is set after the last repeat, and is *truncated* (not terminated) when
-    `action_repeat * steps >= episode_length` and it did not terminate. `state.time` counts agent steps,
-    so `params.max_steps_in_episode` is ceil(episode_length / action_repeat).
+  * `action_repeat` (params, static) and `episode_length` (params) as Brax's `EpisodeWrapper`: a
+    step applies the action `action_repeat` times and returns the summed reward; it *terminates*
+    when the env's own `done` is set after the last repeat, and is *truncated* (not terminated) when
+    `action_repeat * steps >= episode_length` and it did not terminate. `state.time` counts agent
+    steps, so `params.max_steps_in_episode` is ceil(episode_length / action_repeat).
   * Auto-reset (`auto_reset`, a keyword of `make`): "fresh" (the default) starts every episode from
     `env.reset` with the step's reset key, as every fusedrl env does; "first" is Brax's
-    `AutoResetWrapper`: an env restarts from the state its first episode began in (no new randomness,
-    one reset less per step; what `brax.training` does). Either way `info["final_obs"]` holds the
-    observation the step reached, and `info` holds the env's metrics (`state.metrics`).
+    `AutoResetWrapper`: an env restarts from the state its first episode began in (no new
+    randomness, one reset less per step; what `brax.training` does). Either way `info["final_obs"]`
+    holds the observation the step reached, and `info` holds the env's metrics (`state.metrics`).
   * Spaces: observations a Box of the env's observation size (unbounded); actions a Box from the
-    actuators' control range (unbounded where an actuator is not control-limited). Actions are clipped
-    into it (Brax's backends clip the control there anyway; rewards then see the clipped action).
+    actuators' control range (unbounded where an actuator is not control-limited). Actions are
+    clipped into it (Brax's backends clip the control there anyway; rewards then see the clipped
+    action).
   * `render(state, params)` draws the state with MuJoCo's renderer, off screen: without a display
     (and with MUJOCO_GL unset) this module sets MUJOCO_GL before it imports Brax: "egl" where libEGL
     is installed (Mesa's software EGL will do), else "osmesa" where libOSMesa is, else "disable"
@@ -52,7 +55,8 @@ AUTO_RESETS = ("fresh", "first")
 
 def headless_mujoco_gl(find_library=ctypes.util.find_library) -> str:
     """The MUJOCO_GL for a machine without a display: "egl" if libEGL can be loaded, else "osmesa"
-    if libOSMesa can, else "disable" (no off-screen rendering; MuJoCo then imports without either)."""
+    if libOSMesa can, else "disable" (no off-screen rendering; MuJoCo then imports without
+    either)."""
     if find_library("EGL"):
         return "egl"
     if find_library("OSMesa"):
@@ -204,7 +208,9 @@ class Brax(Env):
             height,
             width,
         ):
-            try:  # Triton's LLVM must be loaded before Mesa's (software OpenGL): the other order crashes the process
+            # Triton's LLVM must be loaded before Mesa's (software OpenGL):
+            # the other order crashes the process
+            try:
                 import triton  # noqa: F401
             except ImportError:
                 pass
@@ -215,9 +221,10 @@ class Brax(Env):
                 )  # before interpreter teardown, which its __del__ trips over
             except Exception as error:  # no OpenGL platform: mujoco raises several kinds
                 raise RuntimeError(
-                    f"{self.name}: rendering needs an OpenGL context for MuJoCo and none could be made "
-                    f"(MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r}; set MUJOCO_GL=egl or osmesa before "
-                    f"importing brax or mujoco, with libEGL or libOSMesa installed): {error}"
+                    f"{self.name}: rendering needs an OpenGL context for MuJoCo and none could "
+                    f"be made (MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r}; "
+                    "set MUJOCO_GL=egl or osmesa before importing brax or mujoco, "
+                    f"with libEGL or libOSMesa installed): {error}"
                 ) from error
         pipeline_state = state.env_state.pipeline_state
         data = mujoco.MjData(model)
@@ -227,12 +234,16 @@ class Brax(Env):
         return np.asarray(self._renderer.render(), np.uint8)
 
     def __repr__(self) -> str:
-        return f"envs.make({self.name!r}, backend={self.backend!r}, auto_reset={self.auto_reset_mode!r})"
+        return (
+            f"envs.make({self.name!r}, backend={self.backend!r}, "
+            f"auto_reset={self.auto_reset_mode!r})"
+        )
 
 
 def make(name: str, **kwargs) -> tuple[Brax, BraxParams]:
     """(env, params) for `envs.make("brax:<name>", **kwargs)`: `episode_length` and `action_repeat`
-    go to the params, `backend`, `auto_reset` and every other keyword to the env (Brax's constructor)."""
+    go to the params, `backend`, `auto_reset` and every other keyword to the env
+    (Brax's constructor)."""
     fields = ("episode_length", "action_repeat")
     env = Brax(name, **{k: v for k, v in kwargs.items() if k not in fields})
     return env, env.make_params(**{k: v for k, v in kwargs.items() if k in fields})

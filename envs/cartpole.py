@@ -1,16 +1,16 @@
 """CartPole-v1 with gymnasium's dynamics, rewards, thresholds and time limit.
 
-State s = (x, x_dot, theta, theta_dot). With F = +force_mag for action 1 and -force_mag for action 0,
-M = masscart + masspole and l = length (half the pole):
+State s = (x, x_dot, theta, theta_dot). With F = +force_mag for action 1 and -force_mag for action
+0, M = masscart + masspole and l = length (half the pole):
 
     temp      = (F + masspole * l * theta_dot^2 * sin(theta)) / M
     theta_acc = (g sin(theta) - cos(theta) temp) / (l (4/3 - masspole cos^2(theta) / M))
     x_acc     = temp - masspole * l * theta_acc * cos(theta) / M
 
 integrated with explicit Euler over tau = 0.02 s (positions first, from the old velocities).
-Reward 1 on every step, including the terminating one (gymnasium >= 1.0). The episode terminates when
-|x| > 2.4 or |theta| > 12 degrees and is truncated after 500 steps. The initial state is uniform in
-[-0.05, 0.05]^4. Traced actions other than 0/1 are treated as "not 1" (push left).
+Reward 1 on every step, including the terminating one (gymnasium >= 1.0). The episode terminates
+when |x| > 2.4 or |theta| > 12 degrees and is truncated after 500 steps. The initial state is
+uniform in [-0.05, 0.05]^4. Traced actions other than 0/1 are treated as "not 1" (push left).
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ class CartPole(Env):
         return _obs(new_state), new_state, jnp.float32(1.0), terminated, {}
 
     def observation_space(self, params: CartPoleParams) -> Box:
-        """gymnasium's (1.x) bounds: twice the termination thresholds, unbounded (infinite) velocities."""
+        """gymnasium's (1.x) bounds: twice the termination thresholds,
+        unbounded (infinite) velocities."""
         defaults, big = CartPoleParams(), np.inf
         high = np.array(
             [defaults.x_threshold * 2, big, defaults.theta_threshold_radians * 2, big],
@@ -107,7 +108,8 @@ class CartPole(Env):
     def render(
         self, state: CartPoleState, params: CartPoleParams, width: int = 600, height: int = 400
     ) -> np.ndarray:
-        """rgb_array frame: track, cart at x, pole at angle theta (the view spans +-2 x_threshold)."""
+        """rgb_array frame: track, cart at x, pole at angle theta
+        (the view spans +-2 x_threshold)."""
         scale = width / (4 * float(params.x_threshold))
         cart_x, cart_y = float(state.x) * scale + width / 2, height - 100
         image = canvas(height, width)

@@ -13,14 +13,16 @@ An env implements four things and inherits `reset`/`step` from `Env`:
 
 Conventions every env follows:
   * `state` has an integer field `time` (steps taken in the current episode) and `params` a field
-    `max_steps_in_episode`; `Env.step` sets `truncated = time >= max_steps_in_episode and not terminated`
-    (gymnasium's TimeLimit), so truncation is never reported as termination. An env whose episodes
-    can be cut for other reasons (an adapter whose library reports truncation itself) overrides
-    `truncation(state, params)`, the test before the `not terminated`.
-  * `Env.step` auto-resets: when `terminated | truncated`, the returned `obs` and `state` are those of
-    a fresh episode, and `info["final_obs"]` holds the observation the transition actually reached.
-    `info["final_obs"]` is present on every step (it equals `obs` when the episode goes on), so agents
-    bootstrap from it unconditionally: target = r + gamma * (1 - terminated) * V(info["final_obs"]).
+    `max_steps_in_episode`; `Env.step` sets
+    `truncated = time >= max_steps_in_episode and not terminated` (gymnasium's TimeLimit), so
+    truncation is never reported as termination. An env whose episodes can be cut for other reasons
+    (an adapter whose library reports truncation itself) overrides `truncation(state, params)`, the
+    test before the `not terminated`.
+  * `Env.step` auto-resets: when `terminated | truncated`, the returned `obs` and `state` are those
+    of a fresh episode, and `info["final_obs"]` holds the observation the transition actually
+    reached. `info["final_obs"]` is present on every step (it equals `obs` when the episode goes
+    on), so agents bootstrap from it unconditionally:
+    target = r + gamma * (1 - terminated) * V(info["final_obs"]).
   * Everything is pure and jit/vmap-able; `params` is a pytree, so env variants can be vmapped too.
     Fields that fix array shapes (a grid's size) are static (`pytree_node=False`).
 """
@@ -38,7 +40,8 @@ from envs.spaces import check_action, is_concrete
 
 
 class Env:
-    """Base of every env: `reset` and auto-resetting `step` around the env's own `reset_env`/`step_env`.
+    """Base of every env: `reset` and auto-resetting `step` around the env's own
+    `reset_env`/`step_env`.
 
     Subclasses define `name`, `default_params`, `reset_env`, `step_env`, `observation_space` and
     `action_space` (see the module docstring).
@@ -81,12 +84,13 @@ class Env:
         return self.reset_env(key, params)
 
     def truncation(self, state: Any, params: Any) -> jax.Array:
-        """Whether the step that reached `state` cuts the episode short (when it does not terminate):
-        the time limit, `state.time >= params.max_steps_in_episode`."""
+        """Whether the step that reached `state` cuts the episode short (when it does not
+        terminate): the time limit, `state.time >= params.max_steps_in_episode`."""
         return state.time >= params.max_steps_in_episode
 
     def make_params(self, **overrides: Any) -> Any:
-        """The default params with some fields replaced; an unknown field raises ValueError naming it."""
+        """The default params with some fields replaced;
+        an unknown field raises ValueError naming it."""
         params = self.default_params
         known = [f.name for f in dataclasses.fields(params)]
         unknown = sorted(set(overrides) - set(known))
@@ -111,8 +115,9 @@ class Env:
 def concrete_or(value: Any, default: float) -> float:
     """`value` as a Python float when it is concrete, else `default`.
 
-    Spaces need concrete bounds; when a param that sets a bound is traced (under a vmap over params),
-    the space falls back to the default param's bound (the dynamics still use the traced value).
+    Spaces need concrete bounds; when a param that sets a bound is traced (under a vmap over
+    params), the space falls back to the default param's bound (the dynamics still use the traced
+    value).
     """
     if not is_concrete(value):
         return float(default)
@@ -125,10 +130,12 @@ class MissingExtraError(ImportError):
 
 
 def import_extra(module: str, extra: str, user: str):
-    """`import module`, or MissingExtraError for `user` (an env id) naming the pip extra that installs it."""
+    """`import module`, or MissingExtraError for `user` (an env id) naming the pip extra
+    that installs it."""
     try:
         return importlib.import_module(module)
     except ImportError as error:
         raise MissingExtraError(
-            f'{user} needs the {module!r} package, which does not import: pip install "fusedrl[{extra}]" ({error})'
+            f"{user} needs the {module!r} package, which does not import: "
+            f'pip install "fusedrl[{extra}]" ({error})'
         ) from error

@@ -1,7 +1,8 @@
 """Craftax behind the Env contract (the `craftax` extra: pip install "fusedrl[craftax]").
 
     env, params = envs.make("craftax:Craftax-Classic-Symbolic-v1")
-    env, params = envs.make("craftax:Craftax-Symbolic-v1", max_timesteps=5000)   # any field of Craftax's EnvParams
+    # any field of Craftax's EnvParams:
+    env, params = envs.make("craftax:Craftax-Symbolic-v1", max_timesteps=5000)
 
 Ids: Craftax-Symbolic-v1, Craftax-Pixels-v1, Craftax-Classic-Symbolic-v1, Craftax-Classic-Pixels-v1,
 through Craftax's own gymnax-style env (`craftax.craftax_env.make_craftax_env_from_name(id,
@@ -9,19 +10,21 @@ auto_reset=False)`: its `reset_env` / `step_env`).
 
   * Episode ends: Craftax's `done` joins its time limit (`timestep >= max_timesteps`) to the ends of
     the game (death, lava, the final boss); here the time limit is *truncation*: `terminated` is
-    Craftax's own `is_terminal` with the time limit lifted, and `truncated` is the time limit reached
-    without such an end. `terminated | truncated` is Craftax's `done`, and a step equals Craftax's own
-    auto-resetting env (`auto_reset=True`) step for step with the same key (obs, state, reward).
+    Craftax's own `is_terminal` with the time limit lifted, and `truncated` is the time limit
+    reached without such an end. `terminated | truncated` is Craftax's `done`, and a step equals
+    Craftax's own auto-resetting env (`auto_reset=True`) step for step with the same key
+    (obs, state, reward).
   * Params are Craftax's `EnvParams` (a subclass adding `max_steps_in_episode = max_timesteps`), so
     `make(..., **overrides)` takes its fields and they stay a pytree.
   * Spaces: Discrete(17) or Discrete(43) actions; observations a Box in [0, 1]: flat for the
     symbolic ids (1345 classic, 8268 full), [H, W, 3] images for the pixel ids.
   * `info` holds Craftax's achievements, score and discount.
   * `render(state, params)` draws the state as Craftax's pixel renderer does (16 pixels a block, no
-    display); the first call loads Craftax's textures, which takes a while the first time it ever runs.
+    display); the first call loads Craftax's textures, which takes a while the first time it ever
+    runs.
   * Textures (pixel ids and `render`) load through `load_textures`: one process at a time builds
-    Craftax's on-disk texture cache, so parallel processes (test workers, runs started together) never
-    read a half-written one, and a cache left truncated is rebuilt.
+    Craftax's on-disk texture cache, so parallel processes (test workers, runs started together)
+    never read a half-written one, and a cache left truncated is rebuilt.
 
 `state.env_state` is Craftax's `EnvState`.
 """
@@ -58,7 +61,8 @@ def ids() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def params_class(env_params_class: type) -> type:
-    """Craftax's EnvParams class with `max_steps_in_episode` (the Env contract's name for the limit)."""
+    """Craftax's EnvParams class with `max_steps_in_episode`
+    (the Env contract's name for the limit)."""
 
     @struct.dataclass
     class CraftaxParams(env_params_class):

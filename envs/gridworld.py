@@ -6,8 +6,8 @@ agent's cell index (Discrete(size * size)), which is what a tabular agent indexe
 Actions: 0 = right (col + 1), 1 = up (row - 1), 2 = left (col - 1), 3 = down (row + 1). A move that
 would leave the grid or enter a wall cell leaves the agent where it is. Reaching the goal gives
 reward 1 and terminates the episode; every other step gives reward 0. Episodes are truncated after
-`max_steps_in_episode` steps. Defaults: 5 x 5, start in the bottom-right corner, goal in the top-left,
-no walls, 100 steps; the shortest path then takes 2 * (size - 1) = 8 steps.
+`max_steps_in_episode` steps. Defaults: 5 x 5, start in the bottom-right corner, goal in the
+top-left, no walls, 100 steps; the shortest path then takes 2 * (size - 1) = 8 steps.
 
 Traced actions outside [0, 4) are clipped into range (concrete ones raise in `Env.step`).
 """
@@ -66,7 +66,8 @@ def _cell_index(cell: Sequence[int] | int, size: int, what: str) -> int:
 def make_gridworld_params(
     size: int = 5, start=None, goal=None, walls=(), max_steps_in_episode: int = 100
 ) -> GridWorldParams:
-    """Params from plain values: `start`/`goal` as (row, col) or a cell index, `walls` as (row, col) pairs."""
+    """Params from plain values: `start`/`goal` as (row, col) or a cell index,
+    `walls` as (row, col) pairs."""
     size = int(size)
     if size < 2:
         raise ValueError(f"GridWorld: size must be at least 2, got {size}")
@@ -113,7 +114,8 @@ class GridWorld(Env):
         return make_gridworld_params()
 
     def make_params(self, **overrides) -> GridWorldParams:
-        """Params from plain values (see `make_gridworld_params`); start/goal default to the corners."""
+        """Params from plain values (see `make_gridworld_params`);
+        start/goal default to the corners."""
         known = ["size", "start", "goal", "walls", "max_steps_in_episode"]
         unknown = sorted(set(overrides) - set(known))
         if unknown:
@@ -141,7 +143,8 @@ class GridWorld(Env):
     def render(
         self, state: GridWorldState, params: GridWorldParams, cell_pixels: int = 40
     ) -> np.ndarray:
-        """rgb_array frame: walls dark grey, goal green, agent red, on a grid of `cell_pixels` cells."""
+        """rgb_array frame: walls dark grey, goal green, agent red,
+        on a grid of `cell_pixels` cells."""
         size, c = params.size, cell_pixels
         image = canvas(size * c, size * c)
         walls = np.asarray(params.walls)
@@ -167,7 +170,8 @@ class GridWorld(Env):
 
     @staticmethod
     def shortest_path_length(params: GridWorldParams) -> int:
-        """Length of the shortest start-to-goal path (breadth-first search on the host); -1 if none."""
+        """Length of the shortest start-to-goal path (breadth-first search on the host);
+        -1 if none."""
         size = params.size
         walls = np.asarray(params.walls)
         start, goal = int(params.start), int(params.goal)

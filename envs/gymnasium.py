@@ -13,8 +13,9 @@
     `info["_final_obs"]` holds the observation the episode ended on.
   * `render_mode="rgb_array"` renders through `envs.render`.
 
-`from_gymnasium(id_or_env)`: any gymnasium env (Python, CPU, not written in JAX) behind our functional
-API, through host callbacks (`jax.pure_callback`), so our agents can train on it at Python speed.
+`from_gymnasium(id_or_env)`: any gymnasium env (Python, CPU, not written in JAX) behind our
+functional API, through host callbacks (`jax.pure_callback`), so our agents can train on it at
+Python speed.
   * The state is a *token*: which host env instance (`handle`), a unique state id (`token`) and the
     episode's `time`. The host instances hold the real state. A state made by `reset` is
     restorable (gymnasium's reset with a seed is deterministic), so it can be stepped any number of
@@ -181,13 +182,15 @@ class GymnasiumVectorEnv(VectorEnv):
         actions = np.asarray(actions)
         if actions.shape[:1] != (self.num_envs,):
             raise ValueError(
-                f"{self.env.name} x {self.num_envs}: actions must have a leading axis of {self.num_envs}, got shape {actions.shape}"
+                f"{self.env.name} x {self.num_envs}: actions must have a leading axis of "
+                f"{self.num_envs}, got shape {actions.shape}"
             )
         if isinstance(
             self.single_action_space, gymnasium.spaces.Discrete
         ) and not self.action_space.contains(actions.astype(np.int64)):
             raise ValueError(
-                f"{self.env.name} x {self.num_envs}: actions {actions.tolist()} are outside {self.action_space}"
+                f"{self.env.name} x {self.num_envs}: actions {actions.tolist()} are outside "
+                f"{self.action_space}"
             )
         self._key, step_key = jax.random.split(self._key)
         keys = jax.random.split(step_key, self.num_envs)
@@ -287,7 +290,8 @@ class _HostEnvs:
         return token
 
     def reset(self, handle: int, site: int, seed: int):
-        """Reset the instance with `seed`; returns (obs, token) and records the token as restorable."""
+        """Reset the instance with `seed`; returns (obs, token) and records the token
+        as restorable."""
         obs, _ = self.instances[handle].reset(seed=seed)
         token = self.advance(handle)
         self.reset_tokens[token] = (site, seed)
@@ -335,11 +339,12 @@ class FromGymnasium(Env):
     def _check_params(self, params):
         if params is not None and params != self._params:
             raise ValueError(
-                f"{self.name}: a from_gymnasium env's params are fixed at construction ({self._params}); got {params}. "
-                "Make one from_gymnasium env per variant."
+                f"{self.name}: a from_gymnasium env's params are fixed at construction "
+                f"({self._params}); got {params}. Make one from_gymnasium env per variant."
             )
 
-    # host callbacks (receive NumPy arrays with any leading batch shape, return the same batch shape)
+    # host callbacks (receive NumPy arrays with any leading batch shape, return the same batch
+    # shape)
 
     def _obs_to_numpy(self, obs) -> np.ndarray:
         return np.asarray(obs, dtype=np.dtype(self._obs_dtype)).reshape(self._obs_space.shape)
@@ -396,15 +401,17 @@ class FromGymnasium(Env):
     def _host_step_one(
         self, handle: int, token: int, action: np.ndarray, seed: int, time: int, position: int
     ):
-        """One transition from the state (handle, token): step, and on an episode end auto-reset with `seed`.
+        """One transition from the state (handle, token): step,
+        and on an episode end auto-reset with `seed`.
 
-        * A state made by `reset` is restorable: it is stepped on the instance of (its reset site, this
-          element's batch position), which is first reset again with the same seed if it has moved on.
-          So a reset state can be stepped any number of times (XLA may hoist a reset with a constant
-          key out of a loop; an unbatched reset may feed a batch of steps).
-        * A later state must be the instance's current one, except that repeating the last transition
-          exactly (same token, action, key) returns the memoised result without stepping (vmapped
-          `while_loop`s and `cond`s run the body for finished elements and discard the result).
+        * A state made by `reset` is restorable: it is stepped on the instance of (its reset site,
+          this element's batch position), which is first reset again with the same seed if it has
+          moved on. So a reset state can be stepped any number of times (XLA may hoist a reset with
+          a constant key out of a loop; an unbatched reset may feed a batch of steps).
+        * A later state must be the instance's current one, except that repeating the last
+          transition exactly (same token, action, key) returns the memoised result without stepping
+          (vmapped `while_loop`s and `cond`s run the body for finished elements and discard the
+          result).
         * Anything else is a stale state: RuntimeError.
         """
         host = self._host
@@ -425,9 +432,10 @@ class FromGymnasium(Env):
             host.tokens[handle] = token
         if handle not in host.instances or host.tokens[handle] != token:
             raise RuntimeError(
-                f"{self.name} (from_gymnasium): stale state for env instance {handle} (state token {token}, "
-                f"instance at {host.tokens.get(handle)}): a host-backed state after a step can be stepped only once "
-                "(repeating the same action and key is allowed); only states made by reset can be reused"
+                f"{self.name} (from_gymnasium): stale state for env instance {handle} (state "
+                f"token {token}, instance at {host.tokens.get(handle)}): "
+                "a host-backed state after a step can be stepped only once (repeating the same "
+                "action and key is allowed); only states made by reset can be reused"
             )
         env = host.instances[handle]
         gym_action = (

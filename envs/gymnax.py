@@ -1,8 +1,10 @@
 """gymnax's envs (MinAtar, bsuite, classic control, misc) under fusedrl's Env contract.
 
-    env, params = envs.make("gymnax:Breakout-MinAtar")                    # any id of gymnax.registered_envs
+    env, params = envs.make("gymnax:Breakout-MinAtar")  # any id of gymnax.registered_envs
     env, params = envs.make("gymnax:MemoryChain-bsuite", memory_length=10)  # params fields ...
-    env, params = envs.make("gymnax:Breakout-MinAtar", use_minimal_action_set=False)  # ... or constructor keywords
+    env, params = envs.make(  # ... or constructor keywords
+        "gymnax:Breakout-MinAtar", use_minimal_action_set=False
+    )
 
 Needs the `gymnax` extra (`pip install "fusedrl[gymnax]"`); without it `make` raises
 `envs.core.MissingExtraError` naming the extra, as does `ids()`. gymnax is imported
@@ -11,18 +13,20 @@ on first use, never by `import envs`.
 The mapping (gymnax >= 1.0, whose `step` returns `terminated` and `truncated` apart):
   * `reset` and `step` are gymnax's own (`env.reset`, `env.step`: its auto-reset, its key split, its
     per-env step overrides such as DeepSea's), so the same keys give the same numbers as gymnax.
-  * `terminated` is gymnax's; `truncated` is gymnax's `truncated and not terminated` (fusedrl's rule,
-    envs/core.py: an episode that terminates on its last allowed step is terminated, not truncated;
-    gymnax reports both then). Both come back as bool scalars, the reward as float32.
+  * `terminated` is gymnax's; `truncated` is gymnax's `truncated and not terminated` (fusedrl's
+    rule, envs/core.py: an episode that terminates on its last allowed step is terminated, not
+    truncated; gymnax reports both then). Both come back as bool scalars, the reward as float32.
   * `info["final_obs"]` is gymnax's `info["final_observation"]` (the observation the transition
-    reached, before any auto-reset); gymnax's duplicate `terminated` / `truncated` / `final_observation`
-    entries are dropped, its other entries (`discount`, ...) kept. Observations keep gymnax's dtype.
+    reached, before any auto-reset); gymnax's duplicate `terminated` / `truncated` /
+    `final_observation` entries are dropped, its other entries (`discount`, ...) kept. Observations
+    keep gymnax's dtype.
   * `reset_env` / `step_env` are gymnax's (the transition without auto-reset), for code that steps
     an episode by hand (rl.evaluate).
-  * params are gymnax's `EnvParams` pytree, passed through unchanged: vmap over any field that gymnax
-    reads as an array (`max_steps_in_episode`, MemoryChain's `memory_length`, ...). Keyword arguments
-    of `make` are fields of `EnvParams` or, for what fixes shapes (MemoryChain's `num_bits`, DeepSea's
-    `size`, MinAtar's `use_minimal_action_set`), keywords of the env's constructor.
+  * params are gymnax's `EnvParams` pytree, passed through unchanged: vmap over any field that
+    gymnax reads as an array (`max_steps_in_episode`, MemoryChain's `memory_length`, ...). Keyword
+    arguments of `make` are fields of `EnvParams` or, for what fixes shapes (MemoryChain's
+    `num_bits`, DeepSea's `size`, MinAtar's `use_minimal_action_set`), keywords of the env's
+    constructor.
   * Spaces: gymnax's `Discrete` and `Box` become `envs.spaces.Discrete` / `Box` (same n, bounds,
     shape, dtype). Where gymnax computes a bound with JAX ops, it is traced inside jit (even from
     constant params) and under a vmap over params: the space then falls back to the default params'
@@ -110,7 +114,8 @@ def to_space(space, name: str):
             dtype=jnp.dtype(space.dtype),
         )
     raise ValueError(
-        f"{name}: gymnax space {space!r} has no fusedrl equivalent (only Discrete and Box are mapped)"
+        f"{name}: gymnax space {space!r} has no fusedrl equivalent "
+        "(only Discrete and Box are mapped)"
     )
 
 
@@ -197,7 +202,8 @@ class GymnaxMinAtarEnv(GymnaxEnv):
 
     @cached_property
     def palette(self) -> np.ndarray:
-        """uint8 [channels + 1, 3]: black, then gymnax's viewer colours of the channels (cubehelix)."""
+        """uint8 [channels + 1, 3]: black, then gymnax's viewer colours of the channels
+        (cubehelix)."""
         import seaborn  # a dependency of gymnax
 
         channels = self.observation_space(self.default_params).shape[-1]

@@ -1,6 +1,7 @@
-"""Jumanji environments behind the Env contract (the `jumanji` extra: pip install "fusedrl[jumanji]").
+"""Jumanji environments behind the Env contract
+(the `jumanji` extra: pip install "fusedrl[jumanji]").
 
-    env, params = envs.make("jumanji:Snake-v1")               # any id of jumanji.registered_environments()
+    env, params = envs.make("jumanji:Snake-v1")  # any id of jumanji.registered_environments()
     env, params = envs.make("jumanji:Snake-v1", num_rows=8, num_cols=8, max_steps_in_episode=500)
 
 The env is `jumanji.make(id, **kwargs)` (keywords other than `max_steps_in_episode` go to Jumanji's
@@ -13,11 +14,12 @@ constructor). Single-agent envs only: the reward must be a scalar.
     truncates (a termination on the same step wins), so every episode ends and evaluation loops are
     bounded; for a time limit that bootstraps, set it below the env's `time_limit`.
   * Observations, flattened by one rule: the leaves of Jumanji's observation pytree, in pytree order
-    (the fields of its NamedTuple or dataclass in declaration order; dict keys sorted), each raveled in
-    C order and cast to float32 (booleans to 0/1), concatenated. The space is a Box over that vector
-    with the specs' bounds (BoundedArray: its minimum and maximum; DiscreteArray: [0, n - 1]; booleans:
-    [0, 1]; other arrays unbounded). `env.unflatten_observation(obs)` rebuilds the pytree (float32
-    leaves) for a torso that wants the structure (Snake's [12, 12, 5] grid, its action mask).
+    (the fields of its NamedTuple or dataclass in declaration order; dict keys sorted), each raveled
+    in C order and cast to float32 (booleans to 0/1), concatenated. The space is a Box over that
+    vector with the specs' bounds (BoundedArray: its minimum and maximum; DiscreteArray: [0, n - 1];
+    booleans: [0, 1]; other arrays unbounded). `env.unflatten_observation(obs)` rebuilds the pytree
+    (float32 leaves) for a torso that wants the structure (Snake's [12, 12, 5] grid, its action
+    mask).
   * Actions: a DiscreteArray(n) is Discrete(n); a MultiDiscreteArray with num_values (n_1, ..., n_k)
     is Discrete(n_1 * ... * n_k) (at most 65536 joint actions), action a meaning
     `np.unravel_index(a, (n_1, ..., n_k))` (C order); a BoundedArray of floats is a Box. Other
@@ -102,7 +104,8 @@ class Jumanji(Env):
         if isinstance(env, str):
             if env not in jumanji.registered_environments():
                 raise ValueError(
-                    f"unknown Jumanji id {env!r}; Jumanji ids: {', '.join(sorted(jumanji.registered_environments()))}"
+                    f"unknown Jumanji id {env!r}; Jumanji ids: "
+                    f"{', '.join(sorted(jumanji.registered_environments()))}"
                 )
             try:
                 self._env = jumanji.make(env, **env_kwargs)
@@ -117,7 +120,8 @@ class Jumanji(Env):
             self._env, self.name = env, f"jumanji:{type(env.unwrapped).__name__}"
         if tuple(self._env.reward_spec.shape) != ():
             raise ValueError(
-                f"{self.name}: only single-agent envs (scalar rewards) are supported; its reward has shape {self._env.reward_spec.shape}"
+                f"{self.name}: only single-agent envs (scalar rewards) are supported; "
+                f"its reward has shape {self._env.reward_spec.shape}"
             )
         self._default_params = JumanjiParams(
             int(getattr(self._env, "time_limit", None) or DEFAULT_MAX_STEPS)
@@ -145,7 +149,8 @@ class Jumanji(Env):
             joint = math.prod(self._action_dims)
             if joint > MAX_JOINT_ACTIONS:
                 raise ValueError(
-                    f"{self.name}: its MultiDiscrete actions {self._action_dims} have {joint} joint values (at most {MAX_JOINT_ACTIONS} are supported)"
+                    f"{self.name}: its MultiDiscrete actions {self._action_dims} have {joint} "
+                    f"joint values (at most {MAX_JOINT_ACTIONS} are supported)"
                 )
             self._action_space = Discrete(joint)
         elif isinstance(spec, specs.BoundedArray) and np.issubdtype(
@@ -158,7 +163,8 @@ class Jumanji(Env):
             self._action_space = Box(low, high, tuple(spec.shape))
         else:
             raise ValueError(
-                f"{self.name}: unsupported action spec {spec!r} (supported: DiscreteArray, MultiDiscreteArray, float BoundedArray)"
+                f"{self.name}: unsupported action spec {spec!r} (supported: DiscreteArray, "
+                "MultiDiscreteArray, float BoundedArray)"
             )
 
     @property
@@ -183,7 +189,8 @@ class Jumanji(Env):
         )
 
     def unflatten_observation(self, obs) -> Any:
-        """The observation pytree (float32 leaves) of flat observations [..., D] (any batch shape)."""
+        """The observation pytree (float32 leaves) of flat observations [..., D]
+        (any batch shape)."""
         obs = jnp.asarray(obs)
         batch, leaves, start = obs.shape[:-1], [], 0
         for shape in self._obs_shapes:
@@ -231,7 +238,8 @@ class Jumanji(Env):
         viewer = getattr(self._env, "_viewer", None) or getattr(self._env, "_env_viewer", None)
         if not isinstance(viewer, MatplotlibViewer):
             raise ValueError(
-                f"{self.name} cannot render to an array (its viewer {type(viewer).__name__} is not a matplotlib viewer)"
+                f"{self.name} cannot render to an array (its viewer {type(viewer).__name__} is "
+                "not a matplotlib viewer)"
             )
         display = viewer._display
         viewer._display = (

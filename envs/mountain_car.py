@@ -7,9 +7,9 @@ State s = (position, velocity). Action a in {0, 1, 2} = push left, no push, push
     velocity' = 0  if position' == min_position and velocity' < 0   (inelastic left wall)
 
 with force = 0.001, gravity = 0.0025, max_speed = 0.07, positions in [-1.2, 0.6]. Reward -1 on every
-step. The episode terminates when position' >= goal_position (0.5) and velocity' >= goal_velocity (0)
-and is truncated after 200 steps. The initial position is uniform in [-0.6, -0.4], the velocity 0.
-The observation is the state, in the Box [-1.2, -0.07] x [0.6, 0.07]. The hill's height is
+step. The episode terminates when position' >= goal_position (0.5) and velocity' >= goal_velocity
+(0) and is truncated after 200 steps. The initial position is uniform in [-0.6, -0.4], the velocity
+0. The observation is the state, in the Box [-1.2, -0.07] x [0.6, 0.07]. The hill's height is
 sin(3 position) * 0.45 + 0.55 (used only for rendering).
 
 Traced actions outside [0, 3) are clipped into range (concrete ones raise in `Env.step`).
@@ -71,14 +71,16 @@ def reset_car(key, state_cls):
 
 
 def move_car(position, velocity, min_position, max_position):
-    """Position update with the clip at the walls and the inelastic left wall (shared by both variants)."""
+    """Position update with the clip at the walls and the inelastic left wall
+    (shared by both variants)."""
     position = jnp.clip(position + velocity, min_position, max_position)
     velocity = jnp.where((position == min_position) & (velocity < 0), 0.0, velocity)
     return position.astype(jnp.float32), velocity.astype(jnp.float32)
 
 
 def render_car(position: float, params, width: int = 600, height: int = 400) -> np.ndarray:
-    """rgb_array frame of either MountainCar: the hill, the car on it (tilted with the slope), the flag."""
+    """rgb_array frame of either MountainCar: the hill, the car on it (tilted with the slope),
+    the flag."""
     low, high = float(params.min_position), float(params.max_position)
     scale = width / (high - low)
 

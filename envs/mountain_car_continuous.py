@@ -1,4 +1,5 @@
-"""MountainCarContinuous-v0 with gymnasium's dynamics, reward, time limit and initial-state distribution.
+"""MountainCarContinuous-v0 with gymnasium's dynamics, reward,
+time limit and initial-state distribution.
 
 State s = (position, velocity). With the force f = clip(action[0], -1, 1) and power = 0.0015:
 

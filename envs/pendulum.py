@@ -3,13 +3,16 @@
 State s = (theta, theta_dot), theta = 0 upright, counter-clockwise positive. With the torque
 u = clip(action[0], -max_torque, max_torque), one step of semi-implicit Euler over dt = 0.05 s:
 
-    theta_dot' = clip(theta_dot + (3 g / (2 l) sin(theta) + 3 / (m l^2) u) dt, -max_speed, max_speed)
-    theta'     = theta + theta_dot' dt
-    reward     = -(normalize(theta)^2 + 0.1 theta_dot^2 + 0.001 u^2),   normalize(x) = ((x + pi) mod 2 pi) - pi
+    theta_dot'   = clip(theta_dot + (3 g / (2 l) sin(theta) + 3 / (m l^2) u) dt,
+                        -max_speed, max_speed)
+    theta'       = theta + theta_dot' dt
+    reward       = -(normalize(theta)^2 + 0.1 theta_dot^2 + 0.001 u^2)
+    normalize(x) = ((x + pi) mod 2 pi) - pi
 
 (the reward uses the state *before* the step). theta itself is not wrapped. The observation is
-(cos theta, sin theta, theta_dot) in [-1, 1] x [-1, 1] x [-8, 8]. The episode never terminates and is
-truncated after 200 steps. The initial state is uniform: theta in [-pi, pi], theta_dot in [-1, 1].
+(cos theta, sin theta, theta_dot) in [-1, 1] x [-1, 1] x [-8, 8]. The episode never terminates and
+is truncated after 200 steps. The initial state is uniform: theta in [-pi, pi], theta_dot in
+[-1, 1].
 
 Actions: a float array of shape (1,). Finite values outside [-max_torque, max_torque] are clipped
 (concrete or traced, as gymnasium clips them); a concrete NaN/inf action raises in `Env.step`.
@@ -105,7 +108,8 @@ class Pendulum(Env):
         return Box(low=-max_torque, high=max_torque, shape=(1,))
 
     def render(self, state: PendulumState, params: PendulumParams, size: int = 500) -> np.ndarray:
-        """rgb_array frame: the rod at angle theta (0 up, counter-clockwise), the last torque as a bar."""
+        """rgb_array frame: the rod at angle theta (0 up, counter-clockwise),
+        the last torque as a bar."""
         scale = size / 4.4
         center = (size / 2, size / 2)
         image = canvas(size, size)

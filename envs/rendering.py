@@ -94,7 +94,8 @@ def draw_polyline(
 def rotated_rectangle(
     center, length: float, width: float, angle: float, anchor: str = "center"
 ) -> np.ndarray:
-    """Corners of a length x width rectangle rotated by `angle` (radians, counter-clockwise on screen).
+    """Corners of a length x width rectangle rotated by `angle`
+    (radians, counter-clockwise on screen).
 
     With anchor="start" the rectangle starts at `center` and extends `length` along the angle.
     """
@@ -132,14 +133,17 @@ def render(env, state: Any, params: Any = None, index: int | None = None) -> np.
         raise ValueError(f"{base.name} has no render method")
     if not hasattr(inner, "time"):
         raise ValueError(
-            f"render: got a {type(inner).__name__} for the env {base.name}, which is not a state of {type(base).__name__}; "
-            "pass the env the state came from (the wrapped env), e.g. envs.render(wrapped_env, state, params, index=0)"
+            f"render: got a {type(inner).__name__} for the env {base.name}, "
+            f"which is not a state of {type(base).__name__}; "
+            "pass the env the state came from (the wrapped env), "
+            "e.g. envs.render(wrapped_env, state, params, index=0)"
         )
     inner = _to_numpy(inner)
     batched = np.ndim(inner.time) > 0
     if batched and index is None:
         raise ValueError(
-            f"render: the state holds a batch of envs {np.shape(inner.time)}; pass index= to pick one"
+            f"render: the state holds a batch of envs {np.shape(inner.time)}; "
+            "pass index= to pick one"
         )
     if index is not None:
         inner = jax.tree.map(lambda x: x[index], inner) if batched else inner

@@ -107,19 +107,20 @@ def check_action(space: Space, action, env_name: str) -> jax.Array:
     """Validate an action against its space and return it as a JAX array of the space's dtype.
 
     Shape and dtype are checked at trace time (a wrong shape or a float action for a discrete space
-    raises `ValueError`). Values are checked only when the action is concrete (not traced): a discrete
-    action outside [0, n) raises `ValueError`; a continuous action with a NaN or infinite entry raises
-    `ValueError`. Traced out-of-range values cannot raise inside `jit`; the envs clip them into the
-    space (documented in each env). Finite continuous values outside the Box are never an error,
-    concrete or traced: the continuous envs clip them, as gymnasium's do, so eager and jitted code
-    behave the same and Gaussian policies need no clipping of their own.
+    raises `ValueError`). Values are checked only when the action is concrete (not traced): a
+    discrete action outside [0, n) raises `ValueError`; a continuous action with a NaN or infinite
+    entry raises `ValueError`. Traced out-of-range values cannot raise inside `jit`; the envs clip
+    them into the space (documented in each env). Finite continuous values outside the Box are never
+    an error, concrete or traced: the continuous envs clip them, as gymnasium's do, so eager and
+    jitted code behave the same and Gaussian policies need no clipping of their own.
     """
     shape = tuple(jnp.shape(action))
     dtype = jnp.result_type(action)
     if isinstance(space, Discrete):
         if shape != ():
             raise ValueError(
-                f"{env_name}.step: action must be a scalar integer in [0, {space.n}), got shape {shape}"
+                f"{env_name}.step: action must be a scalar integer in [0, {space.n}), "
+                f"got shape {shape}"
             )
         if not jnp.issubdtype(dtype, jnp.integer):
             raise ValueError(
@@ -129,7 +130,8 @@ def check_action(space: Space, action, env_name: str) -> jax.Array:
             value = int(np.asarray(action))
             if not 0 <= value < space.n:
                 raise ValueError(
-                    f"{env_name}.step: action {value} is outside Discrete({space.n}) = [0, {space.n})"
+                    f"{env_name}.step: action {value} is outside "
+                    f"Discrete({space.n}) = [0, {space.n})"
                 )
         return jnp.asarray(action, space.dtype)
     if shape != space.shape:

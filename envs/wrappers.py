@@ -18,8 +18,8 @@ A typical stack for an on-policy agent with continuous actions, innermost first:
 * `EpisodeStatistics` must sit inside (before) `NormalizeReward` to report the env's own returns.
 * The normalising wrappers share their statistics over everything they see at once: wrap the
   *vectorised* env to pool the N envs (the statistics then have the observation's shape, computed
-  over the batch axis, never over the features; for images, one per channel, over the pixels too). `vectorize(NormalizeObservation(env), N)` is also
-  valid but gives every env its own statistics.
+  over the batch axis, never over the features; for images, one per channel, over the pixels too).
+  `vectorize(NormalizeObservation(env), N)` is also valid but gives every env its own statistics.
 
 Episode statistics scheme (what agents log as training curves): on every step
 `info["episode_done"]` is True where an episode ended on this step (terminated or truncated);
@@ -43,7 +43,8 @@ from envs.spaces import Box, Discrete, is_concrete
 
 
 class Wrapper(Env):
-    """An Env around `env`: delegates params, spaces and attributes; subclasses override reset/step."""
+    """An Env around `env`: delegates params, spaces and attributes;
+    subclasses override reset/step."""
 
     def __init__(self, env: Env):
         self.env = env
@@ -79,7 +80,8 @@ class Wrapper(Env):
         return env
 
     def inner_state(self, state: Any) -> Any:
-        """The inner env's part of this wrapper's state (the state itself for stateless wrappers)."""
+        """The inner env's part of this wrapper's state
+        (the state itself for stateless wrappers)."""
         return state
 
     def reset(self, key, params=None):
@@ -103,11 +105,11 @@ def batch_shape(obs: jax.Array, space) -> tuple[int, ...]:
 class VectorizedEnv(Wrapper):
     """`num_envs` copies of `env` with independent keys, stepped in one `jax.vmap`; params shared.
 
-    reset(key) splits `key` into `num_envs` keys; step(key, state, actions) splits `key` likewise, so
-    each env draws its own randomness (auto-resets included). `actions` has shape
-    (num_envs,) + action_space.shape; observations, rewards and flags gain a leading (num_envs,) axis.
-    The spaces stay those of one env. For a batch of env *variants*, vmap `env.step` over params
-    yourself (`in_axes` for the params pytree).
+    reset(key) splits `key` into `num_envs` keys; step(key, state, actions) splits `key` likewise,
+    so each env draws its own randomness (auto-resets included). `actions` has shape
+    (num_envs,) + action_space.shape; observations, rewards and flags gain a leading (num_envs,)
+    axis. The spaces stay those of one env. For a batch of env *variants*, vmap `env.step` over
+    params yourself (`in_axes` for the params pytree).
     """
 
     def __init__(self, env: Env, num_envs: int):
@@ -131,8 +133,8 @@ class VectorizedEnv(Wrapper):
         expected = (self.num_envs,) + tuple(space.shape)
         if tuple(jnp.shape(action)) != expected:
             raise ValueError(
-                f"{self.name} x {self.num_envs}: actions must have shape {expected} (num_envs, *action_shape), "
-                f"got shape {tuple(jnp.shape(action))}"
+                f"{self.name} x {self.num_envs}: actions must have shape {expected} (num_envs, "
+                f"*action_shape), got shape {tuple(jnp.shape(action))}"
             )
         if isinstance(space, Discrete) and is_concrete(action):
             values = np.asarray(action)
@@ -142,7 +144,8 @@ class VectorizedEnv(Wrapper):
             ):
                 bad = values[(values < 0) | (values >= space.n)]
                 raise ValueError(
-                    f"{self.name} x {self.num_envs}: actions {bad.tolist()[:5]} are outside Discrete({space.n})"
+                    f"{self.name} x {self.num_envs}: actions {bad.tolist()[:5]} are outside "
+                    f"Discrete({space.n})"
                 )
         keys = jax.random.split(key, self.num_envs)
         return jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
@@ -259,12 +262,13 @@ class NormalizeObservationState:
 
 
 class NormalizeObservation(Wrapper):
-    """obs -> clip((obs - mean) / sqrt(var + epsilon), -clip, clip) with a running mean and variance.
+    """obs -> clip((obs - mean) / sqrt(var + epsilon), -clip, clip) with a running mean
+    and variance.
 
     The statistics are taken over the batch shape (every env the wrapper sees) and over time; they
     are updated with each returned observation (the reset one and, after an auto-reset, the new
-    episode's first) before normalising it, as gymnasium does. `info["final_obs"]` is normalised with
-    the same statistics. `clip=None` disables clipping (SB3's VecNormalize clips at 10). With
+    episode's first) before normalising it, as gymnasium does. `info["final_obs"]` is normalised
+    with the same statistics. `clip=None` disables clipping (SB3's VecNormalize clips at 10). With
     `update=False` the statistics stay as they are in the state (for evaluation: put trained
     statistics into `state.obs_stats`).
 
@@ -293,7 +297,8 @@ class NormalizeObservation(Wrapper):
         self.per_channel = len(space.shape) == 3 if per_channel is None else bool(per_channel)
         if self.per_channel and len(space.shape) < 2:
             raise ValueError(
-                f"NormalizeObservation(per_channel=True) needs observations of rank >= 2 (channels last), {env.name} has {space}"
+                "NormalizeObservation(per_channel=True) "
+                f"needs observations of rank >= 2 (channels last), {env.name} has {space}"
             )
         self.epsilon, self.clip, self.update = float(epsilon), clip, bool(update)
 
@@ -463,7 +468,8 @@ class RescaleAction(Wrapper):
         return Box(low=self.low, high=self.high, shape=self.env.action_space(params).shape)
 
     def inner_action(self, action, params=None):
-        """The inner env's action for an agent action `a`: L + (clip(a, low, high) - low) (H - L) / (high - low)."""
+        """The inner env's action for an agent action `a`:
+        L + (clip(a, low, high) - low) (H - L) / (high - low)."""
         params = self.default_params if params is None else params
         space = self.env.action_space(params)
         env_low, env_high = jnp.asarray(space._low), jnp.asarray(space._high)
@@ -476,7 +482,8 @@ class RescaleAction(Wrapper):
 
 
 def unwrap_state(env: Env, state: Any) -> tuple[Env, Any]:
-    """The innermost env and its state, peeling wrappers (a vectorised state keeps its batch axis)."""
+    """The innermost env and its state, peeling wrappers
+    (a vectorised state keeps its batch axis)."""
     while isinstance(env, Wrapper):
         state = env.inner_state(state)
         env = env.env
@@ -485,11 +492,12 @@ def unwrap_state(env: Env, state: Any) -> tuple[Env, Any]:
 
 # --- partial observability -----------------------------------------------------------------------
 
-# Which entries of each env's observation are positions (what `MaskObservation(env, "positions")` keeps):
-#   CartPole-v1               [x, x_dot, theta, theta_dot]                                    -> keep 0, 2
-#   Pendulum-v1               [cos theta, sin theta, theta_dot]                               -> keep 0, 1
-#   Acrobot-v1                [cos t1, sin t1, cos t2, sin t2, t1_dot, t2_dot]                -> keep 0, 1, 2, 3
-#   MountainCar-v0, MountainCarContinuous-v0   [position, velocity]                          -> keep 0
+# Which entries of each env's observation are positions
+# (what `MaskObservation(env, "positions")` keeps):
+#   CartPole-v1                 [x, x_dot, theta, theta_dot]                      -> keep 0, 2
+#   Pendulum-v1                 [cos theta, sin theta, theta_dot]                 -> keep 0, 1
+#   Acrobot-v1                  [cos t1, sin t1, cos t2, sin t2, t1_dot, t2_dot]  -> keep 0, 1, 2, 3
+#   MountainCar(Continuous)-v0  [position, velocity]                              -> keep 0
 POSITIONS: dict[str, tuple[int, ...]] = {
     "CartPole-v1": (0, 2),
     "Pendulum-v1": (0, 1),
@@ -500,15 +508,16 @@ POSITIONS: dict[str, tuple[int, ...]] = {
 
 
 class MaskObservation(Wrapper):
-    """obs -> obs[..., keep]: only the chosen entries of a flat Box observation are seen, which makes
-    an env partially observable (hide the velocities and a policy must infer them from a history).
+    """obs -> obs[..., keep]: only the chosen entries of a flat Box observation are seen, which
+    makes an env partially observable (hide the velocities and a policy must infer them from a
+    history).
 
-    `keep` is a list of the indices kept (in that order), or "positions": the env's position entries,
-    from `POSITIONS` (CartPole-v1 keeps x and theta, [0, 2]; Pendulum-v1 cos and sin of the angle,
-    [0, 1]; the table above `POSITIONS` lists the rest). The observation space is the inner Box
-    restricted to those entries; `info["final_obs"]` is masked alike. Stateless, so it composes with
-    every other wrapper and with `vectorize`; it masks `reset_env`/`step_env` too (the no-auto-reset
-    pair that `rl eval` plays episodes with) and renders as the inner env does.
+    `keep` is a list of the indices kept (in that order), or "positions": the env's position
+    entries, from `POSITIONS` (CartPole-v1 keeps x and theta, [0, 2]; Pendulum-v1 cos and sin of the
+    angle, [0, 1]; the table above `POSITIONS` lists the rest). The observation space is the inner
+    Box restricted to those entries; `info["final_obs"]` is masked alike. Stateless, so it composes
+    with every other wrapper and with `vectorize`; it masks `reset_env`/`step_env` too (the
+    no-auto-reset pair that `rl eval` plays episodes with) and renders as the inner env does.
     """
 
     def __init__(self, env: Env, keep="positions"):
@@ -525,7 +534,8 @@ class MaskObservation(Wrapper):
                 )
             if env.name not in POSITIONS:
                 raise ValueError(
-                    f"MaskObservation: no 'positions' preset for {env.name} (presets: {', '.join(POSITIONS)}); give the indices to keep"
+                    f"MaskObservation: no 'positions' preset for {env.name} (presets: "
+                    f"{', '.join(POSITIONS)}); give the indices to keep"
                 )
             keep = POSITIONS[env.name]
         keep = tuple(keep)
@@ -539,7 +549,8 @@ class MaskObservation(Wrapper):
             or len(set(keep)) != len(keep)
         ):
             raise ValueError(
-                f"MaskObservation: keep must list distinct indices in [0, {size}) of {env.name}'s observation, got {list(keep)}"
+                f"MaskObservation: keep must list distinct indices in [0, {size}) "
+                f"of {env.name}'s observation, got {list(keep)}"
             )
         self.keep = tuple(int(i) for i in keep)
 

@@ -11,7 +11,8 @@ def random_rollout(env, params, key, num_steps, sample_action):
     """Run `env.step` for `num_steps` random actions in one jitted `lax.scan` (auto-reset included).
 
     Returns NumPy arrays, one row per step: the state *before* the step, the action, the observation
-    the transition reached (`info["final_obs"]`), reward, terminated, truncated, and the returned obs.
+    the transition reached (`info["final_obs"]`), reward, terminated, truncated,
+    and the returned obs.
     """
 
     @jax.jit
@@ -42,7 +43,8 @@ def random_rollout(env, params, key, num_steps, sample_action):
 
 
 def step_from_states(env, params, states, actions, key=None):
-    """One `env.step` from each of a batch of states (vmapped), in the layout of `random_rollout`."""
+    """One `env.step` from each of a batch of states (vmapped),
+    in the layout of `random_rollout`."""
     key = jax.random.key(0) if key is None else key
     keys = jax.random.split(key, len(actions))
     step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
@@ -58,8 +60,9 @@ def gymnasium_parity(
     """Step `gym_env.unwrapped` from each of our pre-step states with our action; compare one step.
 
     Checks the reached observation, reward and termination of every transition. Returns the number
-    of terminations seen (so a test can assert it covered episode ends). Our envs compute in float32,
-    gymnasium's in float64: the tolerances are float32 round-off (relative for large velocities).
+    of terminations seen (so a test can assert it covered episode ends). Our envs compute in
+    float32, gymnasium's in float64: the tolerances are float32 round-off (relative for large
+    velocities).
     """
     states, actions, final_obs, rewards, terminated, _, _ = trajectory
     env = gym_env.unwrapped
@@ -80,7 +83,8 @@ def gymnasium_parity(
 
 
 def check_time_limit(env, params, gym_id, set_state, action, to_gym_action):
-    """Truncation at gymnasium's limit: same step count as `gymnasium.make(gym_id)`, never termination.
+    """Truncation at gymnasium's limit: same step count as `gymnasium.make(gym_id)`,
+    never termination.
 
     Drives both envs from the same initial state with a constant `action` that never terminates, for
     one step past the limit, and checks that truncation comes exactly at step `max_episode_steps` in
@@ -129,8 +133,9 @@ def parity():
 
 @pytest.fixture
 def hide_package(monkeypatch):
-    """`hide_package(name)` makes `import name` (and its submodules) fail for the rest of the test, as
-    if not installed: the loaded modules leave sys.modules and `name` maps to None (undone after)."""
+    """`hide_package(name)` makes `import name` (and its submodules) fail for the rest of the test,
+    as if not installed: the loaded modules leave sys.modules and `name` maps to None
+    (undone after)."""
     import sys
 
     def hide(name: str) -> None:

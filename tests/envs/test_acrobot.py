@@ -1,4 +1,5 @@
-"""Acrobot-v1 against gymnasium 1.x: one-step parity (RK4, book equations), time limit, reset law."""
+"""Acrobot-v1 against gymnasium 1.x: one-step parity (RK4, book equations), time limit,
+reset law."""
 
 import gymnasium
 import jax
@@ -48,7 +49,8 @@ def test_parity_with_gymnasium_over_random_steps(env_params, rollout, parity):
 
 
 def test_parity_from_random_states_covers_wrap_clip_and_goal(env_params, from_states, parity):
-    """Random states over the whole observation box, stepped in float64: the equations match exactly.
+    """Random states over the whole observation box, stepped in float64:
+    the equations match exactly.
 
     (In float32 a single RK4 step from the fastest states differs from gymnasium's float64 one by up
     to ~1e-3 in dtheta1, round-off amplified by the dtheta2^2 ~ 800 terms; in float64 it agrees to

@@ -47,7 +47,8 @@ def random_inputs(env, params, seed=0):
 
 
 def ours(env, params, reset_keys, step_keys, actions):
-    """Our vmapped env in a jitted scan: per step (obs, final_obs, reward, terminated, truncated, q)."""
+    """Our vmapped env in a jitted scan: per step
+    (obs, final_obs, reward, terminated, truncated, q)."""
 
     @jax.jit
     def run(reset_keys, step_keys, actions):
@@ -188,7 +189,8 @@ def test_render_draws_the_state_without_a_display():
         os.environ.get("MUJOCO_GL") == "disable"
     ):  # set by envs.brax without a display, libEGL or libOSMesa (the GPU machine)
         pytest.skip(
-            "MUJOCO_GL=disable: no OpenGL platform here (test_steps_on_a_machine_without_gl_libraries checks render's error)"
+            "MUJOCO_GL=disable: no OpenGL platform here "
+            "(test_steps_on_a_machine_without_gl_libraries checks render's error)"
         )
     env, params = envs.make(f"brax:{NAME}", backend=BACKEND)
     _, state = env.reset(jax.random.key(0), params)
@@ -206,8 +208,8 @@ def test_headless_gl_platform_is_one_that_can_load():
 
 
 def test_steps_on_a_machine_without_gl_libraries():
-    # what headless_mujoco_gl picks where neither libEGL nor libOSMesa loads: brax imports and steps,
-    # and render raises one RuntimeError naming MUJOCO_GL
+    # what headless_mujoco_gl picks where neither libEGL nor libOSMesa loads: brax imports and
+    # steps, and render raises one RuntimeError naming MUJOCO_GL
     import subprocess
     import sys
 
@@ -215,7 +217,8 @@ def test_steps_on_a_machine_without_gl_libraries():
         "import jax, envs\n"
         f"env, params = envs.make('brax:{NAME}', backend='{BACKEND}')\n"
         "obs, state = env.reset(jax.random.key(0), params)\n"
-        "obs, state, reward, terminated, truncated, info = env.step(jax.random.key(1), state, env.action_space(params).sample(jax.random.key(2)), params)\n"
+        "obs, state, reward, terminated, truncated, info = env.step(jax.random.key(1), state, "
+        "env.action_space(params).sample(jax.random.key(2)), params)\n"
         "print('RESULT', obs.shape, float(reward) == float(reward))\n"
         "try:\n"
         "    envs.render(env, state, params)\n"
@@ -237,7 +240,10 @@ def test_missing_extra_names_it(hide_package):
     hide_package("brax")
     with pytest.raises(
         ImportError,
-        match=r'brax:ant needs the \'brax.envs\' package, which does not import: pip install "fusedrl\[brax\]"',
+        match=(
+            r"brax:ant needs the \'brax.envs\' package, which does not import: "
+            r'pip install "fusedrl\[brax\]"'
+        ),
     ):
         envs.make("brax:ant", backend="mjx")
     assert not any(i.startswith("brax:") for i in envs.registered_ids())
@@ -276,7 +282,8 @@ def test_missing_extra_names_it(hide_package):
     ],
 )
 def test_one_update_from_the_config(config, overrides, tmp_path):
-    """The shipped config trains for one update on the CPU (tiny sizes; the spring backend to compile fast)."""
+    """The shipped config trains for one update on the CPU
+    (tiny sizes; the spring backend to compile fast)."""
     from rl.config import load_config
     from rl.train import train_many
 

@@ -1,4 +1,5 @@
-"""CartPole-v1 against gymnasium 1.x: one-step parity from identical states, time limit, reset law."""
+"""CartPole-v1 against gymnasium 1.x: one-step parity from identical states, time limit,
+reset law."""
 
 import gymnasium
 import jax
@@ -89,8 +90,8 @@ def test_truncation_with_a_custom_limit(env_params):
 def test_balanced_pole_truncates_at_500_like_gymnasium(env_params):
     """A PD controller balances the pole: both envs run 500 steps and truncate on the same step.
 
-    gymnasium's state is set to ours before every step (the dynamics are chaotic, float32 and float64
-    trajectories drift apart), while its TimeLimit wrapper counts steps on its own.
+    gymnasium's state is set to ours before every step (the dynamics are chaotic, float32 and
+    float64 trajectories drift apart), while its TimeLimit wrapper counts steps on its own.
     """
     env, params = env_params
 

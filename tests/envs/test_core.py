@@ -78,7 +78,8 @@ def test_final_obs_is_the_pre_reset_observation_for_continuous_obs():
 
 
 def test_truncation_is_not_termination_and_termination_wins_on_the_last_step():
-    # 4 steps to the goal on a 3x3 grid: with a limit of 4 the 4th step terminates, it is not truncated
+    # 4 steps to the goal on a 3x3 grid: with a limit of 4 the 4th step terminates,
+    # it is not truncated
     env, params = envs.make("GridWorld", size=3, max_steps_in_episode=4)
     _, state = env.reset(jax.random.key(0), params)
     for i, action in enumerate([1, 1, 2, 2]):
@@ -282,7 +283,10 @@ def test_import_envs_loads_no_outside_env_library():
     import sys
     from pathlib import Path
 
-    code = "import sys, envs, envs.brax, envs.craftax, envs.jumanji, rl.train; print(sorted({'brax', 'craftax', 'jumanji', 'mujoco'} & set(sys.modules)))"
+    code = (
+        "import sys, envs, envs.brax, envs.craftax, envs.jumanji, rl.train; "
+        "print(sorted({'brax', 'craftax', 'jumanji', 'mujoco'} & set(sys.modules)))"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

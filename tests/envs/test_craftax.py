@@ -217,10 +217,10 @@ def test_missing_extra_names_it(hide_package):
 @pytest.mark.parametrize(
     "env_id",
     [
-        "craftax:Craftax-Classic-Symbolic-v1",  # the classic game compiles in a fraction of the full game's time
-        pytest.param(
-            "craftax:Craftax-Symbolic-v1", marks=pytest.mark.slow
-        ),  # as configured: about 4 minutes on 2 CPU cores
+        # the classic game compiles in a fraction of the full game's time
+        "craftax:Craftax-Classic-Symbolic-v1",
+        # as configured: about 4 minutes on 2 CPU cores
+        pytest.param("craftax:Craftax-Symbolic-v1", marks=pytest.mark.slow),
     ],
 )
 def test_one_update_from_the_config(env_id, tmp_path):

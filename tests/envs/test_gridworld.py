@@ -1,4 +1,5 @@
-"""GridWorld dynamics: moves, borders, walls, goal, time limit, auto-reset, params, vmap over params."""
+"""GridWorld dynamics: moves, borders, walls, goal, time limit, auto-reset, params,
+vmap over params."""
 
 from __future__ import annotations
 

@@ -109,7 +109,10 @@ def test_vector_env_info_layout_matches_gymnasiums_sync_vector_env():
 
 @pytest.mark.skipif(
     not VECTOR_WRAPPERS_SAME_STEP,
-    reason=f"gymnasium {gymnasium.__version__}'s vector wrappers assume next-step autoreset (same-step from 1.4)",
+    reason=(
+        f"gymnasium {gymnasium.__version__}'s vector wrappers assume next-step autoreset "
+        "(same-step from 1.4)"
+    ),
 )
 def test_gymnasiums_vector_wrappers_agree_with_ours():
     """gymnasium's NormalizeReward and RecordEpisodeStatistics on to_gymnasium(...) vs our wrappers.
@@ -267,7 +270,8 @@ def test_from_gymnasium_stale_state_raises_but_reset_states_are_restorable():
     obs0, reset_state = env.reset(jax.random.key(0), params)
     first = env.step(jax.random.key(1), reset_state, jnp.int32(0), params)
     later = env.step(jax.random.key(2), first[1], jnp.int32(1), params)
-    # a reset state is restored (reset again with its seed) and can be stepped again, with the same result
+    # a reset state is restored (reset again with its seed) and can be stepped again,
+    # with the same result
     again = env.step(jax.random.key(1), reset_state, jnp.int32(0), params)
     np.testing.assert_array_equal(again[0], first[0])
     # a stepped state that the instance has moved past is stale
@@ -284,7 +288,8 @@ def test_from_gymnasium_stale_state_raises_but_reset_states_are_restorable():
 
 
 def test_from_gymnasium_vmapped_while_loop_stops_at_episode_end():
-    """A vmapped evaluation loop: finished elements re-run the body with the same inputs (memoised)."""
+    """A vmapped evaluation loop: finished elements re-run the body with the same inputs
+    (memoised)."""
     env, params = from_gymnasium("CartPole-v1")
 
     def episode_length(key, push):
@@ -426,8 +431,9 @@ def test_exported_from_the_package():
 
 
 def test_an_agent_trains_on_a_from_gymnasium_env():
-    """Tabular Q-learning (rl.agents.qlearning, vmapped over 2 seeds, its greedy evaluation inside the
-    compiled loop) on gymnasium's own FrozenLake through `envs.make("gymnasium:FrozenLake-v1")`."""
+    """Tabular Q-learning (rl.agents.qlearning, vmapped over 2 seeds, its greedy evaluation inside
+    the compiled loop) on gymnasium's own FrozenLake through
+    `envs.make("gymnasium:FrozenLake-v1")`."""
     from rl.config import build_config
     from rl.train import train_many
 

@@ -37,7 +37,8 @@ NUM_ENVS, NUM_STEPS = 8, 40
 
 def rollouts(step, reset, sample_action, params, key):
     """NUM_ENVS envs x NUM_STEPS random steps of `step` (fusedrl's or gymnax's signature, the same
-    6 outputs), jitted and vmapped over the envs; each env's keys are split the same way for both."""
+    6 outputs), jitted and vmapped over the envs; each env's keys are split the same way for
+    both."""
 
     def one_env(key):
         reset_key, scan_key = jax.random.split(key)
@@ -196,8 +197,9 @@ def test_space_bounds_fall_back_to_the_default_params_under_a_vmap_over_params()
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-MinAtar"])
 def test_wrappers_read_the_spaces_inside_jit(env_id):
-    """gymnax computes CartPole's bounds with jnp ops (traced inside jit): the space falls back to the
-    default params' one, so the wrappers that read it inside a trace work (Breakout: per channel)."""
+    """gymnax computes CartPole's bounds with jnp ops (traced inside jit): the space falls back to
+    the default params' one, so the wrappers that read it inside a trace work (Breakout: per
+    channel)."""
     env, params = envs.make(f"gymnax:{env_id}")
     assert (
         jax.jit(lambda p: jnp.zeros(env.observation_space(p).shape))(params).shape
@@ -217,7 +219,7 @@ def test_wrappers_read_the_spaces_inside_jit(env_id):
     )  # Breakout: one per channel (not [10, 10, 4]); CartPole: one per feature
 
 
-# --- make's keywords and errors --------------------------------------------------------------------
+# --- make's keywords and errors -------------------------------------------------------------------
 
 
 def test_make_takes_params_fields_and_constructor_keywords():
@@ -232,7 +234,10 @@ def test_make_takes_params_fields_and_constructor_keywords():
 def test_make_errors_name_the_problem():
     with pytest.raises(
         ValueError,
-        match=r"unknown env param\(s\) \['gravty'\].*constructor keywords: \['use_minimal_action_set'\]",
+        match=(
+            r"unknown env param\(s\) \['gravty'\].*constructor keywords: "
+            r"\['use_minimal_action_set'\]"
+        ),
     ):
         envs.make("gymnax:Breakout-MinAtar", gravty=1)
     with pytest.raises(
@@ -242,7 +247,10 @@ def test_make_errors_name_the_problem():
         envs.make("gymnax:Breakot-MinAtar")
     with pytest.raises(
         ValueError,
-        match=r"unknown env id 'Breakout-MinAtar'. Did you mean 'gymnax:Breakout-MinAtar'.*'gymnax:<id>'",
+        match=(
+            r"unknown env id 'Breakout-MinAtar'. Did you mean "
+            r"'gymnax:Breakout-MinAtar'.*'gymnax:<id>'"
+        ),
     ):
         envs.make("Breakout-MinAtar")
     env, params = envs.make("gymnax:CartPole-v1")
@@ -301,7 +309,10 @@ def test_a_missing_gymnax_gives_one_error_naming_the_extra(monkeypatch):
 
 
 def test_import_envs_does_not_import_gymnax():
-    code = "import sys, envs; envs.make('CartPole-v1'); assert 'gymnax' not in sys.modules, 'gymnax imported'"
+    code = (
+        "import sys, envs; envs.make('CartPole-v1'); "
+        "assert 'gymnax' not in sys.modules, 'gymnax imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

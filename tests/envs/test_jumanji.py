@@ -41,7 +41,8 @@ class TimeLimitAsTruncation(jumanji.wrappers.Wrapper):
 
 
 def flat(observation):
-    """The documented rule, written out: the leaves of the observation in pytree order, raveled, float32."""
+    """The documented rule, written out: the leaves of the observation in pytree order, raveled,
+    float32."""
     return jnp.concatenate(
         [jnp.ravel(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(observation)]
     )
@@ -69,7 +70,8 @@ def test_stepping_equals_jumanji_with_the_same_keys():
     actions = jax.random.randint(k_actions, (NUM_STEPS, NUM_ENVS), 0, 4)
 
     def lib_step(state, key, action):
-        """Jumanji's step; on LAST, `reset` with the reset half of the step key (the Env contract)."""
+        """Jumanji's step; on LAST, `reset` with the reset half of the step key
+        (the Env contract)."""
         state, timestep = theirs.step(state, action)
         restart, first = theirs.reset(jax.random.split(key)[1])
         last = timestep.last()
@@ -192,14 +194,18 @@ def test_missing_extra_names_it(hide_package):
     hide_package("jumanji")
     with pytest.raises(
         ImportError,
-        match=r'jumanji:Snake-v1 needs the \'jumanji\' package, which does not import: pip install "fusedrl\[jumanji\]"',
+        match=(
+            r"jumanji:Snake-v1 needs the \'jumanji\' package, which does not import: "
+            r'pip install "fusedrl\[jumanji\]"'
+        ),
     ):
         envs.make("jumanji:Snake-v1")
     assert not any(i.startswith("jumanji:") for i in envs.registered_ids())
 
 
 def test_rl_train_takes_the_id_and_its_params(tmp_path, capsys):
-    """`rl train` with a Jumanji id in env.id and its keywords (Jumanji's and ours) under env.params."""
+    """`rl train` with a Jumanji id in env.id and its keywords (Jumanji's and ours) under
+    env.params."""
     import json
 
     import yaml

@@ -1,4 +1,5 @@
-"""MountainCar-v0 against gymnasium 1.x: one-step parity from identical states, time limit, reset law."""
+"""MountainCar-v0 against gymnasium 1.x: one-step parity from identical states, time limit,
+reset law."""
 
 import gymnasium
 import jax

@@ -1,4 +1,5 @@
-"""Pendulum-v1 against gymnasium 1.x: one-step parity from identical states, time limit, reset law."""
+"""Pendulum-v1 against gymnasium 1.x: one-step parity from identical states, time limit,
+reset law."""
 
 import gymnasium
 import jax

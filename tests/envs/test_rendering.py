@@ -83,7 +83,10 @@ def test_render_of_a_wrapped_state_with_the_base_env_says_which_env_to_pass():
     _, state = wrapped.reset(jax.random.key(0), params)
     with pytest.raises(
         ValueError,
-        match=r"render: got a NormalizeObservationState for the env Pendulum-v1.*pass the env the state came from",
+        match=(
+            r"render: got a NormalizeObservationState for the env Pendulum-v1.*"
+            r"pass the env the state came from"
+        ),
     ):
         render(env, state, params)
 

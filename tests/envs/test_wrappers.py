@@ -1,5 +1,6 @@
 """Wrappers: vectorize, episode statistics across auto-resets, observation/reward normalisation over
-the right axes under a batch of envs, action clipping/rescaling, observation masking, and their composition."""
+the right axes under a batch of envs, action clipping/rescaling, observation masking,
+and their composition."""
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,8 @@ from envs.wrappers import (
 
 
 def run(env, params, key, num_steps, policy):
-    """reset + `num_steps` steps of `policy(key, obs)` in one jitted scan; returns (first obs, per-step outputs)."""
+    """reset + `num_steps` steps of `policy(key, obs)` in one jitted scan; returns
+    (first obs, per-step outputs)."""
 
     @jax.jit
     def go(key):
@@ -151,7 +153,8 @@ def test_episode_statistics_known_episode_lengths():
     env, params = envs.make("GridWorld", size=3, max_steps_in_episode=5)
     stats_env = EpisodeStatistics(env)
     _, state = stats_env.reset(jax.random.key(0), params)
-    # episode 1: 4 steps to the goal (return 1); episode 2: 5 steps right into the wall (truncated, return 0)
+    # episode 1: 4 steps to the goal (return 1); episode 2: 5 steps right into the wall
+    # (truncated, return 0)
     actions = [1, 1, 2, 2] + [0] * 5 + [1]
     seen = []
     for t, a in enumerate(actions):
@@ -189,7 +192,8 @@ def test_running_mean_var_matches_gymnasium_running_mean_std():
     offset=st.floats(-1e2, 1e2),
 )
 def test_running_mean_var_is_independent_of_how_the_data_is_batched(sizes, scale, offset):
-    """Merging batches one by one gives the statistics of all the data at once (up to the 1e-4 prior)."""
+    """Merging batches one by one gives the statistics of all the data at once
+    (up to the 1e-4 prior)."""
     rng = np.random.default_rng(len(sizes))
     data = rng.normal(offset, scale, (sum(sizes), 2))
     stats = RunningMeanVar.create((2,))
@@ -234,7 +238,8 @@ def test_normalize_observation_statistics_are_over_the_batch_of_envs():
         expected = (raw_obs[t] - reference.mean) / np.sqrt(reference.var + 1e-8)
         np.testing.assert_allclose(obs[t], expected, rtol=1e-3, atol=2e-3)
     assert stats.count[-1] == pytest.approx(n * (steps + 1) + 1e-4)
-    # each feature is standardised separately: over all envs and steps, mean ~0 and std ~1 per feature
+    # each feature is standardised separately: over all envs and steps,
+    # mean ~0 and std ~1 per feature
     all_raw = np.concatenate([raw_first[None], raw_obs]).reshape(-1, 2)
     standardised = (all_raw - stats.mean[-1]) / np.sqrt(stats.var[-1] + 1e-8)
     np.testing.assert_allclose(standardised.mean(0), 0.0, atol=1e-3)
@@ -317,7 +322,8 @@ class NoiseParams:
 
 
 class ImageNoise(Env):
-    """Images [6, 5, 3] of independent pixels, channel c ~ N(MEANS[c], STDS[c]^2): per-channel statistics."""
+    """Images [6, 5, 3] of independent pixels, channel c ~ N(MEANS[c], STDS[c]^2):
+    per-channel statistics."""
 
     name = "ImageNoise"
     default_params = NoiseParams()
@@ -465,8 +471,9 @@ def test_rescale_action_maps_the_unit_box_onto_the_env_bounds():
 
 @pytest.mark.parametrize("env_id, keep", [("CartPole-v1", [0, 2]), ("Pendulum-v1", [0, 1])])
 def test_mask_observation_positions_hide_the_velocities(env_id, keep):
-    """'positions' keeps CartPole's [x, theta] and Pendulum's [cos, sin]: every observation, reset and
-    final_obs included, is the unmasked env's at those indices under the same keys; the space is cut alike."""
+    """'positions' keeps CartPole's [x, theta] and Pendulum's [cos, sin]: every observation, reset
+    and final_obs included, is the unmasked env's at those indices under the same keys; the space is
+    cut alike."""
     env, params = envs.make(env_id)
     masked = MaskObservation(env, "positions")
     assert masked.keep == tuple(keep)
