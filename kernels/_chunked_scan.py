@@ -15,11 +15,11 @@ loads in flight, unlike a row-at-a-time loop.
 Two ways to cover the grid (:class:`ScanConfig`):
   * loop (``chained=False``): grid ``(column blocks, B)``; each program loops over all tiles of its
     columns, the carry stays in registers. Good when there are many column blocks (large N).
-  * chained (``chained=True``): one tile per program, grid ``(tiles * B * column blocks,)``, so small
-    N still fills the GPU. A program scans its tile, then finds the carry into it by decoupled
-    look-back (as in single-pass GPU prefix scans): it publishes its own composed map (aggregate)
-    at once, then walks back over earlier tiles, composing their aggregates
-    until it meets a published carry; then it publishes its own carry and writes its outputs.
+  * chained (``chained=True``): one tile per program, grid ``(tiles * B * column blocks,)``, so
+    small N still fills the GPU. A program scans its tile, then finds the carry into it by decoupled
+    look-back (as in single-pass GPU prefix scans): it publishes its own composed map (aggregate) at
+    once, then walks back over earlier tiles, composing their aggregates until it meets a published
+    carry; then it publishes its own carry and writes its outputs.
     Values travel through a scratch buffer of 64-bit words (float bits | ready flag), so value and
     flag arrive together. Tiles are handed out in scan order by an atomic
     ticket counter, so a program only waits on a program that already started: no deadlock, also
@@ -64,8 +64,8 @@ class ScanConfig:
 
 
 def choose_config(b: int, t: int, n: int) -> ScanConfig:
-    """Picks the tiling from the shape (thresholds from ``benchmarks/kernels.py --sweep``; the sweep's
-    figures, machine and command are in benchmarks/RESULTS.md, "Kernels").
+    """Picks the tiling from the shape (thresholds from ``benchmarks/kernels.py --sweep``; the
+    sweep's figures, machine and command are in benchmarks/RESULTS.md, "Scans").
 
     * many columns (``b * n / 64 >= 512``) or short time axes: the loop grid with 32 x 64 tiles;
     * else, while narrow column blocks still give >= 256 programs: the loop grid with tall,
@@ -116,13 +116,15 @@ def grid_and_scratch(config: ScanConfig, b: int, t: int, n: int):
 
 @triton.jit
 def affine_combine(x_a, m_a, x_b, m_b):
-    """Composes ``y -> x_a + m_a y`` (nearer the carry) into ``y -> x_b + m_b y`` (the next step)."""
+    """Composes ``y -> x_a + m_a y`` (nearer the carry) into ``y -> x_b + m_b y``
+    (the next step)."""
     return x_b + m_b * x_a, m_b * m_a
 
 
 @triton.jit
 def program_coords(counter_ptr, n_chunks, N, CHAINED: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(batch row b, column block, first tile index in scan order, number of tiles) of this program."""
+    """(batch row b, column block, first tile index in scan order, number of tiles)
+    of this program."""
     if CHAINED:
         col_blocks = tl.cdiv(N, BLOCK_N)
         ticket = tl.atomic_add(counter_ptr, 1)

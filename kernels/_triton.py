@@ -14,15 +14,16 @@ import functools
 from typing import Any, Callable
 
 MISSING_MESSAGE = (
-    "Triton is not installed: the 'interpret' kernel backend needs pip install 'fusedrl[interpret]' "
-    "(Triton and CPU torch) and the 'triton' backend pip install 'fusedrl[gpu]' (Triton and jax-triton); "
-    "the 'reference' backend needs neither"
+    "Triton is not installed: the 'interpret' kernel backend needs pip install "
+    "'fusedrl[interpret]' (Triton and CPU torch) and the 'triton' backend pip install "
+    "'fusedrl[gpu]' (Triton and jax-triton); the 'reference' backend needs neither"
 )
 
 
 @functools.lru_cache(maxsize=None)
 def import_error() -> str | None:
-    """Why Triton does not import here (``"ModuleNotFoundError: ..."``), or ``None`` when it does."""
+    """Why Triton does not import here (``"ModuleNotFoundError: ..."``),
+    or ``None`` when it does."""
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
@@ -44,7 +45,8 @@ class _MissingTriton:
 
 
 class _MissingLanguage:
-    """Stands in for ``triton.language``; only kernel bodies use it, and they never run without Triton."""
+    """Stands in for ``triton.language``; only kernel bodies use it,
+    and they never run without Triton."""
 
     def __getattr__(self, name: str):
         raise ImportError(f"triton.language.{name}: {MISSING_MESSAGE}")

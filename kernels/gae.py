@@ -57,7 +57,8 @@ def _gae_kernel(
     BLOCK_N: tl.constexpr,
     PREFIX_LOOKUP: tl.constexpr,
 ):
-    """GAE over [B, T, N]; lam is [B, T, N] when LAMBDA_PER_STEP, else one value per batch row [B]."""
+    """GAE over [B, T, N]; lam is [B, T, N] when LAMBDA_PER_STEP,
+    else one value per batch row [B]."""
     b, pid_n, j0, n_iter = cs.program_coords(counter_ptr, n_chunks, N, CHAINED, BLOCK_N)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N

@@ -34,11 +34,11 @@ plain-JAX reference and its public function. The public function:
    * a *core* function ``core(*arrays, lead)``: every positional argument is a JAX array carrying
      ``lead`` extra leading axes (vmapped axes folded in so far; the same sizes on every argument),
      followed by the op's own shape. The core reshapes them to a canonical layout (e.g.
-     ``[B, T, N]`` with :func:`time_major_3d` or ``[rows, cols]`` with :func:`rows_2d`), computes the
-     grid and calls :func:`launch` once, and reshapes the outputs back (they carry the same
+     ``[B, T, N]`` with :func:`time_major_3d` or ``[rows, cols]`` with :func:`rows_2d`), computes
+     the grid and calls :func:`launch` once, and reshapes the outputs back (they carry the same
      ``lead`` axes). Static choices (backend, block sizes) are closed over, not passed.
-   * :func:`fold_vmap(core) <fold_vmap>` turns it into a ``jax.custom_batching.custom_vmap`` function
-     ``f(*arrays)`` = ``core(*arrays, lead=0)``. Under ``jax.vmap`` its rule broadcasts the
+   * :func:`fold_vmap(core) <fold_vmap>` turns it into a ``jax.custom_batching.custom_vmap``
+     function ``f(*arrays)`` = ``core(*arrays, lead=0)``. Under ``jax.vmap`` its rule broadcasts the
      unbatched arguments to the batch size, calls ``core`` with ``lead + 1`` and marks every output
      batched, so nested vmaps (seeds x envs x hyperparameters) still end in ONE launch whose grid
      covers the folded axes.
@@ -121,7 +121,8 @@ def _check_name(name: str, where: str) -> str:
 
 
 def set_backend(name: str | None) -> None:
-    """Sets the process-wide kernel backend (``None`` or ``"auto"`` restores the automatic choice)."""
+    """Sets the process-wide kernel backend (``None`` or ``"auto"`` restores the automatic
+    choice)."""
     global _process_backend
     if name == AUTO:
         name = None
@@ -137,7 +138,8 @@ def get_backend() -> str | None:
 
 @contextlib.contextmanager
 def use_backend(name: str | None) -> Iterator[None]:
-    """Context manager: ``with use_backend("interpret"): ...`` then restores the previous setting."""
+    """Context manager: ``with use_backend("interpret"): ...``
+    then restores the previous setting."""
     previous = _process_backend
     set_backend(name)
     try:
@@ -211,7 +213,8 @@ def _environment_choice() -> str | None:
 def chosen_automatically(backend: str | None = None) -> bool:
     """Whether :func:`resolve_backend` (with this argument) falls through to the automatic choice:
     no ``backend=`` (or ``"auto"``), no process-wide setting and no environment variable. Ops may
-    then trade the Triton kernel for XLA at shapes where they measured XLA faster (documented per op)."""
+    then trade the Triton kernel for XLA at shapes where they measured XLA faster
+    (documented per op)."""
     return backend in (None, AUTO) and _process_backend is None and _environment_choice() is None
 
 
@@ -251,7 +254,8 @@ def check_float_array(
         x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(
-            f"{name} must be a floating-point array, got dtype {x.dtype} with shape {tuple(x.shape)}"
+            f"{name} must be a floating-point array, got dtype {x.dtype} with shape "
+            f"{tuple(x.shape)}"
         )
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must have rank {ndim}, got shape {tuple(x.shape)}")
@@ -318,10 +322,11 @@ def time_major_3d(x: jax.Array, lead: int) -> tuple[jax.Array, Callable[[jax.Arr
 def rows_2d(
     x: jax.Array, lead: int, core_ndim: int = 1
 ) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
-    """Views ``x`` as ``[rows, cols]``: the last ``core_ndim`` axes flattened into cols, the rest rows.
+    """Views ``x`` as ``[rows, cols]``: the last ``core_ndim`` axes flattened into cols,
+    the rest rows.
 
-    The returned ``restore(y)`` maps ``y [rows, cols]`` back to ``x``'s shape, and ``y [rows, *tail]``
-    with another trailing shape to ``[*row axes, *tail]``.
+    The returned ``restore(y)`` maps ``y [rows, cols]`` back to ``x``'s shape, and
+    ``y [rows, *tail]`` with another trailing shape to ``[*row axes, *tail]``.
 
     ``lead`` is accepted for symmetry with :func:`time_major_3d`: leading folded axes are rows too.
     """
@@ -332,7 +337,8 @@ def rows_2d(
     cols = math.prod(shape[split:])
 
     def restore(y: jax.Array) -> jax.Array:
-        # same trailing size as x: x's shape; otherwise (e.g. a per-row result) the rows' shape + y's tail
+        # same trailing size as x: x's shape; otherwise (e.g. a per-row result) the rows' shape
+        # + y's tail
         return y.reshape(
             shape if tuple(y.shape[1:]) == (cols,) else shape[:split] + tuple(y.shape[1:])
         )
@@ -463,7 +469,8 @@ def split_over_batch_axes(
     )
 
     def splits(arg_shapes) -> dict:
-        """Each shared factor's split (a PartitionSpec entry), from the first argument splitting it."""
+        """Each shared factor's split (a PartitionSpec entry),
+        from the first argument splitting it."""
         found: dict = {}
         for mapping, a in zip(operands, arg_shapes):
             if isinstance(a.sharding, NamedSharding):
@@ -626,7 +633,8 @@ def _triton_language_namespaces() -> list[Any]:
 
 @contextlib.contextmanager
 def _restoring_triton_language() -> Iterator[None]:
-    """Puts every ``triton.language`` module and class attribute that existed on entry back as it was.
+    """Puts every ``triton.language`` module and class attribute that existed on entry back
+    as it was.
 
     Triton 3.6's interpreter leaves its patches in ``triton.language`` after a launch (3.9 restores
     them), so a later GPU compile of any kernel in the same process would trace interpreter builtins
@@ -676,7 +684,8 @@ def _with_scalar_index(patch_lang_tensor):
     """Triton's ``_patch_lang_tensor`` followed by an ``__index__`` that reads the one element of
     the handle's array, whatever its shape. The interpreter holds a scalar (a kernel argument such
     as a loop bound) as a shape-(1,) array; Triton 3.6 converts it with ``int(data)``, which NumPy
-    refuses for arrays of ndim > 0, so ``range(n)`` over such a scalar fails there (3.9 squeezes)."""
+    refuses for arrays of ndim > 0, so ``range(n)`` over such a scalar fails there
+    (3.9 squeezes)."""
 
     def patch(tensor, *args, **kwargs):
         patch_lang_tensor(tensor, *args, **kwargs)

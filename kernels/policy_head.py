@@ -223,12 +223,14 @@ def _check_actions(actions, logits):
         actions = jnp.asarray(actions)
     if not jnp.issubdtype(actions.dtype, jnp.integer):
         raise ValueError(
-            f"actions must be an integer array, got dtype {actions.dtype} with shape {tuple(actions.shape)}"
+            f"actions must be an integer array, got dtype {actions.dtype} with shape "
+            f"{tuple(actions.shape)}"
         )
     if tuple(actions.shape) != tuple(logits.shape[:-1]):
         raise ValueError(
-            f"actions must have the shape of logits without its last axis {tuple(logits.shape[:-1])} "
-            f"(logits {tuple(logits.shape)}), got {tuple(actions.shape)}"
+            "actions must have the shape of logits without its last axis "
+            f"{tuple(logits.shape[:-1])} (logits {tuple(logits.shape)}), "
+            f"got {tuple(actions.shape)}"
         )
     n_actions = logits.shape[-1]
     concrete = concrete_value(actions)

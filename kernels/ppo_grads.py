@@ -6,7 +6,8 @@ The actor and the critic are separate MLPs with two hidden layers (activation f 
 
 the actor's `out` being the logits [M, A] and the critic's the value [M, 1]. For a minibatch of M
 rows (observation x, action a, behaviour log-prob lp_old, behaviour value v_old, advantage A,
-value target R) this op returns the gradient, with respect to all twelve weight arrays, of PPO's loss
+value target R) this op returns the gradient, with respect to all twelve weight arrays, of
+PPO's loss
 
     L = -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))                         (policy_loss)
         + vf_coef * 0.5 * mean(max((v - R)^2, (v_old + clip(v - v_old, -eps_v, eps_v) - R)^2))
@@ -24,8 +25,9 @@ dmin/drho = A when rho is inside the clip range or the unclipped term is the sma
               (vf_coef / M) (v_clipped - R) [|v - v_old| < eps_v]
 
 then the usual backpropagation through the two layers: dW3 = h2^T dout, dz2 = (dout W3^T) f'(h2),
-dW2 = h1^T dz2, dz1 = (dz2 W2^T) f'(h1), dW1 = x^T dz1, db = column sums. (At the measure-zero points
-where rho or v - v_old sits exactly on a clip boundary, autodiff splits a tie and this op does not.)
+dW2 = h1^T dz2, dz1 = (dz2 W2^T) f'(h1), dW1 = x^T dz1, db = column sums. (At the measure-zero
+points where rho or v - v_old sits exactly on a clip boundary, autodiff splits a tie and this op
+does not.)
 
 Why a kernel: with thousands of seeds vmapped, every weight and activation is a separate small
 matrix per seed, and XLA runs the minibatch step as ~60 kernels that each stream [seeds, M, 64]
@@ -35,7 +37,8 @@ two launches; a minibatch larger than one program's share is split into row chun
 gradients are summed afterwards. The kernels read the weights from one flat parameter vector and
 write the gradient into one, at offsets a `FlatLayout` gives (`ppo_actor_critic_grads_flat`), along
 with each program's sum of squared gradients: an optimiser on the flat vector then needs no slicing,
-no concatenation and no norm pass over the gradient (benchmarks/RESULTS.md, eighteenth session).
+no concatenation and no norm pass over the gradient (benchmarks/RESULTS.md, "The fused PPO
+gradient").
 
 Backends: "reference" is `jax.value_and_grad` of the same loss in plain JAX; "triton" and
 "interpret" run the kernels. `dot_precision="tf32"` (default: what XLA does by default for float32
@@ -175,7 +178,7 @@ def _backprop(
 
     w2 and w3 stay as loaded ([in, out]) and are transposed inside each ``tl.dot``: the forward
     pass reads them untransposed, so the row loop holds one on-chip copy of each weight, not two
-    (benchmarks/RESULTS.md, "PPO throughput after the rework", times the hoisted-transpose variant)."""
+    (benchmarks/RESULTS.md, "Tried and did not pay", times the hoisted-transpose variant)."""
     g_w3 += tl.dot(tl.trans(h2), d_out, input_precision=PRECISION)
     g_b3 += tl.sum(d_out, axis=0)
     d_z2 = tl.dot(d_out, tl.trans(w3), input_precision=PRECISION) * _activation_grad(h2, RELU)
@@ -205,7 +208,8 @@ def _load_mlp(
     H2P: tl.constexpr,
     OP: tl.constexpr,
 ):
-    """The six arrays of one MLP from a flat parameter vector at ptr, each at its offset, zero-padded."""
+    """The six arrays of one MLP from a flat parameter vector at ptr, each at its offset,
+    zero-padded."""
     w1 = _load_matrix(ptr + off_w1, D, H1, DP, H1P)
     b1 = _load_vector(ptr + off_b1, H1, H1P)
     w2 = _load_matrix(ptr + off_w2, H1, H2, H1P, H2P)
@@ -541,7 +545,8 @@ def _padded(n: int) -> int:
 
 
 def _row_chunks(num_seeds: int, m: int) -> tuple[int, int]:
-    """(rows per program, chunks): enough programs to fill the GPU, whole BLOCK_M steps per chunk."""
+    """(rows per program, chunks): enough programs to fill the GPU,
+    whole BLOCK_M steps per chunk."""
     chunks = min(cdiv(m, BLOCK_M), max(1, cdiv(MIN_PROGRAMS, num_seeds)))
     rows = cdiv(cdiv(m, chunks), BLOCK_M) * BLOCK_M
     return rows, cdiv(m, rows)
@@ -557,12 +562,13 @@ def automatic_crossover(name: str, automatic: bool, minibatches: int, rows: int)
 
 
 class FlatLayout(NamedTuple):
-    """Where a two-MLP actor-critic's twelve arrays lie in one flat parameter vector of `size` floats:
-    `actor` and `critic` hold the offsets of (w1, b1, w2, b2, w3, b3), each array row-major (weights
-    [in, out]) and contiguous, with obs_dim D, hidden widths (H1, H2) and A actions; the critic's head
-    has one output. `jax.flatten_util.ravel_pytree`'s vector of the network's params is such a vector
-    (`rl.networks.leaf_offsets` gives the offsets). A layout is static (Python ints, fixed at trace
-    time): close over it, do not pass it through `jit` or `vmap` as an argument."""
+    """Where a two-MLP actor-critic's twelve arrays lie in one flat parameter vector of `size`
+    floats: `actor` and `critic` hold the offsets of (w1, b1, w2, b2, w3, b3), each array row-major
+    (weights [in, out]) and contiguous, with obs_dim D, hidden widths (H1, H2) and A actions; the
+    critic's head has one output. `jax.flatten_util.ravel_pytree`'s vector of the network's params
+    is such a vector (`rl.networks.leaf_offsets` gives the offsets). A layout is static (Python
+    ints, fixed at trace time): close over it, do not pass it through `jit` or `vmap` as an
+    argument."""
 
     actor: tuple[int, int, int, int, int, int]
     critic: tuple[int, int, int, int, int, int]
@@ -593,16 +599,17 @@ def concatenated_layout(obs_dim: int, hidden: tuple[int, int], actions: int) -> 
 def _static_int(name: str, value) -> int:
     if isinstance(value, (bool, jax.Array)) or not isinstance(value, (int, np.integer)):
         raise ValueError(
-            f"layout.{name} must be a Python int (a layout is static: close over it, do not trace it), got {value!r}"
+            f"layout.{name} must be a Python int (a layout is static: close over it, "
+            f"do not trace it), got {value!r}"
         )
     return int(value)
 
 
 def check_layout(layout: FlatLayout) -> FlatLayout:
-    """`layout` with plain-int tuples, after checking it: six offsets per network, two hidden widths,
-    positive sizes, and the twelve arrays covering [0, layout.size) exactly once (the kernels write
-    every gradient entry and nothing else, so a gap would be left undefined). ValueError naming the
-    problem otherwise."""
+    """`layout` with plain-int tuples, after checking it: six offsets per network, two hidden
+    widths, positive sizes, and the twelve arrays covering [0, layout.size) exactly once (the
+    kernels write every gradient entry and nothing else, so a gap would be left undefined).
+    ValueError naming the problem otherwise."""
     if not isinstance(layout, FlatLayout):
         raise ValueError(
             f"layout must be a kernels.ppo_grads.FlatLayout, got {type(layout).__name__}"
@@ -610,7 +617,8 @@ def check_layout(layout: FlatLayout) -> FlatLayout:
     for net in ("actor", "critic"):
         if len(getattr(layout, net)) != 6:
             raise ValueError(
-                f"layout.{net} must hold 6 offsets (w1, b1, w2, b2, w3, b3), got {getattr(layout, net)!r}"
+                f"layout.{net} must hold 6 offsets (w1, b1, w2, b2, w3, b3), "
+                f"got {getattr(layout, net)!r}"
             )
     if len(layout.hidden) != 2:
         raise ValueError(f"layout.hidden must be two widths (H1, H2), got {layout.hidden!r}")
@@ -637,13 +645,15 @@ def check_layout(layout: FlatLayout) -> FlatLayout:
     for start, end, name in spans:
         if start != at:
             raise ValueError(
-                f"layout: {name} starts at {start}, but the arrays before it end at {at}: the twelve arrays must cover "
-                f"the flat vector's {layout.size} entries exactly once, with no gap or overlap (layout {layout})"
+                f"layout: {name} starts at {start}, but the arrays before it end at {at}: "
+                f"the twelve arrays must cover the flat vector's {layout.size} entries exactly "
+                f"once, with no gap or overlap (layout {layout})"
             )
         at = end
     if at != layout.size:
         raise ValueError(
-            f"layout: the twelve arrays cover {at} entries, the flat vector has {layout.size} (layout {layout})"
+            f"layout: the twelve arrays cover {at} entries, "
+            f"the flat vector has {layout.size} (layout {layout})"
         )
     return layout
 
@@ -660,7 +670,8 @@ def unflatten(params, layout: FlatLayout):
 
 
 def flatten(actor, critic, layout: FlatLayout):
-    """The inverse of `unflatten`: the twelve arrays (with the same leading axes) in one vector [..., size]."""
+    """The inverse of `unflatten`: the twelve arrays (with the same leading axes)
+    in one vector [..., size]."""
     layout = check_layout(layout)
     lead = actor[0].shape[: actor[0].ndim - 2]
     placed = sorted(zip(layout.actor + layout.critic, range(12), tuple(actor) + tuple(critic)))
@@ -841,7 +852,8 @@ def _mlp(layers, x, activation: str, precision):
 
 
 def clipped_surrogate_loss(ratio, advantages, clip_eps):
-    """PPO's clipped surrogate (Schulman et al. 2017): -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))."""
+    """PPO's clipped surrogate (Schulman et al. 2017):
+    -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))."""
     return -jnp.mean(
         jnp.minimum(
             ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
@@ -850,7 +862,8 @@ def clipped_surrogate_loss(ratio, advantages, clip_eps):
 
 
 def clipped_value_loss(values, old_values, targets, clip_eps, clip: bool = True):
-    """0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2)); 0.5 mean((V - R)^2) when not `clip`."""
+    """0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2));
+    0.5 mean((V - R)^2) when not `clip`."""
     unclipped = jnp.square(values - targets)
     if not clip:
         return 0.5 * jnp.mean(unclipped)
@@ -875,7 +888,8 @@ def ppo_objective(
     """(L, stats) of one minibatch, from the per-row log pi(a|s), entropy H and value V of the
     current policy (any action distribution):
 
-        L = clipped_surrogate_loss(rho, A, eps) + vf_coef clipped_value_loss(V, V_old, R, eps_v) - ent_coef mean(H)
+        L = clipped_surrogate_loss(rho, A, eps) + vf_coef clipped_value_loss(V, V_old, R, eps_v)
+            - ent_coef mean(H)
 
     with rho = exp(log pi(a|s) - log pi_old(a|s)); stats: policy_loss, value_loss, entropy,
     approx_kl = mean(rho - 1 - log rho), clip_fraction = mean(|rho - 1| > eps). The fused kernels
@@ -914,7 +928,8 @@ def ppo_actor_critic_grads_reference(
     clip_value_loss=True,
     dot_precision="tf32",
 ):
-    """Plain JAX: `jax.value_and_grad` of the loss in the module docstring (same signature and outputs)."""
+    """Plain JAX: `jax.value_and_grad` of the loss in the module docstring
+    (same signature and outputs)."""
     precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
 
     def loss(actor, critic):
@@ -954,22 +969,25 @@ def shared_memory_estimate(obs_dim: int, hidden: tuple[int, int], actions: int) 
 
         8 (D H1 + H1 H2 + H2 A) + 4 BLOCK_M (H1 + H2) + 768
 
-    Fitted to Triton's requests on an H100 (benchmarks/RESULTS.md, thirteenth session: 246,528 to
-    295,680 bytes at obs 64, hidden 128 x 128 and 16 to 64 actions, exactly as this formula gives;
-    fits at obs 16 with 16 actions, at obs 8 with 4, and at 64 x 64 with 64 actions). With ieee
-    products the dots run without staging and every size within LIMITS fits."""
+    Fitted to Triton's requests on an H100 (benchmarks/RESULTS.md, "The fused PPO gradient":
+    246,528 to 295,680 bytes at obs 64, hidden 128 x 128 and 16 to 64 actions, exactly as this
+    formula gives; fits at obs 16 with 16 actions, at obs 8 with 4, and at 64 x 64 with 64
+    actions). With ieee products the dots run without staging and every size within LIMITS fits."""
     dp, h1p, h2p, ap = (_padded(n) for n in (obs_dim, *hidden, actions))
     return 8 * (dp * h1p + h1p * h2p + h2p * ap) + 4 * BLOCK_M * (h1p + h2p) + 768
 
 
 def too_big_for_shared_memory(obs_dim: int, hidden: tuple[int, int], actions: int) -> str | None:
-    """Why these sizes do not fit one program's shared memory with tf32 products, or None if they do."""
+    """Why these sizes do not fit one program's shared memory with tf32 products,
+    or None if they do."""
     need = shared_memory_estimate(obs_dim, hidden, actions)
     if need <= SHARED_MEMORY_BYTES:
         return None
     return (
-        f"obs_dim {obs_dim}, hidden {tuple(hidden)} and {actions} actions need about {need:,} bytes of shared memory per program "
-        f"with tf32 products, more than the {SHARED_MEMORY_BYTES:,} of the GPUs measured (use dot_precision='ieee' or smaller sizes)"
+        f"obs_dim {obs_dim}, hidden {tuple(hidden)} and {actions} actions need about {need:,} "
+        "bytes of shared memory per program with tf32 products, "
+        f"more than the {SHARED_MEMORY_BYTES:,} of the GPUs measured "
+        "(use dot_precision='ieee' or smaller sizes)"
     )
 
 
@@ -980,7 +998,8 @@ def _check(obs, actions, rows, actor, critic):
         jnp.asarray(actions).dtype, jnp.integer
     ):
         raise ValueError(
-            f"actions must be an integer array of shape {(m,)} (one per obs row), got {jnp.asarray(actions).dtype} {tuple(jnp.shape(actions))}"
+            f"actions must be an integer array of shape {(m,)} (one per obs row), "
+            f"got {jnp.asarray(actions).dtype} {tuple(jnp.shape(actions))}"
         )
     for name, x in rows.items():
         x = check_float_array(name, x)
@@ -997,11 +1016,13 @@ def _check(obs, actions, rows, actor, critic):
         for i, (g, w) in enumerate(zip(got, want)):
             if g != w:
                 raise ValueError(
-                    f"{net}[{i}] must have shape {w} for obs of shape {(m, d)}, got {g} (all shapes: {got})"
+                    f"{net}[{i}] must have shape {w} for obs of shape {(m, d)}, "
+                    f"got {g} (all shapes: {got})"
                 )
         if h1 > LIMITS["hidden"] or h2 > LIMITS["hidden"]:
             raise ValueError(
-                f"{net}: hidden widths ({h1}, {h2}) exceed the fused kernel's limit {LIMITS['hidden']}"
+                f"{net}: hidden widths ({h1}, {h2}) exceed the fused kernel's limit "
+                f"{LIMITS['hidden']}"
             )
     if d > LIMITS["obs_dim"]:
         raise ValueError(
@@ -1009,7 +1030,8 @@ def _check(obs, actions, rows, actor, critic):
         )
     if jnp.shape(actor[4])[-1] > LIMITS["actions"]:
         raise ValueError(
-            f"actor has {jnp.shape(actor[4])[-1]} actions, more than the fused kernel's limit {LIMITS['actions']}"
+            f"actor has {jnp.shape(actor[4])[-1]} actions, "
+            f"more than the fused kernel's limit {LIMITS['actions']}"
         )
 
 
@@ -1018,7 +1040,8 @@ def _float_shape(name: str, x) -> tuple[int, ...]:
     dtype = x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(
-            f"{name} must be a floating-point array, got dtype {dtype} with shape {tuple(jnp.shape(x))}"
+            f"{name} must be a floating-point array, got dtype {dtype} with shape "
+            f"{tuple(jnp.shape(x))}"
         )
     return tuple(jnp.shape(x))
 
@@ -1067,7 +1090,8 @@ def ppo_actor_critic_grads_flat(
     params = check_float_array("params", params, ndim=1)
     if params.shape != (layout.size,):
         raise ValueError(
-            f"params must have shape {(layout.size,)} (the layout's size), got {tuple(params.shape)}"
+            f"params must have shape {(layout.size,)} (the layout's size), "
+            f"got {tuple(params.shape)}"
         )
     rows = {
         "old_log_probs": old_log_probs,
@@ -1077,7 +1101,8 @@ def ppo_actor_critic_grads_flat(
     }
     if jnp.ndim(obs) != 2 or jnp.shape(obs)[-1] != layout.obs_dim:
         raise ValueError(
-            f"obs must have shape (M, {layout.obs_dim}) (the layout's obs_dim), got {tuple(jnp.shape(obs))}"
+            f"obs must have shape (M, {layout.obs_dim}) (the layout's obs_dim), "
+            f"got {tuple(jnp.shape(obs))}"
         )
     shapes_actor, shapes_critic = layout.shapes()
     like = lambda shapes: [jax.ShapeDtypeStruct(shape, params.dtype) for shape in shapes]
@@ -1134,22 +1159,23 @@ def ppo_actor_critic_grads(
     dot_precision: str = "tf32",
     backend: str | None = None,
 ):
-    """Gradient of PPO's loss for a two-MLP categorical actor-critic on one minibatch (module docstring).
+    """Gradient of PPO's loss for a two-MLP categorical actor-critic on one minibatch
+    (module docstring).
 
     obs [M, D] float; actions [M] int; old_log_probs, old_values, advantages, targets [M];
     actor = (w1 [D, H1], b1 [H1], w2 [H1, H2], b2 [H2], w3 [H2, A], b3 [A]); critic likewise with
     w3 [H2, 1], b3 [1]; clip_eps, vf_clip_eps, ent_coef, vf_coef scalars (may be traced).
-    Returns (actor_grads, critic_grads, stats): two tuples shaped like `actor` and `critic`, and a dict
-    of scalars (policy_loss, value_loss, entropy, approx_kl, clip_fraction). Works under jit and any
-    nesting of vmap (one launch per network). On the kernel backends the twelve arrays are
+    Returns (actor_grads, critic_grads, stats): two tuples shaped like `actor` and `critic`, and a
+    dict of scalars (policy_loss, value_loss, entropy, approx_kl, clip_fraction). Works under jit
+    and any nesting of vmap (one launch per network). On the kernel backends the twelve arrays are
     concatenated into one vector for `ppo_actor_critic_grads_flat` (which an optimiser on a flat
     vector should call directly).
 
     backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
     When that choice is the automatic one (none named anywhere) on a GPU, a single minibatch (no
-    vmap, or vmaps of total size 1: one seed) of fewer than ``AUTO_TRITON_MIN_ROWS_ONE_SEED`` (32768)
-    rows goes to the reference, which is faster there (measured); a named ``"triton"`` always runs
-    the kernels.
+    vmap, or vmaps of total size 1: one seed) of fewer than ``AUTO_TRITON_MIN_ROWS_ONE_SEED``
+    (32768) rows goes to the reference, which is faster there (measured); a named ``"triton"``
+    always runs the kernels.
     """
     _check_options(activation, dot_precision)
     rows = {

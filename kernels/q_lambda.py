@@ -9,9 +9,10 @@ array of the rewards' shape (0 where an episode ended, terminated or truncated: 
 there while ``nv`` still bootstraps). This is rlax's ``lambda_returns`` and the target of PQN
 (Gallici et al. 2024).
 
-As a linear recurrence ``G_t = x_t + c_t G_{t+1}`` (``G_T = 0``) with ``x_t = r_t + d_t (1 - l_t) nv_t``
-and ``c_t = d_t l_t`` (``l`` = lambda with ``l_{T-1} = 0``). Differentiable in every argument: with
-``a`` the adjoint of ``G`` (``a_t = g_t + c_{t-1} a_{t-1}``, the recurrence run forward in time),
+As a linear recurrence ``G_t = x_t + c_t G_{t+1}`` (``G_T = 0``) with
+``x_t = r_t + d_t (1 - l_t) nv_t`` and ``c_t = d_t l_t`` (``l`` = lambda with ``l_{T-1} = 0``).
+Differentiable in every argument: with ``a`` the adjoint of ``G`` (``a_t = g_t + c_{t-1} a_{t-1}``,
+the recurrence run forward in time),
 
     dL/dr = a,   dL/dnv = a d (1 - l),   dL/dd = a [(1 - l) nv + l G_{t+1}],
     dL/dlambda_t = a_t d_t (G_{t+1} - nv_t)   (0 at t = T-1; summed when lambda_ is a scalar).
@@ -197,8 +198,8 @@ def q_lambda_returns(
       rewards, next_values, discounts: float arrays ``[T, *batch]`` of one shape;
         ``discounts = gamma * (1 - terminated)``, ``next_values`` the value of the observation each
         step reached (``max_a Q(s_{t+1}, a)`` for Q(lambda), from ``final_obs`` at episode ends).
-      lambda_: float scalar or ``[T, *batch]`` array (may be traced); pass ``lambda (1 - done)`` so no
-        return chains across an episode end. The last step never chains (``lambda_{T-1} := 0``).
+      lambda_: float scalar or ``[T, *batch]`` array (may be traced); pass ``lambda (1 - done)`` so
+        no return chains across an episode end. The last step never chains (``lambda_{T-1} := 0``).
       backend: "triton", "reference" or "interpret"; ``None`` or "auto" = the process-wide choice.
       config: tiling override (:class:`kernels._chunked_scan.ScanConfig`), for tests/benchmarks.
       deterministic: bitwise-reproducible results on the GPU (the chained grid's look-back composes

@@ -1,9 +1,9 @@
 """Discounted returns: G_t = r_t + d_t * G_{t+1}, G_T = bootstrap (time-major).
 
-``discounted_returns(rewards [T, ...], discounts [T, ...], bootstrap [...])`` with any trailing batch
-shape. Differentiable in all three arguments. With ``a`` the adjoint of ``G`` (the cotangent
-``g`` scanned forward in time, ``a_t = g_t + d_{t-1} a_{t-1}``, the same recurrence run the
-other way):
+``discounted_returns(rewards [T, ...], discounts [T, ...], bootstrap [...])`` with any trailing
+batch shape. Differentiable in all three arguments. With ``a`` the adjoint of ``G`` (the cotangent
+``g`` scanned forward in time, ``a_t = g_t + d_{t-1} a_{t-1}``, the same recurrence run the other
+way):
 
     dL/dr_t = a_t,    dL/dd_t = a_t * G_{t+1},    dL/dbootstrap = d_{T-1} * a_{T-1}.
 
@@ -128,7 +128,8 @@ def _linear_scan_core(x, c, *init, lead, reverse, backend, config, deterministic
 
 
 def adjoint_scan(backend: str, config: cs.ScanConfig | None = None, deterministic: bool = False):
-    """``(g, c) -> a`` with ``a_t = g_t + c_{t-1} a_{t-1}``, ``a_0 = g_0``: the VJP of a reverse scan.
+    """``(g, c) -> a`` with ``a_t = g_t + c_{t-1} a_{t-1}``, ``a_0 = g_0``:
+    the VJP of a reverse scan.
 
     A vmap-folding kernel function for ``backend`` ("triton" or "interpret"), used by the backward
     passes of discounted_returns and gae.
@@ -223,7 +224,8 @@ def discounted_returns(
     bootstrap = check_float_array("bootstrap", bootstrap)
     if discounts.shape != rewards.shape:
         raise ValueError(
-            f"discounts must have the shape of rewards {tuple(rewards.shape)}, got {tuple(discounts.shape)}"
+            f"discounts must have the shape of rewards {tuple(rewards.shape)}, "
+            f"got {tuple(discounts.shape)}"
         )
     if bootstrap.shape != rewards.shape[1:]:
         raise ValueError(

@@ -33,10 +33,10 @@ from kernels.launch import (
 __all__ = ["softmax", "softmax_reference"]
 
 # With the automatic backend choice, rows narrower than this go to XLA: forward + backward over
-# 65536 rows (benchmarks/RESULTS.md, "Kernels" and the seventh and eighth sessions), at 2 / 6 columns
-# XLA 8.3 / 10.2 us against Triton 12.2 / 15.3 us on an H200 (two launches' cost against XLA's fused
-# kernels); at 18 columns Triton 1.3x faster on an H200 but 0.8x, 0.8x and 0.9x on an H100 (three
-# runs, two leases); from 51 columns on Triton is faster on both (1.2x to 1.5x).
+# 65536 rows (benchmarks/RESULTS.md, "Every op on one H200" and "Row ops under `auto`"), at 2 / 6
+# columns XLA 8.3 / 10.2 us against Triton 12.2 / 15.3 us on an H200 (two launches' cost against
+# XLA's fused kernels); at 18 columns Triton 1.3x faster on an H200 but 0.8x, 0.8x and 0.9x on an
+# H100 (three runs, two leases); from 51 columns on Triton is faster on both (1.2x to 1.5x).
 AUTO_TRITON_MIN_COLUMNS = 32
 # Rows up to this many columns are held in registers whole; wider rows loop.
 MAX_TILE_COLUMNS = 8192
@@ -310,7 +310,8 @@ def _check_axis(axis, x) -> int:
 
 def automatic_crossover(name: str, automatic: bool, columns: int) -> str:
     """The backend that runs a softmax over rows of ``columns`` entries: ``"reference"`` (XLA) in
-    place of an automatically chosen ``"triton"`` below ``AUTO_TRITON_MIN_COLUMNS``, else ``name``."""
+    place of an automatically chosen ``"triton"`` below ``AUTO_TRITON_MIN_COLUMNS``,
+    else ``name``."""
     if name == "triton" and automatic and columns < AUTO_TRITON_MIN_COLUMNS:
         return "reference"
     return name

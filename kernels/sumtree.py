@@ -23,9 +23,9 @@ place (input-output aliases). Duplicates are found by comparing each index with 
 at each level, among the node's children m_0..m_{F-1} with running sums c_k = m_0 + ... + m_k
 (c_{-1} = 0), it takes the child k with c_{k-1} <= u < c_k (clamped to the last child of positive
 mass, so a rounding overshoot never enters an empty child) and goes on with u - c_{k-1}; it returns
-the leaf reached and its mass m (what P(i) = m / total needs without a second read of the leaves). The kernel gives each
-program a block of targets of one tree and walks all levels in registers: one launch, where XLA runs
-a gather, a prefix sum and a compare-and-select per level.
+the leaf reached and its mass m (what P(i) = m / total needs without a second read of the leaves).
+The kernel gives each program a block of targets of one tree and walks all levels in registers: one
+launch, where XLA runs a gather, a prefix sum and a compare-and-select per level.
 
 Backends: "reference" is plain JAX (a gather/sum/scatter per level with a stable sort for the
 duplicates; the descent's running sums as a matmul with a triangle of ones); "triton" and
@@ -71,14 +71,16 @@ MAX_GRID_Y = 65535  # CUDA's bound on a grid's second axis (the descent's target
 
 
 def child_sums(level, fanout: int, nodes=None) -> jax.Array:
-    """Sums of consecutive groups of `fanout` entries of `level` (those of group `nodes` if given)."""
+    """Sums of consecutive groups of `fanout` entries of `level`
+    (those of group `nodes` if given)."""
     groups = level.reshape(-1, fanout)
     return (groups if nodes is None else groups[nodes]).sum(axis=-1)
 
 
 def last_of_runs(indices):
     """(order, keep): the permutation that sorts `indices` stably, and, in that order, True at the
-    last entry of each run of equal values (the last occurrence in the batch). A sort: O(B log B)."""
+    last entry of each run of equal values (the last occurrence in the batch). A sort:
+    O(B log B)."""
     n = indices.shape[0]
     sorted_indices, order = jax.lax.sort((indices, jnp.arange(n, dtype=jnp.int32)), num_keys=2)
     keep = jnp.concatenate([sorted_indices[1:] != sorted_indices[:-1], jnp.ones((1,), jnp.bool_)])
@@ -137,9 +139,9 @@ def prefix_sums(rows) -> jax.Array:
 
 def pick_child(masses, prefix, u):
     """In each row of children `masses` [..., F] (running sums `prefix`), the child k with
-    c_{k-1} <= u < c_k, clamped to the last child of positive mass (a rounding overshoot u >= c_{F-1}
-    lands there; a zero child is never chosen while its row has mass; a row without mass gives its
-    last child). Returns (k, u - c_{k-1}, m_k)."""
+    c_{k-1} <= u < c_k, clamped to the last child of positive mass (a rounding overshoot
+    u >= c_{F-1} lands there; a zero child is never chosen while its row has mass; a row without
+    mass gives its last child). Returns (k, u - c_{k-1}, m_k)."""
     count = jnp.sum(prefix <= u[..., None], axis=-1)
     last_positive = masses.shape[-1] - 1 - jnp.argmax((masses > 0)[..., ::-1], axis=-1)
     k = jnp.minimum(count, last_positive).astype(jnp.int32)
@@ -149,7 +151,8 @@ def pick_child(masses, prefix, u):
 
 
 def sumtree_find_leaves_reference(tree, targets):
-    """Plain JAX: (leaves, masses) as `sumtree_find_leaves` (module docstring), one level at a time."""
+    """Plain JAX: (leaves, masses) as `sumtree_find_leaves` (module docstring),
+    one level at a time."""
     u = jnp.asarray(targets, jnp.float32)
     top = tree[1]  # the root's children: one row shared by every target
     nodes, u, mass = pick_child(
@@ -181,7 +184,8 @@ def _write_leaves(
     BLOCK: tl.constexpr,
     DUP: tl.constexpr,
 ):
-    """Leaves idx[b] = val[b] for in-range indices with no later duplicate; written[b] says which."""
+    """Leaves idx[b] = val[b] for in-range indices with no later duplicate;
+    written[b] says which."""
     for start in range(0, B, BLOCK):
         b = start + tl.arange(0, BLOCK)
         in_batch = b < B
@@ -266,7 +270,8 @@ def _sumtree_set_kernel(
     BLOCK: tl.constexpr,
     DUP: tl.constexpr,
 ):
-    """One program per tree: the leaf writes, then each level from the leaves' parents up to the root."""
+    """One program per tree: the leaf writes,
+    then each level from the leaves' parents up to the root."""
     tree = tl.program_id(0).to(tl.int64)
     if DEPTH == 1:
         _write_leaves(o1, idx_ptr, val_ptr, written_ptr, tree, B, N_LEAVES, DISTINCT, BLOCK, DUP)
@@ -344,9 +349,9 @@ def _kernel_op(backend: str, distinct: bool):
 
 @triton.jit
 def _pick_child(masses, prefix, u, k, n_valid):
-    """In each row [BLOCK, F] of children (running sums `prefix`, +inf past the `n_valid` real ones):
-    the child c_{k-1} <= u < c_k clamped to the last child of positive mass (`pick_child`), and
-    (child, u - c_{k-1}, its mass)."""
+    """In each row [BLOCK, F] of children (running sums `prefix`, +inf past the `n_valid` real
+    ones): the child c_{k-1} <= u < c_k clamped to the last child of positive mass (`pick_child`),
+    and (child, u - c_{k-1}, its mass)."""
     count = tl.sum((prefix <= u[:, None]).to(tl.int32), axis=1)
     last_positive = tl.max(tl.where(masses > 0, k[None, :], -1), axis=1)
     last_positive = tl.where(last_positive < 0, n_valid - 1, last_positive)
@@ -358,7 +363,8 @@ def _pick_child(masses, prefix, u, k, n_valid):
 
 @triton.jit
 def _descend(level_ptr, tree, node, u, N_LEVEL: tl.constexpr, N_PARENT: tl.constexpr):
-    """One level down: the children of `node` (one contiguous group of F) and the child `u` falls in."""
+    """One level down: the children of `node` (one contiguous group of F)
+    and the child `u` falls in."""
     F: tl.constexpr = N_LEVEL // N_PARENT
     if F == 1:  # the only child: u unchanged (no scan over a one-wide axis)
         return node, u, tl.load(level_ptr + tree * N_LEVEL + node)
@@ -424,7 +430,8 @@ def _find_core(targets, *levels, lead, backend):
     block = min(FIND_BLOCK, max(16, next_power_of_2(b)))
     if -(-b // block) > MAX_GRID_Y:
         raise ValueError(
-            f"sumtree_find_leaves: {b} targets per tree, more than the kernel's {MAX_GRID_Y * FIND_BLOCK}"
+            f"sumtree_find_leaves: {b} targets per tree, "
+            f"more than the kernel's {MAX_GRID_Y * FIND_BLOCK}"
         )
     flat = [level.reshape(trees, n) for level, n in zip(levels[1:], sizes[1:])]
     unused = jnp.zeros((1,), jnp.float32)
@@ -466,7 +473,9 @@ def _find_op(backend: str):
 def _check_tree(tree) -> None:
     if not isinstance(tree, (tuple, list)) or len(tree) < 2:
         raise ValueError(
-            f"tree must be a tuple of at least 2 levels (root first), got {type(tree).__name__} of length {len(tree) if isinstance(tree, (tuple, list)) else '-'}"
+            "tree must be a tuple of at least 2 levels (root first), "
+            f"got {type(tree).__name__} of length "
+            f"{len(tree) if isinstance(tree, (tuple, list)) else '-'}"
         )
     shapes = [tuple(jnp.shape(level)) for level in tree]
     if any(len(s) != 1 for s in shapes) or shapes[0] != (1,):
@@ -476,14 +485,16 @@ def _check_tree(tree) -> None:
     for parent, child in zip(shapes[:-1], shapes[1:]):
         if child[0] % parent[0]:
             raise ValueError(
-                f"each level's size must be a multiple of the one above, got sizes {[s[0] for s in shapes]}"
+                "each level's size must be a multiple of the one above, "
+                f"got sizes {[s[0] for s in shapes]}"
             )
     if len(tree) > MAX_LEVELS:
         raise ValueError(f"tree has {len(tree)} levels, more than the kernel's {MAX_LEVELS}")
     fanouts = [child[0] // parent[0] for parent, child in zip(shapes[1:-1], shapes[2:])]
     if any(f & (f - 1) for f in fanouts):
         raise ValueError(
-            f"below the root's children every fan-out must be a power of 2, got {fanouts} (sizes {[s[0] for s in shapes]})"
+            "below the root's children every fan-out must be a power of 2, "
+            f"got {fanouts} (sizes {[s[0] for s in shapes]})"
         )
     if shapes[1][0] > MAX_TOP:
         raise ValueError(f"the root has {shapes[1][0]} children, more than the kernel's {MAX_TOP}")
@@ -497,7 +508,8 @@ def _check(tree, indices, values) -> None:
         or jnp.shape(indices)[0] == 0
     ):
         raise ValueError(
-            f"indices and values must be 1-D of the same non-zero length, got shapes {jnp.shape(indices)} and {jnp.shape(values)}"
+            "indices and values must be 1-D of the same non-zero length, "
+            f"got shapes {jnp.shape(indices)} and {jnp.shape(values)}"
         )
     if not jnp.issubdtype(jnp.result_type(indices), jnp.integer):
         raise ValueError(f"indices must be integers, got {jnp.result_type(indices)}")
@@ -507,10 +519,11 @@ def sumtree_set_leaves(
     tree, indices, values, *, distinct: bool = False, backend: str | None = None
 ):
     """(tree, written): leaves `indices` [B] set to `values` [B] and their ancestors recomputed
-    (module docstring); `written` [B] bool marks the entries written (in range, last of their index).
+    (module docstring); `written` [B] bool marks the entries written
+    (in range, last of their index).
 
-    tree: tuple of 1-D float32 levels, root (shape (1,)) first, each size a multiple of the one above
-    (at most MAX_LEVELS levels and MAX_TOP children of the root for the kernel backends).
+    tree: tuple of 1-D float32 levels, root (shape (1,)) first, each size a multiple of the one
+    above (at most MAX_LEVELS levels and MAX_TOP children of the root for the kernel backends).
     distinct=True promises that the in-range indices are distinct (no duplicate search).
     Works under jit and any nesting of vmap (one launch for all trees).
     """
@@ -536,7 +549,8 @@ def sumtree_find_leaves(tree, targets, *, backend: str | None = None):
     mass (the last leaf when the total is 0); a negative or NaN target goes to the first leaf,
     whatever its mass (callers draw targets in [0, total]).
 
-    tree: as `sumtree_set_leaves`. Works under jit and any nesting of vmap (one launch for all trees).
+    tree: as `sumtree_set_leaves`. Works under jit and any nesting of vmap
+    (one launch for all trees).
     """
     _check_tree(tree)
     targets = jnp.asarray(targets)

@@ -28,7 +28,8 @@ projection, gae_module, q_lambda_module, returns_module = (
 
 
 def repeats(backend: str) -> int:
-    """Calls compared bit for bit: several on the GPU; two on the interpreter (it runs programs in order)."""
+    """Calls compared bit for bit: several on the GPU; two on the interpreter
+    (it runs programs in order)."""
     return 5 if backend == "triton" else 2
 
 

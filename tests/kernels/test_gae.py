@@ -103,7 +103,8 @@ def test_hand_computed_case(backend):
 
 
 def test_purejaxrl_formulation(backend):
-    """next_values = values[1:] ++ last_value and discounts = gamma (1 - done) give PureJaxRL's GAE."""
+    """next_values = values[1:] ++ last_value and discounts = gamma (1 - done) give PureJaxRL's
+    GAE."""
     rng = np.random.default_rng(7)
     horizon, envs, gamma, lam = 12, 3, 0.99, 0.95
     rewards, values = rng.normal(size=(2, horizon, envs)).astype(np.float32)

@@ -1,4 +1,5 @@
-"""The launch layer: backend choice and its errors, vmap folding into one launch, the interpreter."""
+"""The launch layer: backend choice and its errors, vmap folding into one launch,
+the interpreter."""
 
 from __future__ import annotations
 
@@ -239,7 +240,8 @@ def test_an_interpreter_launch_leaves_triton_language_as_it_was():
 
 
 def test_triton_compiles_after_the_interpreter_ran_in_the_same_process():
-    """The README's order on a GPU: an op on the interpreter, then the same op compiled for the GPU."""
+    """The README's order on a GPU: an op on the interpreter,
+    then the same op compiled for the GPU."""
     if L.interpret_unavailable_reason() is not None or L.triton_unavailable_reason() is not None:
         pytest.skip("needs both the interpret and the triton backend (a GPU with jax-triton)")
     x, scale = jnp.arange(8.0).reshape(1, 8), jnp.ones(1)

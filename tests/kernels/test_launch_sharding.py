@@ -1,11 +1,12 @@
-"""Kernel launches under jax.sharding: an op whose folded vmap axes, or declared batch axes, are split
-over devices runs on each device's slice, with no gather (kernels.launch.split_over_batch_axes).
+"""Kernel launches under jax.sharding: an op whose folded vmap axes, or declared batch axes, are
+split over devices runs on each device's slice, with no gather
+(kernels.launch.split_over_batch_axes).
 
 The CPU checks run in one subprocess with 2 forced CPU devices (XLA_FLAGS must be set before JAX
-starts). They drive the rule with plain-JAX launch stand-ins, whose traced shapes and collectives can
-be read: the Triton launch itself needs a GPU, and the interpreter's host-callback launch is left
-unsplit by design (its fallback is checked here too). The Triton launch under the rule is checked on
-two GPUs at the end (skipped with fewer)."""
+starts). They drive the rule with plain-JAX launch stand-ins, whose traced shapes and collectives
+can be read: the Triton launch itself needs a GPU, and the interpreter's host-callback launch is
+left unsplit by design (its fallback is checked here too). The Triton launch under the rule is
+checked on two GPUs at the end (skipped with fewer)."""
 
 from __future__ import annotations
 
@@ -78,10 +79,14 @@ SCRIPT = textwrap.dedent(
     g = jax.jit(jax.vmap(loop))
     text = g.lower(xs, ys).compile().as_text()
     want_loop = jax.jit(jax.vmap(loop))(x[0], y[0])
-    out["scan"] = {"collectives": [c for c in COLLECTIVES if c in text], "traced": sorted(set(traced)),
-                   "error": float(jnp.max(jnp.abs(g(xs, ys) - want_loop)))}
+    out["scan"] = {
+        "collectives": [c for c in COLLECTIVES if c in text],
+        "traced": sorted(set(traced)),
+        "error": float(jnp.max(jnp.abs(g(xs, ys) - want_loop))),
+    }
 
-    # the op's own batch axes, declared: an env axis split (rl train --shard envs), with and without vmap
+    # the op's own batch axes, declared: an env axis split (rl train --shard envs),
+    # with and without vmap
     scan = fold_vmap(reverse_cumsum_core, batch_axes="trailing")  # [T, *batch]: time first
     env_split = NamedSharding(mesh, P(None, None, "d"))
     for name, f, a in (("envs_vmapped", jax.vmap(scan), x[0]), ("envs_unbatched", scan, x[0, 0])):
@@ -93,8 +98,11 @@ SCRIPT = textwrap.dedent(
         got = g(xs, xs)
         axis = a.ndim - 2
         want_env = [jnp.flip(jnp.cumsum(jnp.flip(a, axis), axis), axis) + a, a * a]
-        out[name] = {"collectives": [c for c in COLLECTIVES if c in text], "traced": sorted(set(traced)),
-                     "error": max(float(jnp.max(jnp.abs(u - w))) for u, w in zip(got, want_env))}
+        out[name] = {
+            "collectives": [c for c in COLLECTIVES if c in text],
+            "traced": sorted(set(traced)),
+            "error": max(float(jnp.max(jnp.abs(u - w))) for u, w in zip(got, want_env)),
+        }
 
     def row_sum_core(x, *, lead):  # a row op: [*rows, K] -> [*rows]
         traced.append(tuple(x.shape))
@@ -104,23 +112,37 @@ SCRIPT = textwrap.dedent(
     traced.clear()
     g = jax.jit(jax.vmap(fold_vmap(row_sum_core, batch_axes="leading")))
     text = g.lower(rows).compile().as_text()
-    out["rows"] = {"collectives": [c for c in COLLECTIVES if c in text], "traced": sorted(set(traced)),
-                   "error": float(jnp.max(jnp.abs(g(rows) - x.reshape(16, 4, 4).sum(-1))))}
+    out["rows"] = {
+        "collectives": [c for c in COLLECTIVES if c in text],
+        "traced": sorted(set(traced)),
+        "error": float(jnp.max(jnp.abs(g(rows) - x.reshape(16, 4, 4).sum(-1)))),
+    }
 
     # a launch that calls back into the host is left unsplit, and still correct
     def host_core(x, *, lead):
-        return jax.pure_callback(lambda a: np.asarray(a) * 2.0, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return jax.pure_callback(
+            lambda a: np.asarray(a) * 2.0, jax.ShapeDtypeStruct(x.shape, x.dtype), x
+        )
 
     sharding = NamedSharding(mesh, P(None, "d"))
     # (out_shardings as rl.programs gives them: a callback's own output is placed on device 0)
-    got = jax.jit(jax.vmap(jax.vmap(fold_vmap(host_core))), out_shardings=sharding)(jax.device_put(x, sharding))
+    got = jax.jit(jax.vmap(jax.vmap(fold_vmap(host_core))), out_shardings=sharding)(
+        jax.device_put(x, sharding)
+    )
     out["host_error"] = float(jnp.max(jnp.abs(got - 2 * x)))
 
     # the real GAE op on the interpreter (its Triton source on the CPU), seeds split
     if "interpret" in available_backends():
-        r, v, nv, d = (jax.device_put(jax.random.normal(jax.random.key(i), (4, 16, 8)), sharding) for i in range(4))
-        gae = lambda backend: jax.jit(jax.vmap(lambda *a: kernels.gae(*a, 0.95, backend=backend)), out_shardings=sharding)(r, v, nv, d)
-        out["gae_interpret_error"] = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(gae("interpret"), gae("reference")))
+        r, v, nv, d = (
+            jax.device_put(jax.random.normal(jax.random.key(i), (4, 16, 8)), sharding)
+            for i in range(4)
+        )
+        gae = lambda backend: jax.jit(
+            jax.vmap(lambda *a: kernels.gae(*a, 0.95, backend=backend)), out_shardings=sharding
+        )(r, v, nv, d)
+        out["gae_interpret_error"] = max(
+            float(jnp.max(jnp.abs(a - b))) for a, b in zip(gae("interpret"), gae("reference"))
+        )
     print("RESULT " + json.dumps(out))
     """
 )
@@ -166,7 +188,8 @@ def test_split_settings_axis_too(cpu_result):
 
 
 def test_an_op_axis_is_never_split(cpu_result):
-    # the input arrives split on the time axis: the partitioner must gather it, and the op sees all of T
+    # the input arrives split on the time axis: the partitioner must gather it,
+    # and the op sees all of T
     time = cpu_result["time"]
     assert all(shape[2] == 8 for shape in time["traced"])
     assert time["error"] < 1e-5
@@ -200,7 +223,8 @@ def _gpus() -> int:
 
 @pytest.mark.skipif(_gpus() < 2, reason="needs two GPUs (device kind nvidia-h200-x2)")
 def test_triton_gae_split_over_two_gpus_without_gathering():
-    """The seed axis of a vmapped GAE, then the env axis of an unbatched one, split over two GPUs."""
+    """The seed axis of a vmapped GAE, then the env axis of an unbatched one,
+    split over two GPUs."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     import kernels

@@ -203,7 +203,8 @@ def test_gradients_under_vmap_and_of_a_ppo_like_loss(backend):
         (
             np.zeros((4, 3), np.float32),
             np.zeros(5, np.int32),
-            r"actions must have the shape of logits without its last axis \(4,\) \(logits \(4, 3\)\), got \(5,\)",
+            r"actions must have the shape of logits without its last axis \(4,\) \(logits \(4, "
+            r"3\)\), got \(5,\)",
         ),
         (np.zeros((4, 3), np.float32), np.zeros((4, 3), np.int32), r"got \(4, 3\)"),
     ],

@@ -1,7 +1,8 @@
 """kernels.ppo_actor_critic_grads and its flat-vector form ppo_actor_critic_grads_flat: the fused
 kernels (triton / interpret) against the plain-JAX reference (autodiff of the loss), under jit,
 nested vmap and row chunking; the flat layouts; bad input errors.
-The reference itself is checked against the PPO agent's own loss and network in tests/rl/test_ppo.py."""
+The reference itself is checked against the PPO agent's own loss and network
+in tests/rl/test_ppo.py."""
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,8 @@ def make_case(rng, m=40, d=4, h1=16, h2=24, a=3, lead=()):
     critic = (arr(d, h1), arr(h1), arr(h1, h2), arr(h2), arr(h2, 1), arr(1))
     obs = arr(m, d, scale=1.0)
     actions = jnp.asarray(rng.integers(0, a, lead + (m,)), jnp.int32)
-    # behaviour log-probs near the current ones so that some ratios fall inside the clip range, some outside
+    # behaviour log-probs near the current ones so that some ratios fall inside the clip range,
+    # some outside
     old_log_probs = jnp.full(lead + (m,), -np.log(a), jnp.float32) + arr(m, scale=0.3)
     rows = (old_log_probs, arr(m), arr(m, scale=1.0), arr(m, scale=1.0))
     return (obs, actions, *rows, actor, critic)
@@ -38,8 +40,9 @@ def assert_close(got, want, rtol=2e-4, atol=2e-6):
         )
 
 
-# Each (activation, clip_value_loss) pair is its own test, 3 drawn shapes each: every pair is covered,
-# and pytest-xdist spreads the four (each shape compiles its own kernels: minutes on the GPU in all).
+# Each (activation, clip_value_loss) pair is its own test, 3 drawn shapes each: every pair is
+# covered, and pytest-xdist spreads the four (each shape compiles its own kernels: minutes on the
+# GPU in all).
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("clip_value_loss", [True, False])
 @settings(max_examples=3, deadline=None)
@@ -100,7 +103,8 @@ def test_statistics_are_the_hand_computed_ones(backend):
 
 
 def test_nested_vmap_under_jit_equals_a_loop(kernel_backend):
-    """[2 settings, 3 seeds] folded into one launch; the hyperparameters vary over the outer axis only."""
+    """[2 settings, 3 seeds] folded into one launch; the hyperparameters vary over the outer axis
+    only."""
     rng = np.random.default_rng(2)
     case = make_case(rng, m=24, lead=(2, 3))
     clip = jnp.array([0.1, 0.3], jnp.float32)
@@ -137,7 +141,8 @@ def test_rows_split_over_programs_give_the_same_gradient(kernel_backend, monkeyp
 
 
 def test_automatic_triton_sends_one_small_minibatch_to_xla():
-    """Only an automatically chosen triton, one minibatch (no vmap or vmaps of size 1), below the row crossover."""
+    """Only an automatically chosen triton, one minibatch (no vmap or vmaps of size 1),
+    below the row crossover."""
     from kernels.ppo_grads import AUTO_TRITON_MIN_ROWS_ONE_SEED as rows
     from kernels.ppo_grads import automatic_crossover
 
@@ -149,8 +154,9 @@ def test_automatic_triton_sends_one_small_minibatch_to_xla():
 
 
 def test_the_automatic_crossover_routes_by_the_vmapped_size(monkeypatch):
-    """With the automatic choice resolving to triton: one minibatch (unbatched, or vmapped once) gives the
-    reference's gradients without launching a kernel, two vmapped minibatches launch the kernels."""
+    """With the automatic choice resolving to triton: one minibatch (unbatched, or vmapped once)
+    gives the reference's gradients without launching a kernel, two vmapped minibatches launch the
+    kernels."""
 
     def no_launch(*args, **kwargs):
         raise AssertionError("a kernel was launched")
@@ -312,8 +318,9 @@ def test_bad_layouts_and_flat_params_are_named():
 
 
 def test_shared_memory_estimate_is_triton_s_request_on_an_h100():
-    """The formula against the bytes Triton asked for on an H100 (thirteenth session, tf32 products):
-    exact where the kernel did not fit, and under the 227 KB limit where it ran."""
+    """The formula against the bytes Triton asked for on an H100 (tf32 products;
+    benchmarks/RESULTS.md, "The fused PPO gradient"): exact where the kernel did not fit, and under
+    the 227 KB limit where it ran."""
     for sizes, requested in (
         ((64, (128, 128), 64), 295_680),
         ((64, (128, 128), 32), 262_912),
@@ -326,8 +333,8 @@ def test_shared_memory_estimate_is_triton_s_request_on_an_h100():
 
 
 def test_programs_per_sm_by_each_limit():
-    """Hand-computed sm_90 occupancy: 255 registers round to 256, 4 warps x 32 threads x 256 = 32,768 of
-    65,536; 70,400 + 1,024 reserved bytes of shared memory go 3 times into 233,472."""
+    """Hand-computed sm_90 occupancy: 255 registers round to 256, 4 warps x 32 threads x 256 =
+    32,768 of 65,536; 70,400 + 1,024 reserved bytes of shared memory go 3 times into 233,472."""
     assert kernel_resources.programs_per_sm(255, 70_400, 4) == {
         "registers": 2,
         "shared": 3,
@@ -343,7 +350,8 @@ def test_programs_per_sm_by_each_limit():
 
 
 # the sizes nearest the limit on either side; (16, 128 x 128, 32) is one the formula under-counts
-# (by 8 KB). Triton 3.6.0 swept over every padded size within LIMITS gave the same decision at all 144.
+# (by 8 KB). Triton 3.6.0 swept over every padded size within LIMITS gave the same decision
+# at all 144.
 @pytest.mark.parametrize(
     "obs_dim, hidden, actions", [(32, (128, 128), 32), (16, (128, 128), 32), (64, (128, 128), 16)]
 )
@@ -363,7 +371,8 @@ def test_fit_decision_is_triton_s_for_an_h100(obs_dim, hidden, actions):
 def test_the_largest_networks_that_fit_run(backend):
     """Hidden 128 x 128 with the most features and actions measured to fit one program with tf32
     products (obs 16, 16 actions). (Every limit of kernels.ppo_grads.LIMITS at once fits with ieee
-    products, measured in the thirteenth session, but its FMA kernel takes two minutes to compile.)"""
+    products, measured once (benchmarks/RESULTS.md, "The fused PPO gradient"), but its FMA kernel
+    takes two minutes to compile.)"""
     case = make_case(np.random.default_rng(7), m=64, d=16, h1=128, h2=128, a=16)
     hparams = (0.2, 0.15, 0.01, 0.5)
     got = ppo_actor_critic_grads(*case, *hparams, backend=backend)
@@ -375,8 +384,8 @@ def test_the_largest_networks_that_fit_run(backend):
 
 
 def test_sizes_beyond_shared_memory_are_refused_on_the_gpu(backend):
-    """obs 64, hidden 128 x 128, 16 actions with tf32 products: one ValueError naming the sizes on the
-    GPU (where the launch would fail), a result elsewhere (no shared memory to run out of)."""
+    """obs 64, hidden 128 x 128, 16 actions with tf32 products: one ValueError naming the sizes on
+    the GPU (where the launch would fail), a result elsewhere (no shared memory to run out of)."""
     case = make_case(np.random.default_rng(8), m=32, d=64, h1=128, h2=128, a=16)
     hparams = (0.2, 0.15, 0.01, 0.5)
     if backend == "triton":

@@ -1,4 +1,5 @@
-"""q_lambda_returns on every backend vs a float64 NumPy loop, under jit/vmap/scan/grad, traced lambda."""
+"""q_lambda_returns on every backend vs a float64 NumPy loop, under jit/vmap/scan/grad,
+traced lambda."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def test_tilings(kernel_backend, config, shape):
 
 
 def test_hand_computed_case(backend):
-    # T=3, one env, lambda 0.5; the episode ends at step 1 (discount 0, lambda cut to 0 by the caller).
+    # T=3, one env, lambda 0.5; the episode ends at step 1
+    # (discount 0, lambda cut to 0 by the caller).
     rewards = np.array([1.0, 2.0, 3.0], np.float32)
     next_values = np.array([4.0, 5.0, 6.0], np.float32)
     discounts = np.array([0.5, 0.0, 0.5], np.float32)
@@ -96,8 +98,8 @@ def test_hand_computed_case(backend):
 
 
 def test_limits_are_one_step_q_learning_and_monte_carlo(backend):
-    """lambda = 0: r + d nv (DQN's target); lambda = 1, no ends: the discounted return to the horizon
-    bootstrapped from the last next value."""
+    """lambda = 0: r + d nv (DQN's target); lambda = 1, no ends: the discounted return to the
+    horizon bootstrapped from the last next value."""
     rng = np.random.default_rng(4)
     rewards, next_values = rng.normal(size=(2, 8, 3)).astype(np.float32)
     discounts = np.full((8, 3), 0.9, np.float32)

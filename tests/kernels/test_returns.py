@@ -153,7 +153,8 @@ def test_gradients_match_reference(backend):
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 def test_gradients_under_tilings(kernel_backend, config):
-    """The backward pass (the adjoint scan, forward in time) on each tiling, against the reference's."""
+    """The backward pass (the adjoint scan, forward in time) on each tiling,
+    against the reference's."""
     rng = np.random.default_rng(7)
     rewards, discounts, bootstrap = random_inputs(rng, (11, 6))
     weights = rng.normal(size=(11, 6)).astype(np.float32)

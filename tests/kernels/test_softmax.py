@@ -182,8 +182,8 @@ def test_bad_inputs_raise_at_trace_time(backend, x, axis, message):
 
 
 def test_automatic_choice_sends_narrow_rows_to_xla(monkeypatch):
-    """Below AUTO_TRITON_MIN_COLUMNS an automatically chosen triton becomes XLA (measured faster there);
-    a named backend is kept, and wider rows keep triton."""
+    """Below AUTO_TRITON_MIN_COLUMNS an automatically chosen triton becomes XLA (measured faster
+    there); a named backend is kept, and wider rows keep triton."""
     from kernels import launch
     from kernels.softmax import AUTO_TRITON_MIN_COLUMNS, automatic_crossover
 

@@ -1,6 +1,7 @@
-"""kernels.sumtree_set_leaves: leaf writes (last duplicate wins, out-of-range ignored) and the ancestors
-recomputed; kernels.sumtree_find_leaves: the descent to the leaf a target mass falls in. Both against
-the plain-JAX reference and float64 NumPy built from scratch (a tree; running sums of the leaves)."""
+"""kernels.sumtree_set_leaves: leaf writes (last duplicate wins, out-of-range ignored) and the
+ancestors recomputed; kernels.sumtree_find_leaves: the descent to the leaf a target mass falls in.
+Both against the plain-JAX reference and float64 NumPy built from scratch (a tree; running sums of
+the leaves)."""
 
 from __future__ import annotations
 
@@ -137,8 +138,9 @@ def test_bad_inputs_name_the_problem():
 
 
 def numpy_find(leaves: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """The leaf i with cumsum_{<i} <= u < cumsum_{<=i} (float64 running sums of the leaves); a target
-    at or past the total goes to the last leaf of positive mass (the last leaf if none has mass)."""
+    """The leaf i with cumsum_{<i} <= u < cumsum_{<=i} (float64 running sums of the leaves); a
+    target at or past the total goes to the last leaf of positive mass (the last leaf if none has
+    mass)."""
     cum = np.cumsum(np.asarray(leaves, np.float64))
     found = np.searchsorted(cum, np.asarray(targets, np.float64), side="right")
     positive = np.flatnonzero(leaves > 0)
@@ -285,7 +287,8 @@ def test_descent_bad_inputs_name_the_problem():
 
 
 def test_descent_over_more_trees_than_one_grid_axis_holds(kernel_backend):
-    """70,000 vmapped trees: more than a CUDA grid's y or z axis takes (65,535), so trees go on x."""
+    """70,000 vmapped trees: more than a CUDA grid's y or z axis takes (65,535),
+    so trees go on x."""
     if kernel_backend != "triton":
         pytest.skip("70,000 programs: a GPU check (the interpreter runs programs one at a time)")
     leaves = jnp.asarray(np.random.default_rng(7).integers(0, 5, (70_000, 16)), jnp.float32)

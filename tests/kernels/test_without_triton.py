@@ -25,7 +25,10 @@ WITHOUT_TRITON = textwrap.dedent(
     import kernels
 
     rewards = jnp.ones((4, 3))
-    advantages, targets = kernels.gae(rewards, jnp.zeros((4, 3)), jnp.zeros((4, 3)), jnp.full((4, 3), 0.9), 0.95, backend="reference")
+    advantages, targets = kernels.gae(
+        rewards, jnp.zeros((4, 3)), jnp.zeros((4, 3)), jnp.full((4, 3), 0.9), 0.95,
+        backend="reference",
+    )
     print("reference", float(targets[0, 0]))
     print("available", kernels.available_backends())
     for name in ("interpret", "triton"):
