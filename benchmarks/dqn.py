@@ -1,7 +1,8 @@
 """DQN, Rainbow and PQN on CartPole-v1: learning curves over many seeds, and training throughput.
 
     python benchmarks/dqn.py learning --agent dqn --seeds 16 [--json out.json] [agent.key=value ...]
-    python benchmarks/dqn.py learning --agent rainbow --seeds 16 --config configs/rainbow_cartpole_no_per.yaml
+    python benchmarks/dqn.py learning --agent rainbow --seeds 16 \\
+        --config configs/rainbow_cartpole_no_per.yaml
     python benchmarks/dqn.py throughput --agent dqn --seeds 1 16 64 [--steps 20480]
 
 `learning` trains all seeds in one compiled program (jit of vmap over seeds) from the agent's config
@@ -129,18 +130,21 @@ def run_learning(args) -> dict:
         "machine": machine(),
     }
     print(
-        f"{args.agent} {config_path} {' '.join(args.overrides)}: {args.seeds} seeds x {config.agent.total_steps} env steps, "
-        f"compile {compile_s:.1f} s, train {train_s:.1f} s ({result['env_steps_per_s']:,.0f} env steps/s all seeds)"
+        f"{args.agent} {config_path} {' '.join(args.overrides)}: "
+        f"{args.seeds} seeds x {config.agent.total_steps} env steps, compile {compile_s:.1f} s, "
+        f"train {train_s:.1f} s ({result['env_steps_per_s']:,.0f} env steps/s all seeds)"
     )
     print(f"first log step with eval_return >= {args.threshold:g} per seed: {first}")
     print(
-        "| env steps (log point) | median eval return | IQR | solved at this point | reached by this point |"
+        "| env steps (log point) | median eval return | IQR | solved at this point | "
+        "reached by this point |"
     )
     print("|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['budget']:,} ({r['log_step']:,}) | {r['median']:.1f} | {r['iqr'][0]:.1f} - {r['iqr'][1]:.1f} | "
-            f"{r['solved_at']:.0%} | {r['reached_by']:.0%} |"
+            f"| {r['budget']:,} ({r['log_step']:,}) | {r['median']:.1f} | "
+            f"{r['iqr'][0]:.1f} - {r['iqr'][1]:.1f} | {r['solved_at']:.0%} | "
+            f"{r['reached_by']:.0%} |"
         )
     return result
 
@@ -174,8 +178,10 @@ def run_throughput(args) -> dict:
             }
         )
         print(
-            f"{args.agent}: {seeds:3d} seeds x {args.steps} env steps: compile {compile_s:6.1f} s, run {run_s:7.2f} s "
-            f"(median of {args.repeats}) -> {seeds * args.steps / run_s:10,.0f} env steps/s ({args.steps / run_s:,.0f} per seed)",
+            f"{args.agent}: {seeds:3d} seeds x {args.steps} env steps: "
+            f"compile {compile_s:6.1f} s, run {run_s:7.2f} s (median of {args.repeats}) "
+            f"-> {seeds * args.steps / run_s:10,.0f} env steps/s "
+            f"({args.steps / run_s:,.0f} per seed)",
             flush=True,
         )
     return {

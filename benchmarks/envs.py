@@ -43,7 +43,8 @@ DEFAULT_ENVS = [
 
 
 def make_runner(env_id: str, num_envs: int, steps: int):
-    """(init(key) -> carry, run(carry) -> (carry, reward_sum)) for `steps` random steps of `num_envs` envs."""
+    """(init(key) -> carry, run(carry) -> (carry, reward_sum)) for `steps` random steps
+    of `num_envs` envs."""
     env, params = envs.make(env_id)
     venv = envs.vectorize(env, num_envs)
     space = env.action_space(params)
@@ -138,7 +139,8 @@ def main(argv=None) -> int:
 
     info = machine()
     print(
-        f"# {info['date']}  jax {info['jax']}  backend {info['backend']} ({info['device']}, {info['cpu_count']} CPUs)"
+        f"# {info['date']}  jax {info['jax']}  backend {info['backend']} ({info['device']}, "
+        f"{info['cpu_count']} CPUs)"
     )
     print(f"# steps per call {args.steps}, median of {args.runs} calls")
     header = f"{'env':<26} {'num_envs':>8} {'compile s':>9} {'call ms':>9} {'steps/s':>10}"
@@ -150,7 +152,8 @@ def main(argv=None) -> int:
             r = measure(env_id, n, args.steps, args.runs)
             results.append(r)
             print(
-                f"{env_id:<26} {n:>8} {r['compile_s']:>9.2f} {r['median_s'] * 1e3:>9.2f} {format_rate(r['steps_per_s']):>10}",
+                f"{env_id:<26} {n:>8} {r['compile_s']:>9.2f} {r['median_s'] * 1e3:>9.2f} "
+                f"{format_rate(r['steps_per_s']):>10}",
                 flush=True,
             )
     if args.json:

@@ -1,34 +1,38 @@
-"""Adapter overhead: env steps per second through `envs.make("<library>:<id>")` against the library's
-own env stepped the same way, side by side in one process, for gymnax, Brax and Craftax.
+"""Adapter overhead: env steps per second through `envs.make("<library>:<id>")` against the
+library's own env stepped the same way, side by side in one process, for gymnax, Brax and Craftax.
 
 Usage:
-    python benchmarks/envs_adapters.py                              # every row whose library is installed, 4096 envs
+    python benchmarks/envs_adapters.py        # every row whose library is installed, 4096 envs
     python benchmarks/envs_adapters.py --libraries gymnax,craftax --json out.json
-    python benchmarks/envs_adapters.py --rows brax-ant-first --brax-backend mjx --steps 100 --runs 10
-    python benchmarks/envs_adapters.py --num-envs 8 --steps 5 --runs 3 --brax-backend spring    # a short CPU check
+    python benchmarks/envs_adapters.py --rows brax-ant-first --brax-backend mjx \\
+        --steps 100 --runs 10
+    # a short CPU check:
+    python benchmarks/envs_adapters.py --num-envs 8 --steps 5 --runs 3 --brax-backend spring
 
 Rows (each timed for fusedrl and for the library, same sizes, same random actions):
-  gymnax-breakout   ours: envs.make("gymnax:Breakout-MinAtar"); library: gymnax.make("Breakout-MinAtar")'s
-                    `step` (gymnax's auto-reset), vmapped the same way
+  gymnax-breakout   ours: envs.make("gymnax:Breakout-MinAtar"); library:
+                    gymnax.make("Breakout-MinAtar")'s `step` (gymnax's auto-reset), vmapped the
+                    same way
   brax-ant-first    ours: envs.make("brax:ant", backend=B, auto_reset="first"); library:
                     brax.envs.create("ant", backend=B, episode_length=1000) (EpisodeWrapper + Brax's
                     AutoResetWrapper, which restarts an env from its first state: the same work)
-  brax-ant-fresh    ours with auto_reset="fresh" (a new random start every episode: one more reset per
-                    step) against the same library step: the price of fresh starts, not of the adapter
+  brax-ant-fresh    ours with auto_reset="fresh" (a new random start every episode: one more
+                    reset per step) against the same library step: the price of fresh starts, not
+                    of the adapter
   craftax-symbolic  ours: envs.make("craftax:Craftax-Symbolic-v1"); library:
-                    make_craftax_env_from_name("Craftax-Symbolic-v1", auto_reset=True).step (which resets
-                    on every step and selects, as ours does)
+                    make_craftax_env_from_name("Craftax-Symbolic-v1", auto_reset=True).step
+                    (which resets on every step and selects, as ours does)
 
-Method (as benchmarks/envs.py): per row and side one jitted function runs `--steps` steps of N envs as
-a `lax.scan` whose body splits the carried key, samples one uniformly random action per env (the same
-sampler for both sides: the adapter's action space), steps all N envs in one vmap with a key each
-(auto-reset included) and sums the rewards (so nothing is optimised away); env state and key are
-carried across calls, so the envs are in steady state. Compile time (lower + compile) is reported
-apart; both sides compile before either runs. After one warm-up call each, the two sides are timed
-alternately (`--runs` calls each, every call synchronised with `block_until_ready`); steps/s =
-N * steps / median call time, and the ratio fusedrl / library (1.00: no overhead; the target is
->= 0.95). A library that is not installed skips its rows (named in the output); `--json` writes
-the results and the machine.
+Method (as benchmarks/envs.py): per row and side one jitted function runs `--steps` steps of N envs
+as a `lax.scan` whose body splits the carried key, samples one uniformly random action per env (the
+same sampler for both sides: the adapter's action space), steps all N envs in one vmap with a key
+each (auto-reset included) and sums the rewards (so nothing is optimised away); env state and key
+are carried across calls, so the envs are in steady state. Compile time (lower + compile) is
+reported apart; both sides compile before either runs. After one warm-up call each, the two sides
+are timed alternately (`--runs` calls each, every call synchronised with `block_until_ready`);
+steps/s = N * steps / median call time, and the ratio fusedrl / library (1.00: no overhead; the
+target is >= 0.95). A library that is not installed skips its rows (named in the output); `--json`
+writes the results and the machine.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ class Side(NamedTuple):
 
 class Row(NamedTuple):
     library: str  # the module that must import for the row to run
-    build: Callable  # (num_envs, brax_backend) -> (fusedrl Side, library Side, sample(key) -> actions [N])
+    # (num_envs, brax_backend) -> (fusedrl Side, library Side, sample(key) -> actions [N])
+    build: Callable
 
 
 # ---------------------------------------------------------------- fusedrl's side
@@ -84,7 +89,8 @@ def fusedrl_side(env_id: str, num_envs: int, **make_kwargs):
 
 def keyed_side(reset, step, params, num_envs: int, reward_index: int) -> Side:
     """A Side from gymnax-style `reset(key, params) -> (obs, state)` and `step(key, state, action,
-    params) -> (obs, state, reward, ...)` (reward at `reward_index`), vmapped with one key per env."""
+    params) -> (obs, state, reward, ...)` (reward at `reward_index`), vmapped with one key per
+    env."""
     batch_reset = jax.vmap(reset, in_axes=(0, None))
     batch_step = jax.vmap(step, in_axes=(0, 0, 0, None))
 
@@ -182,7 +188,8 @@ def scan_runner(side: Side, sample: Callable, steps: int):
 
 
 def compile_side(side: Side, sample: Callable, steps: int):
-    """[initial carry, the compiled run, compile seconds (lower + compile)]; nothing run yet but the reset."""
+    """[initial carry, the compiled run, compile seconds (lower + compile)];
+    nothing run yet but the reset."""
     init, run = scan_runner(side, sample, steps)
     carry = jax.block_until_ready(jax.jit(init)(jax.random.PRNGKey(0)))
     start = time.perf_counter()
@@ -209,7 +216,8 @@ def time_alternately(compiled: dict, runs: int) -> dict:
 
 
 def measure(row: str, num_envs: int, steps: int, runs: int, brax_backend: str) -> dict:
-    """Both sides of a row at `num_envs`: compile seconds, median/min call seconds, steps/s, and the ratio."""
+    """Both sides of a row at `num_envs`: compile seconds, median/min call seconds, steps/s,
+    and the ratio."""
     ours, library, sample = ROWS[row].build(num_envs, brax_backend)
     compiled = {
         "fusedrl": compile_side(ours, sample, steps),
@@ -236,7 +244,8 @@ def installed(library: str) -> bool:
 
 
 def select_rows(rows: str | None, libraries: str | None) -> list[str]:
-    """The rows asked for (`--rows`, else DEFAULT_ROWS), kept to `--libraries` if given; ValueError on unknown names."""
+    """The rows asked for (`--rows`, else DEFAULT_ROWS), kept to `--libraries` if given;
+    ValueError on unknown names."""
     chosen = [r for r in rows.split(",") if r] if rows else list(DEFAULT_ROWS)
     unknown = [r for r in chosen if r not in ROWS]
     if unknown:
@@ -286,12 +295,17 @@ def main(argv=None) -> int:
 
     info = machine()
     print(
-        f"# {info['date']}  jax {info['jax']}  backend {info['backend']} ({info['device']}, {info['cpu_count']} CPUs)"
+        f"# {info['date']}  jax {info['jax']}  backend {info['backend']} ({info['device']}, "
+        f"{info['cpu_count']} CPUs)"
     )
     print(
-        f"# {args.steps} steps per call, median of {args.runs} calls per side, sides timed alternately; Brax backend {args.brax_backend}"
+        f"# {args.steps} steps per call, median of {args.runs} calls per side, "
+        f"sides timed alternately; Brax backend {args.brax_backend}"
     )
-    header = f"{'row':<18} {'num_envs':>8} {'fusedrl steps/s':>16} {'library steps/s':>16} {'ratio':>6} {'compile s (f/l)':>16}"
+    header = (
+        f"{'row':<18} {'num_envs':>8} {'fusedrl steps/s':>16} {'library steps/s':>16} "
+        f"{'ratio':>6} {'compile s (f/l)':>16}"
+    )
     print(header)
     print("-" * len(header))
     results, skipped = [], []
@@ -305,8 +319,9 @@ def main(argv=None) -> int:
             results.append(r)
             compile_s = f"{r['fusedrl']['compile_s']:.1f}/{r['library']['compile_s']:.1f}"
             print(
-                f"{row:<18} {n:>8} {format_rate(r['fusedrl']['steps_per_s']):>16} {format_rate(r['library']['steps_per_s']):>16} "
-                f"{r['ratio']:>6.3f} {compile_s:>16}",
+                f"{row:<18} {n:>8} {format_rate(r['fusedrl']['steps_per_s']):>16} "
+                f"{format_rate(r['library']['steps_per_s']):>16} {r['ratio']:>6.3f} "
+                f"{compile_s:>16}",
                 flush=True,
             )
             if args.json:  # after every row, so a run cut short keeps what it measured

@@ -1,7 +1,8 @@
 """What one program of the fused PPO gradient kernels holds on an H100, without a GPU.
 
     python benchmarks/kernel_resources.py                          # PureJaxRL's CartPole sizes
-    python benchmarks/kernel_resources.py --obs 16 --hidden 128 128 --actions 16 --warps 8 --block 32
+    python benchmarks/kernel_resources.py --obs 16 --hidden 128 128 --actions 16 --warps 8 \\
+        --block 32
 
 Compiles `kernels.ppo_grads`'s actor and critic kernels ahead of time for sm_90 with the installed
 Triton and its bundled ptxas (`triton.compile` with a CUDA target needs no GPU), reads each cubin's
@@ -12,8 +13,8 @@ request, and prints how many programs fit on one SM:
 
 with regs' the registers per thread rounded up to a multiple of 8 (sm_90: 64K registers, 228 KB of
 shared memory with 1 KB reserved per program, 64 warps and 32 programs per SM). Occupancy is what
-bounds these latency-bound kernels at thousands of seeds (benchmarks/RESULTS.md, seventeenth
-session). Needs the `interpret` or `gpu` extra (Triton).
+bounds these latency-bound kernels at thousands of seeds (benchmarks/RESULTS.md, "The fused PPO
+gradient"). Needs the `interpret` or `gpu` extra (Triton).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def programs_per_sm(
 
 
 def compile_sm90(kernel, constexprs: dict, int_args: tuple, warps: int, stages: int):
-    """The kernel compiled for sm_90 (pointer arguments float32, `action_ptr` int32, `inv_m` float32)."""
+    """The kernel compiled for sm_90 (pointer arguments float32, `action_ptr` int32, `inv_m`
+    float32)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -62,8 +64,9 @@ def compile_sm90(kernel, constexprs: dict, int_args: tuple, warps: int, stages: 
         return "*i32" if name == "action_ptr" else "*fp32"
 
     signature = {name: arg_type(name) for name in kernel.arg_names}
-    # jax_triton empties TRITON_CACHE_DIR when it is imported, and triton.compile needs a cache folder:
-    # a temporary one, set for this call only (the scope restores the knobs and the environment)
+    # jax_triton empties TRITON_CACHE_DIR when it is imported, and triton.compile needs a cache
+    # folder: a temporary one, set for this call only (the scope restores the knobs and the
+    # environment)
     with tempfile.TemporaryDirectory() as cache, triton.knobs.cache.scope():
         triton.knobs.cache.dir = cache
         return triton.compile(
@@ -91,8 +94,8 @@ def compile_both(
     precision: str = "tf32",
     activation: str = "tanh",
 ) -> dict:
-    """{"actor": compiled, "critic": compiled} for sizes (obs_dim, (hidden1, hidden2), actions), padded
-    as the op pads them, with the launch's settings (jax-triton's default: 3 stages)."""
+    """{"actor": compiled, "critic": compiled} for sizes (obs_dim, (hidden1, hidden2), actions),
+    padded as the op pads them, with the launch's settings (jax-triton's default: 3 stages)."""
     obs_dim, (h1, h2), actions = sizes
     pad = ppo_grads._padded
     common = dict(
@@ -152,11 +155,13 @@ def main(argv=None) -> None:
     parser.add_argument("--activation", choices=ppo_grads.ACTIVATIONS, default="tanh")
     args = parser.parse_args(argv)
     print(
-        f"obs {args.obs}, hidden {tuple(args.hidden)}, {args.actions} actions; {args.warps} warps, {args.block}-row blocks, "
-        f"{args.stages} stages, {args.precision}; sm_90"
+        f"obs {args.obs}, hidden {tuple(args.hidden)}, {args.actions} actions; "
+        f"{args.warps} warps, {args.block}-row blocks, {args.stages} stages, "
+        f"{args.precision}; sm_90"
     )
     print(
-        "| kernel | registers/thread | stack bytes | shared bytes | programs/SM by registers, shared, warps | fit |"
+        "| kernel | registers/thread | stack bytes | shared bytes | "
+        "programs/SM by registers, shared, warps | fit |"
     )
     print("|---|---|---|---|---|---|")
     compiled_kernels = compile_both(
@@ -172,7 +177,8 @@ def main(argv=None) -> None:
         shared = compiled.metadata.shared
         fit = programs_per_sm(res["registers"], shared, args.warps)
         print(
-            f"| {name} | {res['registers']} | {res['stack']} | {shared:,} | {fit['registers']}, {fit['shared']}, {fit['warps']} | {fit['fit']} |"
+            f"| {name} | {res['registers']} | {res['stack']} | {shared:,} | "
+            f"{fit['registers']}, {fit['shared']}, {fit['warps']} | {fit['fit']} |"
         )
 
 

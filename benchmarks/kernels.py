@@ -3,9 +3,11 @@
 Usage (GPU machine):
     python benchmarks/kernels.py                       # every registered op and shape
     python benchmarks/kernels.py --ops gae --json out.json
-    python benchmarks/kernels.py --ops policy_head --kernel-backend auto --paired   # interleaved A/B
-    python benchmarks/kernels.py --sweep all --sweep-ops both   # time scan tilings (ScanConfig) per shape
-    python benchmarks/kernels.py --sweep loop --sweep-configs "loop:128,8,4,3;chain:64,32,4,3"  # chosen tilings
+    python benchmarks/kernels.py --ops policy_head --kernel-backend auto --paired  # interleaved A/B
+    # time scan tilings (ScanConfig) per shape:
+    python benchmarks/kernels.py --sweep all --sweep-ops both
+    # time chosen tilings:
+    python benchmarks/kernels.py --sweep loop --sweep-configs "loop:128,8,4,3;chain:64,32,4,3"
 Smoke test on a CPU (tiny shapes, the interpreter standing in for the GPU):
     python benchmarks/kernels.py --small --kernel-backend interpret --runs 2
 
@@ -21,7 +23,7 @@ and the op's samples alternate, and the speed ratio is the median over adjacent 
 op's minimal traffic (every input read once, every output written once) / time; "copy" is the
 bandwidth of ``x + 1`` over a large float32 array (read + write), measured in the same run.
 At 20-60 us a call, ratios also differ from process to process by about +-15% (each process
-compiles and places its buffers anew; benchmarks/RESULTS.md, sixteenth session): a claim near
+compiles and places its buffers anew; benchmarks/RESULTS.md, "Row ops under `auto`"): a claim near
 parity needs several processes.
 
 Adding an op: write a function ``my_cases(args) -> list[Case]`` and add it to ``CASE_BUILDERS``
@@ -96,7 +98,8 @@ GROUP_SECONDS = 2e-3  # a timed sample dispatches programs back to back for abou
 
 def _prepared(fn: Callable[..., Any], input_sets: list[tuple]):
     """``(program, calls)``: ``fn`` jitted over every input set in one program, compiled and run for
-    ``WARM_SECONDS``, and the number of back-to-back calls that make a sample of ``GROUP_SECONDS``."""
+    ``WARM_SECONDS``, and the number of back-to-back calls that make a sample
+    of ``GROUP_SECONDS``."""
     many = jax.jit(lambda sets: [fn(*s) for s in sets])
     jax.block_until_ready(many(input_sets))  # compile
     count, start = 0, time.perf_counter()
@@ -289,7 +292,7 @@ def q_lambda_cases(args) -> list[Case]:
     return cases
 
 
-# ----------------------------------------------------------------------------- row-wise ops (kernels-2)
+# ------------------------------------------------------------------------- row-wise ops (kernels-2)
 
 
 def _with_vjp(op):
@@ -304,7 +307,8 @@ def _with_vjp(op):
 
 
 def softmax_cases(args) -> list[Case]:
-    """softmax forward+backward vs jax.nn.softmax; bytes: fwd reads x, writes p; bwd reads p, g, writes dx."""
+    """softmax forward+backward vs jax.nn.softmax; bytes: fwd reads x, writes p; bwd reads p, g,
+    writes dx."""
     from kernels import softmax
     from kernels.softmax import softmax_reference
 
@@ -382,7 +386,8 @@ def policy_head_cases(args) -> list[Case]:
 
 
 def projection_cases(args) -> list[Case]:
-    """C51 projection (forward) vs the [B, K, K] XLA formulation; plus forward+backward (atoms, probs)."""
+    """C51 projection (forward) vs the [B, K, K] XLA formulation; plus forward+backward
+    (atoms, probs)."""
     from kernels import categorical_projection
     from kernels.projection import ProjectionConfig, categorical_projection_reference
 
@@ -543,7 +548,8 @@ def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
                     us_min = 1e6 * time_per_call.last_min
                 except Exception as e:  # a tiling the compiler rejects (registers, shared memory)
                     print(
-                        f"  {case.op:18s} {case.shape:16s} {label:28s} FAILED {type(e).__name__}: {str(e)[:100]}"
+                        f"  {case.op:18s} {case.shape:16s} {label:28s} FAILED "
+                        f"{type(e).__name__}: {str(e)[:100]}"
                     )
                     continue
                 gbps = case.bytes_moved / us / 1e3
@@ -567,7 +573,10 @@ def sweep_scan_configs(args, copy_bw: float) -> list[dict]:
 
 
 def _cfg_label(cfg) -> str:
-    return f"{'chain' if cfg.chained else 'loop'} t{cfg.chunk_t} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+    return (
+        f"{'chain' if cfg.chained else 'loop'} t{cfg.chunk_t} n{cfg.block_n} w{cfg.num_warps} "
+        f"s{cfg.num_stages}"
+    )
 
 
 def versions() -> dict:
@@ -591,7 +600,11 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--kernel-backend",
         default="triton",
-        help='triton (GPU), interpret (CPU smoke test), or auto (the "triton" column is then the automatic choice, XLA where an op measured it faster)',
+        help=(
+            "triton (GPU), interpret (CPU smoke test), "
+            'or auto (the "triton" column is then the automatic choice, '
+            "XLA where an op measured it faster)"
+        ),
     )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     parser.add_argument(
@@ -606,12 +619,18 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--sweep-configs",
         default="",
-        help='tilings to sweep instead of the built-in lists, e.g. "loop:128,8,4,3;chain:64,32,4,3" (chunk_t, block_n, num_warps, num_stages)',
+        help=(
+            "tilings to sweep instead of the built-in lists, e.g. "
+            '"loop:128,8,4,3;chain:64,32,4,3" (chunk_t, block_n, num_warps, num_stages)'
+        ),
     )
     parser.add_argument(
         "--paired",
         action="store_true",
-        help="alternate the reference's and the op's samples; the ratio is the median of adjacent pairs' ratios",
+        help=(
+            "alternate the reference's and the op's samples; "
+            "the ratio is the median of adjacent pairs' ratios"
+        ),
     )
     parser.add_argument(
         "--checks", type=int, default=1, help="repeat the correctness check (races)"
@@ -648,7 +667,9 @@ def main(argv=None) -> None:
                 print(json.dumps(row), flush=True)
         print()
         print(
-            f"| op | shape | reference us | triton us (min) | {'paired ratio' if args.paired else 'ratio'} | GB/s | of copy ({copy_bw / 1e9:.0f} GB/s) | other baselines | max err |"
+            "| op | shape | reference us | triton us (min) | "
+            f"{'paired ratio' if args.paired else 'ratio'} | GB/s | "
+            f"of copy ({copy_bw / 1e9:.0f} GB/s) | other baselines | max err |"
         )
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
@@ -660,8 +681,9 @@ def main(argv=None) -> None:
             flag = " WRONG" if r.get("WRONG") else ""
             fastest = f" ({r['triton_min_us']:.1f})" if "triton_min_us" in r else ""
             print(
-                f"| {r['op']} | {r['shape']} | {r['reference_us']:.1f} | {r['triton_us']:.1f}{fastest} | {r['speedup']:.1f}x | "
-                f"{r['triton_GBps']:.0f} | {100 * r['frac_copy_bw']:.0f}% | {extras} | {r['max_abs_err']:.1e}{flag} |"
+                f"| {r['op']} | {r['shape']} | {r['reference_us']:.1f} | "
+                f"{r['triton_us']:.1f}{fastest} | {r['speedup']:.1f}x | {r['triton_GBps']:.0f} | "
+                f"{100 * r['frac_copy_bw']:.0f}% | {extras} | {r['max_abs_err']:.1e}{flag} |"
             )
     if args.json:
         with open(args.json, "w") as f:

@@ -1,7 +1,8 @@
 """Prioritized replay's cost: the whole training program with PER against the same program with
 uniform replay, and the replay operations alone.
 
-    python benchmarks/per.py ratio [--steps 10240] [--buffer-size 100000] [--rounds 7] [--json out.json]
+    python benchmarks/per.py ratio [--steps 10240] [--buffer-size 100000] [--rounds 7] \\
+        [--json out.json]
     python benchmarks/per.py ops [--capacities 4096 16384 100000] [--steps 512]
 
 `ratio` compiles three 1-seed CartPole programs at the same buffer size, network and replay ratio
@@ -172,7 +173,8 @@ def run_ops(args) -> dict:
             {"capacity": capacity, "per_sample_update_us": per_us, "uniform_sample_us": uniform_us}
         )
         print(
-            f"capacity {capacity:7d}: PER sample + update {per_us:7.1f} us/step, uniform sample {uniform_us:6.1f} us/step; load {load()}",
+            f"capacity {capacity:7d}: PER sample + update {per_us:7.1f} us/step, "
+            f"uniform sample {uniform_us:6.1f} us/step; load {load()}",
             flush=True,
         )
     return {"kind": "ops", "steps": args.steps, "rows": rows, "machine": machine()}

@@ -1,8 +1,11 @@
 """PPO: learning curves over many seeds, and training throughput with the kernel backend chosen.
 
-    python benchmarks/ppo.py learning --config configs/ppo_cartpole.yaml --seeds 64 --threshold 475 --budget 150000
-    python benchmarks/ppo.py learning --config configs/ppo_pendulum.yaml --seeds 16 --threshold -250 --budget 1000000
-    python benchmarks/ppo.py throughput --preset purejaxrl --seeds 1,2048 --kernel-backend reference,triton [--json out.json]
+    python benchmarks/ppo.py learning --config configs/ppo_cartpole.yaml --seeds 64 \\
+        --threshold 475 --budget 150000
+    python benchmarks/ppo.py learning --config configs/ppo_pendulum.yaml --seeds 16 \\
+        --threshold -250 --budget 1000000
+    python benchmarks/ppo.py throughput --preset purejaxrl --seeds 1,2048 \\
+        --kernel-backend reference,triton [--json out.json]
     python benchmarks/ppo.py throughput --preset large --seeds 1,64
 
 `learning` trains every seed in one compiled program (the config's own evaluation: `eval_envs`
@@ -131,7 +134,8 @@ def throughput(args) -> list[dict]:
                 compiled, keys, hparams, compile_s = compile_program(config, backend)
             except Exception as err:  # noqa: BLE001 - e.g. triton without a GPU: report and go on
                 print(
-                    f"{backend:>9} seeds={seeds}: cannot run ({type(err).__name__}: {str(err).splitlines()[0]})"
+                    f"{backend:>9} seeds={seeds}: cannot run ({type(err).__name__}: "
+                    f"{str(err).splitlines()[0]})"
                 )
                 continue
             jax.block_until_ready(compiled(keys, hparams))  # warm-up
@@ -158,7 +162,9 @@ def throughput(args) -> list[dict]:
             }
             rows.append(row)
             print(
-                f"{backend:>9} seeds={seeds:<5} compile {compile_s:6.1f} s  train {row['train_s_median']:8.2f} s (min {row['train_s_min']:.2f})  {row['env_steps_per_s']:14,.0f} env steps/s"
+                f"{backend:>9} seeds={seeds:<5} compile {compile_s:6.1f} s  train "
+                f"{row['train_s_median']:8.2f} s (min {row['train_s_min']:.2f})  "
+                f"{row['env_steps_per_s']:14,.0f} env steps/s"
             )
     return rows
 
@@ -181,7 +187,8 @@ def learning(args) -> dict:
     returns = np.asarray(metrics[key], np.float64)[0]  # [seeds, log points]
     reached = np.maximum.accumulate(np.nan_to_num(returns, nan=-np.inf), axis=1) >= args.threshold
     print(
-        f"{config.agent.name} on {config.env.id}: {args.seeds} seeds, compile {compile_s:.1f} s, train {train_s:.1f} s; metric {key}, threshold {args.threshold}"
+        f"{config.agent.name} on {config.env.id}: {args.seeds} seeds, compile {compile_s:.1f} s, "
+        f"train {train_s:.1f} s; metric {key}, threshold {args.threshold}"
     )
     print("| env steps | median | IQR | at >= threshold | reached so far |")
     print("|---|---|---|---|---|")
@@ -200,7 +207,8 @@ def learning(args) -> dict:
         table.append(row)
         if i % stride == stride - 1 or i == len(steps) - 1:
             print(
-                f"| {row['step']} | {med:.1f} | {q25:.1f} .. {q75:.1f} | {row['frac_at']:.2f} | {row['frac_reached']:.2f} |"
+                f"| {row['step']} | {med:.1f} | {q25:.1f} .. {q75:.1f} | {row['frac_at']:.2f} | "
+                f"{row['frac_reached']:.2f} |"
             )
     budget = args.budget or int(steps[-1])
     i = int(np.searchsorted(steps, budget, side="right")) - 1
@@ -213,8 +221,10 @@ def learning(args) -> dict:
         "per_seed_at_budget": [None if np.isnan(v) else float(v) for v in returns[:, i]],
     }
     print(
-        f"at {steps[i]} env steps (budget {budget}): {verdict['frac_at_budget']:.0%} of seeds at >= {args.threshold}, "
-        f"{verdict['frac_reached_by_budget']:.0%} reached it by then; median {verdict['median_at_budget']:.1f}"
+        f"at {steps[i]} env steps (budget {budget}): "
+        f"{verdict['frac_at_budget']:.0%} of seeds at >= {args.threshold}, "
+        f"{verdict['frac_reached_by_budget']:.0%} reached it by then; "
+        f"median {verdict['median_at_budget']:.1f}"
     )
     if (
         args.run_dir

@@ -2,10 +2,10 @@
 default): the same seeds and env-step budget for both, and the fraction of seeds whose greedy return
 reaches the threshold.
 
-    python benchmarks/ppo_rnn.py --seeds 16 --budget 1000000                      # the target, on the GPU
-    python benchmarks/ppo_rnn.py --seeds 2 --budget 100000 --kernel-backend reference   # a CPU check
-    python benchmarks/ppo_rnn.py --recurrent configs/ppo_rnn_cartpole_masked.yaml --feedforward configs/ppo_cartpole.yaml \\
-        --observe positions --threshold 475 --json out.json
+    python benchmarks/ppo_rnn.py --seeds 16 --budget 1000000    # the target, on the GPU
+    python benchmarks/ppo_rnn.py --seeds 2 --budget 100000 --kernel-backend reference  # a CPU check
+    python benchmarks/ppo_rnn.py --recurrent configs/ppo_rnn_cartpole_masked.yaml \\
+        --feedforward configs/ppo_cartpole.yaml --observe positions --threshold 475 --json out.json
 
 Each agent runs its own config (`--recurrent`, `--feedforward`) on the env of the recurrent config
 with `env.observe` set to `--observe` (the velocities hidden: `envs.MaskObservation`), its
@@ -47,7 +47,9 @@ def main(argv=None):
     parser.add_argument(
         "--observe",
         default="positions",
-        help="env.observe for both (a preset or a list such as [0,2]; 'null': the full observation)",
+        help=(
+            "env.observe for both (a preset or a list such as [0,2]; 'null': the full observation)"
+        ),
     )
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--budget", type=int, default=1_000_000, help="env steps per seed")
@@ -87,18 +89,21 @@ def main(argv=None):
         print()
 
     print(
-        f"{env_id} with env.observe={args.observe}, {args.seeds} seeds, budget {args.budget} env steps, threshold {args.threshold}:"
+        f"{env_id} with env.observe={args.observe}, {args.seeds} seeds, "
+        f"budget {args.budget} env steps, threshold {args.threshold}:"
     )
     print(
-        "| agent | config | env steps | seeds >= threshold at the budget | reached by then | median greedy return | train time |"
+        "| agent | config | env steps | seeds >= threshold at the budget | reached by then | "
+        "median greedy return | train time |"
     )
     print("|---|---|---|---|---|---|---|")
     for label, path in (("recurrent", args.recurrent), ("feedforward", args.feedforward)):
         result = results["agents"][label]
         verdict = result["verdict"]
         print(
-            f"| {label} | {path} | {verdict['log_point_step']} | {verdict['frac_at_budget']:.0%} | {verdict['frac_reached_by_budget']:.0%} "
-            f"| {verdict['median_at_budget']:.1f} | {result['train_s']:.1f} s |"
+            f"| {label} | {path} | {verdict['log_point_step']} | "
+            f"{verdict['frac_at_budget']:.0%} | {verdict['frac_reached_by_budget']:.0%} | "
+            f"{verdict['median_at_budget']:.1f} | {result['train_s']:.1f} s |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=float))

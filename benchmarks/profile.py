@@ -1,10 +1,12 @@
 """Where a training program spends its device time: a profiler trace of one call, summed per kernel.
 
-    python benchmarks/profile.py --preset purejaxrl --seeds 2048 agent.total_steps=65536 agent.log_interval=128
-    python benchmarks/profile.py --config configs/sac_pendulum.yaml --seeds 8 --top 30 --hlo-out /tmp/hlo.txt
+    python benchmarks/profile.py --preset purejaxrl --seeds 2048 agent.total_steps=65536 \\
+        agent.log_interval=128
+    python benchmarks/profile.py --config configs/sac_pendulum.yaml --seeds 8 --top 30 \\
+        --hlo-out /tmp/hlo.txt
 
-Compiles the program `rl train` would run (settings x seeds vmapped, `benchmarks/ppo.py`'s presets or a
-YAML config, `agent.key=value` overrides), calls it once to warm up, then once under
+Compiles the program `rl train` would run (settings x seeds vmapped, `benchmarks/ppo.py`'s presets
+or a YAML config, `agent.key=value` overrides), calls it once to warm up, then once under
 `jax.profiler.trace`. From the trace it prints, for the device plane (the GPU when there is one):
 wall time of the call, time the device was busy (union of kernel intervals), the number of kernels,
 and the `--top` kernel names by total time with their count and mean duration. Optionally writes the
@@ -47,7 +49,8 @@ def busy_time_ns(intervals: list[tuple[int, int]]) -> int:
 
 
 def device_events(trace_dir: str):
-    """[(plane name, line name, event name, start ns, duration ns)] of the device planes of the trace."""
+    """[(plane name, line name, event name, start ns, duration ns)] of the device planes
+    of the trace."""
     (path,) = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
     data = ProfileData.from_file(path)
     planes = [p for p in data.planes if p.name.startswith("/device:")]
@@ -82,7 +85,8 @@ def summarise(rows, wall_s: float, top: int) -> None:
     print("|---|---|---|---|---|")
     for name, (count, dur) in sorted(per_name.items(), key=lambda kv: -kv[1][1])[:top]:
         print(
-            f"| {name[:90]} | {count} | {dur / 1e6:.2f} | {dur / max(total, 1):.1%} | {dur / count / 1e3:.1f} |"
+            f"| {name[:90]} | {count} | {dur / 1e6:.2f} | {dur / max(total, 1):.1%} | "
+            f"{dur / count / 1e3:.1f} |"
         )
 
 

@@ -3,24 +3,26 @@
     python benchmarks/qlearning.py                       # 1 and 30 agents, two scenarios (below)
     python benchmarks/qlearning.py --agents 1 30 100 --repeats 9 agent.lr=0.2
 
-Pins the process to one core (`os.sched_setaffinity`, as `taskset -c 0` does) and restricts XLA's CPU
-backend to one thread (`--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`) before
-jax is imported. For each scenario and agent count it compiles `jit(train)` (one agent) or
+Pins the process to one core (`os.sched_setaffinity`, as `taskset -c 0` does) and restricts XLA's
+CPU backend to one thread (`--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`)
+before jax is imported. For each scenario and agent count it compiles `jit(train)` (one agent) or
 `jit(vmap(train))` once and reports the compile time apart, warms up once, then times `--repeats`
 runs (fresh seeds each, synchronised with `block_until_ready`) and reports medians of
 
   * wall-clock time (`time.perf_counter`), the rate a user sees on this machine as loaded as it is;
   * process CPU time (`time.process_time`), the core time the run consumed: on a shared machine
-    this is the steady-state cost of the program itself, without the time spent waiting for the core.
+    this is the steady-state cost of the program itself,
+    without the time spent waiting for the core.
 
 Scenarios (the whole training program is timed: epsilon-greedy acting, env steps, TD updates, the
 greedy evaluation and the host callback that streams metrics at every log point):
 
   * `config`: the config as `rl train` runs it (default: 20,000 steps, a log point every 1,000);
-  * `long`: a long run, `--long-steps` steps with a log point every `--long-interval`, where the fixed
-    cost of a log point (host callback + greedy evaluation) is amortised: the per-step rate.
+  * `long`: a long run, `--long-steps` steps with a log point every `--long-interval`, where the
+    fixed cost of a log point (host callback + greedy evaluation) is amortised: the per-step rate.
 
-The per-log-point overhead printed last is (config time - config steps x long per-step time) / points.
+The per-log-point overhead printed last is
+(config time - config steps x long per-step time) / points.
 """
 
 from __future__ import annotations
@@ -79,10 +81,12 @@ def main(argv=None) -> int:
     from rl.config import load_config
 
     print(
-        f"jax {jax.__version__}, backend {jax.default_backend()}, python {platform.python_version()}, cpu affinity {sorted(os.sched_getaffinity(0))}"
+        f"jax {jax.__version__}, backend {jax.default_backend()}, "
+        f"python {platform.python_version()}, cpu affinity {sorted(os.sched_getaffinity(0))}"
     )
     print(
-        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     scenario_overrides = {
         "config": [],
@@ -129,21 +133,26 @@ def main(argv=None) -> int:
             results[scenario, num_agents] = row
             work = num_agents * steps
             print(
-                f"{scenario:>6} {num_agents:>3} agents x {steps} steps ({points} log points): compile {compile_s:.2f} s; "
-                f"wall median {row['wall'] * 1e3:.1f} ms (min {row['wall_min'] * 1e3:.1f}) = {work / row['wall'] / 1e6:.2f} M agent-steps/s; "
-                f"cpu median {row['cpu'] * 1e3:.1f} ms = {work / row['cpu'] / 1e6:.2f} M agent-steps/s "
-                f"({row['cpu'] / work * 1e9:.0f} ns/agent-step); final greedy length {greedy.mean():.2f}",
+                f"{scenario:>6} {num_agents:>3} agents x {steps} steps ({points} log points): "
+                f"compile {compile_s:.2f} s; wall median {row['wall'] * 1e3:.1f} ms (min "
+                f"{row['wall_min'] * 1e3:.1f}) = {work / row['wall'] / 1e6:.2f} M agent-steps/s; "
+                f"cpu median {row['cpu'] * 1e3:.1f} ms = {work / row['cpu'] / 1e6:.2f} M "
+                f"agent-steps/s ({row['cpu'] / work * 1e9:.0f} ns/agent-step); "
+                f"final greedy length {greedy.mean():.2f}",
                 flush=True,
             )
     print()
     print(
-        "| scenario | agents | steps/agent | log points | compile (s) | wall median (ms) | M agent-steps/s (wall) | CPU median (ms) | M agent-steps/s (CPU) |"
+        "| scenario | agents | steps/agent | log points | compile (s) | wall median (ms) | "
+        "M agent-steps/s (wall) | CPU median (ms) | M agent-steps/s (CPU) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for (scenario, num_agents), row in results.items():
         work = num_agents * row["steps"]
         print(
-            f"| {scenario} | {num_agents} | {row['steps']:,} | {row['points']} | {row['compile']:.2f} | {row['wall'] * 1e3:.1f} | {work / row['wall'] / 1e6:.2f} | {row['cpu'] * 1e3:.1f} | {work / row['cpu'] / 1e6:.2f} |"
+            f"| {scenario} | {num_agents} | {row['steps']:,} | {row['points']} | "
+            f"{row['compile']:.2f} | {row['wall'] * 1e3:.1f} | {work / row['wall'] / 1e6:.2f} | "
+            f"{row['cpu'] * 1e3:.1f} | {work / row['cpu'] / 1e6:.2f} |"
         )
     for num_agents in args.agents:
         if ("config", num_agents) in results and ("long", num_agents) in results:
@@ -151,8 +160,10 @@ def main(argv=None) -> int:
             per_step = long["cpu"] / long["steps"]
             overhead = (short["cpu"] - short["steps"] * per_step) / short["points"]
             print(
-                f"{num_agents} agents: CPU cost per log point (callback + greedy eval + period setup) ~ {overhead * 1e6:.0f} us "
-                f"vs {per_step * short['steps'] / short['points'] * 1e6:.0f} us for the {short['steps'] // short['points']} steps between log points"
+                f"{num_agents} agents: CPU cost per log point (callback + greedy eval + period "
+                f"setup) ~ {overhead * 1e6:.0f} us vs "
+                f"{per_step * short['steps'] / short['points'] * 1e6:.0f} us for the "
+                f"{short['steps'] // short['points']} steps between log points"
             )
     return 0
 

@@ -2,11 +2,12 @@
 
 Times each tiling of the three row-wise ops (the module settings TILE_ELEMENTS / NUM_WARPS of
 kernels.softmax and kernels.policy_head, SCATTER_BLOCK / SCATTER_WARPS of
-kernels.projection's default scatter kernel) on a few shapes with benchmarks/kernels.py's timing (median of RUNS calls,
-fastest call too), picks per op the tiling with the smallest geometric mean of the fastest
-calls, applies it, and runs benchmarks/kernels.py's cases for the three ops with it; prints a
-table and writes $OUT/final.json. Usage on the GPU machine: python benchmarks/rowwise_sweep.py
-(benchmarks/RESULTS.md, "softmax, policy head and C51 projection", says what it found).
+kernels.projection's default scatter kernel) on a few shapes with benchmarks/kernels.py's timing
+(median of RUNS calls, fastest call too), picks per op the tiling with the smallest geometric mean
+of the fastest calls, applies it, and runs benchmarks/kernels.py's cases for the three ops with it;
+prints a table and writes $OUT/final.json. Usage on the GPU machine:
+python benchmarks/rowwise_sweep.py (benchmarks/RESULTS.md, "Every op on one H200", has the three
+ops' timings).
 """
 
 import importlib
@@ -137,6 +138,8 @@ print("| op | shape | reference us | triton us (min) | ratio | GB/s | of copy | 
 print("|---|---|---|---|---|---|---|---|")
 for r in rows:
     print(
-        f"| {r['op']} | {r['shape']} | {r['reference_us']:.1f} | {r['triton_us']:.1f} ({r['triton_min_us']:.1f}) | {r['speedup']:.1f}x | "
-        f"{r['triton_GBps']:.0f} | {100 * r['frac_copy_bw']:.0f}% | {r['max_abs_err']:.1e}{' WRONG' if r.get('WRONG') else ''} |"
+        f"| {r['op']} | {r['shape']} | {r['reference_us']:.1f} | "
+        f"{r['triton_us']:.1f} ({r['triton_min_us']:.1f}) | {r['speedup']:.1f}x | "
+        f"{r['triton_GBps']:.0f} | {100 * r['frac_copy_bw']:.0f}% | "
+        f"{r['max_abs_err']:.1e}{' WRONG' if r.get('WRONG') else ''} |"
     )

@@ -1,7 +1,9 @@
 """SAC: learning curves over many seeds and training throughput (same method as benchmarks/ppo.py).
 
-    python benchmarks/sac.py learning --config configs/sac_pendulum.yaml --seeds 8 --threshold -200 --budget 20000
-    python benchmarks/sac.py throughput --config configs/sac_pendulum.yaml --seeds 1,8 [agent.total_steps=5000] [--json out.json]
+    python benchmarks/sac.py learning --config configs/sac_pendulum.yaml --seeds 8 \\
+        --threshold -200 --budget 20000
+    python benchmarks/sac.py throughput --config configs/sac_pendulum.yaml --seeds 1,8 \\
+        [agent.total_steps=5000] [--json out.json]
 
 `learning` prints per log point the median and IQR of the greedy evaluation return ("eval_return":
 `eval_episodes` deterministic episodes run inside the program at each log point) over seeds, the

@@ -1,14 +1,17 @@
 """Throughput of a config's training program with the seed axis sharded over 1, 2, ... devices.
 
-    python benchmarks/scaling.py configs/qlearning_gridworld.yaml --devices 1,2 --seeds-per-device 64
-    python benchmarks/scaling.py configs/ppo_cartpole.yaml --devices 1,2 --seeds 128 agent.total_steps=1000000
+    python benchmarks/scaling.py configs/qlearning_gridworld.yaml --devices 1,2 \\
+        --seeds-per-device 64
+    python benchmarks/scaling.py configs/ppo_cartpole.yaml --devices 1,2 --seeds 128 \\
+        agent.total_steps=1000000
 
-For each device count D it builds the same programs `rl train --devices D` runs (rl.programs.make_programs:
-init, and `run` over a chunk of `--log-points` log points, jitted with NamedSharding over a "seeds"
-mesh), compiles them (compile time reported apart), runs one warm-up chunk, then times `--repeats`
-chunks, each continuing from the previous state (so caches are not flattered by replaying the
-same inputs), synchronising the devices after each. It reports the median env steps per second
-summed over all seeds, and the speed-up against the first device count measured in the same run.
+For each device count D it builds the same programs `rl train --devices D` runs
+(rl.programs.make_programs: init, and `run` over a chunk of `--log-points` log points, jitted with
+NamedSharding over a "seeds" mesh), compiles them (compile time reported apart), runs one warm-up
+chunk, then times `--repeats` chunks, each continuing from the previous state (so caches are not
+flattered by replaying the same inputs), synchronising the devices after each. It reports the median
+env steps per second summed over all seeds, and the speed-up against the first device count measured
+in the same run.
 
 Weak scaling (default): `--seeds-per-device` seeds on each device, so the work grows with D. Strong
 scaling: `--seeds N` fixes the total (N must be a multiple of every D). `--shard envs --seeds 1`
@@ -38,8 +41,8 @@ COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "
 
 def count_collectives(hlo_text: str) -> dict:
     """How many instructions of each collective kind the compiled program holds (its async starts
-    counted once). Seeds are independent, so a seed-sharded training chunk should hold none beyond the
-    small gathers of the per-log-point metrics."""
+    counted once). Seeds are independent, so a seed-sharded training chunk should hold none beyond
+    the small gathers of the per-log-point metrics."""
     counts = {}
     for kind in COLLECTIVES:
         starts = len(re.findall(rf"= [^=]*\b{kind}-start\(", hlo_text))
@@ -140,16 +143,22 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]), flush=True)
     import jaxlib
 
-    machine = f"{jax.devices()[0].device_kind} x{available}, {platform.node()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}"
+    machine = (
+        f"{jax.devices()[0].device_kind} x{available}, {platform.node()}, jax {jax.__version__}, "
+        f"jaxlib {jaxlib.__version__}"
+    )
     print(f"\n{args.config} {' '.join(args.overrides)}  ({machine}, {time.strftime('%Y-%m-%d')})")
     print(
-        "| devices | seeds | env steps/s (all seeds) | speed-up | compile s | collectives in the chunk |"
+        "| devices | seeds | env steps/s (all seeds) | speed-up | compile s | "
+        "collectives in the chunk |"
     )
     print("|---|---|---|---|---|---|")
     base = rows[0]["env_steps_per_second"]
     for row in rows:
         print(
-            f"| {row['devices']} | {row['seeds']} | {row['env_steps_per_second']:,.0f} | {row['env_steps_per_second'] / base:.2f}x | {row['compile_seconds']:.1f} | {', '.join(f'{k} {v}' for k, v in row['collectives'].items()) or 'none'} |"
+            f"| {row['devices']} | {row['seeds']} | {row['env_steps_per_second']:,.0f} | "
+            f"{row['env_steps_per_second'] / base:.2f}x | {row['compile_seconds']:.1f} | "
+            f"{', '.join(f'{k} {v}' for k, v in row['collectives'].items()) or 'none'} |"
         )
     if args.json:
         Path(args.json).write_text(

@@ -11,18 +11,18 @@ import pytest
 @pytest.fixture
 def full_precision_matmuls():
     """Float32 matmuls at full float32 precision while the test runs. On the GPU (Hopper) XLA runs
-    float32 matmuls at TF32 by default (a 10-bit mantissa, relative error ~1e-3), so tests that compare
-    two float32 computations of one network to 1e-5 (a cell against a library's cell, a batch against
-    its rows) ask for "highest", which the CPU always gives."""
+    float32 matmuls at TF32 by default (a 10-bit mantissa, relative error ~1e-3), so tests that
+    compare two float32 computations of one network to 1e-5 (a cell against a library's cell, a
+    batch against its rows) ask for "highest", which the CPU always gives."""
     with jax.default_matmul_precision("highest"):
         yield
 
 
 # Modules whose tests share no expensive module-scoped fixture and take long in total: under
 # pytest-xdist `--dist loadgroup` each of their tests may go to any worker (the README's blocks are
-# self-contained; the fused PPO gradient's property tests each compile their own kernels; the agents'
-# training tests each compile their own program). Every other module stays whole on one worker, so
-# its module-scoped fixtures compile once.
+# self-contained; the fused PPO gradient's property tests each compile their own kernels; the
+# agents' training tests each compile their own program). Every other module stays whole on one
+# worker, so its module-scoped fixtures compile once.
 SPREAD_MODULES = (
     "test_readme.py",
     "test_ppo_grads.py",
@@ -53,16 +53,18 @@ TEST_TIMES = (
 
 
 def pytest_runtest_logreport(report):
-    """With FUSEDRL_TEST_TIMES=FILE, appends each finished test's "worker, phase:outcome, seconds, node
-    id" line to FILE as it finishes (.ci/gpu_suite.sh: a run stopped at its time limit still shows where
-    its time went, per test and per worker)."""
+    """With FUSEDRL_TEST_TIMES=FILE, appends each finished test's "worker, phase:outcome, seconds,
+    node id" line to FILE as it finishes (.ci/gpu_suite.sh: a run stopped at its time limit still
+    shows where its time went, per test and per worker)."""
     path = TEST_TIMES
     if (
         not path
         or not (report.when == "call" or report.outcome != "passed")
         or os.environ.get("PYTEST_XDIST_WORKER")
     ):
-        return  # (under pytest-xdist the controller writes: it receives every worker's reports, with its node)
+        # under pytest-xdist the controller writes:
+        # it receives every worker's reports, with its node
+        return
     node = getattr(report, "node", None)
     worker = node.gateway.id if node is not None else "main"
     with open(path, "a") as f:

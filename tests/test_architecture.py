@@ -142,7 +142,8 @@ def backend_setters(modules: dict[str, tuple[Path, ast.Module]], package: str = 
                 alias.name in GLOBAL_BACKEND_SETTERS for alias in node.names
             ):
                 found.append(
-                    f"{name}:{node.lineno} imports {', '.join(a.name for a in node.names if a.name in GLOBAL_BACKEND_SETTERS)}"
+                    f"{name}:{node.lineno} imports "
+                    f"{', '.join(a.name for a in node.names if a.name in GLOBAL_BACKEND_SETTERS)}"
                 )
     return found
 
@@ -196,8 +197,14 @@ def test_the_checks_fail_on_violations(tmp_path):
             "rl/__init__.py": "",
             "rl/a.py": "def f():\n    from rl import b\n",  # rl.a -> rl.b, inside a function
             "rl/b.py": "from rl.c import thing\n",  # rl.b -> rl.c (thing is no module)
-            "rl/c.py": "import kernels\n\ndef g(config):\n    import rl.a\n    kernels.set_backend(config)\n",  # rl.c -> rl.a
-            "rl/d.py": "from kernels.launch import use_backend\n\nwith use_backend('interpret'):\n    pass\n",
+            "rl/c.py": (  # rl.c -> rl.a
+                "import kernels\n\n"
+                "def g(config):\n    import rl.a\n    kernels.set_backend(config)\n"
+            ),
+            "rl/d.py": (
+                "from kernels.launch import use_backend\n\n"
+                "with use_backend('interpret'):\n    pass\n"
+            ),
             "envs/__init__.py": "def make():\n    from rl.environment import make_env\n",
             "envs/x.py": "from . import wrappers\nimport kernels.launch\n",
             "envs/wrappers.py": "",
