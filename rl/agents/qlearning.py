@@ -1,24 +1,28 @@
 """Tabular Q-learning with epsilon-greedy exploration, compiled end to end.
 
-For a transition (s, a, r, s', terminated) with s' = info["final_obs"] (the state reached, before any
-auto-reset, so a time-limit truncation still bootstraps):
+For a transition (s, a, r, s', terminated) with s' = info["final_obs"] (the state reached, before
+any auto-reset, so a time-limit truncation still bootstraps):
 
     Q(s, a) <- Q(s, a) + lr * (r + gamma * (1 - terminated) * max_a' Q(s', a') - Q(s, a))
 
 Actions are epsilon-greedy, epsilon decaying linearly from `epsilon_start` to `epsilon_end` over
-`epsilon_decay_steps`; the greedy action breaks ties uniformly at random among the maximal Q-values
-(`exploration.epsilon_greedy_random_ties`: with argmax's first-index ties an agent on an all-zero table
-would always pick action 0).
+`epsilon_decay_steps`; the greedy action breaks ties uniformly at random among the maximal
+Q-values (`exploration.epsilon_greedy_random_ties`: with argmax's first-index ties an agent on an
+all-zero table would always pick action 0).
 
-The run is one `lax.scan` over log points, each a `lax.scan` over `log_interval` env steps, so
-`jax.vmap(train)(keys)` trains many agents in one compiled program. Observations must be discrete.
-Each env step draws two uniforms, drawn for the whole log period at once; the greedy evaluation at
-each log point stops as soon as its episode ends (a `while_loop`).
+One env steps; the run is one `lax.scan` over log points, each a `lax.scan` over `log_interval` env
+steps, so `jax.vmap(train)(keys)` trains many agents in one compiled program. Observations must be
+discrete. Each env step draws two uniforms, drawn for the whole log period at once. At each log
+point the greedy policy (argmax, first index on ties) plays `eval_episodes` episodes on fresh envs
+(`eval_return`, `eval_length`), and one episode from the env's PRNGKey(0) reset
+(`greedy_episode_length`); both stop as soon as their episodes end (a `while_loop`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +30,8 @@ import jax.numpy as jnp
 from envs.spaces import Discrete
 from rl import environment, episodes, exploration, log_points
 from rl.config import ConfigError, hp
+from rl.rollout import greedy_episodes
+from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer
 
 
@@ -41,11 +47,17 @@ class Config:
     epsilon_end: float = hp(0.05, low=0.0, high=1.0, sweep=True)
     epsilon_decay_steps: int = hp(10_000, low=1, doc="steps of the linear epsilon decay")
     log_interval: int = hp(1_000, low=1, doc="env steps between log points")
+    eval_episodes: int = hp(
+        10,
+        low=0,
+        doc="greedy episodes per log point, on fresh envs (0: none, no eval_return)",
+    )
 
     def validate(self):
         if self.total_steps % self.log_interval:
             raise ConfigError(
-                f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})"
+                f"agent.total_steps ({self.total_steps}) must be a multiple of "
+                f"agent.log_interval ({self.log_interval})"
             )
 
 
@@ -54,8 +66,19 @@ def check_env(config, env, env_params) -> None:
     observations, actions = env.observation_space(env_params), env.action_space(env_params)
     if not isinstance(observations, Discrete) or not isinstance(actions, Discrete):
         raise ConfigError(
-            f"env.id: qlearning needs discrete observations and actions; {config.env.id} has observations {observations}, actions {actions}"
+            f"env.id: qlearning needs discrete observations and actions; {config.env.id} has "
+            f"observations {observations}, actions {actions}"
         )
+
+
+class QLearningState(NamedTuple):
+    """The training state, with `rl.state`'s field names: the table and the one training env
+    (its leaves have no env axis: one env steps, and `--shard envs` has no num_envs to split)."""
+
+    params: jax.Array  # the Q-table [num_states, num_actions]
+    envs: Envs  # the training env's observation and state
+    key: jax.Array  # the PRNG key the next log period splits
+    step: jax.Array  # env steps so far (one TD update each)
 
 
 def q_update(q, obs, action, reward, next_obs, terminated, lr, gamma):
@@ -73,6 +96,17 @@ def q_update(q, obs, action, reward, next_obs, terminated, lr, gamma):
     return q.at[obs].set(row + jnp.where(is_action, lr * (target - row), 0.0))
 
 
+def greedy_action(q, obs):
+    """argmax_a Q(obs, a), first index on ties (obs: one state index or a batch of them)."""
+    return jnp.argmax(q[obs], axis=-1).astype(jnp.int32)
+
+
+def make_policy(config):
+    """`policy(params, obs, key) -> action`: the greedy action of the Q-table (first index on
+    ties)."""
+    return lambda q, obs, key: greedy_action(q, obs)
+
+
 def greedy_episode_length(q, env, params, max_steps):
     """Steps the greedy policy (argmax, first index on ties) takes to end an episode from reset,
     or `max_steps` if it has not ended by then. Uses a fixed key: the greedy policy is evaluated
@@ -87,7 +121,7 @@ def greedy_episode_length(q, env, params, max_steps):
     def step(carry):
         obs, state, _, length = carry
         obs, state, _, terminated, truncated, _ = env.step(
-            key, state, jnp.argmax(q[obs]).astype(jnp.int32), params
+            key, state, greedy_action(q, obs), params
         )
         return obs, state, terminated | truncated, length + 1
 
@@ -102,74 +136,68 @@ def make_trainer(config) -> Trainer:
     env, env_params = environment.make_env(config)
     num_states = env.observation_space(env_params).n
     num_actions = env.action_space(env_params).n
-    eval_steps = int(env_params.max_steps_in_episode)
+    max_steps = int(env_params.max_steps_in_episode)
 
-    def init(key, hparams):
+    # ---------------------------------------------------------------- init
+
+    def init(key, hparams) -> QLearningState:
+        """A zero table, the env reset, the PRNG key and the step counter."""
         key, reset_key = jax.random.split(key)
         obs, env_state = env.reset(reset_key, env_params)
         q = jnp.zeros((num_states, num_actions), jnp.float32)
-        return {"params": q, "obs": obs, "env_state": env_state, "key": key, "step": jnp.int32(0)}
+        return QLearningState(q, Envs(obs, env_state), key, jnp.int32(0))
+
+    # ---------------------------------------------------------------- act and learn
+
+    def env_step(hparams, carry, noise):
+        """One epsilon-greedy step of the env, then one TD update of the table."""
+        (q, envs, step), totals = carry
+        step_key, (explore_u, choice_u) = noise
+        epsilon = exploration.linear_schedule(
+            hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step
+        )
+        action = exploration.epsilon_greedy_random_ties(q[envs.obs], epsilon, explore_u, choice_u)
+        next_obs, env_state, reward, terminated, _, info = env.step(
+            step_key, envs.state, action, env_params
+        )
+        final_obs = info["final_obs"]
+        q = q_update(
+            q, envs.obs, action, reward, final_obs, terminated, hparams["lr"], hparams["gamma"]
+        )
+        carry = (q, Envs(next_obs, env_state), step + 1), episodes.add_episodes(totals, info)
+        return carry, None
+
+    # ---------------------------------------------------------------- log period
+
+    def log_period(hparams, state: QLearningState):
+        """log_interval env steps, then the log point's metrics: env steps, the mean return and
+        length of the episodes that ended, and the greedy policy's evaluation. The fourth key of
+        the split goes to the evaluation (with jax's default partitionable threefry, split(k, 4)[:3]
+        is split(k, 3): the training keys do not depend on whether the agent evaluates)."""
+        key, env_keys_key, uniforms_key, eval_key = jax.random.split(state.key, 4)
+        n = agent.log_interval
+        noise = (jax.random.split(env_keys_key, n), jax.random.uniform(uniforms_key, (n, 2)))
+        carry = (state.params, state.envs, state.step), episodes.no_episodes()
+        ((q, envs, step), totals), _ = jax.lax.scan(
+            lambda carry, noise: env_step(hparams, carry, noise), carry, noise
+        )
+        metrics = log_points.log_point_metrics(step, totals, {})
+        metrics["greedy_episode_length"] = greedy_episode_length(q, env, env_params, max_steps)
+        if agent.eval_episodes:
+            policy = lambda obs: greedy_action(q, obs)
+            returns, lengths = greedy_episodes(
+                env, env_params, policy, eval_key, agent.eval_episodes
+            )
+            metrics["eval_return"], metrics["eval_length"] = returns.mean(), lengths.mean()
+        return QLearningState(q, envs, key, step), metrics
+
+    # ---------------------------------------------------------------- run
 
     def run(state, hparams, num_log_points):
-        def env_step(carry, noise):
-            (q, obs, env_state, step), totals = carry
-            step_key, (explore_u, choice_u) = noise
-            epsilon = exploration.linear_schedule(
-                hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step
-            )
-            action = exploration.epsilon_greedy_random_ties(q[obs], epsilon, explore_u, choice_u)
-            next_obs, env_state, reward, terminated, _, info = env.step(
-                step_key, env_state, action, env_params
-            )
-            q = q_update(
-                q,
-                obs,
-                action,
-                reward,
-                info["final_obs"],
-                terminated,
-                hparams["lr"],
-                hparams["gamma"],
-            )
-            return ((q, next_obs, env_state, step + 1), episodes.add_episodes(totals, info)), None
+        return log_points.scan_log_points(partial(log_period, hparams), state, num_log_points)
 
-        def log_period(state):
-            key, env_keys_key, uniforms_key = jax.random.split(state["key"], 3)
-            n = agent.log_interval
-            noise = (jax.random.split(env_keys_key, n), jax.random.uniform(uniforms_key, (n, 2)))
-            carry = (
-                (state["params"], state["obs"], state["env_state"], state["step"]),
-                episodes.no_episodes(),
-            )
-            ((q, obs, env_state, step), totals), _ = jax.lax.scan(env_step, carry, noise)
-            metrics = {
-                "step": step,
-                **episodes.episode_metrics(totals),
-                "greedy_episode_length": greedy_episode_length(q, env, env_params, eval_steps),
-            }
-            return {
-                "params": q,
-                "obs": obs,
-                "env_state": env_state,
-                "key": key,
-                "step": step,
-            }, metrics
-
-        return log_points.scan_log_points(log_period, state, num_log_points)
-
-    return Trainer(
-        init=init, run=run, num_log_points=agent.total_steps // agent.log_interval, per_env=()
-    )
+    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 
 
 def make_train(config):
     return train_from_trainer(make_trainer(config), config.agent)
-
-
-def make_policy(config):
-    """`policy(params, obs, key) -> action`: the greedy action of the Q-table (first index on ties)."""
-
-    def policy(q, obs, key):
-        return jnp.argmax(q[obs]).astype(jnp.int32)
-
-    return policy

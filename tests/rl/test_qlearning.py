@@ -1,6 +1,8 @@
-"""Tabular Q-learning: learns the 5x5 GridWorld, vmap == per seed, tie-breaking and the epsilon
-schedule in the trainer, TD update, truncation bootstrapping, chunked runs, sweeps. The exploration
-pieces themselves (exploration.epsilon_greedy_random_ties, exploration.linear_schedule) are tested in test_loop.py."""
+"""Tabular Q-learning: learns the 5x5 GridWorld (its greedy evaluation walks the shortest path),
+vmap == per seed, tie-breaking and the epsilon schedule in the trainer, TD update, truncation
+bootstrapping, chunked runs, sweeps, the evaluation leaving the training stream alone. The
+exploration pieces themselves (exploration.epsilon_greedy_random_ties, exploration.linear_schedule)
+are tested in test_loop.py."""
 
 from __future__ import annotations
 
@@ -40,10 +42,16 @@ def test_default_config_trains_all_30_seeds_to_the_optimal_path():
     greedy = np.asarray(metrics["greedy_episode_length"])
     assert greedy.shape == (1, 30, config.agent.total_steps // config.agent.log_interval)
     np.testing.assert_array_equal(greedy[0, :, -1], np.full(30, optimal))
+    # the greedy evaluation on fresh envs: every seed's return is the optimal 1 (reward 1 at the
+    # goal, 0 elsewhere, undiscounted), reached in the optimal 8 steps
+    np.testing.assert_array_equal(np.asarray(metrics["eval_return"])[0, :, -1], np.ones(30))
+    np.testing.assert_array_equal(
+        np.asarray(metrics["eval_length"])[0, :, -1], np.full(30, optimal)
+    )
     # the greedy policy of every final table, rolled out independently of the agent, walks 8 steps
     params = make_gridworld_params(**config.env.params)
     policy = qlearning.make_policy(config)
-    for q in np.asarray(final_state["params"])[0]:
+    for q in np.asarray(final_state.params)[0]:
         cell, steps = int(params.start), 0
         while cell != int(params.goal) and steps < 100:
             cell, steps = int(move(jnp.int32(cell), policy(q, cell, None), params)), steps + 1
@@ -67,9 +75,7 @@ def test_vmap_over_seeds_equals_each_seed_alone():
     from_cli_path = train_many(config)
     assert_trees_equal(jax.tree.map(lambda x: x[0], from_cli_path), batched)
     # and different seeds really differ
-    assert not np.array_equal(
-        np.asarray(batched[0]["params"][0]), np.asarray(batched[0]["params"][1])
-    )
+    assert not np.array_equal(np.asarray(batched[0].params[0]), np.asarray(batched[0].params[1]))
 
 
 def test_same_seed_same_result():
@@ -84,7 +90,7 @@ def test_first_greedy_step_from_a_zero_table_takes_every_action():
     config = make_config(total_steps=1, log_interval=1, epsilon_start=0.0, epsilon_end=0.0)
     trainer = qlearning.make_trainer(config)
     hp = hyperparams(config.agent)
-    step = jax.jit(jax.vmap(lambda key: trainer.run(trainer.init(key, hp), hp, 1)[0]["obs"]))
+    step = jax.jit(jax.vmap(lambda key: trainer.run(trainer.init(key, hp), hp, 1)[0].envs.obs))
     cells = np.asarray(step(jax.random.split(jax.random.PRNGKey(0), 400)))
     share = {cell: np.mean(cells == cell) for cell in (24, 19, 23)}
     assert set(np.unique(cells)) == {19, 23, 24}
@@ -125,7 +131,8 @@ def test_td_update_hand_computed():
 
 
 def test_q_update_rounds_the_same_batched_and_alone():
-    """XLA:CPU may fuse a multiply-add in one program and not the other; q_update must not let it."""
+    """XLA:CPU may fuse a multiply-add in one program and not the other; q_update must not let
+    it."""
     rng = np.random.default_rng(0)
     n = 64
     q = jnp.asarray(rng.random((n, 25, 4), dtype=np.float32))
@@ -174,20 +181,21 @@ def test_one_training_step_matches_hand_computed_update_with_truncation_bootstra
 
     def one_step(key):
         state = trainer.init(key, hp)
-        state = {**state, "params": q0}
+        state = state._replace(params=q0)
         return trainer.run(state, hp, 1)
 
     final_state, metrics = jax.jit(jax.vmap(one_step))(jax.random.split(jax.random.PRNGKey(0), 64))
     seen = set()
     params = make_gridworld_params(start=1, goal=0, max_steps_in_episode=1)
-    for q in np.asarray(final_state["params"]):
+    for q in np.asarray(final_state.params):
         changed = np.argwhere(q != np.asarray(q0))
         assert len(changed) == 1 and changed[0][0] == 1
         action = int(changed[0][1])
         reached = int(move(jnp.int32(1), jnp.int32(action), params))
         if reached == 0:  # terminated: target = reward 1
             target = 1.0
-        else:  # truncated: bootstrap from the reached cell's value reached / 10, not the reset cell's 0.1
+        else:  # truncated: bootstrap from the reached cell's value reached / 10, not the reset
+            # cell's 0.1
             target = gamma * reached / 10.0
         assert q[1, action] == pytest.approx(0.1 + lr * (target - 0.1), abs=1e-6), (action, reached)
         seen.add(action)
@@ -218,7 +226,7 @@ def test_sweep_gives_one_result_per_setting_matching_single_runs():
     config = make_config(seeds=2)
     grid = [{"lr": 0.1, "gamma": 0.9}, {"lr": 0.5, "gamma": 0.9}, {"lr": 0.1, "gamma": 0.99}]
     final_state, metrics = train_many(config, grid)
-    assert final_state["params"].shape == (3, 2, 25, 4)
+    assert final_state.params.shape == (3, 2, 25, 4)
     assert metrics["step"].shape == (3, 2, 4)
     single = jax.jit(jax.vmap(qlearning.make_train(config), in_axes=(0, None)))
     for s, setting in enumerate(grid):
@@ -227,9 +235,7 @@ def test_sweep_gives_one_result_per_setting_matching_single_runs():
         assert_trees_equal(
             jax.tree.map(lambda x: x[s], (final_state, metrics)), (single_state, single_metrics)
         )
-    assert not np.array_equal(
-        np.asarray(final_state["params"][0]), np.asarray(final_state["params"][1])
-    )
+    assert not np.array_equal(np.asarray(final_state.params[0]), np.asarray(final_state.params[1]))
 
 
 def test_metrics_layout_and_nan_when_no_episode_ended():
@@ -237,9 +243,8 @@ def test_metrics_layout_and_nan_when_no_episode_ended():
         env_params={"goal": (0, 0), "walls": [(0, 1), (1, 0)]}, total_steps=200, log_interval=50
     )
     _, metrics = jax.jit(qlearning.make_train(config))(jax.random.PRNGKey(0))
-    assert {"step", "episode_return", "episode_length", "episodes", "greedy_episode_length"} <= set(
-        metrics
-    )
+    names = {"step", "episode_return", "episode_length", "episodes", "greedy_episode_length"}
+    assert names | {"eval_return", "eval_length"} <= set(metrics)
     np.testing.assert_array_equal(np.asarray(metrics["step"]), [50, 100, 150, 200])
     ret, length, episodes = (
         np.asarray(metrics[k]) for k in ("episode_return", "episode_length", "episodes")
@@ -250,6 +255,8 @@ def test_metrics_layout_and_nan_when_no_episode_ended():
     np.testing.assert_array_equal(ret[[1, 3]], [0.0, 0.0])
     np.testing.assert_array_equal(length[[1, 3]], [100.0, 100.0])
     np.testing.assert_array_equal(np.asarray(metrics["greedy_episode_length"]), 100)
+    np.testing.assert_array_equal(np.asarray(metrics["eval_return"]), 0.0)
+    np.testing.assert_array_equal(np.asarray(metrics["eval_length"]), 100.0)
 
 
 def test_make_policy_is_greedy():
@@ -271,3 +278,16 @@ def test_total_steps_must_be_a_multiple_of_log_interval():
 
     with pytest.raises(ConfigError, match="agent.total_steps"):
         make_config(total_steps=1000, log_interval=300)
+
+
+def test_evaluation_leaves_the_training_stream_alone():
+    """eval_episodes=0 drops eval_return and eval_length and changes nothing else: the evaluation's
+    key is the fourth of a split whose first three keys train."""
+    config = make_config(total_steps=1000, log_interval=250)
+    quiet = make_config(total_steps=1000, log_interval=250, eval_episodes=0)
+    state, metrics = jax.jit(qlearning.make_train(config))(jax.random.PRNGKey(7))
+    quiet_state, quiet_metrics = jax.jit(qlearning.make_train(quiet))(jax.random.PRNGKey(7))
+    assert set(metrics) - set(quiet_metrics) == {"eval_return", "eval_length"}
+    assert_trees_equal(
+        (state, {k: metrics[k] for k in quiet_metrics}), (quiet_state, quiet_metrics)
+    )
