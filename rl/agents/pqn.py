@@ -33,19 +33,11 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from rl import (
-    agent_configs,
-    collection,
-    environment,
-    episodes,
-    exploration,
-    log_points,
-    losses,
-    minibatches,
-    networks,
-    optimizers,
-)
+from rl import agent_configs, environment, episodes, exploration, losses, networks, optimizers
+from rl.collection import rollout_keys
 from rl.config import hp
+from rl.log_points import log_point_metrics, scan_log_points, scan_updates
+from rl.minibatches import minibatch_epochs
 from rl.rollout import greedy_episodes
 from rl.state import Envs, OnPolicyState
 from rl.trainer import Trainer, train_from_trainer
@@ -68,11 +60,7 @@ class Config(agent_configs.OnPolicyLoopConfig):
     epsilon_start: float = hp(1.0, low=0.0, high=1.0, sweep=True)
     epsilon_end: float = hp(0.05, low=0.0, high=1.0, sweep=True)
     epsilon_decay_fraction: float = hp(
-        0.2,
-        low=0.0,
-        high=1.0,
-        low_open=True,
-        doc="fraction of total_steps over which epsilon decays",
+        0.2, low=0.0, high=1.0, low_open=True, doc="share of total_steps epsilon decays over"
     )
     network: networks.NetworkConfig = networks.network_config(
         hidden=(256, 256), activation="relu", layer_norm=True
@@ -149,6 +137,7 @@ def make_trainer(config) -> Trainer:
     reset_envs, step_envs = environment.batched(env)
     q_network = make_q_network(agent, env, env_params)
     backend, deterministic = environment.kernel_backend(config), config.kernels.deterministic
+    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)  # minibatch_epochs' shape
 
     # ---------------------------------------------------------------- init
 
@@ -181,7 +170,7 @@ def make_trainer(config) -> Trainer:
                 envs.obs, action, reward, terminated, truncated, info["final_obs"], episode
             )
 
-        keys = collection.rollout_keys(key, agent.num_steps, agent.num_envs)
+        keys = rollout_keys(key, agent.num_steps, agent.num_envs)
         return jax.lax.scan(env_step, envs, keys, unroll=min(agent.unroll, agent.num_steps))
 
     # ---------------------------------------------------------------- learn
@@ -200,14 +189,8 @@ def make_trainer(config) -> Trainer:
             carry = optimizers.flat_step(tx, flat_params, opt_state, grads)
             return carry, {"loss": loss_value, "q_mean": q_mean}
 
-        (flat_params, opt_state), stats = minibatches.minibatch_epochs(
-            minibatch_step,
-            (flat_params, opt_state),
-            batch,
-            key,
-            agent.num_epochs,
-            agent.num_minibatches,
-            agent.unroll,
+        (flat_params, opt_state), stats = minibatch_epochs(
+            minibatch_step, (flat_params, opt_state), batch, key, *epochs
         )
         return unravel(flat_params), opt_state, stats
 
@@ -234,10 +217,10 @@ def make_trainer(config) -> Trainer:
     def log_period(hparams, state: OnPolicyState):
         """log_interval updates, then the log point's metrics: env steps, the mean return and length
         of the episodes that ended, loss, mean Q, epsilon and (eval_envs > 0) greedy evaluation."""
-        state, totals, stats = log_points.scan_updates(
+        state, totals, stats = scan_updates(
             lambda state, totals: update(hparams, state, totals), state, agent.log_interval
         )
-        metrics = log_points.log_point_metrics(state.step, totals, stats)
+        metrics = log_point_metrics(state.step, totals, stats)
         if agent.eval_envs:
             key, eval_key = jax.random.split(state.key)
             state = state._replace(key=key)
@@ -249,9 +232,7 @@ def make_trainer(config) -> Trainer:
     # ---------------------------------------------------------------- run
 
     def run(state, hparams, num_log_points):
-        return log_points.scan_log_points(
-            lambda state: log_period(hparams, state), state, num_log_points
-        )
+        return scan_log_points(lambda state: log_period(hparams, state), state, num_log_points)
 
     return Trainer(init=init, run=run, num_log_points=agent.num_updates // agent.log_interval)
 
