@@ -149,9 +149,9 @@ class ReplayActorCriticConfig:
 
 @dataclass(frozen=True)
 class OnPolicyLoopConfig:
-    """Settings of the rollout-then-learn loop of on-policy agents (PQN), which extend it: each update
-    `num_envs` envs step `num_steps` times with the current network, then `num_epochs` passes over
-    that batch in `num_minibatches` shuffled minibatches, one Adam step each."""
+    """Settings of the rollout-then-learn loop of on-policy agents (PQN), which extend it: each
+    update `num_envs` envs step `num_steps` times with the current network, then `num_epochs`
+    passes over that batch in `num_minibatches` shuffled minibatches, one Adam step each."""
 
     total_steps: int = hp(
         500_000, low=1, doc="env steps per seed (all envs counted), rounded down to whole updates"
@@ -168,7 +168,8 @@ class OnPolicyLoopConfig:
     unroll: int = hp(
         1,
         low=1,
-        doc="iterations per loop trip of the rollout and minibatch scans (speed only: fewer loop trips on the GPU)",
+        doc="iterations per loop trip of the rollout and minibatch scans (speed only: fewer loop "
+        "trips on the GPU)",
     )
 
     @property
@@ -182,17 +183,20 @@ class OnPolicyLoopConfig:
     def validate(self):
         if self.batch_size % self.num_minibatches:
             raise ConfigError(
-                f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})"
+                f"agent.num_minibatches ({self.num_minibatches}) must divide "
+                f"agent.num_envs * agent.num_steps ({self.batch_size})"
             )
         if self.num_updates < 1:
             raise ConfigError(
-                f"agent.total_steps ({self.total_steps}) must be at least agent.num_envs * agent.num_steps ({self.batch_size})"
+                f"agent.total_steps ({self.total_steps}) must be at least "
+                f"agent.num_envs * agent.num_steps ({self.batch_size})"
             )
         if self.num_updates % self.log_interval:
             lower = self.num_updates // self.log_interval * self.log_interval * self.batch_size
             raise ConfigError(
-                f"agent.log_interval ({self.log_interval} updates) must divide the number of updates "
-                f"agent.total_steps // (agent.num_envs * agent.num_steps) = {self.num_updates}; "
+                f"agent.log_interval ({self.log_interval} updates) must divide the number of "
+                f"updates agent.total_steps // (agent.num_envs * agent.num_steps) = "
+                f"{self.num_updates}; "
                 f"e.g. agent.total_steps={max(lower, self.log_interval * self.batch_size)} or "
                 f"{lower + self.log_interval * self.batch_size}"
             )
