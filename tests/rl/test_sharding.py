@@ -43,7 +43,7 @@ SHARDED = textwrap.dedent(
     # where the state lives: each of the 4 devices holds one seed
     config = load_config(config_path)
     _, init, _, keys, hparams = make_programs(config, [{}], seed_mesh(select_devices("all", 4)))
-    params = init(keys, hparams)["params"]
+    params = init(keys, hparams).params
     out["shard_shapes"] = sorted({tuple(s.data.shape) for s in params.addressable_shards})
     out["shard_devices"] = len({s.device for s in params.addressable_shards})
     print("RESULT " + json.dumps(out))
@@ -99,9 +99,17 @@ MULTI_PROCESS = textwrap.dedent(
     from rl.cli import main
 
     config_path, port, process_id = sys.argv[1], sys.argv[2], sys.argv[3]
-    code = main(["train", config_path, "--name", "two-processes", "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", process_id])
+    code = main([
+        "train", config_path, "--name", "two-processes", "--coordinator", f"localhost:{port}",
+        "--num-processes", "2", "--process-id", process_id,
+    ])
     import jax
-    print("RESULT " + json.dumps({"code": code, "processes": jax.process_count(), "devices": len(jax.devices()), "local": len(jax.local_devices())}))
+    print("RESULT " + json.dumps({
+        "code": code,
+        "processes": jax.process_count(),
+        "devices": len(jax.devices()),
+        "local": len(jax.local_devices()),
+    }))
     """
 )
 
@@ -115,7 +123,8 @@ def free_port() -> int:
 def test_two_processes_through_jax_distributed_equal_one_process(tmp_path):
     config = write_config(tmp_path, seeds=4)
     single = run_script(
-        "import sys; from rl.cli import main; print('RESULT', main(['train', sys.argv[1], '--name', 'single']))",
+        "import sys; from rl.cli import main; "
+        "print('RESULT', main(['train', sys.argv[1], '--name', 'single']))",
         config,
         devices=1,
     )
@@ -163,20 +172,33 @@ ENV_SHARDED = textwrap.dedent(
     from rl.programs import make_programs
 
     config_path, out = sys.argv[1], {}
-    out["sharded"] = main(["train", config_path, "--name", "envs4", "--devices", "4", "--shard", "envs"])
+    out["sharded"] = main(
+        ["train", config_path, "--name", "envs4", "--devices", "4", "--shard", "envs"]
+    )
     out["single"] = main(["train", config_path, "--name", "envs1"])
-    out["uneven"] = main(["train", config_path, "--name", "uneven", "--devices", "3", "--shard", "envs"])
+    out["uneven"] = main(
+        ["train", config_path, "--name", "uneven", "--devices", "3", "--shard", "envs"]
+    )
     config = load_config(config_path)
-    trainer, init, _, keys, hparams = make_programs(config, [{}], seed_mesh(select_devices(4, None), axis="envs"), shard="envs")
+    mesh = seed_mesh(select_devices(4, None), axis="envs")
+    trainer, init, _, keys, hparams = make_programs(config, [{}], mesh, shard="envs")
     state = init(keys, hparams)
     split = lambda x: x.addressable_shards[0].data.shape != x.shape
     leaves = jax.tree_util.tree_leaves_with_path(state)
     out["per_env"] = ["envs"]  # the state's rl.state.Envs field
     out["split"] = sorted({path[0].name for path, x in leaves if split(x)})
-    out["split_shapes"] = sorted({(tuple(x.shape), tuple(x.addressable_shards[0].data.shape)) for path, x in leaves if split(x)})
-    out["per_env_leaves_all_split"] = all(split(x) for path, x in leaves if path[0].name == "envs")
+    out["split_shapes"] = sorted({
+        (tuple(x.shape), tuple(x.addressable_shards[0].data.shape))
+        for path, x in leaves
+        if split(x)
+    })
+    out["per_env_leaves_all_split"] = all(
+        split(x) for path, x in leaves if path[0].name == "envs"
+    )
     # a qlearning run has no env axis: --shard envs is refused before anything is written
-    out["no_envs"] = main(["train", sys.argv[2], "--name", "qlearning-envs", "--devices", "2", "--shard", "envs"])
+    out["no_envs"] = main(
+        ["train", sys.argv[2], "--name", "qlearning-envs", "--devices", "2", "--shard", "envs"]
+    )
     print("RESULT " + json.dumps(out))
     """
 )
@@ -206,7 +228,8 @@ def test_env_axis_of_one_large_agent_sharded_equals_one_device(tmp_path):
         result["uneven"] == 2
         and "agent.num_envs (4) must be a multiple of the number of devices (3)" in err
     )
-    # exactly the Trainer's per-env entries are split, each leaf on its env axis (4 envs, 1 per device)
+    # exactly the leaves under the state's Envs are split, each on its env axis (4 envs, 1 per
+    # device)
     assert (
         result["split"] == result["per_env"]
         and result["per_env"]
@@ -269,12 +292,14 @@ def test_two_process_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(t
     in the middle of a chunk: process 0 kills itself at step 13000 (checkpoints at 4000, 8000 and
     12000 exist by then), and process 1, which cannot pass the next collective without it, is
     killed from outside. `rl train --resume` on both processes then ends with exactly the params and
-    metrics of a one-process run on 4 devices (the same one-seed-per-device program) that never stopped."""
+    metrics of a one-process run on 4 devices (the same one-seed-per-device program) that never
+    stopped."""
     from rl.checkpoint import Checkpoints
 
     config = write_config(tmp_path, seeds=4)
     uninterrupted = run_script(
-        "import sys; from rl.cli import main; print('RESULT', main(['train', sys.argv[1], '--name', 'whole', '--devices', '4']))",
+        "import sys; from rl.cli import main; "
+        "print('RESULT', main(['train', sys.argv[1], '--name', 'whole', '--devices', '4']))",
         config,
     )
     killed = two_processes(13_000, "train", config, "--name", "killed")
