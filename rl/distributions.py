@@ -100,6 +100,11 @@ class TanhGaussian(NamedTuple):
         of tanh(u) and a one-sample entropy estimate (`backend` unused: plain JAX)."""
         return losses.tanh_gaussian_log_prob_entropy(self.mean, self.log_std, u)
 
+    def squashed_sample(self, key):
+        """(a, log pi(a)): a reparameterised sample a = tanh(u), differentiable in mean and log_std,
+        and its log-probability (`losses.squashed_gaussian_sample`; SAC's actor and target)."""
+        return losses.squashed_gaussian_sample(self.mean, self.log_std, key)
+
     def mode(self) -> jax.Array:
         """The pre-squash mean (`env_action` squashes it)."""
         return self.mean

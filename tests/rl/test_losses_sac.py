@@ -1,6 +1,7 @@
-"""SAC's pieces of rl.losses on hand-computed cases: the tanh log-det-Jacobian, the squashed-Gaussian
-sample and log-density (against a direct change-of-variables computation), the soft values, the
-twin-Q, actor and temperature losses (what each holds fixed, and the temperature gradient's sign)."""
+"""SAC's pieces of rl.losses on hand-computed cases: the tanh log-det-Jacobian, the
+squashed-Gaussian sample and log-density (against a direct change-of-variables computation), the
+soft values, the twin-Q, actor and temperature losses (what each holds fixed, and the temperature
+gradient's sign)."""
 
 import math
 
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import losses
+from rl import distributions, losses
 
 
 def normal_log_pdf(x, mean, std):
@@ -44,7 +45,8 @@ def test_tanh_log_det_jacobian_matches_float64_and_is_stable():
 
 
 def test_squashed_log_prob_is_the_change_of_variables_density():
-    """p_A(a) = p_U(atanh a) / |d tanh(u)/du|, the derivative by central finite differences (float64)."""
+    """p_A(a) = p_U(atanh a) / |d tanh(u)/du|, the derivative by central finite differences
+    (float64)."""
     mean, log_std = 0.4, math.log(0.7)
     u = np.array([-2.5, -1.0, 0.0, 0.3, 1.7, 3.0])
     h = 1e-6
@@ -71,6 +73,20 @@ def test_squashed_sample_is_tanh_of_the_reparameterised_gaussian():
     np.testing.assert_allclose(log_prob, direct.sum(axis=-1), rtol=1e-5, atol=1e-5)
     grad = jax.grad(lambda m: losses.squashed_gaussian_sample(m, log_std, key)[0].sum())(mean)
     np.testing.assert_allclose(grad, 1.0 - np.tanh(u) ** 2, rtol=1e-5, atol=1e-6)
+
+
+def test_tanh_gaussian_squashed_sample_is_the_acting_sample_scored():
+    """`distributions.TanhGaussian.squashed_sample` (SAC's actor loss and critic target) gives the
+    action SAC acts with from the same key, env_action(sample(key)), and the log-probability
+    `log_prob_entropy` scores that pre-squash sample with."""
+    dist = distributions.TanhGaussian(
+        jnp.array([[0.1, -0.2], [1.5, 0.0]]), jnp.array([[0.0, -0.5], [-1.0, 0.3]])
+    )
+    key = jax.random.PRNGKey(7)
+    action, log_prob = dist.squashed_sample(key)
+    u = dist.sample(key)
+    np.testing.assert_array_equal(action, dist.env_action(u))
+    np.testing.assert_allclose(log_prob, dist.log_prob_entropy(u)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_squashed_density_integrates_to_one_and_matches_monte_carlo():
@@ -142,7 +158,8 @@ def test_soft_value_discrete_is_the_expectation_over_actions():
 
 
 def test_soft_critic_target_bootstraps_through_truncation_only():
-    """y = r + gamma (1 - terminated) V(s'): a truncated transition (terminated False) bootstraps."""
+    """y = r + gamma (1 - terminated) V(s'): a truncated transition (terminated False)
+    bootstraps."""
     v = losses.soft_value(
         jnp.array([1.0, 1.0]), jnp.array([2.0, 2.0]), jnp.array([-1.0, -1.0]), 0.1
     )
