@@ -82,9 +82,10 @@ class ReplayLoopConfig:
 @dataclass(frozen=True)
 class ReplayActorCriticConfig:
     """Settings of the loop of replay actor-critics with continuous control (SAC, TD3), which extend
-    it: `num_envs` envs take one step, the transitions go to a uniform replay buffer, then
-    `utd_ratio * num_envs` gradient steps follow on batches of `batch_size`, once `learning_starts`
-    env steps (of uniformly random actions) are stored."""
+    it: each phase `num_envs` envs take one step, the transitions go to a uniform replay buffer,
+    then `utd_ratio * num_envs` gradient steps follow on batches of `batch_size`, once
+    `learning_starts` env steps (of uniformly random actions) are stored; a log point comes every
+    `log_interval // num_envs` phases (`rl.actor_critic.scan_phases`)."""
 
     total_steps: int = hp(20_000, low=1, doc="env steps per seed (all envs counted)")
     num_envs: int = hp(1, low=1, doc="envs stepped together")
@@ -135,15 +136,18 @@ class ReplayActorCriticConfig:
             or self.gradient_steps < 1
         ):
             raise ConfigError(
-                f"agent.utd_ratio ({self.utd_ratio}) * agent.num_envs ({self.num_envs}) must be a whole number >= 1"
+                f"agent.utd_ratio ({self.utd_ratio}) * agent.num_envs ({self.num_envs}) must be a "
+                "whole number >= 1"
             )
         if self.log_interval % self.num_envs:
             raise ConfigError(
-                f"agent.log_interval ({self.log_interval}) must be a multiple of agent.num_envs ({self.num_envs})"
+                f"agent.log_interval ({self.log_interval}) must be a multiple of agent.num_envs "
+                f"({self.num_envs})"
             )
         if self.total_steps % self.log_interval:
             raise ConfigError(
-                f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})"
+                f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval "
+                f"({self.log_interval})"
             )
 
 

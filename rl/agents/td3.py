@@ -1,37 +1,48 @@
 """TD3 (Fujimoto et al. 2018, "Addressing Function Approximation Error in Actor-Critic Methods"),
 compiled end to end; continuous actions.
 
-The loop is `rl.agent_configs.ReplayActorCriticConfig`'s: `num_envs` envs take one step with the exploration
-policy a = clip(mu(s) + N(0, exploration_noise^2), -1, 1) (uniformly random actions for the first
-`learning_starts` env steps), the transitions (s, a, r, s' = info["final_obs"], terminated) go to a
-uniform replay buffer, and `utd_ratio * num_envs` gradient steps follow. Each gradient step, on a
-fresh minibatch:
+The loop (`rl.agent_configs.ReplayActorCriticConfig`, pieces from `rl.actor_critic`): `num_envs`
+envs take one step with the exploration policy a = clip(mu(s) + N(0, exploration_noise^2), -1, 1)
+(uniformly random actions for the first `learning_starts` env steps), the transitions (s, a, r,
+s' = info["final_obs"], terminated) go to a uniform replay buffer, and `utd_ratio * num_envs`
+gradient steps follow. Each gradient step, on a fresh minibatch:
 
-    target:  a' = clip(mu'(s') + clip(eps, -c, c), -1, 1),  eps ~ N(0, policy_noise^2)   (smoothing)
-             y  = r + gamma (1 - terminated) min(Q1', Q2')(s', a')                        (clipped double Q)
+    target:  a' = clip(mu'(s') + clip(eps, -c, c), -1, 1),  eps ~ N(0, policy_noise^2)  (smoothing)
+             y  = r + gamma (1 - terminated) min(Q1', Q2')(s', a')              (clipped double Q)
     critic:  L_Q = (mean (Q1(s, a) - y)^2 + mean (Q2(s, a) - y)^2) / 2
     every `policy_delay` critic steps (delayed policy updates):
     actor:   L_mu = -mean Q1(s, mu(s))
     targets: theta' <- tau theta + (1 - tau) theta'   (actor and critics)
 
 Truncation is not termination: only `terminated` zeroes the bootstrap, and s' is the observation
-reached before any auto-reset. Actions live in [-1, 1]^d; `environment.make_env` maps them onto the env's
-bounds. Sweepable: lr, gamma, tau, max_grad_norm, exploration_noise, policy_noise, noise_clip.
+reached before any auto-reset. Actions live in [-1, 1]^d; `environment.make_env` maps them onto
+the env's bounds. Sweepable: lr, gamma, tau, max_grad_norm, exploration_noise, policy_noise,
+noise_clip.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from rl import agent_configs, buffers, environment, loop, losses, networks, optimizers
+from rl import (
+    actor_critic,
+    agent_configs,
+    buffers,
+    collection,
+    environment,
+    log_points,
+    losses,
+    networks,
+    optimizers,
+)
 from rl.config import hp
+from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer
 
 
@@ -44,9 +55,7 @@ class Config(agent_configs.ReplayActorCriticConfig):
         sweep=True,
         doc="std of the Gaussian noise added to acting actions (in [-1, 1] units)",
     )
-    policy_noise: float = hp(
-        0.2, low=0.0, sweep=True, doc="std of the target policy smoothing noise"
-    )
+    policy_noise: float = hp(0.2, low=0.0, sweep=True, doc="std of the target policy smoothing")
     noise_clip: float = hp(
         0.5, low=0.0, sweep=True, doc="the smoothing noise is clipped to [-noise_clip, noise_clip]"
     )
@@ -59,197 +68,213 @@ def check_env(config, env, env_params) -> None:
     environment.check_bounded_actions(config, env, env_params)
 
 
-class Setup(NamedTuple):
-    """What the loop closes over: the env, the actor mu(s) in [-1, 1]^d, the twin critics, the settings."""
+class State(NamedTuple):
+    """TD3's training state: the actor mu (`params`, what `make_policy` reads) and the twin
+    critics, each with its target copy; the optimiser states {"actor", "critic"}; the replay
+    buffer; the envs; the PRNG key; env steps and gradient steps so far."""
 
-    env: object
-    env_params: object
-    actor: networks.Network
-    critic: networks.Network
-    action_shape: tuple
-    agent: Config
+    params: Any
+    target_params: Any
+    critic_params: Any
+    target_critic_params: Any
+    opt_state: dict
+    buffer: buffers.UniformBuffer
+    envs: Envs
+    key: jax.Array
+    step: jax.Array
+    updates: jax.Array
 
 
-def make_setup(config) -> Setup:
-    env, env_params = environment.make_env(config)
-    agent = config.agent
-    action_shape = tuple(env.action_space(env_params).shape)
-    torso = lambda obs_space=None: networks.make_torso(agent.network, obs_space)
-    actor = networks.with_head(
-        torso(env.observation_space(env_params)),
-        networks.deterministic_policy_head(int(np.prod(action_shape))),
+def make_networks(agent: Config, env, env_params):
+    """(actor, critic): mu(s) in [-1, 1]^d, and the twin critics reading concat(obs, action)."""
+    action_dim = int(np.prod(env.action_space(env_params).shape))
+    head = networks.deterministic_policy_head(action_dim)
+    return actor_critic.actor_and_twin_critic(
+        agent.network, env.observation_space(env_params), head
     )
-    critic = networks.twin_q(torso())  # reads concat(obs, action)
-    build = lambda fn: networks.build(fn, agent.network.backend, agent.network.init)
-    return Setup(env, env_params, build(actor), build(critic), action_shape, agent)
 
 
-def optimiser(hparams):
+def make_policy(config):
+    """`policy(params, obs, key) -> action` in the env's own action space: mu(obs) mapped onto the
+    bounds."""
+    env, env_params = environment.make_env(config)
+    actor, _ = make_networks(config.agent, env, env_params)
+    return lambda params, obs, key: environment.to_env_action(
+        env, env_params, actor.apply(params, obs)
+    )
+
+
+def optimizer(hparams):
+    """Adam on clipped gradients, for the actor and for the critics."""
     return optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
 
 
 # ---------------------------------------------------------------- losses of one minibatch
 
 
-def critic_loss(setup: Setup, critic_params, target_params, batch, key, hparams):
-    """(L_Q, mean Q1) with the smoothed, clipped double-Q target (the module docstring)."""
+def critic_loss(
+    actor, critic, critic_params, target_params, target_critic_params, batch, key, hparams
+):
+    """(L_Q, mean Q1) with the smoothed, clipped double-Q target (the module docstring); `actor`
+    and `critic` are the networks' apply functions."""
     next_action = losses.smoothed_target_action(
-        setup.actor.apply(target_params["actor"], batch["next_obs"]),
+        actor(target_params, batch["next_obs"]),
         key,
         hparams["policy_noise"],
         hparams["noise_clip"],
     )
-    next_value = jnp.minimum(
-        *setup.critic.apply(target_params["critic"], batch["next_obs"], next_action)
-    )
+    next_value = jnp.minimum(*critic(target_critic_params, batch["next_obs"], next_action))
     target = losses.q_learning_target(
         batch["reward"], losses.episode_discount(hparams["gamma"], batch["terminated"]), next_value
     )
-    q1, q2 = setup.critic.apply(critic_params, batch["obs"], batch["action"])
+    q1, q2 = critic(critic_params, batch["obs"], batch["action"])
     return losses.twin_q_loss(q1, q2, target), jnp.mean(q1)
 
 
-def actor_loss(setup: Setup, actor_params, critic_params, batch):
+def actor_loss(actor, critic, actor_params, critic_params, batch):
     """-mean Q1(s, mu(s))."""
-    q1, _ = setup.critic.apply(
-        critic_params, batch["obs"], setup.actor.apply(actor_params, batch["obs"])
-    )
+    q1, _ = critic(critic_params, batch["obs"], actor(actor_params, batch["obs"]))
     return losses.deterministic_policy_loss(q1)
 
 
 # ---------------------------------------------------------------- the loop
 
 
-def init(setup: Setup, key, hparams):
-    """Actor, twin critics and their target copies, two optimiser states, an empty buffer, the envs."""
-    agent = setup.agent
-    key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
-    reset, _ = environment.batched(setup.env)
-    obs, env_state = reset(jax.random.split(reset_key, agent.num_envs), setup.env_params)
-    example_action = jnp.zeros(setup.action_shape, jnp.float32)
-    params = {
-        "actor": setup.actor.init(actor_key, obs[0]),
-        "critic": setup.critic.init(critic_key, obs[0], example_action),
-    }
-    opt_state = {name: optimiser(hparams).init(p) for name, p in params.items()}
-    example = {
-        "obs": obs[0],
-        "action": example_action,
-        "reward": jnp.float32(0.0),
-        "next_obs": obs[0],
-        "terminated": jnp.bool_(False),
-    }
-    buffer = buffers.uniform_init(example, agent.buffer_size)
-    return {
-        "params": params,
-        "target_params": params,
-        "opt_state": opt_state,
-        "buffer": buffer,
-        "obs": obs,
-        "env_state": env_state,
-        "key": key,
-        "step": jnp.int32(0),
-        "updates": jnp.int32(0),
-    }
-
-
-def act(setup: Setup, hparams, actor_params, obs, key, step):
-    """clip(mu(s) + N(0, exploration_noise^2), -1, 1), or uniform in [-1, 1] before learning_starts."""
-    noise_key, random_key = jax.random.split(key)
-    mean = setup.actor.apply(actor_params, obs)
-    action = jnp.clip(
-        mean + hparams["exploration_noise"] * jax.random.normal(noise_key, mean.shape), -1.0, 1.0
-    )
-    random_action = jax.random.uniform(random_key, mean.shape, minval=-1.0, maxval=1.0)
-    return jnp.where(step < setup.agent.learning_starts, random_action, action)
-
-
-def env_step(setup: Setup, hparams, carry, key):
-    """All envs take one exploring step; the transitions go to the buffer."""
-    state, _ = carry
-    act_key, env_key = jax.random.split(key)
-    action = act(setup, hparams, state["params"]["actor"], state["obs"], act_key, state["step"])
-    return loop.step_and_store(
-        setup.env, setup.env_params, setup.agent.num_envs, carry, action, env_key
-    )
-
-
-def delayed_update(setup: Setup, hparams, state, batch):
-    """The actor's Adam step against the new critics, then Polyak steps of both targets."""
-    params, opt_state = state["params"], state["opt_state"]
-    loss, grads = jax.value_and_grad(partial(actor_loss, setup))(
-        params["actor"], params["critic"], batch
-    )
-    updates, actor_opt_state = optimiser(hparams).update(grads, opt_state["actor"], params["actor"])
-    params = {**params, "actor": optax.apply_updates(params["actor"], updates)}
-    target_params = optimizers.polyak(state["target_params"], params, hparams["tau"])
-    return {
-        **state,
-        "params": params,
-        "target_params": target_params,
-        "opt_state": {**opt_state, "actor": actor_opt_state},
-    }, loss
-
-
-def gradient_step(setup: Setup, hparams, state, key):
-    """A critic step on a uniform minibatch; every `policy_delay`-th step also the delayed update."""
-    sample_key, noise_key = jax.random.split(key)
-    batch, _ = buffers.uniform_sample(state["buffer"], sample_key, setup.agent.batch_size)
-    params, opt_state = state["params"], state["opt_state"]
-    (q_loss, q_mean), grads = jax.value_and_grad(partial(critic_loss, setup), has_aux=True)(
-        params["critic"], state["target_params"], batch, noise_key, hparams
-    )
-    updates, critic_opt_state = optimiser(hparams).update(
-        grads, opt_state["critic"], params["critic"]
-    )
-    updates_done = state["updates"] + 1
-    state = {
-        **state,
-        "params": {**params, "critic": optax.apply_updates(params["critic"], updates)},
-        "opt_state": {**opt_state, "critic": critic_opt_state},
-        "updates": updates_done,
-    }
-    skip = lambda state, batch: (state, jnp.float32(jnp.nan))
-    state, pi_loss = jax.lax.cond(
-        updates_done % setup.agent.policy_delay == 0,
-        partial(delayed_update, setup, hparams),
-        skip,
-        state,
-        batch,
-    )
-    return state, {"critic_loss": q_loss, "actor_loss": pi_loss, "q_mean": q_mean}
-
-
-def greedy_policy(setup: Setup, params):
-    """obs -> mu(obs), the actor's deterministic action in [-1, 1]^d."""
-    return partial(setup.actor.apply, params["actor"])
-
-
-def counters(state):
-    return {"gradient_steps": state["updates"]}
-
-
 def make_trainer(config) -> Trainer:
-    setup, agent = make_setup(config), config.agent
-    return loop.actor_critic_trainer(
-        agent,
-        setup.env,
-        setup.env_params,
-        partial(init, setup),
-        partial(env_step, setup),
-        partial(gradient_step, setup),
-        partial(greedy_policy, setup),
-        counters,
-    )
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    actor, critic = make_networks(agent, env, env_params)
+    action_shape = env.action_space(env_params).shape
+
+    # ---------------------------------------------------------------- init
+
+    def init(key, hparams) -> State:
+        """Actor, twin critics and their target copies, two optimiser states, an empty buffer, the
+        envs."""
+        key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
+        envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
+        example_action = jnp.zeros(action_shape, jnp.float32)
+        params = actor.init(actor_key, envs.obs[0])
+        critic_params = critic.init(critic_key, envs.obs[0], example_action)
+        tx = optimizer(hparams)
+        opt_state = {"actor": tx.init(params), "critic": tx.init(critic_params)}
+        buffer = actor_critic.empty_buffer(envs.obs[0], example_action, agent.buffer_size)
+        counters = jnp.int32(0), jnp.int32(0)
+        return State(
+            params, params, critic_params, critic_params, opt_state, buffer, envs, key, *counters
+        )
+
+    # ---------------------------------------------------------------- act
+
+    def act(hparams, state: State, totals, key):
+        """All envs take one step with clip(mu(s) + N(0, exploration_noise^2), -1, 1), or uniformly
+        random actions before learning_starts; the transitions go to the buffer."""
+        act_key, env_key = jax.random.split(key)
+        noise_key, random_key = jax.random.split(act_key)
+        mean = actor.apply(state.params, state.envs.obs)
+        noise = hparams["exploration_noise"] * jax.random.normal(noise_key, mean.shape)
+        action = jnp.clip(mean + noise, -1.0, 1.0)
+        space = env.action_space(env_params)
+        random_action = actor_critic.random_actions(space, random_key, agent.num_envs)
+        action = jnp.where(state.step < agent.learning_starts, random_action, action)
+        return actor_critic.step_and_store(env, env_params, state, totals, action, env_key)
+
+    # ---------------------------------------------------------------- gradient step
+
+    def delayed_update(hparams, state: State, batch):
+        """The actor's step against the new critics, then Polyak steps of both targets."""
+        loss, grads = jax.value_and_grad(partial(actor_loss, actor.apply, critic.apply))(
+            state.params, state.critic_params, batch
+        )
+        params, actor_opt_state = actor_critic.optimizer_step(
+            optimizer(hparams), grads, state.opt_state["actor"], state.params
+        )
+        tau = hparams["tau"]
+        state = state._replace(
+            params=params,
+            target_params=optimizers.polyak(state.target_params, params, tau),
+            target_critic_params=optimizers.polyak(
+                state.target_critic_params, state.critic_params, tau
+            ),
+            opt_state={**state.opt_state, "actor": actor_opt_state},
+        )
+        return state, loss
+
+    def gradient_step(hparams, state: State, key):
+        """A critic step on a uniform minibatch; every `policy_delay`-th step also the delayed
+        update (else its loss reads NaN)."""
+        sample_key, noise_key = jax.random.split(key)
+        batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
+        loss_fn = partial(critic_loss, actor.apply, critic.apply)
+        (q_loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.critic_params,
+            state.target_params,
+            state.target_critic_params,
+            batch,
+            noise_key,
+            hparams,
+        )
+        critic_params, critic_opt_state = actor_critic.optimizer_step(
+            optimizer(hparams), grads, state.opt_state["critic"], state.critic_params
+        )
+        state = state._replace(
+            critic_params=critic_params,
+            opt_state={**state.opt_state, "critic": critic_opt_state},
+            updates=state.updates + 1,
+        )
+        skip = lambda state, batch: (state, jnp.float32(jnp.nan))
+        state, pi_loss = jax.lax.cond(
+            state.updates % agent.policy_delay == 0,
+            partial(delayed_update, hparams),
+            skip,
+            state,
+            batch,
+        )
+        return state, {"critic_loss": q_loss, "actor_loss": pi_loss, "q_mean": q_mean}
+
+    # ---------------------------------------------------------------- act, then train
+
+    def act_then_train(hparams, carry, key):
+        """One env step of all envs, then (once learning_starts env steps are stored) the phase's
+        gradient steps; their statistics [gradient_steps] read NaN before learning."""
+        act_key, train_keys = actor_critic.phase_keys(key, agent.gradient_steps)
+        state, totals = act(hparams, *carry, act_key)
+        state, stats = collection.scan_when(
+            state.step >= agent.learning_starts,
+            partial(gradient_step, hparams),
+            state,
+            train_keys,
+            unroll=min(agent.unroll, agent.gradient_steps),
+        )
+        return (state, totals), stats
+
+    # ---------------------------------------------------------------- log period
+
+    def log_period(hparams, state: State):
+        """A log period's phases, then its metrics: env steps, the episodes that ended, the mean
+        losses (NaN-skipping), the gradient steps so far and the return of `eval_episodes`
+        deterministic episodes of mu."""
+        key, phase_key, eval_key = jax.random.split(state.key, 3)
+        phase = partial(act_then_train, hparams)
+        state, totals, stats = actor_critic.scan_phases(
+            phase, state._replace(key=key), phase_key, agent
+        )
+        metrics = log_points.log_point_metrics(state.step, totals, stats, jnp.nanmean)
+        metrics["gradient_steps"] = state.updates
+        if agent.eval_episodes:
+            policy = partial(actor.apply, state.params)
+            metrics["eval_return"] = actor_critic.eval_return(
+                env, env_params, policy, eval_key, agent.eval_episodes
+            )
+        return state, metrics
+
+    # ---------------------------------------------------------------- run
+
+    def run(state, hparams, num_log_points):
+        return log_points.scan_log_points(partial(log_period, hparams), state, num_log_points)
+
+    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 
 
 def make_train(config):
     return train_from_trainer(make_trainer(config), config.agent)
-
-
-def make_policy(config):
-    """`policy(params, obs, key) -> action` in the env's own action space: mu(obs) mapped onto the bounds."""
-    setup = make_setup(config)
-    return lambda params, obs, key: environment.to_env_action(
-        setup.env, setup.env_params, greedy_policy(setup, params)(obs)
-    )

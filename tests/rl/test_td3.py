@@ -1,17 +1,16 @@
 """TD3: target policy smoothing and the clipped double-Q target by hand (truncation bootstraps,
-termination does not), delayed actor and target updates, a short Pendulum run that improves, vmap
-over seeds equals per-seed runs (CPU), a sweep gives one result per setting, haiku, config errors."""
+termination does not), delayed actor and target updates, a short Pendulum run that improves,
+vmap over seeds equals per-seed runs (CPU), a sweep gives one result per setting, haiku, config
+errors."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import episodes, losses, networks
+from rl import losses
 from rl.agents import td3
 from rl.config import ConfigError, build_config, hyperparams
 
@@ -48,24 +47,22 @@ def test_deterministic_policy_loss_is_minus_the_mean_q():
     np.testing.assert_allclose(losses.deterministic_policy_loss(jnp.array([1.0, 3.0])), -2.0)
 
 
-def fake_setup(actor_out, q_by_obs):
-    """Actor: a constant action; critic: (q1, q2) looked up by obs id (obs[..., 0])."""
+def fake_networks(actor_out, q_by_obs):
+    """(actor, critic) apply functions. Actor: a constant action; critic: (q1, q2) looked up by obs
+    id (obs[..., 0])."""
     table = jnp.asarray(q_by_obs, jnp.float32)
-    actor = networks.Network(
-        init=None, apply=lambda p, obs: jnp.full(obs.shape[:-1] + (1,), actor_out)
+    actor = lambda p, obs: jnp.full(obs.shape[:-1] + (1,), actor_out)
+    critic = lambda p, obs, a: (
+        table[obs[..., 0].astype(jnp.int32), 0],
+        table[obs[..., 0].astype(jnp.int32), 1],
     )
-    critic = networks.Network(
-        init=None,
-        apply=lambda p, obs, a: (
-            table[obs[..., 0].astype(jnp.int32), 0],
-            table[obs[..., 0].astype(jnp.int32), 1],
-        ),
-    )
-    return td3.Setup(None, None, actor, critic, (1,), SimpleNamespace())
+    return actor, critic
 
 
 def test_critic_target_is_clipped_double_q_and_bootstraps_on_truncation_only():
-    setup = fake_setup(0.0, [[1.0, 2.0], [5.0, 3.0]])  # Q(obs 0) = (1, 2); Q(obs 1) = (5, 3)
+    actor, critic = fake_networks(
+        0.0, [[1.0, 2.0], [5.0, 3.0]]
+    )  # Q(obs 0) = (1, 2); Q(obs 1) = (5, 3)
     batch = {
         "obs": jnp.zeros((2, 1)),
         "action": jnp.zeros((2, 1)),
@@ -75,7 +72,7 @@ def test_critic_target_is_clipped_double_q_and_bootstraps_on_truncation_only():
     }  # the first is truncated or mid-episode
     hparams = {"gamma": 0.9, "policy_noise": 0.2, "noise_clip": 0.5}
     loss, q_mean = td3.critic_loss(
-        setup, None, {"actor": None, "critic": None}, batch, jax.random.PRNGKey(0), hparams
+        actor, critic, None, None, None, batch, jax.random.PRNGKey(0), hparams
     )
     y = np.array([1.0 + 0.9 * min(5.0, 3.0), 1.0])
     np.testing.assert_allclose(
@@ -85,38 +82,37 @@ def test_critic_target_is_clipped_double_q_and_bootstraps_on_truncation_only():
 
 
 def test_actor_and_targets_update_every_policy_delay_critic_steps():
-    config = make_config(policy_delay=3, learning_starts=64, total_steps=1000)
+    """One log point per phase (one env step, one gradient step): after the 63 phases before
+    learning_starts, each phase steps the critics, and every third also the actor and both targets
+    (its actor_loss reads NaN otherwise)."""
+    config = make_config(
+        policy_delay=3, learning_starts=64, total_steps=1000, log_interval=1, eval_episodes=0
+    )
     trainer = td3.make_trainer(config)
     hp = hyperparams(config.agent)
-    state = jax.jit(trainer.init)(jax.random.PRNGKey(0), hp)
-    setup = td3.make_setup(config)
-    keys = jax.random.split(jax.random.PRNGKey(1), 64)
-    fill = jax.jit(
-        lambda s, keys: jax.lax.scan(
-            lambda s, k: (td3.env_step(setup, hp, (s, episodes.no_episodes()), k)[0][0], None),
-            s,
-            keys,
-        )[0]
+    run = jax.jit(trainer.run, static_argnums=2)
+    state, _ = run(jax.jit(trainer.init)(jax.random.PRNGKey(0), hp), hp, 63)
+    assert int(state.updates) == 0 and int(state.buffer.size) == 63
+    changed = lambda a, b: (
+        not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     )
-    state = fill(state, keys)  # 64 transitions in the buffer
-    step = jax.jit(lambda s, k: td3.gradient_step(setup, hp, s, k))
     actor_changes, target_changes, critic_changes = [], [], []
     for i in range(6):
-        new, aux = step(state, jax.random.PRNGKey(10 + i))
-        changed = lambda a, b: (
-            not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-        )
-        actor_changes.append(changed(new["params"]["actor"], state["params"]["actor"]))
-        target_changes.append(changed(new["target_params"], state["target_params"]))
-        critic_changes.append(changed(new["params"]["critic"], state["params"]["critic"]))
-        assert np.isnan(aux["actor_loss"]) != actor_changes[-1]
+        new, metrics = run(state, hp, 1)
+        assert int(metrics["gradient_steps"][0]) == i + 1
+        actor_changes.append(changed(new.params, state.params))
+        target_changes.append(changed(new.target_params, state.target_params))
+        assert target_changes[-1] == changed(new.target_critic_params, state.target_critic_params)
+        critic_changes.append(changed(new.critic_params, state.critic_params))
+        assert np.isnan(metrics["actor_loss"][0]) != actor_changes[-1]
         state = new
     assert critic_changes == [True] * 6
     assert actor_changes == target_changes == [False, False, True, False, False, True]
 
 
 def test_short_pendulum_run_improves():
-    """4k env steps, 2 gradient steps each, a 64x64 network: the greedy return rises well above the random policy's (about -1200)."""
+    """4k env steps, 2 gradient steps each, a 64x64 network: the greedy return rises well above the
+    random policy's (about -1200)."""
     keys = jnp.stack([jax.random.PRNGKey(1), jax.random.PRNGKey(2)])
     _, metrics = jax.jit(jax.vmap(td3.make_train(make_config(utd_ratio=2.0))))(keys)
     eval_return = np.asarray(metrics["eval_return"])
@@ -182,7 +178,7 @@ def test_haiku_backend_and_policy_in_env_units():
     state, metrics = jax.jit(td3.make_train(config))(jax.random.PRNGKey(0))
     assert np.isfinite(np.asarray(metrics["critic_loss"])[-1])
     policy = td3.make_policy(config)
-    action = policy(state["params"], jnp.array([1.0, 0.0, 0.5]), None)
+    action = policy(state.params, jnp.array([1.0, 0.0, 0.5]), None)
     assert action.shape == (1,) and -2.0 <= float(action[0]) <= 2.0  # Pendulum torque bounds
 
 
