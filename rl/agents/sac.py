@@ -2,26 +2,28 @@
 temperature tuning, compiled end to end; continuous (tanh-squashed Gaussian) and discrete
 (categorical; Christodoulou 2019) actions.
 
-Every iteration the `num_envs` envs take one step (uniformly random actions for the first
-`learning_starts` env steps), the transitions (s, a, r, s' = info["final_obs"], terminated) go to a
-uniform replay buffer, and then `utd_ratio * num_envs` gradient steps follow, each on a fresh
-minibatch (`loop.act_then_train`). With alpha = exp(log_alpha) and Q = min(Q1, Q2):
+Every phase the `num_envs` envs take one step (uniformly random actions for the first
+`learning_starts` env steps), the transitions (s, a, r, s' = info["final_obs"], terminated) go to
+a uniform replay buffer, and then `utd_ratio * num_envs` gradient steps follow, each on a fresh
+minibatch (`rl.agent_configs.ReplayActorCriticConfig`, pieces from `rl.actor_critic`). With
+alpha = exp(log_alpha) and Q = min(Q1, Q2):
 
-    critic:  y = r + gamma (1 - terminated) V(s'),  L_Q = sum_i mean((Q_i(s, a) - y)^2) / 2   (y fixed)
+    critic:  y = r + gamma (1 - terminated) V(s'),
+             L_Q = sum_i mean((Q_i(s, a) - y)^2) / 2                          (y fixed)
     actor:   L_pi = mean(alpha log pi(a|s) - Q(s, a))
-    alpha:   L_alpha = log_alpha (H(pi) - target_entropy)                                  (H fixed)
+    alpha:   L_alpha = log_alpha (H(pi) - target_entropy)                     (H fixed)
     targets: theta_targ <- tau theta + (1 - tau) theta_targ
 
 Truncation is not termination: only `terminated` zeroes the bootstrap, and s' is the observation
 actually reached (before auto-reset), so a time-limit end still bootstraps.
 
-Continuous: u ~ N(mu(s), sigma(s)^2), a = tanh(u) in (-1, 1)^|A| (the env's `RescaleAction` maps it
-affinely onto the bounds), V(s') = Q_targ(s', a') - alpha log pi(a'|s') for a' ~ pi(s'), a in L_pi
-a reparameterised sample, H = -log pi(a|s), target entropy -target_entropy_scale |A|
-(`losses.squashed_gaussian_sample`, `losses.soft_value`, `losses.sac_actor_loss`).
+Continuous (`distributions.TanhGaussian`): u ~ N(mu(s), sigma(s)^2), a = tanh(u) in (-1, 1)^|A|
+(the env's `RescaleAction` maps it affinely onto the bounds), V(s') = Q_targ(s', a') - alpha log
+pi(a'|s') for a' ~ pi(s'), a in L_pi a reparameterised sample, H = -log pi(a|s), target entropy
+-target_entropy_scale |A| (`losses.soft_value`, `losses.sac_actor_loss`).
 
-Discrete: pi = softmax(logits); expectations over actions replace sampling:
-V(s') = sum_a' pi(a'|s') (Q_targ(s', a') - alpha log pi(a'|s')),
+Discrete (`distributions.Categorical`): pi = softmax(logits); expectations over actions replace
+sampling: V(s') = sum_a' pi(a'|s') (Q_targ(s', a') - alpha log pi(a'|s')),
 L_pi = mean(sum_a pi(a|s) (alpha log pi(a|s) - Q(s, a))), H = -sum_a pi log pi, target entropy
 target_entropy_scale log|A| (`losses.soft_value_discrete`, `losses.sac_actor_loss_discrete`).
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,20 +44,28 @@ import numpy as np
 import optax
 
 from envs.spaces import Box
-from rl import agent_configs, buffers, environment, loop, losses, networks, optimizers
+from rl import (
+    actor_critic,
+    agent_configs,
+    buffers,
+    collection,
+    distributions,
+    environment,
+    log_points,
+    losses,
+    networks,
+    optimizers,
+)
 from rl.config import ConfigError, hp
+from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
 class Config(agent_configs.ReplayActorCriticConfig):
     name: str = "sac"
-    alpha_lr: float = hp(
-        1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size of log alpha"
-    )
-    init_alpha: float = hp(
-        1.0, low=0.0, low_open=True, sweep=True, doc="initial entropy temperature"
-    )
+    alpha_lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step of log alpha")
+    init_alpha: float = hp(1.0, low=0.0, low_open=True, sweep=True, doc="initial temperature")
     autotune_alpha: bool = hp(
         True, doc="tune alpha toward the target entropy (else alpha stays init_alpha)"
     )
@@ -70,7 +80,8 @@ class Config(agent_configs.ReplayActorCriticConfig):
         super().validate()
         if self.log_std_min >= self.log_std_max:
             raise ConfigError(
-                f"agent.log_std_min ({self.log_std_min}) must be below agent.log_std_max ({self.log_std_max})"
+                f"agent.log_std_min ({self.log_std_min}) must be below agent.log_std_max "
+                f"({self.log_std_max})"
             )
 
 
@@ -79,47 +90,35 @@ def check_env(config, env, env_params) -> None:
     environment.check_bounded_actions(config, env, env_params, discrete_ok=True)
 
 
-# ---------------------------------------------------------------- networks and losses
+class State(NamedTuple):
+    """SAC's training state: the actor (`params`, what `make_policy` reads), the twin critics and
+    their target copy, the optimiser states {"actor", "critic", "log_alpha"}, log alpha, the replay
+    buffer, the envs, the PRNG key, env steps and gradient steps so far."""
+
+    params: Any
+    critic_params: Any
+    target_critic_params: Any
+    opt_state: dict
+    log_alpha: jax.Array
+    buffer: buffers.UniformBuffer
+    envs: Envs
+    key: jax.Array
+    step: jax.Array
+    updates: jax.Array
 
 
-def make_networks(config, env, env_params):
-    """(actor, critic, continuous, action_dim) for the env `environment.make_env` built.
-
-    actor(params, obs) -> (mean, log_std) of the pre-tanh Gaussian, or logits;
-    critic(params, obs, action) -> (q1, q2), or critic(params, obs) -> (q1, q2) [..., A]."""
-    agent = config.agent
-    space = env.action_space(env_params)
-    continuous = isinstance(space, Box)
-    actor_torso = networks.make_torso(agent.network, env.observation_space(env_params))
-    critic_torso = networks.make_torso(agent.network)  # reads concat(obs, action) as floats
-    if continuous:
-        action_dim = int(np.prod(space.shape))
-        policy_head = networks.squashed_gaussian_head(
-            action_dim, agent.log_std_min, agent.log_std_max
-        )
-        critic = networks.twin_q(critic_torso)
-    else:
-        action_dim = int(space.n)
-        policy_head = networks.categorical_policy_head(action_dim)
-        critic = networks.twin_q(critic_torso, num_actions=action_dim)
-    build = lambda fn: networks.build(fn, agent.network.backend, agent.network.init)
-    return (
-        build(networks.with_head(actor_torso, policy_head)),
-        build(critic),
-        continuous,
-        action_dim,
-    )
+# ---------------------------------------------------------------- losses of one minibatch
 
 
 def continuous_losses(actor, critic):
-    """`critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma) -> (L_Q, mean Q1)`
-    and `actor_loss(actor_params, critic_params, alpha, batch, key) -> (L_pi, H)` for a squashed
-    Gaussian policy, H = -mean log pi(a|s) of the sampled actions."""
+    """`critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma) -> (L_Q,
+    mean Q1)` and `actor_loss(actor_params, critic_params, alpha, batch, key) -> (L_pi, H)` for a
+    squashed Gaussian policy, H = -mean log pi(a|s) of the sampled actions; `actor(params, obs)`
+    and `critic(params, obs, action)` are the networks' apply functions."""
 
     def critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma):
-        next_action, next_log_prob = losses.squashed_gaussian_sample(
-            *actor(actor_params, batch["next_obs"]), key
-        )
+        next_policy = distributions.TanhGaussian.from_head(actor(actor_params, batch["next_obs"]))
+        next_action, next_log_prob = next_policy.squashed_sample(key)
         next_value = losses.soft_value(
             *critic(target_params, batch["next_obs"], next_action), next_log_prob, alpha
         )
@@ -130,7 +129,8 @@ def continuous_losses(actor, critic):
         return losses.twin_q_loss(q1, q2, target), jnp.mean(q1)
 
     def actor_loss(actor_params, critic_params, alpha, batch, key):
-        action, log_prob = losses.squashed_gaussian_sample(*actor(actor_params, batch["obs"]), key)
+        policy = distributions.TanhGaussian.from_head(actor(actor_params, batch["obs"]))
+        action, log_prob = policy.squashed_sample(key)
         q1, q2 = critic(critic_params, batch["obs"], action)
         return losses.sac_actor_loss(log_prob, q1, q2, alpha), -jnp.mean(log_prob)
 
@@ -138,8 +138,9 @@ def continuous_losses(actor, critic):
 
 
 def discrete_losses(actor, critic):
-    """The same pair for a categorical policy: expectations over actions, no sampling (the keys are
-    unused); H = mean over the batch of -sum_a pi(a|s) log pi(a|s)."""
+    """The same pair for a categorical policy (`critic(params, obs) -> (q1, q2)`, each [..., A]):
+    expectations over actions, no sampling (the keys are unused); H = mean over the batch of
+    -sum_a pi(a|s) log pi(a|s)."""
 
     def critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma):
         next_log_pi = jax.nn.log_softmax(actor(actor_params, batch["next_obs"]))
@@ -157,210 +158,193 @@ def discrete_losses(actor, critic):
     def actor_loss(actor_params, critic_params, alpha, batch, key):
         log_pi = jax.nn.log_softmax(actor(actor_params, batch["obs"]))
         entropy = -jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1)
-        return losses.sac_actor_loss_discrete(
-            log_pi, *critic(critic_params, batch["obs"]), alpha
-        ), jnp.mean(entropy)
+        loss = losses.sac_actor_loss_discrete(log_pi, *critic(critic_params, batch["obs"]), alpha)
+        return loss, jnp.mean(entropy)
 
     return critic_loss, actor_loss
 
 
-def target_entropy(continuous: bool, action_dim: int, scale):
-    """-scale |A| for a squashed Gaussian; scale log|A| (a fraction of the uniform policy's entropy) for a categorical policy."""
-    return -scale * action_dim if continuous else scale * math.log(action_dim)
+# ---------------------------------------------------------------- continuous or discrete
+
+
+class Variant(NamedTuple):
+    """What SAC's loop reads off the env's action space (`make_variant`)."""
+
+    actor: networks.Network  # (mean, log_std) of the pre-tanh Gaussian, or logits
+    distribution: type  # distributions.TanhGaussian or distributions.Categorical
+    init_critic: Callable  # (key, obs) -> twin critic params
+    example_action: Any  # one action, for shapes
+    critic_loss: Callable  # continuous_losses or discrete_losses
+    actor_loss: Callable
+    entropy_unit: float  # target entropy / target_entropy_scale: -|A|, or log|A|
+
+
+def make_variant(agent: Config, env, env_params) -> Variant:
+    """A squashed Gaussian policy and critics reading concat(obs, action) for Box actions; a
+    categorical policy and critics with one Q per action for Discrete ones."""
+    space, obs_space = env.action_space(env_params), env.observation_space(env_params)
+    if isinstance(space, Box):
+        action_dim = int(np.prod(space.shape))
+        head = networks.squashed_gaussian_head(action_dim, agent.log_std_min, agent.log_std_max)
+        actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head)
+        example = np.zeros(space.shape, np.float32)
+        init_critic = lambda key, obs: critic.init(key, obs, example)
+        pair = continuous_losses(actor.apply, critic.apply)
+        return Variant(actor, distributions.TanhGaussian, init_critic, example, *pair, -action_dim)
+    num_actions = int(space.n)
+    head = networks.categorical_policy_head(num_actions)
+    actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head, num_actions)
+    pair = discrete_losses(actor.apply, critic.apply)
+    unit = math.log(num_actions)
+    return Variant(actor, distributions.Categorical, critic.init, np.int32(0), *pair, unit)
+
+
+def greedy_action(variant: Variant, params, obs):
+    """The deterministic action: tanh of the Gaussian mean, or the most likely action."""
+    policy = variant.distribution.from_head(variant.actor.apply(params, obs))
+    return policy.env_action(policy.mode())
 
 
 def make_optimizers(hparams):
-    """(actor, critic, log alpha) optimisers: Adam on clipped gradients for the networks, plain Adam for log alpha."""
+    """(actor, critic, log alpha) optimisers: Adam on clipped gradients for the networks, plain
+    Adam for log alpha."""
     clipped = optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
     return clipped, clipped, optax.adam(hparams["alpha_lr"])
 
 
-# ---------------------------------------------------------------- one gradient step
+# ---------------------------------------------------------------- the loop
 
 
-def make_gradient_step(agent, critic_loss_fn, actor_loss_fn, entropy_target, hparams):
-    """`gradient_step(state, key) -> (state, aux)` on one uniformly sampled minibatch: the critics,
-    then the actor (against the new critics), then log alpha (if autotuned), then the Polyak targets."""
-    actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
+def make_trainer(config) -> Trainer:
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    variant = make_variant(agent, env, env_params)
+    actor = variant.actor
 
-    def gradient_step(state, key):
-        params, opt_state = state["params"], state["opt_state"]
+    # ---------------------------------------------------------------- init
+
+    def init(key, hparams) -> State:
+        """Actor, twin critics and their target copy, log alpha, three optimiser states, an empty
+        buffer, the envs."""
+        key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
+        envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
+        params = actor.init(actor_key, envs.obs[0])
+        critic_params = variant.init_critic(critic_key, envs.obs[0])
+        log_alpha = jnp.log(hparams["init_alpha"]).astype(jnp.float32)
+        actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
+        opt_state = {
+            "actor": actor_opt.init(params),
+            "critic": critic_opt.init(critic_params),
+            "log_alpha": alpha_opt.init(log_alpha),
+        }
+        buffer = actor_critic.empty_buffer(envs.obs[0], variant.example_action, agent.buffer_size)
+        counters = jnp.int32(0), jnp.int32(0)
+        return State(
+            params, critic_params, critic_params, opt_state, log_alpha, buffer, envs, key, *counters
+        )
+
+    # ---------------------------------------------------------------- act
+
+    def act(state: State, totals, key):
+        """All envs take one step with a sample of the policy (in [-1, 1]^|A| for a Box), or
+        uniformly random actions before learning_starts; the transitions go to the buffer."""
+        act_key, env_key = jax.random.split(key)
+        policy_key, random_key = jax.random.split(act_key)
+        policy = variant.distribution.from_head(actor.apply(state.params, state.envs.obs))
+        action = policy.env_action(policy.sample(policy_key))
+        space = env.action_space(env_params)
+        random_action = actor_critic.random_actions(space, random_key, agent.num_envs)
+        action = jnp.where(state.step < agent.learning_starts, random_action, action)
+        return actor_critic.step_and_store(env, env_params, state, totals, action, env_key)
+
+    # ---------------------------------------------------------------- gradient step
+
+    def gradient_step(hparams, state: State, key):
+        """On one uniformly sampled minibatch: the critics, then the actor (against the new
+        critics), then log alpha (if autotuned), then the Polyak targets."""
+        actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
         sample_key, critic_key, actor_key = jax.random.split(key, 3)
-        batch, _ = buffers.uniform_sample(state["buffer"], sample_key, agent.batch_size)
-        alpha = jnp.exp(params["log_alpha"])
-        critic_args = (
-            params["actor"],
-            params["target_critic"],
+        batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
+        alpha = jnp.exp(state.log_alpha)
+        # the critics, toward y = r + gamma (1 - terminated) V(s')
+        (critic_loss, q_mean), grads = jax.value_and_grad(variant.critic_loss, has_aux=True)(
+            state.critic_params,
+            state.params,
+            state.target_critic_params,
             alpha,
             batch,
             critic_key,
             hparams["gamma"],
         )
-        (critic_loss, q_mean), grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-            params["critic"], *critic_args
+        critic_params, critic_state = actor_critic.optimizer_step(
+            critic_opt, grads, state.opt_state["critic"], state.critic_params
         )
-        updates, critic_state = critic_opt.update(grads, opt_state["critic"], params["critic"])
-        critic_params = optax.apply_updates(params["critic"], updates)
-        (actor_loss, entropy), grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(
-            params["actor"], critic_params, alpha, batch, actor_key
+        # the actor, against the new critics
+        (actor_loss, entropy), grads = jax.value_and_grad(variant.actor_loss, has_aux=True)(
+            state.params, critic_params, alpha, batch, actor_key
         )
-        updates, actor_state = actor_opt.update(grads, opt_state["actor"], params["actor"])
-        actor_params = optax.apply_updates(params["actor"], updates)
-        log_alpha, alpha_state = params["log_alpha"], opt_state["log_alpha"]
+        params, actor_state = actor_critic.optimizer_step(
+            actor_opt, grads, state.opt_state["actor"], state.params
+        )
+        # the temperature, toward the target entropy
+        log_alpha, alpha_state = state.log_alpha, state.opt_state["log_alpha"]
         if agent.autotune_alpha:
+            entropy_target = hparams["target_entropy_scale"] * variant.entropy_unit
             grad = jax.grad(losses.temperature_loss)(log_alpha, entropy, entropy_target)
-            updates, alpha_state = alpha_opt.update(grad, alpha_state, log_alpha)
-            log_alpha = optax.apply_updates(log_alpha, updates)
-        target_critic = optimizers.polyak(params["target_critic"], critic_params, hparams["tau"])
-        params = {
-            "actor": actor_params,
-            "critic": critic_params,
-            "log_alpha": log_alpha,
-            "target_critic": target_critic,
-        }
-        opt_state = {"actor": actor_state, "critic": critic_state, "log_alpha": alpha_state}
-        aux = {
-            "critic_loss": critic_loss,
-            "actor_loss": actor_loss,
-            "q_mean": q_mean,
-            "entropy": entropy,
-        }
-        return {**state, "params": params, "opt_state": opt_state}, aux
-
-    return gradient_step
-
-
-# ---------------------------------------------------------------- the trainer
-
-
-class Setup(NamedTuple):
-    """What the loop closes over: the env, the networks and their losses, and the settings."""
-
-    env: object
-    env_params: object
-    actor: networks.Network
-    critic: networks.Network
-    continuous: bool
-    action_dim: int
-    agent: Config
-
-
-def make_setup(config) -> Setup:
-    env, env_params = environment.make_env(config)
-    actor, critic, continuous, action_dim = make_networks(config, env, env_params)
-    return Setup(env, env_params, actor, critic, continuous, action_dim, config.agent)
-
-
-def init(setup: Setup, key, hparams):
-    """Actor, twin critics and their target copy, log alpha, three optimiser states, an empty buffer, the envs."""
-    agent = setup.agent
-    key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
-    reset, _ = environment.batched(setup.env)
-    obs, env_state = reset(jax.random.split(reset_key, agent.num_envs), setup.env_params)
-    example_action = (
-        jnp.zeros(setup.env.action_space(setup.env_params).shape, jnp.float32)
-        if setup.continuous
-        else jnp.int32(0)
-    )
-    critic_params = setup.critic.init(
-        critic_key, *((obs[0], example_action) if setup.continuous else (obs[0],))
-    )
-    log_alpha = jnp.log(hparams["init_alpha"]).astype(jnp.float32)
-    params = {
-        "actor": setup.actor.init(actor_key, obs[0]),
-        "critic": critic_params,
-        "log_alpha": log_alpha,
-        "target_critic": critic_params,
-    }
-    actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
-    opt_state = {
-        "actor": actor_opt.init(params["actor"]),
-        "critic": critic_opt.init(params["critic"]),
-        "log_alpha": alpha_opt.init(params["log_alpha"]),
-    }
-    example = {
-        "obs": obs[0],
-        "action": example_action,
-        "reward": jnp.float32(0.0),
-        "next_obs": obs[0],
-        "terminated": jnp.bool_(False),
-    }
-    buffer = buffers.uniform_init(example, agent.buffer_size)
-    return {
-        "params": params,
-        "opt_state": opt_state,
-        "buffer": buffer,
-        "obs": obs,
-        "env_state": env_state,
-        "key": key,
-        "step": jnp.int32(0),
-    }
-
-
-def act(setup: Setup, actor_params, obs, key, step):
-    """Uniformly random actions before learning_starts, else a sample of the policy (in [-1, 1] for a Box)."""
-    policy_key, random_key = jax.random.split(key)
-    if setup.continuous:
-        action, _ = losses.squashed_gaussian_sample(
-            *setup.actor.apply(actor_params, obs), policy_key
+            log_alpha, alpha_state = actor_critic.optimizer_step(
+                alpha_opt, grad, alpha_state, log_alpha
+            )
+        # the Polyak targets
+        state = state._replace(
+            params=params,
+            critic_params=critic_params,
+            target_critic_params=optimizers.polyak(
+                state.target_critic_params, critic_params, hparams["tau"]
+            ),
+            log_alpha=log_alpha,
+            opt_state={"actor": actor_state, "critic": critic_state, "log_alpha": alpha_state},
+            updates=state.updates + 1,
         )
-        random_action = jax.random.uniform(random_key, action.shape, minval=-1.0, maxval=1.0)
-    else:
-        action = jax.random.categorical(policy_key, setup.actor.apply(actor_params, obs)).astype(
-            jnp.int32
+        stats = {"critic_loss": critic_loss, "actor_loss": actor_loss, "q_mean": q_mean}
+        return state, {**stats, "entropy": entropy}
+
+    # ---------------------------------------------------------------- act, then train
+
+    def act_then_train(hparams, carry, key):
+        """One env step of all envs, then (once learning_starts env steps are stored) the phase's
+        gradient steps; their statistics [gradient_steps] read NaN before learning."""
+        act_key, train_keys = actor_critic.phase_keys(key, agent.gradient_steps)
+        state, totals = act(*carry, act_key)
+        learning = state.step >= agent.learning_starts
+        step = partial(gradient_step, hparams)
+        unroll = min(agent.unroll, agent.gradient_steps)
+        state, stats = collection.scan_when(learning, step, state, train_keys, unroll=unroll)
+        return (state, totals), stats
+
+    # ---------------------------------------------------------------- log period
+
+    def log_period(hparams, state: State):
+        """A log period's phases, then its metrics: env steps, the episodes that ended, the mean
+        losses and entropy (NaN-skipping), alpha, and the return of `eval_episodes` episodes of
+        `greedy_action`."""
+        key, phase_key, eval_key = jax.random.split(state.key, 3)
+        state, totals, stats = actor_critic.scan_phases(
+            partial(act_then_train, hparams), state._replace(key=key), phase_key, agent
         )
-        random_action = jax.random.randint(random_key, action.shape, 0, setup.action_dim, jnp.int32)
-    return jnp.where(step < setup.agent.learning_starts, random_action, action)
+        metrics = log_points.log_point_metrics(state.step, totals, stats, jnp.nanmean)
+        if agent.eval_episodes:
+            policy = partial(greedy_action, variant, state.params)
+            metrics["eval_return"] = actor_critic.eval_return(
+                env, env_params, policy, eval_key, agent.eval_episodes
+            )
+        return state, {**metrics, "alpha": jnp.exp(state.log_alpha)}
 
+    # ---------------------------------------------------------------- run
 
-def greedy(setup: Setup, actor_params, obs):
-    """tanh of the Gaussian mean, or the most likely action."""
-    if setup.continuous:
-        return jnp.tanh(setup.actor.apply(actor_params, obs)[0])
-    return jnp.argmax(setup.actor.apply(actor_params, obs), axis=-1).astype(jnp.int32)
+    def run(state, hparams, num_log_points):
+        return log_points.scan_log_points(partial(log_period, hparams), state, num_log_points)
 
-
-def env_step(setup: Setup, carry, key):
-    """All envs take one step; the transitions go to the buffer."""
-    state, _ = carry
-    act_key, env_key = jax.random.split(key)
-    action = act(setup, state["params"]["actor"], state["obs"], act_key, state["step"])
-    return loop.step_and_store(
-        setup.env, setup.env_params, setup.agent.num_envs, carry, action, env_key
-    )
-
-
-def greedy_policy(setup: Setup, params):
-    """obs -> the deterministic action of the actor (`greedy`)."""
-    return partial(greedy, setup, params["actor"])
-
-
-def alpha_metric(state):
-    return {"alpha": jnp.exp(state["params"]["log_alpha"])}
-
-
-def make_trainer(config) -> Trainer:
-    setup, agent = make_setup(config), config.agent
-    loss_fns = (continuous_losses if setup.continuous else discrete_losses)(
-        setup.actor.apply, setup.critic.apply
-    )
-
-    def gradient_step(hparams, state, key):
-        entropy_target = target_entropy(
-            setup.continuous, setup.action_dim, hparams["target_entropy_scale"]
-        )
-        return make_gradient_step(agent, *loss_fns, entropy_target, hparams)(state, key)
-
-    return loop.actor_critic_trainer(
-        agent,
-        setup.env,
-        setup.env_params,
-        partial(init, setup),
-        lambda hparams, carry, key: env_step(setup, carry, key),
-        gradient_step,
-        partial(greedy_policy, setup),
-        alpha_metric,
-    )
+    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 
 
 def make_train(config):
@@ -370,7 +354,8 @@ def make_train(config):
 def make_policy(config):
     """`policy(params, obs, key) -> action` in the env's own action space: tanh of the Gaussian mean
     mapped onto the Box bounds, or the argmax of the logits (the key is unused)."""
-    setup = make_setup(config)
+    env, env_params = environment.make_env(config)
+    variant = make_variant(config.agent, env, env_params)
     return lambda params, obs, key: environment.to_env_action(
-        setup.env, setup.env_params, greedy(setup, params["actor"], obs)
+        env, env_params, greedy_action(variant, params, obs)
     )

@@ -29,11 +29,12 @@ def make_config(env_id="Pendulum-v1", **agent):
     return build_config({"env": {"id": env_id}, "agent": base})
 
 
-# ---------------------------------------------------------------- the agent's losses, wired to rl.losses
+# ---------------------------------------------------------------- the agent's losses
 
 
 def test_continuous_critic_target_by_hand():
-    """A fixed 'policy' (mean m, tiny std) and a linear 'critic' make the target computable by hand."""
+    """A fixed 'policy' (mean m, tiny std) and a linear 'critic' make the target computable by
+    hand."""
     actor = lambda p, obs: (
         jnp.full(obs.shape[:-1] + (1,), p["m"]),
         jnp.full(obs.shape[:-1] + (1,), -20.0),
@@ -128,7 +129,7 @@ def test_sac_learns_pendulum():
     assert np.all(np.isfinite(metrics["critic_loss"][1:]))
     assert ev[-2:].mean() > ev[0] + 300 and ev[-1] > -700, ev
     action = sac.make_policy(config)(
-        state["params"], jnp.array([1.0, 0.0, 0.0]), jax.random.PRNGKey(0)
+        state.params, jnp.array([1.0, 0.0, 0.0]), jax.random.PRNGKey(0)
     )
     assert action.shape == (1,) and -2.0 <= float(action[0]) <= 2.0
 
@@ -154,7 +155,8 @@ def test_discrete_sac_trains_on_cartpole():
 
 
 def test_vmap_over_seeds_equals_per_seed_runs():
-    """On the CPU, where a batched and an unbatched program round alike (a GPU's may differ in the last bits, and training amplifies them)."""
+    """On the CPU, where a batched and an unbatched program round alike (a GPU's may differ in the
+    last bits, and training amplifies them)."""
     with jax.default_device(jax.devices("cpu")[0]):
         check_vmap_over_seeds_equals_per_seed_runs()
 
@@ -172,7 +174,7 @@ def check_vmap_over_seeds_equals_per_seed_runs():
             single["episode_return"][-1]
         )
         # uniformly random actions in [-1, 1] before learning_starts (64 steps)
-        random_actions = np.asarray(state["buffer"].data["action"][:64, 0])
+        random_actions = np.asarray(state.buffer.data["action"][:64, 0])
         assert np.all(np.abs(random_actions) <= 1.0) and 0.45 < random_actions.std() < 0.7
         for name in ("step", "episode_return", "critic_loss", "actor_loss", "alpha", "eval_return"):
             np.testing.assert_allclose(
@@ -202,7 +204,7 @@ def test_chunked_run_equals_one_run():
 
 def test_unrolled_loops_compute_the_same_run():
     """agent.unroll changes loop trips only. SAC's phases are one env step and one gradient step, so
-    here the loop over phases unrolls (loop.phase_unroll); test_dqn.py covers the phase's own loops."""
+    here the loop over phases unrolls (`actor_critic.scan_phases`)."""
     key = jax.random.PRNGKey(5)
     _, rolled = jax.jit(sac.make_train(make_config()))(key)
     _, unrolled = jax.jit(sac.make_train(make_config(unroll=4)))(key)
@@ -213,27 +215,22 @@ def test_unrolled_loops_compute_the_same_run():
 
 
 def test_policy_returns_env_space_actions():
-    """tanh of the Gaussian mean mapped onto Pendulum's [-2, 2] as RescaleAction maps it; argmax on CartPole."""
+    """tanh of the Gaussian mean mapped onto Pendulum's [-2, 2] as RescaleAction maps it; argmax on
+    CartPole."""
     config = make_config()
     state = jax.jit(sac.make_trainer(config).init)(jax.random.PRNGKey(0), hyperparams(config.agent))
-    env, env_params = environment.make_env(config)
-    actor = sac.make_networks(config, env, env_params)[0]
+    actor = sac.make_variant(config.agent, *environment.make_env(config)).actor
     obs = jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.5]])
-    params = {
-        **state["params"],
-        "actor": jax.tree.map(lambda x: 30.0 * x, state["params"]["actor"]),
-    }  # means far from 0
-    mean = np.tanh(np.asarray(actor.apply(params["actor"], obs)[0], np.float64))
+    params = jax.tree.map(lambda x: 30.0 * x, state.params)  # means far from 0
+    mean = np.tanh(np.asarray(actor.apply(params, obs)[0], np.float64))
     action = sac.make_policy(config)(params, obs, jax.random.PRNGKey(0))
     np.testing.assert_allclose(action, -2.0 + (mean + 1.0) * 2.0, rtol=1e-5, atol=1e-6)
     config = make_config("CartPole-v1")
     state = jax.jit(sac.make_trainer(config).init)(jax.random.PRNGKey(0), hyperparams(config.agent))
-    env, env_params = environment.make_env(config)
-    logits = sac.make_networks(config, env, env_params)[0].apply(
-        state["params"]["actor"], jnp.ones((3, 4))
-    )
+    actor = sac.make_variant(config.agent, *environment.make_env(config)).actor
+    logits = actor.apply(state.params, jnp.ones((3, 4)))
     np.testing.assert_array_equal(
-        sac.make_policy(config)(state["params"], jnp.ones((3, 4)), None), np.argmax(logits, axis=-1)
+        sac.make_policy(config)(state.params, jnp.ones((3, 4)), None), np.argmax(logits, axis=-1)
     )
 
 
