@@ -13,7 +13,8 @@ from rl import buffers
 
 
 def rollout_keys(key, num_steps: int, num_envs: int):
-    """Per rollout step: the action key and one env key per env (split up front, outside the loop)."""
+    """Per rollout step: the action key and one env key per env (split up front, outside the
+    loop)."""
     pairs = jax.vmap(jax.random.split)(jax.random.split(key, num_steps))
     return pairs[:, 0], jax.vmap(lambda k: jax.random.split(k, num_envs))(pairs[:, 1])
 
@@ -24,14 +25,14 @@ PACKED_OUTPUT_MAX = (
 
 
 def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None, unroll: int = 1):
-    """`jax.lax.scan(step, carry, xs, length, unroll=unroll)`, the same (carry, stacked outputs) bit for bit,
-    with the per-step output leaves of at most `PACKED_OUTPUT_MAX` elements stored as one row of
-    `buffers.pack`'s blocks (32-bit leaves and small narrow ones bitcast into one uint32 row, other
-    dtypes one row each) and unpacked after the loop. Stacking a leaf costs a dynamic-update-slice
-    per loop trip; a rollout step's transition (observation, action, log-prob, reward, terminated,
-    truncated, final observation) becomes one or two instead of one per leaf. Larger leaves (image
-    observations) are stacked as they are, so no large output is copied once more after the loop
-    (unpacking slices the small ones out of the stacked rows)."""
+    """`jax.lax.scan(step, carry, xs, length, unroll=unroll)`, the same (carry, stacked outputs)
+    bit for bit, with the per-step output leaves of at most `PACKED_OUTPUT_MAX` elements stored as
+    one row of `buffers.pack`'s blocks (32-bit leaves and small narrow ones bitcast into one uint32
+    row, other dtypes one row each) and unpacked after the loop. Stacking a leaf costs a
+    dynamic-update-slice per loop trip; a rollout step's transition (observation, action, log-prob,
+    reward, terminated, truncated, final observation) becomes one or two instead of one per leaf.
+    Larger leaves (image observations) are stacked as they are, so no large output is copied once
+    more after the loop (unpacking slices the small ones out of the stacked rows)."""
     packed_layout = []  # filled while tracing `packed_step`
 
     def is_small(leaf) -> bool:
@@ -55,15 +56,20 @@ def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None,
 
 def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1):
     """`lax.scan(step, carry, xs)` where the traced bool `pred` holds; else `carry` unchanged and
-    outputs of the scan's shapes filled with NaN (one branch runs: `lax.cond`). The training phase
-    of a replay agent before `learning_starts`: its per-step statistics read NaN there, which the
-    log point's `nanmean` skips."""
+    outputs of the scan's shapes filled with NaN (zeros for non-float dtypes); one branch runs
+    (`lax.cond`). The training phase of a replay agent before `learning_starts`: its per-step
+    statistics read NaN there, which the log point's `nanmean` skips."""
 
     def run(carry, xs):
         return jax.lax.scan(step, carry, xs, unroll=unroll)
 
     def skip(carry, xs):
         shapes = jax.eval_shape(run, carry, xs)[1]
-        return carry, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+        return carry, jax.tree.map(lambda s: jnp.full(s.shape, _missing(s.dtype), s.dtype), shapes)
 
     return jax.lax.cond(pred, run, skip, carry, xs)
+
+
+def _missing(dtype):
+    """The fill of an output that was not computed: NaN for floating dtypes, else 0."""
+    return jnp.nan if jnp.issubdtype(dtype, jnp.floating) else 0

@@ -1,9 +1,9 @@
 """Spreading the seed axis of a run over devices (and hosts) with `jax.sharding`.
 
-A run's training state and metrics have leading axes [settings, seeds, ...]. With `--devices N`
-(or `all`), the runner builds a one-axis mesh named "seeds" over N devices and places every array
-with `NamedSharding(mesh, P(None, "seeds"))`: each device holds `seeds / N` seeds of every setting.
-The agent's program is unchanged (`jit` of the vmapped trainer); XLA's SPMD partitioner splits it, and
+A run's training state and metrics have leading axes [settings, seeds, ...]. With `--devices N` (or
+`all`), the runner builds a one-axis mesh named "seeds" over N devices and places every array with
+`NamedSharding(mesh, P(None, "seeds"))`: each device holds `seeds / N` seeds of every setting. The
+agent's program is unchanged (`jit` of the vmapped trainer); XLA's SPMD partitioner splits it, and
 since seeds are independent no collective runs inside the training step. The per-log-point host call
 (`rl.logging.emit`) gathers the small metric scalars to device 0, so the host still receives one
 call per log point carrying every seed.
@@ -17,10 +17,10 @@ Multi-host: start one process per host with the same command plus
     rl train CONFIG --devices all --coordinator HOST0:PORT --num-processes P --process-id I
 
 (`jax.distributed.initialize` under the hood; on SLURM and TPU pods `--coordinator auto` lets JAX
-detect the cluster; `--devices` then defaults to all). The mesh spans every device of every process; process 0 writes metrics,
-logs and final params, and all processes write their shards of each checkpoint (orbax) into the
-same run directory, which must be on a shared filesystem. On CPU hosts the cross-process
-collectives go through gloo.
+detect the cluster; `--devices` then defaults to all). The mesh spans every device of every process;
+process 0 writes metrics, logs and final params, and all processes write their shards of each
+checkpoint (orbax) into the same run directory, which must be on a shared filesystem. On CPU hosts
+the cross-process collectives go through gloo.
 """
 
 from __future__ import annotations
@@ -60,11 +60,13 @@ def select_devices(spec, num_seeds: int | None) -> list:
         count = len(available)
     if count > len(available):
         raise ConfigError(
-            f"--devices {count}: only {len(available)} {available[0].platform} device(s) are visible"
+            f"--devices {count}: only {len(available)} {available[0].platform} device(s) "
+            "are visible"
         )
     if num_seeds is not None and num_seeds % count:
         raise ConfigError(
-            f"run.seeds ({num_seeds}) must be a multiple of the number of devices ({count}) to shard the seed axis"
+            f"run.seeds ({num_seeds}) must be a multiple of the number of devices ({count}) "
+            "to shard the seed axis"
         )
     return available[:count]
 
@@ -84,7 +86,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def put_seed_sharded(array, mesh: Mesh):
-    """A host array [settings, seeds, ...] (the same on every process) as a global seed-sharded array."""
+    """A host array [settings, seeds, ...] (the same on every process) as a global seed-sharded
+    array."""
     array = np.asarray(array)
     sharding = seed_sharding(mesh)
     return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])

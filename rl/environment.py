@@ -64,7 +64,8 @@ def check_bounded_actions(config, env, env_params, discrete_ok: bool = False) ->
         )
     if config.agent.network.torso != "mlp":
         raise ConfigError(
-            f"agent.network.torso: {name} supports only the mlp torso (its critics read concat(obs, action)); got {config.agent.network.torso!r}"
+            f"agent.network.torso: {name} supports only the mlp torso (its critics read "
+            f"concat(obs, action)); got {config.agent.network.torso!r}"
         )
     if isinstance(action_space, Discrete) and discrete_ok:
         return

@@ -31,9 +31,10 @@ def add_episodes(totals: EpisodeTotals, info: dict) -> EpisodeTotals:
 
 
 def count_episodes(totals: EpisodeTotals, info: dict) -> EpisodeTotals:
-    """`add_episodes` element by element, with no sum (`totals` has the shape of `info`'s batch, e.g.
-    one set per env): totals + (done * episode_return, done * episode_length, done). A rollout that
-    carries these per env writes no per-step episode arrays; `add_totals` sums them once after it."""
+    """`add_episodes` element by element, with no sum (`totals` has the shape of `info`'s batch,
+    e.g. one set per env): totals + (done * episode_return, done * episode_length, done). A rollout
+    that carries these per env writes no per-step episode arrays; `add_totals` sums them once after
+    it."""
     done = info["episode_done"]
     return EpisodeTotals(
         totals.returns + jnp.where(done, info["episode_return"], 0.0),

@@ -34,7 +34,9 @@ def epsilon_greedy_random_ties(q_values, epsilon, explore_u, choice_u):
     uniforms in [0, 1).
 
     The candidates are every action if explore_u < epsilon, else the maximisers of Q; the action is
-    candidate floor(choice_u * #candidates), so P(a) = epsilon / A + (1 - epsilon) [a maximal] / #maximal.
+    candidate floor(choice_u * #candidates), so
+
+        P(a) = epsilon / A + (1 - epsilon) [a maximal] / #maximal.
     """
     candidates = jnp.where(explore_u < epsilon, True, q_values == q_values.max())
     count = candidates.sum()

@@ -15,7 +15,8 @@ from rl.logging import emit
 
 def scan_log_points(log_period: Callable, state, num_log_points: int):
     """`lax.scan` of `log_period(state) -> (state, metrics)` over `num_log_points` log points, each
-    log point's metrics sent to the host sinks (`rl.logging.emit`). Returns (state, stacked metrics)."""
+    log point's metrics sent to the host sinks (`rl.logging.emit`). Returns (state, stacked
+    metrics)."""
 
     def body(state, _):
         state, metrics = log_period(state)

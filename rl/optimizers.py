@@ -71,9 +71,9 @@ def periodic_polyak(target, online, tau, do_update):
 def flat_step(optimizer, flat_params, opt_state, grads, grad_sq_norm=None):
     """One step of `optimizer` on a flat parameter vector (`jax.flatten_util.ravel_pytree`): one
     fused update for all arrays instead of one per array. `grad_sq_norm` (optional) is ||grads||^2,
-    computed already (by a fused gradient kernel): it reaches `clip_by_global_norm` as an optax extra
-    argument, so the optimiser must start with that clip (as `clipped_adam` does), and no norm pass
-    re-reads the gradient. Returns (flat_params, opt_state)."""
+    computed already (by a fused gradient kernel): it reaches `clip_by_global_norm` as an optax
+    extra argument, so the optimiser must start with that clip (as `clipped_adam` does), and no norm
+    pass re-reads the gradient. Returns (flat_params, opt_state)."""
     optimizer = optax.with_extra_args_support(optimizer)
     extra = {} if grad_sq_norm is None else {"grad_sq_norm": grad_sq_norm}
     updates, opt_state = optimizer.update(grads, opt_state, flat_params, **extra)

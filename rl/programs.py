@@ -99,8 +99,9 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     `init(keys, hparams) -> state` and `chunk(num_log_points)(state, hparams) -> (state, metrics)`
     are jitted with explicit output shardings; every output has leading axes [settings, seeds].
     `shard="seeds"`: the seed axis is split over the mesh. `shard="envs"` (one large agent): the
-    state under the agent's `rl.state.Envs` (observations, env states) is split on its env axis; params, optimiser state and the rest are replicated, and XLA's SPMD partitioner inserts
-    the collectives the update needs (e.g. the mean of a loss over envs).
+    state under the agent's `rl.state.Envs` (observations, env states) is split on its env axis;
+    params, optimiser state and the rest are replicated, and XLA's SPMD partitioner inserts the
+    collectives the update needs (e.g. the mean of a loss over envs).
     """
     trainer = get_agent_module(config.agent.name).make_trainer(config)
     axis = mesh.axis_names[0]
@@ -146,8 +147,8 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
 def env_sharding(abstract_state, mesh, num_envs: int):
     """Shardings of a state with leading axes [settings, seeds]: every leaf under an `rl.state.Envs`
     (observations, env states, policy memory) split over the mesh on its env axis (axis 2, of size
-    `num_envs`), every other leaf replicated. ConfigError if the state holds no `Envs`; ValueError if
-    a per-env leaf has no such axis (the agent broke the contract)."""
+    `num_envs`), every other leaf replicated. ConfigError if the state holds no `Envs`; ValueError
+    if a per-env leaf has no such axis (the agent broke the contract)."""
     found = [node for node in jax.tree.leaves(abstract_state, is_leaf=is_envs) if is_envs(node)]
     if not found:
         raise ConfigError(

@@ -1,4 +1,5 @@
-"""The contract between an agent and the runner, and the two helpers every agent's `make_train` uses.
+"""The contract between an agent and the runner, and the two helpers every agent's `make_train`
+uses.
 
 An agent module exposes `Config` (a frozen dataclass of hyperparameters), `make_trainer(config) ->
 Trainer`, `make_train(config) -> train(key, hparams=None) -> (final_state, metrics)` and
@@ -38,8 +39,9 @@ class RecurrentPolicy(NamedTuple):
 
 
 def as_recurrent(policy) -> RecurrentPolicy:
-    """`policy` if it is a `RecurrentPolicy`, else the memoryless `policy(params, obs, key) -> action`
-    as one with an empty carry: code that plays episodes handles both with one loop."""
+    """`policy` if it is a `RecurrentPolicy`, else the memoryless
+    `policy(params, obs, key) -> action` as one with an empty carry: code that plays episodes
+    handles both with one loop."""
     if isinstance(policy, RecurrentPolicy):
         return policy
     return RecurrentPolicy(
@@ -56,9 +58,9 @@ class Trainer(NamedTuple):
 
 def vmap_sequentially_on_cpu(init: Callable) -> Callable:
     """`init` (a Trainer's init), unchanged when called, but vmapped on the CPU as a loop over the
-    instances (`lax.map`) instead of as one batched program; on other platforms vmap batches as usual.
-    The values are the same either way, and so is which outputs come out batched: as under a plain
-    vmap, an output that depends on no batched input (a step counter, an empty buffer) stays
+    instances (`lax.map`) instead of as one batched program; on other platforms vmap batches as
+    usual. The values are the same either way, and so is which outputs come out batched: as under a
+    plain vmap, an output that depends on no batched input (a step counter, an empty buffer) stays
     unbatched, so that e.g. a `lax.cond` on the step counter stays a branch instead of becoming a
     select that computes both sides.
 
@@ -98,9 +100,9 @@ def vmap_sequentially_on_cpu(init: Callable) -> Callable:
 
 
 def _depends_on(fn, arg_tree, leaves, flags) -> list[bool]:
-    """For each output leaf of `fn(*args)`: whether it depends on an argument leaf flagged True (those
-    carry a leading batch axis in `leaves`). Read off fn's jaxpr, conservatively: an equation's
-    outputs all depend on everything its inputs depend on."""
+    """For each output leaf of `fn(*args)`: whether it depends on an argument leaf flagged True
+    (those carry a leading batch axis in `leaves`). Read off fn's jaxpr, conservatively: an
+    equation's outputs all depend on everything its inputs depend on."""
     from jax.extend.core import Var
 
     shapes = [
