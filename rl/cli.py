@@ -1,10 +1,15 @@
 """The `rl` command line.
 
-    rl configs                             list the packaged configs (rl train NAME trains one)
-    rl train CONFIG.yaml|NAME [--seeds N] [--sweep agent.lr=1e-3,3e-3 ...] [--devices all] [dotted.key=value ...]
-    rl train --resume RUN_DIR              continue a stopped run from its newest good checkpoint
+    rl configs                  list the packaged configs (rl train NAME trains one)
+    rl train CONFIG.yaml|NAME [--seeds N] [--sweep agent.lr=1e-3,3e-3 ...] [--devices all]
+             [dotted.key=value ...]
+    rl train --resume RUN_DIR   continue a stopped run from its newest good checkpoint
     rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif] [--json eval.json]
-    rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric episode_return]
+    rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric eval_return]
+
+This module holds the parser, `main` and the commands that read runs and the package (`rl eval`,
+`rl plot`, `rl configs`); `rl train` is `rl.cli_train`, and what the commands print (exit statuses,
+errors, the end-of-run summary) `rl.cli_output`.
 
 Bad input (missing or unparsable file, unknown key, wrong type, value out of range, unknown env or
 agent) prints one line `rl: error: ...` and exits with status 2 before anything is written. A run
@@ -15,19 +20,14 @@ permission) prints one line and exits with status 1; Ctrl-C saves a checkpoint a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
 import sys
-import time
 from pathlib import Path
 
-from rl.config import Config, ConfigError, load_config, parse_sweep
-
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1  # training diverged or the run directory could not be written
-EXIT_INTERRUPTED = 130  # Ctrl-C (a checkpoint was saved)
+from rl.cli_output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, error
+from rl.cli_train import train_command
+from rl.config import ConfigError
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--shard",
         choices=("seeds", "envs"),
         default="seeds",
-        help="axis split over --devices: seeds (default) or, for one large agent, its parallel envs (agent.num_envs)",
+        help="axis split over --devices: seeds (default) or, for one large agent, its parallel "
+        "envs (agent.num_envs)",
     )
     train.add_argument(
         "--coordinator",
@@ -118,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", help="PNG file (default RUN_DIR/learning_curve.png of the first run)"
     )
     plot.add_argument(
-        "--metric", default="episode_return", help="metric to plot (default episode_return)"
+        "--metric",
+        help="metric to plot (default: the one the end-of-run summary reports, eval_return where "
+        "the runs evaluate, else episode_return)",
     )
     return parser
 
@@ -152,169 +155,7 @@ def main(argv=None) -> int:
     return EXIT_BAD_INPUT
 
 
-# ---------------------------------------------------------------- rl train
-
-
-def resolve_train_config(args) -> tuple[Config, list[dict]]:
-    """The validated config and sweep grid of `rl train`'s arguments (ConfigError on bad input)."""
-    overrides = list(args.overrides)
-    if args.seeds is not None:
-        overrides.append(f"run.seeds={args.seeds}")
-    if args.output_dir is not None:
-        overrides.append(f"run.output_dir={args.output_dir}")
-    if args.name is not None:
-        overrides.append(f"run.name={args.name}")
-    if args.no_progress:
-        overrides.append("run.progress=false")
-    from rl.train import smoke_seeds
-
-    config = load_config(args.config, overrides)
-    if smoke_seeds(config.run.seeds) != config.run.seeds:
-        config = load_config(
-            args.config, overrides + [f"run.seeds={smoke_seeds(config.run.seeds)}"]
-        )
-    grid = parse_sweep(args.sweep, config.agent) if args.sweep else [{}]
-    return config, grid
-
-
-def make_run_dir(config: Config, exist_ok: bool = False) -> Path:
-    """A new run directory; ConfigError if it exists already or cannot be created."""
-    env_name = config.env.id.replace(":", "-").replace(
-        "/", "-"
-    )  # "gymnax:Breakout-MinAtar": no ':' in file names
-    name = config.run.name or f"{config.agent.name}-{env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(config.run.output_dir) / name
-    if path.exists() and not exist_ok:
-        raise ConfigError(f"run directory {str(path)!r} already exists; choose another run.name")
-    try:
-        path.mkdir(parents=True, exist_ok=exist_ok)
-    except OSError as err:
-        raise ConfigError(f"cannot create run directory {str(path)!r}: {err.strerror}") from None
-    if not os.access(path, os.W_OK):
-        raise ConfigError(f"run directory {str(path)!r} is not writable")
-    return path
-
-
-def resume_conflicts(args) -> list[str]:
-    """What `rl train --resume RUN_DIR` was given besides the run directory, each as a phrase (a
-    `key=value` in the config position is an override, as the user meant it)."""
-    positional = [args.config] if args.config else []
-    overrides = [text for text in positional if "=" in text] + list(args.overrides)
-    conflicts = [f"the config file {text!r}" for text in positional if "=" not in text]
-    if overrides:
-        conflicts.append(f"the override{'s' if len(overrides) > 1 else ''} {' '.join(overrides)}")
-    flags = (
-        ("--sweep", args.sweep),
-        ("--seeds", args.seeds),
-        ("--output-dir", args.output_dir),
-        ("--name", args.name),
-    )
-    conflicts += [flag for flag, value in flags if value]
-    return conflicts
-
-
-def resolve_resume(args) -> tuple[Config, list[dict], Path]:
-    """The saved config and grid of `rl train --resume RUN_DIR` (ConfigError on bad input)."""
-    from rl.run_dir import load_run_config
-
-    given = resume_conflicts(args)
-    if given:
-        raise ConfigError(
-            f"--resume continues a run with the config saved in it, so drop {' and '.join(given)} (to train with another config, start a new run: rl train CONFIG ...)"
-        )
-    config, grid = load_run_config(args.resume)
-    if args.no_progress:
-        config = dataclasses.replace(config, run=dataclasses.replace(config.run, progress=False))
-    run_dir = Path(args.resume)
-    if not os.access(run_dir, os.W_OK):
-        raise ConfigError(f"run directory {str(run_dir)!r} is not writable")
-    return config, grid, run_dir
-
-
-def _error(message: str, status: int) -> int:
-    print(f"rl: error: {message}", file=sys.stderr)
-    return status
-
-
-def _os_error(err: BaseException):
-    """The OSError behind `err` (orbax and others wrap them), or None."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
-
-
-def train_command(args) -> int:
-    from rl import distributed
-
-    try:
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-        if args.resume:
-            config, grid, run_dir = resolve_resume(args)
-            finished = completed_summary(run_dir)
-            if finished is not None:
-                print_complete(finished, run_dir)
-                return 0
-        else:
-            if args.config is None:
-                raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
-            config, grid = resolve_train_config(args)
-        devices = args.devices or (
-            "all" if args.coordinator else 1
-        )  # a multi-process run spans every device
-        if args.shard == "envs":
-            from rl.programs import env_axis_size
-
-            env_axis_size(config, len(distributed.select_devices(devices, None)))
-        else:
-            distributed.select_devices(devices, config.run.seeds)
-        multi_process = distributed.jax.process_count() > 1
-        if multi_process and not args.resume and not config.run.name:
-            raise ConfigError(
-                "a multi-process run needs run.name (--name) so that every process writes the same run directory"
-            )
-        if not args.resume:
-            run_dir = make_run_dir(
-                config, exist_ok=multi_process
-            )  # every process of a multi-process run makes it
-    except ConfigError as err:
-        return _error(str(err), EXIT_BAD_INPUT)
-    from rl.checkpoint import CheckpointStructureError
-    from rl.divergence import NonFiniteError
-    from rl.interrupts import TrainingInterrupted
-    from rl.train import run_training
-
-    try:
-        summary = run_training(
-            config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard
-        )
-    except (NonFiniteError, CheckpointStructureError) as err:
-        return _error(str(err), EXIT_FAILED)
-    except TrainingInterrupted as err:
-        print(f"rl: {err}", file=sys.stderr)
-        if err.immediate:  # the abandoned chunk still runs inside XLA: leave without waiting for it
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
-        return EXIT_INTERRUPTED
-    except Exception as err:
-        os_error = _os_error(err)
-        if os_error is None:
-            raise
-        where = os_error.filename or run_dir
-        return _error(
-            f"cannot write the run directory {str(run_dir)!r} ({where}): {os_error.strerror or os_error}",
-            EXIT_FAILED,
-        )
-    if distributed.is_main_process():
-        print_summary(summary, run_dir)
-    return 0
-
-
-# ---------------------------------------------------------------- rl eval and rl plot
+# ---------------------------------------------------------------- rl eval, rl configs and rl plot
 
 
 def eval_command(args) -> int:
@@ -339,11 +180,11 @@ def eval_command(args) -> int:
         if args.json is not None:
             Path(args.json).write_text(json.dumps(result, indent=2))
     except ConfigError as err:
-        return _error(str(err), EXIT_BAD_INPUT)
+        return error(str(err), EXIT_BAD_INPUT)
     except CheckpointStructureError as err:
-        return _error(str(err), EXIT_FAILED)
+        return error(str(err), EXIT_FAILED)
     except OSError as err:
-        return _error(
+        return error(
             f"cannot write {err.filename or args.render or args.json}: {err.strerror or err}",
             EXIT_FAILED,
         )
@@ -373,11 +214,10 @@ def configs_command() -> int:
     try:
         lines = config_listing(packaged)
     except ConfigError as err:
-        return _error(str(err), EXIT_FAILED)
+        return error(str(err), EXIT_FAILED)
     print("\n".join(lines))
-    print(
-        f"({len(packaged)} configs in {next(iter(packaged.values())).parent if packaged else 'the package'}; run one with: rl train NAME)"
-    )
+    where = next(iter(packaged.values())).parent if packaged else "the package"
+    print(f"({len(packaged)} configs in {where}; run one with: rl train NAME)")
     return 0
 
 
@@ -387,75 +227,13 @@ def plot_command(args) -> int:
     try:
         path = plot_runs(args.run_dirs, output=args.output, metric=args.metric)
     except ConfigError as err:
-        return _error(str(err), EXIT_BAD_INPUT)
+        return error(str(err), EXIT_BAD_INPUT)
     except OSError as err:
-        return _error(
+        return error(
             f"cannot write {err.filename or args.output}: {err.strerror or err}", EXIT_FAILED
         )
     print(f"wrote {path}")
     return 0
-
-
-def _fmt(value) -> str:
-    return (
-        "n/a"
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else f"{value:.4g}"
-    )
-
-
-def summary_lines(summary: dict) -> list[str]:
-    """The end-of-run summary as printed: timing, then per setting the final value of the metric it
-    names (summary["metric"]) across seeds: mean +- std, median, min and max."""
-    rate = summary["env_steps_per_second"]
-    speed = (
-        f"{rate:,.0f} env steps/s over all seeds"
-        if rate is not None
-        else "no env steps trained in this process"
-    )
-    lines = [
-        f"compile {summary['compile_seconds']:.2f} s, train {summary['train_seconds']:.2f} s, {speed}"
-    ]
-    lines.append(f"final {summary['metric']} ({summary['metric_description']}):")
-    for row in summary["settings"]:
-        finished = sum(v is not None for v in row["per_seed"])
-        seeds = (
-            f"{row['seeds']} seeds"
-            if finished == row["seeds"]
-            else f"{finished} of {row['seeds']} seeds have a value"
-        )
-        where = f"{row['label']}: " if row["label"] else ""
-        lines.append(
-            f"  {where}{_fmt(row['mean'])} +- {_fmt(row['std'])} (median {_fmt(row['median'])}, min {_fmt(row['min'])}, max {_fmt(row['max'])}; {seeds})"
-        )
-    return lines
-
-
-def completed_summary(run_dir: Path) -> dict | None:
-    """The saved summary of a run that finished (it wrote final_params.msgpack and summary.json), or None."""
-    path = Path(run_dir) / "summary.json"
-    if not (path.is_file() and (Path(run_dir) / "final_params.msgpack").is_file()):
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def print_complete(summary: dict, run_dir: Path) -> None:
-    """What `rl train --resume` prints for a run that is already complete."""
-    print(
-        f"run {run_dir} is already complete: nothing to resume (evaluate it with: rl eval {run_dir})"
-    )
-    if "metric" in summary:  # summaries written before the metric was named are not repeated
-        for line in summary_lines(summary)[1:]:
-            print(line)
-
-
-def print_summary(summary: dict, run_dir: Path) -> None:
-    print(f"run directory: {run_dir}")
-    for line in summary_lines(summary):
-        print(line)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,11 @@ def sink(fn: Callable[[dict], None]):
 
 
 class ProgressBar:
-    """A text progress bar on stderr, fed by log points; redraws at most every `min_interval` s."""
+    """A text progress bar on stderr (or `stream`), fed by log points.
+
+    On a terminal (`stream.isatty()`) the bar redraws in place with a carriage return, at most every
+    `min_interval` seconds; anywhere else (a log file, a pipe) it writes one line per log point, so
+    a log holds one readable line per log point and no carriage-return updates."""
 
     def __init__(
         self, total_steps: int, label: str = "train", min_interval: float = 0.5, stream=None
@@ -80,8 +84,10 @@ class ProgressBar:
         self.label = label
         self.min_interval = min_interval
         self.stream = stream or sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.interactive = bool(isatty and isatty())
         self.start = time.perf_counter()
-        self.last_draw = 0.0
+        self.last_draw = -float("inf")  # the first log point draws
         self.first_step_time = None
         self.first_step = 0
         self.done = 0
@@ -90,16 +96,19 @@ class ProgressBar:
     def __call__(self, values: dict) -> None:
         step = int(np.max(values["step"]))
         now = time.perf_counter()
-        if (
-            self.first_step_time is None
-        ):  # rate excludes compilation: count from the first log point
+        if self.first_step_time is None:  # the rate leaves compilation out: it counts from here
             self.first_step_time, self.first_step = now, step
         self.done = max(self.done, step)
-        if now - self.last_draw >= self.min_interval or self.done >= self.total:
+        if (
+            not self.interactive
+            or now - self.last_draw >= self.min_interval
+            or self.done >= self.total
+        ):
             self.last_draw = now
             self.draw(now)
 
-    def draw(self, now: float) -> None:
+    def line(self, now: float) -> str:
+        """The bar, the steps done and the rate since the first log point."""
         frac = min(self.done / max(self.total, 1), 1.0)
         bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
         elapsed = now - (self.first_step_time or now)
@@ -113,16 +122,21 @@ class ProgressBar:
             if rate is not None
             else "steps/s from the next log point"
         )
-        line = f"{self.label} [{bar}] {self.done}/{self.total} steps  {speed}"
-        self.stream.write(
-            f"\r{line.ljust(self.width)} "
-        )  # padded: a shorter line covers a longer one
-        self.width = len(line)
+        return f"{self.label} [{bar}] {self.done}/{self.total} steps  {speed}"
+
+    def draw(self, now: float) -> None:
+        line = self.line(now)
+        if self.interactive:  # padded: a shorter line covers a longer one
+            self.stream.write(f"\r{line.ljust(self.width)} ")
+            self.width = len(line)
+        else:
+            self.stream.write(f"{line}\n")
         self.stream.flush()
 
     def close(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
+        if self.interactive:  # end the line the bar was redrawn on
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 # ---------------------------------------------------------------- run directory writers
@@ -135,14 +149,14 @@ class RunLogger:
     """A sink writing each log point of a run to `metrics.jsonl`, `metrics.csv` and TensorBoard
     event files (`tensorboard/<setting>/seed_<i>/`, one TensorBoard run per seed), as it arrives.
 
-    Log points carry `{name: [settings, seeds]}` arrays (a run of one setting sends `[seeds]`, read as
-    one setting by `run_batch`). Each JSONL/CSV row is one (setting, seed, log
-    point) with every metric, plus host-side `steps_per_second` (env steps per second summed over all
-    seeds and settings, measured between consecutive log points) and `wall_time` (seconds since the
-    run started). Rows are buffered and the files flushed at most every `flush_seconds` (and by
-    `flush()`, which the runner calls before each checkpoint), so the host work stays bounded however
-    often log points arrive. Event files are written synchronously with tensorboardX's protobufs (no
-    TensorFlow, no writer threads).
+    Log points carry `{name: [settings, seeds]}` arrays (a run of one setting sends `[seeds]`, read
+    as one setting by `run_batch`). Each JSONL/CSV row is one (setting, seed, log point) with every
+    metric, plus host-side `steps_per_second` (env steps per second summed over all seeds and
+    settings, measured between consecutive log points) and `wall_time` (seconds since the run
+    started). Rows are buffered and the files flushed at most every `flush_seconds` (and by
+    `flush()`, which the runner calls before each checkpoint), so the host work stays bounded
+    however often log points arrive. Event files are written synchronously with tensorboardX's
+    protobufs (no TensorFlow, no writer threads).
     """
 
     def __init__(self, run_dir, grid: list[dict], num_seeds: int, flush_seconds: float = 2.0):
@@ -155,9 +169,8 @@ class RunLogger:
         self.columns: list[str] | None = None
         self.pending: list[dict] = []
         self.host = {"steps_per_second": [], "wall_time": []}
-        self.received = (
-            0  # log points received since the start of the run (including restored ones)
-        )
+        # log points received since the start of the run (including restored ones)
+        self.received = 0
         self.start = time.perf_counter()
         self.wall_offset = 0.0
         self.last_time = None
@@ -172,7 +185,8 @@ class RunLogger:
 
     def open(self, history: dict | None = None) -> None:
         """Create the files, or (resuming) rewrite them from a checkpoint's `history` so they hold
-        exactly the restored log points (rows a killed process wrote after its checkpoint go away)."""
+        exactly the restored log points (rows a killed process wrote after its checkpoint go
+        away)."""
         _prefetch_tensorboardx()
         self._jsonl = open(self.run_dir / "metrics.jsonl", "w")
         self._csv = open(self.run_dir / "metrics.csv", "w")

@@ -1,11 +1,15 @@
 """Learning curves of run directories as a PNG.
 
-    rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric episode_return]
+    rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric eval_return]
 
 One line per run, or per sweep setting of a run: the median over seeds of `metric` (read from each
 run's `metrics.jsonl`) against env steps, with the band between the 25th and 75th percentiles over
 seeds shaded. Log points where a seed has no value (NaN: no episode ended) are left out of that
 seed's statistics. Drawn with matplotlib's Agg backend (no display needed).
+
+By default the metric is the one the end-of-run summary reports (`rl.summary.summary_metric`): the
+greedy evaluation return `eval_return` where the agent evaluates, else the return of the training
+episodes, `episode_return`; with several runs, `eval_return` only if every run has one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ import numpy as np
 from rl.config import ConfigError
 
 INTERVAL = (25.0, 75.0)
+
+
+def default_metric(runs: list[list[dict]]) -> str:
+    """The metric the summary of every run in `runs` (each a list of metrics rows) reports:
+    `eval_return` if each run logged at least one finite value of it, else `episode_return`."""
+    has_eval = [any(row.get("eval_return") is not None for row in rows) for rows in runs]
+    return "eval_return" if runs and all(has_eval) else "episode_return"
 
 
 def read_metrics(run_dir) -> list[dict]:
@@ -35,7 +46,8 @@ def read_metrics(run_dir) -> list[dict]:
 
 
 def curves(rows: list[dict], metric: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """{setting: (steps [T], values [seeds, T])} from metrics rows (NaN where a value is missing)."""
+    """{setting: (steps [T], values [seeds, T])} from metrics rows (NaN where a value is
+    missing)."""
     if rows and metric not in rows[0]:
         known = sorted(k for k in rows[0] if k not in ("setting", "seed", "log_point"))
         raise ConfigError(
@@ -67,22 +79,24 @@ def _setting_labels(run_dir) -> list[str]:
     import yaml
 
     try:
-        grid = (yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("sweep") or [
-            {}
-        ]
+        saved = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):
         return []
+    grid = saved.get("sweep") or [{}]
     return [", ".join(f"{k}={v}" for k, v in setting.items()) for setting in grid]
 
 
-def plot_runs(run_dirs, output=None, metric: str = "episode_return") -> Path:
-    """Draw the curves of every run (see the module docstring) into `output`; returns its path."""
+def plot_runs(run_dirs, output=None, metric: str | None = None) -> Path:
+    """Draw the curves of `metric` (default: `default_metric`) of every run (see the module
+    docstring) into `output`; returns its path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = [(Path(run_dir), curves(read_metrics(run_dir), metric)) for run_dir in run_dirs]
+    runs = [read_metrics(run_dir) for run_dir in run_dirs]
+    metric = metric or default_metric(runs)
+    data = [(Path(run_dir), curves(rows, metric)) for run_dir, rows in zip(run_dirs, runs)]
     output = Path(output) if output is not None else Path(run_dirs[0]) / "learning_curve.png"
     if output.suffix.lower() != ".png":
         raise ConfigError(f"-o: expected a .png file name, got {str(output)!r}")

@@ -29,7 +29,8 @@ def wandb_run_id(group: str, setting: int, seed: int) -> str:
 
 
 def scalar_row(values: dict, setting: int, seed: int) -> dict:
-    """The finite scalar metrics of one instance of a log point ([settings, seeds] arrays), as floats."""
+    """The finite scalar metrics of one instance of a log point ([settings, seeds] arrays), as
+    floats."""
     row = {}
     for name, array in values.items():
         array = np.asarray(array)

@@ -1,14 +1,16 @@
 """Every code block of the README runs, so the README cannot rot.
 
-Python blocks run in README order in one namespace (a block may use names an earlier one defined),
-from an empty directory. Bash blocks run with `bash -e` from an empty directory (one per pytest-xdist
-worker: under `--dist loadgroup` the blocks spread over workers in any order, so each block must
-stand alone, using only runs it makes itself), with `rl` on the PATH, `pip install ... &&` prefixes dropped (the test runs in the installed environment)
-and FUSEDRL_SMOKE_LOG_POINTS=1 FUSEDRL_SMOKE_SEEDS=2, so each `rl train` stops after its first log point
-and trains at most 2 seeds. A block whose
-first line is `# README test: skip (reason)` is not run; the reason must say why (a benchmark, a
-server, several devices or hosts, or the CI command itself). The "Writing an agent" example runs
-with its final call shortened (2 log points of 20 updates, 2 seeds)."""
+Each Python block runs on its own, as if pasted into a fresh interpreter: in a new module of its
+own (its `__name__` names that module, which `importlib` finds, as `__main__` is found in an
+interpreter), from an empty directory, so a block that uses a name must define or import it
+itself. Bash blocks run with `bash -e` from an empty directory (one per pytest-xdist worker: under
+`--dist loadgroup` the blocks spread over workers in any order, so each block must stand alone,
+using only runs it makes itself), with `rl` on the PATH, `pip install ... &&` prefixes dropped (the
+test runs in the installed environment) and FUSEDRL_SMOKE_LOG_POINTS=1 FUSEDRL_SMOKE_SEEDS=2, so
+each `rl train` stops after its first log point and trains at most 2 seeds. A block whose first
+line is `# README test: skip (reason)` is not run; the reason must say why (a benchmark, a server,
+several devices or hosts, a fresh virtual environment, or the CI command itself). The "Writing an
+agent" example runs with its final call shortened (2 log points of 20 updates, 2 seeds)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 SKIP = "# README test: skip ("
 AGENT_CALL = "_, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 4))"
-SHORT_AGENT_CALL = "_, metrics = jax.jit(jax.vmap(lambda k: train(k, 2, 20)))(jax.random.split(jax.random.PRNGKey(0), 2))"
+SHORT_AGENT_CALL = (
+    "_, metrics = jax.jit(jax.vmap(lambda k: train(k, 2, 20)))"
+    "(jax.random.split(jax.random.PRNGKey(0), 2))"
+)
 
 
 def readme_blocks(language: str) -> list[tuple[int, str]]:
@@ -53,7 +59,8 @@ EXTRA_MARKERS = {
 
 
 def missing_extras(code: str) -> list[str]:
-    """The optional libraries `code` uses that do not import here (e.g. on the GPU machine, which carries none)."""
+    """The optional libraries `code` uses that do not import here (e.g. on the GPU machine, which
+    carries none)."""
     import importlib.util
 
     return [
@@ -105,20 +112,37 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert command in ci, f".ci/run must run the README's test command {command!r}"
 
 
-def test_python_blocks_run(tmp_path, monkeypatch):
+def run_alone(line: int, code: str) -> dict:
+    """Run one block in a fresh module of its own (registered while it runs, so that the block can
+    name its own module, e.g. to register an env class by module and name); its namespace."""
+    module = types.ModuleType(f"readme_block_line{line}")
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, f"README.md, block at line {line}", "exec"), module.__dict__)
+    except Exception as err:
+        pytest.fail(f"README.md python block at line {line} fails: {type(err).__name__}: {err}")
+    finally:
+        del sys.modules[module.__name__]
+    return module.__dict__
+
+
+def test_python_blocks_run_each_on_its_own(tmp_path, monkeypatch):
+    import envs
+
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
+    monkeypatch.setattr(envs, "REGISTRY", dict(envs.REGISTRY))  # blocks may register envs
+    agent = None
     for line, code in readme_blocks("python"):
         if is_skipped(code) or missing_extras(code):
             continue
-        if AGENT_CALL in code:
+        is_agent = AGENT_CALL in code
+        if is_agent:
             code = code.replace(AGENT_CALL, SHORT_AGENT_CALL)
-        code = without_brax_rendering(code)
-        try:
-            exec(compile(code, f"README.md, block at line {line}", "exec"), namespace)
-        except Exception as err:
-            pytest.fail(f"README.md python block at line {line} fails: {type(err).__name__}: {err}")
-    metrics = namespace["metrics"]  # the Writing-an-agent example
+        namespace = run_alone(line, without_brax_rendering(code))
+        if is_agent:
+            agent = namespace
+    assert agent is not None, f"no README python block holds {AGENT_CALL!r}"
+    metrics = agent["metrics"]  # the Writing-an-agent example
     np.testing.assert_array_equal(np.asarray(metrics["step"])[0], [20 * 8 * 16, 2 * 20 * 8 * 16])
     assert np.all(np.asarray(metrics["episodes"]) > 0) and np.all(
         np.isfinite(np.asarray(metrics["episode_return"]))
@@ -128,14 +152,14 @@ def test_python_blocks_run(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def shell(tmp_path_factory):
-    """(working directory, environment) shared by the bash blocks this worker runs (each block stands alone)."""
+    """(working directory, environment) shared by the bash blocks this worker runs (each block
+    stands alone)."""
     root = tmp_path_factory.mktemp("readme")
     bin_dir = root / "bin"
     bin_dir.mkdir()
     rl = bin_dir / "rl"
-    rl.write_text(
-        f'#!/bin/sh\nexec "{sys.executable}" -m rl.cli "$@"\n'
-    )  # the console script, from this checkout
+    # the console script, from this checkout
+    rl.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m rl.cli "$@"\n')
     rl.chmod(0o755)
     work = root / "work"
     work.mkdir()
@@ -152,10 +176,8 @@ def shell(tmp_path_factory):
         WANDB_CACHE_DIR=str(root / "wandb-cache"),
         MPLBACKEND="Agg",
     )
-    for folder in (
-        "configs",
-        "benchmarks",
-    ):  # commands name checkout paths (configs/*.yaml also resolve by name)
+    # commands name checkout paths (configs/*.yaml also resolve by name)
+    for folder in ("configs", "benchmarks"):
         (work / folder).symlink_to(REPO / folder)
     return work, env
 
@@ -168,9 +190,8 @@ def test_bash_block_runs(line, code, shell):
     if is_skipped(code):
         pytest.skip(code.splitlines()[0])
     if missing_extras(code):
-        pytest.skip(
-            f"needs the optional libraries {missing_extras(code)} (their extras), not installed here"
-        )
+        missing = missing_extras(code)
+        pytest.skip(f"needs the optional libraries {missing} (their extras), not installed here")
     work, env = shell
     done = subprocess.run(
         ["bash", "-e", "-c", runnable_shell(code)],

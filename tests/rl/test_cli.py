@@ -79,7 +79,8 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
         assert steps == [100, 200, 300, 400]
     assert {"step", "episode_return", "episode_length", "greedy_episode_length"} <= set(rows[0])
 
-    # final params: [settings, seeds, states, actions], equal to training the same seeds as a library
+    # final params: [settings, seeds, states, actions], equal to training the same seeds as a
+    # library
     from flax import serialization
 
     params = np.asarray(
@@ -89,7 +90,7 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
     from rl.train import train_many
 
     final_state, metrics = train_many(config)
-    np.testing.assert_array_equal(params, np.asarray(final_state["params"]))
+    np.testing.assert_array_equal(params, np.asarray(final_state.params))
     jsonl_returns = np.array(
         [
             [
@@ -107,21 +108,27 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
     assert summary["agent"] == "qlearning" and summary["env"] == "GridWorld"
     assert len(summary["settings"]) == 1 and summary["settings"][0]["seeds"] == 3
     row = summary["settings"][0]
-    assert (
-        summary["metric"] == "episode_return" and "exploratory" in summary["metric_description"]
-    )  # qlearning has no eval_return
+    # the greedy evaluation return where the agent logs one, else the exploratory episode_return
+    evaluates = any(r.get("eval_return") is not None for r in rows)
+    metric = "eval_return" if evaluates else "episode_return"
+    assert summary["metric"] == metric
     assert len(row["per_seed"]) == 3 and row["label"] == ""
-    assert row["mean"] == pytest.approx(1.0)  # every episode that ends reaches the goal
-    assert (
-        row["median"] == pytest.approx(1.0)
-        and row["min"] == row["max"] == pytest.approx(1.0)
-        and row["std"] == pytest.approx(0.0)
-    )
-    assert "final episode_return (return of the training (exploratory) episodes" in captured.out
     assert "[config]" not in captured.out
     assert summary["compile_seconds"] > 0 and summary["env_steps_per_second"] > 0
     assert f"run directory: {run_dir}" in captured.out
-    assert "  1 +- 0 (median 1, min 1, max 1; 3 seeds)" in captured.out
+    if not evaluates:
+        assert "exploratory" in summary["metric_description"]
+        assert row["mean"] == pytest.approx(1.0)  # every episode that ends reaches the goal
+        assert (
+            row["median"] == pytest.approx(1.0)
+            and row["min"] == row["max"] == pytest.approx(1.0)
+            and row["std"] == pytest.approx(0.0)
+        )
+        expected = "final episode_return (return of the training (exploratory) episodes"
+        assert expected in captured.out
+        assert "  1 +- 0 (median 1, min 1, max 1; 3 seeds)" in captured.out
+    else:
+        assert "final eval_return, the greedy evaluation return (" in captured.out
 
 
 def _summary_of(metrics, grid=({},)):
@@ -151,10 +158,10 @@ def test_summary_reports_the_greedy_eval_return_when_the_agent_has_one():
         and row["min"] == 30.0
         and row["max"] == 40.0
     )
-    from rl.cli import summary_lines
+    from rl.cli_output import summary_lines
 
     lines = summary_lines(summary)
-    assert lines[1].startswith("final eval_return (greedy-policy return")
+    assert lines[1].startswith("final eval_return, the greedy evaluation return (greedy-policy")
     assert lines[2] == "  35 +- 5 (median 35, min 30, max 40; 2 of 3 seeds have a value)"
 
 
@@ -167,7 +174,7 @@ def test_summary_falls_back_to_episode_return_and_labels_sweep_settings():
     )
     assert summary["metric"] == "episode_return"
     assert [row["per_seed"] for row in summary["settings"]] == [[2.0, 4.0], [6.0, 8.0]]
-    from rl.cli import summary_lines
+    from rl.cli_output import summary_lines
 
     assert summary_lines(summary)[3] == "  lr=0.5: 7 +- 1 (median 7, min 6, max 8; 2 seeds)"
 
@@ -400,8 +407,11 @@ def test_progress_says_compilation_first_and_never_shows_0_steps_per_second(tmp_
     # one program initialises, one runs the chunk of 4 log points (checkpoint_every 10 > 4)
     assert err.startswith("rl: compiling 2 programs for 3 seeds (the first wait is XLA compilation")
     assert "rl: compiled in " in err.splitlines()[1]
-    draws = [part for part in err.split("\r") if part.startswith("qlearning/GridWorld [")]
-    assert draws and "steps/s from the next log point" in draws[0]
+    # stderr is not a terminal here: one line per log point, no carriage-return redraws
+    assert "\r" not in err
+    draws = [line for line in err.splitlines() if line.startswith("qlearning/GridWorld [")]
+    assert len(draws) == 4 and "steps/s from the next log point" in draws[0]
+    assert draws[-1].startswith("qlearning/GridWorld [" + "#" * 30 + "] 400/400 steps")
     assert " 0 steps/s" not in err
 
 
@@ -421,7 +431,8 @@ def test_progress_bar_rate_starts_at_the_second_log_point():
 
 
 def test_smoke_seeds_caps_the_seeds_and_names_a_bad_value(monkeypatch):
-    from rl.cli import build_parser, resolve_train_config
+    from rl.cli import build_parser
+    from rl.cli_train import resolve_train_config
     from rl.config import ConfigError
 
     args = build_parser().parse_args(["train", "configs/qlearning_gridworld.yaml", "--seeds", "16"])

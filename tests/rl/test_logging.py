@@ -5,6 +5,7 @@ event reader reads back with the same values."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 
 import jax
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from run_helpers import TINY, trained_run
 
-from rl.logging import sink
+from rl.logging import ProgressBar, sink
 
 
 def tensorboard_scalars(folder, tag):
@@ -84,8 +85,8 @@ def test_emit_is_one_host_call_per_log_point_for_all_seeds_and_settings():
 
 def test_a_run_of_one_setting_streams_seed_batches_that_sinks_read_as_one_setting():
     """With one setting the program runs without the settings vmap
-    (`rl.programs.vmap_over_settings`): each log point reaches the host as [seeds]; `run_batch` gives
-    it the settings axis back, and the program's outputs keep [settings, seeds]."""
+    (`rl.programs.vmap_over_settings`): each log point reaches the host as [seeds]; `run_batch`
+    gives it the settings axis back, and the program's outputs keep [settings, seeds]."""
     from rl.config import build_config
     from rl.logging import run_batch
     from rl.train import train_many
@@ -111,3 +112,42 @@ def test_one_setting_alone_equals_the_same_setting_in_a_vmapped_pair():
     np.testing.assert_allclose(
         np.asarray(alone["episode_length"])[0], np.asarray(pair["episode_length"])[0], rtol=1e-5
     )
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_writes_one_line_per_log_point_when_not_a_terminal():
+    """A log file or a pipe gets one line per log point (however close together), no `\\r`."""
+    stream = io.StringIO()
+    bar = ProgressBar(400, label="t", min_interval=3600.0, stream=stream)
+    for step in (100, 200, 300, 400):
+        bar({"step": np.array([[step, step]])})
+    bar.close()
+    text = stream.getvalue()
+    assert "\r" not in text and text.endswith("\n")
+    lines = text.splitlines()
+    assert [line.split("] ")[1].split(" steps")[0] for line in lines] == [
+        "100/400",
+        "200/400",
+        "300/400",
+        "400/400",
+    ]
+    assert all(line.startswith("t [") for line in lines)
+
+
+def test_progress_bar_redraws_in_place_on_a_terminal():
+    """On a terminal the bar redraws on one line with `\\r`, at most every `min_interval` seconds
+    (and at the end), and `close` ends the line."""
+    stream = _Terminal()
+    bar = ProgressBar(400, label="t", min_interval=3600.0, stream=stream)
+    for step in (100, 200, 300, 400):
+        bar({"step": np.array([[step]])})
+    bar.close()
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")
+    draws = text[:-1].split("\r")[1:]
+    assert len(draws) == 2  # the first log point, then the last (the interval had not passed)
+    assert "100/400 steps" in draws[0] and "400/400 steps" in draws[1]

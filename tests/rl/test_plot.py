@@ -59,3 +59,49 @@ def test_plot_bad_input(tmp_path_factory, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "nonsense" in err and "episode_return" in err
     assert not list(tmp_path.glob("*.png"))
+
+
+def _handmade_run(folder, eval_returns):
+    """A run directory holding only metrics.jsonl: 2 seeds x 3 log points, with `eval_return`
+    values (None: the agent logged no finite one there)."""
+    import json
+
+    folder.mkdir()
+    rows = [
+        {
+            "setting": 0,
+            "seed": seed,
+            "log_point": t,
+            "step": 100 * (t + 1),
+            "episode_return": float(t),
+            "eval_return": eval_returns[t],
+        }
+        for seed in range(2)
+        for t in range(3)
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def test_plot_defaults_to_the_metric_the_summary_reports(tmp_path, monkeypatch):
+    """eval_return (the greedy evaluation) where every run logged one, else episode_return: the
+    summary's rule (rl.summary.summary_metric)."""
+    import rl.plot
+
+    evaluated = _handmade_run(tmp_path / "evaluated", [None, 10.0, 20.0])
+    exploring = _handmade_run(tmp_path / "exploring", [None, None, None])
+    assert rl.plot.default_metric([read_metrics(evaluated)]) == "eval_return"
+    assert rl.plot.default_metric([read_metrics(exploring)]) == "episode_return"
+    both = [read_metrics(evaluated), read_metrics(exploring)]
+    assert rl.plot.default_metric(both) == "episode_return"
+
+    plotted = []
+    original = rl.plot.curves
+    monkeypatch.setattr(
+        rl.plot, "curves", lambda rows, metric: plotted.append(metric) or original(rows, metric)
+    )
+    assert run_cli(["plot", evaluated, "-o", tmp_path / "a.png"]) == 0
+    assert run_cli(["plot", evaluated, exploring, "-o", tmp_path / "b.png"]) == 0
+    assert run_cli(["plot", evaluated, "--metric", "episode_return", "-o", tmp_path / "c.png"]) == 0
+    assert plotted == ["eval_return", "episode_return", "episode_return", "episode_return"]
+    assert (tmp_path / "a.png").read_bytes().startswith(PNG_SIGNATURE)

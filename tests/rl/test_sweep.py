@@ -1,5 +1,6 @@
-"""Hyperparameter sweeps are one vmapped program: one result per setting, and setting i equals a plain
-run of the config with that value (so every swept value is read from `hparams` inside the program)."""
+"""Hyperparameter sweeps are one vmapped program: one result per setting, and setting i equals a
+plain run of the config with that value (so every swept value is read from `hparams` inside the
+program); a sweep built with the library's functions equals `rl train --sweep`."""
 
 import json
 
@@ -33,7 +34,8 @@ def ppo_config(**agent):
     )
 
 
-# Every sweepable PPO hyperparameter, two values each: setting 1 must equal a plain run with that value.
+# Every sweepable PPO hyperparameter, two values each: setting 1 must equal a plain run with that
+# value.
 PPO_SWEEPS = {
     "lr": (1e-2, 3e-2),  # large enough that ratios leave the clip range within this short run
     "gamma": (0.99, 0.5),
@@ -67,7 +69,8 @@ def test_ppo_sweep_setting_equals_plain_run(name):
 
 def test_every_ppo_sweepable_hyperparameter_changes_the_run():
     """One program over a grid where each setting changes one hyperparameter from the default: each
-    setting differs from the default run, and equals a plain run with that value (checked for a few)."""
+    setting differs from the default run, and equals a plain run with that value (checked for a
+    few)."""
     base = {name: values[0] for name, values in PPO_SWEEPS.items()}
     config = ppo_config(**base)
     grid = [{}] + [{name: values[1]} for name, values in PPO_SWEEPS.items()]
@@ -154,3 +157,46 @@ def test_cli_sweep_prints_and_writes_one_row_per_setting(tmp_path, capsys):
     assert all(row["seeds"] == 2 for row in summary["settings"])
     out = capsys.readouterr().out
     assert "lr=0.0001" in out and "lr=0.001" in out
+
+
+def test_a_sweep_built_with_the_library_equals_rl_train_sweep(tmp_path):
+    """The README's library path (`load_config`, `parse_sweep`, then `rl.train.train_many`, or an
+    agent's `make_train` vmapped over `rl.programs.seed_keys` with one setting of
+    `rl.programs.stacked_hyperparams`) trains the same runs as `rl train --sweep` with the same
+    `run.seed`: seed i of every setting starts from PRNGKey(run.seed + i) on every path."""
+    import jax
+    from flax import serialization
+
+    from rl.agents import qlearning
+    from rl.config import load_config
+    from rl.programs import seed_keys, stacked_hyperparams
+
+    config_path = tmp_path / "q.yaml"
+    config_path.write_text(
+        "env: {id: GridWorld, params: {size: 5, max_steps_in_episode: 50}}\n"
+        "agent: {name: qlearning, total_steps: 2000, log_interval: 500}\n"
+    )
+    sweep, overrides = ["agent.lr=0.05,0.5"], ["run.seeds=3", "run.seed=5"]
+    argv = ["train", str(config_path), "--sweep", sweep[0], *overrides]
+    assert main([*argv, "--output-dir", str(tmp_path), "--name", "cli", "--no-progress"]) == 0
+    run_dir = tmp_path / "cli"
+    cli_params = np.asarray(
+        serialization.msgpack_restore((run_dir / "final_params.msgpack").read_bytes())
+    )
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    config = load_config(str(config_path), overrides)
+    grid = parse_sweep(sweep, config.agent)
+    state, metrics = train_many(config, grid)
+    np.testing.assert_array_equal(cli_params, np.asarray(state.params))
+    for row in rows:
+        s, seed, t = row["setting"], row["seed"], row["log_point"]
+        assert row["step"] == int(metrics["step"][s, seed, t])
+        length = float(metrics["episode_length"][s, seed, t])
+        assert row["episode_length"] == (None if np.isnan(length) else pytest.approx(length))
+
+    train = jax.jit(jax.vmap(qlearning.make_train(config), in_axes=(0, None)))
+    hparams = stacked_hyperparams(config, grid)
+    for s in range(len(grid)):
+        alone, _ = train(seed_keys(config), {k: v[s] for k, v in hparams.items()})
+        np.testing.assert_array_equal(cli_params[s], np.asarray(alone.params))

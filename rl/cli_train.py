@@ -1,0 +1,176 @@
+"""The `rl train` command: the config and sweep grid from the command line (or the saved ones of
+`--resume RUN_DIR`), a new run directory, the training run (`rl.train.run_training`) and its
+summary; bad input exits 2 before anything is written, a failed run 1, Ctrl-C 130."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+from rl.cli_output import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    completed_summary,
+    error,
+    print_complete,
+    print_summary,
+)
+from rl.config import Config, ConfigError, load_config, parse_sweep
+
+
+def resolve_train_config(args) -> tuple[Config, list[dict]]:
+    """The validated config and sweep grid of `rl train`'s arguments (ConfigError on bad input)."""
+    overrides = list(args.overrides)
+    if args.seeds is not None:
+        overrides.append(f"run.seeds={args.seeds}")
+    if args.output_dir is not None:
+        overrides.append(f"run.output_dir={args.output_dir}")
+    if args.name is not None:
+        overrides.append(f"run.name={args.name}")
+    if args.no_progress:
+        overrides.append("run.progress=false")
+    from rl.train import smoke_seeds
+
+    config = load_config(args.config, overrides)
+    if smoke_seeds(config.run.seeds) != config.run.seeds:
+        config = load_config(
+            args.config, overrides + [f"run.seeds={smoke_seeds(config.run.seeds)}"]
+        )
+    grid = parse_sweep(args.sweep, config.agent) if args.sweep else [{}]
+    return config, grid
+
+
+def make_run_dir(config: Config, exist_ok: bool = False) -> Path:
+    """A new run directory; ConfigError if it exists already or cannot be created."""
+    # "gymnax:Breakout-MinAtar": no ':' in file names
+    env_name = config.env.id.replace(":", "-").replace("/", "-")
+    name = config.run.name or f"{config.agent.name}-{env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = Path(config.run.output_dir) / name
+    if path.exists() and not exist_ok:
+        raise ConfigError(f"run directory {str(path)!r} already exists; choose another run.name")
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+    except OSError as err:
+        raise ConfigError(f"cannot create run directory {str(path)!r}: {err.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"run directory {str(path)!r} is not writable")
+    return path
+
+
+def resume_conflicts(args) -> list[str]:
+    """What `rl train --resume RUN_DIR` was given besides the run directory, each as a phrase (a
+    `key=value` in the config position is an override, as the user meant it)."""
+    positional = [args.config] if args.config else []
+    overrides = [text for text in positional if "=" in text] + list(args.overrides)
+    conflicts = [f"the config file {text!r}" for text in positional if "=" not in text]
+    if overrides:
+        conflicts.append(f"the override{'s' if len(overrides) > 1 else ''} {' '.join(overrides)}")
+    flags = (
+        ("--sweep", args.sweep),
+        ("--seeds", args.seeds),
+        ("--output-dir", args.output_dir),
+        ("--name", args.name),
+    )
+    conflicts += [flag for flag, value in flags if value]
+    return conflicts
+
+
+def resolve_resume(args) -> tuple[Config, list[dict], Path]:
+    """The saved config and grid of `rl train --resume RUN_DIR` (ConfigError on bad input)."""
+    from rl.run_dir import load_run_config
+
+    given = resume_conflicts(args)
+    if given:
+        raise ConfigError(
+            f"--resume continues a run with the config saved in it, so drop {' and '.join(given)} "
+            "(to train with another config, start a new run: rl train CONFIG ...)"
+        )
+    config, grid = load_run_config(args.resume)
+    if args.no_progress:
+        config = dataclasses.replace(config, run=dataclasses.replace(config.run, progress=False))
+    run_dir = Path(args.resume)
+    if not os.access(run_dir, os.W_OK):
+        raise ConfigError(f"run directory {str(run_dir)!r} is not writable")
+    return config, grid, run_dir
+
+
+def _os_error(err: BaseException):
+    """The OSError behind `err` (orbax and others wrap them), or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def train_command(args) -> int:
+    from rl import distributed
+
+    try:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        if args.resume:
+            config, grid, run_dir = resolve_resume(args)
+            finished = completed_summary(run_dir)
+            if finished is not None:
+                print_complete(finished, run_dir)
+                return 0
+        else:
+            if args.config is None:
+                raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
+            config, grid = resolve_train_config(args)
+        # a multi-process run spans every device
+        devices = args.devices or ("all" if args.coordinator else 1)
+        if args.shard == "envs":
+            from rl.programs import env_axis_size
+
+            env_axis_size(config, len(distributed.select_devices(devices, None)))
+        else:
+            distributed.select_devices(devices, config.run.seeds)
+        multi_process = distributed.jax.process_count() > 1
+        if multi_process and not args.resume and not config.run.name:
+            raise ConfigError(
+                "a multi-process run needs run.name (--name) so that every process writes the "
+                "same run directory"
+            )
+        if not args.resume:
+            # every process of a multi-process run makes it
+            run_dir = make_run_dir(config, exist_ok=multi_process)
+    except ConfigError as err:
+        return error(str(err), EXIT_BAD_INPUT)
+    from rl.checkpoint import CheckpointStructureError
+    from rl.divergence import NonFiniteError
+    from rl.interrupts import TrainingInterrupted
+    from rl.train import run_training
+
+    try:
+        summary = run_training(
+            config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard
+        )
+    except (NonFiniteError, CheckpointStructureError) as err:
+        return error(str(err), EXIT_FAILED)
+    except TrainingInterrupted as err:
+        print(f"rl: {err}", file=sys.stderr)
+        if err.immediate:  # the abandoned chunk still runs inside XLA: leave without waiting for it
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except Exception as err:
+        os_error = _os_error(err)
+        if os_error is None:
+            raise
+        where = os_error.filename or run_dir
+        return error(
+            f"cannot write the run directory {str(run_dir)!r} ({where}): "
+            f"{os_error.strerror or os_error}",
+            EXIT_FAILED,
+        )
+    if distributed.is_main_process():
+        print_summary(summary, run_dir)
+    return 0
