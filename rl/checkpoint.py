@@ -1,4 +1,5 @@
-"""Checkpoints of a run's whole training state, written with orbax into `RUN_DIR/checkpoints/<step>/`.
+"""Checkpoints of a run's whole training state, written with orbax into
+`RUN_DIR/checkpoints/<step>/`.
 
 A checkpoint holds three items:
 
@@ -62,8 +63,9 @@ def _is_empty(x) -> bool:
 
 def strip_keys(tree):
     """The stored form of a state: typed PRNG key leaves replaced by their uint32 key data, and
-    zero-size arrays (e.g. a Brax pipeline state's empty actuator arrays) by None, since orbax cannot
-    store them and they hold no data (`restore_keys` recreates them from the abstract state)."""
+    zero-size arrays (e.g. a Brax pipeline state's empty actuator arrays) by None, since orbax
+    cannot store them and they hold no data (`restore_keys` recreates them from the abstract
+    state)."""
 
     def convert(x):
         if _is_key(x):
@@ -139,7 +141,8 @@ class Checkpoints:
             self._manager = _manager(self.directory.absolute(), keep, read_only)
 
     def steps(self) -> list[int]:
-        """Steps of the finalised checkpoints, oldest first (temporary directories are not listed)."""
+        """Steps of the finalised checkpoints, oldest first (temporary directories are not
+        listed)."""
         if self._manager is None:
             return []
         self._manager.reload()
@@ -180,9 +183,8 @@ class Checkpoints:
         try:
             restored = self._manager.restore(int(step), args=ocp.args.Composite(**items))
         except ValueError as err:
-            if "Structure mismatch" in str(
-                err
-            ):  # orbax's message when the saved tree has other keys
+            # orbax's message when the saved tree has other keys
+            if "Structure mismatch" in str(err):
                 raise CheckpointStructureError(
                     self._structure_message(step, str(err).splitlines()[0])
                 ) from None
@@ -197,16 +199,17 @@ class Checkpoints:
 
     def _structure_message(self, step: int, detail: str) -> str:
         return (
-            f"checkpoint {self.directory / str(step)} holds a training state of another structure than this run's agent builds "
-            f"({detail}): it was written by another version of fusedrl or with another config. Resume it with the version "
-            f"that wrote it, or start a new run; the checkpoint is left as it is"
+            f"checkpoint {self.directory / str(step)} holds a training state of another "
+            f"structure than this run's agent builds ({detail}): it was written by another "
+            "version of fusedrl or with another config. Resume it with the version that wrote "
+            "it, or start a new run; the checkpoint is left as it is"
         )
 
     def restore_latest(self, abstract_state, with_history: bool = True, warn=None):
-        """(step, state, history, meta) of the newest checkpoint that reads back correctly, or None if
-        there is none. A checkpoint that fails to read is reported through `warn` and skipped (moved to
-        `damaged_checkpoints/` unless read-only); one of another structure (`CheckpointStructureError`)
-        is not damage and stops the restore."""
+        """(step, state, history, meta) of the newest checkpoint that reads back correctly, or None
+        if there is none. A checkpoint that fails to read is reported through `warn` and skipped
+        (moved to `damaged_checkpoints/` unless read-only); one of another structure
+        (`CheckpointStructureError`) is not damage and stops the restore."""
         warn = warn or (lambda message: print(f"rl: warning: {message}", file=sys.stderr))
         for step in reversed(self.steps()):
             try:
@@ -219,7 +222,8 @@ class Checkpoints:
                 reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
                 moved = "" if self.read_only else f", moved to {self._set_aside(step)}"
                 warn(
-                    f"checkpoint {self.directory / str(step)} cannot be used ({reason}){moved}; trying an older one"
+                    f"checkpoint {self.directory / str(step)} cannot be used ({reason}){moved}; "
+                    "trying an older one"
                 )
         return None
 
@@ -254,7 +258,8 @@ def _check_matches(tree, abstract_tree) -> None:
     ):
         if tuple(leaf.shape) != tuple(spec.shape) or leaf.dtype != spec.dtype:
             raise CheckpointError(
-                f"state{jax.tree_util.keystr(path)} is {leaf.dtype}{list(leaf.shape)} in the checkpoint, expected {spec.dtype}{list(spec.shape)}"
+                f"state{jax.tree_util.keystr(path)} is {leaf.dtype}{list(leaf.shape)} in the "
+                f"checkpoint, expected {spec.dtype}{list(spec.shape)}"
             )
 
 

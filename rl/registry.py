@@ -1,4 +1,5 @@
-"""Agent names -> agent modules. `rl.config` looks agents up here; agent modules import nothing from it."""
+"""Agent names -> agent modules. `rl.config` looks agents up here; agent modules import nothing
+from it."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def registered_agents() -> list[str]:
 
 
 def get_agent_module(name: str):
-    """The agent's module (with `Config`, `make_trainer`, `make_train`, `make_policy`); ValueError for an unknown name."""
+    """The agent's module (with `Config`, `make_trainer`, `make_train`, `make_policy`); ValueError
+    for an unknown name."""
     if name not in AGENTS:
         raise ValueError(f"unknown agent {name!r}; known agents: {', '.join(registered_agents())}")
     return importlib.import_module(AGENTS[name])

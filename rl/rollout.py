@@ -13,10 +13,10 @@ def greedy_episodes(env, env_params, act: Callable, key: jax.Array, num_episodes
 
     `act(obs[E, ...]) -> actions[E, ...]` is the (deterministic) policy on the batch of envs; a
     policy with memory passes its initial state for the E envs as `carry` and is called as
-    `act(carry, obs) -> (carry, actions)`. Every env
-    counts rewards until its first episode end (terminated or truncated); the loop stops once all have
-    ended, after at most `max_steps_in_episode` steps (a `while_loop`, so short episodes cost little).
-    Returns (returns[E], lengths[E]) as float32.
+    `act(carry, obs) -> (carry, actions)`. Every env counts rewards until its first episode end
+    (terminated or truncated); the loop stops once all have ended, after at most
+    `max_steps_in_episode` steps (a `while_loop`, so short episodes cost little). Returns
+    (returns[E], lengths[E]) as float32.
     """
     reset_key, key = jax.random.split(key)
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(

@@ -1,5 +1,6 @@
 """Replay buffers: circular storage semantics, the sum-tree, PER sampling statistics against exact
-probabilities, importance weights, duplicate-index updates, and no float32 drift over 10^6 updates."""
+probabilities, importance weights, duplicate-index updates, and no float32 drift over 10^6
+updates."""
 
 from __future__ import annotations
 
@@ -316,7 +317,8 @@ def test_sum_queries_sampling_and_weights_match_a_float64_reference(capacity, da
         np.testing.assert_allclose(np.asarray(level), below, rtol=1e-5)
     np.testing.assert_allclose(float(buffers.sumtree_total(buf.tree)), total64, rtol=1e-5)
 
-    # find: u lands on the leaf whose cumulative interval holds it (up to float32 rounding of the sums)
+    # find: u lands on the leaf whose cumulative interval holds it (up to float32 rounding of the
+    # sums)
     u = np.asarray(jax.random.uniform(jax.random.PRNGKey(n), (256,))) * total64
     found = np.asarray(jax.jit(buffers.sumtree_find)(buf.tree, jnp.asarray(u, jnp.float32)))
     slack = 1e-5 * total64
@@ -459,7 +461,8 @@ def test_the_replay_loop_copies_nothing_of_capacity_size(platform, backend):
 
 
 def test_prioritized_add_with_valid_false_changes_nothing_even_with_padded_leaves():
-    """Capacity 300 has 304 leaves (19 groups of 16): an invalid add must not wake a padding leaf."""
+    """Capacity 300 has 304 leaves (19 groups of 16): an invalid add must not wake a padding
+    leaf."""
     buf = buffers.prioritized_add(
         buffers.prioritized_init({"x": jnp.float32(0)}, 300), {"x": jnp.arange(5.0)}
     )

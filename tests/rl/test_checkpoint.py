@@ -33,7 +33,8 @@ def test_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(
     steps = Checkpoints(run_dir, read_only=True).steps()
     assert steps and max(steps) <= 12_000 and set(steps) <= {4000, 8000, 12_000}
 
-    # A damaged newer checkpoint (files cut short) and a leftover temporary directory must be skipped.
+    # A damaged newer checkpoint (files cut short) and a leftover temporary directory must be
+    # skipped.
     damaged = run_dir / "checkpoints" / "16000"
     shutil.copytree(run_dir / "checkpoints" / str(max(steps)), damaged)
     for path in (damaged / "state").rglob("*"):
@@ -174,7 +175,8 @@ def test_checkpoint_of_another_shape_is_refused(tmp_path):
     assert warnings and "cannot be used" in warnings[0]
 
 
-# Tiny configs of the neural agents (replay buffers, optimiser states, target networks, normalisers).
+# Tiny configs of the neural agents (replay buffers, optimiser states, target networks,
+# normalisers).
 NEURAL = {
     "dqn": {
         "env": {"id": "CartPole-v1"},
@@ -268,8 +270,9 @@ def test_neural_agent_interrupted_and_resumed_equals_uninterrupted(agent, tmp_pa
 
 
 def test_a_checkpoint_of_another_structure_stops_the_restore_and_stays_in_place(tmp_path):
-    """E.g. a replay agent's checkpoint written before the packed buffer storage: not damage, so it is
-    neither moved to damaged_checkpoints/ nor skipped for an older one; the error names the checkpoint."""
+    """E.g. a replay agent's checkpoint written before the packed buffer storage: not damage, so it
+    is neither moved to damaged_checkpoints/ nor skipped for an older one; the error names the
+    checkpoint."""
     import jax.numpy as jnp
 
     checkpoints = Checkpoints(tmp_path / "run")

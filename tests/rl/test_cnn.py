@@ -127,7 +127,8 @@ def test_cnn_torsos_need_images_large_enough():
     config = networks.NetworkConfig(torso="cnn_minatar")
     with pytest.raises(
         ValueError,
-        match=r"torso 'cnn_minatar' needs image observations, a Box of shape \[height, width, channels\]",
+        match=r"torso 'cnn_minatar' needs image observations, a Box of shape "
+        r"\[height, width, channels\]",
     ):
         networks.make_torso(config, Box(-1, 1, (4,)))
     with pytest.raises(ValueError, match="needs image observations"):

@@ -138,7 +138,8 @@ def test_hyperparams_are_the_sweepable_fields_as_float32():
         (
             "kernels.backend",
             "tritonn",
-            r"kernels\.backend: 'tritonn' is not one of .* \(did you mean 'kernels\.triton'\?\)|kernels\.backend: 'tritonn' is not one of",
+            r"kernels\.backend: 'tritonn' is not one of .* \(did you mean 'kernels\.triton'\?\)"
+            r"|kernels\.backend: 'tritonn' is not one of",
         ),
         # unknown env, env param, agent
         ("env.id", "GridWorl", r"env\.id: unknown env id 'GridWorl'\. Did you mean 'GridWorld'\?"),
@@ -269,7 +270,8 @@ def test_sweep_grid_is_the_product_of_values():
         ("agent.lr", r"--sweep 'agent\.lr' must look like agent\.key=v1,v2"),
         (
             "agent.lrr=0.1,0.2",
-            r"--sweep: unknown key 'agent\.lrr' \(did you mean 'lr'\?\)|--sweep: unknown key 'agent\.lrr'",
+            r"--sweep: unknown key 'agent\.lrr' \(did you mean 'lr'\?\)"
+            r"|--sweep: unknown key 'agent\.lrr'",
         ),
         ("agent.total_steps=100,200", r"--sweep: agent\.total_steps cannot be swept; sweepable: "),
         ("agent.lr=0.1,", r"--sweep 'agent\.lr=0\.1,': empty value"),

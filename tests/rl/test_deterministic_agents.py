@@ -55,7 +55,8 @@ def test_the_config_key_validates_and_defaults_off():
     [(rainbow, "rainbow_cartpole"), (ppo, "ppo_cartpole"), (pqn, "pqn_cartpole")],
 )
 def test_agents_carry_the_mode_to_their_kernel_calls(module, config_file, monkeypatch):
-    """Each agent passes deterministic=True to the order-dependent op it calls (recorded at trace)."""
+    """Each agent passes deterministic=True to the order-dependent op it calls (recorded at
+    trace)."""
     seen = []
     for name in (
         "categorical_td_target",
@@ -86,9 +87,10 @@ GPU_RUN_TWICE = textwrap.dedent(
     from rl.config import build_config
     from rl.programs import build_program
 
-    agent = dict(name="rainbow", total_steps=4096, num_envs=4, buffer_size=2048, learning_starts=512, batch_size=256,
-                 train_freq=256, gradient_steps=16, target_update_interval=64, log_interval=1024, eval_episodes=2,
-                 num_atoms=51, v_min=0.0, v_max=100.0, network={"hidden": [64, 64]})
+    agent = dict(name="rainbow", total_steps=4096, num_envs=4, buffer_size=2048,
+                 learning_starts=512, batch_size=256, train_freq=256, gradient_steps=16,
+                 target_update_interval=64, log_interval=1024, eval_episodes=2, num_atoms=51,
+                 v_min=0.0, v_max=100.0, network={"hidden": [64, 64]})
     config = build_config({"env": {"id": "CartPole-v1"}, "agent": agent, "run": {"seeds": 16},
                            "kernels": {"backend": "triton", "deterministic": True}})
     program, keys, hparams = build_program(config)
@@ -99,7 +101,8 @@ GPU_RUN_TWICE = textwrap.dedent(
     assert not differ, f"params leaves {differ} of {len(leaves_a)} differ between two runs"
     for name in ("loss", "eval_return"):
         np.testing.assert_array_equal(metrics_a[name], metrics_b[name], err_msg=name)
-    print("bitwise equal", len(leaves_a), "leaves; loss", float(np.nanmean(metrics_a["loss"][..., -1])))
+    loss = float(np.nanmean(metrics_a["loss"][..., -1]))
+    print("bitwise equal", len(leaves_a), "leaves; loss", loss)
     """
 )
 

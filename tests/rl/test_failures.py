@@ -9,6 +9,7 @@ import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,15 +38,22 @@ class DivergingConfig:
     nan_until: int = hp(
         0,
         low=0,
-        doc="loss reported as NaN (no value yet) up to this step, like a loss before learning starts",
+        doc="loss reported as NaN (no value yet) up to this step, like a loss before learning "
+        "starts",
     )
+
+
+class DivergingState(NamedTuple):
+    params: Any
+    key: jax.Array
+    step: jax.Array
 
 
 def make_trainer(config):
     agent = config.agent
 
     def init(key, hparams):
-        return {"params": {"w": jnp.float32(1.0)}, "key": key, "step": jnp.int32(0)}
+        return DivergingState(params={"w": jnp.float32(1.0)}, key=key, step=jnp.int32(0))
 
     def run(state, hparams, num_log_points):
         def period(state, _):
@@ -54,9 +62,9 @@ def make_trainer(config):
                 return (w - hparams["lr"] * w, 0.5 * w * w), None
 
             (w, loss), _ = jax.lax.scan(
-                sgd, (state["params"]["w"], jnp.float32(0.0)), None, length=agent.log_interval
+                sgd, (state.params["w"], jnp.float32(0.0)), None, length=agent.log_interval
             )
-            step = state["step"] + agent.log_interval
+            step = state.step + agent.log_interval
             metrics = {
                 "step": step,
                 "episode_return": jnp.float32(jnp.nan),
@@ -64,7 +72,7 @@ def make_trainer(config):
             }
             if agent.emit_loss:
                 metrics["loss"] = jnp.where(step <= agent.nan_until, jnp.nan, loss)
-            return {**state, "params": {"w": w}, "step": step}, emit(metrics)
+            return state._replace(params={"w": w}, step=step), emit(metrics)
 
         return jax.lax.scan(period, state, None, length=num_log_points)
 
@@ -162,7 +170,7 @@ def test_ctrl_c_saves_a_checkpoint_exits_cleanly_and_resumes_exactly(
     assert metric_rows(run_dir) == metric_rows(reference)
 
 
-# ---------------------------------------------------------------- unwritable and full run directories
+# ------------------------------------------------------------ unwritable and full run directories
 
 
 def test_run_directory_that_cannot_be_created(tmp_path, capsys):
@@ -220,7 +228,8 @@ def test_checkpoint_folder_that_cannot_be_written(tmp_path, tmp_path_factory, ca
         ),
         (
             ["--resume", "RUN", "agent.total_steps=40000"],
-            "so drop the override agent.total_steps=40000 (to train with another config, start a new run: rl train CONFIG ...)",
+            "so drop the override agent.total_steps=40000 (to train with another config, "
+            "start a new run: rl train CONFIG ...)",
         ),
         (
             ["--resume", "RUN", "agent.lr=0.1", "--seeds", "3"],

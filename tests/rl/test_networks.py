@@ -1,5 +1,6 @@
 """Networks written once, built as Flax or Haiku: same shapes, same parameter counts, same
-initialisation rules; factorised noisy layers match their formula and are deterministic without rng."""
+initialisation rules; factorised noisy layers match their formula and are deterministic without
+rng."""
 
 from __future__ import annotations
 
@@ -333,7 +334,8 @@ def test_recurrent_torso_shapes_on_both_backends(backend, cell):
             not np.any(c) for c in jax.tree.leaves(carry)
         )
         gates = 3 if cell == "gru" else 4
-        # embedding 6 -> 8, input projection 8 -> gates * 5 (+ bias), recurrent kernel 5 x gates * 5 (+ GRU's candidate bias)
+        # embedding 6 -> 8, input projection 8 -> gates * 5 (+ bias), recurrent kernel
+        # 5 x gates * 5 (+ GRU's candidate bias)
         assert count(params) == 6 * 8 + 8 + 8 * gates * 5 + gates * 5 + 5 * gates * 5 + (
             5 if cell == "gru" else 0
         )
@@ -369,8 +371,8 @@ def test_recurrent_flax_and_haiku_agree_on_structure(cell):
 
 
 def test_gru_equals_flax_gru_cell():
-    """The GRU step is Flax's nn.GRUCell with the same weights (input kernels [ir|iz|in] with biases,
-    recurrent kernels [hr|hz|hn], hn's bias the candidate bias)."""
+    """The GRU step is Flax's nn.GRUCell with the same weights (input kernels [ir|iz|in] with
+    biases, recurrent kernels [hr|hz|hn], hn's bias the candidate bias)."""
     import flax.linen as nn
 
     torso = recurrent_torso("gru", hidden=(), size=4)
@@ -399,8 +401,9 @@ def test_gru_equals_flax_gru_cell():
 
 
 def test_lstm_equals_haiku_lstm():
-    """The LSTM step is Haiku's hk.LSTM (forget bias +1) with the same weights: Haiku's one linear layer
-    over concat(x, h) holds [W_i; W_h] with the gates in the order (i, g, f, o) instead of (i, f, g, o)."""
+    """The LSTM step is Haiku's hk.LSTM (forget bias +1) with the same weights: Haiku's one linear
+    layer over concat(x, h) holds [W_i; W_h] with the gates in the order (i, g, f, o) instead of
+    (i, f, g, o)."""
     import haiku as hk
 
     torso = recurrent_torso("lstm", hidden=(), size=4)
@@ -431,9 +434,9 @@ def test_lstm_equals_haiku_lstm():
 @pytest.mark.parametrize("backend", networks.BACKENDS)
 @pytest.mark.parametrize("cell", networks.RECURRENT_TORSOS)
 def test_recurrent_reset_puts_the_carry_back_before_the_cell(backend, cell):
-    """A hand-made sequence of resets: where reset[t] the step reads the initial carry, whatever came
-    before, so the outputs from t on equal a fresh run from the initial carry on obs[t:]; elsewhere
-    the state goes on (a run split at a step without reset equals the whole run)."""
+    """A hand-made sequence of resets: where reset[t] the step reads the initial carry, whatever
+    came before, so the outputs from t on equal a fresh run from the initial carry on obs[t:];
+    elsewhere the state goes on (a run split at a step without reset equals the whole run)."""
     torso = recurrent_torso(cell)
     T = 7
     obs = jax.random.normal(jax.random.PRNGKey(1), (T, 2, 6))

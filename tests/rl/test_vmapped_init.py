@@ -27,7 +27,8 @@ from rl.trainer import vmap_sequentially_on_cpu
 
 @pytest.fixture(autouse=True)
 def on_the_cpu():
-    """The property under test is XLA:CPU's: build and run every program here on the CPU, also on a GPU machine."""
+    """The property under test is XLA:CPU's: build and run every program here on the CPU, also on
+    a GPU machine."""
     with jax.default_device(jax.devices("cpu")[0]):
         yield
 
@@ -110,7 +111,8 @@ def lapack_batch_dims(hlo_text: str) -> list[int]:
 
 @pytest.mark.parametrize("agent", sorted(TINY_AGENTS))
 def test_sweep_program_has_no_batched_lapack_call(agent):
-    """The one-program sweep x seed run (rl.programs.build_program, i.e. jax.jit(vmap(vmap(train))))."""
+    """The one-program sweep x seed run (rl.programs.build_program, i.e.
+    jax.jit(vmap(vmap(train))))."""
     config = tiny_config(agent)
     program, keys, hparams = build_program(config, [{}, {}])
     batch_dims = lapack_batch_dims(program.lower(keys, hparams).as_text())
@@ -121,7 +123,8 @@ def test_sweep_program_has_no_batched_lapack_call(agent):
 
 
 def test_chunked_init_program_has_no_batched_lapack_call():
-    """The init program of `rl train` (rl.programs.make_programs), also vmapped over settings x seeds."""
+    """The init program of `rl train` (rl.programs.make_programs), also vmapped over settings x
+    seeds."""
     from rl.distributed import seed_mesh
 
     config = tiny_config("sac")
@@ -184,9 +187,12 @@ SAC_SWEEP = textwrap.dedent(
     import jax
     from rl.config import build_config, parse_sweep
     from rl.programs import build_program
-    agent = dict(name="sac", total_steps=8, log_interval=8, learning_starts=8, buffer_size=64, batch_size=8, eval_episodes=0, network={"hidden": [128, 128]})
-    config = build_config({"env": {"id": "Pendulum-v1"}, "agent": agent, "run": {"seeds": 2, "progress": False}})
-    program, keys, hparams = build_program(config, parse_sweep(["agent.lr=1e-3,3e-4"], config.agent))
+    agent = dict(name="sac", total_steps=8, log_interval=8, learning_starts=8, buffer_size=64,
+                 batch_size=8, eval_episodes=0, network={"hidden": [128, 128]})
+    config = build_config({"env": {"id": "Pendulum-v1"}, "agent": agent,
+                           "run": {"seeds": 2, "progress": False}})
+    grid = parse_sweep(["agent.lr=1e-3,3e-4"], config.agent)
+    program, keys, hparams = build_program(config, grid)
     compiled = program.lower(keys, hparams).compile()
     for i in range(20):
         jax.block_until_ready(compiled(jax.random.split(jax.random.PRNGKey(i), 2), hparams))

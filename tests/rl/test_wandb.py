@@ -75,8 +75,9 @@ def test_wandb_without_the_package_is_one_error_naming_the_extra(tmp_path):
         timeout=300,
     )
     assert done.returncode == 2, done.stderr[-2000:]
-    assert (
-        done.stderr
-        == "rl: error: run.wandb: logging to Weights & Biases needs the wandb package: pip install 'fusedrl[wandb]'\n"
+    message = (
+        "rl: error: run.wandb: logging to Weights & Biases needs the wandb package: "
+        "pip install 'fusedrl[wandb]'\n"
     )
+    assert done.stderr == message
     assert not (tmp_path / "runs" / "nowb").exists()
