@@ -130,6 +130,11 @@ class ReplayActorCriticConfig:
         """Gradient steps after each vectorised env step."""
         return int(round(self.utd_ratio * self.num_envs))
 
+    @property
+    def num_log_points(self) -> int:
+        """Log points in a whole run."""
+        return self.total_steps // self.log_interval
+
     def validate(self):
         if (
             abs(self.utd_ratio * self.num_envs - self.gradient_steps) > 1e-9

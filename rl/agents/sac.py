@@ -17,12 +17,12 @@ alpha = exp(log_alpha) and Q = min(Q1, Q2):
 Truncation is not termination: only `terminated` zeroes the bootstrap, and s' is the observation
 actually reached (before auto-reset), so a time-limit end still bootstraps.
 
-Continuous (`distributions.TanhGaussian`): u ~ N(mu(s), sigma(s)^2), a = tanh(u) in (-1, 1)^|A|
+Continuous (`TanhGaussian`): u ~ N(mu(s), sigma(s)^2), a = tanh(u) in (-1, 1)^|A|
 (the env's `RescaleAction` maps it affinely onto the bounds), V(s') = Q_targ(s', a') - alpha log
 pi(a'|s') for a' ~ pi(s'), a in L_pi a reparameterised sample, H = -log pi(a|s), target entropy
 -target_entropy_scale |A| (`losses.soft_value`, `losses.sac_actor_loss`).
 
-Discrete (`distributions.Categorical`): pi = softmax(logits); expectations over actions replace
+Discrete (`Categorical`): pi = softmax(logits); expectations over actions replace
 sampling: V(s') = sum_a' pi(a'|s') (Q_targ(s', a') - alpha log pi(a'|s')),
 L_pi = mean(sum_a pi(a|s) (alpha log pi(a|s) - Q(s, a))), H = -sum_a pi log pi, target entropy
 target_entropy_scale log|A| (`losses.soft_value_discrete`, `losses.sac_actor_loss_discrete`).
@@ -44,25 +44,20 @@ import numpy as np
 import optax
 
 from envs.spaces import Box
-from rl import (
-    actor_critic,
-    agent_configs,
-    buffers,
-    collection,
-    distributions,
-    environment,
-    log_points,
-    losses,
-    networks,
-    optimizers,
-)
+from rl import actor_critic, buffers, collection, environment, losses, networks, optimizers
+from rl.agent_configs import ReplayActorCriticConfig
 from rl.config import ConfigError, hp
+from rl.distributions import Categorical, TanhGaussian
+from rl.log_points import log_point_metrics, scan_log_points
 from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config(agent_configs.ReplayActorCriticConfig):
+class Config(ReplayActorCriticConfig):
+    """SAC's settings: the replay actor-critic loop's, the temperature's (initial value, Adam step,
+    target entropy) and the squashed Gaussian's log-std bounds."""
+
     name: str = "sac"
     alpha_lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step of log alpha")
     init_alpha: float = hp(1.0, low=0.0, low_open=True, sweep=True, doc="initial temperature")
@@ -117,7 +112,7 @@ def continuous_losses(actor, critic):
     and `critic(params, obs, action)` are the networks' apply functions."""
 
     def critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma):
-        next_policy = distributions.TanhGaussian.from_head(actor(actor_params, batch["next_obs"]))
+        next_policy = TanhGaussian.from_head(actor(actor_params, batch["next_obs"]))
         next_action, next_log_prob = next_policy.squashed_sample(key)
         next_value = losses.soft_value(
             *critic(target_params, batch["next_obs"], next_action), next_log_prob, alpha
@@ -129,7 +124,7 @@ def continuous_losses(actor, critic):
         return losses.twin_q_loss(q1, q2, target), jnp.mean(q1)
 
     def actor_loss(actor_params, critic_params, alpha, batch, key):
-        policy = distributions.TanhGaussian.from_head(actor(actor_params, batch["obs"]))
+        policy = TanhGaussian.from_head(actor(actor_params, batch["obs"]))
         action, log_prob = policy.squashed_sample(key)
         q1, q2 = critic(critic_params, batch["obs"], action)
         return losses.sac_actor_loss(log_prob, q1, q2, alpha), -jnp.mean(log_prob)
@@ -171,11 +166,11 @@ class Variant(NamedTuple):
     """What SAC's loop reads off the env's action space (`make_variant`)."""
 
     actor: networks.Network  # (mean, log_std) of the pre-tanh Gaussian, or logits
-    distribution: type  # distributions.TanhGaussian or distributions.Categorical
+    distribution: type  # TanhGaussian or Categorical
     init_critic: Callable  # (key, obs) -> twin critic params
     example_action: Any  # one action, for shapes
-    critic_loss: Callable  # continuous_losses or discrete_losses
-    actor_loss: Callable
+    critic_loss: Callable  # from continuous_losses or discrete_losses
+    actor_loss: Callable  # from the same
     entropy_unit: float  # target entropy / target_entropy_scale: -|A|, or log|A|
 
 
@@ -190,13 +185,13 @@ def make_variant(agent: Config, env, env_params) -> Variant:
         example = np.zeros(space.shape, np.float32)
         init_critic = lambda key, obs: critic.init(key, obs, example)
         pair = continuous_losses(actor.apply, critic.apply)
-        return Variant(actor, distributions.TanhGaussian, init_critic, example, *pair, -action_dim)
+        return Variant(actor, TanhGaussian, init_critic, example, *pair, -action_dim)
     num_actions = int(space.n)
     head = networks.categorical_policy_head(num_actions)
     actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head, num_actions)
     pair = discrete_losses(actor.apply, critic.apply)
     unit = math.log(num_actions)
-    return Variant(actor, distributions.Categorical, critic.init, np.int32(0), *pair, unit)
+    return Variant(actor, Categorical, critic.init, np.int32(0), *pair, unit)
 
 
 def greedy_action(variant: Variant, params, obs):
@@ -331,7 +326,7 @@ def make_trainer(config) -> Trainer:
         state, totals, stats = actor_critic.scan_phases(
             partial(act_then_train, hparams), state._replace(key=key), phase_key, agent
         )
-        metrics = log_points.log_point_metrics(state.step, totals, stats, jnp.nanmean)
+        metrics = log_point_metrics(state.step, totals, stats, jnp.nanmean)
         if agent.eval_episodes:
             policy = partial(greedy_action, variant, state.params)
             metrics["eval_return"] = actor_critic.eval_return(
@@ -342,9 +337,9 @@ def make_trainer(config) -> Trainer:
     # ---------------------------------------------------------------- run
 
     def run(state, hparams, num_log_points):
-        return log_points.scan_log_points(partial(log_period, hparams), state, num_log_points)
+        return scan_log_points(partial(log_period, hparams), state, num_log_points)
 
-    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
+    return Trainer(init=init, run=run, num_log_points=agent.num_log_points)
 
 
 def make_train(config):

@@ -30,24 +30,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl import (
-    actor_critic,
-    agent_configs,
-    buffers,
-    collection,
-    environment,
-    log_points,
-    losses,
-    networks,
-    optimizers,
-)
+from rl import actor_critic, buffers, collection, environment, losses, networks, optimizers
+from rl.agent_configs import ReplayActorCriticConfig
 from rl.config import hp
+from rl.log_points import log_point_metrics, scan_log_points
 from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config(agent_configs.ReplayActorCriticConfig):
+class Config(ReplayActorCriticConfig):
+    """TD3's settings: the replay actor-critic loop's, the exploration and target smoothing noise,
+    and the policy delay."""
+
     name: str = "td3"
     exploration_noise: float = hp(
         0.1,
@@ -259,7 +254,7 @@ def make_trainer(config) -> Trainer:
         state, totals, stats = actor_critic.scan_phases(
             phase, state._replace(key=key), phase_key, agent
         )
-        metrics = log_points.log_point_metrics(state.step, totals, stats, jnp.nanmean)
+        metrics = log_point_metrics(state.step, totals, stats, jnp.nanmean)
         metrics["gradient_steps"] = state.updates
         if agent.eval_episodes:
             policy = partial(actor.apply, state.params)
@@ -271,9 +266,9 @@ def make_trainer(config) -> Trainer:
     # ---------------------------------------------------------------- run
 
     def run(state, hparams, num_log_points):
-        return log_points.scan_log_points(partial(log_period, hparams), state, num_log_points)
+        return scan_log_points(partial(log_period, hparams), state, num_log_points)
 
-    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
+    return Trainer(init=init, run=run, num_log_points=agent.num_log_points)
 
 
 def make_train(config):
