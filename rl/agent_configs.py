@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from rl.config import ConfigError, hp
 
 UNROLL_DOC = (
-    "loop trips (speed only, the same computation): a phase's env and gradient loops unroll min(unroll, n); "
-    "the loop over phases max(1, unroll // max(env_iterations, gradient_steps))"
+    "loop trips (speed only, the same computation): a phase's env and gradient loops unroll "
+    "min(unroll, n); the loop over phases max(1, unroll // max(env_iterations, gradient_steps))"
 )
 
 
@@ -21,9 +21,10 @@ UNROLL_DOC = (
 class ReplayLoopConfig:
     """Settings of the act-then-train loop of value-based replay agents (DQN, Rainbow), which
     extend it: `num_envs` envs step together with epsilon-greedy actions; after every `train_freq`
-    env steps (all envs counted) come `gradient_steps` gradient steps on batches of `batch_size`, once
-    `learning_starts` env steps are stored; the target network follows the online one every
-    `target_update_interval` gradient steps (target <- tau online + (1 - tau) target)."""
+    env steps (all envs counted) come `gradient_steps` gradient steps on batches of `batch_size`,
+    once `learning_starts` env steps are stored; the target network follows the online one every
+    `target_update_interval` gradient steps (target <- tau online + (1 - tau) target). A log point
+    comes every `log_interval // train_freq` phases (`rl.replay`)."""
 
     total_steps: int = hp(102_400, low=1, doc="env steps per seed (all envs counted)")
     num_envs: int = hp(1, low=1, doc="envs stepped together")
@@ -39,12 +40,7 @@ class ReplayLoopConfig:
     )
     target_update_interval: int = hp(256, low=1, doc="gradient steps between target updates")
     tau: float = hp(
-        1.0,
-        low=0.0,
-        high=1.0,
-        low_open=True,
-        sweep=True,
-        doc="target <- tau * online + (1 - tau) * target",
+        1.0, low=0.0, high=1.0, low_open=True, sweep=True, doc="Polyak step of the target network"
     )
     epsilon_start: float = hp(1.0, low=0.0, high=1.0, sweep=True)
     epsilon_end: float = hp(0.04, low=0.0, high=1.0, sweep=True)
@@ -60,22 +56,19 @@ class ReplayLoopConfig:
     unroll: int = hp(1, low=1, doc=UNROLL_DOC)
 
     def validate(self):
-        """The step counts nest: num_envs | train_freq | log_interval | total_steps; one step fits the buffer."""
-        if self.train_freq % self.num_envs:
-            raise ConfigError(
-                f"agent.train_freq ({self.train_freq}) must be a multiple of agent.num_envs ({self.num_envs})"
-            )
-        if self.log_interval % self.train_freq:
-            raise ConfigError(
-                f"agent.log_interval ({self.log_interval}) must be a multiple of agent.train_freq ({self.train_freq})"
-            )
-        if self.total_steps % self.log_interval:
-            raise ConfigError(
-                f"agent.total_steps ({self.total_steps}) must be a multiple of agent.log_interval ({self.log_interval})"
-            )
+        """The step counts nest: num_envs | train_freq | log_interval | total_steps; one step of the
+        envs fits the buffer."""
+        nested = ("num_envs", "train_freq", "log_interval", "total_steps")
+        for inner, outer in zip(nested, nested[1:]):
+            if getattr(self, outer) % getattr(self, inner):
+                raise ConfigError(
+                    f"agent.{outer} ({getattr(self, outer)}) must be a multiple of agent.{inner} "
+                    f"({getattr(self, inner)})"
+                )
         if self.num_envs > self.buffer_size:
             raise ConfigError(
-                f"agent.buffer_size ({self.buffer_size}) must hold at least one step of agent.num_envs ({self.num_envs}) envs"
+                f"agent.buffer_size ({self.buffer_size}) must hold at least one step of "
+                f"agent.num_envs ({self.num_envs}) envs"
             )
 
 

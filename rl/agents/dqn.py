@@ -1,37 +1,40 @@
 """DQN (Mnih et al. 2015) with optional double-Q (van Hasselt et al. 2016), compiled end to end.
 
 For a sampled transition (s, a, r, s', terminated), s' = info["final_obs"] (the state actually
-reached, before any auto-reset: a time-limit truncation still bootstraps, only termination stops it):
+reached, before any auto-reset: a time-limit truncation still bootstraps, only termination stops
+it):
 
     y    = r + gamma (1 - terminated) Q_target(s', a*),
     a*   = argmax_a Q_target(s', a)      (DQN)   or   argmax_a Q_online(s', a)   (double-Q),
     loss = mean_batch huber(Q_online(s, a) - y)   (or the squared error),
 
-minimised by Adam on gradients clipped to a global norm. The loop (`rl.agent_configs.ReplayLoopConfig`):
-`num_envs` envs step together with epsilon-greedy actions (epsilon decays linearly over
-`epsilon_decay_steps` env steps) into a uniform replay buffer; every `train_freq` env steps come
-`gradient_steps` gradient steps once `learning_starts` steps are stored; the target network follows
-the online one every `target_update_interval` gradient steps. At each log point `eval_episodes`
-greedy episodes run on separate eval envs inside the compiled program ("eval_return"; none if 0).
+minimised by Adam on gradients clipped to a global norm. The loop (`rl.agent_configs.
+ReplayLoopConfig`, `rl.replay`): `num_envs` envs step together with epsilon-greedy actions
+(epsilon decays linearly over `epsilon_decay_steps` env steps) into a uniform replay buffer; every
+`train_freq` env steps come `gradient_steps` gradient steps once `learning_starts` steps are
+stored; the target network follows the online one every `target_update_interval` gradient steps.
+At each log point `eval_episodes` greedy episodes run on separate eval envs inside the compiled
+program ("eval_return"; none if 0).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from rl import agent_configs, buffers, environment, exploration, loop, losses, networks, optimizers
+from rl import buffers, collection, environment, episodes, exploration, losses, networks, replay
+from rl.agent_configs import ReplayLoopConfig
 from rl.config import hp
+from rl.log_points import scan_log_points
+from rl.state import ReplayState
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config(agent_configs.ReplayLoopConfig):
+class Config(ReplayLoopConfig):
     name: str = "dqn"
     loss: str = hp("huber", choices=("huber", "mse"))
     double_q: bool = hp(True, doc="select the bootstrap action with the online network")
@@ -39,15 +42,6 @@ class Config(agent_configs.ReplayLoopConfig):
 
 
 check_env = environment.check_discrete_actions
-
-
-class Setup(NamedTuple):
-    """What the loop closes over: the env, the Q-network and the agent's settings."""
-
-    env: object
-    env_params: object
-    q_network: networks.Network
-    agent: Config
 
 
 def make_q_network(config, env, env_params) -> networks.Network:
@@ -70,93 +64,106 @@ def q_loss(apply, params, target_params, batch, gamma, double_q: bool, kind: str
     return losses.td_loss(td, kind).mean(), (td, q_taken)
 
 
-def optimiser(hparams):
-    return optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
+def greedy_action(q_network: networks.Network, params, obs):
+    """argmax_a Q(obs, a), first index on ties."""
+    return jnp.argmax(q_network.apply(params, obs), axis=-1).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------- the loop
 
 
-def init(setup: Setup, key, hparams):
-    key, net_key, reset_key = jax.random.split(key, 3)
-    reset, _ = environment.batched(setup.env)
-    obs, env_state = reset(jax.random.split(reset_key, setup.agent.num_envs), setup.env_params)
-    params = setup.q_network.init(net_key, obs[0])
-    example = {
-        "obs": obs[0],
-        "action": jnp.int32(0),
-        "reward": jnp.float32(0.0),
-        "next_obs": obs[0],
-        "terminated": jnp.bool_(False),
-    }
-    buffer = buffers.uniform_init(example, setup.agent.buffer_size)
-    return loop.replay_state(key, params, optimiser(hparams).init(params), buffer, obs, env_state)
-
-
-def env_step(setup: Setup, hparams, carry, key):
-    """All envs take one epsilon-greedy step; the transitions go to the buffer."""
-    state, _ = carry
-    k_act, k_env = jax.random.split(key)
-    q_values = setup.q_network.apply(state["params"], state["obs"])
-    action = exploration.epsilon_greedy(
-        k_act, q_values, loop.replay_epsilon(setup.agent, hparams, state["step"])
-    )
-    return loop.step_and_store(
-        setup.env, setup.env_params, setup.agent.num_envs, carry, action, k_env
-    )
-
-
-def gradient_step(setup: Setup, hparams, state, key):
-    """One Adam step on a uniform batch; the target follows every `target_update_interval` steps."""
-    agent = setup.agent
-    batch, _ = buffers.uniform_sample(state["buffer"], key, agent.batch_size)
-    loss_fn = partial(
-        q_loss,
-        setup.q_network.apply,
-        target_params=state["target_params"],
-        batch=batch,
-        gamma=hparams["gamma"],
-        double_q=agent.double_q,
-        kind=agent.loss,
-    )
-    (loss, (_, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-    updates, opt_state = optimiser(hparams).update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    updates_done = state["updates"] + 1
-    target = optimizers.periodic_polyak(
-        state["target_params"],
-        params,
-        hparams["tau"],
-        updates_done % agent.target_update_interval == 0,
-    )
-    state = {
-        **state,
-        "params": params,
-        "target_params": target,
-        "opt_state": opt_state,
-        "updates": updates_done,
-    }
-    return state, {"loss": loss, "q_mean": q_taken.mean()}
-
-
-def greedy_policy(setup: Setup, params):
-    """obs -> argmax_a Q(obs, a) (first index on ties)."""
-    return lambda obs: jnp.argmax(setup.q_network.apply(params, obs), axis=-1).astype(jnp.int32)
-
-
 def make_trainer(config) -> Trainer:
-    env, env_params = environment.make_env(config)
     agent = config.agent
-    setup = Setup(env, env_params, make_q_network(config, env, env_params), agent)
-    return loop.replay_trainer(
-        agent,
-        env,
-        env_params,
-        partial(init, setup),
-        partial(env_step, setup),
-        partial(gradient_step, setup),
-        partial(greedy_policy, setup),
-    )
+    env, env_params = environment.make_env(config)
+    q_network = make_q_network(config, env, env_params)
+    loop = replay.loop_of(agent)
+
+    # ---------------------------------------------------------------- init
+
+    def init(key, hparams) -> ReplayState:
+        """The Q-network, its target copy and Adam state, an empty uniform buffer, the envs."""
+        key, net_key, reset_key = jax.random.split(key, 3)
+        envs = replay.reset_envs(env, env_params, reset_key, agent.num_envs)
+        params = q_network.init(net_key, envs.obs[0])
+        obs, flag = envs.obs[0], jnp.bool_(False)
+        example = replay.transition(obs, jnp.int32(0), jnp.float32(0.0), obs, flag)
+        buffer = buffers.uniform_init(example, agent.buffer_size)
+        return replay.initial_state(key, params, buffer, envs, hparams)
+
+    # ---------------------------------------------------------------- act
+
+    def act(hparams, carry, key):
+        """All envs take one epsilon-greedy step; their transitions (s, a, r,
+        s' = info["final_obs"], terminated) go to the buffer."""
+        state, totals = carry
+        act_key, env_key = jax.random.split(key)
+        q_values = q_network.apply(state.params, state.envs.obs)
+        epsilon = replay.epsilon(agent, hparams, state.step)
+        action = exploration.epsilon_greedy(act_key, q_values, epsilon)
+        envs, reward, terminated, _, info = replay.step_envs(
+            env, env_params, state.envs, action, env_key
+        )
+        stored = replay.transition(state.envs.obs, action, reward, info["final_obs"], terminated)
+        buffer = buffers.uniform_add(state.buffer, stored)
+        state = state._replace(envs=envs, buffer=buffer, step=state.step + agent.num_envs)
+        return (state, episodes.add_episodes(totals, info)), None
+
+    # ---------------------------------------------------------------- gradient step
+
+    def gradient_step(hparams, state: ReplayState, key):
+        """One Adam step on a uniformly sampled batch; the target follows every
+        `target_update_interval` gradient steps."""
+        batch, _ = buffers.uniform_sample(state.buffer, key, agent.batch_size)
+        loss_fn = partial(
+            q_loss,
+            q_network.apply,
+            target_params=state.target_params,
+            batch=batch,
+            gamma=hparams["gamma"],
+            double_q=agent.double_q,
+            kind=agent.loss,
+        )
+        (loss, (_, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        state = replay.learn(state, grads, hparams, agent.target_update_interval)
+        return state, {"loss": loss, "q_mean": q_taken.mean()}
+
+    # ---------------------------------------------------------------- act, then train
+
+    def act_then_train(hparams, carry, key):
+        """`env_iterations` steps of all envs, then, once `learning_starts` env steps are stored,
+        `gradient_steps` gradient steps (their statistics [gradient_steps] NaN before)."""
+        act_keys, learn_keys = replay.phase_keys(key, loop)
+        act_step = partial(act, hparams)
+        (state, totals), _ = jax.lax.scan(act_step, carry, act_keys, unroll=loop.act_unroll)
+        learning = state.step >= agent.learning_starts
+        learn = partial(gradient_step, hparams)
+        state, stats = collection.scan_when(
+            learning, learn, state, learn_keys, unroll=loop.learn_unroll
+        )
+        return (state, totals), stats
+
+    # ---------------------------------------------------------------- log period
+
+    def log_period(hparams, state: ReplayState):
+        """A log period's phases, then the log point's metrics (`replay.log_metrics`) and the
+        mean return of `eval_episodes` episodes of the greedy policy."""
+        key, phase_key, eval_key = jax.random.split(state.key, 3)
+        phase = partial(act_then_train, hparams)
+        state, totals, stats = replay.scan_phases(phase, state._replace(key=key), phase_key, loop)
+        metrics = replay.log_metrics(agent, hparams, state, totals, stats)
+        if agent.eval_episodes:
+            policy = partial(greedy_action, q_network, state.params)
+            metrics["eval_return"] = replay.eval_return(
+                env, env_params, policy, eval_key, agent.eval_episodes
+            )
+        return state, metrics
+
+    # ---------------------------------------------------------------- run
+
+    def run(state, hparams, num_log_points):
+        return scan_log_points(partial(log_period, hparams), state, num_log_points)
+
+    return Trainer(init=init, run=run, num_log_points=agent.total_steps // agent.log_interval)
 
 
 def make_train(config):
@@ -164,7 +171,8 @@ def make_train(config):
 
 
 def make_policy(config):
-    """`policy(params, obs, key) -> action`: argmax of the online Q-network (first index on ties)."""
+    """`policy(params, obs, key) -> action`: argmax of the online Q-network (first index on
+    ties)."""
     env, env_params = environment.make_env(config)
-    setup = Setup(env, env_params, make_q_network(config, env, env_params), config.agent)
-    return lambda params, obs, key: greedy_policy(setup, params)(obs)
+    q_network = make_q_network(config, env, env_params)
+    return lambda params, obs, key: greedy_action(q_network, params, obs)

@@ -97,8 +97,8 @@ def test_stored_transitions_hold_the_final_obs_and_truncation_is_not_termination
     state, metrics = jax.jit(trainer.run, static_argnums=2)(
         trainer.init(jax.random.PRNGKey(0), hp), hp, 1
     )
-    assert int(state["buffer"].size) == 256
-    data = jax.tree.map(lambda x: np.asarray(x)[:256], state["buffer"].data)
+    assert int(state.buffer.size) == 256
+    data = jax.tree.map(lambda x: np.asarray(x)[:256], state.buffer.data)
     assert not data["terminated"].any()
     assert int(metrics["episodes"][0]) == 4 * (64 // 5)  # 64 steps per env, truncated every 5
     from envs.cartpole import CartPole
@@ -127,7 +127,7 @@ def test_short_run_minimises_its_loss_and_q_stays_finite():
     assert np.all(np.isfinite(loss)) and np.all(np.isfinite(q))
     assert loss[-1] < 0.1 * loss[0], loss
     assert abs(q[-1] - 1.0) < 0.05, q
-    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
     assert np.all(np.asarray(metrics["step"]) == np.arange(256, 2049, 256))
     assert np.all(np.asarray(metrics["eval_return"]) >= 8)
 
@@ -148,7 +148,7 @@ def test_vmap_over_seeds_equals_per_seed_runs(small_run):
         for name in ("eval_return", "episode_return", "step", "gradient_steps"):
             np.testing.assert_allclose(metrics[name][i], metrics_i[name], rtol=1e-5, err_msg=name)
         np.testing.assert_allclose(metrics["loss"][i], metrics_i["loss"], rtol=1e-3)
-        for a, b in zip(jax.tree.leaves(states["params"]), jax.tree.leaves(state_i["params"])):
+        for a, b in zip(jax.tree.leaves(states.params), jax.tree.leaves(state_i.params)):
             np.testing.assert_allclose(a[i], b, rtol=1e-4, atol=1e-5)
 
 
@@ -169,7 +169,8 @@ def test_chunked_runs_equal_one_run(small_run):
 
 def test_no_eval_episodes_trains_the_same_and_logs_no_eval_return(small_run):
     """eval_episodes=0 (PureJaxRL's DQN evaluates nothing) drops the greedy episodes and their
-    metric only: evaluation draws its own key, so training is bit for bit that of the run with it."""
+    metric only: evaluation draws its own key, so training is bit for bit that of the run with
+    it."""
     config, train, keys, _ = small_run
     states, metrics = jax.jit(train)(keys[0])
     state, bare = jax.jit(dqn.make_train(make_config(double_q=True, tau=0.5, eval_episodes=0)))(
@@ -178,7 +179,7 @@ def test_no_eval_episodes_trains_the_same_and_logs_no_eval_return(small_run):
     assert "eval_return" not in bare and "eval_return" in metrics
     for name in ("loss", "q_mean", "episode_return", "step"):
         np.testing.assert_array_equal(bare[name], metrics[name], err_msg=name)
-    for a, b in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(states["params"])):
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(states.params)):
         np.testing.assert_array_equal(a, b)
 
 
@@ -194,7 +195,7 @@ def test_unrolled_loops_compute_the_same_run(small_run):
         np.testing.assert_allclose(
             unrolled[name], metrics[name], rtol=1e-5, atol=1e-6, err_msg=name
         )
-    for a, b in zip(jax.tree.leaves(unrolled_state["params"]), jax.tree.leaves(state["params"])):
+    for a, b in zip(jax.tree.leaves(unrolled_state.params), jax.tree.leaves(state.params)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -206,16 +207,14 @@ def test_haiku_backend_trains_like_flax():
     assert np.all(np.isfinite(np.asarray(metrics["loss"])[1:]))
     flax_params = jax.jit(dqn.make_trainer(make_config()).init)(
         jax.random.PRNGKey(0), hyperparams(config.agent)
-    )["params"]
+    ).params
     size = lambda p: sum(x.size for x in jax.tree.leaves(p))
-    assert size(state["params"]) == size(flax_params) == 4 * 16 + 16 + 16 * 16 + 16 + 16 * 2 + 2
+    assert size(state.params) == size(flax_params) == 4 * 16 + 16 + 16 * 16 + 16 + 16 * 2 + 2
 
 
 def test_policy_is_greedy_in_the_q_network():
     config = make_config()
-    params = dqn.make_trainer(config).init(jax.random.PRNGKey(0), hyperparams(config.agent))[
-        "params"
-    ]
+    params = dqn.make_trainer(config).init(jax.random.PRNGKey(0), hyperparams(config.agent)).params
     policy = dqn.make_policy(config)
     obs = jnp.array([0.01, -0.02, 0.03, 0.04])
     from rl import networks

@@ -1,0 +1,151 @@
+"""The plain pieces of the value-based replay agents (DQN, Rainbow), whose loops live in their agent
+files. Their loop (`rl.agent_configs.ReplayLoopConfig`):
+
+    phase       env_iterations = train_freq // num_envs steps of all envs, each storing its
+                transitions; then, once learning_starts env steps are stored, gradient_steps
+                gradient steps (their statistics NaN before);
+    log period  num_phases = log_interval // train_freq phases, then the log point's metrics and
+                eval_episodes greedy episodes on fresh envs;
+    run         total_steps // log_interval log periods (`rl.log_points.scan_log_points`).
+
+Here: the loop's sizes and loop trips, the envs' reset and step, a transition, the epsilon schedule,
+the state at the start, one Adam step with the periodic target update, the keys of a phase, the
+scan over a log period's phases, the log point's metrics and the greedy evaluation return.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from rl import environment, episodes, exploration, log_points, optimizers
+from rl.agent_configs import ReplayLoopConfig
+from rl.rollout import greedy_episodes
+from rl.state import Envs, ReplayState
+
+
+class Loop(NamedTuple):
+    """The sizes of the replay loop and its loop trips (`rl.agent_configs.UNROLL_DOC`): a phase's
+    env and gradient loops unroll min(unroll, n) iterations per trip; the loop over phases
+    max(1, unroll // max(env_iterations, gradient_steps)), at most num_phases."""
+
+    env_iterations: int  # steps of all envs per phase
+    gradient_steps: int  # gradient steps per phase (once learning)
+    num_phases: int  # phases per log period
+    act_unroll: int
+    learn_unroll: int
+    phase_unroll: int
+
+
+def loop_of(agent: ReplayLoopConfig) -> Loop:
+    """The `Loop` of `agent`'s settings."""
+    env_iterations = agent.train_freq // agent.num_envs
+    num_phases = agent.log_interval // agent.train_freq
+    phase_unroll = max(1, agent.unroll // max(env_iterations, agent.gradient_steps))
+    return Loop(
+        env_iterations,
+        agent.gradient_steps,
+        num_phases,
+        min(agent.unroll, env_iterations),
+        min(agent.unroll, agent.gradient_steps),
+        min(phase_unroll, num_phases),
+    )
+
+
+def reset_envs(env, env_params, key, num_envs: int, memory=()) -> Envs:
+    """`num_envs` fresh envs (keys split from `key`): their first observations and states, and the
+    per-env `memory` given."""
+    reset, _ = environment.batched(env)
+    obs, state = reset(jax.random.split(key, num_envs), env_params)
+    return Envs(obs, state, memory)
+
+
+def step_envs(env, env_params, envs: Envs, action, key):
+    """All envs take `action` [num_envs] (one key each, split from `key`): (envs after the step,
+    reward, terminated, truncated, info); `info["final_obs"]` is the observation reached before
+    any auto-reset. The envs' memory is carried unchanged."""
+    _, step = environment.batched(env)
+    obs, state, reward, terminated, truncated, info = step(
+        jax.random.split(key, action.shape[0]), envs.state, action, env_params
+    )
+    return envs._replace(obs=obs, state=state), reward, terminated, truncated, info
+
+
+def transition(obs, action, reward, next_obs, terminated) -> dict:
+    """The replay item (s, a, r, s', terminated): a batch of them, or one (the buffer's example)."""
+    return {
+        "obs": obs,
+        "action": action,
+        "reward": reward,
+        "next_obs": next_obs,
+        "terminated": terminated,
+    }
+
+
+def epsilon(agent: ReplayLoopConfig, hparams, step):
+    """Epsilon after `step` env steps: linear from epsilon_start to epsilon_end over
+    epsilon_decay_steps, then epsilon_end."""
+    return exploration.linear_schedule(
+        hparams["epsilon_start"], hparams["epsilon_end"], agent.epsilon_decay_steps, step
+    )
+
+
+def optimizer(hparams) -> optax.GradientTransformation:
+    """Adam (step size lr) on gradients clipped to global norm max_grad_norm."""
+    return optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
+
+
+def initial_state(key, params, buffer, envs: Envs, hparams) -> ReplayState:
+    """The state at the start: the target a copy of the online params, a fresh optimiser state, no
+    env step nor gradient step taken."""
+    opt_state = optimizer(hparams).init(params)
+    return ReplayState(params, params, opt_state, buffer, envs, key, jnp.int32(0), jnp.int32(0))
+
+
+def learn(state: ReplayState, grads, hparams, target_update_interval: int) -> ReplayState:
+    """One `optimizer` step of the online params along `grads`; then, every
+    `target_update_interval` gradient steps, target <- tau online + (1 - tau) target."""
+    updates, opt_state = optimizer(hparams).update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    done = state.updates + 1
+    sync = done % target_update_interval == 0
+    target = optimizers.periodic_polyak(state.target_params, params, hparams["tau"], sync)
+    return state._replace(params=params, target_params=target, opt_state=opt_state, updates=done)
+
+
+def phase_keys(key, loop: Loop):
+    """A phase's keys, split once: (one per env iteration, one per gradient step)."""
+    keys = jax.random.split(key, loop.env_iterations + loop.gradient_steps)
+    return keys[: loop.env_iterations], keys[loop.env_iterations :]
+
+
+def scan_phases(phase: Callable, state: ReplayState, key, loop: Loop):
+    """`lax.scan` of `phase((state, totals), key) -> ((state, totals), stats)` over a log period's
+    `loop.num_phases` phases (keys split from `key`), from no finished episodes. Returns (state,
+    `EpisodeTotals` of the episodes that ended, stats [phases, ...])."""
+    keys = jax.random.split(key, loop.num_phases)
+    carry = (state, episodes.no_episodes())
+    (state, totals), stats = jax.lax.scan(phase, carry, keys, unroll=loop.phase_unroll)
+    return state, totals, stats
+
+
+def log_metrics(agent: ReplayLoopConfig, hparams, state: ReplayState, totals, stats) -> dict:
+    """A log point's metrics: env steps, the episodes that ended (`rl.episodes.episode_metrics`),
+    the mean of each gradient-step statistic over the steps taken (`nanmean`: NaN before
+    learning), epsilon and the gradient steps so far."""
+    metrics = log_points.log_point_metrics(state.step, totals, stats, jnp.nanmean)
+    return {
+        **metrics,
+        "epsilon": epsilon(agent, hparams, state.step),
+        "gradient_steps": state.updates,
+    }
+
+
+def eval_return(env, env_params, policy: Callable, key, num_episodes: int):
+    """The mean return of the first episode of each of `num_episodes` fresh envs under the greedy
+    `policy(obs[E, ...]) -> actions[E]` (`rl.rollout.greedy_episodes`)."""
+    returns, _ = greedy_episodes(env, env_params, policy, key, num_episodes)
+    return returns.mean()
