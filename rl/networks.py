@@ -1,25 +1,18 @@
-"""Networks as a pair of pure functions, with Flax (default) or Haiku behind one interface.
+"""Networks as a pair of pure functions: torsos, heads and their combinations, built on the
+`rl.layers` interface with Flax (default) or Haiku behind it.
 
     torso = networks.make_torso(networks.NetworkConfig(hidden=(64, 64)))
     net = networks.build(networks.with_head(torso, networks.q_head(2)), backend="flax")
     params = net.init(key, obs)                  # obs: one observation or a batch
     q_values = net.apply(params, obs)            # noisy layers: net.apply(params, obs, rng=key)
 
-A network is written ONCE as a plain function `fn(layers, *inputs)` against the tiny `Layers`
-interface below (`dense`, `conv`, `noisy_dense`, `param`); `build` turns it into a Flax linen module or a
-Haiku transform. Both backends create the same parameters with the same initialisers, so an agent
-never sees which one it runs on (`agent.network.backend: flax | haiku` in a config).
+A network is written once against `rl.layers`' tiny interface and `build` turns it into either
+backend's module (see there).
 
 A network is a torso (observations -> features; `make_torso` from `agent.network`: an MLP, or a
 conv net for image observations, `cnn_minatar` / `nature_cnn`) and heads
 (Q, Rainbow's dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value), joined by
 `with_head`, `actor_critic` or `twin_q`.
-
-Initialisation (`agent.network.init`, dense and conv layers; biases 0): `orthogonal`, the usual
-PPO/DQN practice, orthogonal weights with a per-layer gain (sqrt(2) for hidden ReLU/tanh layers; 0.01
-for policy logits; 1 for values); or `lecun_uniform`, W ~ U(-sqrt(3 / fan_in), sqrt(3 / fan_in))
-whatever the layer (Brax's networks), so Var(W) = 1 / fan_in. Noisy layers and recurrent kernels
-keep their own initialisers.
 """
 
 from __future__ import annotations
@@ -33,280 +26,20 @@ import jax
 import jax.numpy as jnp
 
 from rl.config import ConfigError, hp
-
-BACKENDS = ("flax", "haiku")
-INITS = ("orthogonal", "lecun_uniform")
-
-LAYER_NORM_EPS = (
-    1e-5  # LayerNorm: (x - mean) / sqrt(var + eps) * scale + offset, over the last axis
+from rl.layers import (
+    BACKENDS,
+    ACTIVATIONS,
+    INITS,
+    Network,
+    activation,
+    build,
+    constant_init,
+    flatten_obs,
+    mlp,
+    num_discrete_obs,
+    preprocess_obs,
 )
-
-ACTIVATIONS: dict[str, Callable] = {
-    "relu": jax.nn.relu,
-    "tanh": jnp.tanh,
-    "gelu": jax.nn.gelu,
-    "silu": jax.nn.silu,
-    "elu": jax.nn.elu,
-}
-
-
-@dataclass(frozen=True)
-class Network:
-    """`init(key, *inputs) -> params`, `apply(params, *inputs, rng=None) -> outputs`."""
-
-    init: Callable
-    apply: Callable
-
-
-def activation(name: str) -> Callable:
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
-
-
-# ---------------------------------------------------------------- the Layers interface
-
-
-def _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key):
-    """Factorised-Gaussian noisy linear layer (Fortunato et al. 2018):
-
-    y = x (w_mu + w_sigma * (f(e_in) f(e_out)^T)) + b_mu + b_sigma * f(e_out),  f(e) = sign(e) sqrt(|e|),
-    with e_in ~ N(0, I_in), e_out ~ N(0, I_out) drawn from `key`; with key None the noise is zero.
-    """
-    if key is None:
-        return x @ w_mu + b_mu
-    k_in, k_out = jax.random.split(key)
-    f = lambda e: jnp.sign(e) * jnp.sqrt(jnp.abs(e))
-    e_in = f(jax.random.normal(k_in, (x.shape[-1],)))
-    e_out = f(jax.random.normal(k_out, (features,)))
-    # x (w_sigma * e_in e_out^T) = ((x * e_in) @ w_sigma) * e_out: no [in, out] noise matrix.
-    return x @ w_mu + ((x * e_in) @ w_sigma) * e_out + b_mu + b_sigma * e_out
-
-
-def _noisy_inits(fan_in: int, sigma0: float):
-    bound = 1.0 / math.sqrt(fan_in)
-    uniform = lambda key, shape, dtype=jnp.float32: jax.random.uniform(
-        key, shape, dtype, -bound, bound
-    )
-    constant = lambda key, shape, dtype=jnp.float32: jnp.full(
-        shape, sigma0 / math.sqrt(fan_in), dtype
-    )
-    return uniform, constant
-
-
-def _kernel_init(init: str, scale: float, variance_scaling: Callable, orthogonal: Callable):
-    """The weight initialiser of a dense or conv layer of gain `scale` under `init` (module docstring)."""
-    return orthogonal(scale) if init == "orthogonal" else variance_scaling(1.0, "fan_in", "uniform")
-
-
-class FlaxLayers:
-    """`Layers` on Flax linen: called inside a compact module."""
-
-    def __init__(self, module, init: str = "orthogonal"):
-        self.module = module
-        self.init = init
-        self.noisy_count = 0
-
-    def _kernel(self, scale: float):
-        import flax.linen as nn
-
-        return _kernel_init(
-            self.init, scale, nn.initializers.variance_scaling, nn.initializers.orthogonal
-        )
-
-    def dense(self, x, features: int, scale: float = math.sqrt(2), name: str | None = None):
-        import flax.linen as nn
-
-        layer = nn.Dense(
-            features, kernel_init=self._kernel(scale), bias_init=nn.initializers.zeros, name=name
-        )
-        return layer(x)
-
-    def conv(
-        self,
-        x,
-        features: int,
-        kernel: int,
-        stride: int = 1,
-        scale: float = math.sqrt(2),
-        name: str | None = None,
-    ):
-        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers' `init`, zero bias)."""
-        import flax.linen as nn
-
-        layer = nn.Conv(
-            features,
-            (kernel, kernel),
-            strides=(stride, stride),
-            padding="VALID",
-            kernel_init=self._kernel(scale),
-            bias_init=nn.initializers.zeros,
-            name=name,
-        )
-        return layer(x)
-
-    def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
-        if name is None:
-            name, self.noisy_count = f"noisy_{self.noisy_count}", self.noisy_count + 1
-        fan_in = x.shape[-1]
-        uniform, constant = _noisy_inits(fan_in, sigma0)
-        m = self.module
-        w_mu = m.param(f"{name}_w_mu", uniform, (fan_in, features))
-        w_sigma = m.param(f"{name}_w_sigma", constant, (fan_in, features))
-        b_mu = m.param(f"{name}_b_mu", uniform, (features,))
-        b_sigma = m.param(f"{name}_b_sigma", constant, (features,))
-        key = m.make_rng("noise") if m.has_rng("noise") else None
-        return _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key)
-
-    def layer_norm(self, x, name: str | None = None):
-        import flax.linen as nn
-
-        return nn.LayerNorm(epsilon=LAYER_NORM_EPS, name=name)(x)
-
-    def param(self, name: str, shape: Sequence[int], init: Callable):
-        return self.module.param(name, init, tuple(shape))
-
-
-class HaikuLayers:
-    """`Layers` on Haiku: called inside `hk.transform`."""
-
-    def __init__(self, init: str = "orthogonal"):
-        self.init = init
-        self.noisy_count = 0
-
-    def _kernel(self, scale: float):
-        import haiku as hk
-
-        return _kernel_init(
-            self.init, scale, hk.initializers.VarianceScaling, hk.initializers.Orthogonal
-        )
-
-    def dense(self, x, features: int, scale: float = math.sqrt(2), name: str | None = None):
-        import haiku as hk
-
-        return hk.Linear(features, w_init=self._kernel(scale), b_init=jnp.zeros, name=name)(x)
-
-    def conv(
-        self,
-        x,
-        features: int,
-        kernel: int,
-        stride: int = 1,
-        scale: float = math.sqrt(2),
-        name: str | None = None,
-    ):
-        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers' `init`, zero bias)."""
-        import haiku as hk
-
-        return hk.Conv2D(
-            features,
-            kernel,
-            stride,
-            padding="VALID",
-            w_init=self._kernel(scale),
-            b_init=jnp.zeros,
-            name=name,
-        )(x)
-
-    def noisy_dense(self, x, features: int, sigma0: float = 0.5, name: str | None = None):
-        import haiku as hk
-
-        if name is None:
-            name, self.noisy_count = f"noisy_{self.noisy_count}", self.noisy_count + 1
-        fan_in = x.shape[-1]
-        uniform, constant = _noisy_inits(fan_in, sigma0)
-        haiku_init = lambda init: lambda shape, dtype: init(hk.next_rng_key(), shape, dtype)
-        with hk.name_scope(name):
-            w_mu = hk.get_parameter("w_mu", (fan_in, features), init=haiku_init(uniform))
-            w_sigma = hk.get_parameter(
-                "w_sigma", (fan_in, features), init=lambda s, d: constant(None, s, d)
-            )
-            b_mu = hk.get_parameter("b_mu", (features,), init=haiku_init(uniform))
-            b_sigma = hk.get_parameter(
-                "b_sigma", (features,), init=lambda s, d: constant(None, s, d)
-            )
-        key = hk.maybe_next_rng_key()
-        return _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key)
-
-    def layer_norm(self, x, name: str | None = None):
-        import haiku as hk
-
-        return hk.LayerNorm(
-            axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS, name=name
-        )(x)
-
-    def param(self, name: str, shape: Sequence[int], init: Callable):
-        import haiku as hk
-
-        return hk.get_parameter(name, tuple(shape), init=lambda s, d: init(hk.next_rng_key(), s, d))
-
-
-# ---------------------------------------------------------------- building a Network
-
-
-def build(fn: Callable, backend: str = "flax", init: str = "orthogonal") -> Network:
-    """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku", `init` one of `INITS`
-    (the module docstring's initialisation).
-
-    `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean net).
-    """
-    if init not in INITS:
-        raise ValueError(f"unknown network init {init!r}; known: {', '.join(INITS)}")
-    if backend == "flax":
-        net = _build_flax(fn, init)
-    elif backend == "haiku":
-        net = _build_haiku(fn, init)
-    else:
-        raise ValueError(f"unknown network backend {backend!r}; known: {', '.join(BACKENDS)}")
-    return Network(init=at_full_precision(net.init), apply=net.apply)
-
-
-def at_full_precision(init: Callable) -> Callable:
-    """`init` traced under `jax.default_matmul_precision("highest")`: initial params at full float32
-    whatever the run's `run.matmul_precision` (on Ampere/Hopper GPUs a float32 dot at the default
-    precision runs in TF32, a 10-bit mantissa). The orthogonal initialisers are a QR (LAPACK/cuSOLVER,
-    no dot); what this pins is every dot that `init` traces (the forward pass that shapes the params,
-    any initialiser that multiplies). A context manager at trace time: no process state changes."""
-
-    def init_highest(*args, **kwargs):
-        with jax.default_matmul_precision("highest"):
-            return init(*args, **kwargs)
-
-    return init_highest
-
-
-def _build_flax(fn: Callable, init: str) -> Network:
-    import flax.linen as nn
-
-    class Module(nn.Module):
-        @nn.compact
-        def __call__(self, *inputs):
-            return fn(FlaxLayers(self, init), *inputs)
-
-    module = Module()
-
-    def init_params(key, *inputs):
-        params_key, noise_key = jax.random.split(key)
-        return module.init({"params": params_key, "noise": noise_key}, *inputs)
-
-    def apply(params, *inputs, rng=None):
-        return module.apply(params, *inputs, rngs=None if rng is None else {"noise": rng})
-
-    return Network(init=init_params, apply=apply)
-
-
-def _build_haiku(fn: Callable, init: str) -> Network:
-    import haiku as hk
-
-    transformed = hk.transform(lambda *inputs: fn(HaikuLayers(init), *inputs))
-
-    def init_params(key, *inputs):
-        return transformed.init(key, *inputs)
-
-    def apply(params, *inputs, rng=None):
-        return transformed.apply(params, rng, *inputs)
-
-    return Network(init=init_params, apply=apply)
+from rl.recurrent import RecurrentTorso
 
 
 # ---------------------------------------------------------------- torsos
@@ -377,23 +110,6 @@ def network_config(**defaults) -> Any:
     )
 
 
-def mlp(
-    layers,
-    x,
-    hidden: Sequence[int],
-    act: str = "relu",
-    noisy: bool = False,
-    layer_norm: bool = False,
-):
-    """Hidden layers h <- act(h W + b) of the given widths (gain sqrt(2) under the orthogonal init); with
-    `layer_norm`, h <- act(LayerNorm(h W + b))."""
-    f = activation(act)
-    for width in hidden:
-        x = layers.noisy_dense(x, width) if noisy else layers.dense(x, width)
-        x = f(layers.layer_norm(x) if layer_norm else x)
-    return x
-
-
 def cnn(
     layers,
     x,
@@ -437,26 +153,6 @@ def cnn_output_shape(torso: str, obs_space) -> tuple[int, int, int]:
     return height, width, channels
 
 
-def flatten_obs(obs, obs_space):
-    """obs [..., *shape] -> [..., prod(shape)] for a Box of rank > 1 (images or grids through an MLP)."""
-    shape = tuple(getattr(obs_space, "shape", ()) or ())
-    if len(shape) < 2:
-        return obs
-    return obs.reshape(obs.shape[: obs.ndim - len(shape)] + (-1,))
-
-
-def preprocess_obs(obs, num_discrete_obs: int | None = None):
-    """Float features from observations: one-hot for discrete observations, float32 otherwise."""
-    if num_discrete_obs is not None:
-        return jax.nn.one_hot(obs, num_discrete_obs, dtype=jnp.float32)
-    return jnp.asarray(obs, jnp.float32)
-
-
-def num_discrete_obs(obs_space) -> int | None:
-    """n for a Discrete observation space (one-hot encoded by the torso), else None."""
-    return int(obs_space.n) if type(obs_space).__name__ == "Discrete" else None
-
-
 def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
     """`torso(layers, obs) -> features [..., F]` for `config.torso`:
 
@@ -497,130 +193,6 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
         config.activation,
         layer_norm=config.layer_norm,
     )
-
-
-# ---------------------------------------------------------------- recurrent torsos (GRU, LSTM)
-
-
-def _blockwise_orthogonal(blocks: int) -> Callable:
-    """Initialiser of an [H, blocks * H] recurrent kernel: `blocks` independent orthogonal H x H blocks
-    side by side (one per gate, as Flax's and PyTorch's cells initialise each gate's kernel)."""
-
-    def init(key, shape, dtype=jnp.float32):
-        size = shape[0]
-        keys = jax.random.split(key, blocks)
-        return jnp.concatenate(
-            [jax.nn.initializers.orthogonal()(k, (size, size), dtype) for k in keys], axis=-1
-        )
-
-    return init
-
-
-def _gru_step(h, inputs, w_h, b_hn):
-    """One GRU step (Cho et al. 2014, the cuDNN / Flax `GRUCell` form) from the input projection
-    x W_i + b_i = inputs = [i_r, i_z, i_n]:
-
-        r = sigmoid(i_r + h W_hr),  z = sigmoid(i_z + h W_hz),  n = tanh(i_n + r (h W_hn + b_hn)),
-        h' = (1 - z) n + z h."""
-    i_r, i_z, i_n = jnp.split(inputs, 3, axis=-1)
-    h_r, h_z, h_n = jnp.split(h @ w_h, 3, axis=-1)
-    r = jax.nn.sigmoid(i_r + h_r)
-    z = jax.nn.sigmoid(i_z + h_z)
-    n = jnp.tanh(i_n + r * (h_n + b_hn))
-    return (1.0 - z) * n + z * h
-
-
-def _lstm_step(carry, inputs, w_h):
-    """One LSTM step (Hochreiter & Schmidhuber 1997) from the input projection x W_i + b_i = inputs
-    = [i_i, i_f, i_g, i_o], carry (h, c):
-
-        i = sigmoid(i_i + h W_hi),  f = sigmoid(i_f + h W_hf + 1),  g = tanh(i_g + h W_hg),
-        o = sigmoid(i_o + h W_ho),  c' = f c + i g,  h' = o tanh(c')
-
-    (the forget gate's +1, as Haiku's LSTM and Jozefowicz et al. 2015: remember by default)."""
-    h, c = carry
-    gates = inputs + h @ w_h
-    i, f, g, o = jnp.split(gates, 4, axis=-1)
-    c = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-    return jnp.tanh(c) * jax.nn.sigmoid(o), c
-
-
-@dataclass(frozen=True)
-class RecurrentTorso:
-    """A GRU or LSTM torso over time-major sequences, as a pure function of the carry:
-
-        carry, features = torso(layers, carry, obs, reset)
-        obs [T, *batch, ...], reset [T, *batch] (bool), carry: `initial_carry(batch)`-shaped,
-        features [T, *batch, size] (the hidden state h_t after each step), carry = the state after step T-1
-
-    Per step t: the carry is first put back to the initial state where `reset[t]` (obs[t] begins an
-    episode), then the cell reads x_t = mlp(obs[t]) (the `hidden` layers; none: the observation
-    itself). The input projections x_t W_i + b_i of all T steps are one matmul before a `lax.scan`
-    runs the recurrence (gates in `_gru_step` / `_lstm_step`); `layer_norm` as the mlp torso's. Built with `networks.build`, it is
-    `apply(params, carry, obs, reset) -> (carry, features)` on either backend, with the same
-    parameters: dense layers through `layers.dense` (input side, gain 1 under the orthogonal init) and the recurrent
-    kernel [size, gates * size] (one orthogonal block per gate) and GRU's candidate bias through
-    `layers.param`. For a single step pass T = 1 (obs[None], reset[None]).
-    """
-
-    cell: str  # "gru" or "lstm"
-    size: int
-    hidden: tuple[int, ...] = ()
-    activation: str = "relu"
-    num_discrete_obs: int | None = None
-    layer_norm: bool = False  # LayerNorm in the layers before the cell
-
-    def initial_carry(self, batch=()):
-        """The state every episode starts from: zeros [*batch, size] (GRU: h), or a pair (h, c) of
-        them (LSTM). `batch` is an int or a shape."""
-        shape = ((batch,) if isinstance(batch, int) else tuple(batch)) + (self.size,)
-        zeros = jnp.zeros(shape, jnp.float32)
-        return zeros if self.cell == "gru" else (zeros, zeros)
-
-    def __call__(self, layers, carry, obs=None, reset=None):
-        if obs is None or reset is None:
-            raise TypeError(
-                f"a recurrent ({self.cell}) torso is called as torso(layers, carry, obs, reset); "
-                "feedforward combinators (with_head, actor_critic, twin_q) cannot carry its state: use recurrent_actor_critic"
-            )
-        x = mlp(
-            layers,
-            preprocess_obs(obs, self.num_discrete_obs),
-            self.hidden,
-            self.activation,
-            layer_norm=self.layer_norm,
-        )
-        gates = 3 if self.cell == "gru" else 4
-        inputs = layers.dense(x, gates * self.size, scale=1.0)
-        name = _fresh_name(layers, self.cell)
-        w_h = layers.param(
-            f"{name}_recurrent_kernel", (self.size, gates * self.size), _blockwise_orthogonal(gates)
-        )
-        b_hn = (
-            layers.param(f"{name}_candidate_bias", (self.size,), constant_init(0.0))
-            if self.cell == "gru"
-            else None
-        )
-
-        def step(carry, step_inputs):
-            inputs_t, reset_t = step_inputs
-            carry = jax.tree.map(
-                lambda c: jnp.where(reset_t[..., None], jnp.zeros_like(c), c), carry
-            )
-            if self.cell == "gru":
-                carry = _gru_step(carry, inputs_t, w_h, b_hn)
-                return carry, carry
-            carry = _lstm_step(carry, inputs_t, w_h)
-            return carry, carry[0]
-
-        return jax.lax.scan(step, carry, (inputs, jnp.asarray(reset, jnp.bool_)))
-
-
-def _fresh_name(layers, prefix: str) -> str:
-    """`prefix_i`, i counting the recurrent cells built so far with these `layers` (two torsos: two cells)."""
-    count = getattr(layers, "recurrent_count", 0)
-    layers.recurrent_count = count + 1
-    return f"{prefix}_{count}"
 
 
 def recurrent_actor_critic(
@@ -741,11 +313,6 @@ def rainbow_head(
         return value + advantage - advantage.mean(axis=-2, keepdims=True)
 
     return head
-
-
-def constant_init(value: float) -> Callable:
-    """Initialiser filling a parameter with `value` (for `layers.param`)."""
-    return lambda key, shape, dtype=jnp.float32: jnp.full(shape, value, dtype)
 
 
 # ---------------------------------------------------------------- torso + head

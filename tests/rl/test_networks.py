@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from envs.spaces import Discrete
-from rl import networks
+from rl import layers, networks
 
 pytestmark = pytest.mark.usefixtures(
     "full_precision_matmuls"
@@ -220,7 +220,7 @@ def test_noisy_dense_matches_the_explicit_noise_matrix():
     )
     b_mu, b_sigma = rng.normal(size=4).astype(np.float32), rng.random(4).astype(np.float32)
     key = jax.random.PRNGKey(7)
-    out = np.asarray(networks._noisy_dense(jnp.asarray(x), 4, w_mu, w_sigma, b_mu, b_sigma, key))
+    out = np.asarray(layers._noisy_dense(jnp.asarray(x), 4, w_mu, w_sigma, b_mu, b_sigma, key))
     # the same noise draws, then the dense formula y = x (mu + sigma * f(e_in) f(e_out)^T) + b
     k_in, k_out = jax.random.split(key)
     f = lambda e: np.sign(e) * np.sqrt(np.abs(e))
@@ -232,7 +232,7 @@ def test_noisy_dense_matches_the_explicit_noise_matrix():
     expected = x.astype(np.float64) @ w + b_mu + b_sigma * e_out
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(
-        np.asarray(networks._noisy_dense(jnp.asarray(x), 4, w_mu, w_sigma, b_mu, b_sigma, None)),
+        np.asarray(layers._noisy_dense(jnp.asarray(x), 4, w_mu, w_sigma, b_mu, b_sigma, None)),
         x @ w_mu + b_mu,
         rtol=1e-5,
         atol=1e-5,
