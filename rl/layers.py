@@ -60,9 +60,11 @@ def activation(name: str) -> Callable:
 def _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key):
     """Factorised-Gaussian noisy linear layer (Fortunato et al. 2018):
 
-    y = x (w_mu + w_sigma * (f(e_in) f(e_out)^T)) + b_mu + b_sigma * f(e_out),  f(e) = sign(e) sqrt(|e|),
-    with e_in ~ N(0, I_in), e_out ~ N(0, I_out) drawn from `key`; with key None the noise is zero.
-    """
+    y = x (w_mu + w_sigma * (f(e_in) f(e_out)^T)) + b_mu + b_sigma * f(e_out),
+    f(e) = sign(e) sqrt(|e|),
+
+    with e_in ~ N(0, I_in), e_out ~ N(0, I_out) drawn from `key`; with key None the noise is
+    zero."""
     if key is None:
         return x @ w_mu + b_mu
     k_in, k_out = jax.random.split(key)
@@ -85,7 +87,8 @@ def _noisy_inits(fan_in: int, sigma0: float):
 
 
 def _kernel_init(init: str, scale: float, variance_scaling: Callable, orthogonal: Callable):
-    """The weight initialiser of a dense or conv layer of gain `scale` under `init` (module docstring)."""
+    """The weight initialiser of a dense or conv layer of gain `scale` under `init` (module
+    docstring)."""
     return orthogonal(scale) if init == "orthogonal" else variance_scaling(1.0, "fan_in", "uniform")
 
 
@@ -121,7 +124,8 @@ class FlaxLayers:
         scale: float = math.sqrt(2),
         name: str | None = None,
     ):
-        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers' `init`, zero bias)."""
+        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers'
+        `init`, zero bias)."""
         import flax.linen as nn
 
         layer = nn.Conv(
@@ -185,7 +189,8 @@ class HaikuLayers:
         scale: float = math.sqrt(2),
         name: str | None = None,
     ):
-        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers' `init`, zero bias)."""
+        """2-D convolution of x [N, H, W, C], `kernel` x `kernel`, VALID padding (the layers'
+        `init`, zero bias)."""
         import haiku as hk
 
         return hk.Conv2D(
@@ -235,8 +240,8 @@ def build(fn: Callable, backend: str = "flax", init: str = "orthogonal") -> Netw
     """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku", `init` one of `INITS`
     (the module docstring's initialisation).
 
-    `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean net).
-    """
+    `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean
+    net)."""
     if init not in INITS:
         raise ValueError(f"unknown network init {init!r}; known: {', '.join(INITS)}")
     if backend == "flax":
@@ -251,9 +256,10 @@ def build(fn: Callable, backend: str = "flax", init: str = "orthogonal") -> Netw
 def at_full_precision(init: Callable) -> Callable:
     """`init` traced under `jax.default_matmul_precision("highest")`: initial params at full float32
     whatever the run's `run.matmul_precision` (on Ampere/Hopper GPUs a float32 dot at the default
-    precision runs in TF32, a 10-bit mantissa). The orthogonal initialisers are a QR (LAPACK/cuSOLVER,
-    no dot); what this pins is every dot that `init` traces (the forward pass that shapes the params,
-    any initialiser that multiplies). A context manager at trace time: no process state changes."""
+    precision runs in TF32, a 10-bit mantissa). The orthogonal initialisers are a QR
+    (LAPACK/cuSOLVER, no dot); what this pins is every dot that `init` traces (the forward pass that
+    shapes the params, any initialiser that multiplies). A context manager at trace time: no process
+    state changes."""
 
     def init_highest(*args, **kwargs):
         with jax.default_matmul_precision("highest"):
@@ -309,8 +315,8 @@ def mlp(
     noisy: bool = False,
     layer_norm: bool = False,
 ):
-    """Hidden layers h <- act(h W + b) of the given widths (gain sqrt(2) under the orthogonal init); with
-    `layer_norm`, h <- act(LayerNorm(h W + b))."""
+    """Hidden layers h <- act(h W + b) of the given widths (gain sqrt(2) under the orthogonal init);
+    with `layer_norm`, h <- act(LayerNorm(h W + b))."""
     f = activation(act)
     for width in hidden:
         x = layers.noisy_dense(x, width) if noisy else layers.dense(x, width)
@@ -319,7 +325,8 @@ def mlp(
 
 
 def flatten_obs(obs, obs_space):
-    """obs [..., *shape] -> [..., prod(shape)] for a Box of rank > 1 (images or grids through an MLP)."""
+    """obs [..., *shape] -> [..., prod(shape)] for a Box of rank > 1 (images or grids through an
+    MLP)."""
     shape = tuple(getattr(obs_space, "shape", ()) or ())
     if len(shape) < 2:
         return obs

@@ -9,11 +9,10 @@
 A network is written once against `rl.layers`' tiny interface and `build` turns it into either
 backend's module (see there).
 
-A network is a torso (observations -> features; `make_torso` from `agent.network`: an MLP, or a
-conv net for image observations, `cnn_minatar` / `nature_cnn`) and heads
-(Q, Rainbow's dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value), joined by
-`with_head`, `actor_critic` or `twin_q`.
-"""
+A network is a torso (observations -> features; `make_torso` from `agent.network`: an MLP, or a conv
+net for image observations, `cnn_minatar` / `nature_cnn`) and heads (Q, Rainbow's
+dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value), joined by
+`with_head`, `actor_critic` or `twin_q`."""
 
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ import jax.numpy as jnp
 
 from rl.config import ConfigError, hp
 from rl.layers import (
-    BACKENDS,
     ACTIVATIONS,
+    BACKENDS,
     INITS,
     Network,
     activation,
@@ -40,7 +39,6 @@ from rl.layers import (
     preprocess_obs,
 )
 from rl.recurrent import RecurrentTorso
-
 
 # ---------------------------------------------------------------- torsos
 
@@ -74,7 +72,8 @@ class NetworkConfig:
     init: str = hp(
         "orthogonal",
         choices=INITS,
-        doc="dense/conv weight init: orthogonal with per-layer gains (sqrt 2 hidden, 0.01 policy, 1 value/Q), or lecun_uniform (U(+-sqrt(3/fan_in)), Brax's)",
+        doc="dense/conv weight init: orthogonal with per-layer gains (sqrt 2 hidden, 0.01 "
+        "policy, 1 value/Q), or lecun_uniform (U(+-sqrt(3/fan_in)), Brax's)",
     )
     layer_norm: bool = hp(
         False, doc="LayerNorm on each hidden layer's pre-activation (PQN's stabiliser)"
@@ -118,9 +117,9 @@ def cnn(
     act: str = "relu",
     layer_norm: bool = False,
 ):
-    """Conv layers h <- act(conv(h)) ((features, kernel, stride) each, VALID padding, gain
-    sqrt(2) under the orthogonal init) on images x [..., H, W, C] (any leading batch dims, none included), flattened, then
-    the `hidden` dense layers: features [..., F]. With `layer_norm`, every layer is
+    """Conv layers h <- act(conv(h)) ((features, kernel, stride) each, VALID padding, gain sqrt(2)
+    under the orthogonal init) on images x [..., H, W, C] (any leading batch dims, none included),
+    flattened, then the `hidden` dense layers: features [..., F]. With `layer_norm`, every layer is
     h <- act(LayerNorm(...)) (over the channels after a conv)."""
     f = activation(act)
     batch = x.shape[:-3]
@@ -137,13 +136,15 @@ def cnn_output_shape(torso: str, obs_space) -> tuple[int, int, int]:
     shape = tuple(getattr(obs_space, "shape", ()) or ())
     if obs_space is None or type(obs_space).__name__ != "Box" or len(shape) != 3:
         raise ValueError(
-            f"torso {torso!r} needs image observations, a Box of shape [height, width, channels]; got {obs_space}"
+            f"torso {torso!r} needs image observations, a Box of shape [height, width, channels]; "
+            f"got {obs_space}"
         )
     height, width, channels = shape
     for features, kernel, stride in CNN_LAYERS[torso]:
         if min(height, width) < kernel:
             raise ValueError(
-                f"torso {torso!r}: images of {shape[0]}x{shape[1]} are too small for its {kernel}x{kernel} conv layers {CNN_LAYERS[torso]}"
+                f"torso {torso!r}: images of {shape[0]}x{shape[1]} are too small for its "
+                f"{kernel}x{kernel} conv layers {CNN_LAYERS[torso]}"
             )
         height, width, channels = (
             (height - kernel) // stride + 1,
@@ -161,8 +162,8 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
     cnn_minatar / nature_cnn: float32 images [..., H, W, C] -> the torso's conv stack (`CNN_LAYERS`)
          -> the `hidden` layers, `config.activation` (and `layer_norm`) on every layer; needs
          `obs_space`, a Box of images (ValueError otherwise).
-    gru, lstm: a `RecurrentTorso`, called as `torso(layers, carry, obs, reset) -> (carry, features)`.
-    Each call of `torso` creates a new set of layers (two calls: two torsos)."""
+    gru, lstm: a `RecurrentTorso`, called as `torso(layers, carry, obs, reset) -> (carry,
+    features)`. Each call of `torso` creates a new set of layers (two calls: two torsos)."""
     if config.torso not in TORSOS:
         raise ValueError(f"unknown torso {config.torso!r}; known: {', '.join(TORSOS)}")
     if config.torso in CNN_LAYERS:
@@ -198,9 +199,10 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
 def recurrent_actor_critic(
     torso: RecurrentTorso, policy_head: Callable, shared: bool = False
 ) -> Callable:
-    """`actor_critic` for a recurrent torso: `fn(layers, carry, obs, reset) -> (carry, (policy, value))`
-    over time-major sequences (see `RecurrentTorso`), with `fn.initial_carry(batch)`. Separate actor
-    and critic cells carry the pair (actor carry, critic carry); a shared one carries its own."""
+    """`actor_critic` for a recurrent torso: `fn(layers, carry, obs, reset) -> (carry, (policy,
+    value))` over time-major sequences (see `RecurrentTorso`), with `fn.initial_carry(batch)`.
+    Separate actor and critic cells carry the pair (actor carry, critic carry); a shared one carries
+    its own."""
     value = value_head()
 
     def fn(layers, carry, obs, reset):
@@ -242,7 +244,8 @@ def categorical_policy_head(num_actions: int) -> Callable:
 
 def gaussian_policy_head(action_dim: int, log_std_init: float = 0.0) -> Callable:
     """(mean, log_std) of a diagonal Gaussian, both [..., action_dim]: the mean from features (gain
-    0.01), the log-std one learned state-independent parameter per dimension (initial `log_std_init`)."""
+    0.01), the log-std one learned state-independent parameter per dimension (initial
+    `log_std_init`)."""
 
     def head(layers, x):
         mean = layers.dense(x, action_dim, scale=0.01)
@@ -255,7 +258,8 @@ def gaussian_policy_head(action_dim: int, log_std_init: float = 0.0) -> Callable
 def tanh_gaussian_policy_head(action_dim: int, min_std: float = 0.001) -> Callable:
     """(mean, log_std) of a state-dependent diagonal Gaussian whose samples are squashed by tanh
     (Brax's PPO policy), both [..., action_dim]: from one dense layer of 2 action_dim outputs (gain
-    0.01) split into the mean and a raw scale, sigma = softplus(raw) + min_std (about 0.69 at first)."""
+    0.01) split into the mean and a raw scale, sigma = softplus(raw) + min_std (about 0.69 at
+    first)."""
 
     def head(layers, x):
         mean, raw = jnp.split(layers.dense(x, 2 * action_dim, scale=0.01), 2, axis=-1)
@@ -319,7 +323,8 @@ def rainbow_head(
 
 
 def q_network(config: NetworkConfig, obs_space, num_actions: int) -> Network:
-    """obs -> Q-values [..., num_actions]: the torso of `config` and a linear `q_head`, on `config.backend`."""
+    """obs -> Q-values [..., num_actions]: the torso of `config` and a linear `q_head`, on
+    `config.backend`."""
     return build(
         with_head(make_torso(config, obs_space), q_head(num_actions)), config.backend, config.init
     )
@@ -354,7 +359,8 @@ def twin_q(torso: Callable, num_actions: int | None = None) -> Callable:
     """Two independent Q-networks in one parameter tree (clipped double Q).
 
     Continuous (`num_actions=None`): `fn(layers, obs, action) -> (q1, q2)`, each [...], each torso
-    reading concat(obs, action). Discrete: `fn(layers, obs) -> (q1, q2)`, each [..., num_actions]."""
+    reading concat(obs, action). Discrete: `fn(layers, obs) -> (q1, q2)`, each [...,
+    num_actions]."""
     head = value_head() if num_actions is None else q_head(num_actions)
 
     def fn(layers, obs, action=None):
@@ -380,16 +386,17 @@ def _layer_index(module_name: str) -> int:
 
 
 def dense_layers(params) -> list[tuple[jax.Array, jax.Array]]:
-    """The (weight [in, out], bias [out]) pairs of a network of plain dense layers, in creation order,
-    for either backend (flax `Dense_i/{kernel,bias}`, haiku `linear_i/{w,b}`). ValueError if the
-    tree holds anything else (e.g. a learned log-std or noisy layers)."""
+    """The (weight [in, out], bias [out]) pairs of a network of plain dense layers, in creation
+    order, for either backend (flax `Dense_i/{kernel,bias}`, haiku `linear_i/{w,b}`). ValueError if
+    the tree holds anything else (e.g. a learned log-std or noisy layers)."""
     modules = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
         module, name = keys[-2] if len(keys) >= 2 else None, keys[-1]
         if module is None or name not in _WEIGHT_NAMES + _BIAS_NAMES:
             raise ValueError(
-                f"dense_layers: parameter {'/'.join(map(str, keys))} is not a dense layer's weight or bias"
+                f"dense_layers: parameter {'/'.join(map(str, keys))} is not a dense layer's "
+                "weight or bias"
             )
         modules.setdefault(module, {})["w" if name in _WEIGHT_NAMES else "b"] = leaf
     ordered = sorted(modules, key=_layer_index)
@@ -397,9 +404,10 @@ def dense_layers(params) -> list[tuple[jax.Array, jax.Array]]:
 
 
 def leaf_offsets(params):
-    """`params` with each leaf replaced by where it starts in `jax.flatten_util.ravel_pytree(params)`'s
-    vector (an int): leaf k starts at the sum of the sizes of leaves 0..k-1, in `jax.tree` order.
-    `dense_layers(leaf_offsets(params))` gives each dense layer's (weight, bias) offsets."""
+    """`params` with each leaf replaced by where it starts in
+    `jax.flatten_util.ravel_pytree(params)`'s vector (an int): leaf k starts at the sum of the sizes
+    of leaves 0..k-1, in `jax.tree` order. `dense_layers(leaf_offsets(params))` gives each dense
+    layer's (weight, bias) offsets."""
     leaves, treedef = jax.tree.flatten(params)
     sizes = [math.prod(jnp.shape(x)) for x in leaves]
     return jax.tree.unflatten(treedef, [0, *itertools.accumulate(sizes)][: len(leaves)])
@@ -429,7 +437,8 @@ def initial_observation_stats(obs_shape: Sequence[int]) -> dict:
 
 def update_observation_stats(stats: dict, obs, obs_shape: Sequence[int]) -> dict:
     """`stats` merged with every observation of the batch `obs` [..., *obs_shape] by Chan et al.'s
-    rule (`envs.wrappers.RunningMeanVar.update`); for images every pixel is a sample of its channel."""
+    rule (`envs.wrappers.RunningMeanVar.update`); for images every pixel is a sample of its
+    channel."""
     from envs.wrappers import RunningMeanVar
 
     samples = jnp.reshape(obs, (-1,) + observation_stats_shape(obs_shape))
@@ -439,6 +448,7 @@ def update_observation_stats(stats: dict, obs, obs_shape: Sequence[int]) -> dict
 
 def normalize_observation(obs, stats: dict, clip: float | None = 10.0, epsilon: float = 1e-8):
     """clip((obs - mean) / sqrt(var + epsilon), -clip, clip) with running statistics `stats`
-    (broadcast over the batch axes and, for images, the pixels), as float32; `clip=None`: unclipped."""
+    (broadcast over the batch axes and, for images, the pixels), as float32; `clip=None`:
+    unclipped."""
     out = (jnp.asarray(obs, jnp.float32) - stats["mean"]) / jnp.sqrt(stats["var"] + epsilon)
     return out if clip is None else jnp.clip(out, -clip, clip)

@@ -13,8 +13,9 @@ from rl.layers import constant_init, mlp, preprocess_obs
 
 
 def _blockwise_orthogonal(blocks: int) -> Callable:
-    """Initialiser of an [H, blocks * H] recurrent kernel: `blocks` independent orthogonal H x H blocks
-    side by side (one per gate, as Flax's and PyTorch's cells initialise each gate's kernel)."""
+    """Initialiser of an [H, blocks * H] recurrent kernel: `blocks` independent orthogonal H x H
+    blocks side by side (one per gate, as Flax's and PyTorch's cells initialise each gate's
+    kernel)."""
 
     def init(key, shape, dtype=jnp.float32):
         size = shape[0]
@@ -61,17 +62,18 @@ class RecurrentTorso:
 
         carry, features = torso(layers, carry, obs, reset)
         obs [T, *batch, ...], reset [T, *batch] (bool), carry: `initial_carry(batch)`-shaped,
-        features [T, *batch, size] (the hidden state h_t after each step), carry = the state after step T-1
+        features [T, *batch, size] (the hidden state h_t after each step),
+        carry = the state after step T-1
 
     Per step t: the carry is first put back to the initial state where `reset[t]` (obs[t] begins an
     episode), then the cell reads x_t = mlp(obs[t]) (the `hidden` layers; none: the observation
     itself). The input projections x_t W_i + b_i of all T steps are one matmul before a `lax.scan`
-    runs the recurrence (gates in `_gru_step` / `_lstm_step`); `layer_norm` as the mlp torso's. Built with `networks.build`, it is
-    `apply(params, carry, obs, reset) -> (carry, features)` on either backend, with the same
-    parameters: dense layers through `layers.dense` (input side, gain 1 under the orthogonal init) and the recurrent
-    kernel [size, gates * size] (one orthogonal block per gate) and GRU's candidate bias through
-    `layers.param`. For a single step pass T = 1 (obs[None], reset[None]).
-    """
+    runs the recurrence (gates in `_gru_step` / `_lstm_step`); `layer_norm` as the mlp torso's.
+    Built with `networks.build`, it is `apply(params, carry, obs, reset) -> (carry, features)` on
+    either backend, with the same parameters: dense layers through `layers.dense` (input side, gain
+    1 under the orthogonal init) and the recurrent kernel [size, gates * size] (one orthogonal block
+    per gate) and GRU's candidate bias through `layers.param`. For a single step pass T = 1
+    (obs[None], reset[None])."""
 
     cell: str  # "gru" or "lstm"
     size: int
@@ -91,7 +93,8 @@ class RecurrentTorso:
         if obs is None or reset is None:
             raise TypeError(
                 f"a recurrent ({self.cell}) torso is called as torso(layers, carry, obs, reset); "
-                "feedforward combinators (with_head, actor_critic, twin_q) cannot carry its state: use recurrent_actor_critic"
+                "feedforward combinators (with_head, actor_critic, twin_q) cannot carry its state: "
+                "use recurrent_actor_critic"
             )
         x = mlp(
             layers,
@@ -127,7 +130,8 @@ class RecurrentTorso:
 
 
 def _fresh_name(layers, prefix: str) -> str:
-    """`prefix_i`, i counting the recurrent cells built so far with these `layers` (two torsos: two cells)."""
+    """`prefix_i`, i counting the recurrent cells built so far with these `layers` (two torsos: two
+    cells)."""
     count = getattr(layers, "recurrent_count", 0)
     layers.recurrent_count = count + 1
     return f"{prefix}_{count}"
