@@ -194,7 +194,7 @@ def eval_command(args) -> int:
 
 def config_listing(packaged: dict) -> list[str]:
     """`rl configs`: one line per packaged config, its name, agent and env."""
-    from rl.config import read_yaml
+    from rl.config_parsing import read_yaml
 
     lines = []
     for name, path in packaged.items():
@@ -208,7 +208,7 @@ def config_listing(packaged: dict) -> list[str]:
 
 
 def configs_command() -> int:
-    from rl.config import packaged_configs
+    from rl.config_parsing import packaged_configs
 
     packaged = packaged_configs()
     try:

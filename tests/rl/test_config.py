@@ -13,10 +13,10 @@ from rl.config import (
     build_config,
     hyperparams,
     load_config,
-    parse_override,
     parse_sweep,
     sweepable,
 )
+from rl.config_parsing import parse_override
 
 DEFAULT = "configs/qlearning_gridworld.yaml"
 

@@ -485,7 +485,7 @@ def test_recurrent_torso_in_a_feedforward_network_says_what_to_use():
 
 
 def test_recurrent_network_config():
-    from rl.config import ConfigError, build_dataclass
+    from rl.config_parsing import ConfigError, build_dataclass
 
     config = build_dataclass(
         networks.NetworkConfig,
