@@ -98,7 +98,7 @@ def test_chunked_runner_equals_one_compiled_program(tmp_path_factory):
     run_dir = trained_run(tmp_path_factory)
     config, grid = load_run_config(run_dir)
     state, metrics = train_many(config, grid)
-    assert_same_params(final_params(run_dir), np.asarray(state["params"]))
+    assert_same_params(final_params(run_dir), np.asarray(state.params))
     rows = metric_rows(run_dir)
     returns = np.asarray(metrics["episode_return"])
     for row in rows:

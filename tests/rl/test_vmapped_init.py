@@ -171,15 +171,13 @@ def test_outputs_that_depend_on_no_batched_input_stay_unbatched():
     init = vmap_sequentially_on_cpu(trainer.init)
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     unbatched = jax.jit(
-        jax.vmap(
-            lambda key: (init(key, hparams)["step"], init(key, hparams)["buffer"]), out_axes=None
-        )
+        jax.vmap(lambda key: (init(key, hparams).step, init(key, hparams).buffer), out_axes=None)
     )(keys)
     assert int(unbatched[0]) == 0 and int(unbatched[1].size) == 0
-    obs = jax.jit(jax.vmap(lambda key: init(key, hparams)["obs"]))(keys)
+    obs = jax.jit(jax.vmap(lambda key: init(key, hparams).envs.obs))(keys)
     assert obs.shape[0] == 3 and not np.allclose(obs[0], obs[1])
     with pytest.raises(ValueError):  # the obs are batched: they cannot leave with out_axes=None
-        jax.vmap(lambda key: init(key, hparams)["obs"], out_axes=None)(keys)
+        jax.vmap(lambda key: init(key, hparams).envs.obs, out_axes=None)(keys)
 
 
 SAC_SWEEP = textwrap.dedent(
