@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.dqn import compiled_program, machine  # noqa: E402
-from rl import buffers  # noqa: E402
+from rl import buffers, packing  # noqa: E402
 from rl.config import load_config  # noqa: E402
 
 PER_ONLY = [
@@ -147,7 +147,7 @@ def run_ops(args) -> dict:
         full = {"obs": jnp.ones((capacity, 4)), "reward": jnp.ones((capacity,))}
         empty = buffers.prioritized_init(item, capacity)
         per = empty._replace(  # full, every leaf 1
-            storage=buffers.pack(empty.layout, full),
+            storage=packing.pack(empty.layout, full),
             size=jnp.int32(capacity),
             tree=buffers.sumtree_from_leaves(jnp.ones((capacity,))),
         )

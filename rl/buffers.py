@@ -5,7 +5,7 @@
     batch, indices = buffers.uniform_sample(buffer, key, batch_size)
 
     buffer = buffers.prioritized_init(example_transition, capacity)
-    buffer = buffers.prioritized_add(buffer, batch_of_transitions)    # new items at the max priority
+    buffer = buffers.prioritized_add(buffer, batch_of_transitions)    # new items: max priority
     batch, indices, weights = buffers.prioritized_sample(buffer, key, batch_size, beta)
     buffer = buffers.prioritized_update(buffer, indices, priorities, alpha)
 
@@ -14,20 +14,16 @@ A transition is any pytree (the agents store `obs, action, reward, next_obs, ter
 `(position + k) % capacity`, overwriting the oldest. `buffer.data` is the stored items as that
 pytree, every leaf with a leading `capacity` axis.
 
-Storage packs the leaves into a few 2-D blocks [capacity, width] (`StorageLayout`), so an add is one
-scatter per block and a sample one gather per block, whatever the number of leaves: leaves of a
-32-bit dtype are stored bit for bit in one uint32 block; leaves of a narrower dtype (bool, 8- and
-16-bit ints and floats) join that block, their bits widened, when they hold at most `SMALL_LEAF`
-elements per item, and otherwise share a block of their own dtype (a bool image stays one byte per
-pixel); any other dtype (64-bit) gets a block of its own dtype. For DQN on CartPole that is one block.
+Storage packs the leaves into a few 2-D blocks (`rl.packing`), so an add is one scatter per
+block and a sample one gather per block, whatever the number of leaves.
 
 Prioritized replay is proportional PER (Schaul et al. 2016). Item i is stored with the leaf value
 q_i = p_i^alpha and sampled with probability P(i) = q_i / sum_j q_j. A batch of B is stratified:
 the total mass is cut into B equal segments and one target is drawn uniformly inside each. The
 importance weights are w_i = (N P(i))^-beta / max_batch w (N the number of stored items, the max
-taken over the sampled batch), so they only ever scale an update down; `rl.exploration.linear_schedule` anneals
-beta to 1. New items enter with the largest leaf value stored so far (1 initially), so each is
-likely to be replayed at least once.
+taken over the sampled batch), so they only ever scale an update down;
+`rl.exploration.linear_schedule` anneals beta to 1. New items enter with the largest leaf value
+stored so far (1 initially), so each is likely to be replayed at least once.
 
 The sum-tree `tree` is a tuple of float32 arrays, one per level, root first: tree[0] = [total],
 tree[1] the root's T children, then levels of FANOUT (16) children per node, down to the leaves
@@ -60,37 +56,13 @@ capacity's size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kernels.sumtree import child_sums, last_of_runs, sumtree_find_leaves, sumtree_set_leaves
-
-SMALL_LEAF = 16  # most elements per item of a narrow-dtype leaf packed into the 32-bit block
-
-
-@dataclass(frozen=True)
-class LeafSlot:
-    """Where one leaf of an item lives: columns [start, start + prod(shape)) of block `block`."""
-
-    block: int
-    start: int
-    shape: tuple[int, ...]
-    dtype: str
-
-
-@jax.tree_util.register_static
-@dataclass(frozen=True)
-class StorageLayout:
-    """How an item pytree is packed into 2-D blocks (static: no arrays, hashable)."""
-
-    treedef: Any
-    slots: tuple[LeafSlot, ...]
-    block_dtypes: tuple[str, ...]
-    block_widths: tuple[int, ...]
+from rl.packing import StorageLayout, pack, storage_layout, unpack
 
 
 class UniformBuffer(NamedTuple):
@@ -126,87 +98,6 @@ def capacity_of(buffer) -> int:
     return buffer.storage[0].shape[0]
 
 
-# ---------------------------------------------------------------- packed storage shared by both buffers
-
-
-def storage_layout(item) -> StorageLayout:
-    """The packing of one item pytree (the module docstring's rule)."""
-    leaves, treedef = jax.tree.flatten(item)
-    block_dtypes, widths, slots = ["uint32"], [0], []
-    for leaf in leaves:
-        shape, dtype = tuple(jnp.shape(leaf)), np.dtype(jnp.asarray(leaf).dtype)
-        size = int(np.prod(shape))
-        if dtype.itemsize == 4 or (dtype.itemsize < 4 and size <= SMALL_LEAF):
-            block = 0
-        else:
-            if dtype.name not in block_dtypes[1:]:
-                block_dtypes.append(dtype.name)
-                widths.append(0)
-            block = block_dtypes.index(dtype.name, 1)
-        slots.append(LeafSlot(block, widths[block], shape, dtype.name))
-        widths[block] += size
-    if not any(s.block == 0 for s in slots):  # no leaf in the 32-bit block
-        slots = [LeafSlot(s.block - 1, s.start, s.shape, s.dtype) for s in slots]
-        block_dtypes, widths = block_dtypes[1:], widths[1:]
-    return StorageLayout(treedef, tuple(slots), tuple(block_dtypes), tuple(widths))
-
-
-def _bits_type(dtype: np.dtype):
-    """The unsigned int type of the same width as `dtype` (bool: uint8)."""
-    return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[dtype.itemsize]
-
-
-def _to_block(x, dtype: np.dtype, block_dtype: str):
-    """x as the block's dtype, bit for bit: a leaf of the uint32 block is bitcast to the unsigned
-    int of its width (bool: 0 or 1), then widened to uint32; other blocks hold the leaf's own dtype.
-    Only integer conversions, so float NaN payloads and signed zeros survive."""
-    if block_dtype != "uint32":
-        return x
-    bits = (
-        x.astype(jnp.uint8)
-        if dtype == np.bool_
-        else jax.lax.bitcast_convert_type(x, _bits_type(dtype))
-    )
-    return bits.astype(jnp.uint32)
-
-
-def _from_block(x, dtype: np.dtype, block_dtype: str):
-    """The inverse of `_to_block`."""
-    if block_dtype != "uint32":
-        return x
-    if dtype == np.bool_:
-        return x != 0
-    return jax.lax.bitcast_convert_type(x.astype(_bits_type(dtype)), dtype)
-
-
-def pack(layout: StorageLayout, items) -> tuple:
-    """The blocks [..., width] holding a batch of items (every leaf [..., *shape]: any leading axes)."""
-    parts = [[] for _ in layout.block_dtypes]
-    for slot, x in zip(layout.slots, layout.treedef.flatten_up_to(items)):
-        x = jnp.asarray(x).astype(slot.dtype)
-        lead_shape = x.shape[: x.ndim - len(slot.shape)]
-        parts[slot.block].append(
-            _to_block(x, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(
-                lead_shape + (int(np.prod(slot.shape)),)
-            )
-        )
-    return tuple(jnp.concatenate(p, axis=-1) if len(p) > 1 else p[0] for p in parts)
-
-
-def unpack(layout: StorageLayout, blocks):
-    """The item pytree of blocks [..., width]: every leaf [..., *shape] (slices of the blocks)."""
-    leaves = []
-    for slot in layout.slots:
-        block = blocks[slot.block]
-        columns = block[..., slot.start : slot.start + int(np.prod(slot.shape))]
-        leaves.append(
-            _from_block(columns, np.dtype(slot.dtype), layout.block_dtypes[slot.block]).reshape(
-                block.shape[:-1] + slot.shape
-            )
-        )
-    return layout.treedef.unflatten(leaves)
-
-
 def _check_capacity(capacity) -> int:
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
         raise ValueError(f"capacity must be a positive int, got {capacity!r}")
@@ -235,7 +126,8 @@ def _check_items(layout: StorageLayout, items) -> int:
         counts.add(jnp.shape(x)[0])
     if len(counts) != 1:
         raise ValueError(
-            f"items have different leading sizes {sorted(counts)}; every leaf needs the same number of items"
+            f"items have different leading sizes {sorted(counts)}; every leaf needs the same "
+            "number of items"
         )
     return counts.pop()
 
@@ -256,7 +148,8 @@ def _write_indices(buffer, items, valid):
 
 
 def _store(buffer, items, write_rows):
-    """The storage with a batch of items written at `write_rows` (out of range: dropped), one scatter per block."""
+    """The storage with a batch of items written at `write_rows` (out of range: dropped), one
+    scatter per block."""
     return tuple(
         b.at[write_rows].set(x, mode="drop")
         for b, x in zip(buffer.storage, pack(buffer.layout, items))
@@ -272,7 +165,8 @@ def _gather(buffer, indices):
 
 
 def uniform_init(item, capacity: int) -> UniformBuffer:
-    """An empty buffer holding up to `capacity` items shaped like the pytree `item` (one transition)."""
+    """An empty buffer holding up to `capacity` items shaped like the pytree `item` (one
+    transition)."""
     storage, layout = _empty_storage(item, _check_capacity(capacity))
     return UniformBuffer(storage=storage, position=jnp.int32(0), size=jnp.int32(0), layout=layout)
 
@@ -302,9 +196,9 @@ def sumtree_layout(capacity: int) -> tuple[int, ...]:
     """Level sizes (root first) of the sum-tree for `capacity` leaves: (1, T, T F, ..., T F^m).
 
     F = FANOUT and m >= 0 is the fewest levels of fan-out F for which T = ceil(capacity / F^m) is at
-    most MAX_TOP; so the tree is 1 + m levels below the root (4 for capacity 100,000: T = 25, 102,400
-    leaves) and the leaves exceed `capacity` by less than a factor T / (T - 1) (none when m = 0).
-    """
+    most MAX_TOP; so the tree is 1 + m levels below the root (4 for capacity 100,000: T = 25,
+    102,400 leaves) and the leaves exceed `capacity` by less than a factor T / (T - 1) (none when m
+    = 0)."""
     capacity = _check_capacity(capacity)
     m = 0
     while -(-capacity // FANOUT**m) > MAX_TOP:
@@ -319,12 +213,13 @@ def sumtree_init(capacity: int) -> tuple[jax.Array, ...]:
 
 
 def sumtree_from_leaves(leaves, capacity: int | None = None) -> tuple[jax.Array, ...]:
-    """The sum-tree of `capacity` (default len(leaves)) leaves whose first ones are `leaves` (the rest
-    0), built bottom-up: every node is the float32 sum of its children (`child_sums`)."""
+    """The sum-tree of `capacity` (default len(leaves)) leaves whose first ones are `leaves` (the
+    rest 0), built bottom-up: every node is the float32 sum of its children (`child_sums`)."""
     leaves = jnp.asarray(leaves, jnp.float32)
     if capacity is not None and capacity < leaves.shape[0]:
         raise ValueError(
-            f"sumtree_from_leaves: capacity {capacity} is less than the {leaves.shape[0]} leaves given"
+            f"sumtree_from_leaves: capacity {capacity} is less than the {leaves.shape[0]} leaves "
+            "given"
         )
     sizes = sumtree_layout(capacity or leaves.shape[0])
     levels = [jnp.zeros((sizes[-1],), jnp.float32).at[: leaves.shape[0]].set(leaves)]
@@ -390,7 +285,8 @@ def sumtree_find(tree, targets, *, backend: str | None = None) -> jax.Array:
 
 
 def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
-    """An empty prioritized buffer (all leaves 0, max leaf 1) for up to `capacity` items like `item`."""
+    """An empty prioritized buffer (all leaves 0, max leaf 1) for up to `capacity` items like
+    `item`."""
     storage, layout = _empty_storage(item, _check_capacity(capacity))
     return PrioritizedBuffer(
         storage=storage,
@@ -405,10 +301,11 @@ def prioritized_init(item, capacity: int) -> PrioritizedBuffer:
 def prioritized_add(
     buffer: PrioritizedBuffer, items, valid=True, *, backend: str | None = None
 ) -> PrioritizedBuffer:
-    """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is False).
-    `backend`: the kernels backend of the leaf write (`kernels.sumtree_set_leaves`)."""
+    """Append a batch of items at the largest leaf value seen so far (unchanged when `valid` is
+    False). `backend`: the kernels backend of the leaf write (`kernels.sumtree_set_leaves`)."""
     rows, write_rows, position, size = _write_indices(buffer, items, valid)
-    # invalid: a row past the padded leaves (`write_rows` = capacity would be a padding leaf): not written
+    # invalid: a row past the padded leaves (`write_rows` = capacity would be a padding leaf): not
+    # written
     leaf_rows = jnp.where(jnp.asarray(valid, jnp.bool_), rows, buffer.tree[-1].shape[-1])
     tree, _ = sumtree_set_leaves(
         buffer.tree,

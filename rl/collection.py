@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl import buffers
+from rl import packing
 
 
 def rollout_keys(key, num_steps: int, num_envs: int):
@@ -27,7 +27,7 @@ PACKED_OUTPUT_MAX = (
 def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None, unroll: int = 1):
     """`jax.lax.scan(step, carry, xs, length, unroll=unroll)`, the same (carry, stacked outputs)
     bit for bit, with the per-step output leaves of at most `PACKED_OUTPUT_MAX` elements stored as
-    one row of `buffers.pack`'s blocks (32-bit leaves and small narrow ones bitcast into one uint32
+    one row of `packing.pack`'s blocks (32-bit leaves and small narrow ones bitcast into one uint32
     row, other dtypes one row each) and unpacked after the loop. Stacking a leaf costs a
     dynamic-update-slice per loop trip; a rollout step's transition (observation, action, log-prob,
     reward, terminated, truncated, final observation) becomes one or two instead of one per leaf.
@@ -43,13 +43,13 @@ def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None,
         leaves, treedef = jax.tree.flatten(out)
         small = [leaf for leaf in leaves if is_small(leaf)]
         large = [leaf for leaf in leaves if not is_small(leaf)]
-        layout = buffers.storage_layout(small)
+        layout = packing.storage_layout(small)
         packed_layout.append((treedef, [is_small(leaf) for leaf in leaves], layout))
-        return carry, (buffers.pack(layout, small) if small else (), large)
+        return carry, (packing.pack(layout, small) if small else (), large)
 
     carry, (blocks, large) = jax.lax.scan(packed_step, carry, xs, length, unroll=unroll)
     treedef, small_flags, layout = packed_layout[-1]
-    small = iter(buffers.unpack(layout, blocks) if blocks else [])
+    small = iter(packing.unpack(layout, blocks) if blocks else [])
     large = iter(large)
     return carry, treedef.unflatten([next(small) if flag else next(large) for flag in small_flags])
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import kernels
-from rl import buffers
+from rl import buffers, packing
 
 
 def transition(i):
@@ -494,7 +494,7 @@ def test_storage_packs_32_bit_and_small_leaves_into_one_block_and_large_narrow_l
         "extra": jnp.zeros((3,), jnp.int8),  # small
         "big_u8": jnp.zeros((17,), jnp.uint8),  # past SMALL_LEAF: its own block
     }
-    layout = buffers.storage_layout(
+    layout = packing.storage_layout(
         item
     )  # blocks in order of first use, leaves in pytree order (sorted keys)
     assert layout.block_dtypes == ("uint32", "uint8", "bool")
@@ -508,7 +508,7 @@ def test_storage_packs_32_bit_and_small_leaves_into_one_block_and_large_narrow_l
         "next_obs": jnp.zeros(4),
         "terminated": jnp.bool_(False),
     }
-    assert buffers.storage_layout(cartpole).block_dtypes == (
+    assert packing.storage_layout(cartpole).block_dtypes == (
         "uint32",
     )  # a DQN transition: one scatter per add
 
@@ -573,7 +573,7 @@ def test_stored_items_come_back_bit_for_bit(leaves, seed):
 
 def test_zero_size_leaves_and_empty_adds_are_stored_as_nothing():
     item = {"empty": jnp.zeros((0,), jnp.float32), "image": jnp.zeros((20,), jnp.uint8)}
-    layout = buffers.storage_layout(item)
+    layout = packing.storage_layout(item)
     assert layout.block_dtypes == ("uint32", "uint8") and layout.block_widths == (0, 20)
     buf = buffers.uniform_init(item, 4)
     buf = buffers.uniform_add(
