@@ -17,7 +17,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from envs.spaces import Box
-from rl import buffers, losses, networks
+from rl import buffers, heads, losses
 from rl.agent_configs import (
     OnPolicyLoopConfig,
     PPOLoopConfig,
@@ -288,11 +288,11 @@ def policy_head(agent: PPOLoopConfig, env, env_params) -> tuple[Callable, str]:
     one of `losses.DISTRIBUTIONS`."""
     space = env.action_space(env_params)
     if not isinstance(space, Box):
-        return networks.categorical_policy_head(int(space.n)), "categorical"
+        return heads.categorical_policy_head(int(space.n)), "categorical"
     action_dim = int(np.prod(space.shape))
     if agent.continuous_policy == "tanh_gaussian":
-        return networks.tanh_gaussian_policy_head(action_dim), "tanh_gaussian"
-    return networks.gaussian_policy_head(action_dim, agent.log_std_init), "gaussian"
+        return heads.tanh_gaussian_policy_head(action_dim), "tanh_gaussian"
+    return heads.gaussian_policy_head(action_dim, agent.log_std_init), "gaussian"
 
 
 def sample_action(policy, key, distribution: str):

@@ -2,7 +2,7 @@
 `rl.layers` interface with Flax (default) or Haiku behind it.
 
     torso = networks.make_torso(networks.NetworkConfig(hidden=(64, 64)))
-    net = networks.build(networks.with_head(torso, networks.q_head(2)), backend="flax")
+    net = networks.build(networks.with_head(torso, heads.q_head(2)), backend="flax")
     params = net.init(key, obs)                  # obs: one observation or a batch
     q_values = net.apply(params, obs)            # noisy layers: net.apply(params, obs, rng=key)
 
@@ -11,8 +11,8 @@ backend's module (see there).
 
 A network is a torso (observations -> features; `make_torso` from `agent.network`: an MLP, or a conv
 net for image observations, `cnn_minatar` / `nature_cnn`) and heads (Q, Rainbow's
-dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value), joined by
-`with_head`, `actor_critic` or `twin_q`."""
+dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value: `rl.heads`),
+joined by `with_head`, `actor_critic` or `twin_q`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from rl.config import ConfigError, hp
+from rl.heads import q_head, value_head
 from rl.layers import (
     ACTIVATIONS,
     BACKENDS,
@@ -32,7 +33,6 @@ from rl.layers import (
     Network,
     activation,
     build,
-    constant_init,
     flatten_obs,
     mlp,
     num_discrete_obs,
@@ -224,101 +224,6 @@ def recurrent_actor_critic(
     return fn
 
 
-# ---------------------------------------------------------------- heads
-
-
-def q_head(num_actions: int) -> Callable:
-    """Q-values [..., num_actions] from features: one linear layer (gain 1)."""
-    return lambda layers, x: layers.dense(x, num_actions, scale=1.0)
-
-
-def value_head() -> Callable:
-    """A state value [...] from features: one linear unit (gain 1)."""
-    return lambda layers, x: layers.dense(x, 1, scale=1.0)[..., 0]
-
-
-def categorical_policy_head(num_actions: int) -> Callable:
-    """Logits [..., num_actions] from features (gain 0.01: a near-uniform initial policy)."""
-    return lambda layers, x: layers.dense(x, num_actions, scale=0.01)
-
-
-def gaussian_policy_head(action_dim: int, log_std_init: float = 0.0) -> Callable:
-    """(mean, log_std) of a diagonal Gaussian, both [..., action_dim]: the mean from features (gain
-    0.01), the log-std one learned state-independent parameter per dimension (initial
-    `log_std_init`)."""
-
-    def head(layers, x):
-        mean = layers.dense(x, action_dim, scale=0.01)
-        log_std = layers.param("log_std", (action_dim,), constant_init(log_std_init))
-        return mean, jnp.broadcast_to(log_std, mean.shape)
-
-    return head
-
-
-def tanh_gaussian_policy_head(action_dim: int, min_std: float = 0.001) -> Callable:
-    """(mean, log_std) of a state-dependent diagonal Gaussian whose samples are squashed by tanh
-    (Brax's PPO policy), both [..., action_dim]: from one dense layer of 2 action_dim outputs (gain
-    0.01) split into the mean and a raw scale, sigma = softplus(raw) + min_std (about 0.69 at
-    first)."""
-
-    def head(layers, x):
-        mean, raw = jnp.split(layers.dense(x, 2 * action_dim, scale=0.01), 2, axis=-1)
-        return mean, jnp.log(jax.nn.softplus(raw) + min_std)
-
-    return head
-
-
-def deterministic_policy_head(action_dim: int) -> Callable:
-    """An action tanh(x W + b) in [-1, 1]^action_dim from features (gain 0.01: near 0 at first)."""
-    return lambda layers, x: jnp.tanh(layers.dense(x, action_dim, scale=0.01))
-
-
-def squashed_gaussian_head(
-    action_dim: int, log_std_min: float = -5.0, log_std_max: float = 2.0
-) -> Callable:
-    """(mean, log_std) of SAC's pre-tanh Gaussian, [..., action_dim], the log-std bounded smoothly:
-    log_std = min + (max - min) (tanh(raw) + 1) / 2."""
-
-    def head(layers, x):
-        mean = layers.dense(x, action_dim, scale=0.01)
-        raw = layers.dense(x, action_dim, scale=0.01)
-        return mean, log_std_min + 0.5 * (log_std_max - log_std_min) * (jnp.tanh(raw) + 1.0)
-
-    return head
-
-
-def rainbow_head(
-    num_actions: int,
-    num_atoms: int = 1,
-    dueling: bool = True,
-    noisy: bool = True,
-    head_hidden: int = 0,
-    act: str = "relu",
-) -> Callable:
-    """Rainbow's head, every part switchable: outputs [..., num_actions, num_atoms] (logits over
-    atoms when num_atoms > 1, Q-values when 1).
-
-    Each stream: an optional hidden layer of `head_hidden` units, then a linear output; factorised
-    noisy layers when `noisy`. Dueling (Wang et al. 2016): Q = V + A - mean_a A from a value stream
-    V [..., 1, atoms] and an advantage stream A [..., actions, atoms]; else one stream."""
-    f = activation(act)
-
-    def stream(layers, x, outputs):
-        if head_hidden:
-            x = f(layers.noisy_dense(x, head_hidden) if noisy else layers.dense(x, head_hidden))
-        return layers.noisy_dense(x, outputs) if noisy else layers.dense(x, outputs, scale=1.0)
-
-    def head(layers, x):
-        shape = x.shape[:-1] + (num_actions, num_atoms)
-        if not dueling:
-            return stream(layers, x, num_actions * num_atoms).reshape(shape)
-        value = stream(layers, x, num_atoms).reshape(x.shape[:-1] + (1, num_atoms))
-        advantage = stream(layers, x, num_actions * num_atoms).reshape(shape)
-        return value + advantage - advantage.mean(axis=-2, keepdims=True)
-
-    return head
-
-
 # ---------------------------------------------------------------- torso + head
 
 
@@ -411,44 +316,3 @@ def leaf_offsets(params):
     leaves, treedef = jax.tree.flatten(params)
     sizes = [math.prod(jnp.shape(x)) for x in leaves]
     return jax.tree.unflatten(treedef, [0, *itertools.accumulate(sizes)][: len(leaves)])
-
-
-# ---------------------------------------------------------------- observation normalisation
-
-
-def observation_stats_shape(obs_shape: Sequence[int]) -> tuple[int, ...]:
-    """The shape of the running observation statistics: one mean and variance per channel for
-    images (rank 3, [height, width, channels]: every pixel of a channel is a sample), else one per
-    feature (the observation's shape)."""
-    obs_shape = tuple(int(n) for n in obs_shape)
-    return obs_shape[-1:] if len(obs_shape) == 3 else obs_shape
-
-
-def initial_observation_stats(obs_shape: Sequence[int]) -> dict:
-    """{"mean": 0, "var": 1, "count": 1e-4} of `observation_stats_shape` (a plain dict of arrays, as
-    `envs.wrappers.RunningMeanVar` starts), so checkpoints serialise it."""
-    shape = observation_stats_shape(obs_shape)
-    return {
-        "mean": jnp.zeros(shape, jnp.float32),
-        "var": jnp.ones(shape, jnp.float32),
-        "count": jnp.float32(1e-4),
-    }
-
-
-def update_observation_stats(stats: dict, obs, obs_shape: Sequence[int]) -> dict:
-    """`stats` merged with every observation of the batch `obs` [..., *obs_shape] by Chan et al.'s
-    rule (`envs.wrappers.RunningMeanVar.update`); for images every pixel is a sample of its
-    channel."""
-    from envs.wrappers import RunningMeanVar
-
-    samples = jnp.reshape(obs, (-1,) + observation_stats_shape(obs_shape))
-    merged = RunningMeanVar(**stats).update(samples, 1)
-    return {"mean": merged.mean, "var": merged.var, "count": merged.count}
-
-
-def normalize_observation(obs, stats: dict, clip: float | None = 10.0, epsilon: float = 1e-8):
-    """clip((obs - mean) / sqrt(var + epsilon), -clip, clip) with running statistics `stats`
-    (broadcast over the batch axes and, for images, the pixels), as float32; `clip=None`:
-    unclipped."""
-    out = (jnp.asarray(obs, jnp.float32) - stats["mean"]) / jnp.sqrt(stats["var"] + epsilon)
-    return out if clip is None else jnp.clip(out, -clip, clip)

@@ -73,7 +73,16 @@ from jax.flatten_util import ravel_pytree
 
 import kernels
 from envs.spaces import Box, Discrete
-from rl import agent_configs, collection, environment, episodes, loop, losses, networks
+from rl import (
+    agent_configs,
+    collection,
+    environment,
+    episodes,
+    loop,
+    losses,
+    networks,
+    observation_norm,
+)
 from rl.config import ConfigError, hp
 from rl.rollout import greedy_episodes
 from rl.trainer import Trainer, train_from_trainer
@@ -207,10 +216,10 @@ def network_params(agent: Config, params):
 
 
 def network_input(agent: Config, params, obs):
-    """What the network reads: `networks.normalize_observation(obs, params["obs_stats"], agent.obs_clip)`
-    with `agent.normalize_obs`, else obs."""
+    """What the network reads:
+    `observation_norm.normalize_observation(obs, params["obs_stats"], agent.obs_clip)` with `agent.normalize_obs`, else obs."""
     return (
-        networks.normalize_observation(obs, params["obs_stats"], agent.obs_clip)
+        observation_norm.normalize_observation(obs, params["obs_stats"], agent.obs_clip)
         if agent.normalize_obs
         else obs
     )
@@ -373,7 +382,9 @@ def init_state(s: Setup, key, hparams):
     key, net_key, reset_key = jax.random.split(key, 3)
     obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
     net_params = s.net.init(net_key, obs[0])
-    obs_stats = networks.initial_observation_stats(obs.shape[1:]) if s.agent.normalize_obs else None
+    obs_stats = (
+        observation_norm.initial_observation_stats(obs.shape[1:]) if s.agent.normalize_obs else None
+    )
     return {
         "params": policy_params(s.agent, net_params, obs_stats),
         "opt_state": loop.ppo_optimizer(s.agent, hparams).init(ravel_pytree(net_params)[0]),
@@ -573,7 +584,7 @@ def update(s: Setup, hparams, state, totals: episodes.EpisodeTotals):
     obs, env_state, traj, ended = rollout(s, params, state["obs"], state["env_state"], rollout_key)
     totals = episodes.add_totals(totals, ended)
     obs_stats = (
-        networks.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:])
+        observation_norm.update_observation_stats(params["obs_stats"], traj.obs, traj.obs.shape[2:])
         if s.agent.normalize_obs
         else None
     )

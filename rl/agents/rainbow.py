@@ -49,6 +49,7 @@ from rl import (
     environment,
     episodes,
     exploration,
+    heads,
     loop,
     losses,
     networks,
@@ -121,7 +122,7 @@ def make_network(config, env, env_params) -> networks.Network:
     """Torso from `agent.network`, then Rainbow's head (outputs [..., actions, atoms])."""
     a = config.agent
     torso = networks.make_torso(a.network, env.observation_space(env_params))
-    head = networks.rainbow_head(
+    head = heads.rainbow_head(
         env.action_space(env_params).n,
         a.num_atoms if a.distributional else 1,
         a.dueling,

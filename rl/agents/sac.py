@@ -44,7 +44,7 @@ import numpy as np
 import optax
 
 from envs.spaces import Box
-from rl import actor_critic, buffers, collection, environment, losses, networks, optimizers
+from rl import actor_critic, buffers, collection, environment, heads, losses, networks, optimizers
 from rl.agent_configs import ReplayActorCriticConfig
 from rl.config import ConfigError, hp
 from rl.distributions import Categorical, TanhGaussian
@@ -180,14 +180,14 @@ def make_variant(agent: Config, env, env_params) -> Variant:
     space, obs_space = env.action_space(env_params), env.observation_space(env_params)
     if isinstance(space, Box):
         action_dim = int(np.prod(space.shape))
-        head = networks.squashed_gaussian_head(action_dim, agent.log_std_min, agent.log_std_max)
+        head = heads.squashed_gaussian_head(action_dim, agent.log_std_min, agent.log_std_max)
         actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head)
         example = np.zeros(space.shape, np.float32)
         init_critic = lambda key, obs: critic.init(key, obs, example)
         pair = continuous_losses(actor.apply, critic.apply)
         return Variant(actor, TanhGaussian, init_critic, example, *pair, -action_dim)
     num_actions = int(space.n)
-    head = networks.categorical_policy_head(num_actions)
+    head = heads.categorical_policy_head(num_actions)
     actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head, num_actions)
     pair = discrete_losses(actor.apply, critic.apply)
     unit = math.log(num_actions)

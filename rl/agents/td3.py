@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl import actor_critic, buffers, collection, environment, losses, networks, optimizers
+from rl import actor_critic, buffers, collection, environment, heads, losses, networks, optimizers
 from rl.agent_configs import ReplayActorCriticConfig
 from rl.config import hp
 from rl.log_points import log_point_metrics, scan_log_points
@@ -83,7 +83,7 @@ class State(NamedTuple):
 def make_networks(agent: Config, env, env_params):
     """(actor, critic): mu(s) in [-1, 1]^d, and the twin critics reading concat(obs, action)."""
     action_dim = int(np.prod(env.action_space(env_params).shape))
-    head = networks.deterministic_policy_head(action_dim)
+    head = heads.deterministic_policy_head(action_dim)
     return actor_critic.actor_and_twin_critic(
         agent.network, env.observation_space(env_params), head
     )

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from envs.spaces import Box
-from rl import networks
+from rl import heads, networks
 from rl.config import ConfigError, build_config
 
 pytestmark = pytest.mark.usefixtures(
@@ -28,7 +28,7 @@ def count(params) -> int:
 
 def q_net(torso: str, hidden, obs_space, num_actions: int):
     config = networks.NetworkConfig(torso=torso, hidden=hidden, activation="relu")
-    return networks.with_head(networks.make_torso(config, obs_space), networks.q_head(num_actions))
+    return networks.with_head(networks.make_torso(config, obs_space), heads.q_head(num_actions))
 
 
 # (torso, hidden, observation space, actions, parameter count by hand)
@@ -108,7 +108,7 @@ def test_actor_critic_with_a_cnn_torso_has_two_conv_stacks():
     torso = networks.make_torso(config, MINATAR)
     for shared, stacks in ((False, 2), (True, 1)):
         net = networks.build(
-            networks.actor_critic(torso, networks.categorical_policy_head(3), shared=shared), "flax"
+            networks.actor_critic(torso, heads.categorical_policy_head(3), shared=shared), "flax"
         )
         params = net.init(KEY, jnp.zeros(MINATAR.shape))
         assert sum(x.ndim == 4 for x in jax.tree.leaves(params)) == stacks

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from envs.spaces import Discrete
-from rl import layers, networks
+from rl import heads, layers, networks
 
 pytestmark = pytest.mark.usefixtures(
     "full_precision_matmuls"
@@ -39,13 +39,13 @@ def noisy_mlp(num_actions=3, hidden=(16,)):
 
 def q_net(num_actions, hidden=(64, 64), obs_space=None):
     torso = networks.make_torso(networks.NetworkConfig(hidden=hidden), obs_space)
-    return networks.with_head(torso, networks.q_head(num_actions))
+    return networks.with_head(torso, heads.q_head(num_actions))
 
 
 def rainbow_net(num_actions, hidden, **head):
     return networks.with_head(
         networks.make_torso(networks.NetworkConfig(hidden=hidden)),
-        networks.rainbow_head(num_actions, **head),
+        heads.rainbow_head(num_actions, **head),
     )
 
 
@@ -99,7 +99,7 @@ def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
 def test_actor_critic_and_twin_q_shapes(backend):
     obs = jnp.ones((3, 4))
     torso = networks.make_torso(networks.NetworkConfig(hidden=(8, 8)))
-    ac = networks.build(networks.actor_critic(torso, networks.gaussian_policy_head(2)), backend)
+    ac = networks.build(networks.actor_critic(torso, heads.gaussian_policy_head(2)), backend)
     params = ac.init(KEY, obs)
     (mean, log_std), value = ac.apply(params, obs)
     assert mean.shape == log_std.shape == (3, 2) and value.shape == (3,)
@@ -138,7 +138,7 @@ def test_lecun_uniform_init_draws_uniform_weights_of_variance_one_over_fan_in(ba
         networks.NetworkConfig(torso="cnn_minatar", hidden=(64,)), Box(0.0, 1.0, (10, 10, 4))
     )
     net = networks.build(
-        networks.with_head(torso, networks.categorical_policy_head(6)),
+        networks.with_head(torso, heads.categorical_policy_head(6)),
         backend,
         init="lecun_uniform",
     )
@@ -285,10 +285,10 @@ def test_torso_and_heads_compose(backend):
     torso = networks.make_torso(networks.NetworkConfig(hidden=(8,)))
     obs = jnp.ones((3, 4))
     separate = networks.build(
-        networks.actor_critic(torso, networks.categorical_policy_head(5)), backend
+        networks.actor_critic(torso, heads.categorical_policy_head(5)), backend
     )
     shared = networks.build(
-        networks.actor_critic(torso, networks.categorical_policy_head(5), shared=True), backend
+        networks.actor_critic(torso, heads.categorical_policy_head(5), shared=True), backend
     )
     p_sep, p_shared = separate.init(KEY, obs), shared.init(KEY, obs)
     assert count(p_sep) == 2 * (4 * 8 + 8) + (8 * 5 + 5) + (8 + 1)
@@ -296,7 +296,7 @@ def test_torso_and_heads_compose(backend):
     logits, value = separate.apply(p_sep, obs)
     assert logits.shape == (3, 5) and value.shape == (3,)
     squashed = networks.build(
-        networks.with_head(torso, networks.squashed_gaussian_head(2, -5.0, 2.0)), backend
+        networks.with_head(torso, heads.squashed_gaussian_head(2, -5.0, 2.0)), backend
     )
     mean, log_std = squashed.apply(squashed.init(KEY, obs), obs * 100.0)
     assert mean.shape == log_std.shape == (3, 2) and np.all((log_std >= -5.0) & (log_std <= 2.0))
@@ -349,7 +349,7 @@ def test_recurrent_flax_and_haiku_agree_on_structure(cell):
     """The same parameters on both backends (shapes and count), for the actor-critic with separate
     cells, and the same output shapes; the recurrent kernels are orthogonal per gate on both."""
     torso = recurrent_torso(cell, hidden=(8,), size=6)
-    fn = networks.recurrent_actor_critic(torso, networks.categorical_policy_head(3))
+    fn = networks.recurrent_actor_critic(torso, heads.categorical_policy_head(3))
     carry, obs, reset = fn.initial_carry(2), jnp.ones((5, 2, 4)), jnp.zeros((5, 2), bool)
     shapes, outs = {}, {}
     for backend in networks.BACKENDS:
@@ -479,7 +479,7 @@ def test_recurrent_torso_reads_discrete_observations_one_hot():
 
 
 def test_recurrent_torso_in_a_feedforward_network_says_what_to_use():
-    net = networks.build(networks.with_head(recurrent_torso("lstm"), networks.q_head(2)), "flax")
+    net = networks.build(networks.with_head(recurrent_torso("lstm"), heads.q_head(2)), "flax")
     with pytest.raises(TypeError, match="recurrent_actor_critic"):
         net.init(KEY, jnp.ones((3, 6)))
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl import environment, loop, losses, networks
+from rl import environment, heads, loop, losses, networks, observation_norm
 from rl.agents import ppo
 from rl.config import ConfigError, build_config
 
@@ -92,7 +92,7 @@ def test_tanh_gaussian_entropy_gradient_is_reparameterised():
 
 def test_tanh_gaussian_head_scale_is_softplus_plus_min_std():
     net = networks.build(
-        networks.with_head(lambda layers, x: x, networks.tanh_gaussian_policy_head(3)), "flax"
+        networks.with_head(lambda layers, x: x, heads.tanh_gaussian_policy_head(3)), "flax"
     )
     params = net.init(jax.random.PRNGKey(0), jnp.zeros(5))
     x = jax.random.normal(jax.random.PRNGKey(1), (7, 5))
@@ -122,15 +122,15 @@ def test_unknown_distribution_is_named():
 def test_observation_stats_are_the_mean_and_variance_of_everything_seen():
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0, 2.0, (5, 4, 3)).astype(np.float32) for _ in range(3)]
-    stats = networks.initial_observation_stats((3,))
+    stats = observation_norm.initial_observation_stats((3,))
     for batch in batches:
-        stats = networks.update_observation_stats(stats, jnp.asarray(batch), (3,))
+        stats = observation_norm.update_observation_stats(stats, jnp.asarray(batch), (3,))
     seen = np.concatenate([b.reshape(-1, 3) for b in batches]).astype(np.float64)
     np.testing.assert_allclose(
         stats["mean"], seen.mean(0), rtol=1e-4, atol=1e-4
     )  # the 1e-4 prior count barely weighs
     np.testing.assert_allclose(stats["var"], seen.var(0), rtol=1e-3)
-    out = networks.normalize_observation(jnp.asarray(batches[0]), stats)
+    out = observation_norm.normalize_observation(jnp.asarray(batches[0]), stats)
     np.testing.assert_allclose(
         out,
         np.clip((batches[0] - stats["mean"]) / np.sqrt(stats["var"] + 1e-8), -10, 10),
@@ -144,8 +144,8 @@ def test_observation_stats_are_per_channel_for_images():
     images = rng.uniform(0, 1, (6, 10, 10, 4)).astype(np.float32) * np.array(
         [1, 2, 3, 4], np.float32
     )
-    stats = networks.update_observation_stats(
-        networks.initial_observation_stats((10, 10, 4)), jnp.asarray(images), (10, 10, 4)
+    stats = observation_norm.update_observation_stats(
+        observation_norm.initial_observation_stats((10, 10, 4)), jnp.asarray(images), (10, 10, 4)
     )
     assert stats["mean"].shape == (4,)
     np.testing.assert_allclose(stats["mean"], images.reshape(-1, 4).mean(0), rtol=1e-4)
@@ -168,7 +168,9 @@ def test_ppo_with_normalised_observations_keeps_the_statistics_of_every_rollout_
     obs = jnp.array([[1.0, 0.0, 0.5]])
     policy = ppo.make_policy(config)
     net, _ = ppo.make_network(config.agent, *environment.make_env(config))
-    mean = net.apply(state["params"]["network"], networks.normalize_observation(obs, stats))[0][0]
+    mean = net.apply(
+        state["params"]["network"], observation_norm.normalize_observation(obs, stats)
+    )[0][0]
     np.testing.assert_allclose(
         policy(state["params"], obs, None),
         np.clip(np.asarray(mean), -1, 1) * 2.0,
@@ -227,11 +229,11 @@ def test_ppo_normalised_observations_reach_the_learner_normalised():
     _, _, traj, _ = ppo.rollout(
         trainer_setup, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(1)
     )
-    stats = networks.update_observation_stats(state["params"]["obs_stats"], traj.obs, (3,))
+    stats = observation_norm.update_observation_stats(state["params"]["obs_stats"], traj.obs, (3,))
     params = {**state["params"], "obs_stats": stats}
     batch, _, _ = ppo.learn_batch(trainer_setup, hp, params, traj)
     np.testing.assert_allclose(
-        batch.obs, networks.normalize_observation(traj.obs, stats).reshape(-1, 3), rtol=1e-6
+        batch.obs, observation_norm.normalize_observation(traj.obs, stats).reshape(-1, 3), rtol=1e-6
     )
     np.testing.assert_allclose(
         np.mean(np.asarray(batch.obs), 0), 0.0, atol=1e-3
@@ -267,7 +269,7 @@ def test_ppo_tanh_gaussian_pendulum_improves_with_normalised_observations_and_ac
     net, _ = ppo.make_network(config.agent, *environment.make_env(config))
     mean = net.apply(
         state["params"]["network"],
-        networks.normalize_observation(obs, state["params"]["obs_stats"]),
+        observation_norm.normalize_observation(obs, state["params"]["obs_stats"]),
     )[0][0]
     np.testing.assert_allclose(actions, np.tanh(np.asarray(mean)) * 2.0, rtol=1e-5, atol=1e-6)
 

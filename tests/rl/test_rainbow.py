@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import buffers, losses, networks
+from rl import buffers, heads, losses, networks
 from rl.agents import rainbow
 from rl.config import ConfigError, build_config, load_config
 
@@ -195,7 +195,7 @@ def test_scalar_loss_bootstraps_on_truncation_only():
 @pytest.mark.parametrize("backend", ["flax", "haiku"])
 def test_head_shapes_dueling_mean_and_noise(dueling, noisy, backend):
     torso = networks.make_torso(networks.NetworkConfig(hidden=(8,)))
-    head = networks.rainbow_head(3, num_atoms=5, dueling=dueling, noisy=noisy, head_hidden=4)
+    head = heads.rainbow_head(3, num_atoms=5, dueling=dueling, noisy=noisy, head_hidden=4)
     net = networks.build(networks.with_head(torso, head), backend)
     obs = jnp.ones((7, 4))
     params = net.init(jax.random.PRNGKey(0), obs)
