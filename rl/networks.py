@@ -1,16 +1,20 @@
-"""Networks as a pair of pure functions: torsos, heads and their combinations, built on the
-`rl.layers` interface with Flax (default) or Haiku behind it.
+"""Networks as a pair of pure functions (`Network`): torsos, heads and their combinations, built on
+the `rl.layers` interface with Flax (default) or Haiku behind it.
 
     torso = networks.make_torso(networks.NetworkConfig(hidden=(64, 64)))
     net = networks.build(networks.with_head(torso, heads.q_head(2)), backend="flax")
     params = net.init(key, obs)                  # obs: one observation or a batch
     q_values = net.apply(params, obs)            # noisy layers: net.apply(params, obs, rng=key)
 
-A network is written once against `rl.layers`' tiny interface and `build` turns it into either
-backend's module (see there).
+A network is written ONCE as a plain function `fn(layers, *inputs)` against the tiny `Layers`
+interface of `rl.layers` (`dense`, `conv`, `noisy_dense`, `layer_norm`, `param`); `build` turns it
+into a Flax linen module or a Haiku transform. Both backends create the same parameters with the
+same initialisers, so an agent never sees which one it runs on (`agent.network.backend: flax |
+haiku` in a config).
 
-A network is a torso (observations -> features; `make_torso` from `agent.network`: an MLP, or a conv
-net for image observations, `cnn_minatar` / `nature_cnn`) and heads (Q, Rainbow's
+A network is a torso (observations -> features; `make_torso` from `agent.network`: an MLP, a conv
+net for image observations, `cnn_minatar` / `nature_cnn` (`rl.cnn`), or a GRU / LSTM
+(`rl.recurrent`)) and heads (Q, Rainbow's
 dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value: `rl.heads`),
 joined by `with_head`, `actor_critic` or `twin_q`."""
 
@@ -19,20 +23,19 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
+from rl.cnn import CNN_LAYERS, cnn, cnn_output_shape
 from rl.config import ConfigError, hp
 from rl.heads import q_head, value_head
 from rl.layers import (
     ACTIVATIONS,
-    BACKENDS,
     INITS,
-    Network,
-    activation,
-    build,
+    FlaxLayers,
+    HaikuLayers,
     flatten_obs,
     mlp,
     num_discrete_obs,
@@ -40,19 +43,89 @@ from rl.layers import (
 )
 from rl.recurrent import RecurrentTorso
 
+BACKENDS = ("flax", "haiku")
+
+
+@dataclass(frozen=True)
+class Network:
+    """`init(key, *inputs) -> params`, `apply(params, *inputs, rng=None) -> outputs`."""
+
+    init: Callable
+    apply: Callable
+
+
+# ---------------------------------------------------------------- building a Network
+
+
+def build(fn: Callable, backend: str = "flax", init: str = "orthogonal") -> Network:
+    """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku", `init` one of `INITS`
+    (the module docstring's initialisation).
+
+    `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean
+    net)."""
+    if init not in INITS:
+        raise ValueError(f"unknown network init {init!r}; known: {', '.join(INITS)}")
+    if backend == "flax":
+        net = _build_flax(fn, init)
+    elif backend == "haiku":
+        net = _build_haiku(fn, init)
+    else:
+        raise ValueError(f"unknown network backend {backend!r}; known: {', '.join(BACKENDS)}")
+    return Network(init=at_full_precision(net.init), apply=net.apply)
+
+
+def at_full_precision(init: Callable) -> Callable:
+    """`init` traced under `jax.default_matmul_precision("highest")`: initial params at full float32
+    whatever the run's `run.matmul_precision` (on Ampere/Hopper GPUs a float32 dot at the default
+    precision runs in TF32, a 10-bit mantissa). The orthogonal initialisers are a QR
+    (LAPACK/cuSOLVER, no dot); what this pins is every dot that `init` traces (the forward pass that
+    shapes the params, any initialiser that multiplies). A context manager at trace time: no process
+    state changes."""
+
+    def init_highest(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return init(*args, **kwargs)
+
+    return init_highest
+
+
+def _build_flax(fn: Callable, init: str) -> Network:
+    import flax.linen as nn
+
+    class Module(nn.Module):
+        @nn.compact
+        def __call__(self, *inputs):
+            return fn(FlaxLayers(self, init), *inputs)
+
+    module = Module()
+
+    def init_params(key, *inputs):
+        params_key, noise_key = jax.random.split(key)
+        return module.init({"params": params_key, "noise": noise_key}, *inputs)
+
+    def apply(params, *inputs, rng=None):
+        return module.apply(params, *inputs, rngs=None if rng is None else {"noise": rng})
+
+    return Network(init=init_params, apply=apply)
+
+
+def _build_haiku(fn: Callable, init: str) -> Network:
+    import haiku as hk
+
+    transformed = hk.transform(lambda *inputs: fn(HaikuLayers(init), *inputs))
+
+    def init_params(key, *inputs):
+        return transformed.init(key, *inputs)
+
+    def apply(params, *inputs, rng=None):
+        return transformed.apply(params, rng, *inputs)
+
+    return Network(init=init_params, apply=apply)
+
+
 # ---------------------------------------------------------------- torsos
 
 
-# Conv stacks of the cnn torsos, (features, kernel, stride) per layer, VALID padding; the dense
-# layers after them are `agent.network.hidden`.
-CNN_LAYERS: dict[str, tuple[tuple[int, int, int], ...]] = {
-    "cnn_minatar": ((16, 3, 1),),  # MinAtar's net (Young & Tian 2019): then hidden [128]
-    "nature_cnn": (
-        (32, 8, 4),
-        (64, 4, 2),
-        (64, 3, 1),
-    ),  # Nature DQN (Mnih et al. 2015): then hidden [512]
-}
 RECURRENT_TORSOS = ("gru", "lstm")
 TORSOS = ("mlp", *CNN_LAYERS) + RECURRENT_TORSOS
 
@@ -107,51 +180,6 @@ def network_config(**defaults) -> Any:
         default_factory=lambda: NetworkConfig(**defaults),
         metadata=dict(doc="torso and backend (NetworkConfig)"),
     )
-
-
-def cnn(
-    layers,
-    x,
-    convs: Sequence[tuple[int, int, int]],
-    hidden: Sequence[int],
-    act: str = "relu",
-    layer_norm: bool = False,
-):
-    """Conv layers h <- act(conv(h)) ((features, kernel, stride) each, VALID padding, gain sqrt(2)
-    under the orthogonal init) on images x [..., H, W, C] (any leading batch dims, none included),
-    flattened, then the `hidden` dense layers: features [..., F]. With `layer_norm`, every layer is
-    h <- act(LayerNorm(...)) (over the channels after a conv)."""
-    f = activation(act)
-    batch = x.shape[:-3]
-    x = x.reshape((-1,) + x.shape[-3:])
-    for features, kernel, stride in convs:
-        x = layers.conv(x, features, kernel, stride)
-        x = f(layers.layer_norm(x) if layer_norm else x)
-    return mlp(layers, x.reshape(batch + (-1,)), hidden, act, layer_norm=layer_norm)
-
-
-def cnn_output_shape(torso: str, obs_space) -> tuple[int, int, int]:
-    """(height, width, channels) after the conv stack of `torso` on `obs_space`'s images; ValueError
-    if the observations are not images [H, W, C] or are smaller than the stack's receptive field."""
-    shape = tuple(getattr(obs_space, "shape", ()) or ())
-    if obs_space is None or type(obs_space).__name__ != "Box" or len(shape) != 3:
-        raise ValueError(
-            f"torso {torso!r} needs image observations, a Box of shape [height, width, channels]; "
-            f"got {obs_space}"
-        )
-    height, width, channels = shape
-    for features, kernel, stride in CNN_LAYERS[torso]:
-        if min(height, width) < kernel:
-            raise ValueError(
-                f"torso {torso!r}: images of {shape[0]}x{shape[1]} are too small for its "
-                f"{kernel}x{kernel} conv layers {CNN_LAYERS[torso]}"
-            )
-        height, width, channels = (
-            (height - kernel) // stride + 1,
-            (width - kernel) // stride + 1,
-            features,
-        )
-    return height, width, channels
 
 
 def make_torso(config: NetworkConfig, obs_space=None) -> Callable:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from envs.spaces import Box
-from rl import heads, networks
+from rl import cnn, heads, networks
 from rl.config import ConfigError, build_config
 
 pytestmark = pytest.mark.usefixtures(
@@ -75,7 +75,7 @@ def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
     assert results["flax"] == results["haiku"]
     assert results["flax"][0] == num_params
     assert (
-        networks.cnn_output_shape(torso, space)
+        cnn.cnn_output_shape(torso, space)
         == {"cnn_minatar": (8, 8, 16), "nature_cnn": (7, 7, 64)}[name]
     )
 

@@ -13,6 +13,7 @@ import pytest
 
 from envs.spaces import Discrete
 from rl import heads, layers, networks
+from rl.layers import activation, mlp
 
 pytestmark = pytest.mark.usefixtures(
     "full_precision_matmuls"
@@ -31,7 +32,7 @@ def leaves_by_shape(params):
 
 def noisy_mlp(num_actions=3, hidden=(16,)):
     def fn(layers, obs):
-        x = networks.mlp(layers, obs, hidden, noisy=True)
+        x = mlp(layers, obs, hidden, noisy=True)
         return layers.noisy_dense(x, num_actions)
 
     return fn
@@ -253,7 +254,7 @@ def test_bad_backend_and_activation():
     with pytest.raises(ValueError, match="unknown network backend 'torch'"):
         networks.build(q_net(2), "torch")
     with pytest.raises(ValueError, match="unknown activation 'sigmoidish'"):
-        networks.activation("sigmoidish")
+        activation("sigmoidish")
 
 
 def test_network_config_from_yaml_merges_over_the_agents_defaults_and_names_bad_keys():
