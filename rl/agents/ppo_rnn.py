@@ -2,7 +2,7 @@
 read the history of observations, not only the last one (for partially observable envs, e.g.
 CartPole with its velocities hidden: `env.observe: positions`, `envs.MaskObservation`).
 
-The network carries a hidden state h (`rl.recurrent.RecurrentTorso`): h_t = cell(h_{t-1}, obs_t), with
+The network carries a hidden state h (`recurrent.RecurrentTorso`): h_t = cell(h_{t-1}, obs_t), with
 h_{t-1} put back to the initial (zero) state first where obs_t begins an episode, i.e. where the
 previous step ended one, terminated or truncated (and at the very start). pi(.|h_t) and V(h_t) act
 and value step t. One update:
