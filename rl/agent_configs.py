@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl.config import ConfigError, hp
+from rl.config_parsing import ConfigError, hp
 
 UNROLL_DOC = (
     "loop trips (speed only, the same computation): a phase's env and gradient loops unroll "

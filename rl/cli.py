@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rl.cli_output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, error
 from rl.cli_train import train_command
-from rl.config import ConfigError
+from rl.config_parsing import ConfigError
 
 
 class _ArgumentParser(argparse.ArgumentParser):

@@ -19,7 +19,8 @@ from rl.cli_output import (
     print_complete,
     print_summary,
 )
-from rl.config import Config, ConfigError, load_config, parse_sweep
+from rl.config import Config, load_config, parse_sweep
+from rl.config_parsing import ConfigError
 
 
 def resolve_train_config(args) -> tuple[Config, list[dict]]:

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rl.config import ConfigError
+from rl.config_parsing import ConfigError
 
 SEED_AXIS = "seeds"
 

@@ -14,7 +14,7 @@ import numpy as np
 import kernels
 from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction, Wrapper
-from rl.config import ConfigError
+from rl.config_parsing import ConfigError
 
 
 def make_env(config):

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
-from rl.config import Config, ConfigError
+from rl.config import Config
+from rl.config_parsing import ConfigError
 from rl.programs import at_matmul_precision
 from rl.registry import get_agent_module
 from rl.run_dir import load_params, load_run_config

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from rl.cnn import CNN_LAYERS, cnn, cnn_output_shape
-from rl.config import ConfigError, hp
+from rl.config_parsing import ConfigError, hp
 from rl.heads import q_head, value_head
 from rl.layers import (
     ACTIVATIONS,

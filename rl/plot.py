@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rl.config import ConfigError
+from rl.config_parsing import ConfigError
 
 INTERVAL = (25.0, 75.0)
 

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rl.config import Config, ConfigError, hyperparams
+from rl.config import Config, hyperparams
+from rl.config_parsing import ConfigError
 from rl.distributed import put_replicated, replicated, seed_mesh, seed_sharding, select_devices
 from rl.registry import get_agent_module
 from rl.state import is_envs

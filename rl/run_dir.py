@@ -23,8 +23,8 @@ import yaml
 from flax import serialization
 
 from rl.checkpoint import Checkpoints, abstract_like
-from rl.config import Config, ConfigError, build_config
-from rl.config_parsing import read_yaml
+from rl.config import Config, build_config
+from rl.config_parsing import ConfigError, read_yaml
 from rl.distributed import seed_mesh
 from rl.programs import make_programs
 

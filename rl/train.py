@@ -26,7 +26,8 @@ import jax
 import numpy as np
 
 from rl.checkpoint import Checkpoints
-from rl.config import Config, ConfigError
+from rl.config import Config
+from rl.config_parsing import ConfigError
 from rl.distributed import is_main_process, to_host
 from rl.divergence import NonFiniteError, find_non_finite, finite_per_instance
 from rl.interrupts import SigintGuard, TrainingInterrupted, call_interruptibly

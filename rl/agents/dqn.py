@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from rl import buffers, collection, environment, episodes, exploration, losses, networks, replay
 from rl.agent_configs import ReplayLoopConfig
-from rl.config import hp
+from rl.config_parsing import hp
 from rl.log_points import scan_log_points
 from rl.state import ReplayState
 from rl.trainer import Trainer, train_from_trainer

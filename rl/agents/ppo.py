@@ -83,7 +83,7 @@ from rl import (
     networks,
     observation_norm,
 )
-from rl.config import ConfigError, hp
+from rl.config_parsing import ConfigError, hp
 from rl.rollout import greedy_episodes
 from rl.trainer import Trainer, train_from_trainer
 

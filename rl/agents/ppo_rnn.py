@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from rl import agent_configs, collection, environment, episodes, loop, losses, networks
-from rl.config import ConfigError
+from rl.config_parsing import ConfigError
 from rl.rollout import greedy_episodes
 from rl.trainer import RecurrentPolicy, Trainer, train_from_trainer
 

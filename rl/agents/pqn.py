@@ -35,7 +35,7 @@ from jax.flatten_util import ravel_pytree
 
 from rl import agent_configs, environment, episodes, exploration, losses, networks, optimizers
 from rl.collection import rollout_keys
-from rl.config import hp
+from rl.config_parsing import hp
 from rl.log_points import log_point_metrics, scan_log_points, scan_updates
 from rl.minibatches import minibatch_epochs
 from rl.rollout import greedy_episodes

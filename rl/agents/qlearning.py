@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from envs.spaces import Discrete
 from rl import environment, episodes, exploration, log_points
-from rl.config import ConfigError, hp
+from rl.config_parsing import ConfigError, hp
 from rl.rollout import greedy_episodes
 from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer

@@ -55,7 +55,7 @@ from rl import (
     networks,
     optimizers,
 )
-from rl.config import ConfigError, hp
+from rl.config_parsing import ConfigError, hp
 from rl.trainer import Trainer, train_from_trainer
 
 

@@ -46,7 +46,7 @@ import optax
 from envs.spaces import Box
 from rl import actor_critic, buffers, collection, environment, heads, losses, networks, optimizers
 from rl.agent_configs import ReplayActorCriticConfig
-from rl.config import ConfigError, hp
+from rl.config_parsing import ConfigError, hp
 from rl.distributions import Categorical, TanhGaussian
 from rl.log_points import log_point_metrics, scan_log_points
 from rl.state import Envs

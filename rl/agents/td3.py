@@ -32,7 +32,7 @@ import numpy as np
 
 from rl import actor_critic, buffers, collection, environment, heads, losses, networks, optimizers
 from rl.agent_configs import ReplayActorCriticConfig
-from rl.config import hp
+from rl.config_parsing import hp
 from rl.log_points import log_point_metrics, scan_log_points
 from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer

@@ -247,7 +247,8 @@ def test_missing_extra_names_it(hide_package):
     ):
         envs.make("brax:ant", backend="mjx")
     assert not any(i.startswith("brax:") for i in envs.registered_ids())
-    from rl.config import ConfigError, build_config
+    from rl.config import build_config
+    from rl.config_parsing import ConfigError
 
     with pytest.raises(ConfigError, match=r'env.id: .*pip install "fusedrl\[brax\]"'):
         build_config({"env": {"id": "brax:ant"}, "agent": {"name": "ppo"}})

@@ -433,7 +433,7 @@ def test_progress_bar_rate_starts_at_the_second_log_point():
 def test_smoke_seeds_caps_the_seeds_and_names_a_bad_value(monkeypatch):
     from rl.cli import build_parser
     from rl.cli_train import resolve_train_config
-    from rl.config import ConfigError
+    from rl.config_parsing import ConfigError
 
     args = build_parser().parse_args(["train", "configs/qlearning_gridworld.yaml", "--seeds", "16"])
     monkeypatch.setenv("FUSEDRL_SMOKE_SEEDS", "2")

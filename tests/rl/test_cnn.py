@@ -11,7 +11,8 @@ import pytest
 
 from envs.spaces import Box
 from rl import cnn, heads, networks
-from rl.config import ConfigError, build_config
+from rl.config import build_config
+from rl.config_parsing import ConfigError
 
 pytestmark = pytest.mark.usefixtures(
     "full_precision_matmuls"

@@ -8,15 +8,8 @@ import jax.numpy as jnp
 import pytest
 import yaml
 
-from rl.config import (
-    ConfigError,
-    build_config,
-    hyperparams,
-    load_config,
-    parse_sweep,
-    sweepable,
-)
-from rl.config_parsing import parse_override
+from rl.config import build_config, hyperparams, load_config, parse_sweep, sweepable
+from rl.config_parsing import ConfigError, parse_override
 
 DEFAULT = "configs/qlearning_gridworld.yaml"
 

@@ -22,7 +22,8 @@ from run_helpers import REPO, subprocess_env
 from kernels import launch
 from rl import losses
 from rl.agents import ppo, pqn, rainbow
-from rl.config import ConfigError, build_config, hyperparams, load_config
+from rl.config import build_config, hyperparams, load_config
+from rl.config_parsing import ConfigError
 
 TINY_RAINBOW = dict(
     name="rainbow",

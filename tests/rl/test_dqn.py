@@ -11,7 +11,8 @@ import pytest
 
 from envs.cartpole import CartPoleState
 from rl.agents import dqn
-from rl.config import ConfigError, build_config, hyperparams
+from rl.config import build_config, hyperparams
+from rl.config_parsing import ConfigError
 
 SMALL = dict(
     name="dqn",

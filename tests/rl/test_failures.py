@@ -19,7 +19,7 @@ from run_helpers import final_params, metric_rows, run_cli, run_signalled, train
 
 import rl.registry
 from rl.checkpoint import Checkpoints
-from rl.config import hp
+from rl.config_parsing import hp
 from rl.logging import emit
 from rl.trainer import Trainer, train_from_trainer
 

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import pytest
 
 from rl import networks
-from rl.config import ConfigError, build_config
+from rl.config import build_config
+from rl.config_parsing import ConfigError
 from rl.programs import at_matmul_precision, make_programs, run_mesh
 
 DQN = dict(

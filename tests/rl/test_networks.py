@@ -258,7 +258,8 @@ def test_bad_backend_and_activation():
 
 
 def test_network_config_from_yaml_merges_over_the_agents_defaults_and_names_bad_keys():
-    from rl.config import ConfigError, build_config
+    from rl.config import build_config
+    from rl.config_parsing import ConfigError
 
     base = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}}
     assert build_config(base).agent.network == networks.NetworkConfig(

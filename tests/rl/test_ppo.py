@@ -13,7 +13,8 @@ from jax.flatten_util import ravel_pytree
 import kernels
 from rl import environment, loop, losses
 from rl.agents import ppo
-from rl.config import ConfigError, build_config, hyperparams
+from rl.config import build_config, hyperparams
+from rl.config_parsing import ConfigError
 
 
 def make_config(env_id="CartPole-v1", network=None, kernel_backend=None, **agent):

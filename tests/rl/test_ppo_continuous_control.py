@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from rl import environment, heads, loop, losses, networks, observation_norm
 from rl.agents import ppo
-from rl.config import ConfigError, build_config
+from rl.config import build_config
+from rl.config_parsing import ConfigError
 
 
 def make_config(env_id="Pendulum-v1", network=None, **agent):

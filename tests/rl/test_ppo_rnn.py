@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from rl.agents import ppo_rnn
-from rl.config import ConfigError, build_config, hyperparams, parse_sweep
+from rl.config import build_config, hyperparams, parse_sweep
+from rl.config_parsing import ConfigError
 from rl.programs import at_matmul_precision
 from rl.train import train_many
 from rl.trainer import RecurrentPolicy

@@ -13,7 +13,8 @@ import pytest
 
 from rl import networks
 from rl.agents import pqn
-from rl.config import ConfigError, build_config, hyperparams
+from rl.config import build_config, hyperparams
+from rl.config_parsing import ConfigError
 from rl.environment import make_env
 from rl.state import Envs, OnPolicyState
 

@@ -267,14 +267,14 @@ def test_make_policy_is_greedy():
 
 
 def test_rejects_continuous_observation_env():
-    from rl.config import ConfigError
+    from rl.config_parsing import ConfigError
 
     with pytest.raises(ConfigError, match="env.id: qlearning needs discrete"):
         build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "qlearning"}})
 
 
 def test_total_steps_must_be_a_multiple_of_log_interval():
-    from rl.config import ConfigError
+    from rl.config_parsing import ConfigError
 
     with pytest.raises(ConfigError, match="agent.total_steps"):
         make_config(total_steps=1000, log_interval=300)

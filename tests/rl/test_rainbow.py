@@ -15,7 +15,8 @@ import pytest
 
 from rl import buffers, heads, losses, networks
 from rl.agents import rainbow
-from rl.config import ConfigError, build_config, load_config
+from rl.config import build_config, load_config
+from rl.config_parsing import ConfigError
 
 SMALL = dict(
     name="rainbow",

@@ -11,7 +11,8 @@ import pytest
 
 from rl import environment, losses
 from rl.agents import sac
-from rl.config import ConfigError, build_config, hyperparams
+from rl.config import build_config, hyperparams
+from rl.config_parsing import ConfigError
 
 
 def make_config(env_id="Pendulum-v1", **agent):

@@ -12,7 +12,8 @@ import pytest
 
 from rl import losses
 from rl.agents import td3
-from rl.config import ConfigError, build_config, hyperparams
+from rl.config import build_config, hyperparams
+from rl.config_parsing import ConfigError
 
 SMALL = dict(
     name="td3",
