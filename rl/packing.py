@@ -5,7 +5,8 @@ The blocks are [capacity, width] (`StorageLayout`): leaves of a 32-bit dtype are
 in one uint32 block; leaves of a narrower dtype (bool, 8- and 16-bit ints and floats) join that
 block, their bits widened, when they hold at most `SMALL_LEAF` elements per item, and otherwise
 share a block of their own dtype (a bool image stays one byte per pixel); any other dtype (64-bit)
-gets a block of its own dtype. For DQN on CartPole that is one block."""
+gets a block of its own dtype. Float leaves outside the uint32 block are stored as the unsigned ints
+of their width, so every bit survives. For DQN on CartPole that is one block."""
 
 from __future__ import annotations
 
@@ -50,10 +51,11 @@ def storage_layout(item) -> StorageLayout:
         if dtype.itemsize == 4 or (dtype.itemsize < 4 and size <= SMALL_LEAF):
             block = 0
         else:
-            if dtype.name not in block_dtypes[1:]:
-                block_dtypes.append(dtype.name)
+            stored = _stored_dtype(dtype)
+            if stored not in block_dtypes[1:]:
+                block_dtypes.append(stored)
                 widths.append(0)
-            block = block_dtypes.index(dtype.name, 1)
+            block = block_dtypes.index(stored, 1)
         slots.append(LeafSlot(block, widths[block], shape, dtype.name))
         widths[block] += size
     if not any(s.block == 0 for s in slots):  # no leaf in the 32-bit block
@@ -64,15 +66,25 @@ def storage_layout(item) -> StorageLayout:
 
 def _bits_type(dtype: np.dtype):
     """The unsigned int type of the same width as `dtype` (bool: uint8)."""
-    return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[dtype.itemsize]
+    return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[dtype.itemsize]
+
+
+def _stored_dtype(dtype: np.dtype) -> str:
+    """The dtype of the block a leaf outside the uint32 block lives in: its own, or for floating
+    dtypes the unsigned int of their width (a scatter or gather of a narrow float may pass through
+    float32 and quiet a signalling NaN; integers keep every bit)."""
+    if jnp.issubdtype(dtype, jnp.floating):
+        return np.dtype(_bits_type(dtype)).name
+    return dtype.name
 
 
 def _to_block(x, dtype: np.dtype, block_dtype: str):
     """x as the block's dtype, bit for bit: a leaf of the uint32 block is bitcast to the unsigned
-    int of its width (bool: 0 or 1), then widened to uint32; other blocks hold the leaf's own dtype.
-    Only integer conversions, so float NaN payloads and signed zeros survive."""
+    int of its width (bool: 0 or 1), then widened to uint32; other blocks hold the leaf's own dtype
+    or, for floats, its bits (`_stored_dtype`). Only integer conversions, so float NaN payloads and
+    signed zeros survive."""
     if block_dtype != "uint32":
-        return x
+        return x if block_dtype == dtype.name else jax.lax.bitcast_convert_type(x, block_dtype)
     bits = (
         x.astype(jnp.uint8)
         if dtype == np.bool_
@@ -84,7 +96,7 @@ def _to_block(x, dtype: np.dtype, block_dtype: str):
 def _from_block(x, dtype: np.dtype, block_dtype: str):
     """The inverse of `_to_block`."""
     if block_dtype != "uint32":
-        return x
+        return x if block_dtype == dtype.name else jax.lax.bitcast_convert_type(x, dtype)
     if dtype == np.bool_:
         return x != 0
     return jax.lax.bitcast_convert_type(x.astype(_bits_type(dtype)), dtype)
