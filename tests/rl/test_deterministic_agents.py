@@ -97,7 +97,7 @@ GPU_RUN_TWICE = textwrap.dedent(
     program, keys, hparams = build_program(config)
     runs = [jax.device_get(program(keys, hparams)) for _ in range(2)]
     (state_a, metrics_a), (state_b, metrics_b) = runs
-    leaves_a, leaves_b = jax.tree.leaves(state_a["params"]), jax.tree.leaves(state_b["params"])
+    leaves_a, leaves_b = jax.tree.leaves(state_a.params), jax.tree.leaves(state_b.params)
     differ = [i for i, (a, b) in enumerate(zip(leaves_a, leaves_b)) if not np.array_equal(a, b)]
     assert not differ, f"params leaves {differ} of {len(leaves_a)} differ between two runs"
     for name in ("loss", "eval_return"):
