@@ -14,7 +14,8 @@ pytest.importorskip("gymnax")  # the gymnax extra (the test extra installs it)
 from rl.cli import main  # noqa: E402
 from rl.config import load_config  # noqa: E402
 
-# One update each: PPO and PQN, one rollout of 4 x 16 steps; DQN, one gradient step after the second 32 env steps.
+# One update each: PPO and PQN, one rollout of 4 x 16 steps; DQN, one gradient step after the
+# second 32 env steps.
 TINY = {
     "configs/ppo_minatar_breakout.yaml": [
         "agent.total_steps=64",

@@ -15,7 +15,8 @@ def lean_policy(obs):
 
 
 def step_by_step(env, params, act, key, num_episodes):
-    """The obvious loop with greedy_episodes' key schedule: each env's reward until its first episode end."""
+    """The obvious loop with greedy_episodes' key schedule: each env's reward until its first
+    episode end."""
     reset_key, key = jax.random.split(key)
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(reset_key, num_episodes), params
