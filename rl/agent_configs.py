@@ -206,9 +206,10 @@ class OnPolicyLoopConfig:
 
 @dataclass(frozen=True)
 class PPOLoopConfig(OnPolicyLoopConfig):
-    """Settings of PPO's loop, which PPO and recurrent PPO extend: `OnPolicyLoopConfig`'s rollouts and
-    epochs of shuffled minibatches (PPO's defaults: 4 envs x 128 steps, 4 minibatches), each minibatch
-    an Adam step on PPO's clipped loss (`ppo_minibatch_loss`), advantages from truncation-aware GAE."""
+    """Settings of PPO's loop, which PPO and recurrent PPO extend: `OnPolicyLoopConfig`'s rollouts
+    and epochs of shuffled minibatches (PPO's defaults: 4 envs x 128 steps, 4 minibatches), each
+    minibatch an Adam step on PPO's clipped objective (`rl.losses.ppo_loss`), advantages from
+    truncation-aware GAE."""
 
     num_envs: int = hp(4, low=1, doc="parallel envs")
     num_steps: int = hp(128, low=1, doc="rollout length per env per update")
@@ -244,7 +245,9 @@ class PPOLoopConfig(OnPolicyLoopConfig):
     continuous_policy: str = hp(
         "gaussian",
         choices=("gaussian", "tanh_gaussian"),
-        doc="policy for Box actions: a Gaussian with a learned state-independent log-std, its samples clipped to the bounds; or a tanh-squashed Gaussian with a state-dependent scale softplus(x) + 0.001 (Brax's PPO)",
+        doc="policy for Box actions: a Gaussian with a learned state-independent log-std, its "
+        "samples clipped to the bounds; or a tanh-squashed Gaussian with a state-dependent scale "
+        "softplus(x) + 0.001 (Brax's PPO)",
     )
     log_std_init: float = hp(
         0.0, doc="initial log-std of the gaussian policy (continuous_policy: gaussian)"
@@ -253,7 +256,8 @@ class PPOLoopConfig(OnPolicyLoopConfig):
     def validate(self):
         if self.batch_size % self.num_minibatches:
             raise ConfigError(
-                f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * agent.num_steps ({self.batch_size})"
+                f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs * "
+                f"agent.num_steps ({self.batch_size})"
             )
         if self.num_updates < 1 or self.num_updates % self.log_interval:
             raise ConfigError(
@@ -262,15 +266,17 @@ class PPOLoopConfig(OnPolicyLoopConfig):
 
 
 def total_steps_problem(total_steps: int, batch_size: int, log_interval: int) -> str:
-    """The message for a total_steps whose whole updates (total_steps // batch_size) are not a positive
-    multiple of log_interval, with the nearest values that work: the multiples of batch_size * log_interval."""
+    """The message for a total_steps whose whole updates (total_steps // batch_size) are not a
+    positive multiple of log_interval, with the nearest values that work: the multiples of
+    batch_size * log_interval."""
     unit = batch_size * log_interval
     below = total_steps // unit * unit
     valid = [value for value in (below, below + unit) if value > 0]
     updates = total_steps // batch_size
     return (
-        f"agent.total_steps ({total_steps}) gives {updates} updates of agent.num_envs * agent.num_steps = {batch_size} steps, "
-        f"which must be a positive multiple of agent.log_interval ({log_interval}); nearest valid: "
+        f"agent.total_steps ({total_steps}) gives {updates} updates of agent.num_envs * "
+        f"agent.num_steps = {batch_size} steps, which must be a positive multiple of "
+        f"agent.log_interval ({log_interval}); nearest valid: "
         + " or ".join(f"agent.total_steps={value}" for value in valid)
         + f" (multiples of {batch_size} * {log_interval} = {unit})"
     )

@@ -18,40 +18,6 @@ import jax.numpy as jnp
 import optax
 
 import kernels
-from kernels.ppo_grads import clipped_surrogate_loss, clipped_value_loss, ppo_objective
-
-__all__ = [
-    "action_value",
-    "episode_discount",
-    "n_step_discount",
-    "bootstrap_value",
-    "q_learning_target",
-    "td_loss",
-    "n_step_transition",
-    "categorical_q_values",
-    "categorical_td_target",
-    "categorical_cross_entropy",
-    "normalize",
-    "gae_coefficients",
-    "truncation_aware_gae",
-    "clipped_surrogate_loss",
-    "clipped_value_loss",
-    "ppo_loss",
-    "gaussian_log_prob_entropy",
-    "tanh_gaussian_log_prob_entropy",
-    "policy_log_prob_entropy",
-    "tanh_log_det_jacobian",
-    "squashed_gaussian_sample",
-    "squashed_gaussian_log_prob",
-    "soft_value",
-    "soft_value_discrete",
-    "twin_q_loss",
-    "sac_actor_loss",
-    "sac_actor_loss_discrete",
-    "temperature_loss",
-    "smoothed_target_action",
-    "deterministic_policy_loss",
-]
 
 # ---------------------------------------------------------------- value-based (DQN, Rainbow)
 
@@ -86,7 +52,8 @@ def q_learning_target(reward, discount, next_value):
 
 
 def td_loss(td_error, kind: str = "huber"):
-    """Per-item loss of a TD error: huber (delta 1: 0.5 d^2 for |d| <= 1, |d| - 0.5 beyond) or mse (d^2)."""
+    """Per-item loss of a TD error d: huber (delta 1: 0.5 d^2 for |d| <= 1, |d| - 0.5 beyond) or
+    mse (d^2)."""
     if kind == "huber":
         return optax.huber_loss(td_error, delta=1.0)
     if kind == "mse":
@@ -97,15 +64,15 @@ def td_loss(td_error, kind: str = "huber"):
 def n_step_transition(window, gamma, *, backend: str | None = None, deterministic: bool = False):
     """The n-step transition of the oldest step of a window of the last n steps of each env.
 
-    window: {"obs", "action", "reward", "final_obs", "terminated", "truncated"}, each [n, envs, ...].
-    With k the first step of the window at which the episode ended (terminated or truncated), or
-    n - 1 if none did:
+    window: {"obs", "action", "reward", "final_obs", "terminated", "truncated"}, each
+    [n, envs, ...]. With k the first step of the window at which the episode ended (terminated or
+    truncated), or n - 1 if none did:
 
         reward = sum_{i <= k} gamma^i r_i,   next_obs = final_obs_k,   terminated = terminated_k,
         bootstrap_steps = k + 1
 
-    so the target is reward + gamma^(k+1) (1 - terminated_k) max_a Q(next_obs, a) (`n_step_discount`).
-    The discounted sum runs through `kernels.discounted_returns`.
+    so the target is reward + gamma^(k+1) (1 - terminated_k) max_a Q(next_obs, a)
+    (`n_step_discount`). The discounted sum runs through `kernels.discounted_returns`.
     """
     n = window["reward"].shape[0]
     done = window["terminated"] | window["truncated"]
@@ -146,7 +113,8 @@ def categorical_td_target(
 ):
     """C51's target distribution (Bellemare et al. 2017), no gradient: the distribution of
     r + gamma_t z under `next_probs` [B, K], projected onto the support z [K]
-    (`kernels.categorical_projection`; `deterministic`: its fixed-order kernel). `reward`, `discount`: [B]."""
+    (`kernels.categorical_projection`; `deterministic`: its fixed-order kernel).
+    `reward`, `discount`: [B]."""
     atoms = reward[:, None] + discount[:, None] * support[None, :]
     return jax.lax.stop_gradient(
         kernels.categorical_projection(
@@ -180,9 +148,9 @@ def normalize(x, eps: float = 1e-8):
 
 
 def gae_coefficients(terminated, truncated, gamma, gae_lambda):
-    """(d_t, lambda_t) for truncation-aware GAE: d_t = gamma (1 - terminated_t) bootstraps through a
-    time limit, lambda_t = lambda (1 - (terminated_t | truncated_t)) stops the advantage chain at any
-    episode end."""
+    """(d_t, lambda_t) for truncation-aware GAE: d_t = gamma (1 - terminated_t) bootstraps through
+    a time limit, lambda_t = lambda (1 - (terminated_t | truncated_t)) stops the advantage chain at
+    any episode end."""
     discounts = gamma * (1.0 - terminated.astype(jnp.float32))
     lambdas = gae_lambda * (1.0 - (terminated | truncated).astype(jnp.float32))
     return discounts, lambdas
@@ -203,7 +171,8 @@ def truncation_aware_gae(
     """(advantages, value targets) of a time-major rollout, GAE (Schulman et al. 2016) with the
     coefficients of `gae_coefficients` and next_values = V(final_obs_t):
 
-        delta_t = r_t + d_t V(final_obs_t) - V(s_t),   A_t = delta_t + d_t lambda_t A_{t+1},   R_t = A_t + V(s_t)
+        delta_t = r_t + d_t V(final_obs_t) - V(s_t),
+        A_t = delta_t + d_t lambda_t A_{t+1},   R_t = A_t + V(s_t)
 
     through `kernels.gae`."""
     discounts, lambdas = gae_coefficients(terminated, truncated, gamma, gae_lambda)
@@ -232,7 +201,8 @@ def truncation_aware_q_lambda(
     """Peng's Q(lambda) targets of a time-major rollout (PQN; Gallici et al. 2024) with the
     coefficients of `gae_coefficients` and next_values = max_a Q(final_obs_t, a):
 
-        G_t = r_t + d_t [(1 - lambda_t) max_a Q(final_obs_t, a) + lambda_t G_{t+1}],   G after the last step: its bootstrap,
+        G_t = r_t + d_t [(1 - lambda_t) max_a Q(final_obs_t, a) + lambda_t G_{t+1}]
+        (G after the last step: its bootstrap),
 
     so a time limit still bootstraps and no return chains across an episode end; through
     `kernels.q_lambda_returns`."""
@@ -242,12 +212,85 @@ def truncation_aware_q_lambda(
     )
 
 
-ppo_loss = ppo_objective
+def clipped_surrogate_loss(ratio, advantages, clip_eps):
+    """PPO's clipped surrogate (Schulman et al. 2017), to be minimised:
+
+        -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))
+
+    with rho = pi(a|s) / pi_old(a|s) the probability ratio [M] and A the advantages [M]: the
+    policy gains nothing from moving rho beyond 1 +- eps in the direction A rewards."""
+    return -jnp.mean(
+        jnp.minimum(
+            ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+        )
+    )
+
+
+def clipped_value_loss(values, old_values, targets, clip_eps, clip: bool = True):
+    """PPO's value loss with the value update clipped around the behaviour values V_old:
+
+        0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2))
+
+    and 0.5 mean((V - R)^2) when not `clip`. values, old_values, targets R: [M]."""
+    unclipped = jnp.square(values - targets)
+    if not clip:
+        return 0.5 * jnp.mean(unclipped)
+    clipped = jnp.square(old_values + jnp.clip(values - old_values, -clip_eps, clip_eps) - targets)
+    return 0.5 * jnp.mean(jnp.maximum(unclipped, clipped))
+
+
+def ppo_loss(
+    log_prob,
+    entropy,
+    values,
+    old_log_probs,
+    old_values,
+    advantages,
+    targets,
+    clip_eps,
+    vf_clip_eps,
+    ent_coef,
+    vf_coef,
+    clip_value_loss: bool = True,
+):
+    """PPO's objective on one minibatch of M rows, from the current policy's log pi(a|s) and
+    entropy H[pi(.|s)] and the current value V(s) of each row (any action distribution):
+
+        L = -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))                    (policy_loss)
+            + vf_coef 0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2))
+            - ent_coef mean(H)                                                  (entropy)
+
+    with rho = exp(log pi(a|s) - log pi_old(a|s)) (`clipped_surrogate_loss`) and the value term
+    `clipped_value_loss` (0.5 mean((V - R)^2) without `clip_value_loss`). The advantages A are used
+    as given (normalise them first if wanted: `normalize`).
+
+    Args: log_prob, entropy, values, old_log_probs (log pi_old(a|s)), old_values (V_old),
+    advantages, targets (R): [M]; clip_eps (eps), vf_clip_eps (eps_v), ent_coef, vf_coef: scalars
+    (may be traced).
+    Returns: (L, stats), stats the scalars policy_loss, value_loss, entropy (mean H),
+    approx_kl = mean(rho - 1 - log rho) and clip_fraction = mean(|rho - 1| > eps).
+
+    `kernels.ppo_actor_critic_grads_flat` computes the gradient of this objective for a two-MLP
+    categorical actor-critic in fused kernels (tests/rl/test_losses_ppo.py ties the two)."""
+    log_ratio = log_prob - old_log_probs
+    ratio = jnp.exp(log_ratio)
+    policy_loss = clipped_surrogate_loss(ratio, advantages, clip_eps)
+    value_loss = clipped_value_loss(values, old_values, targets, vf_clip_eps, clip_value_loss)
+    entropy = jnp.mean(entropy)
+    total = policy_loss + vf_coef * value_loss - ent_coef * entropy
+    stats = {
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
+        "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)),
+    }
+    return total, stats
 
 
 def gaussian_log_prob_entropy(mean, log_std, actions):
-    """Diagonal Gaussian, summed over the last axis:
-    log pi(a) = sum -((a - mu) / sigma)^2 / 2 - log sigma - log(2 pi) / 2;  H = sum log sigma + log(2 pi e) / 2."""
+    """Diagonal Gaussian, summed over the last axis: H = sum log sigma + log(2 pi e) / 2 and
+    log pi(a) = sum -((a - mu) / sigma)^2 / 2 - log sigma - log(2 pi) / 2."""
     z = (actions - mean) * jnp.exp(-log_std)
     log_prob = jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi), axis=-1)
     entropy = jnp.sum(log_std + 0.5 * math.log(2 * math.pi * math.e), axis=-1)
@@ -259,7 +302,8 @@ def tanh_gaussian_log_prob_entropy(mean, log_std, u):
     over the last axis:
 
         log pi(tanh u) = sum_j [log N(u_j; mu_j, sigma_j) - log(1 - tanh(u_j)^2)]
-        H = sum_j [log sigma_j + log(2 pi e) / 2 + log(1 - tanh(u'_j)^2)],   u' = mu + sigma stop_grad((u - mu) / sigma)
+        H = sum_j [log sigma_j + log(2 pi e) / 2 + log(1 - tanh(u'_j)^2)],
+        u' = mu + sigma stop_grad((u - mu) / sigma)
 
     H is the one-sample estimate H[N] + E[log |d tanh(u) / du|] (the squashed entropy has no closed
     form) at the given sample, reparameterised: u' equals u, and its gradient flows to mu and sigma
@@ -271,25 +315,6 @@ def tanh_gaussian_log_prob_entropy(mean, log_std, u):
     return (
         log_prob - jnp.sum(tanh_log_det_jacobian(u), axis=-1),
         entropy + jnp.sum(tanh_log_det_jacobian(u_reparam), axis=-1),
-    )
-
-
-DISTRIBUTIONS = ("categorical", "gaussian", "tanh_gaussian")
-
-
-def policy_log_prob_entropy(policy, actions, distribution: str, backend: str | None = None):
-    """(log pi(a|s), H[pi(.|s)]) of a policy-head output: categorical logits
-    (`kernels.categorical_log_prob_entropy`), a diagonal Gaussian (mean, log_std)
-    (`gaussian_log_prob_entropy`), or a tanh-squashed one scored at the pre-squash action
-    (`tanh_gaussian_log_prob_entropy`)."""
-    if distribution == "gaussian":
-        return gaussian_log_prob_entropy(*policy, actions)
-    if distribution == "tanh_gaussian":
-        return tanh_gaussian_log_prob_entropy(*policy, actions)
-    if distribution == "categorical":
-        return kernels.categorical_log_prob_entropy(policy, actions, backend=backend)
-    raise ValueError(
-        f"unknown policy distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}"
     )
 
 
@@ -312,7 +337,8 @@ def squashed_gaussian_sample(mean, log_std, key):
 
 
 def squashed_gaussian_log_prob(mean, log_std, u):
-    """log pi(tanh(u)) of the squashed Gaussian for a given pre-squash u (see `squashed_gaussian_sample`)."""
+    """log pi(tanh(u)) of the squashed Gaussian for a given pre-squash u
+    (`squashed_gaussian_sample`)."""
     z = (u - mean) * jnp.exp(-log_std)
     return jnp.sum(
         -0.5 * z * z - log_std - 0.5 * math.log(2.0 * math.pi) - tanh_log_det_jacobian(u), axis=-1
@@ -342,14 +368,15 @@ def sac_actor_loss(log_prob, q1, q2, alpha):
 
 
 def sac_actor_loss_discrete(log_pi, q1, q2, alpha):
-    """L_pi = mean(sum_a pi(a|s) (alpha log pi(a|s) - min(Q1, Q2)(s, a))), the Q-values held fixed."""
+    """L_pi = mean(sum_a pi(a|s) (alpha log pi(a|s) - min(Q1, Q2)(s, a))), the Q-values held
+    fixed."""
     q = jax.lax.stop_gradient(jnp.minimum(q1, q2))
     return jnp.mean(jnp.sum(jnp.exp(log_pi) * (alpha * log_pi - q), axis=-1))
 
 
 def temperature_loss(log_alpha, entropy, target_entropy):
-    """L_alpha = -log_alpha (log pi + target_entropy) = log_alpha (H - target_entropy), H held fixed:
-    alpha grows while the policy's entropy H is below the target."""
+    """L_alpha = -log_alpha (log pi + target_entropy) = log_alpha (H - target_entropy), H held
+    fixed: alpha grows while the policy's entropy H is below the target."""
     return log_alpha * (jax.lax.stop_gradient(entropy) - target_entropy)
 
 
@@ -359,8 +386,8 @@ def temperature_loss(log_alpha, entropy, target_entropy):
 def smoothed_target_action(
     target_action, key, noise_std, noise_clip, low: float = -1.0, high: float = 1.0
 ):
-    """TD3's target policy smoothing (Fujimoto et al. 2018): a' = clip(mu'(s') + clip(eps, -c, c), low, high),
-    eps ~ N(0, noise_std^2) per action dimension, c = `noise_clip`."""
+    """TD3's target policy smoothing (Fujimoto et al. 2018): a' = clip(mu'(s') + clip(eps, -c, c),
+    low, high), eps ~ N(0, noise_std^2) per action dimension, c = `noise_clip`."""
     noise = jnp.clip(
         noise_std * jax.random.normal(key, target_action.shape), -noise_clip, noise_clip
     )

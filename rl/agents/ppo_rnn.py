@@ -7,16 +7,18 @@ h_{t-1} put back to the initial (zero) state first where obs_t begins an episode
 previous step ended one, terminated or truncated (and at the very start). pi(.|h_t) and V(h_t) act
 and value step t. One update:
 
-    rollout      num_envs envs step num_steps times under the policy, carrying h; the carry at the
-                 start of the rollout, h_{-1}, is kept with it (the initial state of each sequence)
+    collect      num_envs envs step num_steps times under the policy, carrying h (each env's
+                 carry and episode-start flag live in its `Envs.memory`); the carry at the start
+                 of the rollout, h_{-1}, is kept with it (the initial state of each sequence)
     bootstrap    V(final_obs_t) = V(cell(h_t, final_obs_t)) for every step in one batched pass: the
                  observation the transition reached, read with the pre-reset state h_t (what the
                  agent would have read next had the episode gone on)
-    advantages   A, R = truncation_aware_gae(r * reward_scale, V(h_t), V(final_obs_t), terminated, truncated)
+    advantages   A, R = truncation_aware_gae(r * reward_scale, V(h_t), V(final_obs_t), terminated,
+                 truncated)
     learn        num_epochs passes; each shuffles the envs into num_minibatches groups and keeps
                  their whole sequences in time order; the network re-runs each sequence from its
                  stored initial state, resetting at the same steps, and the minibatch loss is PPO's
-                 (`loop.ppo_minibatch_loss`; the module docstring of rl/agents/ppo.py has it)
+                 (`ppo.ppo_objective`, `losses.ppo_loss`), one Adam step on the flat parameters
 
 Discrete actions (categorical) and bounded Box actions (diagonal Gaussian in [-1, 1]^d, as PPO).
 Separate actor and critic torsos (two cells, the carry a pair) unless `shared_network`. The greedy
@@ -34,9 +36,21 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from rl import agent_configs, collection, environment, episodes, loop, losses, networks
+from rl import (
+    agent_configs,
+    collection,
+    environment,
+    episodes,
+    log_points,
+    minibatches,
+    networks,
+    optimizers,
+)
+from rl.agents import ppo
 from rl.config_parsing import ConfigError
+from rl.losses import truncation_aware_gae
 from rl.rollout import greedy_episodes
+from rl.state import Envs, OnPolicyState
 from rl.trainer import RecurrentPolicy, Trainer, train_from_trainer
 
 RECURRENT = True  # takes a recurrent torso (rl.config.check_recurrence)
@@ -53,13 +67,14 @@ class Config(agent_configs.PPOLoopConfig):
     def validate(self):
         if not self.network.recurrent:
             raise ConfigError(
-                f"agent.network.torso: ppo_rnn needs a recurrent torso ({' or '.join(networks.RECURRENT_TORSOS)}), "
-                f"got {self.network.torso!r}; for a feedforward torso use agent ppo"
+                "agent.network.torso: ppo_rnn needs a recurrent torso "
+                f"({' or '.join(networks.RECURRENT_TORSOS)}), got {self.network.torso!r}; for a "
+                "feedforward torso use agent ppo"
             )
         if self.num_envs % self.num_minibatches:
             raise ConfigError(
-                f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs ({self.num_envs}): "
-                "a minibatch holds the whole sequences of some envs"
+                f"agent.num_minibatches ({self.num_minibatches}) must divide agent.num_envs "
+                f"({self.num_envs}): a minibatch holds the whole sequences of some envs"
             )
         super().validate()
 
@@ -69,21 +84,18 @@ def check_env(config, env, env_params) -> None:
     environment.check_policy_env(config, env, env_params)
 
 
+# ---------------------------------------------------------------- the network
+
+
 def make_network(agent: Config, env, env_params):
     """(network, initial_carry, distribution): `net.apply(params, carry, obs [T, *batch, ...], reset
-    [T, *batch]) -> (carry, (policy, value))` (`networks.recurrent_actor_critic` on `agent.network`'s
-    torso and `loop.policy_head`), and `initial_carry(batch)` of its state."""
-    head, distribution = loop.policy_head(agent, env, env_params)
-    fn = networks.recurrent_actor_critic(
-        networks.make_torso(agent.network, env.observation_space(env_params)),
-        head,
-        shared=agent.shared_network,
-    )
-    return (
-        networks.build(fn, agent.network.backend, agent.network.init),
-        fn.initial_carry,
-        distribution,
-    )
+    [T, *batch]) -> (carry, (policy head output, value))` (`networks.recurrent_actor_critic` on
+    `agent.network`'s torso and `ppo.policy_head`), and `initial_carry(batch)` of its state."""
+    head, distribution = ppo.policy_head(agent, env, env_params)
+    torso = networks.make_torso(agent.network, env.observation_space(env_params))
+    fn = networks.recurrent_actor_critic(torso, head, shared=agent.shared_network)
+    net = networks.build(fn, agent.network.backend, agent.network.init)
+    return net, fn.initial_carry, distribution
 
 
 def first_step(tree):
@@ -91,22 +103,58 @@ def first_step(tree):
     return jax.tree.map(lambda x: x[0], tree)
 
 
-# ---------------------------------------------------------------- the training program
-
-
 class Setup(NamedTuple):
-    """What the compiled program is built from, fixed per make_trainer."""
+    """What the compiled program is built from, fixed per make_trainer: the network, its initial
+    carry and policy distribution, the env (and its vmapped reset and step), the kernel backend."""
 
     agent: Config
+    net: networks.Network
+    initial_carry: Callable  # initial_carry(batch=()) -> the carry of a fresh episode
+    distribution: type  # rl.distributions class of the policy head's output
     env: Any
     env_params: Any
-    reset: Any  # vmapped env.reset
-    step: Any  # vmapped env.step
-    net: networks.Network
-    initial_carry: Callable
-    distribution: str  # losses.DISTRIBUTIONS
-    backend: str  # kernel backend
+    reset: Any
+    step: Any
+    backend: str
     deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
+
+
+def make_setup(config) -> Setup:
+    env, env_params = environment.make_env(config)
+    net, initial_carry, distribution = make_network(config.agent, env, env_params)
+    reset, step = environment.batched(env)
+    backend, deterministic = environment.kernel_backend(config), config.kernels.deterministic
+    policy = (config.agent, net, initial_carry, distribution)
+    return Setup(*policy, env, env_params, reset, step, backend, deterministic)
+
+
+class Memory(NamedTuple):
+    """The policy's memory of each env (`Envs.memory`): the carry h after the last observation read,
+    and whether the env's observation begins an episode (the carry is reset before reading it)."""
+
+    carry: Any
+    reset: jax.Array
+
+
+# ---------------------------------------------------------------- init
+
+
+def init_state(s: Setup, key, hparams) -> OnPolicyState:
+    """Fresh params, optimiser state and envs, the initial carry (every env begins an episode), the
+    PRNG key and the counters."""
+    key, net_key, reset_key = jax.random.split(key, 3)
+    obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
+    params = s.net.init(net_key, s.initial_carry(), obs[:1], jnp.ones((1,), jnp.bool_))
+    adam = optimizers.annealed_clipped_adam(
+        s.agent, hparams["lr"], hparams["max_grad_norm"], eps=s.agent.adam_eps
+    )
+    memory = Memory(s.initial_carry(s.agent.num_envs), jnp.ones((s.agent.num_envs,), jnp.bool_))
+    envs = Envs(obs, env_state, memory)
+    zero = jnp.int32(0)
+    return OnPolicyState(params, adam.init(ravel_pytree(params)[0]), envs, key, zero, zero)
+
+
+# ---------------------------------------------------------------- collect
 
 
 class Transition(NamedTuple):
@@ -125,6 +173,56 @@ class Transition(NamedTuple):
     episode: dict  # EpisodeStatistics' info: episode_done, episode_return, episode_length
 
 
+def rollout(s: Setup, params, envs: Envs, key):
+    """num_steps steps of every env under the policy, carrying the hidden state; returns the next
+    envs and the Transitions [T, E, ...]."""
+
+    def env_step(loop_state, keys):
+        obs, done, carry, env_state = loop_state
+        act_key, env_keys = keys
+        carry, outputs = s.net.apply(params, carry, obs[None], done[None])
+        head, value = first_step(outputs)
+        pi = s.distribution.from_head(head)
+        action = pi.sample(act_key)
+        log_prob, _ = pi.log_prob_entropy(action, backend="reference")  # as in ppo.rollout
+        next_obs, env_state, reward, terminated, truncated, info = s.step(
+            env_keys, env_state, pi.env_action(action), s.env_params
+        )
+        episode = {name: info[name] for name in EPISODE_INFO}
+        final_obs = info["final_obs"]
+        trans = Transition(
+            obs,
+            done,
+            action,
+            log_prob,
+            value,
+            reward,
+            terminated,
+            truncated,
+            final_obs,
+            carry,
+            episode,
+        )
+        return (next_obs, terminated | truncated, carry, env_state), trans
+
+    keys = collection.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
+    loop_state = (envs.obs, envs.memory.reset, envs.memory.carry, envs.state)
+    unroll = min(s.agent.unroll, s.agent.num_steps)
+    (obs, done, carry, env_state), traj = jax.lax.scan(env_step, loop_state, keys, unroll=unroll)
+    return Envs(obs, env_state, Memory(carry, done)), traj
+
+
+# ---------------------------------------------------------------- values and advantages
+
+
+def bootstrap_values(s: Setup, params, traj: Transition):
+    """V(final_obs_t) [T, E], read with the pre-reset state: the cell's one step from carry h_t
+    (no reset) on final_obs_t, for all T x E steps in one pass."""
+    no_reset = jnp.zeros((1,) + traj.reset.shape, jnp.bool_)
+    _, (_, values) = s.net.apply(params, traj.carry, traj.final_obs[None], no_reset)
+    return values[0]
+
+
 class Sequences(NamedTuple):
     """What the loss reads, env-major [E, T, ...]: each env's sequence and its initial state."""
 
@@ -136,75 +234,10 @@ class Sequences(NamedTuple):
     value: jax.Array
 
 
-def init_state(s: Setup, key, hparams):
-    """Fresh params, optimiser state and envs, the initial carry (every env begins an episode), the
-    PRNG key and the counters."""
-    key, net_key, reset_key = jax.random.split(key, 3)
-    obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
-    params = s.net.init(net_key, s.initial_carry(), obs[:1], jnp.ones((1,), jnp.bool_))
-    return {
-        "params": params,
-        "opt_state": loop.ppo_optimizer(s.agent, hparams).init(ravel_pytree(params)[0]),
-        "obs": obs,
-        "done": jnp.ones((s.agent.num_envs,), jnp.bool_),  # obs begins an episode
-        "carry": s.initial_carry(s.agent.num_envs),
-        "env_state": env_state,
-        "key": key,
-        "step": jnp.int32(0),
-        "update": jnp.int32(0),
-    }
-
-
-def rollout(s: Setup, params, obs, done, carry, env_state, key):
-    """num_steps steps of every env under the policy, carrying the hidden state; returns the next
-    (obs, done, carry, env_state) and the Transitions [T, E, ...]."""
-
-    def env_step(loop_state, keys):
-        obs, done, carry, env_state = loop_state
-        act_key, env_keys = keys
-        carry, outputs = s.net.apply(params, carry, obs[None], done[None])
-        policy, value = first_step(outputs)
-        action = loop.sample_action(policy, act_key, s.distribution)
-        log_prob, _ = losses.policy_log_prob_entropy(
-            policy, action, s.distribution, backend="reference"
-        )  # as in ppo.rollout
-        next_obs, env_state, reward, terminated, truncated, info = s.step(
-            env_keys, env_state, loop.env_action(action, s.distribution), s.env_params
-        )
-        episode = {name: info[name] for name in EPISODE_INFO}
-        trans = Transition(
-            obs,
-            done,
-            action,
-            log_prob,
-            value,
-            reward,
-            terminated,
-            truncated,
-            info["final_obs"],
-            carry,
-            episode,
-        )
-        return (next_obs, terminated | truncated, carry, env_state), trans
-
-    keys = collection.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
-    return jax.lax.scan(
-        env_step, (obs, done, carry, env_state), keys, unroll=min(s.agent.unroll, s.agent.num_steps)
-    )
-
-
-def bootstrap_values(s: Setup, params, traj: Transition):
-    """V(final_obs_t) [T, E], read with the pre-reset state: the cell's one step from carry h_t
-    (no reset) on final_obs_t, for all T x E steps in one pass."""
-    no_reset = jnp.zeros((1,) + traj.reset.shape, jnp.bool_)
-    _, (_, values) = s.net.apply(params, traj.carry, traj.final_obs[None], no_reset)
-    return values[0]
-
-
 def learn_batch(s: Setup, hparams, params, traj: Transition, initial_carry):
     """(Sequences, advantages, targets), env-major [E, T, ...]: truncation-aware GAE on the scaled
     rewards with the rollout's values and `bootstrap_values`."""
-    advantages, targets = losses.truncation_aware_gae(
+    advantages, targets = truncation_aware_gae(
         traj.reward * hparams["reward_scale"],
         traj.value,
         bootstrap_values(s, params, traj),
@@ -219,118 +252,97 @@ def learn_batch(s: Setup, hparams, params, traj: Transition, initial_carry):
     sequences = jax.tree.map(
         env_major, Sequences(None, traj.obs, traj.reset, traj.action, traj.log_prob, traj.value)
     )
-    return (
-        sequences._replace(initial_carry=initial_carry),
-        env_major(advantages),
-        env_major(targets),
-    )
+    sequences = sequences._replace(initial_carry=initial_carry)
+    return sequences, env_major(advantages), env_major(targets)
 
 
-def minibatch_loss(net, params, batch, hparams, agent: Config, distribution: str, backend: str):
-    """(L, stats) = `loop.ppo_minibatch_loss` of a minibatch of whole sequences (Sequences, advantages,
-    targets; env-major), the network re-run over each from its initial state."""
-    seqs, advantages, targets = batch
+# ---------------------------------------------------------------- the minibatch loss
+
+
+def minibatch_loss(s: Setup, hparams, params, minibatch):
+    """`ppo.ppo_objective` of a minibatch of whole sequences (Sequences, advantages, targets;
+    env-major), the network re-run over each from its initial state."""
+    seqs, advantages, targets = minibatch
     swap = lambda x: jnp.swapaxes(x, 0, 1)
-    _, outputs = net.apply(params, seqs.initial_carry, swap(seqs.obs), swap(seqs.reset))
-    policy, values = jax.tree.map(swap, outputs)
-    return loop.ppo_minibatch_loss(
-        policy,
-        values,
-        seqs.action,
-        seqs.log_prob,
-        seqs.value,
-        advantages,
-        targets,
-        hparams,
-        agent,
-        distribution,
-        backend,
-    )
+    _, outputs = s.net.apply(params, seqs.initial_carry, swap(seqs.obs), swap(seqs.reset))
+    head, values = jax.tree.map(swap, outputs)
+    pi = s.distribution.from_head(head)
+    return ppo.ppo_objective(s, hparams, pi, values, seqs, advantages, targets)
 
 
-def update(s: Setup, hparams, state, totals: episodes.EpisodeTotals):
-    """One recurrent PPO update: rollout, advantages, epochs over minibatches of env sequences
-    (`loop.flat_minibatch_epochs` over the env axis). Returns (state, totals, mean loss stats)."""
-    key, rollout_key, shuffle_key = jax.random.split(state["key"], 3)
-    params = state["params"]
-    (obs, done, carry, env_state), traj = rollout(
-        s, params, state["obs"], state["done"], state["carry"], state["env_state"], rollout_key
-    )
+# ---------------------------------------------------------------- one update
+
+
+def update(s: Setup, hparams, state: OnPolicyState, totals: episodes.EpisodeTotals):
+    """One recurrent PPO update: rollout, advantages, epochs of Adam steps on the flat parameter
+    vector over minibatches of env sequences. Returns (state, totals, mean loss stats)."""
+    agent = s.agent
+    key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
+    # collect
+    envs, traj = rollout(s, state.params, state.envs, rollout_key)
     totals = episodes.add_episodes(totals, traj.episode)
-    batch = learn_batch(s, hparams, params, traj, state["carry"])
-
-    def grads(params, minibatch):
-        loss = lambda p: minibatch_loss(
-            s.net, p, minibatch, hparams, s.agent, s.distribution, s.backend
-        )
-        (_, stats), g = jax.value_and_grad(loss, has_aux=True)(params)
-        return g, stats
-
-    params, opt_state, stats = loop.flat_minibatch_epochs(
-        s.agent,
-        loop.ppo_optimizer(s.agent, hparams),
-        grads,
-        params,
-        state["opt_state"],
-        batch,
-        shuffle_key,
+    # values and advantages
+    batch = learn_batch(s, hparams, state.params, traj, state.envs.memory.carry)
+    # update epochs: minibatches of whole env sequences, steps on the flat parameter vector
+    flat_params, unravel = ravel_pytree(state.params)
+    loss = partial(minibatch_loss, s, hparams)
+    adam = optimizers.annealed_clipped_adam(
+        agent, hparams["lr"], hparams["max_grad_norm"], eps=agent.adam_eps
     )
-    state = {
-        "params": params,
-        "opt_state": opt_state,
-        "obs": obs,
-        "done": done,
-        "carry": carry,
-        "env_state": env_state,
-        "key": key,
-        "step": state["step"] + s.agent.batch_size,
-        "update": state["update"] + 1,
-    }
+
+    def minibatch_step(carry, minibatch):
+        flat_params, opt_state = carry
+        grads, stats = jax.grad(loss, has_aux=True)(unravel(flat_params), minibatch)
+        flat_grads = ravel_pytree(grads)[0]
+        return optimizers.flat_step(adam, flat_params, opt_state, flat_grads), stats
+
+    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)
+    (flat_params, opt_state), stats = minibatches.minibatch_epochs(
+        minibatch_step, (flat_params, state.opt_state), batch, shuffle_key, *epochs
+    )
+    step, updates = state.step + agent.batch_size, state.updates + 1
+    state = OnPolicyState(unravel(flat_params), opt_state, envs, key, step, updates)
     return state, totals, jax.tree.map(jnp.mean, stats)
 
 
-def evaluate(s: Setup, params, key):
-    """Mean return and length of the first episode of `eval_envs` fresh envs under the greedy policy,
-    each starting from the initial state."""
-
-    def act(carry, obs):
-        carry, outputs = s.net.apply(
-            params, carry, obs[None], jnp.zeros((1, obs.shape[0]), jnp.bool_)
-        )
-        policy, _ = first_step(outputs)
-        return carry, loop.env_action(loop.greedy_action(policy, s.distribution), s.distribution)
-
-    returns, lengths = greedy_episodes(
-        s.env, s.env_params, act, key, s.agent.eval_envs, carry=s.initial_carry(s.agent.eval_envs)
-    )
-    return returns.mean(), lengths.mean()
+# ---------------------------------------------------------------- the program
 
 
-def make_setup(config) -> Setup:
-    env, env_params = environment.make_env(config)
-    net, initial_carry, distribution = make_network(config.agent, env, env_params)
-    return Setup(
-        config.agent,
-        env,
-        env_params,
-        *environment.batched(env),
-        net,
-        initial_carry,
-        distribution,
-        environment.kernel_backend(config),
-        config.kernels.deterministic,
-    )
+def greedy_step(s: Setup, params, carry, obs):
+    """One step of the greedy policy with memory on observations [*batch, ...] (no reset):
+    (carry, env action)."""
+    obs_ndim = len(s.env.observation_space(s.env_params).shape)
+    no_reset = jnp.zeros((1,) + jnp.shape(obs)[: jnp.ndim(obs) - obs_ndim], jnp.bool_)
+    carry, outputs = s.net.apply(params, carry, jnp.asarray(obs)[None], no_reset)
+    pi = s.distribution.from_head(first_step(outputs)[0])
+    return carry, pi.env_action(pi.mode())
 
 
 def make_trainer(config) -> Trainer:
+    """init, and run = log points of `agent.log_interval` updates each (their episodes and mean
+    loss stats, and the greedy return of `agent.eval_envs` fresh envs, each from the initial
+    carry)."""
     s = make_setup(config)
-    return loop.on_policy_trainer(
-        s.agent,
-        partial(init_state, s),
-        partial(update, s),
-        partial(evaluate, s),
-        per_env=("obs", "done", "carry", "env_state"),
-    )
+    agent = s.agent
+
+    def log_period(hparams, state: OnPolicyState):
+        one_update = partial(update, s, hparams)
+        state, totals, stats = log_points.scan_updates(one_update, state, agent.log_interval)
+        metrics = log_points.log_point_metrics(state.step, totals, stats)
+        if not agent.eval_envs:
+            return state, metrics
+        key, eval_key = jax.random.split(state.key)
+        act, carry = partial(greedy_step, s, state.params), s.initial_carry(agent.eval_envs)
+        returns, lengths = greedy_episodes(
+            s.env, s.env_params, act, eval_key, agent.eval_envs, carry=carry
+        )
+        metrics = {**metrics, "eval_return": returns.mean(), "eval_length": lengths.mean()}
+        return state._replace(key=key), metrics
+
+    def run(state, hparams, num_log_points):
+        return log_points.scan_log_points(partial(log_period, hparams), state, num_log_points)
+
+    return Trainer(partial(init_state, s), run, agent.num_updates // agent.log_interval)
 
 
 def make_train(config):
@@ -342,16 +354,9 @@ def make_policy(config) -> RecurrentPolicy:
     `step(params, carry, obs, key) -> (carry, action)` for one observation or a batch of them (the
     argmax of the logits, or the Gaussian mean mapped to the Box bounds; the key is unused)."""
     s = make_setup(config)
-    obs_ndim = len(s.env.observation_space(s.env_params).shape)
 
     def step(params, carry, obs, key):
-        no_reset = jnp.zeros((1,) + jnp.shape(obs)[: jnp.ndim(obs) - obs_ndim], jnp.bool_)
-        carry, outputs = s.net.apply(params, carry, jnp.asarray(obs)[None], no_reset)
-        policy, _ = first_step(outputs)
-        return carry, environment.to_env_action(
-            s.env,
-            s.env_params,
-            loop.env_action(loop.greedy_action(policy, s.distribution), s.distribution),
-        )
+        carry, action = greedy_step(s, params, carry, obs)
+        return carry, environment.to_env_action(s.env, s.env_params, action)
 
     return RecurrentPolicy(initial_carry=s.initial_carry, step=step)

@@ -10,11 +10,13 @@ N-step transitions. Each env keeps a window of its last n steps. Once full, the 
 becomes one stored transition (obs_t, a_t, R, s_boot, terminated_L, L + 1): with L the first step
 in the window where the episode ended (terminated or truncated), or n - 1,
 
-    R = sum_{k=0..L} gamma^k r_{t+k}      (kernels.discounted_returns with discounts gamma * (1 - done)),
+    R = sum_{k=0..L} gamma^k r_{t+k}
+        (kernels.discounted_returns with discounts gamma * (1 - done)),
     s_boot = info["final_obs"] of step t+L (pre-reset: a truncated episode bootstraps from it),
 
 and the bootstrap discount is gamma^(L+1) * (1 - terminated_{t+L}). So truncation bootstraps and
-termination does not, at any position in the window. (The last n - 1 steps of a run are never stored.)
+termination does not, at any position in the window. (The last n - 1 steps of a run are never
+stored.)
 
 Targets, for a sampled transition, with the next action a* = argmax_a Q_online(s_boot, a) (double-Q)
 or argmax_a Q_target(s_boot, a), and discount d = gamma^(L+1) (1 - terminated):
@@ -23,13 +25,15 @@ or argmax_a Q_target(s_boot, a), and discount d = gamma^(L+1) (1 - terminated):
                     (kernels.categorical_projection, probabilities by kernels.softmax),
                     loss_i = -sum_k m_k log p_online(s, a)_k (log-softmax for stability),
                     priority_i = KL(m || p_online(s, a));
-    scalar:         y = R + d Q_target(s_boot, a*), loss_i = huber (or squared) TD error, priority_i = |TD|.
+    scalar:         y = R + d Q_target(s_boot, a*),
+                    loss_i = huber (or squared) TD error, priority_i = |TD|.
 
 The batch loss is mean_i w_i loss_i with PER's importance weights w (1 for uniform replay); sampled
-items get priority_i + per_eps. Noisy layers draw independent noise for acting (once per step, shared
-by the envs), for the online net, the online next-state net and the target net; greedy evaluation
-uses the noise-free mean network. The loop (phases of `train_freq` env steps then `gradient_steps`
-gradient steps, eval at log points) is dqn.py's.
+items get priority_i + per_eps. Noisy layers draw independent noise for acting (once per step,
+shared by the envs), for the online net, the online next-state net and the target net; greedy
+evaluation uses the noise-free mean network. The loop is DQN's (`rl.replay`: phases of `train_freq`
+env steps then `gradient_steps` gradient steps, eval at log points); each env's window of its last
+n steps travels with the env, as `state.envs.memory` [envs, n, ...].
 """
 
 from __future__ import annotations
@@ -40,37 +44,34 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 import kernels
 from rl import (
-    agent_configs,
     buffers,
+    collection,
     environment,
     episodes,
     exploration,
     heads,
-    loop,
     losses,
     networks,
-    optimizers,
+    replay,
 )
+from rl.agent_configs import ReplayLoopConfig
 from rl.config_parsing import ConfigError, hp
+from rl.log_points import scan_log_points
+from rl.state import ReplayState
 from rl.trainer import Trainer, train_from_trainer
 
 
 @dataclass(frozen=True)
-class Config(agent_configs.ReplayLoopConfig):
+class Config(ReplayLoopConfig):
     name: str = "rainbow"
     total_steps: int = hp(61_440, low=1, doc="env steps per seed (all envs counted)")
     lr: float = hp(1e-3, low=0.0, low_open=True, sweep=True, doc="Adam step size")
     target_update_interval: int = hp(128, low=1, doc="gradient steps between target updates")
     epsilon_start: float = hp(
-        0.0,
-        low=0.0,
-        high=1.0,
-        sweep=True,
-        doc="epsilon-greedy on top of (or instead of) noisy nets",
+        0.0, low=0.0, high=1.0, sweep=True, doc="epsilon-greedy with (or instead of) noisy nets"
     )
     epsilon_end: float = hp(0.0, low=0.0, high=1.0, sweep=True)
     epsilon_decay_steps: int = hp(10_000, low=1, doc="env steps of the linear epsilon decay")
@@ -107,7 +108,8 @@ check_env = environment.check_discrete_actions
 
 
 class Setup(NamedTuple):
-    """What the loop closes over: the env, the network, the C51 support (None: scalar Q) and settings."""
+    """What the loop closes over: the env, the network, the C51 support (None: scalar Q), the
+    settings and the kernels backend."""
 
     env: object
     env_params: object
@@ -141,8 +143,23 @@ def make_support(agent):
     )
 
 
+def make_setup(config) -> Setup:
+    env, env_params = environment.make_env(config)
+    agent = config.agent
+    return Setup(
+        env,
+        env_params,
+        make_network(config, env, env_params),
+        make_support(agent),
+        agent,
+        environment.kernel_backend(config),
+        config.kernels.deterministic,
+    )
+
+
 def q_values(setup: Setup, outputs):
-    """Q-values [..., A] from outputs [..., A, atoms]: the mean over the support, or the one output."""
+    """Q-values [..., A] from outputs [..., A, atoms]: the mean over the support, or the one
+    output."""
     if setup.support is None:
         return outputs[..., 0]
     return losses.categorical_q_values(outputs, setup.support, backend=setup.backend)
@@ -154,9 +171,19 @@ def noise(setup: Setup, key):
 
 
 def push_window(window, step):
-    """Drop the oldest of the last n steps [n, envs, ...] and append `step` [envs, ...]."""
+    """Each env's window of its last n steps [envs, n, ...] drops its oldest step and appends
+    `step` [envs, ...]."""
     return jax.tree.map(
-        lambda w, x: jnp.concatenate([w[1:], x[None].astype(w.dtype)], axis=0), window, step
+        lambda w, x: jnp.concatenate([w[:, 1:], x[:, None].astype(w.dtype)], axis=1), window, step
+    )
+
+
+def n_step_transitions(setup: Setup, window, gamma):
+    """The n-step transition of the oldest step of each env's window [envs, n, ...]
+    (`losses.n_step_transition`, which reads the window time-major)."""
+    time_major = jax.tree.map(lambda w: jnp.swapaxes(w, 0, 1), window)
+    return losses.n_step_transition(
+        time_major, gamma, backend=setup.backend, deterministic=setup.deterministic
     )
 
 
@@ -190,103 +217,9 @@ def rainbow_loss(setup: Setup, params, target_params, batch, weights, keys, gamm
     return jnp.mean(weights * cross_entropy), (jax.lax.stop_gradient(kl), q_taken)
 
 
-def optimiser(hparams):
-    return optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
-
-
-# ---------------------------------------------------------------- the loop
-
-
-def init(setup: Setup, key, hparams):
-    agent = setup.agent
-    key, net_key, reset_key = jax.random.split(key, 3)
-    reset, _ = environment.batched(setup.env)
-    obs, env_state = reset(jax.random.split(reset_key, agent.num_envs), setup.env_params)
-    params = setup.network.init(net_key, obs[0])
-    zeros = lambda x: jnp.zeros((agent.n_step,) + x.shape, x.dtype)
-    flags = jnp.zeros((agent.n_step, agent.num_envs), jnp.bool_)
-    window = {
-        "obs": zeros(obs),
-        "action": zeros(jnp.zeros((agent.num_envs,), jnp.int32)),
-        "reward": zeros(jnp.zeros((agent.num_envs,))),
-        "final_obs": zeros(obs),
-        "terminated": flags,
-        "truncated": flags,
-    }
-    example = jax.tree.map(
-        lambda x: x[0],
-        losses.n_step_transition(
-            window, 0.0, backend=setup.backend, deterministic=setup.deterministic
-        ),
-    )
-    buffer = (buffers.prioritized_init if agent.per else buffers.uniform_init)(
-        example, agent.buffer_size
-    )
-    return loop.replay_state(
-        key,
-        params,
-        optimiser(hparams).init(params),
-        buffer,
-        obs,
-        env_state,
-        window=window,
-        window_filled=jnp.int32(0),
-    )
-
-
-def env_step(setup: Setup, hparams, carry, key):
-    """All envs act (noisy and/or epsilon-greedy); the oldest step of each full window is stored."""
-    state, totals = carry
-    agent = setup.agent
-    k_noise, k_act, k_env = jax.random.split(key, 3)
-    q = q_values(
-        setup, setup.network.apply(state["params"], state["obs"], rng=noise(setup, k_noise))
-    )
-    action = exploration.epsilon_greedy(
-        k_act, q, loop.replay_epsilon(agent, hparams, state["step"])
-    )
-    _, step = environment.batched(setup.env)
-    obs, env_state, reward, terminated, truncated, info = step(
-        jax.random.split(k_env, agent.num_envs), state["env_state"], action, setup.env_params
-    )
-    window = push_window(
-        state["window"],
-        {
-            "obs": state["obs"],
-            "action": action,
-            "reward": reward,
-            "final_obs": info["final_obs"],
-            "terminated": terminated,
-            "truncated": truncated,
-        },
-    )
-    filled = jnp.minimum(state["window_filled"] + 1, agent.n_step)
-    buffer_add = (
-        partial(buffers.prioritized_add, backend=setup.backend)
-        if agent.per
-        else buffers.uniform_add
-    )
-    buffer = buffer_add(
-        state["buffer"],
-        losses.n_step_transition(
-            window, hparams["gamma"], backend=setup.backend, deterministic=setup.deterministic
-        ),
-        filled >= agent.n_step,
-    )
-    state = {
-        **state,
-        "buffer": buffer,
-        "window": window,
-        "window_filled": filled,
-        "obs": obs,
-        "env_state": env_state,
-        "step": state["step"] + agent.num_envs,
-    }
-    return (state, episodes.add_episodes(totals, info)), None
-
-
 def sample(setup: Setup, hparams, buffer, key, step):
-    """(batch, indices, importance weights): PER with beta annealed to 1, or uniform with weights 1."""
+    """(batch, indices, importance weights): PER with beta annealed linearly to 1 over
+    per_beta_steps env steps (0: total_steps), or uniform with weights 1."""
     agent = setup.agent
     if agent.per:
         beta = exploration.linear_schedule(
@@ -299,79 +232,150 @@ def sample(setup: Setup, hparams, buffer, key, step):
     return batch, indices, jnp.ones((agent.batch_size,), jnp.float32)
 
 
-def gradient_step(setup: Setup, hparams, state, key):
-    """One Adam step; PER priorities of the batch updated; the target follows periodically."""
-    agent = setup.agent
-    k_sample, k_online, k_next, k_target = jax.random.split(key, 4)
-    batch, indices, weights = sample(setup, hparams, state["buffer"], k_sample, state["step"])
-    keys = (noise(setup, k_online), noise(setup, k_next), noise(setup, k_target))
-    loss_fn = lambda p: rainbow_loss(
-        setup, p, state["target_params"], batch, weights, keys, hparams["gamma"]
-    )
-    (loss, (priorities, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state["params"]
-    )
-    buffer = state["buffer"]
-    if agent.per:
-        buffer = buffers.prioritized_update(
-            buffer,
-            indices,
-            priorities + hparams["per_eps"],
-            hparams["per_alpha"],
-            backend=setup.backend,
-        )
-    updates, opt_state = optimiser(hparams).update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    updates_done = state["updates"] + 1
-    target = optimizers.periodic_polyak(
-        state["target_params"],
-        params,
-        hparams["tau"],
-        updates_done % agent.target_update_interval == 0,
-    )
-    state = {
-        **state,
-        "params": params,
-        "target_params": target,
-        "opt_state": opt_state,
-        "buffer": buffer,
-        "updates": updates_done,
-    }
-    return state, {"loss": loss, "q_mean": q_taken.mean()}
+def greedy_action(setup: Setup, params, obs):
+    """argmax_a of the noise-free network's Q-values (first index on ties)."""
+    q = q_values(setup, setup.network.apply(params, obs))
+    return jnp.argmax(q, axis=-1).astype(jnp.int32)
 
 
-def greedy_policy(setup: Setup, params):
-    """obs -> argmax_a of the noise-free network's Q-values."""
-    return lambda obs: jnp.argmax(
-        q_values(setup, setup.network.apply(params, obs)), axis=-1
-    ).astype(jnp.int32)
-
-
-def make_setup(config) -> Setup:
-    env, env_params = environment.make_env(config)
-    agent = config.agent
-    return Setup(
-        env,
-        env_params,
-        make_network(config, env, env_params),
-        make_support(agent),
-        agent,
-        environment.kernel_backend(config),
-        config.kernels.deterministic,
-    )
+# ---------------------------------------------------------------- the loop
 
 
 def make_trainer(config) -> Trainer:
-    setup, agent = make_setup(config), config.agent
-    return loop.replay_trainer(
-        agent,
-        setup.env,
-        setup.env_params,
-        partial(init, setup),
-        partial(env_step, setup),
-        partial(gradient_step, setup),
-        partial(greedy_policy, setup),
-    )
+    setup = make_setup(config)
+    agent, env, env_params = setup.agent, setup.env, setup.env_params
+    network, loop = setup.network, replay.loop_of(agent)
+
+    # ---------------------------------------------------------------- init
+
+    def init(key, hparams) -> ReplayState:
+        """The network, its target copy and Adam state, an empty buffer (prioritized or uniform)
+        of n-step transitions, the envs with empty windows of their last n steps (`envs.memory`,
+        [envs, n, ...])."""
+        key, net_key, reset_key = jax.random.split(key, 3)
+        envs = replay.reset_envs(env, env_params, reset_key, agent.num_envs)
+        params = network.init(net_key, envs.obs[0])
+        flags = jnp.zeros((agent.num_envs,), jnp.bool_)
+        step = {
+            "obs": envs.obs,
+            "action": jnp.zeros((agent.num_envs,), jnp.int32),
+            "reward": jnp.zeros((agent.num_envs,)),
+            "final_obs": envs.obs,
+            "terminated": flags,
+            "truncated": flags,
+        }
+        window = jax.tree.map(
+            lambda x: jnp.zeros((x.shape[0], agent.n_step) + x.shape[1:], x.dtype), step
+        )
+        example = jax.tree.map(lambda x: x[0], n_step_transitions(setup, window, 0.0))
+        empty = buffers.prioritized_init if agent.per else buffers.uniform_init
+        buffer = empty(example, agent.buffer_size)
+        return replay.initial_state(key, params, buffer, envs._replace(memory=window), hparams)
+
+    # ---------------------------------------------------------------- act
+
+    def act(hparams, carry, key):
+        """All envs act on the (noisy) network's Q-values, epsilon-greedy on top; each env's
+        window takes the step, and once the windows are full the n-step transition of each
+        window's oldest step goes to the buffer."""
+        state, totals = carry
+        noise_key, act_key, env_key = jax.random.split(key, 3)
+        outputs = network.apply(state.params, state.envs.obs, rng=noise(setup, noise_key))
+        epsilon = replay.epsilon(agent, hparams, state.step)
+        action = exploration.epsilon_greedy(act_key, q_values(setup, outputs), epsilon)
+        envs, reward, terminated, truncated, info = replay.step_envs(
+            env, env_params, state.envs, action, env_key
+        )
+        window = push_window(
+            state.envs.memory,
+            {
+                "obs": state.envs.obs,
+                "action": action,
+                "reward": reward,
+                "final_obs": info["final_obs"],
+                "terminated": terminated,
+                "truncated": truncated,
+            },
+        )
+        step = state.step + agent.num_envs
+        full = step >= agent.n_step * agent.num_envs
+        stored = n_step_transitions(setup, window, hparams["gamma"])
+        if agent.per:
+            buffer = buffers.prioritized_add(state.buffer, stored, full, backend=setup.backend)
+        else:
+            buffer = buffers.uniform_add(state.buffer, stored, full)
+        state = state._replace(envs=envs._replace(memory=window), buffer=buffer, step=step)
+        return (state, episodes.add_episodes(totals, info)), None
+
+    # ---------------------------------------------------------------- gradient step
+
+    def gradient_step(hparams, state: ReplayState, key):
+        """One Adam step on a sampled batch, independent noise for the online, next-state and
+        target nets; the batch's PER priorities updated; the target follows every
+        `target_update_interval` gradient steps."""
+        sample_key, online_key, next_key, target_key = jax.random.split(key, 4)
+        batch, indices, weights = sample(setup, hparams, state.buffer, sample_key, state.step)
+        keys = tuple(noise(setup, k) for k in (online_key, next_key, target_key))
+        loss_fn = lambda params: rainbow_loss(
+            setup, params, state.target_params, batch, weights, keys, hparams["gamma"]
+        )
+        (loss, (priorities, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params
+        )
+        if agent.per:
+            priorities = priorities + hparams["per_eps"]
+            buffer = buffers.prioritized_update(
+                state.buffer, indices, priorities, hparams["per_alpha"], backend=setup.backend
+            )
+            state = state._replace(buffer=buffer)
+        state = replay.learn(state, grads, hparams, agent.target_update_interval)
+        return state, {"loss": loss, "q_mean": q_taken.mean()}
+
+    # ---------------------------------------------------------------- act, then train
+
+    def act_then_train(hparams, carry, key):
+        """`env_iterations` steps of all envs; then, from `learning_starts` env steps on,
+        `gradient_steps` gradient steps, whose statistics read NaN before."""
+        act_keys, learn_keys = replay.phase_keys(key, loop)
+        (state, totals), _ = jax.lax.scan(
+            partial(act, hparams), carry, act_keys, unroll=loop.act_unroll
+        )
+        state, stats = collection.scan_when(
+            state.step >= agent.learning_starts,
+            partial(gradient_step, hparams),
+            state,
+            learn_keys,
+            unroll=loop.learn_unroll,
+        )
+        return (state, totals), stats
+
+    # ---------------------------------------------------------------- log period
+
+    def log_period(hparams, state: ReplayState):
+        """A log period's phases; the log point's metrics (`replay.log_metrics`); the mean return
+        of `eval_episodes` episodes of the noise-free network's greedy policy."""
+        key, phase_key, eval_key = jax.random.split(state.key, 3)
+        state, totals, stats = replay.scan_phases(
+            partial(act_then_train, hparams), state._replace(key=key), phase_key, loop
+        )
+        metrics = replay.log_metrics(agent, hparams, state, totals, stats)
+        if agent.eval_episodes:
+            metrics["eval_return"] = replay.eval_return(
+                env,
+                env_params,
+                partial(greedy_action, setup, state.params),
+                eval_key,
+                agent.eval_episodes,
+            )
+        return state, metrics
+
+    # ---------------------------------------------------------------- run
+
+    def run(state, hparams, num_log_points):
+        return scan_log_points(partial(log_period, hparams), state, num_log_points)
+
+    num_log_points = agent.total_steps // agent.log_interval
+    return Trainer(init=init, run=run, num_log_points=num_log_points)
 
 
 def make_train(config):
@@ -381,4 +385,4 @@ def make_train(config):
 def make_policy(config):
     """`policy(params, obs, key) -> action`: argmax of the noise-free network's Q-values."""
     setup = make_setup(config)
-    return lambda params, obs, key: greedy_policy(setup, params)(obs)
+    return lambda params, obs, key: greedy_action(setup, params, obs)

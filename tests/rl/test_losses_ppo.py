@@ -1,13 +1,19 @@
 """rl.losses, PPO's pieces, against hand computations: clipped surrogate, clipped value loss, the
 whole objective and its statistics, truncation-aware GAE coefficients and advantages, the diagonal
-Gaussian's log-probability and entropy, normalisation."""
+Gaussian's log-probability and entropy, normalisation; and losses.ppo_loss against the kernels'
+own plain-JAX objective and their fused gradient (kernels/ppo_grads.py)."""
 
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import kernels
+from kernels import ppo_grads
 from rl import losses
 
 # ---------------------------------------------------------------- surrogate and value losses
@@ -26,7 +32,8 @@ def test_clipped_value_loss_by_hand():
     values = jnp.array([1.0, 3.0, 0.0])
     old = jnp.array([0.5, 2.0, 0.0])
     targets = jnp.array([2.0, 2.0, 1.0])
-    # clipped values (eps .2): 0.7, 2.2, 0.0 -> squared errors clipped 1.69, .04, 1; unclipped 1, 1, 1
+    # clipped values (eps .2): 0.7, 2.2, 0.0 -> squared errors clipped 1.69, .04, 1;
+    # unclipped 1, 1, 1
     np.testing.assert_allclose(
         losses.clipped_value_loss(values, old, targets, 0.2, True),
         0.5 * np.mean([1.69, 1.0, 1.0]),
@@ -85,7 +92,8 @@ def test_normalize():
 
 # ---------------------------------------------------------------- GAE with truncation
 
-# one env, 5 steps: an episode truncated at t=1 (time limit), a new one terminated at t=3, then one step.
+# one env, 5 steps: an episode truncated at t=1 (time limit), a new one terminated at t=3, then
+# one step.
 REWARDS = np.array([1.0, 2.0, 3.0, 4.0, 5.0], np.float32)
 VALUES = np.array([10.0, 11.0, 12.0, 13.0, 14.0], np.float32)
 NEXT_VALUES = np.array(
@@ -157,3 +165,94 @@ def test_gaussian_log_prob_entropy_by_hand():
     np.testing.assert_allclose(
         ent[0], 0.5 * math.log(2 * math.pi * math.e) * 2 + math.log(2.0), rtol=1e-6
     )
+
+
+# ---------------------------------------------------------------- the objective and its kernels
+
+
+def ppo_rows(rng, m):
+    """Random per-row inputs of the objective: log pi, H, V, log pi_old (ratios inside and outside
+    the clip range), V_old, advantages, targets."""
+    normal = lambda scale=1.0: jnp.asarray(rng.normal(size=m).astype(np.float32) * scale)
+    log_prob = normal(0.5) - 1.0
+    old_log_prob = log_prob + normal(0.3)
+    return (log_prob, jnp.abs(normal()), normal(), old_log_prob, normal(), normal(), normal())
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    m=st.integers(1, 50),
+    coefficients=st.tuples(*(st.floats(0.0, 1.0, width=32) for _ in range(4))),
+    clip_value_loss=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_ppo_loss_is_the_kernels_reference_objective(m, coefficients, clip_value_loss, seed):
+    """losses.ppo_loss and kernels.ppo_grads.ppo_objective (the objective the fused kernels
+    differentiate) agree in value, statistics and gradient with respect to log pi, H and V."""
+    rows = ppo_rows(np.random.default_rng(seed), m)
+    args = (*coefficients, clip_value_loss)
+    want, want_stats = ppo_grads.ppo_objective(*rows, *args)
+    got, got_stats = losses.ppo_loss(*rows, *args)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    for name in want_stats:
+        np.testing.assert_allclose(got_stats[name], want_stats[name], rtol=1e-6, err_msg=name)
+    grad = lambda f: jax.grad(lambda *x: f(*x, *rows[3:], *args)[0], argnums=(0, 1, 2))(*rows[:3])
+    for g, w in zip(grad(losses.ppo_loss), grad(ppo_grads.ppo_objective)):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+
+
+def mlp(layers, x, activation):
+    f = jnp.tanh if activation == "tanh" else jax.nn.relu
+    w1, b1, w2, b2, w3, b3 = layers
+    return f(f(x @ w1 + b1) @ w2 + b2) @ w3 + b3
+
+
+def kernel_backends():
+    return ["reference"] + [b for b in ("interpret",) if b in kernels.available_backends()]
+
+
+@pytest.mark.parametrize("backend", kernel_backends())
+@pytest.mark.parametrize("activation, clip_value_loss", [("tanh", True), ("relu", False)])
+def test_fused_gradient_is_the_gradient_of_ppo_loss(backend, activation, clip_value_loss):
+    """kernels.ppo_actor_critic_grads (the fused kernels through Triton's interpreter, and the
+    kernels' reference) = jax.grad of losses.ppo_loss on a categorical actor-critic of two MLPs,
+    log pi and H from the log-softmax of the actor's logits: the gradient of every weight array,
+    and the statistics."""
+    rng = np.random.default_rng(4)
+    m, d, h1, h2, a = 37, 5, 16, 8, 3
+    arr = lambda *shape, scale=0.5: jnp.asarray(rng.normal(size=shape).astype(np.float32) * scale)
+    actor = (arr(d, h1), arr(h1), arr(h1, h2), arr(h2), arr(h2, a), arr(a))
+    critic = (arr(d, h1), arr(h1), arr(h1, h2), arr(h2), arr(h2, 1), arr(1))
+    obs, actions = arr(m, d, scale=1.0), jnp.asarray(rng.integers(0, a, m), jnp.int32)
+    old_log_probs = jnp.full(m, -np.log(a), jnp.float32) + arr(m, scale=0.3)
+    rows = (old_log_probs, arr(m), arr(m, scale=1.0), arr(m, scale=1.0))
+    coefficients = (0.2, 0.15, 0.05, 0.5)
+
+    def loss(actor, critic):
+        log_p = jax.nn.log_softmax(mlp(actor, obs, activation))
+        log_prob = jnp.take_along_axis(log_p, actions[:, None], axis=-1)[:, 0]
+        entropy = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+        values = mlp(critic, obs, activation)[:, 0]
+        return losses.ppo_loss(log_prob, entropy, values, *rows, *coefficients, clip_value_loss)
+
+    with jax.default_matmul_precision("highest"):
+        (_, want_stats), want = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+            actor, critic
+        )
+        *got, got_stats = kernels.ppo_actor_critic_grads(
+            obs,
+            actions,
+            *rows,
+            actor,
+            critic,
+            *coefficients,
+            activation=activation,
+            clip_value_loss=clip_value_loss,
+            dot_precision="ieee",
+            backend=backend,
+        )
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        scale = float(jnp.max(jnp.abs(w))) + 1e-6
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-6 + 2e-4 * scale)
+    for name in want_stats:
+        np.testing.assert_allclose(got_stats[name], want_stats[name], rtol=2e-4, err_msg=name)

@@ -1,8 +1,7 @@
-"""PPO: policy pieces by hand, the env-space action of the policy, short training runs (both network
-backends, discrete and continuous), vmap and chunking invariance, bad configs, and the fused minibatch
-gradient against autodiff of the agent's own loss. (The loss functions: tests/rl/test_losses_ppo.py.)"""
-
-import math
+"""PPO: the env-space action of the policy, short training runs (both network backends, discrete
+and continuous), vmap and chunking invariance, bad configs, and the fused minibatch gradient against
+autodiff of the agent's own loss. (The loss functions: tests/rl/test_losses_ppo.py; the policy
+distributions: tests/rl/test_distributions.py.)"""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import kernels
-from rl import environment, loop, losses
+from rl import environment, optimizers, ppo_variants
 from rl.agents import ppo
 from rl.config import build_config, hyperparams
 from rl.config_parsing import ConfigError
@@ -33,30 +32,6 @@ def make_config(env_id="CartPole-v1", network=None, kernel_backend=None, **agent
     if kernel_backend is not None:
         data["kernels"] = {"backend": kernel_backend}
     return build_config(data)
-
-
-# ---------------------------------------------------------------- policy pieces
-
-
-def test_log_prob_entropy_categorical_and_gaussian_by_hand():
-    logits = jnp.array([[0.0, math.log(3.0)], [1.0, 1.0]])
-    lp, ent = losses.policy_log_prob_entropy(
-        logits, jnp.array([1, 0], jnp.int32), "categorical", "reference"
-    )
-    np.testing.assert_allclose(lp, [math.log(0.75), math.log(0.5)], rtol=1e-6)
-    np.testing.assert_allclose(
-        ent, [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2.0)], rtol=1e-6
-    )
-    mean, log_std = jnp.array([[0.5]]), jnp.array([[math.log(2.0)]])
-    lp, ent = losses.policy_log_prob_entropy(
-        (mean, log_std), jnp.array([[2.5]]), "gaussian", "reference"
-    )
-    np.testing.assert_allclose(
-        lp[0], -0.5 - math.log(2.0) - 0.5 * math.log(2 * math.pi), rtol=1e-6
-    )  # z = 1, sigma = 2
-    np.testing.assert_allclose(
-        ent[0], math.log(2.0) + 0.5 * math.log(2 * math.pi * math.e), rtol=1e-6
-    )
 
 
 # ---------------------------------------------------------------- training
@@ -113,20 +88,20 @@ def test_ppo_continuous_pendulum_improves_and_acts_within_bounds():
     assert returns[-1] > returns[0] + 150, returns
     policy = ppo.make_policy(config)
     obs = jnp.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 8.0], [0.0, 1.0, -8.0]])
-    actions = policy(state["params"], obs, jax.random.PRNGKey(0))
+    actions = policy(state.params, obs, jax.random.PRNGKey(0))
     assert actions.shape == (3, 1) and np.all(np.abs(np.asarray(actions)) <= 2.0)
     net, _ = ppo.make_network(config.agent, *environment.make_env(config))
-    mean = net.apply(state["params"], obs)[0][0]
+    mean = net.apply(state.params, obs)[0][0]
     np.testing.assert_allclose(
         actions, np.clip(np.asarray(mean), -1.0, 1.0) * 2.0, rtol=1e-6, atol=1e-6
     )  # [-1, 1] -> [-2, 2]
 
 
 def test_vmap_over_seeds_equals_per_seed_runs():
-    """With the kernel backend named (on a GPU: the triton kernels; on the CPU: the reference), a seed
-    run alone and the same seed vmapped beside another agree. (With the automatic choice on a GPU a
-    lone seed's minibatch gradient goes to XLA, the crossover of kernels.ppo_actor_critic_grads_flat, so
-    the two agree only to rounding there.)"""
+    """With the kernel backend named (on a GPU: the triton kernels; on the CPU: the reference), a
+    seed run alone and the same seed vmapped beside another agree. (With the automatic choice on a
+    GPU a lone seed's minibatch gradient goes to XLA, the crossover of
+    kernels.ppo_actor_critic_grads_flat, so the two agree only to rounding there.)"""
     config = make_config(total_steps=512, kernel_backend=kernels.resolve_backend(None))
     train = ppo.make_train(config)
     keys = jnp.stack([jax.random.PRNGKey(1), jax.random.PRNGKey(2)])
@@ -142,7 +117,7 @@ def test_vmap_over_seeds_equals_per_seed_runs():
                 atol=1e-6,
                 err_msg=name,
             )
-        # CartPole pays 1 per step: the wrapper's episode returns and lengths agree, and episodes end
+        # CartPole pays 1 a step: the wrapper's episode returns and lengths agree; episodes end
         np.testing.assert_array_equal(
             np.asarray(single["episode_return"]), np.asarray(single["episode_length"])
         )
@@ -163,7 +138,7 @@ def test_unrolled_loops_compute_the_same_run():
             atol=1e-6,
             err_msg=name,
         )
-    for a, b in zip(jax.tree.leaves(unrolled_state["params"]), jax.tree.leaves(state["params"])):
+    for a, b in zip(jax.tree.leaves(unrolled_state.params), jax.tree.leaves(state.params)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -184,17 +159,17 @@ def test_chunked_run_equals_one_run_with_a_shared_torso():
         )
     jax.tree.map(np.testing.assert_array_equal, half_state, whole_state)
     assert np.all(np.isfinite(whole["value_loss"]))
-    action = ppo.make_policy(config)(whole_state["params"], jnp.zeros(4), jax.random.PRNGKey(0))
+    action = ppo.make_policy(config)(whole_state.params, jnp.zeros(4), jax.random.PRNGKey(0))
     assert action.shape == () and action.dtype == jnp.int32
 
 
 def test_adam_eps_is_the_optimisers_epsilon():
-    """Adam's first step is lr g / (|g| + eps) per coordinate (bias-corrected moments of one gradient),
-    with eps = agent.adam_eps."""
+    """Adam's first step is lr g / (|g| + eps) per coordinate (bias-corrected moments of one
+    gradient), with eps = agent.adam_eps, as PPO builds its optimiser."""
     g = jnp.array([1e-3, -2e-5, 0.5], jnp.float32)
     for eps in (1e-5, 1e-8, 1.0):
         agent = make_config(adam_eps=eps, anneal_lr=False).agent
-        optimizer = loop.ppo_optimizer(agent, {"lr": 0.1, "max_grad_norm": 1e9})
+        optimizer = optimizers.annealed_clipped_adam(agent, 0.1, 1e9, eps=agent.adam_eps)
         updates, _ = optimizer.update(g, optimizer.init(jnp.zeros(3)), jnp.zeros(3))
         np.testing.assert_allclose(updates, -0.1 * g / (jnp.abs(g) + eps), rtol=1e-5)
 
@@ -243,15 +218,21 @@ def test_bad_config_names_the_key(override, key):
         # batch 4 * 32 = 128 steps; log_interval 2 -> valid total_steps are multiples of 256
         (
             dict(total_steps=1000),
-            "gives 7 updates of agent.num_envs * agent.num_steps = 128 steps, which must be a positive multiple of agent.log_interval (2); nearest valid: agent.total_steps=768 or agent.total_steps=1024 (multiples of 128 * 2 = 256)",
+            "gives 7 updates of agent.num_envs * agent.num_steps = 128 steps, which must be a "
+            "positive multiple of agent.log_interval (2); nearest valid: agent.total_steps=768 or "
+            "agent.total_steps=1024 (multiples of 128 * 2 = 256)",
         ),
         (
             dict(total_steps=100),
-            "gives 0 updates of agent.num_envs * agent.num_steps = 128 steps, which must be a positive multiple of agent.log_interval (2); nearest valid: agent.total_steps=256 (multiples",
+            "gives 0 updates of agent.num_envs * agent.num_steps = 128 steps, which must be a "
+            "positive multiple of agent.log_interval (2); nearest valid: agent.total_steps=256 "
+            "(multiples",
         ),
         (
             dict(log_interval=3),
-            "agent.total_steps (1024) gives 8 updates of agent.num_envs * agent.num_steps = 128 steps, which must be a positive multiple of agent.log_interval (3); nearest valid: agent.total_steps=768 or agent.total_steps=1152",
+            "agent.total_steps (1024) gives 8 updates of agent.num_envs * agent.num_steps = 128 "
+            "steps, which must be a positive multiple of agent.log_interval (3); nearest valid: "
+            "agent.total_steps=768 or agent.total_steps=1152",
         ),
     ],
 )
@@ -283,27 +264,13 @@ def test_acting_takes_the_log_prob_in_plain_jax_on_a_kernel_backend():
     import kernels
 
     config = make_config(kernel_backend=triton_source_backend())
-    agent = config.agent
-    env, env_params = environment.make_env(config)
-    net, distribution = ppo.make_network(agent, env, env_params)
-    s = ppo.Setup(
-        agent,
-        env,
-        env_params,
-        *environment.batched(env),
-        net,
-        distribution,
-        config.kernels.backend,
-        False,
-    )
-    state = ppo.init_state(s, jax.random.PRNGKey(0), hyperparams(agent))
-    rollout = lambda state: ppo.rollout(
-        s, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(1)
-    )
+    s = ppo.make_setup(config)
+    state = ppo.init_state(s, jax.random.PRNGKey(0), hyperparams(config.agent))
+    rollout = lambda state: ppo.rollout(s, state.params, state.envs, jax.random.PRNGKey(1))
     jaxpr = str(jax.make_jaxpr(rollout)(state))
     assert "pure_callback" not in jaxpr and "triton" not in jaxpr
-    _, _, traj, _ = jax.jit(rollout)(state)
-    logits = ppo.apply_policy(s, state["params"], traj.obs)[0]
+    _, traj, _ = jax.jit(rollout)(state)
+    logits = ppo.policy(s, state.params, traj.obs).logits
     expected, _ = kernels.categorical_log_prob_entropy(
         logits, traj.action, backend=config.kernels.backend
     )
@@ -323,13 +290,15 @@ def triton_source_backend() -> str:
 @pytest.mark.parametrize("network_backend", ["flax", "haiku"])
 @pytest.mark.parametrize("kernel_backend", ["reference", "kernel"])
 def test_fused_gradient_equals_autodiff_of_the_agents_loss(network_backend, kernel_backend):
-    """kernels.ppo_actor_critic_grads_flat (through fused_flat_grads, on ravel_pytree's vector laid out
-    by fused_layout) against jax.grad of the agent's own minibatch loss (rl.losses.ppo_loss on the real
-    network), on a random minibatch with some ratios clipped; and its squared norm."""
+    """kernels.ppo_actor_critic_grads_flat (through ppo_variants.fused_flat_grads, on ravel_pytree's
+    vector laid out by fused_layout) against jax.grad of the agent's own minibatch loss
+    (rl.losses.ppo_loss on the real network), on a random minibatch with some ratios clipped; and
+    its squared norm."""
     config = make_config(
         network={"backend": network_backend, "activation": "tanh", "hidden": [16, 8]}
     )
-    net, _ = ppo.make_network(config.agent, *environment.make_env(config))
+    s = ppo.make_setup(config)._replace(backend="reference")
+    net = s.net
     rng = np.random.default_rng(0)
     m = 37
     obs = jnp.asarray(rng.normal(size=(m, 4)).astype(np.float32))
@@ -350,22 +319,15 @@ def test_fused_gradient_equals_autodiff_of_the_agents_loss(network_backend, kern
         "ent_coef": jnp.float32(0.05),
         "vf_coef": jnp.float32(0.5),
     }
-    loss = lambda params: ppo.minibatch_loss(
-        net, params, batch, hparams, config.agent, "categorical", "reference"
-    )[0]
+    loss = lambda params: ppo.minibatch_loss(s, hparams, params, batch)[0]
 
     kernel_backend = triton_source_backend() if kernel_backend == "kernel" else kernel_backend
     tolerance = 2e-2 if kernel_backend == "triton" else 2e-4  # tf32 products on the GPU
     with jax.default_matmul_precision("highest"):
         want = jax.grad(loss)(params)
         flat_params, unravel = ravel_pytree(params)
-        got_flat, sq_norm, stats = ppo.fused_flat_grads(
-            flat_params,
-            batch,
-            layout=ppo.fused_layout(params),
-            hparams=hparams,
-            agent=config.agent,
-            backend=kernel_backend,
+        got_flat, sq_norm, stats = ppo_variants.fused_flat_grads(
+            hparams, flat_params, unravel, batch, agent=config.agent, backend=kernel_backend
         )
     got = unravel(got_flat)
     assert jax.tree.structure(got) == jax.tree.structure(want)
@@ -385,9 +347,9 @@ def test_fused_gradient_equals_autodiff_of_the_agents_loss(network_backend, kern
 
 
 def test_fused_update_trains_like_autodiff_through_the_interpreter():
-    """One short run with the Triton kernels (fused gradient, GAE and policy head; through the interpreter
-    on the CPU), chosen by kernels.backend in the config, ends at the same parameters as the reference
-    backend (autodiff), up to rounding."""
+    """One short run with the Triton kernels (fused gradient, GAE and policy head; through the
+    interpreter on the CPU), chosen by kernels.backend in the config, ends at the same parameters as
+    the reference backend (autodiff), up to rounding."""
     kernel = triton_source_backend()
     runs = {}
     for backend in ("reference", kernel):
@@ -400,8 +362,8 @@ def test_fused_update_trains_like_autodiff_through_the_interpreter():
             log_interval=2,
             kernel_backend=backend,
         )
-        assert ppo.fused_update_unfit_reason(config) is None
-        runs[backend] = jax.jit(ppo.make_train(config))(jax.random.PRNGKey(3))[0]["params"]
+        assert ppo_variants.fused_update_unfit_reason(config) is None
+        runs[backend] = jax.jit(ppo.make_train(config))(jax.random.PRNGKey(3))[0].params
     tolerance = (
         1e-2 if kernel == "triton" else 1e-4
     )  # tf32 products on the GPU, in both paths but not alike
@@ -412,25 +374,31 @@ def test_fused_update_trains_like_autodiff_through_the_interpreter():
 
 
 def test_fused_update_unfit_configs_say_why():
-    assert "continuous" in ppo.fused_update_unfit_reason(make_config("Pendulum-v1"))
-    assert "two tanh or relu" in ppo.fused_update_unfit_reason(make_config(shared_network=True))
-    assert "two tanh or relu" in ppo.fused_update_unfit_reason(
+    assert "continuous" in ppo_variants.fused_update_unfit_reason(make_config("Pendulum-v1"))
+    assert "two tanh or relu" in ppo_variants.fused_update_unfit_reason(
+        make_config(shared_network=True)
+    )
+    assert "two tanh or relu" in ppo_variants.fused_update_unfit_reason(
         make_config(network={"hidden": [16, 16, 16]})
     )
-    assert "two tanh or relu" in ppo.fused_update_unfit_reason(
+    assert "two tanh or relu" in ppo_variants.fused_update_unfit_reason(
         make_config(network={"activation": "gelu"})
     )
-    assert "limits" in ppo.fused_update_unfit_reason(make_config(network={"hidden": [256, 256]}))
-    assert ppo.fused_update_unfit_reason(make_config(network={"activation": "relu"})) is None
+    assert "limits" in ppo_variants.fused_update_unfit_reason(
+        make_config(network={"hidden": [256, 256]})
+    )
+    assert (
+        ppo_variants.fused_update_unfit_reason(make_config(network={"activation": "relu"})) is None
+    )
     wide = make_config(network={"hidden": [128, 128]})
-    assert ppo.fused_update_unfit_reason(wide) is None  # CartPole's 4 features fit
+    assert ppo_variants.fused_update_unfit_reason(wide) is None  # CartPole's 4 features fit
     from envs.spaces import Box, Discrete
 
     class FortyFeatures:  # an env with 40 observation features and 6 actions
         observation_space = staticmethod(lambda params: Box(-1.0, 1.0, (40,)))
         action_space = staticmethod(lambda params: Discrete(6))
 
-    assert "shared memory" in ppo.fused_update_unfit_reason(wide, FortyFeatures(), None)
+    assert "shared memory" in ppo_variants.fused_update_unfit_reason(wide, FortyFeatures(), None)
     assert (
-        ppo.fused_update_unfit_reason(make_config(), FortyFeatures(), None) is None
+        ppo_variants.fused_update_unfit_reason(make_config(), FortyFeatures(), None) is None
     )  # 16 x 16 fits

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from test_ppo import make_config
 
-from rl import environment, losses
+from rl import losses, ppo_variants
 from rl.agents import ppo
 from rl.config import hyperparams
 
 
 def test_gae_horizon_equals_gae_run_on_each_segment_alone():
     """With agent.gae_horizon = 4 on a 12-step rollout, the advantages and targets are those of
-    truncation-aware GAE run on steps 0-3, 4-7 and 8-11 as three separate rollouts (each segment's last
-    step bootstrapping from V(final_obs)), episode ends inside the segments kept; 0 leaves the
+    truncation-aware GAE run on steps 0-3, 4-7 and 8-11 as three separate rollouts (each segment's
+    last step bootstrapping from V(final_obs)), episode ends inside the segments kept; 0 leaves the
     whole-rollout GAE, whose advantages at a segment's end look past it."""
     rng = np.random.default_rng(3)
     T, N = 12, 5
@@ -68,30 +68,23 @@ def test_recompute_advantages_recomputes_from_the_current_network():
 def test_segments_hold_consecutive_steps_of_one_env():
     t, n, h = 6, 3, 2
     x = jnp.arange(t * n).reshape(t, n)  # x[t, n] = t n_envs + n
-    seg = np.asarray(ppo.segments(x, h))
+    seg = np.asarray(ppo_variants.segments(x, h))
     assert seg.shape == (t // h * n, h)
     for k in range(t // h):
         for env in range(n):
             np.testing.assert_array_equal(
                 seg[k * n + env], [(k * h + i) * n + env for i in range(h)]
             )
-    assert ppo.segments(jnp.zeros((t, n, 4, 5)), h).shape == (t // h * n, h, 4, 5)
+    assert ppo_variants.segments(jnp.zeros((t, n, 4, 5)), h).shape == (t // h * n, h, 4, 5)
 
 
 def setup_and_rollout(config, seed=0):
     """The agent's Setup on the reference kernels, fresh state, and one rollout from it."""
-    agent = config.agent
-    env, env_params = environment.make_env(config)
-    net, distribution = ppo.make_network(agent, env, env_params)
-    s = ppo.Setup(
-        agent, env, env_params, *environment.batched(env), net, distribution, "reference", False
-    )
-    hparams = hyperparams(agent)
+    s = ppo.make_setup(config)._replace(backend="reference")
+    hparams = hyperparams(config.agent)
     state = ppo.init_state(s, jax.random.PRNGKey(seed), hparams)
-    _, _, traj, _ = ppo.rollout(
-        s, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(seed + 1)
-    )
-    return s, hparams, state["params"], traj
+    _, traj, _ = ppo.rollout(s, state.params, state.envs, jax.random.PRNGKey(seed + 1))
+    return s, hparams, state.params, traj
 
 
 @pytest.mark.parametrize(
@@ -105,7 +98,8 @@ def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(
     from the params it is given, has the loss and gradient of the same transitions with advantages
     precomputed at those params by the per-update path (`learn_batch` with the same gae_horizon):
     segment k N + n is steps kH..kH+H-1 of env n, flat rows t N + n. The rollout's end flags are
-    replaced by random terminations and truncations, so both kinds fall inside and at segment ends."""
+    replaced by random terminations and truncations, so both kinds fall inside and at segment
+    ends."""
     config = make_config(
         env_id,
         num_steps=40,
@@ -122,7 +116,7 @@ def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(
     terminated = rng.random(traj.terminated.shape) < 0.1
     truncated = ~terminated & (rng.random(traj.truncated.shape) < 0.1)
     traj = traj._replace(terminated=jnp.asarray(terminated), truncated=jnp.asarray(truncated))
-    seg = ppo.segment_batch(s, hparams, params, traj)
+    seg = ppo_variants.segment_batch(s, hparams, params, traj)
     flat = ppo.learn_batch(s, hparams, params, traj)
     n, h = config.agent.num_envs, config.agent.gae_horizon
     ends = np.flatnonzero(
@@ -132,16 +126,10 @@ def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(
     rows = np.unique(np.concatenate([ends[:3], [0, 4, 7, 13, 49]]))  # of the 50 segments
     flat_rows = np.concatenate([[(r // n * h + i) * n + r % n for i in range(h)] for r in rows])
     seg_loss = lambda p: ppo.segment_minibatch_loss(
-        s, p, jax.tree.map(lambda x: x[rows], seg), hparams
+        s, hparams, p, jax.tree.map(lambda x: x[rows], seg)
     )
     flat_loss = lambda p: ppo.minibatch_loss(
-        s.net,
-        p,
-        jax.tree.map(lambda x: x[flat_rows], flat),
-        hparams,
-        config.agent,
-        s.distribution,
-        "reference",
+        s, hparams, p, jax.tree.map(lambda x: x[flat_rows], flat)
     )
     (l_seg, st_seg), g_seg = jax.value_and_grad(seg_loss, has_aux=True)(params)
     (l_flat, st_flat), g_flat = jax.value_and_grad(flat_loss, has_aux=True)(params)
@@ -155,8 +143,8 @@ def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(
 def test_minibatch_advantages_with_a_frozen_network_average_to_the_per_update_run(
     full_precision_matmuls,
 ):
-    """With a step size so small that Adam leaves the network unchanged, every minibatch computes the
-    targets the per-update path computes once, so the update's mean value loss (a mean over
+    """With a step size so small that Adam leaves the network unchanged, every minibatch computes
+    the targets the per-update path computes once, so the update's mean value loss (a mean over
     equal-sized minibatches of all transitions) is the per-update run's; entropy, KL and the
     (normalised-advantage) policy loss are checked alongside, though a frozen network makes them
     equal on any path. With a real step size the runs differ, each later minibatch scoring against
@@ -178,7 +166,7 @@ def test_minibatch_advantages_with_a_frozen_network_average_to_the_per_update_ru
 
 
 def test_minibatch_advantages_take_the_autodiff_gradient():
-    assert "agent.minibatch_advantages" in ppo.fused_update_unfit_reason(
+    assert "agent.minibatch_advantages" in ppo_variants.fused_update_unfit_reason(
         make_config(gae_horizon=8, minibatch_advantages=True)
     )
-    assert ppo.fused_update_unfit_reason(make_config(gae_horizon=8)) is None
+    assert ppo_variants.fused_update_unfit_reason(make_config(gae_horizon=8)) is None

@@ -1,9 +1,10 @@
 """PPO's continuous-control options (Brax-style): the tanh-squashed Gaussian policy
-(`agent.continuous_policy: tanh_gaussian`), running observation normalisation (`agent.normalize_obs`)
-and a critic torso of its own widths (`agent.critic_hidden`). The pieces are checked against NumPy
-by hand and by Monte Carlo, the agent by short runs."""
+(`agent.continuous_policy: tanh_gaussian`), running observation normalisation
+(`agent.normalize_obs`) and a critic torso of its own widths (`agent.critic_hidden`). The pieces are
+checked against NumPy by hand and by Monte Carlo, the agent by short runs."""
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl import environment, heads, loop, losses, networks, observation_norm
+from rl import distributions, environment, heads, losses, networks, observation_norm, ppo_variants
 from rl.agents import ppo
 from rl.config import build_config
 from rl.config_parsing import ConfigError
@@ -80,7 +81,8 @@ def test_tanh_gaussian_entropy_estimate_averages_to_the_true_entropy():
 
 
 def test_tanh_gaussian_entropy_gradient_is_reparameterised():
-    """d/dmu log(1 - tanh(u')^2) = -2 tanh(u) and d/dlog_std = 1 - 2 tanh(u) eps sigma, eps = (u - mu) / sigma."""
+    """d/dmu log(1 - tanh(u')^2) = -2 tanh(u) and d/dlog_std = 1 - 2 tanh(u) eps sigma,
+    eps = (u - mu) / sigma."""
     mu, log_std, u = 0.3, -0.5, 1.1
     grad = jax.grad(
         lambda m, s: losses.tanh_gaussian_log_prob_entropy(m[None], s[None], jnp.array([u]))[1],
@@ -105,16 +107,12 @@ def test_tanh_gaussian_head_scale_is_softplus_plus_min_std():
 
 
 def test_tanh_gaussian_policy_sends_tanh_of_the_stored_sample():
-    policy = (jnp.array([[0.5, -2.0]]), jnp.array([[0.0, 1.0]]))
-    u = loop.sample_action(policy, jax.random.PRNGKey(0), "tanh_gaussian")
-    np.testing.assert_array_equal(loop.env_action(u, "tanh_gaussian"), jnp.tanh(u))
-    np.testing.assert_array_equal(loop.env_action(u, "gaussian"), u)
-    np.testing.assert_array_equal(loop.greedy_action(policy, "tanh_gaussian"), policy[0])
-
-
-def test_unknown_distribution_is_named():
-    with pytest.raises(ValueError, match="unknown policy distribution 'beta'"):
-        losses.policy_log_prob_entropy((jnp.zeros(1), jnp.zeros(1)), jnp.zeros(1), "beta")
+    head = (jnp.array([[0.5, -2.0]]), jnp.array([[0.0, 1.0]]))
+    pi = distributions.TanhGaussian.from_head(head)
+    u = pi.sample(jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(pi.env_action(u), jnp.tanh(u))
+    np.testing.assert_array_equal(distributions.Gaussian.from_head(head).env_action(u), u)
+    np.testing.assert_array_equal(pi.mode(), head[0])
 
 
 # ---------------------------------------------------------------- observation statistics
@@ -159,9 +157,9 @@ def test_observation_stats_are_per_channel_for_images():
 def test_ppo_with_normalised_observations_keeps_the_statistics_of_every_rollout_in_its_params():
     config = make_config(total_steps=1024, normalize_obs=True, eval_envs=2)  # 8 updates of 4 x 32
     state, metrics = jax.jit(ppo.make_train(config))(jax.random.PRNGKey(0))
-    stats = state["params"]["obs_stats"]
+    stats = state.params["obs_stats"]
     np.testing.assert_allclose(float(stats["count"]), 1024 + 1e-4, rtol=1e-6)
-    # Pendulum's observation is (cos, sin, angular velocity): bounded, the cos/sin means inside [-1, 1]
+    # Pendulum's observation is (cos, sin, angular velocity): bounded, the cos/sin means in [-1, 1]
     assert np.all(np.abs(np.asarray(stats["mean"][:2])) <= 1.0) and np.all(
         np.asarray(stats["var"]) > 0
     )
@@ -169,11 +167,11 @@ def test_ppo_with_normalised_observations_keeps_the_statistics_of_every_rollout_
     obs = jnp.array([[1.0, 0.0, 0.5]])
     policy = ppo.make_policy(config)
     net, _ = ppo.make_network(config.agent, *environment.make_env(config))
-    mean = net.apply(
-        state["params"]["network"], observation_norm.normalize_observation(obs, stats)
-    )[0][0]
+    mean = net.apply(state.params["network"], observation_norm.normalize_observation(obs, stats))[
+        0
+    ][0]
     np.testing.assert_allclose(
-        policy(state["params"], obs, None),
+        policy(state.params, obs, None),
         np.clip(np.asarray(mean), -1, 1) * 2.0,
         rtol=1e-5,
         atol=1e-6,
@@ -200,7 +198,8 @@ def test_obs_clip_bounds_the_normalised_observation_or_leaves_it_whole():
     for unused in (4.0, None):
         with pytest.raises(
             ConfigError,
-            match=r"agent\.obs_clip \(.*\) clips normalised observations: it needs agent\.normalize_obs: true",
+            match=r"agent\.obs_clip \(.*\) clips normalised observations: it needs "
+            r"agent\.normalize_obs: true",
         ):
             make_config(obs_clip=unused)
 
@@ -213,32 +212,33 @@ def test_ppo_with_unclipped_normalised_observations_trains():
 
 
 def test_ppo_normalised_observations_reach_the_learner_normalised():
-    """learn_batch's observations are the normalised ones, under the statistics after the rollout."""
-    config = make_config(normalize_obs=True)
-    trainer_setup = ppo.Setup(
-        config.agent,
-        *environment.make_env(config),
-        *environment.batched(environment.make_env(config)[0]),
-        *ppo.make_network(config.agent, *environment.make_env(config)),
-        "reference",
-        False,
-    )
+    """The batch an update learns from holds the rollout's observations normalised under the
+    statistics merged with that rollout (the batch function sees the rollout as the network reads
+    it)."""
+    from rl import episodes
     from rl.config import hyperparams
 
+    config = make_config(normalize_obs=True)
+    s = ppo.make_setup(config)._replace(backend="reference")
     hp = hyperparams(config.agent)
-    state = ppo.init_state(trainer_setup, jax.random.PRNGKey(0), hp)
-    _, _, traj, _ = ppo.rollout(
-        trainer_setup, state["params"], state["obs"], state["env_state"], jax.random.PRNGKey(1)
-    )
-    stats = observation_norm.update_observation_stats(state["params"]["obs_stats"], traj.obs, (3,))
-    params = {**state["params"], "obs_stats": stats}
-    batch, _, _ = ppo.learn_batch(trainer_setup, hp, params, traj)
+    state = ppo.init_state(s, jax.random.PRNGKey(0), hp)
+    seen = []
+
+    def batch_fn(hparams, net_params, traj):
+        batch = ppo.learn_batch(s, hparams, net_params, traj)
+        seen.append(batch[0].obs)
+        return batch
+
+    grads_fn = partial(ppo.autodiff_grads, partial(ppo.minibatch_loss, s))
+    new_state, _, _ = ppo.update(s, grads_fn, batch_fn, hp, state, episodes.no_episodes())
+    rollout_key = jax.random.split(state.key, 3)[1]
+    _, traj, _ = ppo.rollout(s, state.params, state.envs, rollout_key)
+    stats = observation_norm.update_observation_stats(state.params["obs_stats"], traj.obs, (3,))
+    jax.tree.map(np.testing.assert_array_equal, new_state.params["obs_stats"], stats)
     np.testing.assert_allclose(
-        batch.obs, observation_norm.normalize_observation(traj.obs, stats).reshape(-1, 3), rtol=1e-6
+        seen[0], observation_norm.normalize_observation(traj.obs, stats).reshape(-1, 3), rtol=1e-6
     )
-    np.testing.assert_allclose(
-        np.mean(np.asarray(batch.obs), 0), 0.0, atol=1e-3
-    )  # this rollout is all the stats saw
+    np.testing.assert_allclose(np.mean(np.asarray(seen[0]), 0), 0.0, atol=1e-3)  # only this rollout
 
 
 def test_ppo_tanh_gaussian_pendulum_improves_with_normalised_observations_and_acts_within_bounds():
@@ -262,15 +262,15 @@ def test_ppo_tanh_gaussian_pendulum_improves_with_normalised_observations_and_ac
     state, metrics = jax.jit(ppo.make_train(config))(jax.random.PRNGKey(0))
     returns = np.asarray(metrics["episode_return"])
     assert np.all(np.isfinite(returns)) and returns[-1] > returns[0] + 150, returns
-    critic_layer = networks.dense_layers(state["params"]["network"])[2][0]
+    critic_layer = networks.dense_layers(state.params["network"])[2][0]
     assert critic_layer.shape == (3, 64)  # actor 3 -> 16 -> 16, critic 3 -> 64 -> 64
     policy = ppo.make_policy(config)
     obs = jnp.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 8.0], [0.0, 1.0, -8.0]])
-    actions = policy(state["params"], obs, None)
+    actions = policy(state.params, obs, None)
     net, _ = ppo.make_network(config.agent, *environment.make_env(config))
     mean = net.apply(
-        state["params"]["network"],
-        observation_norm.normalize_observation(obs, state["params"]["obs_stats"]),
+        state.params["network"],
+        observation_norm.normalize_observation(obs, state.params["obs_stats"]),
     )[0][0]
     np.testing.assert_allclose(actions, np.tanh(np.asarray(mean)) * 2.0, rtol=1e-5, atol=1e-6)
 
@@ -281,7 +281,7 @@ def test_critic_hidden_needs_separate_torsos():
             make_config(shared_network=True, critic_hidden=[8]),
             *environment.make_env(make_config()),
         )
-    assert "critic's hidden widths" in ppo.fused_update_unfit_reason(
+    assert "critic's hidden widths" in ppo_variants.fused_update_unfit_reason(
         make_config("CartPole-v1", critic_hidden=[32, 32])
     )
 

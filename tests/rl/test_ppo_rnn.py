@@ -1,8 +1,8 @@
-"""Recurrent PPO: the hidden state through a trajectory whose episode ends are known in advance (reset
-before the cell reads the first observation of an episode, V(final_obs) read with the pre-reset
-state), whole sequences re-run from their stored initial state reproduce the rollout, short runs that
-improve (flax and haiku, GRU and LSTM, discrete and continuous), vmap over seeds = per-seed runs on the
-CPU, a sweep, `rl train` / `rl eval` from a config, and bad configs."""
+"""Recurrent PPO: the hidden state through a trajectory whose episode ends are known in advance
+(reset before the cell reads the first observation of an episode, V(final_obs) read with the
+pre-reset state), whole sequences re-run from their stored initial state reproduce the rollout,
+short runs that improve (flax and haiku, GRU and LSTM, discrete and continuous), vmap over seeds =
+per-seed runs on the CPU, a sweep, `rl train` / `rl eval` from a config, and bad configs."""
 
 from functools import partial
 
@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl import episodes
 from rl.agents import ppo_rnn
 from rl.config import build_config, hyperparams, parse_sweep
 from rl.config_parsing import ConfigError
@@ -64,10 +65,10 @@ def close(a, b):
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_hidden_state_resets_at_episode_ends_and_bootstraps_from_the_pre_reset_state(cell):
     """Episodes cut by a 5-step time limit: the second rollout of 12 steps starts 2 steps into an
-    episode, so its episodes end (truncated, none terminated) after steps t = 2 and 7. The cell reads
-    the initial state at t = 3 and 8 and the carried one everywhere else; V(final_obs_t) is the
-    value one step on from h_t, the pre-reset state; the value target of a truncated step is
-    r + gamma V(final_obs)."""
+    episode, so its episodes end (truncated, none terminated) after steps t = 2 and 7. The cell
+    reads the initial state at t = 3 and 8 and the carried one everywhere else; V(final_obs_t) is
+    the value one step on from h_t, the pre-reset state; the value target of a truncated step is r +
+    gamma V(final_obs)."""
     config = make_config(
         env={"params": {"max_steps_in_episode": 5}, "observe": "positions"},
         num_envs=3,
@@ -78,12 +79,11 @@ def test_hidden_state_resets_at_episode_ends_and_bootstraps_from_the_pre_reset_s
     s = ppo_rnn.make_setup(config)
     hp = hyperparams(config.agent)
     state = ppo_rnn.init_state(s, jax.random.PRNGKey(0), hp)
-    params = state["params"]
+    params = state.params
     rollout = jax.jit(partial(ppo_rnn.rollout, s, params))
-    (obs, done, carry, env_state), _ = rollout(
-        state["obs"], state["done"], state["carry"], state["env_state"], jax.random.PRNGKey(1)
-    )
-    _, traj = rollout(obs, done, carry, env_state, jax.random.PRNGKey(2))
+    envs, _ = rollout(state.envs, jax.random.PRNGKey(1))
+    _, traj = rollout(envs, jax.random.PRNGKey(2))
+    done, carry = envs.memory.reset, envs.memory.carry
 
     ended = np.zeros((12, 3), bool)
     ended[[2, 7]] = True
@@ -123,9 +123,9 @@ def test_hidden_state_resets_at_episode_ends_and_bootstraps_from_the_pre_reset_s
 
 
 def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rollout():
-    """The learn batch is env-major with the carry at the start of the rollout; re-running any subset
-    of envs from it gives the rollout's values and log-probs, so the first minibatch step of an update
-    sees ratio 1 (approx_kl 0, nothing clipped)."""
+    """The learn batch is env-major with the carry at the start of the rollout; re-running any
+    subset of envs from it gives the rollout's values and log-probs, so the loss of a minibatch of
+    them at the rollout's params sees ratio 1 (approx_kl 0, nothing clipped)."""
     config = make_config(
         env={"observe": "positions"},
         num_envs=4,
@@ -136,23 +136,14 @@ def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rol
     s = ppo_rnn.make_setup(config)
     hp = hyperparams(config.agent)
     state = ppo_rnn.init_state(s, jax.random.PRNGKey(0), hp)
-    state, _, _ = jax.jit(partial(ppo_rnn.update, s, hp))(
-        state, ppo_rnn.loop.no_episodes()
-    )  # the carry is mid-episode now
-    params = state["params"]
-    _, traj = ppo_rnn.rollout(
-        s,
-        params,
-        state["obs"],
-        state["done"],
-        state["carry"],
-        state["env_state"],
-        jax.random.PRNGKey(5),
-    )
-    seqs, advantages, targets = ppo_rnn.learn_batch(s, hp, params, traj, state["carry"])
+    update = jax.jit(partial(ppo_rnn.update, s, hp))
+    state, _, _ = update(state, episodes.no_episodes())  # the carry is mid-episode now
+    params, carry = state.params, state.envs.memory.carry
+    _, traj = ppo_rnn.rollout(s, params, state.envs, jax.random.PRNGKey(5))
+    seqs, advantages, targets = ppo_rnn.learn_batch(s, hp, params, traj, carry)
     assert seqs.obs.shape == (4, 20, 2) and advantages.shape == targets.shape == (4, 20)
     np.testing.assert_array_equal(seqs.obs, np.swapaxes(traj.obs, 0, 1))
-    close(seqs.initial_carry, state["carry"])
+    close(seqs.initial_carry, carry)
     envs_ = jnp.array([3, 1])
     take = lambda x: x[envs_]
     _, (logits, values) = s.net.apply(
@@ -169,24 +160,9 @@ def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rol
         np.swapaxes(log_probs, 0, 1), take(seqs.log_prob), rtol=1e-5, atol=1e-5
     )
 
-    grads = lambda p, mb: jax.grad(
-        lambda p: ppo_rnn.minibatch_loss(s.net, p, mb, hp, s.agent, "categorical", "reference"),
-        has_aux=True,
-    )(p)
-    optimizer = ppo_rnn.loop.ppo_optimizer(s.agent, hp)
-    _, _, stats = ppo_rnn.loop.flat_minibatch_epochs(
-        s.agent,
-        optimizer,
-        grads,
-        params,
-        state["opt_state"],
-        (seqs, advantages, targets),
-        jax.random.PRNGKey(6),
-    )
-    assert stats["approx_kl"].shape == (2, 2)
-    assert (
-        abs(float(stats["approx_kl"][0, 0])) < 1e-6 and float(stats["clip_fraction"][0, 0]) == 0.0
-    )
+    minibatch = jax.tree.map(take, (seqs, advantages, targets))
+    _, stats = ppo_rnn.minibatch_loss(s, hp, params, minibatch)
+    assert abs(float(stats["approx_kl"])) < 1e-6 and float(stats["clip_fraction"]) == 0.0
 
 
 # ---------------------------------------------------------------- training
@@ -199,13 +175,13 @@ def test_ppo_rnn_learns_masked_cartpole(backend, cell, total_steps):
     """CartPole with the velocities hidden, the shipped config's settings (no annealing), 24k steps
     (GRU) or 49k (LSTM, which learns more slowly), 8 seeds in one program, at full float32 matmul
     precision (`rl.programs.at_matmul_precision`, as `run.matmul_precision: highest`; a no-op on the
-    CPU): with a GPU's TF32 default the LSTM learns more slowly at this budget, which is not what this
-    checks. Over the seeds (medians, because single seeds' curves follow the platform's and the batch
-    size's matmul rounding), the best training return of the second half of the run is at least twice
-    the first (random, ~22), and the best greedy return passes 60. Medians (training / greedy): GRU,
-    CPU 135 / 376. LSTM at 24k steps: CPU 67 / 105, an H200 without autotuning (as `.ci/gpu_suite.sh`
-    runs) 43 / 54, a fail; at 37k: CPU 82 / 158, that H200 67 / 116 (91 / 200 with autotuning); at
-    49k: CPU 112 / 225, that H200 110 / 162."""
+    CPU): with a GPU's TF32 default the LSTM learns more slowly at this budget, which is not what
+    this checks. Over the seeds (medians, because single seeds' curves follow the platform's and the
+    batch size's matmul rounding), the best training return of the second half of the run is at
+    least twice the first (random, ~22), and the best greedy return passes 60. Medians (training /
+    greedy): GRU, CPU 135 / 376. LSTM at 24k steps: CPU 67 / 105, an H200 without autotuning (as
+    `.ci/gpu_suite.sh` runs) 43 / 54, a fail; at 37k: CPU 82 / 158, that H200 67 / 116 (91 / 200
+    with autotuning); at 49k: CPU 112 / 225, that H200 110 / 162."""
     config = make_config(
         env={"observe": "positions"},
         total_steps=total_steps,
@@ -252,11 +228,11 @@ def test_ppo_rnn_continuous_masked_pendulum_runs_and_acts_within_bounds():
     policy = ppo_rnn.make_policy(config)
     assert isinstance(policy, RecurrentPolicy)
     obs = jnp.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])  # [cos, sin]: the velocity is hidden
-    carry, actions = policy.step(state["params"], policy.initial_carry(3), obs, None)
+    carry, actions = policy.step(state.params, policy.initial_carry(3), obs, None)
     assert actions.shape == (3, 1) and np.all(np.abs(np.asarray(actions)) <= 2.0)
-    _, again = policy.step(state["params"], carry, obs, None)
+    _, again = policy.step(state.params, carry, obs, None)
     assert not np.allclose(again, actions)  # the action depends on the carried history
-    one_carry, one = policy.step(state["params"], policy.initial_carry(), obs[0], None)
+    one_carry, one = policy.step(state.params, policy.initial_carry(), obs[0], None)
     np.testing.assert_allclose(one, actions[0], rtol=1e-5, atol=1e-6)
 
 
@@ -279,8 +255,8 @@ def test_vmap_over_seeds_equals_per_seed_runs():
 
 
 def test_sweep_gives_one_result_per_setting_equal_to_a_plain_run():
-    """Two settings x 2 seeds in one program; the second setting equals a plain run with its lr (so lr
-    is read from hparams inside the program) and differs from the first."""
+    """Two settings x 2 seeds in one program; the second setting equals a plain run with its lr (so
+    lr is read from hparams inside the program) and differs from the first."""
     config = make_config(env={"observe": "positions"}, total_steps=256, seeds=2)
     grid = parse_sweep(["agent.lr=1e-2,3e-2"], config.agent)
     _, swept = train_many(config, grid)
@@ -301,7 +277,8 @@ def test_rl_train_and_rl_eval_from_a_config(tmp_path):
     config_path = tmp_path / "rnn.yaml"
     config_path.write_text(
         "env: {id: CartPole-v1, observe: positions}\n"
-        "agent: {name: ppo_rnn, total_steps: 256, num_envs: 4, num_steps: 16, num_epochs: 1, num_minibatches: 2, log_interval: 2,\n"
+        "agent: {name: ppo_rnn, total_steps: 256, num_envs: 4, num_steps: 16, num_epochs: 1,\n"
+        "        num_minibatches: 2, log_interval: 2,\n"
         "        network: {torso: lstm, hidden: [8], recurrent_hidden: 8, backend: haiku}}\n"
         "kernels: {backend: reference}\n"
     )

@@ -79,7 +79,8 @@ def test_n_step_transition_cuts_at_the_first_episode_end():
         out["next_obs"][:, 0], end * 10 + np.arange(6) + 100
     )  # final_obs of the end step
     np.testing.assert_array_equal(out["obs"][:, 0], np.arange(6))  # the oldest step
-    # the bootstrap discount gamma^steps * (1 - terminated): truncation keeps it, termination zeroes it
+    # the bootstrap discount gamma^steps * (1 - terminated): truncation keeps it, termination
+    # zeroes it
     discount = g ** np.asarray(out["bootstrap_steps"], np.float64) * (
         1 - np.asarray(out["terminated"])
     )
@@ -94,11 +95,26 @@ def test_one_step_window_is_the_plain_transition():
     np.testing.assert_array_equal(out["next_obs"][:, 0], [100, 101])
 
 
-def test_push_window_keeps_the_last_n_steps():
-    window = {"x": jnp.zeros((3, 2))}
+def test_push_window_keeps_each_envs_last_n_steps():
+    window = {"x": jnp.zeros((2, 3))}  # [envs, n]
     for t in range(1, 5):
-        window = rainbow.push_window(window, {"x": jnp.full((2,), float(t))})
-    np.testing.assert_array_equal(window["x"][:, 0], [2, 3, 4])
+        window = rainbow.push_window(window, {"x": jnp.array([t, -t], jnp.float32)})
+    np.testing.assert_array_equal(window["x"], [[2, 3, 4], [-2, -3, -4]])
+
+
+def test_n_step_transitions_read_the_env_major_window_time_major():
+    """The windows travel with the envs as [envs, n, ...]; their transitions are those of the
+    time-major window [n, envs, ...] that `losses.n_step_transition` reads."""
+    F, T = False, True
+    time_major = window_of(
+        [[1, 1, 1], [2, 2, 2], [4, 4, 4]], [[F, T, F], [F, F, F], [T, F, F]], [[F, F, T]] * 3
+    )
+    env_major = jax.tree.map(lambda w: jnp.swapaxes(w, 0, 1), time_major)
+    setup = fake_setup(None, None)
+    expected = losses.n_step_transition(time_major, 0.9)
+    got = rainbow.n_step_transitions(setup, env_major, 0.9)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
 
 
 # ---------------------------------------------------------------- C51 targets and the loss
@@ -238,7 +254,7 @@ def test_short_run_minimises_its_loss_and_q_stays_finite(off, backend):
     assert np.all(np.isfinite(loss)) and np.all(np.isfinite(q))
     assert loss[-1] < 0.2 * loss[0], loss
     assert abs(q[-1] - 1.0) < 0.1, q
-    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
 
 
 @pytest.fixture(scope="module")
@@ -265,15 +281,15 @@ def test_vmap_over_seeds_equals_per_seed_runs(small_run):
         for name in ("eval_return", "episode_return", "step"):
             np.testing.assert_allclose(metrics[name][i], metrics_i[name], rtol=1e-5, err_msg=name)
         np.testing.assert_allclose(metrics["loss"][i], metrics_i["loss"], rtol=1e-3)
-        for level, level_i in zip(states["buffer"].tree, state_i["buffer"].tree):
+        for level, level_i in zip(states.buffer.tree, state_i.buffer.tree):
             np.testing.assert_allclose(level[i], level_i, rtol=1e-3)
-        for a, b in zip(jax.tree.leaves(states["params"]), jax.tree.leaves(state_i["params"])):
+        for a, b in zip(jax.tree.leaves(states.params), jax.tree.leaves(state_i.params)):
             np.testing.assert_allclose(a[i], b, rtol=1e-4, atol=1e-5)
 
 
 def test_the_prioritized_buffer_holds_n_step_transitions(small_run):
     config, _, _, (states, _) = small_run
-    buf = states["buffer"]
+    buf = states.buffer
     size = np.asarray(buf.size)
     np.testing.assert_array_equal(size, [512, 512])  # 1024 steps - (n - 1) stored, capacity 512
     steps = np.asarray(buf.data["bootstrap_steps"])
