@@ -49,7 +49,10 @@ def test_categorical_by_hand():
     pi = distributions.Categorical.from_head(f32([[0.0, math.log(3.0)]]))
     log_prob, entropy = pi.log_prob_entropy(jnp.array([1], jnp.int32))
     np.testing.assert_allclose(log_prob, [math.log(0.75)], rtol=1e-6)
-    np.testing.assert_allclose(entropy, [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))])
+    # float32 (the Triton kernel on the GPU rounds its last bit differently from XLA's)
+    np.testing.assert_allclose(
+        entropy, [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))], rtol=1e-6
+    )
 
 
 def test_categorical_samples_follow_the_softmax():
