@@ -13,7 +13,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from envs.spaces import Box
+from rl import distributions
 from rl.layers import activation, constant_init
 
 
@@ -107,3 +110,16 @@ def rainbow_head(
         return value + advantage - advantage.mean(axis=-2, keepdims=True)
 
     return head
+
+
+def policy_head(space, continuous_policy: str = "gaussian", log_std_init: float = 0.0):
+    """(head, distribution class) for an action space: a categorical head for Discrete actions; for
+    a Box a diagonal Gaussian head (initial log-std `log_std_init`) or, with `continuous_policy`
+    "tanh_gaussian", a tanh-squashed one with a state-dependent scale. The policy is
+    `distribution.from_head(head output)`."""
+    if not isinstance(space, Box):
+        return categorical_policy_head(int(space.n)), distributions.Categorical
+    action_dim = int(np.prod(space.shape))
+    if continuous_policy == "tanh_gaussian":
+        return tanh_gaussian_policy_head(action_dim), distributions.TanhGaussian
+    return gaussian_policy_head(action_dim, log_std_init), distributions.Gaussian

@@ -35,10 +35,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from envs.spaces import Box
 from rl import (
     agent_configs,
     collection,
@@ -89,24 +87,11 @@ def check_env(config, env, env_params) -> None:
 # ---------------------------------------------------------------- the network and its policy
 
 
-def policy_head(agent, env, env_params) -> tuple[Any, type[distributions.Distribution]]:
-    """(head, distribution) for the env's actions (PPO's and recurrent PPO's): a categorical head
-    for Discrete actions; for Box actions a diagonal Gaussian head (initial log-std
-    `agent.log_std_init`) or, with `agent.continuous_policy: tanh_gaussian`, a tanh-squashed one
-    with a state-dependent scale. `distribution.from_head(head output)` is the policy."""
-    space = env.action_space(env_params)
-    if not isinstance(space, Box):
-        return heads.categorical_policy_head(int(space.n)), distributions.Categorical
-    action_dim = int(np.prod(space.shape))
-    if agent.continuous_policy == "tanh_gaussian":
-        return heads.tanh_gaussian_policy_head(action_dim), distributions.TanhGaussian
-    return heads.gaussian_policy_head(action_dim, agent.log_std_init), distributions.Gaussian
-
-
 def make_network(agent: Config, env, env_params):
     """(network obs -> (policy head output, value), distribution): `agent.network`'s torso (the
-    critic's with `agent.critic_hidden` if set), `policy_head` and a value head."""
-    head, distribution = policy_head(agent, env, env_params)
+    critic's with `agent.critic_hidden` if set), `heads.policy_head` and a value head."""
+    space = env.action_space(env_params)
+    head, distribution = heads.policy_head(space, agent.continuous_policy, agent.log_std_init)
     obs_space = env.observation_space(env_params)
     critic = None
     if agent.critic_hidden is not None:

@@ -41,6 +41,7 @@ from rl import (
     collection,
     environment,
     episodes,
+    heads,
     log_points,
     minibatches,
     networks,
@@ -91,7 +92,8 @@ def make_network(agent: Config, env, env_params):
     """(network, initial_carry, distribution): `net.apply(params, carry, obs [T, *batch, ...], reset
     [T, *batch]) -> (carry, (policy head output, value))` (`networks.recurrent_actor_critic` on
     `agent.network`'s torso and `ppo.policy_head`), and `initial_carry(batch)` of its state."""
-    head, distribution = ppo.policy_head(agent, env, env_params)
+    space = env.action_space(env_params)
+    head, distribution = heads.policy_head(space, agent.continuous_policy, agent.log_std_init)
     torso = networks.make_torso(agent.network, env.observation_space(env_params))
     fn = networks.recurrent_actor_critic(torso, head, shared=agent.shared_network)
     net = networks.build(fn, agent.network.backend, agent.network.init)
