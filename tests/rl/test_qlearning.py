@@ -2,7 +2,7 @@
 vmap == per seed, tie-breaking and the epsilon schedule in the trainer, TD update, truncation
 bootstrapping, chunked runs, sweeps, the evaluation leaving the training stream alone. The
 exploration pieces themselves (exploration.epsilon_greedy_random_ties, exploration.linear_schedule)
-are tested in test_loop.py."""
+are tested in test_exploration.py."""
 
 from __future__ import annotations
 
