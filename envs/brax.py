@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes.util
+import io
 import os
 import sys
 from typing import Any
@@ -67,9 +68,10 @@ def headless_mujoco_gl(find_library=ctypes.util.find_library) -> str:
 def _brax_envs(user: str = "brax:<name>"):
     """`brax.envs`, imported (MissingExtraError naming the extra when it is not installed).
 
-    What the import prints goes to stderr: `mujoco.mjx` prints "Failed to import warp" on stdout
-    when its optional Warp backend is absent, and stdout belongs to the caller (`rl` prints results
-    there and errors on stderr only).
+    What the import prints is dropped: `mujoco.mjx` prints "Failed to import warp" (and
+    "... mujoco_warp") on stdout whenever its optional Warp backend is absent, which is not an
+    error (Brax runs on the JAX backend), and stdout and stderr belong to the caller (`rl` prints
+    results on one and one-line errors on the other). A failed import still raises.
     """
     if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
         os.environ["MUJOCO_GL"] = (
@@ -77,7 +79,7 @@ def _brax_envs(user: str = "brax:<name>"):
         )  # MuJoCo picks its OpenGL platform when it is imported
     if "brax.envs" in sys.modules:
         return sys.modules["brax.envs"]
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(io.StringIO()):
         return import_extra("brax.envs", EXTRA, user)
 
 

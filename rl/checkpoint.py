@@ -12,16 +12,28 @@ A checkpoint holds three items:
 `<step>` is the env step count per seed at the checkpoint. Orbax writes each checkpoint into a
 temporary directory and renames it into place only once every file is written (and records
 `commit_success.txt`), so a process killed mid-write leaves a temporary directory that is never
-listed as a checkpoint. On top of that, `restore_latest` verifies what it reads (the restored tree
-matches the expected shapes and dtypes, the metadata agrees with the history) and falls back to the
-next older checkpoint with a warning if the newest one cannot be read.
+listed as a checkpoint. Once orbax has finalised it, `FILES_MANIFEST` records every file's size and
+CRC-32 (written atomically beside the items; a checkpoint whose process died before that is used
+unverified). The meta item also holds the stored state's signature (`state_signature`) and whatever
+the caller adds (the run's config).
+
+Restoring tells two failures apart:
+- **mismatch** (`CheckpointMismatchError`): the checkpoint is whole but is not this run's, e.g. the
+  run's config.yaml was edited or another fusedrl version built another state. Nothing is moved;
+  `restore_latest` raises it with the first differing config key or state leaf.
+- **damage** (`CheckpointDamagedError` and anything orbax raises reading it): a file is missing,
+  shorter or has other bytes than the manifest records, or orbax cannot read it. `restore_latest`
+  moves it to `damaged_checkpoints/`, reports one line and falls back to the next older checkpoint.
 
 Typed PRNG keys (`jax.random.key`) are stored as their raw key data and re-wrapped on restore.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -29,24 +41,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl.checkpoint_integrity import (
+    FILES_MANIFEST,
+    CheckpointDamagedError,
+    CheckpointError,
+    CheckpointMismatchError,
+    signature_difference,
+    state_signature,
+    verify_files,
+    write_files_manifest,
+)
+
+__all__ = [
+    "FILES_MANIFEST",
+    "CheckpointDamagedError",
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "Checkpoints",
+]
+
 CHECKPOINT_DIR = "checkpoints"
 
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint, or a checkpoint that does not match the run."""
-
-
-class CheckpointStructureError(CheckpointError):
-    """A checkpoint whose state has another pytree structure than the run's agent builds: written by
-    another version of fusedrl or another config. Not damage: `restore_latest` raises it and leaves
-    the checkpoint where it is."""
+# What orbax says when the stored tree does not fit the requested one (not damage).
+_ORBAX_MISMATCH = ("Structure mismatch", "tree structures do not match", "Requested shape")
 
 
 def _quiet_orbax() -> None:
-    """Orbax logs every save through absl (and warns when reading a checkpoint folder read-only);
-    keep the CLI's output readable."""
+    """Orbax logs every save through absl, warns when reading a checkpoint folder read-only, and
+    logs a failed write with its traceback from each of its threads; `Checkpoints` reports what
+    matters itself (a failed write as one OSError), so keep the CLI's output readable."""
     for name in ("absl", "orbax"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _is_key(x) -> bool:
@@ -135,6 +160,7 @@ class Checkpoints:
     def __init__(self, run_dir, keep: int | None = 3, read_only: bool = False):
         self.directory = checkpoint_dir(run_dir)
         self.read_only = read_only
+        self.unlisted: int | None = None  # the step being written, not yet in a files manifest
         if read_only and not self.directory.is_dir():
             self._manager = None
         else:
@@ -150,79 +176,115 @@ class Checkpoints:
 
     def save(self, step: int, state, history: dict, meta: dict) -> None:
         """Start writing a checkpoint (asynchronously: arrays are copied off the device before this
-        returns, files are written in the background; `wait` or the next `save` waits for it)."""
+        returns, files are written in the background; `wait` or the next `save` waits for it and
+        writes its files manifest). `meta` (JSON) gets the state's signature added."""
         import orbax.checkpoint as ocp
 
+        self.wait()
+        stored = strip_keys(state)
         history = jax.tree.map(np.asarray, history)
         self._manager.save(
             int(step),
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(strip_keys(state)),
+                state=ocp.args.StandardSave(stored),
                 history=ocp.args.StandardSave(history),
-                meta=ocp.args.JsonSave(meta),
+                meta=ocp.args.JsonSave({**meta, "state_signature": state_signature(stored)}),
             ),
             force=True,
         )
+        self.unlisted = int(step)
 
     def wait(self) -> None:
-        """Block until the checkpoint being written is finalised (re-raises a failed write)."""
-        if self._manager is not None:
+        """Block until the checkpoint being written is finalised, then record its files manifest
+        (from process 0 of a multi-process run). A failed write raises OSError naming the
+        checkpoint (the disk's error where orbax reports one, e.g. ENOSPC)."""
+        if self._manager is None:
+            return
+        step, self.unlisted = self.unlisted, None
+        try:
             self._manager.wait_until_finished()
+        except Exception as err:
+            if isinstance(err, OSError) or step is None:
+                raise
+            raise _write_error(err, self.directory / str(step)) from err
+        if step is not None and jax.process_index() == 0:
+            write_files_manifest(self.directory / str(step))
 
-    def restore(self, step: int, abstract_state, with_history: bool = True):
+    def restore(self, step: int, abstract_state, with_history: bool = True, check_meta=None):
         """(state, history, meta) of checkpoint `step`, placed like `abstract_state` (a tree of
-        ShapeDtypeStructs, with shardings where arrays should be sharded)."""
+        ShapeDtypeStructs, with shardings where arrays should be sharded).
+
+        Before reading any array: the files are checked against the manifest
+        (CheckpointDamagedError), then `check_meta(meta)` (the caller's check, e.g. of the config:
+        a message for CheckpointMismatchError, or None) and the state signature
+        (CheckpointMismatchError)."""
         import orbax.checkpoint as ocp
 
-        items = {
-            "state": ocp.args.StandardRestore(abstract_for_storage(abstract_state)),
-            "meta": ocp.args.JsonRestore(),
-        }
+        folder = self.directory / str(step)
+        verify_files(folder)
+        meta = dict(
+            self._manager.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+                "meta"
+            ]
+        )
+        problem = check_meta(meta) if check_meta is not None else None
+        if problem is not None:
+            raise CheckpointMismatchError(f"checkpoint {folder}: {problem}")
+        storage = abstract_for_storage(abstract_state)
+        if "state_signature" in meta:
+            difference = signature_difference(meta["state_signature"], state_signature(storage))
+            if difference is not None:
+                raise CheckpointMismatchError(self._mismatch_message(step, difference))
+        items = {"state": ocp.args.StandardRestore(storage), "meta": ocp.args.JsonRestore()}
         if with_history:
             items["history"] = ocp.args.StandardRestore()
         try:
             restored = self._manager.restore(int(step), args=ocp.args.Composite(**items))
         except ValueError as err:
-            # orbax's message when the saved tree has other keys
-            if "Structure mismatch" in str(err):
-                raise CheckpointStructureError(
-                    self._structure_message(step, str(err).splitlines()[0])
-                ) from None
+            first_line = str(err).splitlines()[0] if str(err) else ""
+            if any(phrase in str(err) for phrase in _ORBAX_MISMATCH):
+                raise CheckpointMismatchError(self._mismatch_message(step, first_line)) from None
             raise
         state = restore_keys(restored["state"], abstract_state)
-        _check_matches(state, abstract_state)
+        try:
+            _check_matches(state, abstract_state)
+        except CheckpointMismatchError as err:
+            raise CheckpointMismatchError(self._mismatch_message(step, str(err))) from None
         history = jax.tree.map(np.asarray, dict(restored["history"])) if with_history else None
-        meta = dict(restored["meta"])
         if with_history:
             _check_history(history, meta)
         return state, history, meta
 
-    def _structure_message(self, step: int, detail: str) -> str:
+    def _mismatch_message(self, step: int, detail: str) -> str:
         return (
-            f"checkpoint {self.directory / str(step)} holds a training state of another "
-            f"structure than this run's agent builds ({detail}): it was written by another "
-            "version of fusedrl or with another config. Resume it with the version that wrote "
-            "it, or start a new run; the checkpoint is left as it is"
+            f"checkpoint {self.directory / str(step)} does not fit the state this run builds: "
+            f"{detail}. It was written with another config or another version of fusedrl; resume "
+            "it with the config and version that wrote it, or start a new run. The checkpoint is "
+            "left as it is"
         )
 
-    def restore_latest(self, abstract_state, with_history: bool = True, warn=None):
+    def restore_latest(self, abstract_state, with_history: bool = True, warn=None, check_meta=None):
         """(step, state, history, meta) of the newest checkpoint that reads back correctly, or None
-        if there is none. A checkpoint that fails to read is reported through `warn` and skipped
-        (moved to `damaged_checkpoints/` unless read-only); one of another structure
-        (`CheckpointStructureError`) is not damage and stops the restore."""
+        if there is none. A damaged checkpoint is reported through `warn` in one line and skipped
+        (moved to `damaged_checkpoints/` unless read-only); a mismatch
+        (`CheckpointMismatchError`, from the signature or from `check_meta`) is not damage and
+        stops the restore."""
         warn = warn or (lambda message: print(f"rl: warning: {message}", file=sys.stderr))
         for step in reversed(self.steps()):
             try:
-                return (step, *self.restore(step, abstract_state, with_history))
-            except CheckpointStructureError:
+                return (step, *self.restore(step, abstract_state, with_history, check_meta))
+            except CheckpointMismatchError:
                 raise
-            except (
-                Exception
-            ) as err:  # a damaged checkpoint: set it aside, fall back to an older one
-                reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-                moved = "" if self.read_only else f", moved to {self._set_aside(step)}"
+            except Exception as err:  # damaged: set it aside, fall back to an older one
+                detail = str(err).splitlines()[0] if str(err) else ""
+                reason = (
+                    detail
+                    if isinstance(err, CheckpointDamagedError)
+                    else f"{type(err).__name__}: {detail}"
+                )
+                moved = "" if self.read_only else f"; moved to {self._set_aside(step)}"
                 warn(
-                    f"checkpoint {self.directory / str(step)} cannot be used ({reason}){moved}; "
+                    f"checkpoint {self.directory / str(step)} is damaged ({reason}){moved}; "
                     "trying an older one"
                 )
         return None
@@ -243,23 +305,31 @@ class Checkpoints:
 
     def close(self) -> None:
         if self._manager is not None:
-            self._manager.wait_until_finished()
+            self.wait()
             self._manager.close()
+
+
+def _write_error(err: Exception, folder: Path) -> OSError:
+    """An OSError for a checkpoint write that failed inside orbax/TensorStore (which report the
+    system error as text: "... No space left on device [os_error_code='28']")."""
+    found = re.search(r"os_error_code='(\d+)'", str(err))
+    code = int(found.group(1)) if found else errno.EIO
+    return OSError(code, os.strerror(code), str(folder))
 
 
 def _check_matches(tree, abstract_tree) -> None:
     """CheckpointError unless `tree` has the structure, shapes and dtypes of `abstract_tree`."""
     if jax.tree.structure(tree) != jax.tree.structure(abstract_tree):
-        raise CheckpointStructureError(
+        raise CheckpointMismatchError(
             "the checkpoint's state does not have the structure this config's agent builds"
         )
     for (path, leaf), spec in zip(
         jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(abstract_tree)
     ):
         if tuple(leaf.shape) != tuple(spec.shape) or leaf.dtype != spec.dtype:
-            raise CheckpointError(
+            raise CheckpointMismatchError(
                 f"state{jax.tree_util.keystr(path)} is {leaf.dtype}{list(leaf.shape)} in the "
-                f"checkpoint, expected {spec.dtype}{list(spec.shape)}"
+                f"checkpoint, this run builds {spec.dtype}{list(spec.shape)}"
             )
 
 

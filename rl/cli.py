@@ -25,7 +25,13 @@ import os
 import sys
 from pathlib import Path
 
-from rl.cli_output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, error
+from rl.cli_output import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    command_output,
+    error,
+)
 from rl.cli_train import train_command
 from rl.config_parsing import ConfigError
 
@@ -127,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """`rl ARGV...` (sys.argv when None); returns the exit status. Output to a reader that has gone
+    (a closed pipe) is dropped without stopping the command (rl.cli_output.command_output)."""
+    with command_output():
+        return run_command(argv)
+
+
+def run_command(argv=None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     unknown = [arg for arg in extras if arg.startswith("-") or "=" not in arg]
@@ -159,7 +172,7 @@ def main(argv=None) -> int:
 
 
 def eval_command(args) -> int:
-    from rl.checkpoint import CheckpointStructureError
+    from rl.checkpoint import CheckpointMismatchError
     from rl.evaluate import evaluate_run, print_evaluation
 
     try:
@@ -181,8 +194,8 @@ def eval_command(args) -> int:
             Path(args.json).write_text(json.dumps(result, indent=2))
     except ConfigError as err:
         return error(str(err), EXIT_BAD_INPUT)
-    except CheckpointStructureError as err:
-        return error(str(err), EXIT_FAILED)
+    except CheckpointMismatchError as err:
+        return error(str(err), EXIT_BAD_INPUT)
     except OSError as err:
         return error(
             f"cannot write {err.filename or args.render or args.json}: {err.strerror or err}",
@@ -225,7 +238,12 @@ def plot_command(args) -> int:
     from rl.plot import plot_runs
 
     try:
-        path = plot_runs(args.run_dirs, output=args.output, metric=args.metric)
+        path = plot_runs(
+            args.run_dirs,
+            output=args.output,
+            metric=args.metric,
+            warn=lambda message: print(f"rl: warning: {message}", file=sys.stderr),
+        )
     except ConfigError as err:
         return error(str(err), EXIT_BAD_INPUT)
     except OSError as err:

@@ -3,17 +3,86 @@ summary of `rl train` (from the run's summary.json, written by `rl.summary.summa
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1  # training diverged or the run directory could not be written
-EXIT_INTERRUPTED = 130  # Ctrl-C (a checkpoint was saved)
+EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N (a checkpoint was saved)
+EXIT_INTERRUPTED = EXIT_SIGNAL_BASE + 2  # Ctrl-C (SIGINT)
 
 # How the summary names its metric, after the metric's key (none for the others).
 METRIC_LABELS = {"eval_return": ", the greedy evaluation return"}
+
+
+class ReaderGoneStream:
+    """A text stream that outlives its reader: once a write or flush meets a closed pipe (`rl train
+    | head`, or `| tee log` ended by the same Ctrl-C), its file descriptor is pointed at /dev/null
+    and later output is dropped, so the command goes on (training, saving checkpoints) as if its
+    output were still read. Everything else is the wrapped stream's."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._drop_output()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._drop_output()
+
+    def _drop_output(self) -> None:
+        self.reader_gone = True
+        try:  # what is still buffered (and what XLA writes to the descriptor) goes nowhere
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _is_orbax_loop_echo(kind, value) -> bool:
+    """TensorStore completing a write after orbax closed the event loop that awaited it (after a
+    failed or abandoned save or restore, which the command reports itself in one line)."""
+    return kind is RuntimeError and str(value) == "Event loop is closed"
+
+
+@contextlib.contextmanager
+def command_output():
+    """While an `rl` command runs (its entry point enters this; everything comes back on exit):
+    sys.stdout and sys.stderr as ReaderGoneStreams, and sys.excepthook without the tracebacks that
+    TensorStore's callbacks print after a failed checkpoint write or read (`_is_orbax_loop_echo`),
+    which the command has already reported in one line."""
+    saved = sys.stdout, sys.stderr, sys.excepthook
+    hook = sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        if not _is_orbax_loop_echo(kind, value):
+            hook(kind, value, traceback)
+
+    sys.stdout, sys.stderr = ReaderGoneStream(sys.stdout), ReaderGoneStream(sys.stderr)
+    sys.excepthook = excepthook
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr, sys.excepthook = saved
 
 
 def error(message: str, status: int) -> int:

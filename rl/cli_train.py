@@ -1,6 +1,7 @@
 """The `rl train` command: the config and sweep grid from the command line (or the saved ones of
 `--resume RUN_DIR`), a new run directory, the training run (`rl.train.run_training`) and its
-summary; bad input exits 2 before anything is written, a failed run 1, Ctrl-C 130."""
+summary; bad input exits 2 before anything is written, a failed run 1, Ctrl-C 130 and SIGTERM 143
+(after saving a checkpoint)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from rl.cli_output import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
+    EXIT_SIGNAL_BASE,
     completed_summary,
     error,
     print_complete,
@@ -144,7 +145,7 @@ def train_command(args) -> int:
             run_dir = make_run_dir(config, exist_ok=multi_process)
     except ConfigError as err:
         return error(str(err), EXIT_BAD_INPUT)
-    from rl.checkpoint import CheckpointStructureError
+    from rl.checkpoint import CheckpointMismatchError
     from rl.divergence import NonFiniteError
     from rl.interrupts import TrainingInterrupted
     from rl.train import run_training
@@ -153,15 +154,18 @@ def train_command(args) -> int:
         summary = run_training(
             config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard
         )
-    except (NonFiniteError, CheckpointStructureError) as err:
+    except (CheckpointMismatchError, ConfigError) as err:  # e.g. the run directory is in use
+        return error(str(err), EXIT_BAD_INPUT)
+    except NonFiniteError as err:
         return error(str(err), EXIT_FAILED)
     except TrainingInterrupted as err:
         print(f"rl: {err}", file=sys.stderr)
+        status = EXIT_SIGNAL_BASE + err.signal_number  # 130 for Ctrl-C, 143 for SIGTERM
         if err.immediate:  # the abandoned chunk still runs inside XLA: leave without waiting for it
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
-        return EXIT_INTERRUPTED
+            os._exit(status)
+        return status
     except Exception as err:
         os_error = _os_error(err)
         if os_error is None:

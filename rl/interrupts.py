@@ -1,5 +1,6 @@
-"""Ctrl-C during a run: the first press stops the runner after the chunk in progress (which is
-checkpointed), a second one stops it at once.
+"""Ctrl-C (SIGINT) or SIGTERM during a run: the first one stops the runner after the chunk in
+progress (which is checkpointed), a second one stops it at once. The exit status is 128 + the
+signal's number (130 for Ctrl-C, 143 for SIGTERM), as a shell reports a process the signal ended.
 
 A compiled program with host callbacks can hold the main thread inside XLA until the whole chunk
 is done, so the runner calls its programs through `call_interruptibly` (in a worker thread, the
@@ -16,10 +17,15 @@ import jax
 
 
 class TrainingInterrupted(Exception):
-    """Ctrl-C: the run stopped after saving a checkpoint (or, on a second Ctrl-C, without one: then
-    `immediate` is True and the abandoned chunk may still be computing in a daemon thread)."""
+    """Ctrl-C or SIGTERM: the run stopped after saving a checkpoint (or, on a second signal, without
+    one: then `immediate` is True and the abandoned chunk may still be computing in a daemon
+    thread). `signal_number` is the signal that stopped it."""
 
     immediate = False
+
+    def __init__(self, message: str, signal_number: int = signal.SIGINT):
+        super().__init__(message)
+        self.signal_number = int(signal_number)
 
 
 def call_interruptibly(fn, *args, block: bool = True):
@@ -46,28 +52,35 @@ def call_interruptibly(fn, *args, block: bool = True):
     return result["value"]
 
 
-class SigintGuard:
-    """While entered (in the main thread): the first Ctrl-C prints `message` and sets `requested`,
-    which the runner reads to stop after the chunk in progress (saving a checkpoint); a second one
-    raises KeyboardInterrupt, keeping the checkpoints already written."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopSignalGuard:
+    """While entered (in the main thread): the first SIGINT (Ctrl-C) or SIGTERM prints `message`
+    and sets `requested` (and `signal_number`), which the runner reads to stop after the chunk in
+    progress (saving a checkpoint); a second one raises KeyboardInterrupt, keeping the checkpoints
+    already written. The previous handlers come back on exit."""
 
     def __init__(self, message: str):
         self.requested = False
+        self.signal_number = int(signal.SIGINT)
         self.message = message
-        self.previous = None
+        self.previous = {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.previous = {number: signal.signal(number, self._handle) for number in STOP_SIGNALS}
         return self
 
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
-        print(f"\nrl: {self.message}", file=sys.stderr, flush=True)
+        self.requested, self.signal_number = True, int(signum)
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"\nrl: {name}: {self.message}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        self.previous = {}
         return False

@@ -32,17 +32,40 @@ def default_metric(runs: list[list[dict]]) -> str:
     return "eval_return" if runs and all(has_eval) else "episode_return"
 
 
-def read_metrics(run_dir) -> list[dict]:
-    """The rows of `RUN_DIR/metrics.jsonl` (ConfigError if it is missing or unreadable)."""
+def read_metrics(run_dir, warn=None) -> list[dict]:
+    """The rows of `RUN_DIR/metrics.jsonl`. Lines that are not a JSON object (a line cut short by a
+    full disk, or edited) are skipped and reported in one `warn` call; ConfigError if the file is
+    missing or no line can be read."""
     path = Path(run_dir) / "metrics.jsonl"
     if not Path(run_dir).is_dir():
         raise ConfigError(f"run directory {str(run_dir)!r} does not exist")
     if not path.is_file():
         raise ConfigError(f"{str(path)!r} does not exist: is {str(run_dir)!r} a run directory?")
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{str(path)!r} cannot be read: {err}") from None
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as err:
+        raise ConfigError(f"{str(path)!r} cannot be read: {err.strerror or err}") from None
+    rows, bad = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict) and "seed" in row and "step" in row:
+            rows.append(row)
+        else:
+            bad.append(number)
+    if bad and not rows:
+        raise ConfigError(f"{str(path)!r} cannot be read: no line is a metrics row")
+    if bad and warn is not None:
+        warn(
+            f"{path}: {len(bad)} line{'s' if len(bad) > 1 else ''} cannot be read and "
+            f"{'are' if len(bad) > 1 else 'is'} skipped (line {', '.join(map(str, bad[:5]))}"
+            f"{', ...' if len(bad) > 5 else ''})"
+        )
+    return rows
 
 
 def curves(rows: list[dict], metric: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -86,15 +109,15 @@ def _setting_labels(run_dir) -> list[str]:
     return [", ".join(f"{k}={v}" for k, v in setting.items()) for setting in grid]
 
 
-def plot_runs(run_dirs, output=None, metric: str | None = None) -> Path:
+def plot_runs(run_dirs, output=None, metric: str | None = None, warn=None) -> Path:
     """Draw the curves of `metric` (default: `default_metric`) of every run (see the module
-    docstring) into `output`; returns its path."""
+    docstring) into `output`; returns its path. Unreadable metrics lines are reported to `warn`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [read_metrics(run_dir) for run_dir in run_dirs]
+    runs = [read_metrics(run_dir, warn) for run_dir in run_dirs]
     metric = metric or default_metric(runs)
     data = [(Path(run_dir), curves(rows, metric)) for run_dir, rows in zip(run_dirs, runs)]
     output = Path(output) if output is not None else Path(run_dirs[0]) / "learning_curve.png"

@@ -7,14 +7,18 @@
     tensorboard/setting_<s>/seed_<i>/    event files
     checkpoints/<step>/     the whole training state every `run.checkpoint_every` log points
                             (rl.checkpoint)
+    damaged_checkpoints/    checkpoints a resume found damaged, set aside
+    .rl-train.lock          held (flock) by the `rl train` process writing the run
     final_params.msgpack    flax serialisation of the final params, leading axes [settings, seeds]
     summary.json            what the CLI prints at the end (rl.summary)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from pathlib import Path
 
 import jax
@@ -31,12 +35,48 @@ from rl.programs import make_programs
 CONFIG_FILE = "config.yaml"
 FINAL_PARAMS_FILE = "final_params.msgpack"
 SUMMARY_FILE = "summary.json"
+LOCK_FILE = ".rl-train.lock"
+
+
+class RunDirInUseError(ConfigError):
+    """Another process is training into the run directory (it holds LOCK_FILE)."""
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir):
+    """Hold an exclusive lock on `RUN_DIR/LOCK_FILE` (flock; released by the OS when the process
+    ends, however it ends) while the block runs; RunDirInUseError at once if another process holds
+    it. Where flock is missing (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path = Path(run_dir) / LOCK_FILE
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise RunDirInUseError(
+                f"run directory {str(run_dir)!r} is in use by another rl train (process "
+                f"{holder}); wait for it to end or stop it, then --resume"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def write_run_config(run_dir: Path, config: Config, grid: list[dict]) -> None:
     """`config.yaml`: the resolved config with the sweep grid under `sweep`."""
     (Path(run_dir) / CONFIG_FILE).write_text(
-        yaml.safe_dump({**config.to_dict(), "sweep": grid}, sort_keys=False)
+        yaml.safe_dump(run_record(config, grid), sort_keys=False)
     )
 
 
@@ -51,6 +91,65 @@ def load_run_config(run_dir) -> tuple[Config, list[dict]]:
     data = read_yaml(path)
     grid = data.pop("sweep", None) or [{}]
     return build_config(data), [dict(setting) for setting in grid]
+
+
+# Keys of a run's config that --resume may find changed: where and how the run is written and
+# shown, not what it computes.
+RESUMABLE_KEYS = (
+    "run.output_dir",
+    "run.name",
+    "run.progress",
+    "run.checkpoint_every",
+    "run.keep_checkpoints",
+    "run.wandb",
+)
+
+
+def run_record(config: Config, grid: list[dict]) -> dict:
+    """The config and sweep grid as stored in config.yaml and in each checkpoint's meta."""
+    return {**config.to_dict(), "sweep": grid}
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree}
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def config_difference(saved: dict, current: dict) -> str | None:
+    """The first key (dotted) whose value differs between the run record a checkpoint was written
+    with and the current one, ignoring RESUMABLE_KEYS, as a phrase; None if they agree."""
+    saved, current = _flatten(saved), _flatten(current)
+    for key in list(current) + [k for k in saved if k not in current]:
+        if key.startswith(RESUMABLE_KEYS) or saved.get(key) == current.get(key):
+            continue
+        was = saved[key] if key in saved else "(not set)"
+        now = current[key] if key in current else "(not set)"
+        return f"{key} is {now!r} in config.yaml, {was!r} when the checkpoint was written"
+    return None
+
+
+def config_check(config: Config, grid: list[dict]):
+    """`check_meta` for rl.checkpoint's restores: a message when a checkpoint was written with
+    another config than `config` and `grid` (checkpoints without a recorded config pass)."""
+    current = json.loads(json.dumps(run_record(config, grid)))
+
+    def check(meta: dict) -> str | None:
+        if "config" not in meta:
+            return None
+        difference = config_difference(meta["config"], current)
+        if difference is None:
+            return None
+        return (
+            f"the run's config.yaml was changed after this checkpoint was written: {difference}. "
+            "--resume continues a run with the config it was started with: put config.yaml back, "
+            "or start a new run with the changed config. Nothing was moved"
+        )
+
+    return check
 
 
 def write_metrics_jsonl(path: Path, metrics: dict, grid: list[dict]) -> None:
@@ -98,7 +197,9 @@ def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | Non
     checkpoints = Checkpoints(run_dir, read_only=True)
     steps = checkpoints.steps()
     if checkpoint is None:
-        restored = checkpoints.restore_latest(abstract_state, with_history=False)
+        restored = checkpoints.restore_latest(
+            abstract_state, with_history=False, check_meta=config_check(config, grid)
+        )
         if restored is None:
             raise ConfigError(f"{str(run_dir)!r} has neither final_params.msgpack nor a checkpoint")
         step, state, _, _ = restored
@@ -110,5 +211,7 @@ def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | Non
                 f"{', '.join(map(str, steps)) or 'none'}"
             )
         step = checkpoint
-        state, _, _ = checkpoints.restore(step, abstract_state, with_history=False)
+        state, _, _ = checkpoints.restore(
+            step, abstract_state, with_history=False, check_meta=config_check(config, grid)
+        )
     return state.params, str(checkpoints.directory / str(step))

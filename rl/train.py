@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import jax
@@ -30,10 +30,16 @@ from rl.config import Config
 from rl.config_parsing import ConfigError
 from rl.distributed import is_main_process, to_host
 from rl.divergence import NonFiniteError, find_non_finite, finite_per_instance
-from rl.interrupts import SigintGuard, TrainingInterrupted, call_interruptibly
+from rl.interrupts import StopSignalGuard, TrainingInterrupted, call_interruptibly
 from rl.logging import ProgressBar, RunLogger, sink
 from rl.programs import build_program, make_programs, run_mesh
-from rl.run_dir import write_final, write_run_config
+from rl.run_dir import (
+    config_check,
+    run_dir_lock,
+    run_record,
+    write_final,
+    write_run_config,
+)
 from rl.summary import summarise
 
 
@@ -57,17 +63,20 @@ def run_training(
     `resume=True` continues the run in `run_dir` from its newest good checkpoint (from scratch if
     it has none). `devices`: None (the default device), a count or "all" to shard the seed axis
     (or, with `shard="envs"`, the env axis: see `rl.programs.make_programs`).
-    Raises NonFiniteError (training diverged: the bad chunk is not checkpointed),
-    TrainingInterrupted (Ctrl-C) and OSError (the run directory cannot be written).
+    Raises RunDirInUseError (another process trains into `run_dir`), CheckpointMismatchError
+    (`resume` of a checkpoint written with another config), NonFiniteError (training diverged: the
+    bad chunk is not checkpointed),
+    TrainingInterrupted (Ctrl-C or SIGTERM) and OSError (the run directory cannot be written).
     """
     run_dir = Path(run_dir)
     main = is_main_process()
-    if main and not resume:
-        write_run_config(run_dir, config, grid)
-    programs = make_programs(config, grid, run_mesh(config, devices, shard), shard)
-    run = _ChunkedRun(config, grid, run_dir, programs, main)
-    run.train(resume)
-    return run.finish()
+    with run_dir_lock(run_dir) if main else nullcontext():
+        if main and not resume:
+            write_run_config(run_dir, config, grid)
+        programs = make_programs(config, grid, run_mesh(config, devices, shard), shard)
+        run = _ChunkedRun(config, grid, run_dir, programs, main)
+        run.train(resume)
+        return run.finish()
 
 
 SMOKE_ENV_VAR = "FUSEDRL_SMOKE_LOG_POINTS"
@@ -142,9 +151,9 @@ class _ChunkedRun:
         self.logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
         # a WandbLogger when run.wandb.project is set (made in train: it knows `resume`)
         self.wandb = None
-        self.guard = SigintGuard(
+        self.guard = StopSignalGuard(
             "stopping after the current chunk and saving a checkpoint "
-            "(Ctrl-C again to stop without saving)"
+            "(the same signal again stops without saving)"
         )
         self.compiled_chunks: dict = {}
         self.state, self.done, self.history, self.checkpoint_step = None, 0, None, None
@@ -152,7 +161,7 @@ class _ChunkedRun:
         self.steps_start = self.last_step = 0
 
     def train(self, resume: bool) -> None:
-        """Every remaining chunk, each checkpointed; Ctrl-C and divergence raise (see
+        """Every remaining chunk, each checkpointed; Ctrl-C, SIGTERM and divergence raise (see
         run_training)."""
         bar = None
         try:
@@ -174,7 +183,8 @@ class _ChunkedRun:
             kept = self.kept("last checkpoint", "no checkpoint was saved")
             error = TrainingInterrupted(
                 f"interrupted without saving; {kept}; "
-                f"continue with: rl train --resume {self.run_dir}"
+                f"continue with: rl train --resume {self.run_dir}",
+                self.guard.signal_number,
             )
             error.immediate = True  # the chunk is still computing in a worker thread
             raise error from None
@@ -213,7 +223,13 @@ class _ChunkedRun:
             shapes,
             compiled_init.output_shardings,
         )
-        restored = self.checkpoints.restore_latest(abstract_state) if resume else None
+        restored = (
+            self.checkpoints.restore_latest(
+                abstract_state, check_meta=config_check(self.config, self.grid)
+            )
+            if resume
+            else None
+        )
         history = None
         if restored is not None:
             self.checkpoint_step, self.state, history, meta = restored
@@ -233,8 +249,8 @@ class _ChunkedRun:
         )
 
     def advance(self) -> None:
-        """One turn of the host loop: stop if Ctrl-C was pressed, else compile the next chunk's
-        program (then come back, to check for Ctrl-C during the compile), else run and save it."""
+        """One turn of the host loop: stop if Ctrl-C or SIGTERM came, else compile the next chunk's
+        program (then come back, to check for a signal during the compile), else run and save it."""
         if self.guard.requested:
             where = (
                 f"checkpoint {self.checkpoints.directory / str(self.checkpoint_step)} kept"
@@ -244,7 +260,8 @@ class _ChunkedRun:
             raise TrainingInterrupted(
                 f"interrupted before step {self.last_step + 1} "
                 f"({self.done}/{self.total} log points, {where}); "
-                f"continue with: rl train --resume {self.run_dir}"
+                f"continue with: rl train --resume {self.run_dir}",
+                self.guard.signal_number,
             )
         size = min(self.every, self.total - self.done)
         if size not in self.compiled_chunks:
@@ -264,7 +281,8 @@ class _ChunkedRun:
             raise TrainingInterrupted(
                 f"interrupted at step {step} ({self.done}/{self.total} log points); "
                 f"checkpoint saved in {self.checkpoints.directory / str(step)}; "
-                f"continue with: rl train --resume {self.run_dir}"
+                f"continue with: rl train --resume {self.run_dir}",
+                self.guard.signal_number,
             )
 
     def run_chunk(self, size: int):
@@ -315,6 +333,7 @@ class _ChunkedRun:
             "total_log_points": self.total,
             "agent": self.config.agent.name,
             "env": self.config.env.id,
+            "config": run_record(self.config, self.grid),
         }
         self.checkpoints.save(step, state, {"seed": self.history, "host": host_history}, meta)
         self.checkpoint_step = step

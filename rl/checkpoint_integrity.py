@@ -1,0 +1,99 @@
+"""What makes a checkpoint trustworthy before any array is read: the errors that tell a damaged
+checkpoint from one that does not fit the run, the state signature a checkpoint's meta records, and
+the files manifest (every file's size and CRC-32) written once orbax has finalised a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import jax
+import numpy as np
+
+FILES_MANIFEST = "fusedrl_files.json"
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint, or a checkpoint that does not match the run."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A whole checkpoint that does not fit this run: its config differs from the run's config.yaml,
+    or its state has another structure, shape or dtype than the run's agent builds (another config
+    or another version of fusedrl). Not damage: `restore_latest` raises it and leaves the checkpoint
+    where it is."""
+
+
+class CheckpointDamagedError(CheckpointError):
+    """A checkpoint whose files are not those written: missing, truncated or with other bytes than
+    its manifest records."""
+
+
+def state_signature(tree) -> dict[str, str]:
+    """{leaf path: "dtype[shape]"} of a state in its stored form (`strip_keys`), e.g.
+    {"['params']['w']": "float32[1, 2, 3]"}: what a checkpoint's meta records and a restore
+    compares before reading any array."""
+    return {
+        jax.tree_util.keystr(path): f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+    }
+
+
+def signature_difference(stored: dict[str, str], expected: dict[str, str]) -> str | None:
+    """The first difference between a checkpoint's state signature and the one this run builds, as
+    a phrase naming the leaf, or None when they agree."""
+    for path, spec in expected.items():
+        if path not in stored:
+            return f"state{path} ({spec}) is not in the checkpoint"
+        if stored[path] != spec:
+            return f"state{path} is {stored[path]} in the checkpoint, this run builds {spec}"
+    extra = next((path for path in stored if path not in expected), None)
+    return None if extra is None else f"the checkpoint holds state{extra}, which this run lacks"
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def write_files_manifest(folder: Path) -> None:
+    """`folder/FILES_MANIFEST`: {relative path: [bytes, CRC-32]} of every file under `folder`,
+    written to a temporary name and renamed into place."""
+    files = {
+        str(path.relative_to(folder)): [path.stat().st_size, _crc32(path)]
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != FILES_MANIFEST
+    }
+    temporary = folder / f".{FILES_MANIFEST}.tmp"
+    temporary.write_text(json.dumps({"files": files}))
+    os.replace(temporary, folder / FILES_MANIFEST)
+
+
+def verify_files(folder: Path) -> bool:
+    """True if `folder` holds every file its manifest lists, with the recorded size and CRC-32;
+    False if it has no manifest (written by a process that stopped right after orbax finished, or
+    by an older fusedrl); CheckpointDamagedError naming the first file that differs."""
+    manifest = folder / FILES_MANIFEST
+    if not manifest.is_file():
+        return False
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointDamagedError(f"its file list {FILES_MANIFEST} cannot be read") from None
+    for name, (size, crc) in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointDamagedError(f"{name} is missing")
+        if path.stat().st_size != size:
+            raise CheckpointDamagedError(
+                f"{name} has {path.stat().st_size} bytes, {size} when written"
+            )
+        if _crc32(path) != crc:
+            raise CheckpointDamagedError(f"{name} has other bytes than when written (CRC-32)")
+    return True
