@@ -34,8 +34,11 @@ SPREAD_MODULES = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Groups tests for pytest-xdist's `loadgroup` distribution (.ci/run, .ci/gpu_suite.sh)."""
+    """Groups tests for pytest-xdist's `loadgroup` distribution (.ci/run, .ci/gpu_suite.sh). First
+    (tryfirst): each xdist worker turns the `xdist_group` marks into node ids in its own
+    pytest_collection_modifyitems, which otherwise runs before this one and finds none."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
