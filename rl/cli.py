@@ -139,6 +139,14 @@ def main(argv=None) -> int:
         return run_command(argv)
 
 
+def console() -> None:
+    """The `rl` executable: `main` on sys.argv, exiting with its status, with the output handling
+    of rl.cli_output.command_output kept until the process ends."""
+    with command_output(restore=False):
+        status = run_command()
+    sys.exit(status)
+
+
 def run_command(argv=None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
@@ -255,4 +263,4 @@ def plot_command(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

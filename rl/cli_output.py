@@ -4,8 +4,10 @@ summary of `rl train` (from the run's summary.json, written by `rl.summary.summa
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
+import logging
 import math
 import os
 import sys
@@ -58,31 +60,46 @@ class ReaderGoneStream:
         return getattr(self._stream, name)
 
 
-def _is_orbax_loop_echo(kind, value) -> bool:
-    """TensorStore completing a write after orbax closed the event loop that awaited it (after a
-    failed or abandoned save or restore, which the command reports itself in one line)."""
-    return kind is RuntimeError and str(value) == "Event loop is closed"
+def _is_orbax_echo(value) -> bool:
+    """An error TensorStore or orbax reports from a background task or callback after a failed or
+    abandoned checkpoint write or read, which the command has already reported in one line: a
+    callback into the event loop orbax closed, or a write task whose failure was raised already."""
+    text = str(value)
+    return isinstance(value, RuntimeError) and text == "Event loop is closed"
 
 
 @contextlib.contextmanager
-def command_output():
+def command_output(restore: bool = True):
     """While an `rl` command runs (its entry point enters this; everything comes back on exit):
-    sys.stdout and sys.stderr as ReaderGoneStreams, and sys.excepthook without the tracebacks that
-    TensorStore's callbacks print after a failed checkpoint write or read (`_is_orbax_loop_echo`),
-    which the command has already reported in one line."""
-    saved = sys.stdout, sys.stderr, sys.excepthook
-    hook = sys.excepthook
+    sys.stdout and sys.stderr as ReaderGoneStreams; sys.excepthook and sys.unraisablehook without
+    the echoes of a failed checkpoint write or read (`_is_orbax_echo`) and the asyncio logger
+    quiet ("Task exception was never retrieved" for orbax's failed write tasks), since the command
+    reports such a failure itself in one line. `restore=False` (the `rl` executable) keeps them for
+    the rest of the process, whose shutdown collects the last of those tasks and flushes the
+    streams."""
+    saved = sys.stdout, sys.stderr, sys.excepthook, sys.unraisablehook
+    asyncio_logger = logging.getLogger("asyncio")
+    saved_level = asyncio_logger.level
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
 
-    def excepthook(kind, value, traceback):
-        if not _is_orbax_loop_echo(kind, value):
-            hook(kind, value, traceback)
+    def quiet_excepthook(kind, value, traceback):
+        if not _is_orbax_echo(value):
+            excepthook(kind, value, traceback)
+
+    def quiet_unraisablehook(unraisable):
+        if not _is_orbax_echo(unraisable.exc_value):
+            unraisablehook(unraisable)
 
     sys.stdout, sys.stderr = ReaderGoneStream(sys.stdout), ReaderGoneStream(sys.stderr)
-    sys.excepthook = excepthook
+    sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+    asyncio_logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        sys.stdout, sys.stderr, sys.excepthook = saved
+        gc.collect()  # orbax's abandoned tasks are reported when collected: while still quiet
+        if restore:
+            sys.stdout, sys.stderr, sys.excepthook, sys.unraisablehook = saved
+            asyncio_logger.setLevel(saved_level)
 
 
 def error(message: str, status: int) -> int:

@@ -180,6 +180,7 @@ class RunLogger:
         self.tb_suffix = ""
         self.purge_step = None
         self._jsonl = self._csv = None
+        self.write_error: OSError | None = None
 
     # ---- starting and resuming
 
@@ -234,8 +235,11 @@ class RunLogger:
         self.host["wall_time"].append(float(wall))
         self._queue_rows(values, self.received, rate, wall)
         self.received += 1
-        if now - self.last_flush >= self.flush_seconds:
-            self.flush()
+        if now - self.last_flush >= self.flush_seconds and self.write_error is None:
+            try:
+                self.flush()
+            except OSError as err:  # raised from inside XLA's callback it would lose its type
+                self.write_error = err
 
     def mark_start(self) -> None:
         """Start the clock for steps per second (call just before the compiled program runs)."""
@@ -267,7 +271,18 @@ class RunLogger:
                 self.pending.append((row, tensorboard))
 
     def flush(self) -> None:
-        """Write the buffered rows to every file and flush them."""
+        """Write the buffered rows to every file and flush them. A write that failed while a log
+        point arrived (inside the compiled program's host callback) is raised here, on the host."""
+        if self.write_error is not None:
+            raise self.write_error
+        try:
+            self._write_pending()
+        except OSError as err:
+            self.write_error = err
+            raise
+        self.last_flush = time.perf_counter()
+
+    def _write_pending(self) -> None:
         import json
 
         rows, self.pending = self.pending, []
@@ -292,7 +307,6 @@ class RunLogger:
         self._csv.flush()
         for writer in self.tb.values():
             writer.flush()
-        self.last_flush = time.perf_counter()
 
     def _event_writer(self, setting: int, seed: int):
         key = (setting, seed)
@@ -328,13 +342,18 @@ class RunLogger:
         self._event_writer(row["setting"], row["seed"]).write_event(event)
 
     def close(self) -> None:
+        """Flush and close every file; after a failed write (already raised) the files are closed
+        without another error."""
         if self._jsonl is None:
             return
-        self.flush()
-        self._jsonl.close()
-        self._csv.close()
-        for writer in self.tb.values():
-            writer.close()
+        if self.write_error is None:
+            self.flush()
+        for file in (self._jsonl, self._csv, *self.tb.values()):
+            try:
+                file.close()
+            except OSError:
+                if self.write_error is None:
+                    raise
         self._jsonl = self._csv = None
 
 
