@@ -3,6 +3,8 @@ every epoch (`agent.recompute_advantages`) and computed in every minibatch over 
 (`agent.minibatch_advantages`), each against GAE run by hand or the per-update path.
 (Bad values of these keys: tests/rl/test_ppo.py.)"""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,19 +50,28 @@ def test_gae_horizon_changes_the_run_and_keeps_it_finite():
     assert not np.allclose(cut["value_loss"], whole["value_loss"])
 
 
+def runs(key, **agent):
+    """`run(**hparams) -> metrics` of `make_config(**agent)`'s program from `key`, compiled once:
+    sweepable hyperparameters such as lr are arguments of the compiled program (as in a sweep), so
+    runs that differ only in them share one compile."""
+    config = make_config(**agent)
+    train, defaults = jax.jit(ppo.make_train(config)), hyperparams(config.agent)
+    return lambda **h: train(key, {**defaults, **{k: jnp.float32(v) for k, v in h.items()}})[1]
+
+
 def test_recompute_advantages_recomputes_from_the_current_network():
     """With a step size so small that Adam leaves the network unchanged, recomputing the advantages
     before each epoch gives the run without it; with a real step size the runs differ (the later
     epochs learn from the updated critic's values), and one epoch has nothing to recompute."""
     key = jax.random.PRNGKey(0)
-    run = lambda **agent: jax.jit(ppo.make_train(make_config(**agent)))(key)[1]
-    frozen = run(lr=1e-30, recompute_advantages=True), run(lr=1e-30)
+    recompute, plain = runs(key, recompute_advantages=True), runs(key)
+    frozen = recompute(lr=1e-30), plain(lr=1e-30)
     for name in ("value_loss", "policy_loss", "approx_kl"):
         np.testing.assert_allclose(frozen[0][name], frozen[1][name], rtol=1e-5, atol=1e-7)
-    assert not np.allclose(run(recompute_advantages=True)["value_loss"], run()["value_loss"])
+    assert not np.allclose(recompute()["value_loss"], plain()["value_loss"])
     for a, b in zip(
-        jax.tree.leaves(run(num_epochs=1, recompute_advantages=True)),
-        jax.tree.leaves(run(num_epochs=1)),
+        jax.tree.leaves(runs(key, num_epochs=1, recompute_advantages=True)()),
+        jax.tree.leaves(runs(key, num_epochs=1)()),
     ):
         np.testing.assert_array_equal(a, b)
 
@@ -83,7 +94,9 @@ def setup_and_rollout(config, seed=0):
     s = ppo.make_setup(config)._replace(backend="reference")
     hparams = hyperparams(config.agent)
     state = ppo.init_state(s, jax.random.PRNGKey(seed), hparams)
-    _, traj, _ = ppo.rollout(s, state.params, state.envs, jax.random.PRNGKey(seed + 1))
+    _, traj, _ = jax.jit(partial(ppo.rollout, s))(
+        state.params, state.envs, jax.random.PRNGKey(seed + 1)
+    )
     return s, hparams, state.params, traj
 
 
@@ -116,8 +129,8 @@ def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(
     terminated = rng.random(traj.terminated.shape) < 0.1
     truncated = ~terminated & (rng.random(traj.truncated.shape) < 0.1)
     traj = traj._replace(terminated=jnp.asarray(terminated), truncated=jnp.asarray(truncated))
-    seg = ppo_variants.segment_batch(s, hparams, params, traj)
-    flat = ppo.learn_batch(s, hparams, params, traj)
+    seg = jax.jit(partial(ppo_variants.segment_batch, s))(hparams, params, traj)
+    flat = jax.jit(partial(ppo.learn_batch, s))(hparams, params, traj)
     n, h = config.agent.num_envs, config.agent.gae_horizon
     ends = np.flatnonzero(
         np.asarray(seg.terminated | seg.truncated).any(axis=1)
@@ -131,8 +144,8 @@ def test_minibatch_advantages_loss_equals_the_loss_on_precomputed_advantages(
     flat_loss = lambda p: ppo.minibatch_loss(
         s, hparams, p, jax.tree.map(lambda x: x[flat_rows], flat)
     )
-    (l_seg, st_seg), g_seg = jax.value_and_grad(seg_loss, has_aux=True)(params)
-    (l_flat, st_flat), g_flat = jax.value_and_grad(flat_loss, has_aux=True)(params)
+    (l_seg, st_seg), g_seg = jax.jit(jax.value_and_grad(seg_loss, has_aux=True))(params)
+    (l_flat, st_flat), g_flat = jax.jit(jax.value_and_grad(flat_loss, has_aux=True))(params)
     np.testing.assert_allclose(l_seg, l_flat, rtol=1e-5, atol=1e-6)
     for name in st_flat:
         np.testing.assert_allclose(st_seg[name], st_flat[name], rtol=1e-5, atol=1e-6, err_msg=name)
@@ -151,18 +164,20 @@ def test_minibatch_advantages_with_a_frozen_network_average_to_the_per_update_ru
     the network its predecessors trained. Both sides use autodiff (the fused kernel computes its
     products at TF32 on the GPU)."""
     key = jax.random.PRNGKey(0)
-    run = lambda **agent: jax.jit(
-        ppo.make_train(make_config(gae_horizon=8, fused_update=False, **agent))
-    )(key)[1]
-    frozen = run(lr=1e-30, minibatch_advantages=True), run(lr=1e-30)
+    minibatch, plain = (
+        runs(key, gae_horizon=8, fused_update=False, minibatch_advantages=True),
+        runs(key, gae_horizon=8, fused_update=False),
+    )
+    frozen = minibatch(lr=1e-30), plain(lr=1e-30)
     for name in ("value_loss", "entropy", "approx_kl", "policy_loss"):
         np.testing.assert_allclose(
             frozen[0][name], frozen[1][name], rtol=1e-5, atol=1e-6, err_msg=name
         )
-    learning = run(minibatch_advantages=True)
+    learning = minibatch()
     assert np.isfinite(np.asarray(learning["value_loss"])).all()
-    assert not np.allclose(learning["value_loss"], run()["value_loss"])
-    assert not np.allclose(learning["value_loss"], run(recompute_advantages=True)["value_loss"])
+    assert not np.allclose(learning["value_loss"], plain()["value_loss"])
+    recompute = runs(key, gae_horizon=8, fused_update=False, recompute_advantages=True)
+    assert not np.allclose(learning["value_loss"], recompute()["value_loss"])
 
 
 def test_minibatch_advantages_take_the_autodiff_gradient():
