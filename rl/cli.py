@@ -12,9 +12,12 @@ This module holds the parser, `main` and the commands that read runs and the pac
 errors, the end-of-run summary) `rl.cli_output`.
 
 Bad input (missing or unparsable file, unknown key, wrong type, value out of range, unknown env or
-agent) prints one line `rl: error: ...` and exits with status 2 before anything is written. A run
-that diverges (NaN or infinite loss or params) or cannot write its run directory (disk full, no
-permission) prints one line and exits with status 1; Ctrl-C saves a checkpoint and exits with 130.
+agent, a run directory that cannot be created or is in use by another `rl train`, a `--resume` of a
+checkpoint its edited config.yaml does not fit) prints one line `rl: error: ...` and exits with
+status 2 before anything is written. A run that diverges (NaN or infinite loss or params) or cannot
+write its run directory (disk full, no permission) prints one line and exits with status 1;
+Ctrl-C and SIGTERM save a checkpoint and exit with 130 and 143. Output to a closed pipe is dropped
+without stopping the command.
 """
 
 from __future__ import annotations

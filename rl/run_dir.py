@@ -126,9 +126,9 @@ def config_difference(saved: dict, current: dict) -> str | None:
     for key in list(current) + [k for k in saved if k not in current]:
         if key.startswith(RESUMABLE_KEYS) or saved.get(key) == current.get(key):
             continue
-        was = saved[key] if key in saved else "(not set)"
-        now = current[key] if key in current else "(not set)"
-        return f"{key} is {now!r} in config.yaml, {was!r} when the checkpoint was written"
+        was = repr(saved[key]) if key in saved else "not set"
+        now = repr(current[key]) if key in current else "not set"
+        return f"{key} is {now} in config.yaml, {was} when the checkpoint was written"
     return None
 
 

@@ -172,7 +172,8 @@ def copy_run(source: Path, target: Path) -> Path:
 
 
 def record(fault: str, family: str, outcome: str) -> None:
-    """One case's outcome ("identical" or "stopped cleanly") for the reliability table."""
+    """One case's outcome ("identical" or "stopped cleanly") for the reliability table; called last
+    in a test, once every check passed."""
     path = os.environ.get("FUSEDRL_FAULT_TABLE")
     if path:
         with open(path, "a") as f:

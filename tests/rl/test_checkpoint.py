@@ -314,3 +314,74 @@ def test_a_checkpoint_of_another_structure_stops_the_restore_and_stays_in_place(
     ):
         checkpoints.restore_latest(new)
     assert checkpoints.steps() == [10] and not (tmp_path / "run" / "damaged_checkpoints").exists()
+
+
+def test_a_failed_orbax_write_is_the_os_error_it_reports(tmp_path):
+    """TensorStore reports a failed write as text inside a ValueError; `Checkpoints.wait` raises it
+    as the OSError it names (the CLI prints that in one line), else as EIO."""
+    import errno
+
+    from rl.checkpoint import _write_error
+
+    full = ValueError(
+        'RESOURCE_EXHAUSTED: Error writing "params.w/0.0" in OCDBT database: Failed to write 64 '
+        "bytes to file 9: No space left on device [os_error_code='28']"
+    )
+    error = _write_error(full, tmp_path / "checkpoints" / "40")
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC
+    assert error.strerror == "No space left on device"
+    assert error.filename == str(tmp_path / "checkpoints" / "40")
+    assert _write_error(ValueError("other"), tmp_path).errno == errno.EIO
+
+
+def test_checkpoint_files_manifest_finds_any_change(tmp_path):
+    """The manifest written once a checkpoint is final names the first file that is missing,
+    shorter or has other bytes; a folder without one is reported as unverified (False)."""
+    from rl.checkpoint_integrity import (
+        CheckpointDamagedError,
+        verify_files,
+        write_files_manifest,
+    )
+
+    folder = tmp_path / "10"
+    (folder / "state").mkdir(parents=True)
+    (folder / "state" / "data").write_bytes(bytes(range(256)))
+    (folder / "meta").write_text("{}")
+    assert verify_files(folder) is False
+    write_files_manifest(folder)
+    assert verify_files(folder) is True
+    data = folder / "state" / "data"
+    data.write_bytes(bytes(range(255)) + b"\x00")
+    with pytest.raises(CheckpointDamagedError, match=r"state/data has other bytes"):
+        verify_files(folder)
+    data.write_bytes(bytes(range(100)))
+    with pytest.raises(CheckpointDamagedError, match=r"state/data has 100 bytes, 256 when written"):
+        verify_files(folder)
+    data.unlink()
+    with pytest.raises(CheckpointDamagedError, match=r"state/data is missing"):
+        verify_files(folder)
+
+
+def test_config_difference_names_the_first_changed_key_and_ignores_where_a_run_is_written():
+    from rl.run_dir import config_difference
+
+    saved = {
+        "agent": {"lr": 0.001, "network": {"hidden": [64, 64]}},
+        "run": {"seed": 0, "progress": True, "checkpoint_every": 10, "wandb": {"mode": None}},
+        "sweep": [{}],
+    }
+    same_run = {
+        "agent": {"lr": 0.001, "network": {"hidden": [64, 64]}},
+        "run": {"seed": 0, "progress": False, "checkpoint_every": 2, "wandb": {"mode": "offline"}},
+        "sweep": [{}],
+    }
+    assert config_difference(saved, same_run) is None
+    edited = {**same_run, "agent": {"lr": 0.001, "network": {"hidden": [32, 32]}}}
+    assert config_difference(saved, edited) == (
+        "agent.network.hidden is [32, 32] in config.yaml, [64, 64] when the checkpoint was written"
+    )
+    reseeded = {**same_run, "run": {**same_run["run"], "seed": 1}, "sweep": [{"agent.lr": 0.1}]}
+    assert config_difference(saved, reseeded).startswith("run.seed is 1 in config.yaml, 0 when")
+    assert config_difference(saved, {**same_run, "agent": {"network": {"hidden": [64, 64]}}}) == (
+        "agent.lr is not set in config.yaml, 0.001 when the checkpoint was written"
+    )
