@@ -29,7 +29,6 @@ SPREAD_MODULES = (
     "test_ppo.py",
     "test_ppo_advantages.py",
     "test_ppo_rnn.py",
-    "test_sac.py",
     "test_sweep.py",
 )
 

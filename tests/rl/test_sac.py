@@ -2,6 +2,7 @@
 termination does not), short training runs, env-space policy actions, chunking and vmap. The loss
 functions themselves are tested in test_losses_sac.py."""
 
+import contextlib
 import math
 
 import jax
@@ -155,16 +156,30 @@ def test_discrete_sac_trains_on_cartpole():
     assert ev[-2:].mean() > 100, ev
 
 
-def test_vmap_over_seeds_equals_per_seed_runs():
+def on_cpu():
+    """Runs on the CPU: jax.default_device(CPU) where the default backend is another (a GPU), else
+    no context at all (a default device set is part of jit's cache key: code run inside and outside
+    the context would compile twice)."""
+    if jax.default_backend() == "cpu":
+        return contextlib.nullcontext()
+    return jax.default_device(jax.devices("cpu")[0])
+
+
+@pytest.fixture(scope="module")
+def default_train():
+    """`train` of make_config(): `jax.jit` of this one function compiles once for the tests that run
+    it alone (the vmap check's seeds and the unroll check's rolled run)."""
+    return sac.make_train(make_config())
+
+
+def test_vmap_over_seeds_equals_per_seed_runs(default_train):
     """On the CPU, where a batched and an unbatched program round alike (a GPU's may differ in the
     last bits, and training amplifies them)."""
-    with jax.default_device(jax.devices("cpu")[0]):
-        check_vmap_over_seeds_equals_per_seed_runs()
+    with on_cpu():
+        check_vmap_over_seeds_equals_per_seed_runs(default_train)
 
 
-def check_vmap_over_seeds_equals_per_seed_runs():
-    config = make_config()
-    train = sac.make_train(config)
+def check_vmap_over_seeds_equals_per_seed_runs(train):
     keys = jnp.stack([jax.random.PRNGKey(1), jax.random.PRNGKey(2)])
     _, batched = jax.jit(jax.vmap(train))(keys)
     for i in range(2):
@@ -203,11 +218,11 @@ def test_chunked_run_equals_one_run():
     jax.tree.map(np.testing.assert_array_equal, half, whole_state)
 
 
-def test_unrolled_loops_compute_the_same_run():
+def test_unrolled_loops_compute_the_same_run(default_train):
     """agent.unroll changes loop trips only. SAC's phases are one env step and one gradient step, so
     here the loop over phases unrolls (`actor_critic.scan_phases`)."""
     key = jax.random.PRNGKey(5)
-    _, rolled = jax.jit(sac.make_train(make_config()))(key)
+    _, rolled = jax.jit(default_train)(key)  # on a CPU-only machine, the vmap check's compile
     _, unrolled = jax.jit(sac.make_train(make_config(unroll=4)))(key)
     for name in rolled:
         np.testing.assert_allclose(
