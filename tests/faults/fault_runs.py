@@ -18,6 +18,13 @@ from run_helpers import REPO, metric_rows, subprocess_env
 
 from rl.checkpoint_integrity import FILES_MANIFEST
 
+# The exit status of a run each signal stops (-9: killed).
+EXIT_STATUS = {"SIGKILL": -9, "SIGINT": 130, "SIGTERM": 143}
+# The tabular family's log points (tests/run_helpers.py's TINY: 20 of 1000 env steps, a checkpoint
+# every 4); a signal at or before step 16000 leaves a later chunk to stop before.
+TABULAR_LOG_POINTS = list(range(1000, 20_001, 1000))
+TABULAR_BEFORE_LAST_CHUNK = TABULAR_LOG_POINTS[:17]
+
 # Runs `rl ARGS` and injects FAULT once a log point reaches env step AT_STEP:
 #   SIGKILL, SIGINT, SIGTERM, SIGSTOP  the signal, sent by the process to itself
 #   file_size_limit   RLIMIT_FSIZE of one byte from then on: every file write fails (EFBIG)
@@ -137,6 +144,14 @@ def identical(run_dir: Path, reference: Path) -> None:
         reference / "final_params.msgpack"
     ).read_bytes()
     assert metric_rows(run_dir) == metric_rows(reference)
+
+
+def resume_identical(run_dir: Path, reference: Path, env: dict) -> str:
+    """`rl train --resume RUN_DIR` ends identical to `reference`; returns its stderr."""
+    resumed = rl(["train", "--resume", run_dir], env)
+    assert resumed.returncode == 0, resumed.stderr
+    identical(run_dir, reference)
+    return resumed.stderr
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:

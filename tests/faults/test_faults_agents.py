@@ -7,20 +7,20 @@ intact."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
 from fault_runs import (
+    EXIT_STATUS,
     checkpoint_steps,
     copy_run,
-    fault_env,
     identical,
     inject,
     injection_steps,
     intact,
     largest_file,
     record,
+    resume_identical,
     rl,
     run_injected,
 )
@@ -74,12 +74,6 @@ FAMILIES = {
         "run": RUN,
     },
 }
-EXIT_STATUS = {"SIGKILL": -signal.SIGKILL, "SIGINT": 130, "SIGTERM": 143}
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return fault_env(tmp_path_factory.mktemp("jax-cache"))
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +101,6 @@ def stop(config: Path, name: str, fault: str, at_step: int, env) -> Path:
     status, err = run_injected(["train", config, "--name", name], at_step, fault, env)
     assert status == EXIT_STATUS.get(fault, 1), err
     return config.parent / "runs" / name
-
-
-def resume_identical(run_dir: Path, reference: Path, env) -> str:
-    resumed = rl(["train", "--resume", run_dir], env)
-    assert resumed.returncode == 0, resumed.stderr
-    identical(run_dir, reference)
-    return resumed.stderr
 
 
 @pytest.mark.parametrize("family,fault", [("on-policy", "SIGTERM"), ("recurrent", "SIGKILL")])

@@ -1,5 +1,6 @@
-"""Every fault of the suite on the tabular family (Q-learning on GridWorld: 20 log points of 1000
-env steps, a checkpoint every 4), each at points drawn by a seeded generator.
+"""Damaged checkpoints and metrics, an edited config, two resumes, a full disk and NaN params on
+the tabular family (Q-learning on GridWorld: 20 log points of 1000 env steps, a checkpoint every
+4), each at points drawn by a seeded generator.
 
 The invariant of each case: either the run, resumed after the fault, ends bit-identical to the
 uninterrupted reference run ("identical"), or it stops with one clear line and everything it wrote
@@ -16,120 +17,24 @@ from pathlib import Path
 import pytest
 import yaml
 from fault_runs import (
+    TABULAR_BEFORE_LAST_CHUNK,
     checkpoint_steps,
     copy_run,
-    fault_env,
     identical,
     inject,
     injection_steps,
     intact,
     largest_file,
     record,
+    resume_identical,
     rl,
     run_injected,
 )
-from run_helpers import TINY, write_config
 
 from rl.run_dir import LOCK_FILE
 
 FAMILY = "tabular"
-LOG_POINTS = list(range(1000, 20_001, 1000))
-# a signal at or before step 16000 leaves a later chunk to stop before (16001-20000 is the last)
-BEFORE_LAST_CHUNK = LOG_POINTS[:17]
-EXIT_STATUS = {"SIGKILL": -signal.SIGKILL, "SIGINT": 130, "SIGTERM": 143}
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return fault_env(tmp_path_factory.mktemp("jax-cache"))
-
-
-@pytest.fixture(scope="module")
-def config(tmp_path_factory) -> Path:
-    return write_config(tmp_path_factory.mktemp("tabular"), TINY)
-
-
-@pytest.fixture(scope="module")
-def reference(config, env) -> Path:
-    done = rl(["train", config, "--name", "reference"], env)
-    assert done.returncode == 0, done.stderr
-    return config.parent / "runs" / "reference"
-
-
-@pytest.fixture(scope="module")
-def stopped(config, env) -> Path:
-    """A run killed (SIGKILL) at step 13000: checkpoints at 4000, 8000 and (unless the kill came
-    while it was being written) 12000."""
-    status, err = run_injected(["train", config, "--name", "stopped"], 13_000, "SIGKILL", env)
-    assert status == -signal.SIGKILL, err
-    run_dir = config.parent / "runs" / "stopped"
-    assert checkpoint_steps(run_dir) in ([4000, 8000], [4000, 8000, 12_000])
-    return run_dir
-
-
-def resume_identical(run_dir: Path, reference: Path, env) -> str:
-    """Resume `run_dir`, check it ends identical to `reference`; returns the resume's stderr."""
-    resumed = rl(["train", "--resume", run_dir], env)
-    assert resumed.returncode == 0, resumed.stderr
-    identical(run_dir, reference)
-    return resumed.stderr
-
-
-@pytest.mark.parametrize(
-    "fault,at_step",
-    [
-        (fault, step)
-        for fault in ("SIGKILL", "SIGINT", "SIGTERM")
-        for step in injection_steps(f"{FAMILY}-{fault}", BEFORE_LAST_CHUNK, 2)
-    ],
-)
-def test_signal_then_resume_is_identical(fault, at_step, config, reference, env):
-    """kill -9 loses the chunk in flight; Ctrl-C and SIGTERM finish and save it, name the
-    checkpoint and exit 130 and 143. Either way --resume ends as if nothing happened."""
-    name = f"{fault}-{at_step}"
-    status, err = run_injected(["train", config, "--name", name], at_step, fault, env)
-    run_dir = config.parent / "runs" / name
-    assert status == EXIT_STATUS[fault], err
-    steps = checkpoint_steps(run_dir)
-    if fault != "SIGKILL":
-        assert steps[-1] >= at_step  # the chunk in flight was saved
-        last = err.strip().splitlines()[-1]
-        assert f"checkpoint saved in {run_dir}/checkpoints/{steps[-1]}" in last
-        assert last.endswith(f"continue with: rl train --resume {run_dir}")
-    intact(run_dir)
-    resume_identical(run_dir, reference, env)
-    record(fault, FAMILY, "identical")
-
-
-@pytest.mark.parametrize("interrupt", [False, True])
-def test_closed_output_pipes_do_not_stop_the_run(interrupt, config, reference, env):
-    """`rl train ... | head -1`, or `| tee log` ended by the same Ctrl-C: the reader is gone before
-    the first line. The run goes on as in a terminal: it finishes (exit 0), or Ctrl-C saves the
-    chunk in flight and exits 130; nothing depends on whether the output is read."""
-    name = f"piped-{interrupt}"
-    at_step = injection_steps(f"{FAMILY}-pipe", BEFORE_LAST_CHUNK, 1)[0] if interrupt else 10**9
-    process = inject(
-        ["train", config, "--name", name, "run.progress=true"],
-        at_step,
-        "SIGINT" if interrupt else "none",
-        env,
-    )
-    process.stdout.close()
-    process.stderr.close()
-    status = process.wait(timeout=300)
-    run_dir = config.parent / "runs" / name
-    if interrupt:
-        assert status == 130 and checkpoint_steps(run_dir)[-1] >= at_step
-        intact(run_dir)
-        resume_identical(run_dir, reference, env)
-    else:
-        assert status == 0
-        identical(run_dir, reference)
-    record(
-        "SIGINT, output pipe closed" if interrupt else "SIGPIPE (output pipe closed)",
-        FAMILY,
-        "identical",
-    )
+BEFORE_LAST_CHUNK = TABULAR_BEFORE_LAST_CHUNK
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped byte", "file deleted"])

@@ -1,0 +1,40 @@
+"""The tabular family's runs shared by the fault modules (each module trains its own, once): the
+Q-learning config, its uninterrupted reference run, a run killed mid-way, and the subprocesses'
+environment with a persistent compilation cache."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from fault_runs import checkpoint_steps, fault_env, rl, run_injected
+from run_helpers import TINY, write_config
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return fault_env(tmp_path_factory.mktemp("jax-cache"))
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    return write_config(tmp_path_factory.mktemp("tabular"), TINY)
+
+
+@pytest.fixture(scope="module")
+def reference(config, env) -> Path:
+    done = rl(["train", config, "--name", "reference"], env)
+    assert done.returncode == 0, done.stderr
+    return config.parent / "runs" / "reference"
+
+
+@pytest.fixture(scope="module")
+def stopped(config, env) -> Path:
+    """A run killed (SIGKILL) at step 13000: checkpoints at 4000, 8000 and (unless the kill came
+    while it was being written) 12000."""
+    status, err = run_injected(["train", config, "--name", "stopped"], 13_000, "SIGKILL", env)
+    assert status == -signal.SIGKILL, err
+    run_dir = config.parent / "runs" / "stopped"
+    assert checkpoint_steps(run_dir) in ([4000, 8000], [4000, 8000, 12_000])
+    return run_dir
