@@ -30,7 +30,7 @@ BEFORE_LAST_CHUNK = TABULAR_BEFORE_LAST_CHUNK
     [
         (fault, step)
         for fault in ("SIGKILL", "SIGINT", "SIGTERM")
-        for step in injection_steps(f"{FAMILY}-{fault}", BEFORE_LAST_CHUNK, 2)
+        for step in injection_steps(f"{FAMILY}-{fault}", BEFORE_LAST_CHUNK, 1)
     ],
 )
 def test_signal_then_resume_is_identical(fault, at_step, config, reference, env):
