@@ -73,7 +73,8 @@ def test_categorical_cross_entropy_and_kl_by_hand():
     np.testing.assert_allclose(kl_self, 0.0, atol=1e-6)
 
 
-@settings(max_examples=30, deadline=None)
+# 12 examples: each shape compiles the ops and both gradients anew
+@settings(max_examples=12, deadline=None)
 @given(st.integers(1, 6), st.integers(1, 9), st.integers(0, 2**31 - 1))
 def test_action_value_equals_indexing_and_so_does_its_gradient(num_actions, batch, seed):
     rng = np.random.default_rng(seed)
