@@ -29,7 +29,9 @@ def run_suite(workers: int, folder: Path) -> tuple[list[dict], list[str], float]
     env = {**os.environ, "FUSEDRL_FAULT_TABLE": str(records)}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/faults"]
     command += ["-n", str(workers), "--dist", "loadgroup", f"--junitxml={junit}"]
-    subprocess.run(command, cwd=REPO, env=env, check=False)
+    status = subprocess.run(command, cwd=REPO, env=env, check=False).returncode
+    if not junit.exists():
+        raise SystemExit(f"faults: pytest ended with status {status} and wrote no report")
     lines = records.read_text().splitlines() if records.exists() else []
     outcomes = [json.loads(line) for line in lines]
     suite = ElementTree.parse(junit).getroot()
@@ -63,6 +65,7 @@ def table(outcomes: list[dict], failed: list[str]) -> list[str]:
 
 
 def main() -> None:
+    """Run the suite and print its table (exit status 1 if a case failed)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=2, help="pytest-xdist workers (default 2)")
     args = parser.parse_args()
@@ -72,6 +75,8 @@ def main() -> None:
     print(f"\n{len(outcomes)} cases recorded, {len(failed)} failed, {seconds:.0f} s of tests")
     for node in failed:
         print("failed:", node)
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

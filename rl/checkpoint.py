@@ -30,11 +30,11 @@ Typed PRNG keys (`jax.random.key`) are stored as their raw key data and re-wrapp
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -46,6 +46,8 @@ from rl.checkpoint_integrity import (
     CheckpointDamagedError,
     CheckpointError,
     CheckpointMismatchError,
+    check_history,
+    check_matches,
     signature_difference,
     state_signature,
     verify_files,
@@ -160,7 +162,9 @@ class Checkpoints:
     def __init__(self, run_dir, keep: int | None = 3, read_only: bool = False):
         self.directory = checkpoint_dir(run_dir)
         self.read_only = read_only
-        self.unlisted: int | None = None  # the step being written, not yet in a files manifest
+        # the thread that waits for the checkpoint being written and records its files manifest
+        self._finishing: threading.Thread | None = None
+        self._write_failure: BaseException | None = None
         if read_only and not self.directory.is_dir():
             self._manager = None
         else:
@@ -176,8 +180,8 @@ class Checkpoints:
 
     def save(self, step: int, state, history: dict, meta: dict) -> None:
         """Start writing a checkpoint (asynchronously: arrays are copied off the device before this
-        returns, files are written in the background; `wait` or the next `save` waits for it and
-        writes its files manifest). `meta` (JSON) gets the state's signature added."""
+        returns; the files are written, and then their manifest, in the background; `wait` or the
+        next `save` waits for both). `meta` (JSON) gets the state's signature added."""
         import orbax.checkpoint as ocp
 
         self.wait()
@@ -192,23 +196,40 @@ class Checkpoints:
             ),
             force=True,
         )
-        self.unlisted = int(step)
+        self._finishing = threading.Thread(
+            target=self._finish, args=(int(step),), name="rl-checkpoint-manifest", daemon=True
+        )
+        self._finishing.start()
 
-    def wait(self) -> None:
-        """Block until the checkpoint being written is finalised, then record its files manifest
-        (from process 0 of a multi-process run). A failed write raises OSError naming the
-        checkpoint (the disk's error where orbax reports one, e.g. ENOSPC)."""
-        if self._manager is None:
-            return
-        step, self.unlisted = self.unlisted, None
+    def _finish(self, step: int) -> None:
+        """In a background thread: wait until orbax has finalised checkpoint `step`, then record
+        its files manifest (process 0 of a multi-process run); a failure is kept for `wait`."""
         try:
             self._manager.wait_until_finished()
-        except Exception as err:
-            if isinstance(err, OSError) or step is None:
-                raise
-            raise _write_error(err, self.directory / str(step)) from err
-        if step is not None and jax.process_index() == 0:
-            write_files_manifest(self.directory / str(step))
+            if jax.process_index() == 0:
+                write_files_manifest(self.directory / str(step))
+        except BaseException as err:  # re-raised by wait() in the caller's thread
+            self._write_failure = _write_error(err, self.directory / str(step))
+
+    def wait(self) -> None:
+        """Block until the checkpoint being written is finalised and its manifest recorded. A
+        failed write raises OSError naming the checkpoint (the disk's error where orbax reports
+        one, e.g. ENOSPC); any other failure is raised as it is."""
+        if self._finishing is not None:
+            self._finishing.join()
+            self._finishing = None
+        failure, self._write_failure = self._write_failure, None
+        if failure is not None:
+            raise failure
+
+    def read_meta(self, step: int) -> dict:
+        """The JSON metadata of checkpoint `step` (no array is read)."""
+        import orbax.checkpoint as ocp
+
+        restored = self._manager.restore(
+            int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+        )
+        return dict(restored["meta"])
 
     def restore(self, step: int, abstract_state, with_history: bool = True, check_meta=None):
         """(state, history, meta) of checkpoint `step`, placed like `abstract_state` (a tree of
@@ -217,16 +238,18 @@ class Checkpoints:
         Before reading any array: the files are checked against the manifest
         (CheckpointDamagedError), then `check_meta(meta)` (the caller's check, e.g. of the config:
         a message for CheckpointMismatchError, or None) and the state signature
-        (CheckpointMismatchError)."""
+        (CheckpointMismatchError). A checkpoint without a manifest that orbax cannot read is
+        damaged too; one whose files verified is not, and orbax's error is raised as it is."""
         import orbax.checkpoint as ocp
 
         folder = self.directory / str(step)
-        verify_files(folder)
-        meta = dict(
-            self._manager.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
-                "meta"
-            ]
-        )
+        verified = verify_files(folder)
+        try:
+            meta = self.read_meta(step)
+        except (OSError, ValueError) as err:  # also json's JSONDecodeError
+            raise CheckpointDamagedError(
+                f"its metadata cannot be read: {_first_line(err)}"
+            ) from None
         problem = check_meta(meta) if check_meta is not None else None
         if problem is not None:
             raise CheckpointMismatchError(f"checkpoint {folder}: {problem}")
@@ -240,22 +263,26 @@ class Checkpoints:
             items["history"] = ocp.args.StandardRestore()
         try:
             restored = self._manager.restore(int(step), args=ocp.args.Composite(**items))
-        except ValueError as err:
-            first_line = str(err).splitlines()[0] if str(err) else ""
-            if any(phrase in str(err) for phrase in _ORBAX_MISMATCH):
-                raise CheckpointMismatchError(self._mismatch_message(step, first_line)) from None
-            raise
+        except (OSError, ValueError) as err:
+            if "state_signature" not in meta and any(p in str(err) for p in _ORBAX_MISMATCH):
+                raise CheckpointMismatchError(
+                    self._mismatch_message(step, _first_line(err))
+                ) from None
+            if verified:
+                raise
+            raise CheckpointDamagedError(f"orbax cannot read it: {_first_line(err)}") from None
         state = restore_keys(restored["state"], abstract_state)
         try:
-            _check_matches(state, abstract_state)
+            check_matches(state, abstract_state)
         except CheckpointMismatchError as err:
             raise CheckpointMismatchError(self._mismatch_message(step, str(err))) from None
         history = jax.tree.map(np.asarray, dict(restored["history"])) if with_history else None
         if with_history:
-            _check_history(history, meta)
+            check_history(history, meta)
         return state, history, meta
 
     def _mismatch_message(self, step: int, detail: str) -> str:
+        """The error for a checkpoint that does not fit the run, with what differs (`detail`)."""
         return (
             f"checkpoint {self.directory / str(step)} does not fit the state this run builds: "
             f"{detail}. It was written with another config or another version of fusedrl; resume "
@@ -265,28 +292,26 @@ class Checkpoints:
 
     def restore_latest(self, abstract_state, with_history: bool = True, warn=None, check_meta=None):
         """(step, state, history, meta) of the newest checkpoint that reads back correctly, or None
-        if there is none. A damaged checkpoint is reported through `warn` in one line and skipped
-        (moved to `damaged_checkpoints/` unless read-only); a mismatch
-        (`CheckpointMismatchError`, from the signature or from `check_meta`) is not damage and
-        stops the restore."""
+        if there is none. A damaged checkpoint (`CheckpointDamagedError`, which covers what orbax
+        cannot read of one without a manifest) is reported through `warn` in one line and skipped
+        (moved to `damaged_checkpoints/` by process 0 unless read-only); if every checkpoint was
+        damaged, `warn` says the run starts over. A mismatch (`CheckpointMismatchError`) is not
+        damage and stops the restore; any other error (out of memory, a bug) is raised as it is."""
         warn = warn or (lambda message: print(f"rl: warning: {message}", file=sys.stderr))
-        for step in reversed(self.steps()):
+        steps = self.steps()
+        for step in reversed(steps):
             try:
                 return (step, *self.restore(step, abstract_state, with_history, check_meta))
-            except CheckpointMismatchError:
-                raise
-            except Exception as err:  # damaged: set it aside, fall back to an older one
-                detail = str(err).splitlines()[0] if str(err) else ""
-                reason = (
-                    detail
-                    if isinstance(err, CheckpointDamagedError)
-                    else f"{type(err).__name__}: {detail}"
-                )
-                moved = "" if self.read_only else f"; moved to {self._set_aside(step)}"
+            except CheckpointDamagedError as err:  # set it aside, fall back to an older one
+                moved = ""
+                if not self.read_only and jax.process_index() == 0:
+                    moved = f"; moved to {self._set_aside(step)}"
                 warn(
-                    f"checkpoint {self.directory / str(step)} is damaged ({reason}){moved}; "
+                    f"checkpoint {self.directory / str(step)} is damaged ({err}){moved}; "
                     "trying an older one"
                 )
+        if steps:
+            warn(f"none of the {len(steps)} checkpoints could be used: training from the start")
         return None
 
     def _set_aside(self, step: int) -> Path:
@@ -304,42 +329,29 @@ class Checkpoints:
         return target
 
     def close(self) -> None:
+        """Wait for the checkpoint being written (raising its failure), then release orbax."""
         if self._manager is not None:
-            self.wait()
-            self._manager.close()
+            try:
+                self.wait()
+            finally:
+                self._manager.close()
 
 
-def _write_error(err: Exception, folder: Path) -> OSError:
-    """An OSError for a checkpoint write that failed inside orbax/TensorStore (which report the
-    system error as text: "... No space left on device [os_error_code='28']")."""
+def _first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def _write_error(err: BaseException, folder: Path) -> BaseException:
+    """What a failed checkpoint write raises: an OSError for one that failed inside
+    orbax/TensorStore on a system error, which they report as text ("... No space left on device
+    [os_error_code='28']"), naming the checkpoint; any other failure as it is."""
+    if isinstance(err, OSError):
+        return err
     found = re.search(r"os_error_code='(\d+)'", str(err))
-    code = int(found.group(1)) if found else errno.EIO
+    if found is None:
+        return err
+    code = int(found.group(1))
     return OSError(code, os.strerror(code), str(folder))
-
-
-def _check_matches(tree, abstract_tree) -> None:
-    """CheckpointError unless `tree` has the structure, shapes and dtypes of `abstract_tree`."""
-    if jax.tree.structure(tree) != jax.tree.structure(abstract_tree):
-        raise CheckpointMismatchError(
-            "the checkpoint's state does not have the structure this config's agent builds"
-        )
-    for (path, leaf), spec in zip(
-        jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(abstract_tree)
-    ):
-        if tuple(leaf.shape) != tuple(spec.shape) or leaf.dtype != spec.dtype:
-            raise CheckpointMismatchError(
-                f"state{jax.tree_util.keystr(path)} is {leaf.dtype}{list(leaf.shape)} in the "
-                f"checkpoint, this run builds {spec.dtype}{list(spec.shape)}"
-            )
-
-
-def _check_history(history: dict, meta: dict) -> None:
-    points = int(meta["log_points"])
-    for name, values in history.get("seed", {}).items():
-        if values.shape[-1] != points:
-            raise CheckpointError(
-                f"history of {name!r} has {values.shape[-1]} log points, the metadata says {points}"
-            )
 
 
 def abstract_like(tree, sharding=None):

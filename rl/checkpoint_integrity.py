@@ -55,6 +55,7 @@ def signature_difference(stored: dict[str, str], expected: dict[str, str]) -> st
 
 
 def _crc32(path: Path) -> int:
+    """The CRC-32 of a file's bytes, read in 4 MiB blocks (zlib releases the GIL meanwhile)."""
     crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -71,7 +72,10 @@ def write_files_manifest(folder: Path) -> None:
         if path.is_file() and path.name != FILES_MANIFEST
     }
     temporary = folder / f".{FILES_MANIFEST}.tmp"
-    temporary.write_text(json.dumps({"files": files}))
+    with open(temporary, "w") as f:
+        f.write(json.dumps({"files": files}))
+        f.flush()
+        os.fsync(f.fileno())  # on disk before it is named: power loss leaves no empty manifest
     os.replace(temporary, folder / FILES_MANIFEST)
 
 
@@ -97,3 +101,30 @@ def verify_files(folder: Path) -> bool:
         if _crc32(path) != crc:
             raise CheckpointDamagedError(f"{name} has other bytes than when written (CRC-32)")
     return True
+
+
+def check_matches(tree, abstract_tree) -> None:
+    """CheckpointError unless `tree` has the structure, shapes and dtypes of `abstract_tree`."""
+    if jax.tree.structure(tree) != jax.tree.structure(abstract_tree):
+        raise CheckpointMismatchError(
+            "the checkpoint's state does not have the structure this config's agent builds"
+        )
+    for (path, leaf), spec in zip(
+        jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(abstract_tree)
+    ):
+        if tuple(leaf.shape) != tuple(spec.shape) or leaf.dtype != spec.dtype:
+            raise CheckpointMismatchError(
+                f"state{jax.tree_util.keystr(path)} is {leaf.dtype}{list(leaf.shape)} in the "
+                f"checkpoint, this run builds {spec.dtype}{list(spec.shape)}"
+            )
+
+
+def check_history(history: dict, meta: dict) -> None:
+    """CheckpointDamagedError unless every per-seed metric history has the metadata's count of log
+    points."""
+    points = int(meta["log_points"])
+    for name, values in history.get("seed", {}).items():
+        if values.shape[-1] != points:
+            raise CheckpointDamagedError(
+                f"history of {name!r} has {values.shape[-1]} log points, the metadata says {points}"
+            )

@@ -33,6 +33,7 @@ class ReaderGoneStream:
         self.reader_gone = False
 
     def write(self, text: str) -> int:
+        """Write `text`, or drop it once the reader is gone; returns its length either way."""
         if not self.reader_gone:
             try:
                 return self._stream.write(text)
@@ -41,6 +42,7 @@ class ReaderGoneStream:
         return len(text)
 
     def flush(self) -> None:
+        """Flush, unless the reader is gone."""
         if not self.reader_gone:
             try:
                 self._stream.flush()
@@ -48,6 +50,7 @@ class ReaderGoneStream:
                 self._drop_output()
 
     def _drop_output(self) -> None:
+        """The reader is gone: point the descriptor at /dev/null and drop what follows."""
         self.reader_gone = True
         try:  # what is still buffered (and what XLA writes to the descriptor) goes nowhere
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -60,46 +63,69 @@ class ReaderGoneStream:
         return getattr(self._stream, name)
 
 
-def _is_orbax_echo(value) -> bool:
-    """An error TensorStore or orbax reports from a background task or callback after a failed or
-    abandoned checkpoint write or read, which the command has already reported in one line: a
-    callback into the event loop orbax closed, or a write task whose failure was raised already."""
-    text = str(value)
-    return isinstance(value, RuntimeError) and text == "Event loop is closed"
+def _frame_files(traceback) -> list[str]:
+    """The source files of a traceback's frames, outermost first."""
+    files = []
+    while traceback is not None:
+        files.append(traceback.tb_frame.f_code.co_filename)
+        traceback = traceback.tb_next
+    return files
+
+
+def _is_loop_closed_echo(value, traceback) -> bool:
+    """TensorStore completing a read or write after orbax closed the event loop awaiting it (after
+    a failed or abandoned checkpoint write or read, which the command reports in one line): a
+    RuntimeError("Event loop is closed") raised inside asyncio and nowhere else."""
+    files = _frame_files(traceback)
+    return (
+        isinstance(value, RuntimeError)
+        and str(value) == "Event loop is closed"
+        and bool(files)
+        and all(f"{os.sep}asyncio{os.sep}" in file for file in files)
+    )
+
+
+class _OrbaxTaskFilter(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for orbax's own write tasks (a failed
+    checkpoint write, which the command reports in one line); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info or record.exc_info[2] is None:
+            return True
+        files = _frame_files(record.exc_info[2])
+        return not any(f"{os.sep}orbax{os.sep}" in file for file in files)
 
 
 @contextlib.contextmanager
 def command_output(restore: bool = True):
     """While an `rl` command runs (its entry point enters this; everything comes back on exit):
-    sys.stdout and sys.stderr as ReaderGoneStreams; sys.excepthook and sys.unraisablehook without
-    the echoes of a failed checkpoint write or read (`_is_orbax_echo`) and the asyncio logger
-    quiet ("Task exception was never retrieved" for orbax's failed write tasks), since the command
-    reports such a failure itself in one line. `restore=False` (the `rl` executable) keeps them for
-    the rest of the process, whose shutdown collects the last of those tasks and flushes the
-    streams."""
+    sys.stdout and sys.stderr as ReaderGoneStreams, and the echoes of a failed checkpoint write or
+    read left out (the command reports such a failure itself in one line): sys.excepthook and
+    sys.unraisablehook skip `_is_loop_closed_echo`, the asyncio logger `_OrbaxTaskFilter`'s
+    records. `restore=False` (the `rl` executable) keeps them for the rest of the process, whose
+    shutdown collects the last of orbax's tasks and flushes the streams."""
     saved = sys.stdout, sys.stderr, sys.excepthook, sys.unraisablehook
-    asyncio_logger = logging.getLogger("asyncio")
-    saved_level = asyncio_logger.level
+    asyncio_logger, orbax_tasks = logging.getLogger("asyncio"), _OrbaxTaskFilter()
     excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
 
     def quiet_excepthook(kind, value, traceback):
-        if not _is_orbax_echo(value):
+        if not _is_loop_closed_echo(value, traceback):
             excepthook(kind, value, traceback)
 
     def quiet_unraisablehook(unraisable):
-        if not _is_orbax_echo(unraisable.exc_value):
+        if not _is_loop_closed_echo(unraisable.exc_value, unraisable.exc_traceback):
             unraisablehook(unraisable)
 
     sys.stdout, sys.stderr = ReaderGoneStream(sys.stdout), ReaderGoneStream(sys.stderr)
     sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
-    asyncio_logger.setLevel(logging.CRITICAL)
+    asyncio_logger.addFilter(orbax_tasks)
     try:
         yield
     finally:
-        gc.collect()  # orbax's abandoned tasks are reported when collected: while still quiet
+        gc.collect()  # orbax's abandoned tasks are reported when collected: while still filtered
         if restore:
             sys.stdout, sys.stderr, sys.excepthook, sys.unraisablehook = saved
-            asyncio_logger.setLevel(saved_level)
+            asyncio_logger.removeFilter(orbax_tasks)
 
 
 def error(message: str, status: int) -> int:

@@ -113,6 +113,7 @@ def _os_error(err: BaseException):
 
 def train_command(args) -> int:
     from rl import distributed
+    from rl.checkpoint import CheckpointMismatchError
 
     try:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
@@ -122,6 +123,9 @@ def train_command(args) -> int:
             if finished is not None:
                 print_complete(finished, run_dir)
                 return 0
+            from rl.run_dir import check_resume_config
+
+            check_resume_config(run_dir, config, grid)
         else:
             if args.config is None:
                 raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
@@ -143,9 +147,8 @@ def train_command(args) -> int:
         if not args.resume:
             # every process of a multi-process run makes it
             run_dir = make_run_dir(config, exist_ok=multi_process)
-    except ConfigError as err:
+    except (ConfigError, CheckpointMismatchError) as err:
         return error(str(err), EXIT_BAD_INPUT)
-    from rl.checkpoint import CheckpointMismatchError
     from rl.divergence import NonFiniteError
     from rl.interrupts import TrainingInterrupted
     from rl.train import run_training

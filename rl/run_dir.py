@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import jax
@@ -26,7 +27,7 @@ import numpy as np
 import yaml
 from flax import serialization
 
-from rl.checkpoint import Checkpoints, abstract_like
+from rl.checkpoint import CheckpointMismatchError, Checkpoints, abstract_like
 from rl.config import Config, build_config
 from rl.config_parsing import ConfigError, read_yaml
 from rl.distributed import seed_mesh
@@ -46,7 +47,8 @@ class RunDirInUseError(ConfigError):
 def run_dir_lock(run_dir):
     """Hold an exclusive lock on `RUN_DIR/LOCK_FILE` (flock; released by the OS when the process
     ends, however it ends) while the block runs; RunDirInUseError at once if another process holds
-    it. Where flock is missing (Windows) the block runs unlocked."""
+    it. Where flock is missing (Windows) the block runs unlocked, and where the filesystem refuses
+    it, unlocked after a warning."""
     try:
         import fcntl
     except ImportError:
@@ -63,6 +65,14 @@ def run_dir_lock(run_dir):
                 f"run directory {str(run_dir)!r} is in use by another rl train (process "
                 f"{holder}); wait for it to end or stop it, then --resume"
             ) from None
+        except OSError as err:  # a filesystem without flock (some NFS, FUSE, Lustre mounts)
+            print(
+                f"rl: warning: cannot lock {path} ({err.strerror or err}): nothing stops a second "
+                "rl train from writing this run directory at the same time",
+                file=sys.stderr,
+            )
+            yield
+            return
         lock.seek(0)
         lock.truncate()
         lock.write(str(os.getpid()))
@@ -110,7 +120,18 @@ def run_record(config: Config, grid: list[dict]) -> dict:
     return {**config.to_dict(), "sweep": grid}
 
 
+_UNSET = object()
+
+
+def _same(a, b) -> bool:
+    """Equal config values, NaN equal to NaN (as JSON text)."""
+    if a is _UNSET or b is _UNSET:
+        return a is b
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def _flatten(tree, prefix: str = "") -> dict:
+    """{dotted key: leaf value} of a nested dict (an empty dict is a leaf)."""
     if not isinstance(tree, dict) or not tree:
         return {prefix: tree}
     flat = {}
@@ -124,7 +145,8 @@ def config_difference(saved: dict, current: dict) -> str | None:
     with and the current one, ignoring RESUMABLE_KEYS, as a phrase; None if they agree."""
     saved, current = _flatten(saved), _flatten(current)
     for key in list(current) + [k for k in saved if k not in current]:
-        if key.startswith(RESUMABLE_KEYS) or saved.get(key) == current.get(key):
+        resumable = any(key == k or key.startswith(f"{k}.") for k in RESUMABLE_KEYS)
+        if resumable or _same(saved.get(key, _UNSET), current.get(key, _UNSET)):
             continue
         was = repr(saved[key]) if key in saved else "not set"
         now = repr(current[key]) if key in current else "not set"
@@ -138,6 +160,7 @@ def config_check(config: Config, grid: list[dict]):
     current = json.loads(json.dumps(run_record(config, grid)))
 
     def check(meta: dict) -> str | None:
+        """The difference of `meta["config"]` from the run's config, as the error's text."""
         if "config" not in meta:
             return None
         difference = config_difference(meta["config"], current)
@@ -150,6 +173,25 @@ def config_check(config: Config, grid: list[dict]):
         )
 
     return check
+
+
+def check_resume_config(run_dir, config: Config, grid: list[dict]) -> None:
+    """Before anything compiles for `rl train --resume`: CheckpointMismatchError if the newest
+    checkpoint whose metadata reads was written with another config than the run's config.yaml
+    now holds (`config_check`). Reads only metadata; damaged checkpoints are left to the restore."""
+    checkpoints = Checkpoints(run_dir, read_only=True)
+    check = config_check(config, grid)
+    for step in reversed(checkpoints.steps()):
+        try:
+            meta = checkpoints.read_meta(step)
+        except (OSError, ValueError):  # damaged: the restore reports and skips it
+            continue
+        problem = check(meta)
+        if problem is not None:
+            raise CheckpointMismatchError(
+                f"checkpoint {checkpoints.directory / str(step)}: {problem}"
+            )
+        return
 
 
 def write_metrics_jsonl(path: Path, metrics: dict, grid: list[dict]) -> None:

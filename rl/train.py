@@ -163,7 +163,7 @@ class _ChunkedRun:
     def train(self, resume: bool) -> None:
         """Every remaining chunk, each checkpointed; Ctrl-C, SIGTERM and divergence raise (see
         run_training)."""
-        bar = None
+        bar, immediate = None, False
         try:
             with self.guard:
                 self.start(resume)
@@ -186,16 +186,17 @@ class _ChunkedRun:
                 f"continue with: rl train --resume {self.run_dir}",
                 self.guard.signal_number,
             )
-            error.immediate = True  # the chunk is still computing in a worker thread
+            error.immediate = immediate = True  # the chunk still computes in a worker thread
             raise error from None
         finally:
             if bar is not None:
                 bar.close()
             if self.logger is not None:
                 self.logger.close()
-            if self.wandb is not None:
-                self.wandb.close()
-            self.checkpoints.close()
+            if not immediate:  # a second signal: leave without waiting for W&B or a write
+                if self.wandb is not None:
+                    self.wandb.close()
+                self.checkpoints.close()
 
     def say(self, message: str) -> None:
         """One progress line on stderr from the main process, when `run.progress` is on (with it

@@ -155,23 +155,26 @@ def resume_identical(run_dir: Path, reference: Path, env: dict) -> str:
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of a run's finished checkpoints (not orbax's temporary folders), oldest first."""
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
         return []
     return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def intact(run_dir: Path) -> None:
+def intact(run_dir: Path, killed: bool = False) -> None:
     """What a stopped run wrote is whole and readable: every checkpoint's files match its manifest
-    (where it has one), the newest checkpoint restores through `rl eval`'s loader, and `rl plot`'s
-    reader reads metrics.jsonl without a warning."""
+    (the newest one may lack its manifest after a kill -9 that came between orbax finishing it and
+    the manifest being written: `killed`), the newest checkpoint restores through `rl eval`'s
+    loader, and `rl plot`'s reader reads metrics.jsonl without a warning."""
     from rl.checkpoint_integrity import verify_files
     from rl.plot import read_metrics
     from rl.run_dir import load_params, load_run_config
 
     steps = checkpoint_steps(run_dir)
     for step in steps:
-        verify_files(run_dir / "checkpoints" / str(step))
+        verified = verify_files(run_dir / "checkpoints" / str(step))
+        assert verified or (killed and step == steps[-1]), f"checkpoint {step} has no manifest"
     if steps:
         config, grid = load_run_config(run_dir)
         _, where = load_params(run_dir, config, grid, checkpoint=steps[-1])
@@ -182,6 +185,7 @@ def intact(run_dir: Path) -> None:
 
 
 def copy_run(source: Path, target: Path) -> Path:
+    """A copy of a run directory, to damage without touching the original."""
     shutil.copytree(source, target)
     return target
 

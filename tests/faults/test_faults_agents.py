@@ -2,7 +2,7 @@
 on-policy (PPO: rollout, minibatch epochs) and recurrent (recurrent PPO: GRU memory in the state).
 Each trains 4 log points of 256 env steps with a checkpoint after every log point; a signal at a
 seeded point, then one family-specific fault. The invariant is that of
-test_faults_tabular.py: identical after resume, or stopped in one line with what was written
+test_faults_tabular_signals.py: identical after resume, or stopped in one line with what was written
 intact."""
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ def references(configs, env) -> dict[str, Path]:
 
 
 def stop(config: Path, name: str, fault: str, at_step: int, env) -> Path:
+    """The run directory of `rl train CONFIG --name NAME` stopped by FAULT at AT_STEP (exit status
+    checked: the signal's, else 1)."""
     status, err = run_injected(["train", config, "--name", name], at_step, fault, env)
     assert status == EXIT_STATUS.get(fault, 1), err
     return config.parent / "runs" / name
@@ -107,13 +109,12 @@ def stop(config: Path, name: str, fault: str, at_step: int, env) -> Path:
 def test_signal_then_resume_is_identical(family, fault, configs, references, env):
     """The optimiser state, rollout state and recurrent memory all come back from the checkpoint:
     the resumed run ends bit-identical. (One signal per family, to keep the suite short: kill -9
-    loses the chunk in flight, SIGTERM and Ctrl-C save it; the tabular family has all three at two
-    points each.)"""
+    loses the chunk in flight, SIGTERM and Ctrl-C save it; the tabular family has all three.)"""
     (at_step,) = injection_steps(f"{family}-{fault}", LOG_POINTS, 1)
     run_dir = stop(configs[family], fault, fault, at_step, env)
     if fault != "SIGKILL":
         assert checkpoint_steps(run_dir)[-1] >= at_step
-    intact(run_dir)
+    intact(run_dir, killed=fault == "SIGKILL")
     resume_identical(run_dir, references[family], env)
     record(fault, family, "identical")
 

@@ -31,8 +31,6 @@ from fault_runs import (
     run_injected,
 )
 
-from rl.run_dir import LOCK_FILE
-
 FAMILY = "tabular"
 BEFORE_LAST_CHUNK = TABULAR_BEFORE_LAST_CHUNK
 
@@ -91,21 +89,16 @@ def test_damaged_metrics_file_is_rewritten_by_resume(damage, stopped, reference,
 
 
 def kept_files(run_dir: Path) -> dict:
-    """{path: bytes} of what a run directory keeps: all but the lock (its holder's process id) and
-    the leftovers of a checkpoint write that a kill cut short (which any resume clears)."""
-    return {
-        path: path.read_bytes()
-        for path in run_dir.rglob("*")
-        if path.is_file() and path.name != LOCK_FILE and ".orbax-checkpoint-tmp" not in str(path)
-    }
+    """{path: bytes} of every file in a run directory."""
+    return {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
 
 
 def test_edited_config_stops_resume_in_one_line_and_moves_nothing(
     stopped, reference, env, tmp_path
 ):
     """config.yaml changed after the checkpoints were written: --resume refuses in one line naming
-    the key and both values (exit 2) and touches nothing; with the file put back it ends
-    identical."""
+    the key and both values (exit 2) before anything compiles, and no file changes; with the file
+    put back it ends identical."""
     run_dir = copy_run(stopped, tmp_path / "run")
     path = run_dir / "config.yaml"
     original = path.read_text()
@@ -125,14 +118,16 @@ def test_edited_config_stops_resume_in_one_line_and_moves_nothing(
     record("config.yaml edited", FAMILY, "stopped cleanly")
 
 
-def _stopped_by_sigstop(pid: int, timeout: float = 120) -> None:
+def _stopped_by_sigstop(process, timeout: float = 120) -> None:
+    """Wait until `process` has stopped itself with SIGSTOP (AssertionError if it ends first)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert process.poll() is None, process.communicate()[1]
+        state = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         if state == "T":
             return
         time.sleep(0.1)
-    raise AssertionError(f"process {pid} did not stop")
+    raise AssertionError(f"process {process.pid} did not stop")
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
@@ -142,13 +137,14 @@ def test_second_resume_of_one_run_is_refused_by_the_lock(stopped, reference, env
     run_dir = copy_run(stopped, tmp_path / "run")
     first = inject(["train", "--resume", run_dir], 13_000, "SIGSTOP", env)
     try:
-        _stopped_by_sigstop(first.pid)
+        _stopped_by_sigstop(first)
         second = rl(["train", "--resume", run_dir], env)
         assert second.returncode == 2
         (line,) = second.stderr.strip().splitlines()
         assert f"is in use by another rl train (process {first.pid})" in line
     finally:
-        os.kill(first.pid, signal.SIGCONT)
+        if first.poll() is None:
+            os.kill(first.pid, signal.SIGCONT)
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     identical(run_dir, reference)

@@ -46,7 +46,7 @@ def test_signal_then_resume_is_identical(fault, at_step, config, reference, env)
         last = err.strip().splitlines()[-1]
         assert f"checkpoint saved in {run_dir}/checkpoints/{steps[-1]}" in last
         assert last.endswith(f"continue with: rl train --resume {run_dir}")
-    intact(run_dir)
+    intact(run_dir, killed=fault == "SIGKILL")
     resume_identical(run_dir, reference, env)
     record(fault, FAMILY, "identical")
 
