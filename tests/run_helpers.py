@@ -27,6 +27,69 @@ TINY = {
 }
 
 
+# Tiny configs of the neural agents (replay buffers, optimiser states, target networks,
+# normalisers).
+NEURAL = {
+    "dqn": {
+        "env": {"id": "CartPole-v1"},
+        "agent": {
+            "name": "dqn",
+            "total_steps": 1024,
+            "log_interval": 256,
+            "learning_starts": 256,
+            "buffer_size": 1000,
+            "train_freq": 64,
+            "gradient_steps": 4,
+            "batch_size": 16,
+            "network": {"hidden": [16]},
+            "eval_episodes": 2,
+        },
+    },
+    "rainbow": {
+        "env": {"id": "CartPole-v1"},
+        "agent": {
+            "name": "rainbow",
+            "total_steps": 1024,
+            "log_interval": 256,
+            "learning_starts": 256,
+            "buffer_size": 1000,
+            "train_freq": 64,
+            "gradient_steps": 4,
+            "batch_size": 16,
+            "network": {"hidden": [16]},
+            "eval_episodes": 2,
+            "num_atoms": 11,
+        },
+    },
+    "ppo": {
+        "env": {"id": "CartPole-v1"},
+        "agent": {
+            "name": "ppo",
+            "total_steps": 1024,
+            "num_envs": 2,
+            "num_steps": 64,
+            "num_epochs": 2,
+            "num_minibatches": 2,
+            "network": {"hidden": [16]},
+            "log_interval": 2,
+        },
+    },
+    "sac": {
+        "env": {"id": "Pendulum-v1"},
+        "agent": {
+            "name": "sac",
+            "total_steps": 600,
+            "log_interval": 200,
+            "learning_starts": 200,
+            "buffer_size": 1000,
+            "batch_size": 16,
+            "network": {"hidden": [16]},
+            "eval_episodes": 1,
+        },
+    },
+}
+
+
 def write_config(folder: Path, data: dict | None = None, **run) -> Path:
     data = json.loads(json.dumps(data or TINY))
     data["run"].update(run)

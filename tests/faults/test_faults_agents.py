@@ -24,41 +24,13 @@ from fault_runs import (
     rl,
     run_injected,
 )
-from run_helpers import write_config
+from run_helpers import NEURAL, write_config
 
 LOG_POINTS = [256, 512, 768, 1024]
 RUN = {"seeds": 2, "checkpoint_every": 1, "progress": False}
 FAMILIES = {
-    "replay-based": {
-        "env": {"id": "CartPole-v1"},
-        "agent": {
-            "name": "dqn",
-            "total_steps": 1024,
-            "log_interval": 256,
-            "learning_starts": 256,
-            "buffer_size": 1000,
-            "train_freq": 64,
-            "gradient_steps": 4,
-            "batch_size": 16,
-            "network": {"hidden": [16]},
-            "eval_episodes": 2,
-        },
-        "run": RUN,
-    },
-    "on-policy": {
-        "env": {"id": "CartPole-v1"},
-        "agent": {
-            "name": "ppo",
-            "total_steps": 1024,
-            "num_envs": 2,
-            "num_steps": 64,
-            "num_epochs": 2,
-            "num_minibatches": 2,
-            "network": {"hidden": [16]},
-            "log_interval": 2,
-        },
-        "run": RUN,
-    },
+    "replay-based": {**NEURAL["dqn"], "run": RUN},
+    "on-policy": {**NEURAL["ppo"], "run": RUN},
     "recurrent": {
         "env": {"id": "CartPole-v1", "observe": "positions"},
         "agent": {

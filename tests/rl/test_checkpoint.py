@@ -10,7 +10,15 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
+from run_helpers import (
+    NEURAL,
+    final_params,
+    metric_rows,
+    run_cli,
+    run_signalled,
+    trained_run,
+    write_config,
+)
 
 from rl.checkpoint import CheckpointMismatchError, Checkpoints, abstract_like
 
@@ -188,69 +196,6 @@ def test_checkpoint_of_another_shape_is_a_mismatch_left_in_place(tmp_path):
         Checkpoints(tmp_path).restore_latest(wrong, warn=warnings.append)
     assert not warnings and Checkpoints(tmp_path, read_only=True).steps() == [1]
     assert not (tmp_path / "damaged_checkpoints").exists()
-
-
-# Tiny configs of the neural agents (replay buffers, optimiser states, target networks,
-# normalisers).
-NEURAL = {
-    "dqn": {
-        "env": {"id": "CartPole-v1"},
-        "agent": {
-            "name": "dqn",
-            "total_steps": 1024,
-            "log_interval": 256,
-            "learning_starts": 256,
-            "buffer_size": 1000,
-            "train_freq": 64,
-            "gradient_steps": 4,
-            "batch_size": 16,
-            "network": {"hidden": [16]},
-            "eval_episodes": 2,
-        },
-    },
-    "rainbow": {
-        "env": {"id": "CartPole-v1"},
-        "agent": {
-            "name": "rainbow",
-            "total_steps": 1024,
-            "log_interval": 256,
-            "learning_starts": 256,
-            "buffer_size": 1000,
-            "train_freq": 64,
-            "gradient_steps": 4,
-            "batch_size": 16,
-            "network": {"hidden": [16]},
-            "eval_episodes": 2,
-            "num_atoms": 11,
-        },
-    },
-    "ppo": {
-        "env": {"id": "CartPole-v1"},
-        "agent": {
-            "name": "ppo",
-            "total_steps": 1024,
-            "num_envs": 2,
-            "num_steps": 64,
-            "num_epochs": 2,
-            "num_minibatches": 2,
-            "network": {"hidden": [16]},
-            "log_interval": 2,
-        },
-    },
-    "sac": {
-        "env": {"id": "Pendulum-v1"},
-        "agent": {
-            "name": "sac",
-            "total_steps": 600,
-            "log_interval": 200,
-            "learning_starts": 200,
-            "buffer_size": 1000,
-            "batch_size": 16,
-            "network": {"hidden": [16]},
-            "eval_episodes": 1,
-        },
-    },
-}
 
 
 @pytest.mark.slow
