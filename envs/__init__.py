@@ -43,6 +43,7 @@ ADAPTERS: dict[str, str] = {
     "brax": "envs.brax",
     "craftax": "envs.craftax",
     "jumanji": "envs.jumanji",
+    "jaxmarl": "envs.jaxmarl",
 }
 
 

@@ -193,6 +193,7 @@ def build_config(data: Mapping) -> Config:
     module = get_agent_module(name)
     agent = build_dataclass(module.Config, agent_data, "agent")
     check_recurrence(agent, module)
+    check_multi_agent(agent, module, env.id, env_and_params[0])
     run = build_dataclass(RunConfig, data.get("run") or {}, "run")
     kernels = build_dataclass(KernelsConfig, data.get("kernels") or {}, "kernels")
     config = Config(env=env, agent=agent, run=run, kernels=kernels)
@@ -206,6 +207,34 @@ def build_config(data: Mapping) -> Config:
         made_env, env_params = env_and_params
         network.check_obs_space(made_env.observation_space(env_params))
     return config
+
+
+def check_multi_agent(agent, module, env_id: str, env) -> None:
+    """ConfigError when a multi-agent env (`envs.multi_agent`) meets an agent whose module does not
+    declare `MULTI_AGENT = True`, or a multi-agent agent meets a single-agent env; the message
+    names the agents that fit."""
+    from envs.multi_agent import is_multi_agent
+    from rl.registry import get_agent_module, registered_agents
+
+    wants_many = bool(getattr(module, "MULTI_AGENT", False))
+    if is_multi_agent(env) == wants_many:
+        return
+    fitting = [
+        name
+        for name in registered_agents()
+        if bool(getattr(get_agent_module(name), "MULTI_AGENT", False)) != wants_many
+    ]
+    if wants_many:
+        raise ConfigError(
+            f"env.id: agent {agent.name!r} trains teams of agents and {env_id!r} is a "
+            f"single-agent env; use a multi-agent env ('jaxmarl:<id>') or a single-agent agent "
+            f"({', '.join(fitting)})"
+        )
+    raise ConfigError(
+        f"agent.name: {agent.name!r} does not support multi-agent envs and {env_id!r} has "
+        f"{env.num_agents} agents; use a multi-agent agent "
+        f"({', '.join(fitting) or 'none registered'})"
+    )
 
 
 def check_recurrence(agent, module) -> None:

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 import kernels
+from envs.multi_agent import TeamEpisodeStatistics, is_multi_agent
 from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction, Wrapper
 from rl.config_parsing import ConfigError
@@ -24,9 +25,12 @@ def make_env(config):
     - Box actions are rescaled: the agent acts in [-1, 1]^d, the env receives
       L + (clip(a, -1, 1) + 1) (H - L) / 2 (`envs.wrappers.RescaleAction`; needs finite bounds);
     - `envs.wrappers.EpisodeStatistics` reports each episode's undiscounted return and length in
-      `info` when it ends (terminated or truncated).
+      `info` when it ends (terminated or truncated); for a multi-agent env
+      `envs.multi_agent.TeamEpisodeStatistics`, the team's (mean over agents) return.
     """
     env, env_params = config.env.make()
+    if is_multi_agent(env):
+        return TeamEpisodeStatistics(env), env_params
     space = env.action_space(env_params)
     if (
         isinstance(space, Box)
