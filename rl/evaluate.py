@@ -18,6 +18,11 @@ rendered), and its return is the undiscounted sum of rewards.
 Rendering calls the env's host-side `env.render(state, params) -> uint8[H, W, 3]` on every state of
 one episode of setting 0, seed 0 (the reset state, then the state after each step, the terminal
 one included), written as a GIF with Pillow.
+
+A multi-agent env's policy (`make_policy(config) -> policy(params, obs[A, ...], key,
+action_mask[A, n]) -> actions[A]`) reads the env's action masks; an episode's return is the team's,
+the sum over steps of the mean reward over agents, and it ends when every agent has terminated or
+is truncated.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
+from envs.multi_agent import is_multi_agent
 from rl.config import Config
 from rl.config_parsing import ConfigError
 from rl.programs import at_matmul_precision
@@ -50,7 +56,10 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
 
     states[t] is the state after t steps, frozen once the episode has ended; done[t] says whether it
     had ended by then. reward_t counts only while the episode runs. A `RecurrentPolicy` starts from
-    its initial carry and carries it from step to step."""
+    its initial carry and carries it from step to step. A multi-agent env's episode goes through
+    `team_rollout`."""
+    if is_multi_agent(env):
+        return team_rollout(env, env_params, policy, params, key, max_steps)
     policy = as_recurrent(policy)
     reset_key, key = jax.random.split(key)
     obs, state = env.reset(reset_key, env_params)
@@ -83,6 +92,35 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
     (_, _, _, _, total, length, _), (states, dones) = jax.lax.scan(
         step, init, None, length=max_steps
     )
+    states = jax.tree.map(lambda first, rest: jnp.concatenate([first[None], rest]), state, states)
+    dones = jnp.concatenate([jnp.zeros((1,), bool), dones])
+    return total, length, states, dones
+
+
+def team_rollout(env, env_params, policy, params, key, max_steps: int):
+    """`rollout` for a multi-agent env: `policy(params, obs, key, mask)` acts for every agent on
+    the env's action masks, the return sums the mean reward over agents, and the episode ends when
+    every agent has terminated or is truncated."""
+    reset_key, key = jax.random.split(key)
+    obs, state = env.reset(reset_key, env_params)
+
+    def step(carry, _):
+        obs, state, key, total, length, done = carry
+        key, policy_key, step_key = jax.random.split(key, 3)
+        action = policy(params, obs, policy_key, env.action_mask(state, env_params))
+        next_obs, next_state, reward, terminated, _ = env.step_env(
+            step_key, state, action, env_params
+        )
+        ended = jnp.asarray(terminated, bool) | env.truncation(next_state, env_params)
+        total = total + jnp.where(done, 0.0, jnp.mean(jnp.asarray(reward, jnp.float32)))
+        length = length + jnp.where(done, 0, 1)
+        keep = lambda old, new: jnp.where(done, old, new)
+        state = jax.tree.map(keep, state, next_state)
+        done = done | jnp.all(ended)
+        return (keep(obs, next_obs), state, key, total, length, done), (state, done)
+
+    init = (obs, state, key, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False))
+    (_, _, _, total, length, _), (states, dones) = jax.lax.scan(step, init, None, length=max_steps)
     states = jax.tree.map(lambda first, rest: jnp.concatenate([first[None], rest]), state, states)
     dones = jnp.concatenate([jnp.zeros((1,), bool), dones])
     return total, length, states, dones
