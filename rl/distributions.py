@@ -15,6 +15,9 @@ before any squashing or clipping, so they stay exact.
     dist = distributions.Categorical.from_head(logits)
     action = dist.sample(key)
     log_prob, entropy = dist.log_prob_entropy(action, backend="auto")
+
+Action masks (`Categorical.masked`): the logits of the actions a mask rules out become
+`MASKED_LOGIT`, so their probability is exactly 0 in float32 and nothing becomes NaN.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ import jax.numpy as jnp
 import kernels
 from rl import losses
 
+MASKED_LOGIT = -1e9
+"""The logit of a masked-out action: exp(MASKED_LOGIT - max logit) is 0 in float32 (so sampling,
+the log-probabilities of the allowed actions, the entropy and the mode ignore it), yet finite, so
+p log p = 0 and the gradients stay 0 rather than NaN."""
+
 
 class Categorical(NamedTuple):
     """pi(a) = softmax(logits)_a over the last axis of `logits` [..., A]."""
@@ -36,6 +44,12 @@ class Categorical(NamedTuple):
     @classmethod
     def from_head(cls, logits) -> Categorical:
         return cls(logits)
+
+    def masked(self, mask) -> Categorical:
+        """pi restricted to the actions where `mask` (bool [..., A]) is True:
+        pi(a) = m_a exp(z_a) / sum_b m_b exp(z_b), the masked logits set to `MASKED_LOGIT`. A row
+        with every action masked becomes uniform."""
+        return Categorical(jnp.where(mask, self.logits, MASKED_LOGIT))
 
     def sample(self, key) -> jax.Array:
         """a ~ pi, int32 [...]."""

@@ -14,6 +14,8 @@ AGENTS: dict[str, str] = {
     "sac": "rl.agents.sac",
     "td3": "rl.agents.td3",
     "pqn": "rl.agents.pqn",
+    "ippo": "rl.agents.ippo",
+    "mappo": "rl.agents.mappo",
 }
 
 

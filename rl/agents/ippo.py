@@ -1,0 +1,399 @@
+"""Independent PPO (IPPO; de Witt et al. 2020, JaxMARL's ippo_ff baselines): every agent of a team
+learns PPO on its own observations and rewards, compiled end to end.
+
+Agent i (of A, the env's `agent_ids`) acts on its observation o_i with a categorical policy
+pi(a_i | o_i, m_i) restricted to the actions its mask m_i allows (`Categorical.masked`: the masked
+logits set to a large negative finite value), and a critic V(o_i) scores it. The actor and the
+critic are two networks (`agent.network`'s torso, a policy head, a value head); the team shares one
+set of their parameters (`agent.share_parameters`, the agents axis one more batch axis), or each
+agent has its own (every leaf stacked on a leading agents axis, the networks vmapped over it:
+`multi_agent.per_agent`). With `agent.agent_id_input` both read [o_i, e_i], e_i agent i's one-hot
+index.
+
+One update: num_envs envs step num_steps times under the masked policy (`rollout`), storing each
+step's observations and masks (the loss scores the same masked policy that acted); then
+truncation-aware GAE per agent, over time, the agents an extra batch axis (`learn_batch`; rewards,
+terminated and truncated are per agent, [T, E, A], and V(final_obs_ti) bootstraps):
+
+    delta_ti = r_ti + gamma (1 - term_ti) V(o'_ti) - V(o_ti),
+    A_ti = delta_ti + gamma lambda (1 - term_ti) (1 - trunc_ti) A_(t+1)i,   R_ti = A_ti + V(o_ti);
+
+then num_epochs passes of num_minibatches shuffled minibatches of env steps (each with all A
+agents), an Adam step each along PPO's clipped objective (`ppo.ppo_objective`, `losses.ppo_loss`)
+averaged over the agent steps. The rewards learned from are r_ti, plus w info["shaped_reward"]_ti
+with `agent.shaped_reward_anneal_steps` (Overcooked's shaping; w = max(0, 1 - step / anneal steps),
+JaxMARL's schedule); returns are logged unshaped, as the team's (sum_t mean_i r_ti).
+
+`Setup` holds the critic as a piece: IPPO's reads each agent's observation; MAPPO
+(rl/agents/mappo.py) builds the same loop with a critic on the global state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from envs.spaces import Discrete
+from rl import agent_configs, environment, episodes, heads, losses, multi_agent, networks
+from rl.agents import ppo
+from rl.collection import rollout_keys, scan_packed_outputs
+from rl.config_parsing import ConfigError, hp
+from rl.distributions import Categorical
+from rl.log_points import log_point_metrics, scan_log_points, scan_updates
+from rl.minibatches import minibatch_epochs
+from rl.optimizers import annealed_clipped_adam, flat_step
+from rl.rollout import greedy_episodes
+from rl.state import Envs, OnPolicyState
+from rl.trainer import Trainer, train_from_trainer
+
+MULTI_AGENT = True
+
+
+@dataclass(frozen=True)
+class Config(agent_configs.PPOLoopConfig):
+    """IPPO's settings: PPOLoopConfig's (defaults: JaxMARL's ippo_ff_mpe) and the team's."""
+
+    name: str = "ippo"
+    network: networks.NetworkConfig = networks.network_config(hidden=(64, 64), activation="tanh")
+    num_envs: int = hp(16, low=1, doc="parallel envs (each steps every agent)")
+    share_parameters: bool = hp(
+        True,
+        doc="one set of actor and critic parameters for every agent; false: one set per agent",
+    )
+    agent_id_input: bool = hp(
+        False, doc="append the agent's one-hot index to its observation (vector observations)"
+    )
+    shaped_reward_anneal_steps: int = hp(
+        0,
+        low=0,
+        doc="env steps over which the weight of info['shaped_reward'] (Overcooked) in the "
+        "learning reward falls linearly from 1 to 0; 0: no shaping",
+    )
+
+
+def check_env(config, env, env_params) -> None:
+    """IPPO needs Discrete actions, separate actor and critic networks, vector observations for
+    `agent.agent_id_input`, and info["shaped_reward"] for `agent.shaped_reward_anneal_steps`."""
+    agent, env_id = config.agent, config.env.id
+    space = env.action_space(env_params)
+    if not isinstance(space, Discrete):
+        raise ConfigError(
+            f"env.id: {agent.name} supports Discrete actions; {env_id} has {space} (continuous "
+            "actions are not supported)"
+        )
+    if agent.shared_network:
+        raise ConfigError(
+            f"agent.shared_network: {agent.name}'s actor and critic are separate networks"
+        )
+    obs_shape = env.observation_space(env_params).shape
+    if agent.agent_id_input and len(obs_shape) != 1:
+        raise ConfigError(
+            f"agent.agent_id_input: agent ids are appended to vector observations; {env_id}'s "
+            f"have shape {obs_shape}"
+        )
+    if agent.shaped_reward_anneal_steps and "shaped_reward" not in multi_agent.step_info(
+        env, env_params
+    ):
+        raise ConfigError(
+            f"agent.shaped_reward_anneal_steps: {env_id} reports no info['shaped_reward'] to "
+            "shape the reward with; set it to 0"
+        )
+
+
+# ---------------------------------------------------------------- the networks and the policy
+
+
+def make_actor(agent: Config, env, env_params) -> networks.Network:
+    """The team's actor: observations [..., A, *obs_shape] -> logits [..., A, n]."""
+    obs_space, num_agents = env.observation_space(env_params), env.num_agents
+    head = heads.categorical_policy_head(int(env.action_space(env_params).n))
+    if agent.agent_id_input:
+        obs_space = multi_agent.id_space(obs_space, num_agents)
+    torso = networks.make_torso(agent.network, obs_space)
+    net = networks.build(networks.with_head(torso, head), agent.network.backend, agent.network.init)
+    net = multi_agent.per_agent(net, len(obs_space.shape), agent.share_parameters)
+    return multi_agent.reading(net, actor_input(agent))
+
+
+def actor_input(agent: Config) -> Callable:
+    """What the networks read of observations [..., A, d]: themselves, or with agent ids."""
+    return multi_agent.with_agent_ids if agent.agent_id_input else (lambda obs: obs)
+
+
+def make_critic(agent: Config, input_space) -> networks.Network:
+    """The team's critic: inputs [..., A, *input_space.shape] -> values [..., A]."""
+    torso = networks.make_torso(agent.network, input_space)
+    head = heads.value_head()
+    net = networks.build(networks.with_head(torso, head), agent.network.backend, agent.network.init)
+    return multi_agent.per_agent(net, len(input_space.shape), agent.share_parameters)
+
+
+class Observation(NamedTuple):
+    """What the agents see of an env at a step: their observations [..., A, *obs_shape], their
+    action masks (bool [..., A, n]) and, for a critic that reads it, the global state [..., G]
+    (else ())."""
+
+    obs: jax.Array
+    action_mask: jax.Array
+    global_state: Any = ()
+
+
+class Setup(NamedTuple):
+    """The team's networks, its env and the kernel choices: what the program is built from."""
+
+    agent: Config
+    actor: networks.Network  # observations [..., A, ...] -> logits [..., A, n]
+    critic: networks.Network  # critic_input(Observation) -> values [..., A]
+    critic_input: Callable  # Observation [...] -> what the critic reads, [..., A, ...]
+    global_state: bool  # whether Observations carry the env's global state
+    env: Any
+    env_params: Any
+    reset: Any  # vmapped env.reset
+    step: Any  # vmapped env.step
+    backend: str  # kernel backend (`environment.kernel_backend`), or "auto"
+    deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
+
+
+def make_setup(config) -> Setup:
+    """IPPO's Setup of `config`: the critic reads each agent's observation (as the actor does)."""
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    obs_space = env.observation_space(env_params)
+    if agent.agent_id_input:
+        obs_space = multi_agent.id_space(obs_space, env.num_agents)
+    critic_input = lambda seen: actor_input(agent)(seen.obs)
+    return setup(config, env, env_params, make_critic(agent, obs_space), critic_input)
+
+
+def setup(config, env, env_params, critic, critic_input, global_state: bool = False) -> Setup:
+    """The Setup of `config` on its env with the critic given: `critic` reads
+    `critic_input(Observation)`; `global_state`: Observations carry the env's global state."""
+    actor = make_actor(config.agent, env, env_params)
+    reset, step = environment.batched(env)
+    kernel_choices = (environment.kernel_backend(config), config.kernels.deterministic)
+    team = (actor, critic, critic_input, global_state)
+    return Setup(config.agent, *team, env, env_params, reset, step, *kernel_choices)
+
+
+def policy(actor: networks.Network, params, obs, action_mask) -> Categorical:
+    """Every agent's pi(.|o_i, m_i): the actor's logits, masked."""
+    return Categorical(actor.apply(params["actor"], obs)).masked(action_mask)
+
+
+def observe(s: Setup, obs, info, prefix: str = "") -> Observation:
+    """The agents' Observation of `obs`: info[prefix + "action_mask"] and, when the critic reads it,
+    info[prefix + "global_state"]; prefix "final_" for info["final_obs"], what a step reached."""
+    world = info[prefix + "global_state"] if s.global_state else ()
+    return Observation(obs, info[prefix + "action_mask"], world)
+
+
+def state_info(s: Setup, env_state) -> dict:
+    """info["action_mask"] (and ["global_state"]) of a batch of envs, read off their states."""
+    of_states = lambda fn: jax.vmap(fn, in_axes=(0, None))(env_state, s.env_params)
+    info = {"action_mask": of_states(s.env.action_mask)}
+    if s.global_state:
+        info["global_state"] = of_states(s.env.global_state)
+    return info
+
+
+# ---------------------------------------------------------------- init
+
+
+def init_state(s: Setup, key, hparams) -> OnPolicyState:
+    """Fresh actor and critic params ({"actor", "critic"}), optimiser state, `num_envs` reset envs
+    (their Observations), the PRNG key and the counters."""
+    key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
+    obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
+    seen = observe(s, obs, state_info(s, env_state))
+    params = {
+        "actor": s.actor.init(actor_key, obs[0]),
+        "critic": s.critic.init(critic_key, s.critic_input(seen)[0]),
+    }
+    adam = annealed_clipped_adam(
+        s.agent, hparams["lr"], hparams["max_grad_norm"], eps=s.agent.adam_eps
+    )
+    opt_state = adam.init(ravel_pytree(params)[0])
+    return OnPolicyState(params, opt_state, Envs(seen, env_state), key, jnp.int32(0), jnp.int32(0))
+
+
+# ---------------------------------------------------------------- collect
+
+
+class Transition(NamedTuple):
+    """One rollout step of every agent, [E, A, ...] (values come afterwards, in one batch)."""
+
+    obs: Observation  # what the agents acted on, masks included
+    action: jax.Array
+    log_prob: jax.Array
+    reward: jax.Array  # what is learned from (shaped with agent.shaped_reward_anneal_steps)
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: Observation  # what the step reached (info["final_obs"])
+
+
+def shaping_weight(agent: Config, step):
+    """w = max(0, 1 - step / agent.shaped_reward_anneal_steps) at `step` env steps (0: off)."""
+    if not agent.shaped_reward_anneal_steps:
+        return 0.0
+    return jnp.maximum(0.0, 1.0 - step / agent.shaped_reward_anneal_steps)
+
+
+def learning_reward(agent: Config, reward, info, weight):
+    """r_i + w info["shaped_reward"]_i with `agent.shaped_reward_anneal_steps`, else r_i."""
+    if not agent.shaped_reward_anneal_steps:
+        return reward
+    return reward + weight * info["shaped_reward"]
+
+
+def rollout(s: Setup, params, envs: Envs, key, shaping):
+    """num_steps steps of every env, each agent acting on its masked policy: (envs, Transitions
+    [T, E, A, ...], the episodes that ended as `episodes.EpisodeTotals` per env [E]); `shaping` is
+    the weight of the shaped reward."""
+
+    def env_step(carry, keys):
+        params, seen, env_state, ended = carry
+        act_key, env_keys = keys
+        pi = policy(s.actor, params, seen.obs, seen.action_mask)
+        action = pi.sample(act_key)
+        log_prob, _ = pi.log_prob_entropy(action, backend="reference")
+        next_obs, env_state, reward, terminated, truncated, info = s.step(
+            env_keys, env_state, action, s.env_params
+        )
+        ended = episodes.count_episodes(ended, info)
+        reward = learning_reward(s.agent, reward, info, shaping)
+        reached = observe(s, info["final_obs"], info, "final_")
+        trans = Transition(seen, action, log_prob, reward, terminated, truncated, reached)
+        return (params, observe(s, next_obs, info), env_state, ended), trans
+
+    keys = rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
+    carry = (params, envs.obs, envs.state, episodes.no_episodes((s.agent.num_envs,)))
+    (_, seen, env_state, ended), traj = scan_packed_outputs(
+        env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps)
+    )
+    return Envs(seen, env_state), traj, ended
+
+
+# ---------------------------------------------------------------- values and advantages
+
+
+class LearnBatch(NamedTuple):
+    """What the loss reads of an env step: the Observation, every agent's action, behaviour
+    log-prob and value."""
+
+    obs: Observation
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+
+
+def learn_batch(s: Setup, hparams, params, traj: Transition):
+    """(LearnBatch, advantages, targets), flattened to [num_steps * num_envs, A, ...]: V(o_ti) and
+    V(final_obs_ti) in a critic pass each, then truncation-aware GAE of every agent (the agents axis
+    a batch axis of the time-major scan)."""
+    critic = lambda seen: s.critic.apply(params["critic"], s.critic_input(seen))
+    values, final_values = critic(traj.obs), critic(traj.final_obs)
+    gae = partial(losses.truncation_aware_gae, backend=s.backend, deterministic=s.deterministic)
+    rewards, episode_ends = traj.reward * hparams["reward_scale"], (traj.terminated, traj.truncated)
+    rates = (hparams["gamma"], hparams["gae_lambda"])
+    advantages, targets = gae(rewards, values, final_values, *episode_ends, *rates)
+    data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values), advantages, targets)
+    return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
+
+
+def minibatch_loss(s: Setup, hparams, params, minibatch):
+    """`ppo.ppo_objective` of a minibatch (LearnBatch, advantages, targets) under `params`, over
+    every agent step in it."""
+    batch, advantages, targets = minibatch
+    pi = policy(s.actor, params, batch.obs.obs, batch.obs.action_mask)
+    values = s.critic.apply(params["critic"], s.critic_input(batch.obs))
+    return ppo.ppo_objective(s, hparams, pi, values, batch, advantages, targets)
+
+
+# ---------------------------------------------------------------- one update
+
+
+def update(s: Setup, hparams, state: OnPolicyState, totals):
+    """One IPPO update: collect a rollout, compute every agent's advantages, then epochs of
+    minibatch Adam steps on the flat parameter vector. Returns (state, totals, mean loss stats)."""
+    agent = s.agent
+    key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
+    # collect
+    shaping = shaping_weight(agent, state.step)
+    envs, traj, ended = rollout(s, state.params, state.envs, rollout_key, shaping)
+    totals = episodes.add_totals(totals, ended)
+    # values and advantages, per agent
+    batch = learn_batch(s, hparams, state.params, traj)
+    # update epochs
+    flat_params, unravel = ravel_pytree(state.params)
+    adam = annealed_clipped_adam(agent, hparams["lr"], hparams["max_grad_norm"], eps=agent.adam_eps)
+    grads_fn = partial(ppo.autodiff_grads, partial(minibatch_loss, s), hparams)
+
+    def minibatch_step(carry, minibatch):
+        grads, _, stats = grads_fn(carry[0], unravel, minibatch)
+        return flat_step(adam, *carry, grads), stats
+
+    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)
+    (flat_params, opt_state), stats = minibatch_epochs(
+        minibatch_step, (flat_params, state.opt_state), batch, shuffle_key, *epochs
+    )
+    step, updates = state.step + agent.batch_size, state.updates + 1
+    state = OnPolicyState(unravel(flat_params), opt_state, envs, key, step, updates)
+    stats = jax.tree.map(jnp.mean, stats)
+    if agent.shaped_reward_anneal_steps:
+        stats["shaping_weight"] = shaping
+    return state, totals, stats
+
+
+# ---------------------------------------------------------------- the program
+
+
+def greedy_actions(actor: networks.Network, params, obs, action_mask):
+    """Every agent's most probable allowed action (argmax of the masked logits)."""
+    return policy(actor, params, obs, action_mask).mode()
+
+
+def greedy_evaluation(s: Setup, params, key) -> dict:
+    """The mean greedy team return and length of `agent.eval_envs` fresh envs' first episodes."""
+    act = partial(greedy_actions, s.actor, params)
+    returns, lengths = greedy_episodes(s.env, s.env_params, act, key, s.agent.eval_envs)
+    return {"eval_return": returns.mean(), "eval_length": lengths.mean()}
+
+
+def trainer(s: Setup) -> Trainer:
+    """init, and run = log points of `agent.log_interval` updates each (their team episodes and
+    mean loss stats, and the greedy team return of `agent.eval_envs` fresh envs)."""
+    agent = s.agent
+
+    def log_period(hparams, state: OnPolicyState):
+        state, totals, stats = scan_updates(partial(update, s, hparams), state, agent.log_interval)
+        metrics = log_point_metrics(state.step, totals, stats)
+        if agent.eval_envs:
+            key, eval_key = jax.random.split(state.key)
+            metrics.update(greedy_evaluation(s, state.params, eval_key))
+            state = state._replace(key=key)
+        return state, metrics
+
+    def run(state, hparams, num_log_points):
+        return scan_log_points(partial(log_period, hparams), state, num_log_points)
+
+    return Trainer(partial(init_state, s), run, agent.num_updates // agent.log_interval)
+
+
+def make_trainer(config) -> Trainer:
+    return trainer(make_setup(config))
+
+
+def make_train(config):
+    return train_from_trainer(make_trainer(config), config.agent)
+
+
+def make_policy(config):
+    """`policy(params, obs[A, ...], key, action_mask[A, n]) -> actions[A]`: every agent's argmax
+    of its masked logits (the key is unused)."""
+    actor = make_actor(config.agent, *environment.make_env(config))
+    return lambda params, obs, key, action_mask: greedy_actions(actor, params, obs, action_mask)

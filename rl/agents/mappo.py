@@ -1,0 +1,71 @@
+"""Multi-agent PPO (MAPPO; Yu et al. 2022, JaxMARL's mappo baselines): IPPO (rl/agents/ippo.py) with
+a centralised critic, compiled end to end.
+
+The actors are IPPO's: agent i acts on its own observation o_i with its masked policy
+pi(a_i | o_i, m_i). The critic reads the team's global state s (`env.global_state`, e.g. SMAX's
+world state, MPE's observations of every agent) with agent i's one-hot index e_i appended, and gives
+each agent its own value V(s, e_i) (the agent-specific global state of MAPPO's paper, JaxMARL's
+`world_state` with agent ids), so that advantages stay per agent:
+
+    delta_ti = r_ti + gamma (1 - term_ti) V(s'_t, e_i) - V(s_t, e_i)
+
+with s'_t the global state the step reached (info["final_global_state"]), then IPPO's per-agent
+truncation-aware GAE, PPO epochs and logging. Actor and critic parameters take one Adam step on one
+flat vector, clipped to one global norm (JaxMARL clips and steps each network apart). The critic's
+parameters are shared by the team, or one set per agent, as the actor's (`agent.share_parameters`).
+The env must have a global state (`env.has_global_state`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from rl import environment, multi_agent
+from rl.agents import ippo
+from rl.config_parsing import ConfigError
+from rl.trainer import Trainer, train_from_trainer
+
+MULTI_AGENT = True
+
+
+@dataclass(frozen=True)
+class Config(ippo.Config):
+    """MAPPO's settings: IPPO's."""
+
+    name: str = "mappo"
+
+
+def check_env(config, env, env_params) -> None:
+    """IPPO's checks, and a global state for the critic."""
+    if not env.has_global_state:
+        raise ConfigError(
+            f"env.id: {config.agent.name}'s centralised critic reads the env's global state and "
+            f"{config.env.id} has none; use ippo, or an env with a global state"
+        )
+    ippo.check_env(config, env, env_params)
+
+
+def world_view(num_agents: int, seen: ippo.Observation):
+    """[..., A, G + A]: the global state [..., G] for each agent, its one-hot id appended."""
+    return multi_agent.with_agent_ids(multi_agent.for_each_agent(seen.global_state, num_agents))
+
+
+def make_setup(config) -> ippo.Setup:
+    """IPPO's Setup with the critic V(s, e_i) on the global state."""
+    env, env_params = environment.make_env(config)
+    state_space = multi_agent.id_space(env.global_state_space(env_params), env.num_agents)
+    critic = ippo.make_critic(config.agent, state_space)
+    view = partial(world_view, env.num_agents)
+    return ippo.setup(config, env, env_params, critic, view, global_state=True)
+
+
+def make_trainer(config) -> Trainer:
+    return ippo.trainer(make_setup(config))
+
+
+def make_train(config):
+    return train_from_trainer(make_trainer(config), config.agent)
+
+
+make_policy = ippo.make_policy
