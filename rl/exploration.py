@@ -1,5 +1,6 @@
 """Exploration and schedules: linear schedules (epsilon decay, PER's beta) and epsilon-greedy
-action choice over Q-values, with first-index or uniformly random tie-breaking."""
+action choice over Q-values, with first-index or uniformly random tie-breaking, and its masked form
+for envs with action masks (only available actions are chosen, greedily or at random)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,29 @@ def epsilon_greedy_random_ties(q_values, epsilon, explore_u, choice_u):
     pick = jnp.minimum(jnp.floor(choice_u * count).astype(jnp.int32), count - 1)
     rank = jnp.cumsum(candidates) - 1
     return jnp.argmax(candidates & (rank == pick)).astype(jnp.int32)
+
+
+def masked_argmax(q_values, mask):
+    """argmax over the available actions of each row: argmax_{a: mask[..., a]} Q[..., a] (first
+    index on ties). q_values [..., n], mask bool [..., n] with at least one True per row. int32
+    [...]."""
+    return jnp.argmax(jnp.where(mask, q_values, -jnp.inf), axis=-1).astype(jnp.int32)
+
+
+def masked_epsilon_greedy(key, q_values, mask, epsilon):
+    """Epsilon-greedy over the available actions: per row of `q_values` [..., n] and `mask` bool
+    [..., n] (at least one True per row), a uniformly random available action with probability
+    epsilon, else `masked_argmax`. int32 [...]. With m available actions,
+
+        P(a) = [mask_a] (epsilon / m + (1 - epsilon) [a = argmax over available]),
+
+    so an unavailable action is never chosen. Both choices come from one draw of two uniforms per
+    row, (u, v) in [0, 1)^2: explore if u < epsilon; the random action is the k-th available one,
+    k = floor(m v) (uniform up to float32's 2^-23 grid of v). With every action available this is
+    `epsilon_greedy` draw for draw."""
+    u = jax.random.uniform(key, q_values.shape[:-1] + (2,))
+    count = mask.sum(axis=-1)
+    pick = jnp.minimum(jnp.floor(u[..., 1] * count).astype(jnp.int32), count - 1)
+    rank = jnp.cumsum(mask, axis=-1) - 1
+    random_action = jnp.argmax(mask & (rank == pick[..., None]), axis=-1).astype(jnp.int32)
+    return jnp.where(u[..., 0] < epsilon, random_action, masked_argmax(q_values, mask))
