@@ -126,9 +126,49 @@ def q_loss(apply, params, minibatch):
     return 0.5 * jnp.mean(jnp.square(q_taken - target)), q_taken.mean()
 
 
+def learn(agent: Config, hparams, loss, params, opt_state, batch, key):
+    """num_epochs passes over `batch` in num_minibatches shuffled minibatches, each an Adam step
+    (`optimizer`) on `loss(params, minibatch) -> (L, mean Q)`; Adam sees one flat parameter vector
+    (`optimizers.flat_step`). Returns (params, opt_state, stats {"loss", "q_mean"} [epochs,
+    minibatches])."""
+    tx = optimizer(agent, hparams)
+    flat_params, unravel = ravel_pytree(params)
+    loss_and_grad = jax.value_and_grad(lambda flat, mb: loss(unravel(flat), mb), has_aux=True)
+
+    def minibatch_step(carry, minibatch):
+        flat_params, opt_state = carry
+        (loss_value, q_mean), grads = loss_and_grad(flat_params, minibatch)
+        carry = optimizers.flat_step(tx, flat_params, opt_state, grads)
+        return carry, {"loss": loss_value, "q_mean": q_mean}
+
+    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)  # minibatch_epochs' shape
+    (flat_params, opt_state), stats = minibatch_epochs(
+        minibatch_step, (flat_params, opt_state), batch, key, *epochs
+    )
+    return unravel(flat_params), opt_state, stats
+
+
 def greedy_policy(apply, params):
     """obs -> argmax_a Q(obs, a) (first index on ties)."""
     return lambda obs: jnp.argmax(apply(params, obs), axis=-1).astype(jnp.int32)
+
+
+def log_period(agent: Config, env, env_params, update, greedy, state):
+    """One log period: `agent.log_interval` updates `update(state, totals) -> (state, totals,
+    stats)`, then the log point's metrics: env steps, the mean return and length of the episodes
+    that ended, the mean of each update statistic (loss, mean Q, epsilon) and (eval_envs > 0) the
+    mean return and length of greedy episodes of the policy `greedy(params)`
+    (`rl.rollout.greedy_episodes`). Returns (state, metrics)."""
+    state, totals, stats = scan_updates(update, state, agent.log_interval)
+    metrics = log_point_metrics(state.step, totals, stats)
+    if agent.eval_envs:
+        key, eval_key = jax.random.split(state.key)
+        state = state._replace(key=key)
+        returns, lengths = greedy_episodes(
+            env, env_params, greedy(state.params), eval_key, agent.eval_envs
+        )
+        metrics["eval_return"], metrics["eval_length"] = returns.mean(), lengths.mean()
+    return state, metrics
 
 
 def make_trainer(config) -> Trainer:
@@ -137,7 +177,6 @@ def make_trainer(config) -> Trainer:
     reset_envs, step_envs = environment.batched(env)
     q_network = make_q_network(agent, env, env_params)
     backend, deterministic = environment.kernel_backend(config), config.kernels.deterministic
-    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)  # minibatch_epochs' shape
 
     # ---------------------------------------------------------------- init
 
@@ -173,27 +212,6 @@ def make_trainer(config) -> Trainer:
         keys = rollout_keys(key, agent.num_steps, agent.num_envs)
         return jax.lax.scan(env_step, envs, keys, unroll=min(agent.unroll, agent.num_steps))
 
-    # ---------------------------------------------------------------- learn
-
-    def learn(hparams, params, opt_state, batch, key):
-        """num_epochs passes of shuffled minibatch Adam steps on `q_loss`; Adam sees one flat
-        parameter vector (`optimizers.flat_step`). Returns (params, opt_state, stats)."""
-        tx = optimizer(agent, hparams)
-        flat_params, unravel = ravel_pytree(params)
-        loss = lambda flat, minibatch: q_loss(q_network.apply, unravel(flat), minibatch)
-        loss_and_grad = jax.value_and_grad(loss, has_aux=True)
-
-        def minibatch_step(carry, minibatch):
-            flat_params, opt_state = carry
-            (loss_value, q_mean), grads = loss_and_grad(flat_params, minibatch)
-            carry = optimizers.flat_step(tx, flat_params, opt_state, grads)
-            return carry, {"loss": loss_value, "q_mean": q_mean}
-
-        (flat_params, opt_state), stats = minibatch_epochs(
-            minibatch_step, (flat_params, opt_state), batch, key, *epochs
-        )
-        return unravel(flat_params), opt_state, stats
-
     # ---------------------------------------------------------------- one update
 
     def update(hparams, state: OnPolicyState, totals: episodes.EpisodeTotals):
@@ -207,32 +225,22 @@ def make_trainer(config) -> Trainer:
         )
         flat = lambda x: x.reshape((agent.batch_size,) + x.shape[2:])
         batch = (flat(traj.obs), flat(traj.action), flat(targets))
-        params, opt_state, stats = learn(hparams, state.params, state.opt_state, batch, shuffle_key)
+        loss = lambda params, minibatch: q_loss(q_network.apply, params, minibatch)
+        params, opt_state, stats = learn(
+            agent, hparams, loss, state.params, state.opt_state, batch, shuffle_key
+        )
         step, updates = state.step + agent.batch_size, state.updates + 1
         state = OnPolicyState(params, opt_state, envs, key, step, updates)
         return state, totals, {**jax.tree.map(jnp.mean, stats), "epsilon": eps}
 
-    # ---------------------------------------------------------------- log period
-
-    def log_period(hparams, state: OnPolicyState):
-        """log_interval updates, then the log point's metrics: env steps, the mean return and length
-        of the episodes that ended, loss, mean Q, epsilon and (eval_envs > 0) greedy evaluation."""
-        state, totals, stats = scan_updates(
-            lambda state, totals: update(hparams, state, totals), state, agent.log_interval
-        )
-        metrics = log_point_metrics(state.step, totals, stats)
-        if agent.eval_envs:
-            key, eval_key = jax.random.split(state.key)
-            state = state._replace(key=key)
-            policy = greedy_policy(q_network.apply, state.params)
-            returns, lengths = greedy_episodes(env, env_params, policy, eval_key, agent.eval_envs)
-            metrics["eval_return"], metrics["eval_length"] = returns.mean(), lengths.mean()
-        return state, metrics
-
-    # ---------------------------------------------------------------- run
+    # ---------------------------------------------------------------- log periods
 
     def run(state, hparams, num_log_points):
-        return scan_log_points(lambda state: log_period(hparams, state), state, num_log_points)
+        """num_log_points of `log_period` (log_interval updates, their metrics, greedy episodes)."""
+        one_update = lambda state, totals: update(hparams, state, totals)
+        greedy = lambda params: greedy_policy(q_network.apply, params)
+        period = lambda state: log_period(agent, env, env_params, one_update, greedy, state)
+        return scan_log_points(period, state, num_log_points)
 
     return Trainer(init=init, run=run, num_log_points=agent.num_updates // agent.log_interval)
 
