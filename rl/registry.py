@@ -16,6 +16,7 @@ AGENTS: dict[str, str] = {
     "pqn": "rl.agents.pqn",
     "ippo": "rl.agents.ippo",
     "mappo": "rl.agents.mappo",
+    "pqn_vdn": "rl.agents.pqn_vdn",
 }
 
 
