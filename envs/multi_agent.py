@@ -20,9 +20,10 @@ Conventions (every multi-agent env follows them; `MultiAgentEnv.step` enforces t
     when the episode goes on), so agents bootstrap per agent from it unconditionally:
     target_i = r_i + gamma * (1 - terminated_i) * V(final_obs_i). A time limit is truncation,
     never termination.
-  * Action masks: `action_mask(state, params)` is True where an agent may take an action (all True
-    for an env without masks); `info["action_mask"]` is the mask of the returned `obs` and
-    `info["final_action_mask"]` that of `info["final_obs"]` (for max_a Q(final_obs, a)).
+  * Action masks (Discrete actions): `action_mask(state, params)` is True where an agent may take
+    an action (all True for an env without masks); `info["action_mask"]` is the mask of the
+    returned `obs` and `info["final_action_mask"]` that of `info["final_obs"]` (for
+    max_a Q(final_obs, a)). An env with Box actions has neither.
   * Global state, for centralised critics and mixers (`has_global_state`): `global_state(state,
     params)` [*global_state_space(params).shape] float32; `info["global_state"]` and
     `info["final_global_state"]` as for observations. An env without one raises ValueError naming
@@ -63,8 +64,8 @@ class MultiAgentEnv(Env):
         """One joint transition with per-agent episode ends and auto-reset.
 
         Returns (obs [A, ...], state, reward [A] float32, terminated [A], truncated [A], info) with
-        info["final_obs"], ["episode_end"], ["action_mask"], ["final_action_mask"] and, with a
-        global state, ["global_state"] and ["final_global_state"].
+        info["final_obs"], ["episode_end"], ["action_mask"] and ["final_action_mask"] (Discrete
+        actions) and, with a global state, ["global_state"] and ["final_global_state"].
         """
         params = self.default_params if params is None else params
         action = self.check_actions(action, params)
@@ -83,8 +84,9 @@ class MultiAgentEnv(Env):
         info = dict(info)
         info["final_obs"] = next_obs
         info["episode_end"] = episode_end
-        info["final_action_mask"] = self.action_mask(next_state, params)
-        info["action_mask"] = self.action_mask(state, params)
+        if isinstance(self.action_space(params), Discrete):
+            info["final_action_mask"] = self.action_mask(next_state, params)
+            info["action_mask"] = self.action_mask(state, params)
         if self.has_global_state:
             info["final_global_state"] = self.global_state(next_state, params)
             info["global_state"] = self.global_state(state, params)
@@ -106,6 +108,10 @@ class MultiAgentEnv(Env):
             raise ValueError(
                 f"{self.name}.step: discrete actions must be integers in [0, {space.n}), "
                 f"got dtype {dtype}"
+            )
+        if isinstance(space, Box) and not jnp.issubdtype(dtype, jnp.floating):
+            raise ValueError(
+                f"{self.name}.step: continuous actions must be floats, got dtype {dtype}"
             )
         return jnp.asarray(action, space.dtype)
 
