@@ -58,9 +58,13 @@ def jaxmarl_masks(jx, env_id, env_state, width):
 
 
 class Program:
-    """One env and its jitted parity run: `run(key, state)` takes NUM_STEPS random masked steps
-    from `state` through fusedrl's `env.step` and, from the same state with the same keys and
-    actions, JaxMARL's `step` (auto-reset) and `step_env` (the transition before any reset)."""
+    """One env and its jitted parity run. `prog(key)` resets fusedrl's env and JaxMARL's with the
+    same key and takes NUM_STEPS random masked steps from there; `prog(key, state)` starts from
+    `state` instead. Each step goes through fusedrl's `env.step` and, from the same state with the
+    same key and actions, through JaxMARL's transition as its `MultiAgentEnv.step` makes it:
+    `step_env` with the first key of `jax.random.split(key)` and `reset` with the second (the reset
+    chosen where dones["__all__"]; `check_parity` makes that choice). Returns (fusedrl's and
+    JaxMARL's first observations, the steps), NumPy arrays."""
 
     def __init__(self, name):
         self.env_id, kwargs = CASES[name]
@@ -69,31 +73,41 @@ class Program:
         width = self.env.action_space(self.params).n
         env, params, jx, env_id = self.env, self.params, self.jx, self.env_id
 
-        def run(key, state):
+        def run(key, state, fresh):
+            reset_key, key = jax.random.split(key)
+            obs, start = env.reset(reset_key, params)
+            jx_obs = jx.reset(reset_key)[0]
+            state = jax.tree.map(lambda a, b: jnp.where(fresh, a, b), start, state)
+
             def body(state, key):
                 action_key, step_key = jax.random.split(key)
                 mask = jaxmarl_masks(jx, env_id, state.env_state, width)
                 actions = jax.random.categorical(action_key, jnp.where(mask, 0.0, -jnp.inf))
                 ours = env.step(step_key, state, actions, params)
                 by_agent = {a: actions[i] for i, a in enumerate(jx.agents)}
-                theirs = jx.step(step_key, state.env_state, by_agent)
-                before_reset = jx.step_env(jax.random.split(step_key)[0], state.env_state, by_agent)
+                step_env_key, reset_key = jax.random.split(step_key)
+                reached = jx.step_env(step_env_key, state.env_state, by_agent)
+                restart = jx.reset(reset_key)
                 masks = (
-                    jaxmarl_masks(jx, env_id, theirs[1], width),
-                    jaxmarl_masks(jx, env_id, before_reset[1], width),
+                    jaxmarl_masks(jx, env_id, reached[1], width),
+                    jaxmarl_masks(jx, env_id, restart[1], width),
                 )
-                return ours[1], (state, actions, ours, theirs, before_reset, masks)
+                return ours[1], (state, actions, ours, reached, restart, masks)
 
-            return jax.lax.scan(body, state, jax.random.split(key, NUM_STEPS))[1]
+            steps = jax.lax.scan(body, state, jax.random.split(key, NUM_STEPS))[1]
+            return (obs, jx_obs), steps
 
         self.run, self.compiled = jax.jit(run), None
-        # both resets in one program (Overcooked's reset is not jitted by JaxMARL: slow eagerly)
-        self.reset = jax.jit(lambda key: (env.reset(key, params), jx.reset(key)))
+        shapes = jax.eval_shape(lambda key: env.reset(key, params)[1], jax.random.key(0))
+        self.blank = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-    def __call__(self, key, state):
+    def __call__(self, key, state=None):
+        fresh = jnp.bool_(state is None)
+        state = self.blank if state is None else state
+        state = jax.tree.map(lambda x: jnp.array(x, x.dtype), state)  # not weak: one compile
         if self.compiled is None:  # compiled once; XLA's backend passes off (a third less time)
-            self.compiled = self.run.lower(key, state).compile(FAST_COMPILE)
-        return jax.tree.map(np.asarray, self.compiled(key, state))
+            self.compiled = self.run.lower(key, state, fresh).compile(FAST_COMPILE)
+        return jax.tree.map(np.asarray, self.compiled(key, state, fresh))
 
 
 _PROGRAMS: dict[str, Program] = {}
@@ -131,18 +145,20 @@ def expected_split(prog, env_state, dones):
 def check_parity(prog, trajectory):
     """Every step of `trajectory` (a Program's output) against JaxMARL's; returns (terminated,
     truncated, info) for coverage checks."""
-    state, actions, ours, theirs, before, (mask, final_mask) = trajectory
+    state, actions, ours, reached, fresh, (final_mask, fresh_mask) = trajectory
     obs, next_state, reward, terminated, truncated, info = ours
-    jx_obs, jx_state, _, jx_dones, _ = theirs
-    f_obs, f_state, f_reward, f_dones, f_info = before
+    f_obs, f_state, f_reward, f_dones, f_info = reached
     agents, kind = prog.jx.agents, family(prog.env_id)
+    end = f_dones["__all__"]
 
+    def after_reset(fresh, reached):  # JaxMARL's auto-reset: the fresh episode where it ended
+        return np.where(end.reshape(-1, *[1] * (np.ndim(reached) - 1)), fresh, reached)
+
+    jx_obs = {a: after_reset(fresh[0][a], f_obs[a]) for a in fresh[0]}
     np.testing.assert_array_equal(obs, by_agent(jx_obs, agents))
-    for a, b in zip(jax.tree.leaves(next_state.env_state), jax.tree.leaves(jx_state)):
-        np.testing.assert_array_equal(a, b)  # the auto-reset state is JaxMARL's
-    end = info["episode_end"]
-    np.testing.assert_array_equal(end, jx_dones["__all__"])
-    np.testing.assert_array_equal(end, f_dones["__all__"])
+    for a, b, c in zip(*(jax.tree.leaves(x) for x in (next_state.env_state, fresh[1], f_state))):
+        np.testing.assert_array_equal(a, after_reset(b, c))  # the auto-reset state is JaxMARL's
+    np.testing.assert_array_equal(info["episode_end"], end)
     np.testing.assert_array_equal(next_state.time, np.where(end, 0, state.time + 1))
     np.testing.assert_array_equal(info["final_obs"], by_agent(f_obs, agents))
     np.testing.assert_array_equal(reward, by_agent(f_reward, agents).astype(np.float32))
@@ -151,6 +167,7 @@ def check_parity(prog, trajectory):
     np.testing.assert_array_equal(truncated, want_truncated)
     assert not (terminated & truncated).any()
     np.testing.assert_array_equal(end, (terminated | truncated).all(-1))
+    mask = after_reset(fresh_mask, final_mask)
     np.testing.assert_array_equal(info["action_mask"], mask)
     np.testing.assert_array_equal(info["final_action_mask"], final_mask)
     allowed = np.take_along_axis(mask[:-1], actions[1:, :, None], -1)  # the masks drove the actions
@@ -188,12 +205,12 @@ def jaxmarl():
 def test_stepping_equals_jaxmarl_under_the_same_keys(jaxmarl, name):
     prog = program(name)
     env, params = prog.env, prog.params
-    (obs, state), (jx_obs, jx_state) = prog.reset(jax.random.key(7))
+    (obs, jx_obs), steps = prog(jax.random.key(1))
     np.testing.assert_array_equal(obs, np.stack([jx_obs[a] for a in prog.jx.agents]))
     space = env.observation_space(params)
     assert obs.shape == (env.num_agents, *space.shape) and obs.dtype == space.dtype
 
-    terminated, truncated, info = check_parity(prog, prog(jax.random.key(1), state))
+    terminated, truncated, info = check_parity(prog, steps)
     end = info["episode_end"]
     kind = family(prog.env_id)
     assert end.sum() >= 2, "the run crosses episode ends"
@@ -212,6 +229,11 @@ def test_stepping_equals_jaxmarl_under_the_same_keys(jaxmarl, name):
         playing = mask[..., :-1].any(-1)
         assert (playing.sum(-1) == 1).all()
         assert (mask[..., -1] == ~playing).all()
+
+
+def first_state(prog):
+    """A fresh state of the program's env (the start of a run)."""
+    return jax.tree.map(lambda x: x[0], prog(jax.random.key(3))[1][0])
 
 
 def battle_state(prog, state, time_left: int, dead_allies=(), dead_enemies=()):
@@ -239,20 +261,20 @@ def test_smax_battle_ends_terminate_even_on_the_last_step(jaxmarl):
     terminated and the live ones truncated; a dead ally mid-battle is terminated while the episode
     goes on."""
     prog = program("heuristic_3m")
-    (_, state), _ = prog.reset(jax.random.key(3))
+    state = first_state(prog)
     key = jax.random.key(4)
 
     won = battle_state(prog, state, 1, dead_enemies=(0, 1, 2))
-    terminated, truncated, info = check_parity(prog, prog(key, won))
+    terminated, truncated, info = check_parity(prog, prog(key, won)[1])
     assert terminated[0].all() and not truncated[0].any() and info["episode_end"][0]
 
     one_down = battle_state(prog, state, 1, dead_allies=(0,))
-    terminated, truncated, info = check_parity(prog, prog(key, one_down))
+    terminated, truncated, info = check_parity(prog, prog(key, one_down)[1])
     np.testing.assert_array_equal(terminated[0], [True, False, False])
     np.testing.assert_array_equal(truncated[0], [False, True, True])
 
     mid_battle = battle_state(prog, state, 20, dead_allies=(1,))
-    terminated, truncated, info = check_parity(prog, prog(key, mid_battle))
+    terminated, truncated, info = check_parity(prog, prog(key, mid_battle)[1])
     np.testing.assert_array_equal(terminated[:3], [[False, True, False]] * 3)
     assert not info["episode_end"][:3].any()
     np.testing.assert_array_equal(
@@ -354,14 +376,14 @@ def test_render_draws_mpe_smax_and_overcooked(jaxmarl):
         env, params, env_id = prog.env, prog.params, prog.env_id
         wrapped = TeamEpisodeStatistics(env)
         zero = jnp.float32(0.0), jnp.int32(0)
-        state = TeamEpisodeState(prog.reset(jax.random.key(0))[0][1], *zero, *zero)
+        state = TeamEpisodeState(first_state(prog), *zero, *zero)
         frame = envs.render(wrapped, state, params)  # peels the wrapper
         assert frame.shape == shape and frame.dtype == np.uint8
         assert len(np.unique(frame.reshape(-1, 3), axis=0)) >= 3, env_id
         moved = envs.render(env, state.env_state.replace(env_state=shift(env_id, state)), params)
         assert not np.array_equal(frame, moved), env_id
-    (_, state), _ = program("hanabi").reset(jax.random.key(0))
-    env, params = program("hanabi").env, program("hanabi").params
+    prog = program("hanabi")
+    env, params, state = prog.env, prog.params, first_state(prog)
     with pytest.raises(ValueError, match="has no render method"):
         envs.render(env, state, params)
 
@@ -372,12 +394,12 @@ def shift(env_id, state):
     if env_id.startswith("MPE_"):
         return inner.replace(p_pos=inner.p_pos + 0.5)
     if env_id == "SMAX":
-        return inner.replace(unit_alive=inner.unit_alive.at[0].set(False))
+        return inner.replace(unit_alive=np.arange(inner.unit_alive.size) > 0)  # unit 0 dead
     if env_id == "HeuristicEnemySMAX":
         return inner.replace(state=inner.state.replace(unit_health=inner.state.unit_health / 2))
     from jaxmarl.environments.overcooked.common import OBJECT_TO_INDEX
 
-    return inner.replace(agent_inv=jnp.full_like(inner.agent_inv, OBJECT_TO_INDEX["plate"]))
+    return inner.replace(agent_inv=np.full_like(inner.agent_inv, OBJECT_TO_INDEX["plate"]))
 
 
 def test_import_prints_nothing_and_keeps_the_streams(jaxmarl, monkeypatch, capfd):
