@@ -22,10 +22,8 @@ then num_epochs passes of num_minibatches shuffled minibatches of env steps (eac
 agents), an Adam step each along PPO's clipped objective (`ppo.ppo_objective`, `losses.ppo_loss`)
 averaged over the agent steps. The rewards learned from are r_ti, plus w info["shaped_reward"]_ti
 with `agent.shaped_reward_anneal_steps` (Overcooked's shaping; w = max(0, 1 - step / anneal steps),
-JaxMARL's schedule); returns are logged unshaped, as the team's (sum_t mean_i r_ti).
-
-`Setup` holds the critic as a piece: IPPO's reads each agent's observation; MAPPO
-(rl/agents/mappo.py) builds the same loop with a critic on the global state.
+JaxMARL's schedule); returns are logged unshaped, as the team's (sum_t mean_i r_ti). The critic
+is a piece of `Setup`: MAPPO (rl/agents/mappo.py) is this loop with a critic on the global state.
 """
 
 from __future__ import annotations
@@ -160,14 +158,17 @@ class Setup(NamedTuple):
 
 
 def make_setup(config) -> Setup:
-    """IPPO's Setup of `config`: the critic reads each agent's observation (as the actor does)."""
-    agent = config.agent
+    """IPPO's Setup of `config`: its env, with the critic on each agent's observation."""
     env, env_params = environment.make_env(config)
+    return setup(config, env, env_params, *own_critic(config.agent, env, env_params))
+
+
+def own_critic(agent: Config, env, env_params):
+    """(critic, critic_input) of V(o_i): the critic reads what the actor reads."""
     obs_space = env.observation_space(env_params)
     if agent.agent_id_input:
         obs_space = multi_agent.id_space(obs_space, env.num_agents)
-    critic_input = lambda seen: actor_input(agent)(seen.obs)
-    return setup(config, env, env_params, make_critic(agent, obs_space), critic_input)
+    return make_critic(agent, obs_space), lambda seen: actor_input(agent)(seen.obs)
 
 
 def setup(config, env, env_params, critic, critic_input, global_state: bool = False) -> Setup:

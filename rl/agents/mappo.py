@@ -54,10 +54,14 @@ def world_view(num_agents: int, seen: ippo.Observation):
 def make_setup(config) -> ippo.Setup:
     """IPPO's Setup with the critic V(s, e_i) on the global state."""
     env, env_params = environment.make_env(config)
+    critic = central_critic(config.agent, env, env_params)
+    return ippo.setup(config, env, env_params, *critic, global_state=True)
+
+
+def central_critic(agent: Config, env, env_params):
+    """(critic, critic_input) of V(s, e_i): the critic reads `world_view` of the global state."""
     state_space = multi_agent.id_space(env.global_state_space(env_params), env.num_agents)
-    critic = ippo.make_critic(config.agent, state_space)
-    view = partial(world_view, env.num_agents)
-    return ippo.setup(config, env, env_params, critic, view, global_state=True)
+    return ippo.make_critic(agent, state_space), partial(world_view, env.num_agents)
 
 
 def make_trainer(config) -> Trainer:
