@@ -89,7 +89,6 @@ from envs.spaces import Box, Discrete
 
 EXTRA = "jaxmarl"
 SMAX_IDS = ("SMAX", "HeuristicEnemySMAX")
-SUPPORTED = "the MPE_* ids, SMAX, HeuristicEnemySMAX, overcooked and hanabi"
 # The keywords JaxMARL's SimpleMPE reads from its **kwargs (its other keywords are named).
 MPE_KEYWORDS = (
     "rad",
@@ -220,11 +219,15 @@ class JaxMARLEnv(MultiAgentEnv):
         return self._action_space
 
     def stack(self, values: dict) -> jax.Array:
-        """JaxMARL's per-agent dict as one array, agents on axis 0 (flat observations of different
-        lengths zero-padded at the end)."""
-        rows = [jnp.asarray(values[agent]) for agent in self.agent_ids]
-        width = max(self._obs_lengths)
-        if len(set(self._obs_lengths)) > 1 and rows[0].ndim == 1:
+        """JaxMARL's per-agent dict as one array, agents on axis 0."""
+        return jnp.stack([jnp.asarray(values[agent]) for agent in self.agent_ids])
+
+    def stack_obs(self, obs: dict) -> jax.Array:
+        """JaxMARL's observations [A, *obs_shape], flat ones of different lengths zero-padded at
+        the end."""
+        rows = [jnp.asarray(obs[agent]) for agent in self.agent_ids]
+        if len(set(self._obs_lengths)) > 1:  # flat observations (checked at construction)
+            width = max(self._obs_lengths)
             rows = [jnp.pad(row, (0, width - row.shape[0])) for row in rows]
         return jnp.stack(rows)
 
@@ -233,7 +236,7 @@ class JaxMARLEnv(MultiAgentEnv):
 
     def reset_env(self, key, params):
         obs, state = self.env.reset(key)
-        return self.stack(obs), JaxMARLState(state, jnp.int32(0))
+        return self.stack_obs(obs), JaxMARLState(state, jnp.int32(0))
 
     def step_env(self, key, state, action, params):
         obs, env_state, reward, dones, info = self.env.step_env(
@@ -245,7 +248,7 @@ class JaxMARLEnv(MultiAgentEnv):
             for name, value in info.items()
         }
         next_state = JaxMARLState(env_state, state.time + 1)
-        return self.stack(obs), next_state, self.stack(reward), terminated, info
+        return self.stack_obs(obs), next_state, self.stack(reward), terminated, info
 
     def truncation(self, state, params):
         return self.time_limit(state.env_state) | (state.time >= params.max_steps_in_episode)
