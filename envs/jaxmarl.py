@@ -16,11 +16,14 @@ families above; JaxMARL's others raise ValueError at `make`). Keywords go to Jax
     ValueError naming it and listing the known ones.
   * `max_steps_in_episode`: the most steps an episode lasts. JaxMARL's `max_steps` keyword keeps
     its own meaning (MPE and SMAX end an episode on the step that *starts* at `max_steps`, so their
-    episodes last max_steps + 1 steps; Overcooked's last max_steps); `max_steps_in_episode=N` sets
-    it so that episodes last N steps (MPE, SMAX: max_steps = N - 1; Overcooked: N). Give one or the
-    other. `params.max_steps_in_episode` (static) says how long episodes last, and a step that
-    reaches it is truncated in every family (Hanabi has no time limit of its own: its default is
-    2 * deck + info tokens + colours, more turns than a game of legal moves can take).
+    episodes last max_steps + 1 steps: 26 for MPE's default 25, 101 for SMAX's 100; Overcooked's
+    last max_steps, 400 by default); `max_steps_in_episode=N` sets it so that episodes last N steps
+    (MPE, SMAX: max_steps = N - 1; Overcooked: N). Give one or the other.
+    `params.max_steps_in_episode` (static: JaxMARL fixes its limit when the env is made) says how
+    long episodes last, and a step that reaches it is truncated in every family. Hanabi has no time
+    limit of its own: its default, 2 * deck + info tokens + colours (113), is more turns than a game
+    of legal moves can take (plays and discards <= deck; hints <= tokens + discards + colours), so
+    only illegal moves (a hint without tokens) can reach it.
 
 Agents are stacked on axis 0 in the order of JaxMARL's `env.agents`. Observations are JaxMARL's
 (their dtype kept: Overcooked's are uint8 images [H, W, 26], the shape JaxMARL returns, not the
