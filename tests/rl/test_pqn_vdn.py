@@ -41,9 +41,13 @@ SMALL = dict(
 )
 
 
-def make_config(env=SPREAD, **agent):
+def make_config(env=SPREAD, env_params=None, **agent):
     return build_config(
-        {"env": {"id": env}, "agent": {**SMALL, **agent}, "kernels": {"backend": "reference"}}
+        {
+            "env": {"id": env, "params": env_params or {}},
+            "agent": {**SMALL, **agent},
+            "kernels": {"backend": "reference"},
+        }
     )
 
 
@@ -288,18 +292,47 @@ def test_policy_is_the_masked_greedy_choice(learning_runs):
     np.testing.assert_array_equal(actions, jnp.argmax(jnp.where(mask, q, -jnp.inf), axis=-1))
 
 
+def smax_state(state):
+    """JaxMARL's SMAX state inside the training env's state (through `env_state` / `state`)."""
+    while not hasattr(state, "unit_alive"):
+        state = state.env_state if hasattr(state, "env_state") else state.state
+    return state
+
+
 @pytest.mark.slow
-def test_qmix_run_with_greedy_evaluation():
-    """QMIX on simple_spread (the global state: every agent's observation) trains with finite
-    losses, its mixer has parameters, and greedy evaluation gives team returns."""
+def test_qmix_on_smax_tracks_the_team_and_evaluates():
+    """QMIX on HeuristicEnemySMAX 3m (mixing on SMAX's world state), acting at random: after each
+    log point the team flags the rollout carries (`envs.memory`) are the allies' `unit_alive` (a
+    dead marine leaves the team until its episode ends), some have died, losses are finite, the
+    mixer has its 7 layers and greedy evaluation gives team returns."""
     config = make_config(
-        mixer="qmix", total_steps=64 * 16 * 16, eval_envs=4, mixer_embedding=8, log_interval=4
+        "jaxmarl:HeuristicEnemySMAX",
+        {"scenario": "3m"},
+        mixer="qmix",
+        team_reward="mean",
+        total_steps=16 * 32 * 3,
+        num_envs=16,
+        num_steps=32,
+        num_minibatches=2,
+        num_epochs=1,
+        log_interval=1,
+        eval_envs=2,
+        network={"hidden": [16]},
     )
+    trainer = pqn_vdn.make_trainer(config)
+    hp = {**hyperparams(config.agent), "epsilon_start": 1.0, "epsilon_end": 1.0}
+    hp = jax.tree.map(jnp.float32, hp)
+    run = jax.jit(trainer.run, static_argnums=2)
     with jax.default_device(jax.devices("cpu")[0]):
-        state, metrics = jax.jit(pqn_vdn.make_train(config))(jax.random.PRNGKey(0))
-    assert np.all(np.isfinite(np.asarray(metrics["loss"])))
-    assert np.all(np.isfinite(np.asarray(metrics["eval_return"])))
-    assert np.all(np.asarray(metrics["eval_length"]) > 0)
+        state = jax.jit(trainer.init)(jax.random.PRNGKey(0), hp)
+        deaths = 0
+        for _ in range(3):
+            state, metrics = run(state, hp, 1)
+            alive = np.asarray(smax_state(state.envs.state).unit_alive)[:, :3]
+            np.testing.assert_array_equal(np.asarray(state.envs.memory), alive)
+            deaths += int((~alive).sum())
+            assert np.isfinite(metrics["loss"]).all() and np.isfinite(metrics["eval_return"]).all()
+    assert deaths > 0
     assert set(state.params["mixer"]["params"]) == {f"Dense_{i}" for i in range(7)}
 
 
