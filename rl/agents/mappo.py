@@ -3,9 +3,9 @@ a centralised critic, compiled end to end.
 
 The actors are IPPO's: agent i acts on its own observation o_i with its masked policy
 pi(a_i | o_i, m_i). The critic reads the team's global state s (`env.global_state`, e.g. SMAX's
-world state, MPE's observations of every agent) with agent i's one-hot index e_i appended, and gives
-each agent its own value V(s, e_i) (the agent-specific global state of MAPPO's paper, JaxMARL's
-`world_state` with agent ids), so that advantages stay per agent:
+world state, MPE's observations of every agent; flattened) with agent i's one-hot index e_i
+appended, and gives each agent its own value V(s, e_i) (the agent-specific global state of MAPPO's
+paper, JaxMARL's `world_state` with agent ids), so that advantages stay per agent:
 
     delta_ti = r_ti + gamma (1 - term_ti) V(s'_t, e_i) - V(s_t, e_i)
 
@@ -21,6 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
+from envs.spaces import Box
 from rl import environment, multi_agent
 from rl.agents import ippo
 from rl.config_parsing import ConfigError
@@ -46,9 +49,12 @@ def check_env(config, env, env_params) -> None:
     ippo.check_env(config, env, env_params)
 
 
-def world_view(num_agents: int, seen: ippo.Observation):
-    """[..., A, G + A]: the global state [..., G] for each agent, its one-hot id appended."""
-    return multi_agent.with_agent_ids(multi_agent.for_each_agent(seen.global_state, num_agents))
+def world_view(num_agents: int, state_rank: int, seen: ippo.Observation):
+    """[..., A, G + A]: the global state [..., *S] (rank `state_rank`) flattened to G = prod(S),
+    for each agent with its one-hot id appended."""
+    state = seen.global_state
+    flat = state.reshape(state.shape[: state.ndim - state_rank] + (-1,))
+    return multi_agent.with_agent_ids(multi_agent.for_each_agent(flat, num_agents))
 
 
 def make_setup(config) -> ippo.Setup:
@@ -60,8 +66,10 @@ def make_setup(config) -> ippo.Setup:
 
 def central_critic(agent: Config, env, env_params):
     """(critic, critic_input) of V(s, e_i): the critic reads `world_view` of the global state."""
-    state_space = multi_agent.id_space(env.global_state_space(env_params), env.num_agents)
-    return ippo.make_critic(agent, state_space), partial(world_view, env.num_agents)
+    shape = env.global_state_space(env_params).shape
+    flat = Box(-np.inf, np.inf, (int(np.prod(shape)),), np.float32)
+    state_space = multi_agent.id_space(flat, env.num_agents)
+    return ippo.make_critic(agent, state_space), partial(world_view, env.num_agents, len(shape))
 
 
 def make_trainer(config) -> Trainer:

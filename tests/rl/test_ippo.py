@@ -330,6 +330,20 @@ def test_ippo_learns_the_masked_toy_game_and_the_same_seed_gives_the_same_run():
     assert not np.array_equal(metrics["episode_return"], other["episode_return"])
 
 
+def test_the_shaped_reward_weight_falls_linearly_from_1_to_0_over_the_anneal_steps():
+    agent = make_config(shaped_reward_anneal_steps=0).agent
+    reward, info = jnp.array([1.0, -1.0]), {"shaped_reward": jnp.array([3.0, 0.5])}
+    assert ippo.shaping_weight(agent, 500) == 0.0
+    np.testing.assert_array_equal(ippo.learning_reward(agent, reward, info, 0.0), reward)
+    # Overcooked reports info["shaped_reward"]: the key is accepted there
+    agent = make_config("jaxmarl:overcooked", shaped_reward_anneal_steps=1000).agent
+    weights = [float(ippo.shaping_weight(agent, step)) for step in (0, 250, 1000, 5000)]
+    np.testing.assert_allclose(weights, [1.0, 0.75, 0.0, 0.0])
+    np.testing.assert_allclose(
+        ippo.learning_reward(agent, reward, info, 0.75), [1.0 + 2.25, -1.0 + 0.375]
+    )
+
+
 # ---------------------------------------------------------------- bad configs
 
 

@@ -21,11 +21,14 @@ pytest.importorskip("jaxmarl")  # the jaxmarl extra (the test extra installs it)
 def test_the_critic_reads_the_global_state_with_each_agents_id():
     states = jnp.arange(10.0).reshape(2, 5)  # [batch, G]
     seen = ippo.Observation(jnp.zeros((2, 3, 4)), jnp.ones((2, 3, 6), bool), states)
-    view = np.asarray(mappo.world_view(3, seen))
+    view = np.asarray(mappo.world_view(3, 1, seen))
     assert view.shape == (2, 3, 5 + 3)
     for b in range(2):
         for agent in range(3):
             np.testing.assert_array_equal(view[b, agent], [*states[b], *np.eye(3)[agent]])
+    images = jnp.arange(12.0).reshape(2, 2, 3)  # a global state of rank 2 is flattened
+    view = mappo.world_view(3, 2, seen._replace(global_state=images))
+    np.testing.assert_array_equal(view[1, 2], [*range(6, 12), 0, 0, 1])
     config = make_config(name="mappo")
     s = mappo.make_setup(config)
     params = jax.eval_shape(
@@ -62,8 +65,8 @@ def test_advantages_bootstrap_from_the_global_state_each_step_reached():
     np.testing.assert_array_equal(
         traj.final_obs.global_state[..., -1], (np.arange(12)[:, None] % 4 + 1) * np.ones(4)
     )
-    values = np.asarray(critic(mappo.world_view(2, traj.obs)), np.float64)
-    next_values = np.asarray(critic(mappo.world_view(2, traj.final_obs)), np.float64)
+    values = np.asarray(critic(mappo.world_view(2, 1, traj.obs)), np.float64)
+    next_values = np.asarray(critic(mappo.world_view(2, 1, traj.final_obs)), np.float64)
     assert not np.allclose(values[..., 0], values[..., 1])  # the id tells the agents apart
     reward, term, trunc = (np.asarray(x, np.float64) for x in traj[3:6])
     for env in range(4):
