@@ -70,20 +70,21 @@ def test_masked_epsilon_greedy_never_picks_a_masked_action_and_has_the_stated_di
     assert freq[1] == 0.0 and freq[4] == 0.0
 
     # random masks (at least one action each), any epsilon: never a masked action; greedy at 0
-    key_q, key_m, key_a = jax.random.split(jax.random.PRNGKey(1), 3)
-    q = jax.random.normal(key_q, (4096, 6))
-    mask = jax.random.bernoulli(key_m, 0.4, (4096, 6)).at[:, 5].set(True)
+    rng, key_a = np.random.default_rng(1), jax.random.PRNGKey(1)
+    q = rng.normal(size=(4096, 6)).astype(np.float32)
+    mask = rng.random((4096, 6)) < 0.4
+    mask[:, 5] = True
     for epsilon in (0.0, 0.5, 1.0):
         actions = np.asarray(choose(key_a, q, mask, epsilon))
-        assert np.asarray(mask)[np.arange(4096), actions].all()
+        assert mask[np.arange(4096), actions].all()
     greedy = np.asarray(exploration.masked_argmax(q, mask))
-    expected = np.argmax(np.where(np.asarray(mask), np.asarray(q), -np.inf), axis=-1)
+    expected = np.argmax(np.where(mask, q, -np.inf), axis=-1)
     np.testing.assert_array_equal(greedy, expected)
     np.testing.assert_array_equal(choose(key_a, q, mask, 0.0), greedy)
 
 
 def test_masked_epsilon_greedy_with_every_action_available_is_epsilon_greedy():
-    q = jax.random.normal(jax.random.PRNGKey(2), (3, 100, 7))
+    q = np.random.default_rng(2).normal(size=(3, 100, 7)).astype(np.float32)
     key = jax.random.PRNGKey(3)
     masked = jax.jit(exploration.masked_epsilon_greedy)(key, q, jnp.ones(q.shape, bool), 0.4)
     np.testing.assert_array_equal(masked, jax.jit(exploration.epsilon_greedy)(key, q, 0.4))
@@ -94,7 +95,7 @@ def test_masked_epsilon_greedy_with_every_action_available_is_epsilon_greedy():
 
 def test_vdn_is_the_sum():
     vdn = mixers.make_mixer("vdn")
-    q = jax.random.normal(jax.random.PRNGKey(0), (5, 3))
+    q = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
     assert vdn.init(jax.random.PRNGKey(1), q) == {}
     np.testing.assert_allclose(vdn.apply({}, q, None), q.sum(-1), rtol=1e-6)
 
@@ -116,15 +117,15 @@ def numpy_qmix(params, agent_q, state, embedding):
     return (hidden * w2).sum(-1) + v
 
 
-@pytest.mark.parametrize("backend", ["flax", "haiku"])
-def test_qmix_is_monotonic_and_matches_numpy(backend):
-    if backend == "haiku":
-        pytest.importorskip("haiku")
-    mixer = mixers.make_mixer("qmix", embedding=8, hypernet_hidden=16, backend=backend)
-    kq, ks, kp = jax.random.split(jax.random.PRNGKey(0), 3)
-    agent_q = 3.0 * jax.random.normal(kq, (64, 3))
-    state = jax.random.normal(ks, (64, 10))
-    params = jax.jit(mixer.init)(kp, agent_q[0], state[0])
+def test_qmix_is_monotonic_and_matches_numpy():
+    """On random states and agent values. (The forward pass is the same whatever the init and
+    network backend: the lecun_uniform init compiles faster than the orthogonal one's QR, and
+    test_networks checks the flax and haiku backends against each other.)"""
+    mixer = mixers.make_mixer("qmix", embedding=8, hypernet_hidden=16, init="lecun_uniform")
+    rng = np.random.default_rng(0)
+    agent_q = (3.0 * rng.normal(size=(64, 3))).astype(np.float32)
+    state = rng.normal(size=(64, 10)).astype(np.float32)
+    params = jax.jit(mixer.init)(jax.random.PRNGKey(0), agent_q[0], state[0])
 
     @jax.jit
     def forward_and_grads(params, agent_q, state):
