@@ -74,10 +74,10 @@ class Config(pqn.Config):
     mixer_hypernet_hidden: int = hp(64, low=1, doc="qmix: hidden width of the hypernetworks")
     mixer_init_scale: float = hp(
         0.01,
-        low=0.0,
-        low_open=True,
         doc="qmix: gain of the hypernetworks' output layers (small: Q_tot starts near V(s); at 1, "
         "MPE runs swung far below a random policy before they learned)",
+        low=0.0,
+        low_open=True,
     )
 
 
