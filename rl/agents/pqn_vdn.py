@@ -135,19 +135,16 @@ def make_q_network(agent: Config, env, env_params) -> networks.Network:
 
 
 def make_mixer(agent: Config) -> networks.Network:
-    return mixers.make_mixer(
-        agent.mixer,
-        **(
-            dict(
-                embedding=agent.mixer_embedding,
-                hypernet_hidden=agent.mixer_hypernet_hidden,
-                init_scale=agent.mixer_init_scale,
-                backend=agent.network.backend,
-                init=agent.network.init,
-            )
-            if agent.mixer == "qmix"
-            else {}
-        ),
+    """`agent.mixer`: the sum (vdn) or QMIX's mixer of `agent.mixer_*` widths and gain on
+    `agent.network`'s backend and init."""
+    if agent.mixer == "vdn":
+        return mixers.vdn()
+    return mixers.qmix(
+        agent.mixer_embedding,
+        agent.mixer_hypernet_hidden,
+        agent.mixer_init_scale,
+        agent.network.backend,
+        agent.network.init,
     )
 
 
