@@ -1,7 +1,8 @@
 """MAPPO: the centralised critic reads the global state with each agent's one-hot id, the advantages
 bootstrap from the global state a step reached (NumPy's GAE, agent by agent, on a toy team env),
 the greedy policy is IPPO's actor, an env without a global state is refused before anything
-compiles, and a short run on MPE simple_spread trains (finite losses, the env steps counted)."""
+compiles, and a short run on MPE simple_spread trains (finite losses, the env steps counted,
+greedy evaluation episodes)."""
 
 from functools import partial
 
@@ -91,9 +92,12 @@ def test_an_env_without_a_global_state_is_refused_naming_env_id():
 
 
 def test_a_short_mappo_run_on_mpe_trains():
-    config = make_config(MPE, name="mappo", total_steps=512, num_steps=16, log_interval=4)
+    config = make_config(
+        MPE, name="mappo", total_steps=512, num_steps=16, log_interval=4, eval_envs=2
+    )
     _, metrics = jax.jit(mappo.make_train(config))(jax.random.PRNGKey(0))
     assert metrics["step"][-1] == 512
     for name in ("policy_loss", "value_loss", "entropy", "approx_kl"):
         assert np.all(np.isfinite(metrics[name])), name
     assert metrics["episodes"][-1] > 0 and np.isfinite(metrics["episode_return"][-1])
+    assert metrics["eval_length"][-1] == 26 and np.isfinite(metrics["eval_return"][-1])
