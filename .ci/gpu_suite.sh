@@ -24,11 +24,12 @@
 #   worker and seconds, written as it finishes; the busiest workers' totals are printed last.
 # On a machine without network, the packages it lacks come from wheels in .whl/ (installed into
 # /tmp/site first): here pytest-xdist, execnet, tensorboardX, protobuf, jax-triton, dm-haiku, jmp,
-# gymnasium, farama-notifications (the wandb tests skip without wandb).
+# gymnasium, farama-notifications, jaxmarl and its needs, and ruff (its executable put on PATH for
+# tests/test_lint.py); the wandb tests skip without wandb.
 cd "$(dirname "$0")/.."
 if [ -d .whl ]; then
   # (under a lock: two suites may start at once, one per GPU, sharing /tmp/site)
-  flock /tmp/site.lock python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+  flock /tmp/site.lock python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && export PATH=/tmp/site/bin:$PATH
 fi
 set -uo pipefail
 

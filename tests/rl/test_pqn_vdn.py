@@ -229,7 +229,9 @@ def test_agent_inputs_append_the_one_hot_id():
 
 # ---------------------------------------------------------------- learning (one compiled program)
 
-LEARN = dict(total_steps=64 * 16 * 32, eval_envs=0)  # 32 updates, 32768 env steps per seed
+# 32 updates, 32768 env steps per seed; at lr 5e-4 one seed in eight still lost to a random policy
+# after them, at 2e-3 all eight of another seed set beat it by 4.8 to 6.2
+LEARN = dict(total_steps=64 * 16 * 32, eval_envs=0, lr=2e-3)
 SEEDS = 4
 
 
@@ -252,7 +254,7 @@ def learning_runs():
 def test_vdn_learns_simple_spread_beyond_a_random_policy(learning_runs):
     """Over the last two log points (exploring at epsilon 0.1), the team return beats the uniformly
     random policy's mean by a margin on at least 3 of 4 seeds (measured here: random about -27.8,
-    learned about -23 to -24 after 32k env steps)."""
+    learned about -22 to -23 after 32k env steps)."""
     _, _, metrics = learning_runs
     returns = metrics["episode_return"]
     random = returns[SEEDS].mean()
