@@ -83,6 +83,7 @@ def main(argv=None):
             threshold=args.threshold,
             budget=args.budget,
             rows=args.rows,
+            run_dir=None,
         )
         print(f"== {label}: {path} {' '.join(overrides)}")
         results["agents"][label] = learning(run)

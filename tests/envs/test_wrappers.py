@@ -472,8 +472,8 @@ def test_rescale_action_maps_the_unit_box_onto_the_env_bounds():
 @pytest.mark.parametrize("env_id, keep", [("CartPole-v1", [0, 2]), ("Pendulum-v1", [0, 1])])
 def test_mask_observation_positions_hide_the_velocities(env_id, keep):
     """'positions' keeps CartPole's [x, theta] and Pendulum's [cos, sin]: every observation, reset
-    and final_obs included, is the unmasked env's at those indices under the same keys; the space is
-    cut alike."""
+    and final_obs included, is the unmasked env's at those indices under the same keys (to float32
+    round-off); rewards and episode ends are the same; the space is cut alike."""
     env, params = envs.make(env_id)
     masked = MaskObservation(env, "positions")
     assert masked.keep == tuple(keep)
@@ -488,9 +488,12 @@ def test_mask_observation_positions_hide_the_velocities(env_id, keep):
     m_first, (m_obs, _, m_reward, m_terminated, m_truncated, m_info) = run(
         vectorize(masked, 3), params, jax.random.key(0), 250, policy
     )
-    np.testing.assert_array_equal(m_first, first[..., keep])
-    np.testing.assert_array_equal(m_obs, obs[..., keep])
-    np.testing.assert_array_equal(m_info["final_obs"], info["final_obs"][..., keep])
+    # to float32 round-off: XLA may fuse the masked env's dynamics differently (on one 16-core CPU
+    # 18 of 1,500 values differed in the last bit)
+    close = dict(rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(m_first, first[..., keep], **close)
+    np.testing.assert_allclose(m_obs, obs[..., keep], **close)
+    np.testing.assert_allclose(m_info["final_obs"], info["final_obs"][..., keep], **close)
     np.testing.assert_array_equal(m_reward, reward)
     np.testing.assert_array_equal(m_terminated | m_truncated, terminated | truncated)
     assert (terminated | truncated).any()  # final_obs differs from obs somewhere

@@ -280,7 +280,9 @@ def test_per_agent_networks_apply_agent_i_parameters_to_agent_i_inputs():
     )
     assert one["w"].shape == (4, 3) and per_agent["w"].shape == (2, 4, 3)
     assert not np.allclose(per_agent["w"][0], per_agent["w"][1])
-    np.testing.assert_allclose(shared.apply(one, x), np.einsum("bad,dk->bak", x, one["w"]))
+    np.testing.assert_allclose(
+        shared.apply(one, x), np.einsum("bad,dk->bak", x, one["w"]), rtol=1e-5
+    )
     np.testing.assert_allclose(
         separate.apply(per_agent, x),
         np.einsum("bad,adk->bak", x, per_agent["w"]),
