@@ -13,7 +13,7 @@ normalised per minibatch:
         + vf_coef 0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2))
         - ent_coef mean(H[pi]),          rho = pi(a|s) / pi_old(a|s).
 
-Variants, picked once in `make_trainer`: the gradient from the fused kernel
+Variants, picked once (`learning_pieces`): the gradient from the fused kernel
 `kernels.ppo_actor_critic_grads_flat`, minibatches of whole H-step segments whose loss computes
 their advantages (`agent.minibatch_advantages`, Brax's PPO; both in rl/ppo_variants.py), the
 batch recomputed before every epoch (`agent.recompute_advantages`), and observations normalised by
@@ -151,20 +151,21 @@ def policy(s: Setup, params, obs) -> distributions.Distribution:
 # ---------------------------------------------------------------- init
 
 
-def init_state(s: Setup, key, hparams) -> OnPolicyState:
-    """Fresh params (and observation statistics), optimiser state, `num_envs` reset envs, the PRNG
-    key and the counters."""
-    key, net_key, reset_key = jax.random.split(key, 3)
-    obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
-    net_params = s.net.init(net_key, obs[0])
-    obs_stats = (
-        observation_norm.initial_observation_stats(obs.shape[1:]) if s.agent.normalize_obs else None
-    )
+def init_params(s: Setup, key, hparams, obs):
+    """Fresh (params, optimiser state) for one env's observation `obs`."""
+    net_params = s.net.init(key, obs)
+    stats = observation_norm.initial_observation_stats(obs.shape) if s.agent.normalize_obs else None
     adam = optimizers.annealed_clipped_adam(
         s.agent, hparams["lr"], hparams["max_grad_norm"], eps=s.agent.adam_eps
     )
-    opt_state = adam.init(ravel_pytree(net_params)[0])
-    params = policy_params(s.agent, net_params, obs_stats)
+    return policy_params(s.agent, net_params, stats), adam.init(ravel_pytree(net_params)[0])
+
+
+def init_state(s: Setup, key, hparams) -> OnPolicyState:
+    """`init_params`, `num_envs` reset envs, the PRNG key and the counters."""
+    key, net_key, reset_key = jax.random.split(key, 3)
+    obs, env_state = s.reset(jax.random.split(reset_key, s.agent.num_envs), s.env_params)
+    params, opt_state = init_params(s, net_key, hparams, obs[0])
     return OnPolicyState(params, opt_state, Envs(obs, env_state), key, jnp.int32(0), jnp.int32(0))
 
 
@@ -291,21 +292,17 @@ def autodiff_grads(loss, hparams, flat_params, unravel, minibatch):
 # ---------------------------------------------------------------- one update
 
 
-def update(s: Setup, grads_fn, batch_fn, hparams, state: OnPolicyState, totals):
-    """One PPO update: collect a rollout, merge its observations into the statistics (with
-    `agent.normalize_obs`), compute the batch (`batch_fn(hparams, net_params, traj)`), then epochs
-    of minibatch steps along `grads_fn(hparams, flat_params, unravel, minibatch) -> (gradient,
-    squared norm or None, stats)`. Returns (state, totals, mean loss stats)."""
+def learn(s: Setup, grads_fn, batch_fn, hparams, params, opt_state, traj: Transition, key):
+    """(params, opt_state, stats) after learning from the rollout `traj` [T, num_envs] (raw
+    observations; rl.sebulba's actors' too): its observations merged into the statistics (with
+    `agent.normalize_obs`), the batch `batch_fn(hparams, net_params, traj)`, then epochs of
+    minibatch steps along `grads_fn(hparams, flat_params, unravel, minibatch) -> (gradient,
+    squared norm or None, stats)`."""
     agent = s.agent
-    key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
-    # collect, then merge the rollout's observations into the statistics
-    envs, traj, ended = rollout(s, state.params, state.envs, rollout_key)
-    totals = episodes.add_totals(totals, ended)
-    net_params, obs_stats = network_params(agent, state.params), None
+    net_params, obs_stats = network_params(agent, params), None
     if agent.normalize_obs:  # statistics of every observation so far, this rollout's included
-        obs_stats = state.params["obs_stats"]
         obs_stats = observation_norm.update_observation_stats(
-            obs_stats, traj.obs, traj.obs.shape[2:]
+            params["obs_stats"], traj.obs, traj.obs.shape[2:]
         )
     params = policy_params(agent, net_params, obs_stats)
     observe = partial(network_input, agent, params)
@@ -327,12 +324,20 @@ def update(s: Setup, grads_fn, batch_fn, hparams, state: OnPolicyState, totals):
 
     epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll, epoch_batch)
     (flat_params, opt_state), stats = minibatches.minibatch_epochs(
-        minibatch_step, (flat_params, state.opt_state), batch, shuffle_key, *epochs
+        minibatch_step, (flat_params, opt_state), batch, key, *epochs
     )
-    params = policy_params(agent, unravel(flat_params), obs_stats)
-    step, updates = state.step + agent.batch_size, state.updates + 1
+    return policy_params(agent, unravel(flat_params), obs_stats), opt_state, stats
+
+
+def update(s: Setup, grads_fn, batch_fn, hparams, state: OnPolicyState, totals):
+    """One PPO update: collect a rollout, `learn` from it; (state, totals, mean loss stats)."""
+    key, rollout_key, learn_key = jax.random.split(state.key, 3)
+    envs, traj, ended = rollout(s, state.params, state.envs, rollout_key)
+    learner = (state.params, state.opt_state)
+    params, opt_state, stats = learn(s, grads_fn, batch_fn, hparams, *learner, traj, learn_key)
+    step, updates = state.step + s.agent.batch_size, state.updates + 1
     state = OnPolicyState(params, opt_state, envs, key, step, updates)
-    return state, totals, jax.tree.map(jnp.mean, stats)
+    return state, episodes.add_totals(totals, ended), jax.tree.map(jnp.mean, stats)
 
 
 # ---------------------------------------------------------------- the program
@@ -344,20 +349,23 @@ def greedy_action(s: Setup, params, obs):
     return pi.env_action(pi.mode())
 
 
+def learning_pieces(config, s: Setup):
+    """(grads_fn, batch_fn) of `learn`: the minibatch gradient and the batch it reads."""
+    if ppo_variants.fused_update_fits(config, s.env, s.env_params, s.backend):
+        grads_fn = partial(ppo_variants.fused_flat_grads, agent=s.agent, backend=s.backend)
+    else:
+        loss = segment_minibatch_loss if s.agent.minibatch_advantages else minibatch_loss
+        grads_fn = partial(autodiff_grads, partial(loss, s))
+    batch_fn = ppo_variants.segment_batch if s.agent.minibatch_advantages else learn_batch
+    return grads_fn, partial(batch_fn, s)
+
+
 def make_trainer(config) -> Trainer:
     """init, and run = log points of `agent.log_interval` updates each (their episodes and mean
     loss stats, and the greedy return of `agent.eval_envs` fresh envs)."""
     s = make_setup(config)
     agent = s.agent
-    # the minibatch gradient and the batch it reads, picked once
-    if ppo_variants.fused_update_fits(config, s.env, s.env_params, s.backend):
-        grads_fn = partial(ppo_variants.fused_flat_grads, agent=agent, backend=s.backend)
-    elif agent.minibatch_advantages:
-        grads_fn = partial(autodiff_grads, partial(segment_minibatch_loss, s))
-    else:
-        grads_fn = partial(autodiff_grads, partial(minibatch_loss, s))
-    segmented = agent.minibatch_advantages
-    batch_fn = partial(ppo_variants.segment_batch if segmented else learn_batch, s)
+    grads_fn, batch_fn = learning_pieces(config, s)
 
     def log_period(hparams, state: OnPolicyState):
         one_update = partial(update, s, grads_fn, batch_fn, hparams)
