@@ -100,6 +100,27 @@ def resolve_resume(args) -> tuple[Config, list[dict], Path]:
     return config, grid, run_dir
 
 
+def check_sebulba_arguments(args, config: Config, grid: list[dict]) -> None:
+    """ConfigError for what an actor-learner run (`arch.name: sebulba`) cannot take: a sweep,
+    --devices and --shard (its devices are arch.actor_devices and arch.learner_devices), several
+    processes, devices that are not there (`rl.sebulba.check_devices`)."""
+    from rl.sebulba import check_devices
+
+    given = [
+        flag
+        for flag, value in (("--devices", args.devices), ("--coordinator", args.coordinator))
+        if value
+    ]
+    given += ["--shard envs"] if args.shard == "envs" else []
+    given += ["--sweep"] if len(grid) > 1 else []
+    if given:
+        raise ConfigError(
+            f"{' and '.join(given)}: not for arch sebulba, which trains one setting on one host "
+            "(its devices: arch.actor_devices and arch.learner_devices)"
+        )
+    check_devices(config)
+
+
 def _os_error(err: BaseException):
     """The OSError behind `err` (orbax and others wrap them), or None."""
     seen = set()
@@ -130,6 +151,8 @@ def train_command(args) -> int:
             if args.config is None:
                 raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
             config, grid = resolve_train_config(args)
+        if config.arch.name == "sebulba":
+            check_sebulba_arguments(args, config, grid)
         # a multi-process run spans every device
         devices = args.devices or ("all" if args.coordinator else 1)
         if args.shard == "envs":
@@ -154,9 +177,14 @@ def train_command(args) -> int:
     from rl.train import run_training
 
     try:
-        summary = run_training(
-            config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard
-        )
+        if config.arch.name == "sebulba":
+            from rl.sebulba_run import run_training as run_sebulba
+
+            summary = run_sebulba(config, grid, run_dir, resume=bool(args.resume))
+        else:
+            summary = run_training(
+                config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard
+            )
     except (CheckpointMismatchError, ConfigError) as err:  # e.g. the run directory is in use
         return error(str(err), EXIT_BAD_INPUT)
     except NonFiniteError as err:

@@ -1,12 +1,13 @@
 """Typed, frozen experiment configs loaded from YAML, with `dotted.key=value` overrides.
 
-A config file has four sections; only `env` and `agent` are required:
+A config file has five sections; only `env` and `agent` are required:
 
     env:     {id: GridWorld, params: {size: 5}}      # envs.make(id, **params); `observe: positions`
                                                      # (or a list of indices) masks the observation
     agent:   {name: qlearning, lr: 0.1, ...}         # fields of rl.agents.<name>.Config
     run:     {seed: 0, seeds: 30, output_dir: runs}  # RunConfig
     kernels: {backend: auto, deterministic: false}   # KernelsConfig
+    arch:    {name: sebulba, actor_threads: 2}       # ArchConfig (default: anakin)
 
 Every agent declares its hyperparameters as a frozen dataclass whose fields carry validation
 metadata (`hp(default, low=..., high=..., sweep=True)`). Loading checks every key and value before
@@ -28,6 +29,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from rl.arch_config import ArchConfig, check_arch
 from rl.config_parsing import (
     ConfigError,
     apply_overrides,
@@ -64,7 +66,9 @@ class EnvConfig:
         except envs.MissingExtraError as err:
             raise ConfigError(f"env.id: {err}") from None
         except ValueError as err:
-            known = self.id in envs.REGISTRY or self.id in envs.registered_ids()
+            # (listing the registered ids imports every adapter's library; no gymnasium id is one)
+            gymnasium = self.id.startswith("gymnasium:")
+            known = self.id in envs.REGISTRY or (not gymnasium and self.id in envs.registered_ids())
             raise ConfigError(f"{'env.params' if known else 'env.id'}: {err}") from None
         if self.observe is not None:
             try:
@@ -149,9 +153,12 @@ class Config:
     agent: Any  # the agent's own frozen Config dataclass; has a `name` field
     run: RunConfig = field(default_factory=RunConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    arch: ArchConfig = field(default_factory=ArchConfig)
 
     def to_dict(self) -> dict:
-        """Plain nested dict (YAML-ready) of every resolved value."""
+        """Plain nested dict (YAML-ready) of every resolved value (`arch` only when not the
+        default, so the records of earlier runs still match)."""
+        arch = self.arch != ArchConfig()
         return {
             "env": {
                 "id": self.env.id,
@@ -161,6 +168,7 @@ class Config:
             "agent": plain(dataclasses.asdict(self.agent)),
             "run": plain(dataclasses.asdict(self.run)),
             "kernels": plain(dataclasses.asdict(self.kernels)),
+            **({"arch": plain(dataclasses.asdict(self.arch))} if arch else {}),
         }
 
 
@@ -168,7 +176,7 @@ def build_config(data: Mapping) -> Config:
     """A validated Config from a nested mapping (a parsed YAML file with overrides applied)."""
     from rl.registry import get_agent_module, registered_agents
 
-    known = ("env", "agent", "run", "kernels")
+    known = ("env", "agent", "run", "kernels", "arch")
     for key in data:
         if key not in known:
             raise ConfigError(
@@ -196,7 +204,10 @@ def build_config(data: Mapping) -> Config:
     check_multi_agent(agent, module, env.id, env_and_params[0])
     run = build_dataclass(RunConfig, data.get("run") or {}, "run")
     kernels = build_dataclass(KernelsConfig, data.get("kernels") or {}, "kernels")
-    config = Config(env=env, agent=agent, run=run, kernels=kernels)
+    arch = data.get("arch") or {}
+    arch = build_dataclass(ArchConfig, {"name": arch} if isinstance(arch, str) else arch, "arch")
+    config = Config(env=env, agent=agent, run=run, kernels=kernels, arch=arch)
+    check_arch(config)
     check_compatible = getattr(module, "check_env", None)
     if callable(check_compatible):
         check_compatible(config, *env_and_params)

@@ -1,6 +1,7 @@
 """Streaming log points from inside compiled training loops to the host.
 
-Agents call `emit(metrics)` once per log point inside their `lax.scan`. The call reaches the host
+Agents call `emit(metrics)` once per log point inside their `lax.scan` (host loops, such as the
+actor-learner path's learner, call `publish`). The call reaches the host
 through `jax.pure_callback` with `vmap_method="broadcast_all"`, so under `vmap` (seeds, sweep
 settings) it is ONE host call per log point carrying the whole batch, not one call per seed. On the
 host every registered sink receives `{name: np.ndarray}` whose leading axes are the vmapped axes.
@@ -33,16 +34,22 @@ def emit(metrics: dict) -> dict:
     metrics = {k: jnp.asarray(v) for k, v in metrics.items()}
 
     def deliver(values):
-        values = {k: np.asarray(v) for k, v in values.items()}
-        with _LOCK:
-            sinks = list(_SINKS)
-        for sink in sinks:
-            sink(values)
-        return values["step"]
+        publish(values)
+        return np.asarray(values["step"])
 
     step_spec = jax.ShapeDtypeStruct(metrics["step"].shape, metrics["step"].dtype)
     step = jax.pure_callback(deliver, step_spec, metrics, vmap_method="broadcast_all")
     return {**metrics, "step": step}
+
+
+def publish(values: dict) -> None:
+    """Send one log point computed on the host (`{name: array}`, e.g. by the actor-learner loop of
+    rl.sebulba) to every registered sink, as `emit` does from inside a compiled program."""
+    values = {k: np.asarray(v) for k, v in values.items()}
+    with _LOCK:
+        sinks = list(_SINKS)
+    for sink in sinks:
+        sink(values)
 
 
 def run_batch(values: dict) -> dict | None:

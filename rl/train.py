@@ -45,6 +45,8 @@ from rl.summary import summarise
 
 def train_many(config: Config, grid: list[dict] | None = None):
     """Train every seed of every setting; outputs have leading axes [settings, seeds]."""
+    if config.arch.name != "anakin":
+        raise ConfigError(f"arch.name: {config.arch.name!r} runs are trained by rl.sebulba.train")
     program, keys, hparams = build_program(config, grid)
     return program(keys, hparams)
 
@@ -68,6 +70,10 @@ def run_training(
     bad chunk is not checkpointed),
     TrainingInterrupted (Ctrl-C or SIGTERM) and OSError (the run directory cannot be written).
     """
+    if config.arch.name != "anakin":
+        raise ConfigError(
+            f"arch.name: {config.arch.name!r} runs are trained by rl.sebulba_run.run_training"
+        )
     run_dir = Path(run_dir)
     main = is_main_process()
     with run_dir_lock(run_dir) if main else nullcontext():

@@ -1,0 +1,105 @@
+"""The `arch` section of a config: how a run is laid out. `anakin` (the default) compiles envs,
+acting and learning into one program (`rl.train`); `sebulba` steps gymnasium vector envs in actor
+threads and learns from their rollouts in the main thread (`rl.sebulba`). `check_arch` refuses,
+before anything runs, what the chosen layout cannot train."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from rl.config_parsing import ConfigError, hp
+
+SEBULBA_AGENTS = ("ppo",)  # the agents rl.sebulba trains
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """How a run is laid out: `anakin` (the default) compiles envs, acting and learning into one
+    program; `sebulba` (rl.sebulba) steps gymnasium vector envs in actor threads and learns from
+    their rollouts in the main thread. `arch: sebulba` in a file is short for `{name: sebulba}`."""
+
+    name: str = hp("anakin", choices=("anakin", "sebulba"), doc="the architecture")
+    actor_threads: int = hp(
+        2, low=1, doc="sebulba: actor threads, each stepping agent.num_envs / actor_threads envs"
+    )
+    vector_env: str = hp(
+        "sync",
+        choices=("sync", "async"),
+        doc="sebulba: each actor's gymnasium vector env, SyncVectorEnv (its envs stepped in the "
+        "actor thread) or AsyncVectorEnv (one process per env)",
+    )
+    actor_devices: tuple[int, ...] = hp(
+        (0,), doc="sebulba: indices into jax.devices() the actors act on (threads round robin)"
+    )
+    learner_devices: tuple[int, ...] = hp(
+        (0,),
+        doc="sebulba: indices into jax.devices() the learner learns on (its batch split over them "
+        "on the env axis, gradients reduced by XLA)",
+    )
+    max_lag: int = hp(
+        1,
+        low=0,
+        doc="sebulba: most updates the learner may be ahead of the params a rollout was collected "
+        "with (0: actors wait for every update, no overlap)",
+    )
+    queue_size: int = hp(1, low=1, doc="sebulba: rollouts each actor may have waiting")
+    queue_timeout_s: float = hp(
+        300.0,
+        low=0.0,
+        low_open=True,
+        doc="sebulba: seconds a side waits for the other (a rollout, params, room in the queue) "
+        "before the run stops naming the side that stalled",
+    )
+
+    def validate(self):
+        """Sebulba's keys need arch.name: sebulba; device lists are non-empty, without repeats."""
+        changed = [
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name != "name" and getattr(self, f.name) != f.default
+        ]
+        if self.name == "anakin" and changed:
+            raise ConfigError(
+                f"arch.{changed[0]} is a setting of the actor-learner architecture: set "
+                "arch.name: sebulba (or drop it)"
+            )
+        for key in ("actor_devices", "learner_devices"):
+            devices = getattr(self, key)
+            if not devices or len(set(devices)) != len(devices) or min(devices) < 0:
+                raise ConfigError(
+                    f"arch.{key}: expected distinct device indices (>= 0), got {list(devices)}"
+                )
+
+
+def check_arch(config) -> None:
+    """ConfigError when `config.arch` cannot lay out this run: sebulba trains one seed of a
+    `SEBULBA_AGENTS` agent on a gymnasium env (`gymnasium:<id>`), its envs split evenly over the
+    actor threads and the learner devices."""
+    arch, agent = config.arch, config.agent
+    if arch.name != "sebulba":
+        return
+    if agent.name not in SEBULBA_AGENTS:
+        raise ConfigError(
+            f"arch.name: sebulba trains {', '.join(SEBULBA_AGENTS)}, not {agent.name!r}; use "
+            "arch.name: anakin for it"
+        )
+    if not config.env.id.startswith("gymnasium:") or config.env.observe is not None:
+        raise ConfigError(
+            f"env.id: arch sebulba steps gymnasium vector envs: use 'gymnasium:<id>' (e.g. "
+            f"gymnasium:CartPole-v1) without env.observe; got {config.env.id!r} (a JAX env "
+            "trains faster in one program: arch.name: anakin)"
+        )
+    for key, parts in (("arch.actor_threads", arch.actor_threads),) + (
+        ("arch.learner_devices", len(arch.learner_devices)),
+    ):
+        if agent.num_envs % parts:
+            raise ConfigError(
+                f"{key}: agent.num_envs ({agent.num_envs}) must split evenly over {parts} "
+                f"{'actor threads' if key == 'arch.actor_threads' else 'learner devices'}"
+            )
+    if config.run.seeds != 1:
+        raise ConfigError(
+            f"run.seeds: arch sebulba trains one seed per run, got {config.run.seeds} (start one "
+            "run per seed, with run.seed)"
+        )
