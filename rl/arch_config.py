@@ -15,9 +15,8 @@ SEBULBA_AGENTS = ("ppo",)  # the agents rl.sebulba trains
 
 @dataclass(frozen=True)
 class ArchConfig:
-    """How a run is laid out: `anakin` (the default) compiles envs, acting and learning into one
-    program; `sebulba` (rl.sebulba) steps gymnasium vector envs in actor threads and learns from
-    their rollouts in the main thread. `arch: sebulba` in a file is short for `{name: sebulba}`."""
+    """The `arch` section (module docstring); every key but `name` is sebulba's. In a file,
+    `arch: sebulba` is short for `arch: {name: sebulba}`."""
 
     name: str = hp("anakin", choices=("anakin", "sebulba"), doc="the architecture")
     actor_threads: int = hp(
@@ -90,13 +89,15 @@ def check_arch(config) -> None:
             f"gymnasium:CartPole-v1) without env.observe; got {config.env.id!r} (a JAX env "
             "trains faster in one program: arch.name: anakin)"
         )
-    for key, parts in (("arch.actor_threads", arch.actor_threads),) + (
-        ("arch.learner_devices", len(arch.learner_devices)),
-    ):
+    splits = (
+        ("actor_threads", arch.actor_threads, "actor threads"),
+        ("learner_devices", len(arch.learner_devices), "learner devices"),
+    )
+    for key, parts, what in splits:
         if agent.num_envs % parts:
             raise ConfigError(
-                f"{key}: agent.num_envs ({agent.num_envs}) must split evenly over {parts} "
-                f"{'actor threads' if key == 'arch.actor_threads' else 'learner devices'}"
+                f"arch.{key}: agent.num_envs ({agent.num_envs}) must split evenly over {parts} "
+                f"{what}"
             )
     if config.run.seeds != 1:
         raise ConfigError(
