@@ -10,7 +10,13 @@ test runs in the installed environment) and FUSEDRL_SMOKE_LOG_POINTS=1 FUSEDRL_S
 each `rl train` stops after its first log point and trains at most 2 seeds. A block whose first
 line is `# README test: skip (reason)` is not run; the reason must say why (a benchmark, a server,
 several devices or hosts, a fresh virtual environment, or the CI command itself). The "Writing an
-agent" example runs with its final call shortened (2 log points of 20 updates, 2 seeds)."""
+agent" example runs with its final call shortened (2 log points of 20 updates, 2 seeds).
+
+The blocks of SLOW_BLOCKS run only with `-m slow` (.ci/gpu_suite.sh's default run leaves them out
+too): each repeats, at a cost of tens of CPU seconds, what a default test runs (named beside it);
+the default suite still loads every `rl train` command of theirs and traces its program
+(`test_slow_blocks_rl_train_commands_load_and_trace`), so a renamed key, a bad value or a program
+that no longer builds fails there."""
 
 from __future__ import annotations
 
@@ -45,6 +51,39 @@ def readme_blocks(language: str) -> list[tuple[int, str]]:
 
 def is_skipped(code: str) -> bool:
     return code.startswith(SKIP)
+
+
+# Blocks run only with -m slow, each named by a line of its own, with the default tests that cover
+# what it runs.
+SLOW_BLOCKS = {
+    # python: an env library's API called outside jit, each operation compiled on its own (a minute
+    # of CPU for Brax's MJX ant, half of one for Craftax)
+    'envs.make("brax:ant", backend="mjx"': "tests/envs/test_brax.py (reset, step, render)",
+    'envs.make("craftax:Craftax-Classic-Symbolic-v1"': "tests/envs/test_craftax.py",
+    # bash: packaged configs trained with the overrides of their results
+    "rl train ppo_cartpole env.id=gymnax:CartPole-v1": "tests/envs/test_gymnax.py, "
+    "tests/rl/test_minatar_configs.py (the MinAtar configs and their CNN torso)",
+    "rl train configs/dqn_cartpole.yaml --seeds 16": "tests/rl/test_dqn.py, tests/faults/",
+    "rl train configs/ppo_cartpole.yaml --sweep agent.lr=": "tests/rl/test_sweep.py, "
+    "test_ppo_continuous_control.py, test_ppo_advantages.py",
+    "rl train configs/td3_pendulum.yaml": "tests/rl/test_td3.py",
+    "rl train configs/pqn_cartpole.yaml --seeds 16": "tests/rl/test_pqn.py",
+    "rl train configs/ppo_rnn_cartpole_masked.yaml": "tests/rl/test_ppo_rnn.py (rl train, rl eval)",
+    "rl train ippo_mpe_spread": "tests/rl/test_ippo.py",
+}
+
+
+def slow_mark(code: str) -> list:
+    """[pytest.mark.slow] for a block of SLOW_BLOCKS, else []."""
+    return [pytest.mark.slow] if any(line in code for line in SLOW_BLOCKS) else []
+
+
+def readme_params(language: str) -> list:
+    """The blocks of `language` as pytest params (line, code), id lineN, SLOW_BLOCKS marked slow."""
+    return [
+        pytest.param(line, code, id=f"line{line}", marks=slow_mark(code))
+        for line, code in readme_blocks(language)
+    ]
 
 
 # The optional libraries a block may use (an extra each; CI installs them all through `test`):
@@ -104,6 +143,13 @@ def test_the_skipped_blocks_are_few_and_say_why():
     assert all(line.endswith(")") and len(line) > len(SKIP) + 10 for line in skipped), skipped
 
 
+def test_the_slow_blocks_name_one_runnable_block_each():
+    blocks = [code for language in ("python", "bash") for _, code in readme_blocks(language)]
+    for line in SLOW_BLOCKS:
+        found = [code for code in blocks if line in code]
+        assert len(found) == 1 and not is_skipped(found[0]), (line, len(found))
+
+
 def test_ci_runs_exactly_the_readme_test_command():
     (command,) = [
         code.splitlines()[1] for _, code in readme_blocks("bash") if "python -m pytest" in code
@@ -126,28 +172,67 @@ def run_alone(line: int, code: str) -> dict:
     return module.__dict__
 
 
-def test_python_blocks_run_each_on_its_own(tmp_path, monkeypatch):
+def test_the_agent_example_is_one_python_block():
+    assert sum(AGENT_CALL in code for _, code in readme_blocks("python")) == 1, AGENT_CALL
+
+
+@pytest.mark.parametrize("line, code", readme_params("python"))
+def test_python_block_runs(line, code, tmp_path, monkeypatch):
     import envs
 
+    if is_skipped(code):
+        pytest.skip(code.splitlines()[0])
+    if missing_extras(code):
+        pytest.skip(f"needs the optional libraries {missing_extras(code)}, not installed here")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(envs, "REGISTRY", dict(envs.REGISTRY))  # blocks may register envs
-    agent = None
-    for line, code in readme_blocks("python"):
-        if is_skipped(code) or missing_extras(code):
-            continue
-        is_agent = AGENT_CALL in code
-        if is_agent:
-            code = code.replace(AGENT_CALL, SHORT_AGENT_CALL)
-        namespace = run_alone(line, without_brax_rendering(code))
-        if is_agent:
-            agent = namespace
-    assert agent is not None, f"no README python block holds {AGENT_CALL!r}"
-    metrics = agent["metrics"]  # the Writing-an-agent example
-    np.testing.assert_array_equal(np.asarray(metrics["step"])[0], [20 * 8 * 16, 2 * 20 * 8 * 16])
-    assert np.all(np.asarray(metrics["episodes"]) > 0) and np.all(
-        np.isfinite(np.asarray(metrics["episode_return"]))
-    )
-    assert (tmp_path / "episode.gif").is_file()
+    monkeypatch.setattr(envs, "REGISTRY", dict(envs.REGISTRY))  # a block may register an env
+    is_agent = AGENT_CALL in code
+    namespace = run_alone(line, without_brax_rendering(code.replace(AGENT_CALL, SHORT_AGENT_CALL)))
+    if is_agent:  # the Writing-an-agent example
+        metrics = namespace["metrics"]
+        np.testing.assert_array_equal(
+            np.asarray(metrics["step"])[0], [20 * 8 * 16, 2 * 20 * 8 * 16]
+        )
+        assert np.all(np.asarray(metrics["episodes"]) > 0) and np.all(
+            np.isfinite(np.asarray(metrics["episode_return"]))
+        )
+    if "episode.gif" in code:
+        assert (tmp_path / "episode.gif").is_file()
+
+
+SLOW_TRAIN_COMMANDS = [
+    pytest.param(line, command, id=f"line{line}-{i}")
+    for line, code in readme_blocks("bash")
+    if slow_mark(code)
+    for i, command in enumerate(c for c in code.splitlines() if c.startswith("rl train "))
+]
+
+
+@pytest.mark.parametrize("line, command", SLOW_TRAIN_COMMANDS)
+def test_slow_blocks_rl_train_commands_load_and_trace(line, command, monkeypatch):
+    """Each `rl train` command of a slow block, as its block runs it (FUSEDRL_SMOKE_SEEDS=2): the
+    arguments parse, the config and its overrides and sweep load, and the run's init and chunk
+    programs trace to their output shapes (no XLA compile, nothing run or written)."""
+    import shlex
+
+    import jax
+
+    from rl.cli import build_parser
+    from rl.cli_train import resolve_train_config
+    from rl.programs import make_programs, run_mesh
+
+    if missing_extras(command):
+        pytest.skip(f"needs the optional libraries {missing_extras(command)}, not installed here")
+    monkeypatch.chdir(REPO)  # configs/NAME.yaml paths
+    monkeypatch.setenv("FUSEDRL_SMOKE_SEEDS", "2")
+    args, extras = build_parser().parse_known_args(shlex.split(command, comments=True)[1:])
+    assert all("=" in arg and not arg.startswith("-") for arg in extras), extras
+    args.overrides = list(args.overrides) + extras
+    config, grid = resolve_train_config(args)
+    _, init, chunk, keys, hparams = make_programs(config, grid, run_mesh(config, None, "seeds"))
+    state = jax.eval_shape(init, keys, hparams)
+    _, metrics = jax.eval_shape(chunk(1), state, hparams)
+    assert all(m.shape[:2] == (len(grid), config.run.seeds) for m in jax.tree.leaves(metrics))
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +267,7 @@ def shell(tmp_path_factory):
     return work, env
 
 
-BASH_BLOCKS = readme_blocks("bash")
-
-
-@pytest.mark.parametrize("line, code", BASH_BLOCKS, ids=[f"line{line}" for line, _ in BASH_BLOCKS])
+@pytest.mark.parametrize("line, code", readme_params("bash"))
 def test_bash_block_runs(line, code, shell):
     if is_skipped(code):
         pytest.skip(code.splitlines()[0])
