@@ -566,7 +566,7 @@ class FlatLayout(NamedTuple):
     floats: `actor` and `critic` hold the offsets of (w1, b1, w2, b2, w3, b3), each array row-major
     (weights [in, out]) and contiguous, with obs_dim D, hidden widths (H1, H2) and A actions; the
     critic's head has one output. `jax.flatten_util.ravel_pytree`'s vector of the network's params
-    is such a vector (`rl.networks.leaf_offsets` gives the offsets). A layout is static (Python
+    is such a vector (`rl.param_layout.leaf_offsets` gives the offsets). A layout is static (Python
     ints, fixed at trace time): close over it, do not pass it through `jit` or `vmap` as an
     argument."""
 

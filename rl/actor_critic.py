@@ -19,17 +19,17 @@ import jax.numpy as jnp
 import optax
 
 from envs.spaces import Box
-from rl import buffers, environment, episodes, networks
-from rl.agent_configs import ReplayActorCriticConfig
+from rl import buffers, environment, episodes, layers, networks
+from rl.agent_configs import NetworkConfig, ReplayActorCriticConfig
 from rl.rollout import greedy_episodes
 from rl.state import Envs
 
 
-def actor_and_twin_critic(config: networks.NetworkConfig, obs_space, policy_head, num_actions=None):
+def actor_and_twin_critic(config: NetworkConfig, obs_space, policy_head, num_actions=None):
     """(actor, critic) networks on `config`'s backend: actor(params, obs) = `policy_head` on a torso
     of the observations; critic the twin Q-networks (`networks.twin_q`), each torso reading
     concat(obs, action) (`num_actions` None) or the observations with one Q per action."""
-    build = lambda fn: networks.build(fn, config.backend, config.init)
+    build = lambda fn: layers.build(fn, config.backend, config.init)
     actor = networks.with_head(networks.make_torso(config, obs_space), policy_head)
     critic = networks.twin_q(networks.make_torso(config), num_actions=num_actions)
     return build(actor), build(critic)

@@ -1,20 +1,86 @@
-"""The settings shared by agents of one family, which each agent's `Config` extends: the replay
-loop of value-based agents (`ReplayLoopConfig`: DQN, Rainbow), the replay loop of continuous-control
-actor-critics (`ReplayActorCriticConfig`: SAC, TD3), the rollout-then-learn loop of on-policy agents
-(`OnPolicyLoopConfig`: PQN) and PPO's (`PPOLoopConfig`: PPO, recurrent PPO). Each `validate` names
-the config key whose value cannot work.
+"""The settings agents share: `agent.network` (`NetworkConfig`, the torso and backend every agent's
+`Config` holds, `rl.networks.make_torso` reads it), and the settings of agents of one family, which
+each agent's `Config` extends: the replay loop of value-based agents (`ReplayLoopConfig`: DQN,
+Rainbow), the replay loop of continuous-control actor-critics (`ReplayActorCriticConfig`: SAC,
+TD3), the rollout-then-learn loop of on-policy agents (`OnPolicyLoopConfig`: PQN) and PPO's
+(`PPOLoopConfig`: PPO, recurrent PPO). Each `validate` names the config key whose value cannot
+work.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from rl.cnn import CNN_LAYERS, cnn_output_shape
 from rl.config_parsing import ConfigError, hp
+from rl.layers import ACTIVATIONS, BACKENDS, INITS
 
 UNROLL_DOC = (
     "loop trips (speed only, the same computation): a phase's env and gradient loops unroll "
     "min(unroll, n); the loop over phases max(1, unroll // max(env_iterations, gradient_steps))"
 )
+
+
+# ---------------------------------------------------------------- agent.network
+
+RECURRENT_TORSOS = ("gru", "lstm")
+TORSOS = ("mlp", *CNN_LAYERS) + RECURRENT_TORSOS
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """`agent.network` in a config: the torso that turns observations into features, and the
+    backend. Each agent puts its own heads on the torso."""
+
+    torso: str = hp("mlp", choices=TORSOS, doc="observation encoder")
+    hidden: tuple[int, ...] = hp(
+        (64, 64),
+        doc="hidden widths of the torso (gru/lstm: of the layers before the cell; may be empty)",
+    )
+    activation: str = hp("relu", choices=tuple(ACTIVATIONS), doc="hidden activation")
+    backend: str = hp("flax", choices=BACKENDS, doc="flax (linen) or haiku")
+    init: str = hp(
+        "orthogonal",
+        choices=INITS,
+        doc="dense/conv weight init: orthogonal with per-layer gains (sqrt 2 hidden, 0.01 "
+        "policy, 1 value/Q), or lecun_uniform (U(+-sqrt(3/fan_in)), Brax's)",
+    )
+    layer_norm: bool = hp(
+        False, doc="LayerNorm on each hidden layer's pre-activation (PQN's stabiliser)"
+    )
+    recurrent_hidden: int = hp(128, low=1, doc="hidden-state size of a gru or lstm torso")
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the torso carries a hidden state (gru, lstm): only agents that declare
+        `RECURRENT = True` take one (rl.config.check_recurrence)."""
+        return self.torso in RECURRENT_TORSOS
+
+    def validate(self):
+        if (not self.hidden and not self.recurrent) or any(width < 1 for width in self.hidden):
+            raise ConfigError(
+                f"agent.network.hidden must list positive widths, got {list(self.hidden)}"
+            )
+
+    def check_obs_space(self, obs_space) -> None:
+        """ConfigError (naming agent.network.torso) if the torso cannot read these observations."""
+        if self.torso in CNN_LAYERS:
+            try:
+                cnn_output_shape(self.torso, obs_space)
+            except ValueError as err:
+                raise ConfigError(f"agent.network.torso: {err}") from None
+
+
+def network_config(**defaults) -> Any:
+    """A dataclass field holding a `NetworkConfig` with an agent's own defaults."""
+    return field(
+        default_factory=lambda: NetworkConfig(**defaults),
+        metadata=dict(doc="torso and backend (NetworkConfig)"),
+    )
+
+
+# ---------------------------------------------------------------- the loops of agent families
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ def build_config(data: Mapping) -> Config:
     network = getattr(agent, "network", None)
     if hasattr(
         network, "check_obs_space"
-    ):  # rl.networks.NetworkConfig: can the torso read the observations?
+    ):  # rl.agent_configs.NetworkConfig: can the torso read the observations?
         made_env, env_params = env_and_params
         network.check_obs_space(made_env.observation_space(env_params))
     return config

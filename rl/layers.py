@@ -1,11 +1,16 @@
-"""The `Layers` interface networks are written against, and its two backends.
+"""The `Layers` interface networks are written against, its two backends, and `build`.
 
 A network is written ONCE as a plain function `fn(layers, *inputs)` against the tiny `Layers`
 interface (`dense`, `conv`, `noisy_dense`, `layer_norm`, `param`): `FlaxLayers` inside a Flax linen
-module, `HaikuLayers` inside a Haiku transform (`rl.networks.build` picks one). Both create the
-same parameters with the same initialisers, so an agent never sees which one it runs on
-(`agent.network.backend: flax | haiku` in a config). Also here: the building blocks every torso
-shares (activations, `mlp`, the observation preprocessing of the torsos).
+module, `HaikuLayers` inside a Haiku transform; `build` picks one and returns the `Network`, a pair
+of pure functions (`init`, `apply`). Both create the same parameters with the same initialisers, so
+an agent never sees which one it runs on (`agent.network.backend: flax | haiku` in a config). Also
+here: the building blocks every torso shares (activations, `mlp`, the observation preprocessing of
+the torsos).
+
+    net = layers.build(networks.with_head(torso, networks.q_head(2)), backend="flax")
+    params = net.init(key, obs)                  # obs: one observation or a batch
+    q_values = net.apply(params, obs)            # noisy layers: net.apply(params, obs, rng=key)
 
 Initialisation (`agent.network.init`, dense and conv layers; biases 0): `orthogonal`, the usual
 PPO/DQN practice, orthogonal weights with a per-layer gain (sqrt(2) for hidden ReLU/tanh layers;
@@ -17,12 +22,14 @@ kernels keep their own initialisers.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
 INITS = ("orthogonal", "lecun_uniform")
+BACKENDS = ("flax", "haiku")
 
 
 LAYER_NORM_EPS = (
@@ -222,6 +229,86 @@ class HaikuLayers:
         import haiku as hk
 
         return hk.get_parameter(name, tuple(shape), init=lambda s, d: init(hk.next_rng_key(), s, d))
+
+
+# ---------------------------------------------------------------- building a Network
+
+
+@dataclass(frozen=True)
+class Network:
+    """`init(key, *inputs) -> params`, `apply(params, *inputs, rng=None) -> outputs`."""
+
+    init: Callable
+    apply: Callable
+
+
+def build(fn: Callable, backend: str = "flax", init: str = "orthogonal") -> Network:
+    """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku", `init` one of `INITS`
+    (the module docstring's initialisation).
+
+    `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean
+    net)."""
+    if init not in INITS:
+        raise ValueError(f"unknown network init {init!r}; known: {', '.join(INITS)}")
+    if backend == "flax":
+        net = _build_flax(fn, init)
+    elif backend == "haiku":
+        net = _build_haiku(fn, init)
+    else:
+        raise ValueError(f"unknown network backend {backend!r}; known: {', '.join(BACKENDS)}")
+    return Network(init=at_full_precision(net.init), apply=net.apply)
+
+
+def at_full_precision(init: Callable) -> Callable:
+    """`init` traced under `jax.default_matmul_precision("highest")`: initial params at full float32
+    whatever the run's `run.matmul_precision` (on Ampere/Hopper GPUs a float32 dot at the default
+    precision runs in TF32, a 10-bit mantissa). The orthogonal initialisers are a QR
+    (LAPACK/cuSOLVER, no dot); what this pins is every dot that `init` traces (the forward pass that
+    shapes the params, any initialiser that multiplies). A context manager at trace time: no process
+    state changes."""
+
+    def init_highest(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return init(*args, **kwargs)
+
+    return init_highest
+
+
+def _build_flax(fn: Callable, init: str) -> Network:
+    import flax.linen as nn
+
+    class Module(nn.Module):
+        @nn.compact
+        def __call__(self, *inputs):
+            return fn(FlaxLayers(self, init), *inputs)
+
+    module = Module()
+
+    def init_params(key, *inputs):
+        params_key, noise_key = jax.random.split(key)
+        return module.init({"params": params_key, "noise": noise_key}, *inputs)
+
+    def apply(params, *inputs, rng=None):
+        return module.apply(params, *inputs, rngs=None if rng is None else {"noise": rng})
+
+    return Network(init=init_params, apply=apply)
+
+
+def _build_haiku(fn: Callable, init: str) -> Network:
+    import haiku as hk
+
+    transformed = hk.transform(lambda *inputs: fn(HaikuLayers(init), *inputs))
+
+    def init_params(key, *inputs):
+        return transformed.init(key, *inputs)
+
+    def apply(params, *inputs, rng=None):
+        return transformed.apply(params, rng, *inputs)
+
+    return Network(init=init_params, apply=apply)
+
+
+# ---------------------------------------------------------------- building blocks
 
 
 def constant_init(value: float) -> Callable:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rl.networks import Network, build
+from rl.layers import Network, build
 
 MIXERS = ("vdn", "qmix")
 
@@ -72,7 +72,7 @@ def qmix(
     backend: str = "flax",
     init: str = "orthogonal",
 ) -> Network:
-    """QMIX's mixer as a `Network` on `backend` (`rl.networks.build`)."""
+    """QMIX's mixer as a `Network` on `backend` (`rl.layers.build`)."""
     return build(qmix_fn(embedding, hypernet_hidden, init_scale), backend, init)
 
 

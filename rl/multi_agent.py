@@ -5,7 +5,7 @@
                               own shape, whose rank r = len(shape) says where it is
 
 `with_agent_ids` appends each agent's one-hot index to its vector input, `for_each_agent` gives
-every agent the team's global state, and `per_agent` makes one `rl.networks.Network` act for the
+every agent the team's global state, and `per_agent` makes one `rl.layers.Network` act for the
 whole team, with one set of parameters that every agent shares or one set per agent.
 """
 
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.spaces import Box
-from rl.networks import Network
+from rl.layers import Network
 
 
 def with_agent_ids(x):

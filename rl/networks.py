@@ -1,41 +1,51 @@
-"""Networks as a pair of pure functions (`Network`): torsos, heads and their combinations, built on
-the `rl.layers` interface with Flax (default) or Haiku behind it.
+"""Networks: torsos, heads, the action distributions a policy head's output means, and their
+combinations, each written once as a plain function `fn(layers, *inputs)` against the `Layers`
+interface of `rl.layers`, whose `build` turns it into a `Network` (`init`, `apply`) on Flax
+(default) or Haiku.
 
-    torso = networks.make_torso(networks.NetworkConfig(hidden=(64, 64)))
-    net = networks.build(networks.with_head(torso, heads.q_head(2)), backend="flax")
-    params = net.init(key, obs)                  # obs: one observation or a batch
-    q_values = net.apply(params, obs)            # noisy layers: net.apply(params, obs, rng=key)
-
-A network is written ONCE as a plain function `fn(layers, *inputs)` against the tiny `Layers`
-interface of `rl.layers` (`dense`, `conv`, `noisy_dense`, `layer_norm`, `param`); `build` turns it
-into a Flax linen module or a Haiku transform. Both backends create the same parameters with the
-same initialisers, so an agent never sees which one it runs on (`agent.network.backend: flax |
-haiku` in a config).
+    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(64, 64)), obs_space)
+    net = layers.build(networks.actor_critic(torso, networks.categorical_policy_head(2)), "flax")
+    logits, value = net.apply(net.init(key, obs), obs)       # obs: one observation or a batch
+    pi = networks.Categorical.from_head(logits)
 
 A network is a torso (observations -> features; `make_torso` from `agent.network`: an MLP, a conv
 net for image observations, `cnn_minatar` / `nature_cnn` (`rl.cnn`), or a GRU / LSTM
-(`rl.recurrent`)) and heads (Q, Rainbow's
-dueling/noisy/distributional, categorical, Gaussian and deterministic policies, value: `rl.heads`),
-joined by `with_head`, `actor_critic` or `twin_q`."""
+(`rl.recurrent`)) and heads (features -> Q-values, Rainbow's dueling/noisy/distributional head,
+categorical, Gaussian and deterministic policies, a value), joined by `with_head`, `actor_critic`,
+`twin_q` or `recurrent_actor_critic`.
+
+Distributions are NamedTuples (pytrees: they pass through `jit`, `vmap` and `lax.scan`) built from
+a policy head's output by `from_head` (`policy_head` picks the head and its distribution), with
+
+    sample(key) -> action          the action stored and scored (pre-squash for `TanhGaussian`)
+    log_prob_entropy(action) -> (log pi(a), H[pi])
+    mode() -> action               the greedy action (argmax, mean)
+    env_action(action) -> action   what the env receives (tanh(u) for `TanhGaussian`)
+
+Box actions live in the agent's action space [-1, 1]^d (`rl.environment.make_env` rescales them to
+the env's bounds and clips a Gaussian's samples there); log-probabilities are of the stored action,
+before any squashing or clipping, so they stay exact. Action masks (`Categorical.masked`): the
+logits of the actions a mask rules out become `MASKED_LOGIT`, so their probability is exactly 0 in
+float32 and nothing becomes NaN."""
 
 from __future__ import annotations
 
-import itertools
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+import kernels
+from envs.spaces import Box
+from rl import losses
+from rl.agent_configs import TORSOS, NetworkConfig
 from rl.cnn import CNN_LAYERS, cnn, cnn_output_shape
-from rl.config_parsing import ConfigError, hp
-from rl.heads import q_head, value_head
 from rl.layers import (
-    ACTIVATIONS,
-    INITS,
-    FlaxLayers,
-    HaikuLayers,
+    Network,
+    activation,
+    build,
+    constant_init,
     flatten_obs,
     mlp,
     num_discrete_obs,
@@ -43,143 +53,7 @@ from rl.layers import (
 )
 from rl.recurrent import RecurrentTorso
 
-BACKENDS = ("flax", "haiku")
-
-
-@dataclass(frozen=True)
-class Network:
-    """`init(key, *inputs) -> params`, `apply(params, *inputs, rng=None) -> outputs`."""
-
-    init: Callable
-    apply: Callable
-
-
-# ---------------------------------------------------------------- building a Network
-
-
-def build(fn: Callable, backend: str = "flax", init: str = "orthogonal") -> Network:
-    """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku", `init` one of `INITS`
-    (the module docstring's initialisation).
-
-    `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean
-    net)."""
-    if init not in INITS:
-        raise ValueError(f"unknown network init {init!r}; known: {', '.join(INITS)}")
-    if backend == "flax":
-        net = _build_flax(fn, init)
-    elif backend == "haiku":
-        net = _build_haiku(fn, init)
-    else:
-        raise ValueError(f"unknown network backend {backend!r}; known: {', '.join(BACKENDS)}")
-    return Network(init=at_full_precision(net.init), apply=net.apply)
-
-
-def at_full_precision(init: Callable) -> Callable:
-    """`init` traced under `jax.default_matmul_precision("highest")`: initial params at full float32
-    whatever the run's `run.matmul_precision` (on Ampere/Hopper GPUs a float32 dot at the default
-    precision runs in TF32, a 10-bit mantissa). The orthogonal initialisers are a QR
-    (LAPACK/cuSOLVER, no dot); what this pins is every dot that `init` traces (the forward pass that
-    shapes the params, any initialiser that multiplies). A context manager at trace time: no process
-    state changes."""
-
-    def init_highest(*args, **kwargs):
-        with jax.default_matmul_precision("highest"):
-            return init(*args, **kwargs)
-
-    return init_highest
-
-
-def _build_flax(fn: Callable, init: str) -> Network:
-    import flax.linen as nn
-
-    class Module(nn.Module):
-        @nn.compact
-        def __call__(self, *inputs):
-            return fn(FlaxLayers(self, init), *inputs)
-
-    module = Module()
-
-    def init_params(key, *inputs):
-        params_key, noise_key = jax.random.split(key)
-        return module.init({"params": params_key, "noise": noise_key}, *inputs)
-
-    def apply(params, *inputs, rng=None):
-        return module.apply(params, *inputs, rngs=None if rng is None else {"noise": rng})
-
-    return Network(init=init_params, apply=apply)
-
-
-def _build_haiku(fn: Callable, init: str) -> Network:
-    import haiku as hk
-
-    transformed = hk.transform(lambda *inputs: fn(HaikuLayers(init), *inputs))
-
-    def init_params(key, *inputs):
-        return transformed.init(key, *inputs)
-
-    def apply(params, *inputs, rng=None):
-        return transformed.apply(params, rng, *inputs)
-
-    return Network(init=init_params, apply=apply)
-
-
 # ---------------------------------------------------------------- torsos
-
-
-RECURRENT_TORSOS = ("gru", "lstm")
-TORSOS = ("mlp", *CNN_LAYERS) + RECURRENT_TORSOS
-
-
-@dataclass(frozen=True)
-class NetworkConfig:
-    """`agent.network` in a config: the torso that turns observations into features, and the
-    backend. Each agent puts its own heads on the torso."""
-
-    torso: str = hp("mlp", choices=TORSOS, doc="observation encoder")
-    hidden: tuple[int, ...] = hp(
-        (64, 64),
-        doc="hidden widths of the torso (gru/lstm: of the layers before the cell; may be empty)",
-    )
-    activation: str = hp("relu", choices=tuple(ACTIVATIONS), doc="hidden activation")
-    backend: str = hp("flax", choices=BACKENDS, doc="flax (linen) or haiku")
-    init: str = hp(
-        "orthogonal",
-        choices=INITS,
-        doc="dense/conv weight init: orthogonal with per-layer gains (sqrt 2 hidden, 0.01 "
-        "policy, 1 value/Q), or lecun_uniform (U(+-sqrt(3/fan_in)), Brax's)",
-    )
-    layer_norm: bool = hp(
-        False, doc="LayerNorm on each hidden layer's pre-activation (PQN's stabiliser)"
-    )
-    recurrent_hidden: int = hp(128, low=1, doc="hidden-state size of a gru or lstm torso")
-
-    @property
-    def recurrent(self) -> bool:
-        """Whether the torso carries a hidden state (gru, lstm): only agents that declare
-        `RECURRENT = True` take one (rl.config.check_recurrence)."""
-        return self.torso in RECURRENT_TORSOS
-
-    def validate(self):
-        if (not self.hidden and not self.recurrent) or any(width < 1 for width in self.hidden):
-            raise ConfigError(
-                f"agent.network.hidden must list positive widths, got {list(self.hidden)}"
-            )
-
-    def check_obs_space(self, obs_space) -> None:
-        """ConfigError (naming agent.network.torso) if the torso cannot read these observations."""
-        if self.torso in CNN_LAYERS:
-            try:
-                cnn_output_shape(self.torso, obs_space)
-            except ValueError as err:
-                raise ConfigError(f"agent.network.torso: {err}") from None
-
-
-def network_config(**defaults) -> Any:
-    """A dataclass field holding a `NetworkConfig` with an agent's own defaults."""
-    return field(
-        default_factory=lambda: NetworkConfig(**defaults),
-        metadata=dict(doc="torso and backend (NetworkConfig)"),
-    )
 
 
 def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
@@ -224,32 +98,215 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
     )
 
 
-def recurrent_actor_critic(
-    torso: RecurrentTorso, policy_head: Callable, shared: bool = False
+# ---------------------------------------------------------------- heads
+
+
+def q_head(num_actions: int) -> Callable:
+    """Q-values [..., num_actions] from features: one linear layer (gain 1)."""
+    return lambda layers, x: layers.dense(x, num_actions, scale=1.0)
+
+
+def value_head() -> Callable:
+    """A state value [...] from features: one linear unit (gain 1)."""
+    return lambda layers, x: layers.dense(x, 1, scale=1.0)[..., 0]
+
+
+def categorical_policy_head(num_actions: int) -> Callable:
+    """Logits [..., num_actions] from features (gain 0.01: a near-uniform initial policy)."""
+    return lambda layers, x: layers.dense(x, num_actions, scale=0.01)
+
+
+def gaussian_policy_head(action_dim: int, log_std_init: float = 0.0) -> Callable:
+    """(mean, log_std) of a diagonal Gaussian, both [..., action_dim]: the mean from features (gain
+    0.01), the log-std one learned state-independent parameter per dimension (initial
+    `log_std_init`)."""
+
+    def head(layers, x):
+        mean = layers.dense(x, action_dim, scale=0.01)
+        log_std = layers.param("log_std", (action_dim,), constant_init(log_std_init))
+        return mean, jnp.broadcast_to(log_std, mean.shape)
+
+    return head
+
+
+def tanh_gaussian_policy_head(action_dim: int, min_std: float = 0.001) -> Callable:
+    """(mean, log_std) of a state-dependent diagonal Gaussian whose samples are squashed by tanh
+    (Brax's PPO policy), both [..., action_dim]: from one dense layer of 2 action_dim outputs (gain
+    0.01) split into the mean and a raw scale, sigma = softplus(raw) + min_std (about 0.69 at
+    first)."""
+
+    def head(layers, x):
+        mean, raw = jnp.split(layers.dense(x, 2 * action_dim, scale=0.01), 2, axis=-1)
+        return mean, jnp.log(jax.nn.softplus(raw) + min_std)
+
+    return head
+
+
+def deterministic_policy_head(action_dim: int) -> Callable:
+    """An action tanh(x W + b) in [-1, 1]^action_dim from features (gain 0.01: near 0 at first)."""
+    return lambda layers, x: jnp.tanh(layers.dense(x, action_dim, scale=0.01))
+
+
+def squashed_gaussian_head(
+    action_dim: int, log_std_min: float = -5.0, log_std_max: float = 2.0
 ) -> Callable:
-    """`actor_critic` for a recurrent torso: `fn(layers, carry, obs, reset) -> (carry, (policy,
-    value))` over time-major sequences (see `RecurrentTorso`), with `fn.initial_carry(batch)`.
-    Separate actor and critic cells carry the pair (actor carry, critic carry); a shared one carries
-    its own."""
-    value = value_head()
+    """(mean, log_std) of SAC's pre-tanh Gaussian, [..., action_dim], the log-std bounded smoothly:
+    log_std = min + (max - min) (tanh(raw) + 1) / 2."""
 
-    def fn(layers, carry, obs, reset):
-        if shared:
-            carry, features = torso(layers, carry, obs, reset)
-            return carry, (policy_head(layers, features), value(layers, features))
-        actor_carry, actor_features = torso(layers, carry[0], obs, reset)
-        critic_carry, critic_features = torso(layers, carry[1], obs, reset)
-        return (actor_carry, critic_carry), (
-            policy_head(layers, actor_features),
-            value(layers, critic_features),
-        )
+    def head(layers, x):
+        mean = layers.dense(x, action_dim, scale=0.01)
+        raw = layers.dense(x, action_dim, scale=0.01)
+        return mean, log_std_min + 0.5 * (log_std_max - log_std_min) * (jnp.tanh(raw) + 1.0)
 
-    fn.initial_carry = (
-        torso.initial_carry
-        if shared
-        else (lambda batch=(): (torso.initial_carry(batch), torso.initial_carry(batch)))
-    )
-    return fn
+    return head
+
+
+def rainbow_head(
+    num_actions: int,
+    num_atoms: int = 1,
+    dueling: bool = True,
+    noisy: bool = True,
+    head_hidden: int = 0,
+    act: str = "relu",
+) -> Callable:
+    """Rainbow's head, every part switchable: outputs [..., num_actions, num_atoms] (logits over
+    atoms when num_atoms > 1, Q-values when 1).
+
+    Each stream: an optional hidden layer of `head_hidden` units, then a linear output; factorised
+    noisy layers when `noisy`. Dueling (Wang et al. 2016): Q = V + A - mean_a A from a value stream
+    V [..., 1, atoms] and an advantage stream A [..., actions, atoms]; else one stream."""
+    f = activation(act)
+
+    def stream(layers, x, outputs):
+        if head_hidden:
+            x = f(layers.noisy_dense(x, head_hidden) if noisy else layers.dense(x, head_hidden))
+        return layers.noisy_dense(x, outputs) if noisy else layers.dense(x, outputs, scale=1.0)
+
+    def head(layers, x):
+        shape = x.shape[:-1] + (num_actions, num_atoms)
+        if not dueling:
+            return stream(layers, x, num_actions * num_atoms).reshape(shape)
+        value = stream(layers, x, num_atoms).reshape(x.shape[:-1] + (1, num_atoms))
+        advantage = stream(layers, x, num_actions * num_atoms).reshape(shape)
+        return value + advantage - advantage.mean(axis=-2, keepdims=True)
+
+    return head
+
+
+# ---------------------------------------------------------------- distributions
+
+MASKED_LOGIT = -1e9
+"""The logit of a masked-out action: exp(MASKED_LOGIT - max logit) is 0 in float32 (so sampling,
+the log-probabilities of the allowed actions, the entropy and the mode ignore it), yet finite, so
+p log p = 0 and the gradients stay 0 rather than NaN."""
+
+
+class Categorical(NamedTuple):
+    """pi(a) = softmax(logits)_a over the last axis of `logits` [..., A]."""
+
+    logits: jax.Array
+
+    @classmethod
+    def from_head(cls, logits) -> Categorical:
+        return cls(logits)
+
+    def masked(self, mask) -> Categorical:
+        """pi restricted to the actions where `mask` (bool [..., A]) is True:
+        pi(a) = m_a exp(z_a) / sum_b m_b exp(z_b), the masked logits set to `MASKED_LOGIT`. A row
+        with every action masked becomes uniform."""
+        return Categorical(jnp.where(mask, self.logits, MASKED_LOGIT))
+
+    def sample(self, key) -> jax.Array:
+        """a ~ pi, int32 [...]."""
+        return jax.random.categorical(key, self.logits).astype(jnp.int32)
+
+    def log_prob_entropy(self, action, backend: str | None = None):
+        """(log softmax(logits)_a, -sum_a pi(a) log pi(a)) from the fused kernel op
+        (`kernels.categorical_log_prob_entropy`; `backend` as there)."""
+        return kernels.categorical_log_prob_entropy(self.logits, action, backend=backend)
+
+    def mode(self) -> jax.Array:
+        """argmax_a logits (first index on ties), int32."""
+        return jnp.argmax(self.logits, axis=-1).astype(jnp.int32)
+
+    def env_action(self, action) -> jax.Array:
+        return action
+
+
+class Gaussian(NamedTuple):
+    """A diagonal Gaussian N(mean, exp(log_std)^2) over the last axis; the env clips its samples to
+    the action bounds (`envs.wrappers.RescaleAction`), the score is of the unclipped sample."""
+
+    mean: jax.Array
+    log_std: jax.Array
+
+    @classmethod
+    def from_head(cls, output) -> Gaussian:
+        return cls(*output)
+
+    def sample(self, key) -> jax.Array:
+        """mean + exp(log_std) eps, eps ~ N(0, I)."""
+        return self.mean + jnp.exp(self.log_std) * jax.random.normal(key, self.mean.shape)
+
+    def log_prob_entropy(self, action, backend: str | None = None):
+        """`losses.gaussian_log_prob_entropy` (`backend` unused: plain JAX)."""
+        return losses.gaussian_log_prob_entropy(self.mean, self.log_std, action)
+
+    def mode(self) -> jax.Array:
+        return self.mean
+
+    def env_action(self, action) -> jax.Array:
+        return action
+
+
+class TanhGaussian(NamedTuple):
+    """a = tanh(u), u ~ N(mean, exp(log_std)^2) (diagonal). The pre-squash u is what `sample`
+    returns, what is stored and what `log_prob_entropy` scores; the env receives tanh(u)."""
+
+    mean: jax.Array
+    log_std: jax.Array
+
+    @classmethod
+    def from_head(cls, output) -> TanhGaussian:
+        return cls(*output)
+
+    def sample(self, key) -> jax.Array:
+        """The pre-squash u = mean + exp(log_std) eps, eps ~ N(0, I)."""
+        return self.mean + jnp.exp(self.log_std) * jax.random.normal(key, self.mean.shape)
+
+    def log_prob_entropy(self, u, backend: str | None = None):
+        """`losses.tanh_gaussian_log_prob_entropy` at the pre-squash u: the exact log-probability
+        of tanh(u) and a one-sample entropy estimate (`backend` unused: plain JAX)."""
+        return losses.tanh_gaussian_log_prob_entropy(self.mean, self.log_std, u)
+
+    def squashed_sample(self, key):
+        """(a, log pi(a)): a reparameterised sample a = tanh(u), differentiable in mean and log_std,
+        and its log-probability (`losses.squashed_gaussian_sample`; SAC's actor and target)."""
+        return losses.squashed_gaussian_sample(self.mean, self.log_std, key)
+
+    def mode(self) -> jax.Array:
+        """The pre-squash mean (`env_action` squashes it)."""
+        return self.mean
+
+    def env_action(self, u) -> jax.Array:
+        """tanh(u), in [-1, 1]^d."""
+        return jnp.tanh(u)
+
+
+Distribution = Categorical | Gaussian | TanhGaussian
+
+
+def policy_head(space, continuous_policy: str = "gaussian", log_std_init: float = 0.0):
+    """(head, distribution class) for an action space: a categorical head for Discrete actions; for
+    a Box a diagonal Gaussian head (initial log-std `log_std_init`) or, with `continuous_policy`
+    "tanh_gaussian", a tanh-squashed one with a state-dependent scale. The policy is
+    `distribution.from_head(head output)`."""
+    if not isinstance(space, Box):
+        return categorical_policy_head(int(space.n)), Categorical
+    action_dim = int(np.prod(space.shape))
+    if continuous_policy == "tanh_gaussian":
+        return tanh_gaussian_policy_head(action_dim), TanhGaussian
+    return gaussian_policy_head(action_dim, log_std_init), Gaussian
 
 
 # ---------------------------------------------------------------- torso + head
@@ -307,40 +364,29 @@ def twin_q(torso: Callable, num_actions: int | None = None) -> Callable:
     return fn
 
 
-# ---------------------------------------------------------------- dense layers by position
+def recurrent_actor_critic(
+    torso: RecurrentTorso, policy_head: Callable, shared: bool = False
+) -> Callable:
+    """`actor_critic` for a recurrent torso: `fn(layers, carry, obs, reset) -> (carry, (policy,
+    value))` over time-major sequences (see `RecurrentTorso`), with `fn.initial_carry(batch)`.
+    Separate actor and critic cells carry the pair (actor carry, critic carry); a shared one carries
+    its own."""
+    value = value_head()
 
-_WEIGHT_NAMES, _BIAS_NAMES = ("kernel", "w"), ("bias", "b")
+    def fn(layers, carry, obs, reset):
+        if shared:
+            carry, features = torso(layers, carry, obs, reset)
+            return carry, (policy_head(layers, features), value(layers, features))
+        actor_carry, actor_features = torso(layers, carry[0], obs, reset)
+        critic_carry, critic_features = torso(layers, carry[1], obs, reset)
+        return (actor_carry, critic_carry), (
+            policy_head(layers, actor_features),
+            value(layers, critic_features),
+        )
 
-
-def _layer_index(module_name: str) -> int:
-    """Creation index of a flax `Dense_3` / haiku `linear_3` module (`linear` alone is 0)."""
-    head, _, tail = module_name.rpartition("_")
-    return int(tail) if head and tail.isdigit() else 0
-
-
-def dense_layers(params) -> list[tuple[jax.Array, jax.Array]]:
-    """The (weight [in, out], bias [out]) pairs of a network of plain dense layers, in creation
-    order, for either backend (flax `Dense_i/{kernel,bias}`, haiku `linear_i/{w,b}`). ValueError if
-    the tree holds anything else (e.g. a learned log-std or noisy layers)."""
-    modules = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
-        module, name = keys[-2] if len(keys) >= 2 else None, keys[-1]
-        if module is None or name not in _WEIGHT_NAMES + _BIAS_NAMES:
-            raise ValueError(
-                f"dense_layers: parameter {'/'.join(map(str, keys))} is not a dense layer's "
-                "weight or bias"
-            )
-        modules.setdefault(module, {})["w" if name in _WEIGHT_NAMES else "b"] = leaf
-    ordered = sorted(modules, key=_layer_index)
-    return [(modules[m]["w"], modules[m]["b"]) for m in ordered]
-
-
-def leaf_offsets(params):
-    """`params` with each leaf replaced by where it starts in
-    `jax.flatten_util.ravel_pytree(params)`'s vector (an int): leaf k starts at the sum of the sizes
-    of leaves 0..k-1, in `jax.tree` order. `dense_layers(leaf_offsets(params))` gives each dense
-    layer's (weight, bias) offsets."""
-    leaves, treedef = jax.tree.flatten(params)
-    sizes = [math.prod(jnp.shape(x)) for x in leaves]
-    return jax.tree.unflatten(treedef, [0, *itertools.accumulate(sizes)][: len(leaves)])
+    fn.initial_carry = (
+        torso.initial_carry
+        if shared
+        else (lambda batch=(): (torso.initial_carry(batch), torso.initial_carry(batch)))
+    )
+    return fn

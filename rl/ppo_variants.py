@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 import kernels
 from envs.spaces import Box, Discrete
-from rl import environment, losses, networks
+from rl import environment, losses, param_layout
 from rl.config_parsing import ConfigError, hp
 
 OBS_CLIP = 10.0  # agent.obs_clip's default
@@ -149,8 +149,8 @@ def fused_layout(params) -> kernels.ppo_grads.FlatLayout:
     """Where `ravel_pytree(params)` holds the two-torso actor-critic's twelve arrays, for the fused
     kernel. Dense layers in creation order: actor hidden 1-2, critic hidden 1-2, actor head, critic
     head."""
-    (w1, _), (w2, _), _, _, (head, _), _ = networks.dense_layers(params)
-    a1, a2, c1, c2, a3, c3 = networks.dense_layers(networks.leaf_offsets(params))
+    (w1, _), (w2, _), _, _, (head, _), _ = param_layout.dense_layers(params)
+    a1, a2, c1, c2, a3, c3 = param_layout.dense_layers(param_layout.leaf_offsets(params))
     size = sum(x.size for x in jax.tree.leaves(params))
     return kernels.ppo_grads.FlatLayout(
         (*a1, *a2, *a3),

@@ -69,7 +69,7 @@ class RecurrentTorso:
     episode), then the cell reads x_t = mlp(obs[t]) (the `hidden` layers; none: the observation
     itself). The input projections x_t W_i + b_i of all T steps are one matmul before a `lax.scan`
     runs the recurrence (gates in `_gru_step` / `_lstm_step`); `layer_norm` as the mlp torso's.
-    Built with `networks.build`, it is `apply(params, carry, obs, reset) -> (carry, features)` on
+    Built with `layers.build`, it is `apply(params, carry, obs, reset) -> (carry, features)` on
     either backend, with the same parameters: dense layers through `layers.dense` (input side, gain
     1 under the orthogonal init) and the recurrent kernel [size, gates * size] (one orthogonal block
     per gate) and GRU's candidate bias through `layers.param`. For a single step pass T = 1

@@ -1,8 +1,8 @@
 """The agents, one module each (the names are in `rl.registry.AGENTS`).
 
 Each reads top to bottom as its training loop, built from plain pieces (`rl.losses`,
-`rl.networks`, `rl.distributions`, `rl.buffers`, `rl.collection`, `rl.log_points`, ...); the
-contract they meet is in `rl.trainer`, the name lookup in `rl.registry`.
+`rl.networks` (torsos, heads, action distributions), `rl.buffers`, `rl.collection`,
+`rl.log_points`, ...); the contract they meet is in `rl.trainer`, the name lookup in `rl.registry`.
 """
 
 from rl.registry import get_agent_module, registered_agents

@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from rl import buffers, collection, environment, episodes, exploration, losses, networks, replay
-from rl.agent_configs import ReplayLoopConfig
+from rl.agent_configs import NetworkConfig, ReplayLoopConfig, network_config
 from rl.config_parsing import hp
+from rl.layers import Network
 from rl.log_points import scan_log_points
 from rl.state import ReplayState
 from rl.trainer import Trainer, train_from_trainer
@@ -38,13 +39,13 @@ class Config(ReplayLoopConfig):
     name: str = "dqn"
     loss: str = hp("huber", choices=("huber", "mse"))
     double_q: bool = hp(True, doc="select the bootstrap action with the online network")
-    network: networks.NetworkConfig = networks.network_config(hidden=(128, 128), activation="relu")
+    network: NetworkConfig = network_config(hidden=(128, 128), activation="relu")
 
 
 check_env = environment.check_discrete_actions
 
 
-def make_q_network(config, env, env_params) -> networks.Network:
+def make_q_network(config, env, env_params) -> Network:
     """Torso from `agent.network`, then a linear head of one Q-value per action."""
     return networks.q_network(
         config.agent.network, env.observation_space(env_params), env.action_space(env_params).n
@@ -64,7 +65,7 @@ def q_loss(apply, params, target_params, batch, gamma, double_q: bool, kind: str
     return losses.td_loss(td, kind).mean(), (td, q_taken)
 
 
-def greedy_action(q_network: networks.Network, params, obs):
+def greedy_action(q_network: Network, params, obs):
     """argmax_a Q(obs, a), first index on ties."""
     return jnp.argmax(q_network.apply(params, obs), axis=-1).astype(jnp.int32)
 

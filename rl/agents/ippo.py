@@ -2,13 +2,13 @@
 learns PPO on its own observations and rewards, compiled end to end.
 
 Agent i (of A, the env's `agent_ids`) acts on its observation o_i with a categorical policy
-pi(a_i | o_i, m_i) restricted to the actions its mask m_i allows (`Categorical.masked`: the masked
-logits set to a large negative finite value), and a critic V(o_i) scores it. The actor and the
-critic are two networks (`agent.network`'s torso, a policy head, a value head); the team shares one
-set of their parameters (`agent.share_parameters`, the agents axis one more batch axis), or each
-agent has its own (every leaf stacked on a leading agents axis, the networks vmapped over it:
-`multi_agent.per_agent`). With `agent.agent_id_input` both read [o_i, e_i], e_i agent i's one-hot
-index.
+pi(a_i | o_i, m_i) restricted to the actions its mask m_i allows (`networks.Categorical.masked`:
+the masked logits set to a large negative finite value), and a critic V(o_i) scores it. The actor
+and the critic are two networks (`agent.network`'s torso, a policy head, a value head); the team
+shares one set of their parameters (`agent.share_parameters`, the agents axis one more batch axis),
+or each agent has its own (every leaf stacked on a leading agents axis, the networks vmapped over
+it: `multi_agent.per_agent`). With `agent.agent_id_input` both read [o_i, e_i], e_i agent i's
+one-hot index.
 
 One update: num_envs envs step num_steps times under the masked policy (`rollout`), storing each
 step's observations and masks (the loss scores the same masked policy that acted); then
@@ -37,11 +37,11 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from envs.spaces import Discrete
-from rl import agent_configs, environment, episodes, heads, losses, multi_agent, networks
+from rl import agent_configs, environment, episodes, layers, losses, multi_agent, networks
+from rl.agent_configs import NetworkConfig, network_config
 from rl.agents import ppo
 from rl.collection import rollout_keys, scan_packed_outputs
 from rl.config_parsing import ConfigError, hp
-from rl.distributions import Categorical
 from rl.log_points import log_point_metrics, scan_log_points, scan_updates
 from rl.minibatches import minibatch_epochs
 from rl.optimizers import annealed_clipped_adam, flat_step
@@ -57,7 +57,7 @@ class Config(agent_configs.PPOLoopConfig):
     """IPPO's settings: PPOLoopConfig's (defaults: JaxMARL's ippo_ff_mpe) and the team's."""
 
     name: str = "ippo"
-    network: networks.NetworkConfig = networks.network_config(hidden=(64, 64), activation="tanh")
+    network: NetworkConfig = network_config(hidden=(64, 64), activation="tanh")
     num_envs: int = hp(16, low=1, doc="parallel envs (each steps every agent)")
     share_parameters: bool = hp(
         True,
@@ -106,14 +106,14 @@ def check_env(config, env, env_params) -> None:
 # ---------------------------------------------------------------- the networks and the policy
 
 
-def make_actor(agent: Config, env, env_params) -> networks.Network:
+def make_actor(agent: Config, env, env_params) -> layers.Network:
     """The team's actor: observations [..., A, *obs_shape] -> logits [..., A, n]."""
     obs_space, num_agents = env.observation_space(env_params), env.num_agents
-    head = heads.categorical_policy_head(int(env.action_space(env_params).n))
+    head = networks.categorical_policy_head(int(env.action_space(env_params).n))
     if agent.agent_id_input:
         obs_space = multi_agent.id_space(obs_space, num_agents)
     torso = networks.make_torso(agent.network, obs_space)
-    net = networks.build(networks.with_head(torso, head), agent.network.backend, agent.network.init)
+    net = layers.build(networks.with_head(torso, head), agent.network.backend, agent.network.init)
     net = multi_agent.per_agent(net, len(obs_space.shape), agent.share_parameters)
     return multi_agent.reading(net, actor_input(agent))
 
@@ -123,11 +123,11 @@ def actor_input(agent: Config) -> Callable:
     return multi_agent.with_agent_ids if agent.agent_id_input else (lambda obs: obs)
 
 
-def make_critic(agent: Config, input_space) -> networks.Network:
+def make_critic(agent: Config, input_space) -> layers.Network:
     """The team's critic: inputs [..., A, *input_space.shape] -> values [..., A]."""
     torso = networks.make_torso(agent.network, input_space)
-    head = heads.value_head()
-    net = networks.build(networks.with_head(torso, head), agent.network.backend, agent.network.init)
+    head = networks.value_head()
+    net = layers.build(networks.with_head(torso, head), agent.network.backend, agent.network.init)
     return multi_agent.per_agent(net, len(input_space.shape), agent.share_parameters)
 
 
@@ -145,8 +145,8 @@ class Setup(NamedTuple):
     """The team's networks, its env and the kernel choices: what the program is built from."""
 
     agent: Config
-    actor: networks.Network  # observations [..., A, ...] -> logits [..., A, n]
-    critic: networks.Network  # critic_input(Observation) -> values [..., A]
+    actor: layers.Network  # observations [..., A, ...] -> logits [..., A, n]
+    critic: layers.Network  # critic_input(Observation) -> values [..., A]
     critic_input: Callable  # Observation [...] -> what the critic reads, [..., A, ...]
     global_state: bool  # whether Observations carry the env's global state
     env: Any
@@ -181,9 +181,9 @@ def setup(config, env, env_params, critic, critic_input, global_state: bool = Fa
     return Setup(config.agent, *team, env, env_params, reset, step, *kernel_choices)
 
 
-def policy(actor: networks.Network, params, obs, action_mask) -> Categorical:
+def policy(actor: layers.Network, params, obs, action_mask) -> networks.Categorical:
     """Every agent's pi(.|o_i, m_i): the actor's logits, masked."""
-    return Categorical(actor.apply(params["actor"], obs)).masked(action_mask)
+    return networks.Categorical(actor.apply(params["actor"], obs)).masked(action_mask)
 
 
 def observe(s: Setup, obs, info, prefix: str = "") -> Observation:
@@ -353,7 +353,7 @@ def update(s: Setup, hparams, state: OnPolicyState, totals):
 # ---------------------------------------------------------------- the program
 
 
-def greedy_actions(actor: networks.Network, params, obs, action_mask):
+def greedy_actions(actor: layers.Network, params, obs, action_mask):
     """Every agent's most probable allowed action (argmax of the masked logits)."""
     return policy(actor, params, obs, action_mask).mode()
 

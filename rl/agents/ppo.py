@@ -20,7 +20,7 @@ batch recomputed before every epoch (`agent.recompute_advantages`), and observat
 the running statistics of every rollout so far, kept in the params as `{"network": ...,
 "obs_stats": {"mean", "var", "count"}}` (`agent.normalize_obs`).
 
-Policies (`rl.distributions`): categorical; for Box actions a Gaussian with a learned log-std or
+Policies (`rl.networks`): categorical; for Box actions a Gaussian with a learned log-std or
 a tanh-squashed one (`agent.continuous_policy: tanh_gaussian`, Brax's), scored at the stored
 pre-squash sample u; the env receives L + (clip(a, -1, 1) + 1) (H - L) / 2, a = u or tanh(u).
 """
@@ -40,10 +40,9 @@ from jax.flatten_util import ravel_pytree
 from rl import (
     agent_configs,
     collection,
-    distributions,
     environment,
     episodes,
-    heads,
+    layers,
     log_points,
     losses,
     minibatches,
@@ -52,6 +51,7 @@ from rl import (
     optimizers,
     ppo_variants,
 )
+from rl.agent_configs import NetworkConfig, network_config
 from rl.config_parsing import ConfigError, hp
 from rl.rollout import greedy_episodes
 from rl.state import Envs, OnPolicyState
@@ -63,7 +63,7 @@ class Config(ppo_variants.VariantsConfig, agent_configs.PPOLoopConfig):
     """PPO's settings: PPOLoopConfig's, the variants' (`ppo_variants.VariantsConfig`), and more."""
 
     name: str = "ppo"
-    network: networks.NetworkConfig = networks.network_config(hidden=(64, 64), activation="tanh")
+    network: NetworkConfig = network_config(hidden=(64, 64), activation="tanh")
     critic_hidden: typing.Optional[tuple[int, ...]] = hp(
         None,
         doc="hidden widths of the critic's torso when they differ from agent.network.hidden "
@@ -89,9 +89,9 @@ def check_env(config, env, env_params) -> None:
 
 def make_network(agent: Config, env, env_params):
     """(network obs -> (policy head output, value), distribution): `agent.network`'s torso (the
-    critic's with `agent.critic_hidden` if set), `heads.policy_head` and a value head."""
+    critic's with `agent.critic_hidden` if set), `networks.policy_head` and a value head."""
     space = env.action_space(env_params)
-    head, distribution = heads.policy_head(space, agent.continuous_policy, agent.log_std_init)
+    head, distribution = networks.policy_head(space, agent.continuous_policy, agent.log_std_init)
     obs_space = env.observation_space(env_params)
     critic = None
     if agent.critic_hidden is not None:
@@ -99,7 +99,7 @@ def make_network(agent: Config, env, env_params):
         critic = networks.make_torso(critic_config, obs_space)
     torso = networks.make_torso(agent.network, obs_space)
     fn = networks.actor_critic(torso, head, shared=agent.shared_network, critic_torso=critic)
-    return networks.build(fn, agent.network.backend, agent.network.init), distribution
+    return layers.build(fn, agent.network.backend, agent.network.init), distribution
 
 
 def network_params(agent: Config, params):
@@ -127,8 +127,8 @@ class Setup(NamedTuple):
     env_params: Any
     reset: Any  # vmapped env.reset
     step: Any  # vmapped env.step
-    net: networks.Network
-    distribution: type  # rl.distributions class of the policy head's output
+    net: layers.Network
+    distribution: type  # networks.Categorical, Gaussian or TanhGaussian, from the head's output
     backend: str  # kernel backend (`environment.kernel_backend`), or "auto"
     deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
 
@@ -142,7 +142,7 @@ def make_setup(config) -> Setup:
     return Setup(agent, env, env_params, reset, step, net, distribution, backend, deterministic)
 
 
-def policy(s: Setup, params, obs) -> distributions.Distribution:
+def policy(s: Setup, params, obs) -> networks.Distribution:
     """pi(.|obs) under the policy's params, on raw observations (`network_input` reads them)."""
     head, _ = s.net.apply(network_params(s.agent, params), network_input(s.agent, params, obs))
     return s.distribution.from_head(head)

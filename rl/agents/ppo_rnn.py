@@ -41,12 +41,13 @@ from rl import (
     collection,
     environment,
     episodes,
-    heads,
+    layers,
     log_points,
     minibatches,
     networks,
     optimizers,
 )
+from rl.agent_configs import NetworkConfig, network_config
 from rl.agents import ppo
 from rl.config_parsing import ConfigError
 from rl.losses import truncation_aware_gae
@@ -61,7 +62,7 @@ EPISODE_INFO = ("episode_done", "episode_return", "episode_length")
 @dataclass(frozen=True)
 class Config(agent_configs.PPOLoopConfig):
     name: str = "ppo_rnn"
-    network: networks.NetworkConfig = networks.network_config(
+    network: NetworkConfig = network_config(
         torso="gru", hidden=(128,), recurrent_hidden=128, activation="relu"
     )
 
@@ -69,8 +70,8 @@ class Config(agent_configs.PPOLoopConfig):
         if not self.network.recurrent:
             raise ConfigError(
                 "agent.network.torso: ppo_rnn needs a recurrent torso "
-                f"({' or '.join(networks.RECURRENT_TORSOS)}), got {self.network.torso!r}; for a "
-                "feedforward torso use agent ppo"
+                f"({' or '.join(agent_configs.RECURRENT_TORSOS)}), got {self.network.torso!r}; "
+                "for a feedforward torso use agent ppo"
             )
         if self.num_envs % self.num_minibatches:
             raise ConfigError(
@@ -93,10 +94,10 @@ def make_network(agent: Config, env, env_params):
     [T, *batch]) -> (carry, (policy head output, value))` (`networks.recurrent_actor_critic` on
     `agent.network`'s torso and `ppo.policy_head`), and `initial_carry(batch)` of its state."""
     space = env.action_space(env_params)
-    head, distribution = heads.policy_head(space, agent.continuous_policy, agent.log_std_init)
+    head, distribution = networks.policy_head(space, agent.continuous_policy, agent.log_std_init)
     torso = networks.make_torso(agent.network, env.observation_space(env_params))
     fn = networks.recurrent_actor_critic(torso, head, shared=agent.shared_network)
-    net = networks.build(fn, agent.network.backend, agent.network.init)
+    net = layers.build(fn, agent.network.backend, agent.network.init)
     return net, fn.initial_carry, distribution
 
 
@@ -110,9 +111,9 @@ class Setup(NamedTuple):
     carry and policy distribution, the env (and its vmapped reset and step), the kernel backend."""
 
     agent: Config
-    net: networks.Network
+    net: layers.Network
     initial_carry: Callable  # initial_carry(batch=()) -> the carry of a fresh episode
-    distribution: type  # rl.distributions class of the policy head's output
+    distribution: type  # networks.Categorical, Gaussian or TanhGaussian, from the head's output
     env: Any
     env_params: Any
     reset: Any

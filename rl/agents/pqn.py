@@ -34,8 +34,10 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from rl import agent_configs, environment, episodes, exploration, losses, networks, optimizers
+from rl.agent_configs import NetworkConfig, network_config
 from rl.collection import rollout_keys
 from rl.config_parsing import hp
+from rl.layers import Network
 from rl.log_points import log_point_metrics, scan_log_points, scan_updates
 from rl.minibatches import minibatch_epochs
 from rl.rollout import greedy_episodes
@@ -62,9 +64,7 @@ class Config(agent_configs.OnPolicyLoopConfig):
     epsilon_decay_fraction: float = hp(
         0.2, low=0.0, high=1.0, low_open=True, doc="share of total_steps epsilon decays over"
     )
-    network: networks.NetworkConfig = networks.network_config(
-        hidden=(256, 256), activation="relu", layer_norm=True
-    )
+    network: NetworkConfig = network_config(hidden=(256, 256), activation="relu", layer_norm=True)
 
 
 check_env = environment.check_discrete_actions
@@ -80,7 +80,7 @@ class Transition(NamedTuple):
     episode: dict  # EpisodeStatistics' info: episode_done, episode_return, episode_length
 
 
-def make_q_network(agent: Config, env, env_params) -> networks.Network:
+def make_q_network(agent: Config, env, env_params) -> Network:
     """`agent.network`'s torso (LayerNorm by default) and one linear Q-value per action."""
     return networks.q_network(
         agent.network, env.observation_space(env_params), env.action_space(env_params).n

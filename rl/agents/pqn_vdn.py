@@ -43,7 +43,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from envs.spaces import Box
-from rl import environment, episodes, exploration, losses, mixers, networks
+from rl import environment, episodes, exploration, layers, losses, mixers, networks
 from rl.agents import pqn
 from rl.collection import rollout_keys
 from rl.config_parsing import ConfigError, hp
@@ -124,7 +124,7 @@ def agent_inputs(obs, obs_rank: int, agent_id: bool):
     return jnp.concatenate([flat, ids], axis=-1)
 
 
-def make_q_network(agent: Config, env, env_params) -> networks.Network:
+def make_q_network(agent: Config, env, env_params) -> layers.Network:
     """The shared per-agent Q-network: `agent.network`'s torso and one linear Q-value per action,
     on the observation space (with `agent_id`, a flat Box of the observation and the one-hot)."""
     obs_space = env.observation_space(env_params)
@@ -134,7 +134,7 @@ def make_q_network(agent: Config, env, env_params) -> networks.Network:
     return networks.q_network(agent.network, obs_space, env.action_space(env_params).n)
 
 
-def make_mixer(agent: Config) -> networks.Network:
+def make_mixer(agent: Config) -> layers.Network:
     """`agent.mixer`: the sum (vdn) or QMIX's mixer of `agent.mixer_*` widths and gain on
     `agent.network`'s backend and init."""
     if agent.mixer == "vdn":

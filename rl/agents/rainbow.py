@@ -52,12 +52,12 @@ from rl import (
     environment,
     episodes,
     exploration,
-    heads,
+    layers,
     losses,
     networks,
     replay,
 )
-from rl.agent_configs import ReplayLoopConfig
+from rl.agent_configs import NetworkConfig, ReplayLoopConfig, network_config
 from rl.config_parsing import ConfigError, hp
 from rl.log_points import scan_log_points
 from rl.state import ReplayState
@@ -93,7 +93,7 @@ class Config(ReplayLoopConfig):
     per_beta_steps: int = hp(0, low=0, doc="env steps of the beta annealing (0: total_steps)")
     per_eps: float = hp(1e-6, low=0.0, low_open=True, sweep=True, doc="added to priorities")
     loss: str = hp("huber", choices=("huber", "mse"), doc="scalar (non-distributional) TD loss")
-    network: networks.NetworkConfig = networks.network_config(hidden=(128, 128), activation="relu")
+    network: NetworkConfig = network_config(hidden=(128, 128), activation="relu")
     head_hidden: int = hp(0, low=0, doc="hidden units of each head stream (0: linear streams)")
 
     def validate(self):
@@ -113,18 +113,18 @@ class Setup(NamedTuple):
 
     env: object
     env_params: object
-    network: networks.Network
+    network: layers.Network
     support: jax.Array | None
     agent: Config
     backend: str
     deterministic: bool = False  # kernels.deterministic: the fixed-order projection
 
 
-def make_network(config, env, env_params) -> networks.Network:
+def make_network(config, env, env_params) -> layers.Network:
     """Torso from `agent.network`, then Rainbow's head (outputs [..., actions, atoms])."""
     a = config.agent
     torso = networks.make_torso(a.network, env.observation_space(env_params))
-    head = heads.rainbow_head(
+    head = networks.rainbow_head(
         env.action_space(env_params).n,
         a.num_atoms if a.distributional else 1,
         a.dueling,
@@ -132,7 +132,7 @@ def make_network(config, env, env_params) -> networks.Network:
         a.head_hidden,
         a.network.activation,
     )
-    return networks.build(networks.with_head(torso, head), a.network.backend, a.network.init)
+    return layers.build(networks.with_head(torso, head), a.network.backend, a.network.init)
 
 
 def make_support(agent):

@@ -44,11 +44,12 @@ import numpy as np
 import optax
 
 from envs.spaces import Box
-from rl import actor_critic, buffers, collection, environment, heads, losses, networks, optimizers
-from rl.agent_configs import ReplayActorCriticConfig
+from rl import actor_critic, buffers, collection, environment, losses, networks, optimizers
+from rl.agent_configs import NetworkConfig, ReplayActorCriticConfig, network_config
 from rl.config_parsing import ConfigError, hp
-from rl.distributions import Categorical, TanhGaussian
+from rl.layers import Network
 from rl.log_points import log_point_metrics, scan_log_points
+from rl.networks import Categorical, TanhGaussian
 from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer
 
@@ -67,7 +68,7 @@ class Config(ReplayActorCriticConfig):
     target_entropy_scale: float = hp(
         1.0, sweep=True, doc="target entropy = -scale*|A| (continuous) or scale*log|A| (discrete)"
     )
-    network: networks.NetworkConfig = networks.network_config(hidden=(256, 256), activation="relu")
+    network: NetworkConfig = network_config(hidden=(256, 256), activation="relu")
     log_std_min: float = hp(-5.0, doc="lower bound of the policy's log-std (continuous)")
     log_std_max: float = hp(2.0, doc="upper bound of the policy's log-std (continuous)")
 
@@ -165,7 +166,7 @@ def discrete_losses(actor, critic):
 class Variant(NamedTuple):
     """What SAC's loop reads off the env's action space (`make_variant`)."""
 
-    actor: networks.Network  # (mean, log_std) of the pre-tanh Gaussian, or logits
+    actor: Network  # (mean, log_std) of the pre-tanh Gaussian, or logits
     distribution: type  # TanhGaussian or Categorical
     init_critic: Callable  # (key, obs) -> twin critic params
     example_action: Any  # one action, for shapes
@@ -180,14 +181,14 @@ def make_variant(agent: Config, env, env_params) -> Variant:
     space, obs_space = env.action_space(env_params), env.observation_space(env_params)
     if isinstance(space, Box):
         action_dim = int(np.prod(space.shape))
-        head = heads.squashed_gaussian_head(action_dim, agent.log_std_min, agent.log_std_max)
+        head = networks.squashed_gaussian_head(action_dim, agent.log_std_min, agent.log_std_max)
         actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head)
         example = np.zeros(space.shape, np.float32)
         init_critic = lambda key, obs: critic.init(key, obs, example)
         pair = continuous_losses(actor.apply, critic.apply)
         return Variant(actor, TanhGaussian, init_critic, example, *pair, -action_dim)
     num_actions = int(space.n)
-    head = heads.categorical_policy_head(num_actions)
+    head = networks.categorical_policy_head(num_actions)
     actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head, num_actions)
     pair = discrete_losses(actor.apply, critic.apply)
     unit = math.log(num_actions)

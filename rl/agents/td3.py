@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl import actor_critic, buffers, collection, environment, heads, losses, networks, optimizers
-from rl.agent_configs import ReplayActorCriticConfig
+from rl import actor_critic, buffers, collection, environment, losses, networks, optimizers
+from rl.agent_configs import NetworkConfig, ReplayActorCriticConfig, network_config
 from rl.config_parsing import hp
 from rl.log_points import log_point_metrics, scan_log_points
 from rl.state import Envs
@@ -55,7 +55,7 @@ class Config(ReplayActorCriticConfig):
         0.5, low=0.0, sweep=True, doc="the smoothing noise is clipped to [-noise_clip, noise_clip]"
     )
     policy_delay: int = hp(2, low=1, doc="critic steps per actor and target update")
-    network: networks.NetworkConfig = networks.network_config(hidden=(256, 256), activation="relu")
+    network: NetworkConfig = network_config(hidden=(256, 256), activation="relu")
 
 
 def check_env(config, env, env_params) -> None:
@@ -83,7 +83,7 @@ class State(NamedTuple):
 def make_networks(agent: Config, env, env_params):
     """(actor, critic): mu(s) in [-1, 1]^d, and the twin critics reading concat(obs, action)."""
     action_dim = int(np.prod(env.action_space(env_params).shape))
-    head = heads.deterministic_policy_head(action_dim)
+    head = networks.deterministic_policy_head(action_dim)
     return actor_critic.actor_and_twin_critic(
         agent.network, env.observation_space(env_params), head
     )

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from envs.spaces import Box
-from rl import cnn, heads, networks
+from rl import agent_configs, cnn, layers, networks
 from rl.config import build_config
 from rl.config_parsing import ConfigError
 
@@ -28,8 +28,8 @@ def count(params) -> int:
 
 
 def q_net(torso: str, hidden, obs_space, num_actions: int):
-    config = networks.NetworkConfig(torso=torso, hidden=hidden, activation="relu")
-    return networks.with_head(networks.make_torso(config, obs_space), heads.q_head(num_actions))
+    config = agent_configs.NetworkConfig(torso=torso, hidden=hidden, activation="relu")
+    return networks.with_head(networks.make_torso(config, obs_space), networks.q_head(num_actions))
 
 
 # (torso, hidden, observation space, actions, parameter count by hand)
@@ -62,8 +62,8 @@ def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
     torso, hidden, space, actions, num_params = CASES[name]
     obs = jnp.zeros((5,) + space.shape)
     results = {}
-    for backend in networks.BACKENDS:
-        net = networks.build(q_net(torso, hidden, space, actions), backend)
+    for backend in layers.BACKENDS:
+        net = layers.build(q_net(torso, hidden, space, actions), backend)
         params = jax.eval_shape(net.init, KEY, obs)  # shapes only
         assert jax.eval_shape(net.apply, params, obs).shape == (5, actions)
         assert jax.eval_shape(net.apply, params, obs[0]).shape == (actions,)  # one observation
@@ -81,9 +81,9 @@ def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
     )
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_leading_batch_dims_are_independent_samples(backend):
-    net = networks.build(q_net("cnn_minatar", (32,), MINATAR, 3), backend)
+    net = layers.build(q_net("cnn_minatar", (32,), MINATAR, 3), backend)
     obs = jax.random.bernoulli(jax.random.PRNGKey(1), 0.3, (2, 3, 10, 10, 4)).astype(jnp.float32)
     params = net.init(KEY, obs[0, 0])
     batched = net.apply(params, obs)
@@ -94,9 +94,9 @@ def test_leading_batch_dims_are_independent_samples(backend):
             )
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_conv_kernels_are_orthogonal_with_gain_sqrt2(backend):
-    net = networks.build(q_net("cnn_minatar", (8,), MINATAR, 2), backend)
+    net = layers.build(q_net("cnn_minatar", (8,), MINATAR, 2), backend)
     params = net.init(KEY, jnp.zeros(MINATAR.shape))
     kernels = [x for x in jax.tree.leaves(params) if x.ndim == 4]
     assert len(kernels) == 1 and kernels[0].shape == (3, 3, 4, 16)
@@ -105,11 +105,11 @@ def test_conv_kernels_are_orthogonal_with_gain_sqrt2(backend):
 
 
 def test_actor_critic_with_a_cnn_torso_has_two_conv_stacks():
-    config = networks.NetworkConfig(torso="cnn_minatar", hidden=(128,), activation="relu")
+    config = agent_configs.NetworkConfig(torso="cnn_minatar", hidden=(128,), activation="relu")
     torso = networks.make_torso(config, MINATAR)
     for shared, stacks in ((False, 2), (True, 1)):
-        net = networks.build(
-            networks.actor_critic(torso, heads.categorical_policy_head(3), shared=shared), "flax"
+        net = layers.build(
+            networks.actor_critic(torso, networks.categorical_policy_head(3), shared=shared), "flax"
         )
         params = net.init(KEY, jnp.zeros(MINATAR.shape))
         assert sum(x.ndim == 4 for x in jax.tree.leaves(params)) == stacks
@@ -118,14 +118,14 @@ def test_actor_critic_with_a_cnn_torso_has_two_conv_stacks():
 
 
 def test_mlp_flattens_image_observations():
-    net = networks.build(q_net("mlp", (16,), MINATAR, 3), "haiku")
+    net = layers.build(q_net("mlp", (16,), MINATAR, 3), "haiku")
     params = net.init(KEY, jnp.zeros(MINATAR.shape))
     assert params["linear"]["w"].shape == (400, 16)
     assert net.apply(params, jnp.zeros((4, 2) + MINATAR.shape)).shape == (4, 2, 3)
 
 
 def test_cnn_torsos_need_images_large_enough():
-    config = networks.NetworkConfig(torso="cnn_minatar")
+    config = agent_configs.NetworkConfig(torso="cnn_minatar")
     with pytest.raises(
         ValueError,
         match=r"torso 'cnn_minatar' needs image observations, a Box of shape "
@@ -135,12 +135,12 @@ def test_cnn_torsos_need_images_large_enough():
     with pytest.raises(ValueError, match="needs image observations"):
         networks.make_torso(config)  # no observation space
     with pytest.raises(ValueError, match=r"images of 10x10 are too small for its 4x4 conv layers"):
-        networks.make_torso(networks.NetworkConfig(torso="nature_cnn"), MINATAR)
+        networks.make_torso(agent_configs.NetworkConfig(torso="nature_cnn"), MINATAR)
     networks.make_torso(
-        networks.NetworkConfig(torso="nature_cnn"), Box(0, 1, (36, 36, 1))
+        agent_configs.NetworkConfig(torso="nature_cnn"), Box(0, 1, (36, 36, 1))
     )  # the smallest it takes
     with pytest.raises(ConfigError, match="^agent.network.torso: torso 'nature_cnn'"):
-        networks.NetworkConfig(torso="nature_cnn").check_obs_space(Box(0, 1, (35, 40, 3)))
+        agent_configs.NetworkConfig(torso="nature_cnn").check_obs_space(Box(0, 1, (35, 40, 3)))
 
 
 @pytest.mark.parametrize(

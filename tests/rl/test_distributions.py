@@ -1,7 +1,8 @@
-"""rl.distributions against NumPy references in float64: each distribution's sample (the formula
-with the same key, and its frequencies or moments over many draws), log_prob_entropy (log-softmax,
-the Gaussian's closed form, the change of variables through tanh), mode and env_action; and the
-objects pass through jit and vmap as pytrees (the same numbers, up to float rounding under jit)."""
+"""The action distributions of rl.networks against NumPy references in float64: each
+distribution's sample (the formula with the same key, and its frequencies or moments over many
+draws), log_prob_entropy (log-softmax, the Gaussian's closed form, the change of variables through
+tanh), mode and env_action; and the objects pass through jit and vmap as pytrees (the same numbers,
+up to float rounding under jit)."""
 
 import math
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import distributions
+from rl import networks
 
 RNG = np.random.default_rng(0)
 LOGITS = RNG.normal(size=(6, 4)) * 2.0  # float64 references; the distributions see float32
@@ -36,7 +37,7 @@ def gaussian_log_density(x, mean, log_std):
 
 @pytest.mark.parametrize("backend", [None, "reference"])
 def test_categorical_log_prob_entropy_is_the_log_softmax(backend):
-    pi = distributions.Categorical.from_head(f32(LOGITS))
+    pi = networks.Categorical.from_head(f32(LOGITS))
     actions = np.array([0, 3, 1, 2, 2, 0])
     log_prob, entropy = pi.log_prob_entropy(jnp.asarray(actions, jnp.int32), backend)
     log_p = log_softmax(LOGITS)
@@ -46,7 +47,7 @@ def test_categorical_log_prob_entropy_is_the_log_softmax(backend):
 
 def test_categorical_by_hand():
     """pi = (1/4, 3/4): log pi(1) = log 3/4, H = -(1/4 log 1/4 + 3/4 log 3/4)."""
-    pi = distributions.Categorical.from_head(f32([[0.0, math.log(3.0)]]))
+    pi = networks.Categorical.from_head(f32([[0.0, math.log(3.0)]]))
     log_prob, entropy = pi.log_prob_entropy(jnp.array([1], jnp.int32))
     np.testing.assert_allclose(log_prob, [math.log(0.75)], rtol=1e-6)
     # float32 (the Triton kernel on the GPU rounds its last bit differently from XLA's)
@@ -58,7 +59,7 @@ def test_categorical_by_hand():
 def test_categorical_samples_follow_the_softmax():
     """Frequencies of 200,000 draws per row within 4 standard errors of softmax(logits)."""
     n = 200_000
-    pi = distributions.Categorical.from_head(jnp.broadcast_to(f32(LOGITS[:2]), (n, 2, 4)))
+    pi = networks.Categorical.from_head(jnp.broadcast_to(f32(LOGITS[:2]), (n, 2, 4)))
     actions = np.asarray(pi.sample(jax.random.PRNGKey(0)))
     assert actions.shape == (n, 2) and actions.dtype == np.int32
     probs = np.exp(log_softmax(LOGITS[:2]))
@@ -69,7 +70,7 @@ def test_categorical_samples_follow_the_softmax():
 
 
 def test_categorical_mode_is_the_first_argmax_and_the_env_gets_the_action():
-    pi = distributions.Categorical.from_head(f32([[0.0, 2.0, 2.0], [5.0, -1.0, 0.0]]))
+    pi = networks.Categorical.from_head(f32([[0.0, 2.0, 2.0], [5.0, -1.0, 0.0]]))
     np.testing.assert_array_equal(pi.mode(), [1, 0])
     assert pi.mode().dtype == jnp.int32
     action = jnp.array([2, 1], jnp.int32)
@@ -80,7 +81,7 @@ def test_categorical_mode_is_the_first_argmax_and_the_env_gets_the_action():
 
 
 def test_gaussian_log_prob_entropy_is_the_closed_form():
-    pi = distributions.Gaussian.from_head((f32(MEAN), f32(LOG_STD)))
+    pi = networks.Gaussian.from_head((f32(MEAN), f32(LOG_STD)))
     actions = RNG.normal(size=MEAN.shape) * 2.0
     log_prob, entropy = pi.log_prob_entropy(f32(actions))
     want = gaussian_log_density(actions, MEAN, LOG_STD).sum(-1)
@@ -91,11 +92,11 @@ def test_gaussian_log_prob_entropy_is_the_closed_form():
 
 def test_gaussian_sample_is_mean_plus_scaled_noise_and_has_its_moments():
     key = jax.random.PRNGKey(1)
-    pi = distributions.Gaussian.from_head((f32(MEAN), f32(LOG_STD)))
+    pi = networks.Gaussian.from_head((f32(MEAN), f32(LOG_STD)))
     eps = np.asarray(jax.random.normal(key, MEAN.shape), np.float64)
     np.testing.assert_allclose(pi.sample(key), MEAN + np.exp(LOG_STD) * eps, rtol=1e-5, atol=1e-6)
     n = 100_000
-    many = distributions.Gaussian(*(jnp.broadcast_to(f32(x[0]), (n, 3)) for x in (MEAN, LOG_STD)))
+    many = networks.Gaussian(*(jnp.broadcast_to(f32(x[0]), (n, 3)) for x in (MEAN, LOG_STD)))
     draws = np.asarray(many.sample(key), np.float64)
     std = np.exp(LOG_STD[0])
     assert np.all(np.abs(draws.mean(0) - MEAN[0]) <= 5 * std / np.sqrt(n)), draws.mean(0)
@@ -103,7 +104,7 @@ def test_gaussian_sample_is_mean_plus_scaled_noise_and_has_its_moments():
 
 
 def test_gaussian_mode_is_the_mean_and_the_env_gets_the_action():
-    pi = distributions.Gaussian.from_head((f32(MEAN), f32(LOG_STD)))
+    pi = networks.Gaussian.from_head((f32(MEAN), f32(LOG_STD)))
     np.testing.assert_array_equal(pi.mode(), f32(MEAN))
     action = f32(MEAN) + 3.0
     assert pi.env_action(action) is action
@@ -115,7 +116,7 @@ def test_gaussian_mode_is_the_mean_and_the_env_gets_the_action():
 def test_tanh_gaussian_scores_the_pre_squash_sample_by_the_change_of_variables():
     """log pi(tanh u) = sum_j log N(u_j) - log(1 - tanh(u_j)^2); H is the one-sample estimate
     sum_j log sigma_j + log(2 pi e) / 2 + log(1 - tanh(u_j)^2)."""
-    pi = distributions.TanhGaussian.from_head((f32(MEAN), f32(LOG_STD)))
+    pi = networks.TanhGaussian.from_head((f32(MEAN), f32(LOG_STD)))
     u = RNG.normal(size=MEAN.shape) * 1.5
     log_prob, entropy = pi.log_prob_entropy(f32(u))
     log_jacobian = np.log1p(-(np.tanh(u) ** 2))
@@ -127,8 +128,8 @@ def test_tanh_gaussian_scores_the_pre_squash_sample_by_the_change_of_variables()
 
 def test_tanh_gaussian_samples_before_the_squash_and_sends_tanh():
     key = jax.random.PRNGKey(2)
-    pi = distributions.TanhGaussian.from_head((f32(MEAN), f32(LOG_STD)))
-    gaussian = distributions.Gaussian.from_head((f32(MEAN), f32(LOG_STD)))
+    pi = networks.TanhGaussian.from_head((f32(MEAN), f32(LOG_STD)))
+    gaussian = networks.Gaussian.from_head((f32(MEAN), f32(LOG_STD)))
     u = pi.sample(key)
     np.testing.assert_array_equal(u, gaussian.sample(key))  # the pre-squash sample
     np.testing.assert_allclose(pi.env_action(u), np.tanh(np.asarray(u, np.float64)), rtol=1e-6)
@@ -143,9 +144,9 @@ def test_tanh_gaussian_samples_before_the_squash_and_sends_tanh():
 @pytest.mark.parametrize(
     "distribution, head",
     [
-        (distributions.Categorical, f32(LOGITS)),
-        (distributions.Gaussian, (f32(MEAN), f32(LOG_STD))),
-        (distributions.TanhGaussian, (f32(MEAN), f32(LOG_STD))),
+        (networks.Categorical, f32(LOGITS)),
+        (networks.Gaussian, (f32(MEAN), f32(LOG_STD))),
+        (networks.TanhGaussian, (f32(MEAN), f32(LOG_STD))),
     ],
 )
 def test_distributions_pass_through_jit_and_vmap(distribution, head):

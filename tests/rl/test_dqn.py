@@ -218,10 +218,10 @@ def test_policy_is_greedy_in_the_q_network():
     params = dqn.make_trainer(config).init(jax.random.PRNGKey(0), hyperparams(config.agent)).params
     policy = dqn.make_policy(config)
     obs = jnp.array([0.01, -0.02, 0.03, 0.04])
-    from rl import heads, networks
+    from rl import agent_configs, layers, networks
 
-    torso = networks.make_torso(networks.NetworkConfig(hidden=(16, 16)))
-    net = networks.build(networks.with_head(torso, heads.q_head(2)), "flax")
+    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(16, 16)))
+    net = layers.build(networks.with_head(torso, networks.q_head(2)), "flax")
     assert int(policy(params, obs, None)) == int(jnp.argmax(net.apply(params, obs)))
 
 

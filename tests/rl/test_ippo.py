@@ -14,7 +14,7 @@ from flax import struct
 
 from envs.multi_agent import MultiAgentEnv, TeamEpisodeStatistics
 from envs.spaces import Box, Discrete
-from rl import distributions, multi_agent, networks
+from rl import layers, multi_agent, networks
 from rl.agents import ippo
 from rl.config import build_config, hyperparams
 from rl.config_parsing import ConfigError
@@ -59,7 +59,7 @@ def masked_log_softmax(logits, mask):
 
 
 def test_masked_categorical_never_samples_a_masked_action_and_samples_the_renormalised_policy():
-    pi = distributions.Categorical(jnp.asarray(LOGITS, jnp.float32)).masked(jnp.asarray(MASK))
+    pi = networks.Categorical(jnp.asarray(LOGITS, jnp.float32)).masked(jnp.asarray(MASK))
     draws = np.asarray(jax.jit(jax.vmap(pi.sample))(jax.random.split(jax.random.PRNGKey(0), 4000)))
     assert MASK[np.arange(64), draws].all()
     frequencies = (draws[..., None] == np.arange(6)).mean(axis=0)
@@ -70,7 +70,7 @@ def test_masked_categorical_never_samples_a_masked_action_and_samples_the_renorm
 
 @pytest.mark.parametrize("backend", [None, "reference"])
 def test_masked_log_prob_and_entropy_are_those_over_the_allowed_actions(backend):
-    pi = distributions.Categorical(jnp.asarray(LOGITS, jnp.float32)).masked(jnp.asarray(MASK))
+    pi = networks.Categorical(jnp.asarray(LOGITS, jnp.float32)).masked(jnp.asarray(MASK))
     reference = masked_log_softmax(LOGITS, MASK)
     entropy = -np.sum(np.where(MASK, np.exp(reference) * np.where(MASK, reference, 0.0), 0.0), -1)
     log_prob_entropy = jax.jit(lambda action: pi.log_prob_entropy(action, backend))
@@ -83,7 +83,7 @@ def test_masked_log_prob_and_entropy_are_those_over_the_allowed_actions(backend)
 
     def objective(logits):  # what the loss differentiates: log pi(a) of allowed actions, entropy
         log_prob, ent = (
-            distributions.Categorical(logits)
+            networks.Categorical(logits)
             .masked(MASK)
             .log_prob_entropy(jnp.asarray(np.argmax(MASK, axis=-1), jnp.int32), backend)
         )
@@ -94,7 +94,7 @@ def test_masked_log_prob_and_entropy_are_those_over_the_allowed_actions(backend)
 
 
 def test_a_row_with_every_action_masked_is_uniform_not_nan():
-    pi = distributions.Categorical(jnp.array([[1.0, 5.0, -2.0]])).masked(jnp.zeros((1, 3), bool))
+    pi = networks.Categorical(jnp.array([[1.0, 5.0, -2.0]])).masked(jnp.zeros((1, 3), bool))
     log_prob, entropy = pi.log_prob_entropy(jnp.array([1]), "reference")
     np.testing.assert_allclose(log_prob, [np.log(1 / 3)], rtol=1e-6)
     np.testing.assert_allclose(entropy, [np.log(3)], rtol=1e-6)
@@ -267,7 +267,7 @@ def test_the_loss_scores_the_masked_policy_that_acted(toy_run):
 
 
 def test_per_agent_networks_apply_agent_i_parameters_to_agent_i_inputs():
-    net = networks.Network(
+    net = layers.Network(
         init=lambda key, x: {"w": jax.random.normal(key, (x.shape[-1], 3))},
         apply=lambda params, x, rng=None: x @ params["w"],
     )

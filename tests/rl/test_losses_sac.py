@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import distributions, losses
+from rl import losses, networks
 
 
 def normal_log_pdf(x, mean, std):
@@ -76,10 +76,10 @@ def test_squashed_sample_is_tanh_of_the_reparameterised_gaussian():
 
 
 def test_tanh_gaussian_squashed_sample_is_the_acting_sample_scored():
-    """`distributions.TanhGaussian.squashed_sample` (SAC's actor loss and critic target) gives the
+    """`networks.TanhGaussian.squashed_sample` (SAC's actor loss and critic target) gives the
     action SAC acts with from the same key, env_action(sample(key)), and the log-probability
     `log_prob_entropy` scores that pre-squash sample with."""
-    dist = distributions.TanhGaussian(
+    dist = networks.TanhGaussian(
         jnp.array([[0.1, -0.2], [1.5, 0.0]]), jnp.array([[0.0, -0.5], [-1.0, 0.3]])
     )
     key = jax.random.PRNGKey(7)

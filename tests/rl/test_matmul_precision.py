@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rl import networks
+from rl import layers
 from rl.config import build_config
 from rl.config_parsing import ConfigError
 from rl.programs import at_matmul_precision, make_programs, run_mesh
@@ -81,13 +81,13 @@ def squared_normal(key, shape, dtype=jnp.float32):
     return n @ n.T
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_network_init_traces_at_full_precision_and_apply_at_the_callers(backend):
     def fn(layers, x):
         w = layers.param("w", (5, 5), squared_normal)
         return layers.dense(x @ w, 3, scale=1.0)
 
-    net = networks.build(fn, backend)
+    net = layers.build(fn, backend)
     obs, key = jnp.ones((2, 5)), jax.random.PRNGKey(0)
     assert dot_precisions(jax.jit(net.init).lower(key, obs).as_text()) == {"HIGHEST"}
     params = net.init(key, obs)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from envs.spaces import Discrete
-from rl import heads, layers, networks
+from rl import agent_configs, layers, networks
 from rl.layers import activation, mlp
 
 pytestmark = pytest.mark.usefixtures(
@@ -39,14 +39,14 @@ def noisy_mlp(num_actions=3, hidden=(16,)):
 
 
 def q_net(num_actions, hidden=(64, 64), obs_space=None):
-    torso = networks.make_torso(networks.NetworkConfig(hidden=hidden), obs_space)
-    return networks.with_head(torso, heads.q_head(num_actions))
+    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=hidden), obs_space)
+    return networks.with_head(torso, networks.q_head(num_actions))
 
 
 def rainbow_net(num_actions, hidden, **head):
     return networks.with_head(
-        networks.make_torso(networks.NetworkConfig(hidden=hidden)),
-        heads.rainbow_head(num_actions, **head),
+        networks.make_torso(agent_configs.NetworkConfig(hidden=hidden)),
+        networks.rainbow_head(num_actions, **head),
     )
 
 
@@ -82,8 +82,8 @@ NETS = {
 def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
     make_fn, inputs, out_shape, num_params = NETS[name]
     results = {}
-    for backend in networks.BACKENDS:
-        net = networks.build(make_fn(), backend)
+    for backend in layers.BACKENDS:
+        net = layers.build(make_fn(), backend)
         params = jax.eval_shape(net.init, KEY, *inputs)  # shapes only: nothing is computed
         out = jax.eval_shape(net.apply, params, *inputs)
         out_noisy = jax.eval_shape(
@@ -96,24 +96,24 @@ def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
     assert results["flax"][0] == num_params
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_actor_critic_and_twin_q_shapes(backend):
     obs = jnp.ones((3, 4))
-    torso = networks.make_torso(networks.NetworkConfig(hidden=(8, 8)))
-    ac = networks.build(networks.actor_critic(torso, heads.gaussian_policy_head(2)), backend)
+    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(8, 8)))
+    ac = layers.build(networks.actor_critic(torso, networks.gaussian_policy_head(2)), backend)
     params = ac.init(KEY, obs)
     (mean, log_std), value = ac.apply(params, obs)
     assert mean.shape == log_std.shape == (3, 2) and value.shape == (3,)
-    twin = networks.build(
-        networks.twin_q(networks.make_torso(networks.NetworkConfig(hidden=(8,)))), backend
+    twin = layers.build(
+        networks.twin_q(networks.make_torso(agent_configs.NetworkConfig(hidden=(8,)))), backend
     )
     q1, q2 = twin.apply(twin.init(KEY, obs, jnp.ones((3, 2))), obs, jnp.ones((3, 2)))
     assert q1.shape == q2.shape == (3,) and not np.allclose(q1, q2)  # two independent networks
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_dense_init_is_orthogonal_with_gain_and_zero_bias(backend):
-    net = networks.build(q_net(4, hidden=(32,)), backend)
+    net = layers.build(q_net(4, hidden=(32,)), backend)
     params = net.init(KEY, jnp.ones((1, 64)))
     weights = sorted((x for x in jax.tree.leaves(params) if x.ndim == 2), key=lambda w: w.shape[0])
     biases = [x for x in jax.tree.leaves(params) if x.ndim == 1]
@@ -127,7 +127,7 @@ def test_dense_init_is_orthogonal_with_gain_and_zero_bias(backend):
     assert all(np.all(b == 0) for b in biases)
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_lecun_uniform_init_draws_uniform_weights_of_variance_one_over_fan_in(backend):
     """init="lecun_uniform": every dense and conv kernel, head or hidden, is U(+-sqrt(3 / fan_in))
     (bounds, mean 0, variance 1 / fan_in; a KS test against that uniform), biases 0."""
@@ -136,10 +136,10 @@ def test_lecun_uniform_init_draws_uniform_weights_of_variance_one_over_fan_in(ba
     from envs.spaces import Box
 
     torso = networks.make_torso(
-        networks.NetworkConfig(torso="cnn_minatar", hidden=(64,)), Box(0.0, 1.0, (10, 10, 4))
+        agent_configs.NetworkConfig(torso="cnn_minatar", hidden=(64,)), Box(0.0, 1.0, (10, 10, 4))
     )
-    net = networks.build(
-        networks.with_head(torso, heads.categorical_policy_head(6)),
+    net = layers.build(
+        networks.with_head(torso, networks.categorical_policy_head(6)),
         backend,
         init="lecun_uniform",
     )
@@ -152,12 +152,12 @@ def test_lecun_uniform_init_draws_uniform_weights_of_variance_one_over_fan_in(ba
         assert stats.kstest(w.ravel(), stats.uniform(-bound, 2 * bound).cdf).pvalue > 1e-3
     assert all(np.all(np.asarray(b) == 0) for b in jax.tree.leaves(params) if b.ndim == 1)
     with pytest.raises(ValueError, match="unknown network init 'xavier'"):
-        networks.build(q_net(2), backend, init="xavier")
+        layers.build(q_net(2), backend, init="xavier")
 
 
 @pytest.mark.parametrize("agent", ["ppo", "ppo_rnn", "rainbow", "dqn", "pqn", "sac", "td3"])
 def test_every_agent_builds_its_networks_with_the_configured_init(agent, monkeypatch):
-    """agent.network.init reaches `networks.build` from every agent that has networks (the agents'
+    """agent.network.init reaches `layers.build` from every agent that has networks (the agents'
     own network builders, run on a small env)."""
     from rl.config import build_config
     from rl.registry import get_agent_module
@@ -171,19 +171,21 @@ def test_every_agent_builds_its_networks_with_the_configured_init(agent, monkeyp
     config = build_config(
         {"env": {"id": env_id}, "agent": {"name": agent, "network": network, **steps}}
     )
-    seen, build = [], networks.build
-    monkeypatch.setattr(
-        networks,
-        "build",
-        lambda fn, backend="flax", init="orthogonal": seen.append(init) or build(fn, backend, init),
-    )
+    seen, build = [], layers.build
+
+    def spy(fn, backend="flax", init="orthogonal"):
+        seen.append(init)
+        return build(fn, backend, init)
+
+    monkeypatch.setattr(layers, "build", spy)
+    monkeypatch.setattr(networks, "build", spy)  # networks.q_network's (DQN, PQN)
     get_agent_module(agent).make_train(config)
     assert seen and set(seen) == {"lecun_uniform"}, seen
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_noisy_layers_deterministic_without_rng_stochastic_with_it(backend):
-    net = networks.build(noisy_mlp(), backend)
+    net = layers.build(noisy_mlp(), backend)
     obs = jax.random.normal(jax.random.PRNGKey(3), (4, 6))
     params = net.init(KEY, obs)
     a, b = net.apply(params, obs), net.apply(params, obs)
@@ -195,9 +197,9 @@ def test_noisy_layers_deterministic_without_rng_stochastic_with_it(backend):
     assert not np.allclose(n1, a) and not np.allclose(n1, n2)
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_noisy_init_ranges(backend):
-    net = networks.build(noisy_mlp(hidden=(16,)), backend)
+    net = layers.build(noisy_mlp(hidden=(16,)), backend)
     params = net.init(KEY, jnp.ones((1, 9)))
     flat = {
         "/".join(str(getattr(k, "key", k)) for k in path): v
@@ -240,9 +242,9 @@ def test_noisy_dense_matches_the_explicit_noise_matrix():
     )
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_batched_apply_equals_per_example_apply(backend):
-    net = networks.build(q_net(2, hidden=(8,)), backend)
+    net = layers.build(q_net(2, hidden=(8,)), backend)
     obs = jax.random.normal(jax.random.PRNGKey(4), (6, 3))
     params = net.init(KEY, obs[0])
     batched = net.apply(params, obs)
@@ -252,7 +254,7 @@ def test_batched_apply_equals_per_example_apply(backend):
 
 def test_bad_backend_and_activation():
     with pytest.raises(ValueError, match="unknown network backend 'torch'"):
-        networks.build(q_net(2), "torch")
+        layers.build(q_net(2), "torch")
     with pytest.raises(ValueError, match="unknown activation 'sigmoidish'"):
         activation("sigmoidish")
 
@@ -262,7 +264,7 @@ def test_network_config_from_yaml_merges_over_the_agents_defaults_and_names_bad_
     from rl.config_parsing import ConfigError
 
     base = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}}
-    assert build_config(base).agent.network == networks.NetworkConfig(
+    assert build_config(base).agent.network == agent_configs.NetworkConfig(
         hidden=(64, 64), activation="tanh"
     )
     config = build_config({**base, "agent": {"name": "ppo", "network": {"hidden": [32]}}})
@@ -281,24 +283,24 @@ def test_network_config_from_yaml_merges_over_the_agents_defaults_and_names_bad_
         build_config({**base, "agent": {"name": "ppo", "network": [64, 64]}})
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_torso_and_heads_compose(backend):
     """Two torso calls make two torsos; a shared actor-critic has one; heads give their shapes."""
-    torso = networks.make_torso(networks.NetworkConfig(hidden=(8,)))
+    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(8,)))
     obs = jnp.ones((3, 4))
-    separate = networks.build(
-        networks.actor_critic(torso, heads.categorical_policy_head(5)), backend
+    separate = layers.build(
+        networks.actor_critic(torso, networks.categorical_policy_head(5)), backend
     )
-    shared = networks.build(
-        networks.actor_critic(torso, heads.categorical_policy_head(5), shared=True), backend
+    shared = layers.build(
+        networks.actor_critic(torso, networks.categorical_policy_head(5), shared=True), backend
     )
     p_sep, p_shared = separate.init(KEY, obs), shared.init(KEY, obs)
     assert count(p_sep) == 2 * (4 * 8 + 8) + (8 * 5 + 5) + (8 + 1)
     assert count(p_shared) == (4 * 8 + 8) + (8 * 5 + 5) + (8 + 1)
     logits, value = separate.apply(p_sep, obs)
     assert logits.shape == (3, 5) and value.shape == (3,)
-    squashed = networks.build(
-        networks.with_head(torso, heads.squashed_gaussian_head(2, -5.0, 2.0)), backend
+    squashed = layers.build(
+        networks.with_head(torso, networks.squashed_gaussian_head(2, -5.0, 2.0)), backend
     )
     mean, log_std = squashed.apply(squashed.init(KEY, obs), obs * 100.0)
     assert mean.shape == log_std.shape == (3, 2) and np.all((log_std >= -5.0) & (log_std <= 2.0))
@@ -309,18 +311,18 @@ def test_torso_and_heads_compose(backend):
 
 def recurrent_torso(cell, hidden=(8,), size=5, obs_space=None):
     return networks.make_torso(
-        networks.NetworkConfig(torso=cell, hidden=hidden, recurrent_hidden=size), obs_space
+        agent_configs.NetworkConfig(torso=cell, hidden=hidden, recurrent_hidden=size), obs_space
     )
 
 
 def run_torso(backend, torso, carry, obs, reset, key=KEY):
-    net = networks.build(torso, backend)
+    net = layers.build(torso, backend)
     params = net.init(key, carry, obs, reset)
     return net, params, net.apply(params, carry, obs, reset)
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
-@pytest.mark.parametrize("cell", networks.RECURRENT_TORSOS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
+@pytest.mark.parametrize("cell", agent_configs.RECURRENT_TORSOS)
 def test_recurrent_torso_shapes_on_both_backends(backend, cell):
     """obs [T, *batch, D], reset [T, *batch] -> features [T, *batch, size] and the carry of
     initial_carry(batch) (GRU: h; LSTM: (h, c)); any batch shape, none included."""
@@ -346,16 +348,16 @@ def test_recurrent_torso_shapes_on_both_backends(backend, cell):
     )
 
 
-@pytest.mark.parametrize("cell", networks.RECURRENT_TORSOS)
+@pytest.mark.parametrize("cell", agent_configs.RECURRENT_TORSOS)
 def test_recurrent_flax_and_haiku_agree_on_structure(cell):
     """The same parameters on both backends (shapes and count), for the actor-critic with separate
     cells, and the same output shapes; the recurrent kernels are orthogonal per gate on both."""
     torso = recurrent_torso(cell, hidden=(8,), size=6)
-    fn = networks.recurrent_actor_critic(torso, heads.categorical_policy_head(3))
+    fn = networks.recurrent_actor_critic(torso, networks.categorical_policy_head(3))
     carry, obs, reset = fn.initial_carry(2), jnp.ones((5, 2, 4)), jnp.zeros((5, 2), bool)
     shapes, outs = {}, {}
-    for backend in networks.BACKENDS:
-        net = networks.build(fn, backend)
+    for backend in layers.BACKENDS:
+        net = layers.build(fn, backend)
         params = net.init(KEY, carry, obs, reset)
         shapes[backend] = leaves_by_shape(params)
         outs[backend] = jax.tree.map(jnp.shape, net.apply(params, carry, obs, reset))
@@ -433,8 +435,8 @@ def test_lstm_equals_haiku_lstm():
     np.testing.assert_allclose(c_last, state.cell, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", networks.BACKENDS)
-@pytest.mark.parametrize("cell", networks.RECURRENT_TORSOS)
+@pytest.mark.parametrize("backend", layers.BACKENDS)
+@pytest.mark.parametrize("cell", agent_configs.RECURRENT_TORSOS)
 def test_recurrent_reset_puts_the_carry_back_before_the_cell(backend, cell):
     """A hand-made sequence of resets: where reset[t] the step reads the initial carry, whatever
     came before, so the outputs from t on equal a fresh run from the initial carry on obs[t:];
@@ -481,7 +483,7 @@ def test_recurrent_torso_reads_discrete_observations_one_hot():
 
 
 def test_recurrent_torso_in_a_feedforward_network_says_what_to_use():
-    net = networks.build(networks.with_head(recurrent_torso("lstm"), heads.q_head(2)), "flax")
+    net = layers.build(networks.with_head(recurrent_torso("lstm"), networks.q_head(2)), "flax")
     with pytest.raises(TypeError, match="recurrent_actor_critic"):
         net.init(KEY, jnp.ones((3, 6)))
 
@@ -490,16 +492,18 @@ def test_recurrent_network_config():
     from rl.config_parsing import ConfigError, build_dataclass
 
     config = build_dataclass(
-        networks.NetworkConfig,
+        agent_configs.NetworkConfig,
         {"torso": "lstm", "hidden": [], "recurrent_hidden": 32},
         "agent.network",
     )
-    assert config.recurrent and not networks.NetworkConfig().recurrent
+    assert config.recurrent and not agent_configs.NetworkConfig().recurrent
     with pytest.raises(ConfigError, match="agent.network.hidden"):
-        build_dataclass(networks.NetworkConfig, {"torso": "mlp", "hidden": []}, "agent.network")
+        build_dataclass(
+            agent_configs.NetworkConfig, {"torso": "mlp", "hidden": []}, "agent.network"
+        )
     with pytest.raises(ConfigError, match="agent.network.recurrent_hidden"):
         build_dataclass(
-            networks.NetworkConfig, {"torso": "gru", "recurrent_hidden": 0}, "agent.network"
+            agent_configs.NetworkConfig, {"torso": "gru", "recurrent_hidden": 0}, "agent.network"
         )
     with pytest.raises(ConfigError, match="agent.network.torso"):
-        build_dataclass(networks.NetworkConfig, {"torso": "rnn"}, "agent.network")
+        build_dataclass(agent_configs.NetworkConfig, {"torso": "rnn"}, "agent.network")

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl import distributions, environment, heads, losses, networks, observation_norm, ppo_variants
+from rl import environment, layers, losses, networks, observation_norm, param_layout, ppo_variants
 from rl.agents import ppo
 from rl.config import build_config
 from rl.config_parsing import ConfigError
@@ -94,13 +94,13 @@ def test_tanh_gaussian_entropy_gradient_is_reparameterised():
 
 
 def test_tanh_gaussian_head_scale_is_softplus_plus_min_std():
-    net = networks.build(
-        networks.with_head(lambda layers, x: x, heads.tanh_gaussian_policy_head(3)), "flax"
+    net = layers.build(
+        networks.with_head(lambda layers, x: x, networks.tanh_gaussian_policy_head(3)), "flax"
     )
     params = net.init(jax.random.PRNGKey(0), jnp.zeros(5))
     x = jax.random.normal(jax.random.PRNGKey(1), (7, 5))
     mean, log_std = net.apply(params, x)
-    kernel, bias = networks.dense_layers(params)[0]
+    kernel, bias = param_layout.dense_layers(params)[0]
     raw = np.asarray(x) @ np.asarray(kernel) + np.asarray(bias)
     np.testing.assert_allclose(mean, raw[:, :3], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.exp(log_std), np.log1p(np.exp(raw[:, 3:])) + 0.001, rtol=1e-5)
@@ -108,10 +108,10 @@ def test_tanh_gaussian_head_scale_is_softplus_plus_min_std():
 
 def test_tanh_gaussian_policy_sends_tanh_of_the_stored_sample():
     head = (jnp.array([[0.5, -2.0]]), jnp.array([[0.0, 1.0]]))
-    pi = distributions.TanhGaussian.from_head(head)
+    pi = networks.TanhGaussian.from_head(head)
     u = pi.sample(jax.random.PRNGKey(0))
     np.testing.assert_array_equal(pi.env_action(u), jnp.tanh(u))
-    np.testing.assert_array_equal(distributions.Gaussian.from_head(head).env_action(u), u)
+    np.testing.assert_array_equal(networks.Gaussian.from_head(head).env_action(u), u)
     np.testing.assert_array_equal(pi.mode(), head[0])
 
 
@@ -262,7 +262,7 @@ def test_ppo_tanh_gaussian_pendulum_improves_with_normalised_observations_and_ac
     state, metrics = jax.jit(ppo.make_train(config))(jax.random.PRNGKey(0))
     returns = np.asarray(metrics["episode_return"])
     assert np.all(np.isfinite(returns)) and returns[-1] > returns[0] + 150, returns
-    critic_layer = networks.dense_layers(state.params["network"])[2][0]
+    critic_layer = param_layout.dense_layers(state.params["network"])[2][0]
     assert critic_layer.shape == (3, 64)  # actor 3 -> 16 -> 16, critic 3 -> 64 -> 64
     policy = ppo.make_policy(config)
     obs = jnp.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 8.0], [0.0, 1.0, -8.0]])

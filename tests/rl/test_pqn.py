@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import networks
+from rl import agent_configs, layers, networks
 from rl.agents import pqn
 from rl.config import build_config, hyperparams
 from rl.config_parsing import ConfigError
@@ -64,15 +64,15 @@ def test_q_lambda_targets_by_hand():
 
 @pytest.mark.parametrize("backend", ["flax", "haiku"])
 def test_layer_norm_torso(backend):
-    config = networks.NetworkConfig(hidden=(16, 16), layer_norm=True, backend=backend)
-    net = networks.build(networks.make_torso(config), backend)
+    config = agent_configs.NetworkConfig(hidden=(16, 16), layer_norm=True, backend=backend)
+    net = layers.build(networks.make_torso(config), backend)
     x = jax.random.normal(jax.random.PRNGKey(0), (5, 3)) * 100.0
     params = net.init(jax.random.PRNGKey(1), x)
     sizes = sorted(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
     assert sizes == sorted(
         [3 * 16, 16, 16, 16, 16 * 16, 16, 16, 16]
     )  # two dense layers + two (scale, offset)
-    one_layer = networks.build(lambda layers, x: layers.layer_norm(layers.dense(x, 16)), backend)
+    one_layer = layers.build(lambda layers, x: layers.layer_norm(layers.dense(x, 16)), backend)
     h = one_layer.apply(one_layer.init(jax.random.PRNGKey(2), x), x)
     np.testing.assert_allclose(h.mean(-1), 0.0, atol=1e-5)  # unit scale and zero offset at init
     np.testing.assert_allclose(h.std(-1), 1.0, rtol=1e-3)

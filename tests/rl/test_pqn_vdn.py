@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import environment, exploration, mixers, networks
+from rl import environment, exploration, mixers, param_layout
 from rl.config import build_config, hyperparams
 from rl.config_parsing import ConfigError
 
@@ -104,7 +104,7 @@ def numpy_qmix(params, agent_q, state, embedding):
     """QMIX's mixer in NumPy from the dense layers in creation order (rl/mixers.py docstring)."""
     (w1a, b1a), (w1b, b1b), (wb1, bb1), (w2a, b2a), (w2b, b2b), (wva, bva), (wvb, bvb) = [
         (np.asarray(w, np.float64), np.asarray(b, np.float64))
-        for w, b in networks.dense_layers(params)
+        for w, b in param_layout.dense_layers(params)
     ]
     relu = lambda x: np.maximum(x, 0.0)
     elu = lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0)))

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import buffers, heads, losses, networks
+from rl import agent_configs, buffers, layers, losses, networks
 from rl.agents import rainbow
 from rl.config import build_config, load_config
 from rl.config_parsing import ConfigError
@@ -141,7 +141,7 @@ def fixed_apply(logits_by_obs):
 def fake_setup(apply, support, double_q=True, loss="huber"):
     agent = SimpleNamespace(double_q=double_q, loss=loss, noisy=False)
     return rainbow.Setup(
-        None, None, networks.Network(init=None, apply=apply), support, agent, "reference"
+        None, None, layers.Network(init=None, apply=apply), support, agent, "reference"
     )
 
 
@@ -211,9 +211,9 @@ def test_scalar_loss_bootstraps_on_truncation_only():
 @pytest.mark.parametrize("noisy", [True, False])
 @pytest.mark.parametrize("backend", ["flax", "haiku"])
 def test_head_shapes_dueling_mean_and_noise(dueling, noisy, backend):
-    torso = networks.make_torso(networks.NetworkConfig(hidden=(8,)))
-    head = heads.rainbow_head(3, num_atoms=5, dueling=dueling, noisy=noisy, head_hidden=4)
-    net = networks.build(networks.with_head(torso, head), backend)
+    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(8,)))
+    head = networks.rainbow_head(3, num_atoms=5, dueling=dueling, noisy=noisy, head_hidden=4)
+    net = layers.build(networks.with_head(torso, head), backend)
     obs = jnp.ones((7, 4))
     params = net.init(jax.random.PRNGKey(0), obs)
     out = net.apply(params, obs)
