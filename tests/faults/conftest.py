@@ -1,6 +1,6 @@
-"""The tabular family's runs shared by the fault modules (each module trains its own, once): the
-Q-learning config, its uninterrupted reference run, a run stopped mid-way, and the subprocesses'
-environment with a persistent compilation cache."""
+"""The tabular family's runs shared by the fault modules (trained once per test process, whichever
+module asks first): the Q-learning config, its uninterrupted reference run, a run stopped mid-way,
+and the subprocesses' environment with a persistent compilation cache."""
 
 from __future__ import annotations
 
@@ -11,24 +11,24 @@ from fault_runs import checkpoint_steps, fault_env, rl, run_injected
 from run_helpers import TINY, write_config
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def env(tmp_path_factory):
     return fault_env(tmp_path_factory.mktemp("jax-cache"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def config(tmp_path_factory) -> Path:
     return write_config(tmp_path_factory.mktemp("tabular"), TINY)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(config, env) -> Path:
     done = rl(["train", config, "--name", "reference"], env)
     assert done.returncode == 0, done.stderr
     return config.parent / "runs" / "reference"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stopped(config, env) -> Path:
     """A run stopped by Ctrl-C at step 13000: the chunk in flight saved, checkpoints at 4000 ...
     16000, each with its files manifest."""

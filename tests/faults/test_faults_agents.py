@@ -113,6 +113,7 @@ def test_ctrl_c_and_a_truncated_replay_checkpoint(configs, references, env, tmp_
     record("checkpoint truncated", family, "identical")
 
 
+@pytest.mark.slow  # the same injection as the tabular family's NaN case, the default one
 def test_nan_params_stop_on_policy_run_in_one_line(configs, env):
     family = "on-policy"
     (at_step,) = injection_steps(f"{family}-nan", LOG_POINTS, 1)

@@ -4,7 +4,9 @@ the tabular family (Q-learning on GridWorld: 20 log points of 1000 env steps, a 
 
 The invariant of each case: either the run, resumed after the fault, ends bit-identical to the
 uninterrupted reference run ("identical"), or it stops with one clear line and everything it wrote
-before the fault is whole and readable by `rl eval` and `rl plot` ("stopped cleanly")."""
+before the fault is whole and readable by `rl eval` and `rl plot` ("stopped cleanly"). Cases marked
+slow (REPEATED) repeat a fault kind that a default case injects, here or in another module; `-m
+slow` and benchmarks/faults.py run them."""
 
 from __future__ import annotations
 
@@ -33,9 +35,13 @@ from fault_runs import (
 
 FAMILY = "tabular"
 BEFORE_LAST_CHUNK = TABULAR_BEFORE_LAST_CHUNK
+REPEATED = pytest.mark.slow
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "file deleted"])
+# (truncated: also the replay-based family's truncated replay buffer, test_faults_agents.py)
+@pytest.mark.parametrize(
+    "damage", [pytest.param("truncated", marks=REPEATED), "flipped byte", "file deleted"]
+)
 def test_damaged_newest_checkpoint_is_skipped_in_one_line(
     damage, stopped, reference, env, tmp_path
 ):
@@ -64,7 +70,8 @@ def test_damaged_newest_checkpoint_is_skipped_in_one_line(
     record(f"checkpoint {damage}", FAMILY, "identical")
 
 
-@pytest.mark.parametrize("damage", ["line deleted", "line corrupted"])
+# (a deleted line: the same rewrite by --resume as a corrupted one, without the reader's warning)
+@pytest.mark.parametrize("damage", [pytest.param("line deleted", marks=REPEATED), "line corrupted"])
 def test_damaged_metrics_file_is_rewritten_by_resume(damage, stopped, reference, env, tmp_path):
     """A metrics.jsonl line removed or garbled: `rl plot`'s reader skips a garbled line with one
     warning; --resume rewrites the file from the checkpoint's history, identical to the
@@ -152,7 +159,8 @@ def test_second_resume_of_one_run_is_refused_by_the_lock(stopped, reference, env
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /proc and /dev/full (Linux)")
-@pytest.mark.parametrize("fault", ["file_size_limit", "full_disk"])
+# (full_disk, ENOSPC: also tests/rl/test_failures.py's full-disk test, metrics.jsonl on /dev/full)
+@pytest.mark.parametrize("fault", ["file_size_limit", pytest.param("full_disk", marks=REPEATED)])
 def test_full_disk_stops_in_one_line_keeping_what_was_written(fault, config, reference, env):
     """Writes start failing mid-run (EFBIG from a file-size limit, ENOSPC from a full disk): the run
     stops with one line naming the error (exit 1); its checkpoints are whole and readable, and once

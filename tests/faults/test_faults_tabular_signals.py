@@ -3,7 +3,8 @@ of 1000 env steps, a checkpoint every 4), each at points drawn by a seeded gener
 
 The invariant of each case: either the run, resumed after the fault, ends bit-identical to the
 uninterrupted reference run ("identical"), or it stops with one clear line and everything it wrote
-before the fault is whole and readable by `rl eval` and `rl plot` ("stopped cleanly")."""
+before the fault is whole and readable by `rl eval` and `rl plot` ("stopped cleanly"). Cases marked
+slow repeat a fault kind that a default case injects (`-m slow`, benchmarks/faults.py)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,17 @@ FAMILY = "tabular"
 BEFORE_LAST_CHUNK = TABULAR_BEFORE_LAST_CHUNK
 
 
+# One case per fault kind runs by default; the others repeat a kind that a default test injects too,
+# on this family or another, and run with `-m slow` (benchmarks/faults.py runs every case).
+REPEATED = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
     "fault,at_step",
     [
-        (fault, step)
+        pytest.param(fault, step, marks=[] if fault == "SIGKILL" else REPEATED)
+        # SIGINT: also tests/rl/test_failures.py's Ctrl-C test (this family, the same checks),
+        # the replay-based family here and the closed pipes below; SIGTERM: the on-policy family
         for fault in ("SIGKILL", "SIGINT", "SIGTERM")
         for step in injection_steps(f"{FAMILY}-{fault}", BEFORE_LAST_CHUNK, 1)
     ],
@@ -51,7 +59,8 @@ def test_signal_then_resume_is_identical(fault, at_step, config, reference, env)
     record(fault, FAMILY, "identical")
 
 
-@pytest.mark.parametrize("interrupt", [False, True])
+# (without Ctrl-C: the recurrent family's closed pipes, tests/faults/test_faults_agents.py)
+@pytest.mark.parametrize("interrupt", [pytest.param(False, marks=REPEATED), True])
 def test_closed_output_pipes_do_not_stop_the_run(interrupt, config, reference, env):
     """`rl train ... | head -1`, or `| tee log` ended by the same Ctrl-C: the reader is gone before
     the first line. The run goes on as in a terminal: it finishes (exit 0), or Ctrl-C saves the
