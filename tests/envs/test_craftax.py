@@ -161,10 +161,20 @@ def test_render(env_params):
     assert frame.dtype == np.uint8 and frame.shape == (144, 144, 3) and frame.std() > 10
 
 
+# Craftax's own cache logic with its image processing (tens of CPU seconds; the Pixels and render
+# tests above run it) replaced by textures of the right shapes: what is under test is the lock and
+# the rebuild of a damaged cache file.
 LOAD_TEXTURES = """
 import sys
+import numpy as np
 import craftax.craftax_classic.constants as constants
 from envs.craftax import load_textures
+
+def placeholder_textures(size):
+    blocks = (len(constants.BlockType), constants.OBS_DIM[0] * size, constants.OBS_DIM[1] * size, 3)
+    return {"full_map_block_textures": np.zeros(blocks, np.uint8)}
+
+constants.load_all_textures_given_size = placeholder_textures
 constants.TEXTURE_CACHE_FILE = sys.argv[1]
 load_textures(constants)
 print("textures", len(constants.load_all_textures()))
@@ -175,7 +185,8 @@ def test_texture_cache_is_built_once_and_a_truncated_one_is_rebuilt(tmp_path):
     """Two processes load Craftax-Classic's textures at once through `envs.craftax.load_textures`,
     with the cache path pointing at a truncated file (what a killed writer leaves, and what a reader
     sees while another process writes): Craftax alone fails to read it (EOFError); through the lock
-    both processes load the textures and the rebuilt cache file reads back whole."""
+    both processes load the textures and the rebuilt cache file reads back whole. (The textures
+    are placeholders of the right shapes: LOAD_TEXTURES.)"""
     from craftax.craftax_classic import constants
     from craftax.environment_base.util import load_compressed_pickle
 
