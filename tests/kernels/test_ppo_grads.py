@@ -40,12 +40,20 @@ def assert_close(got, want, rtol=2e-4, atol=2e-6):
         )
 
 
-# Each (activation, clip_value_loss) pair is its own test, 3 drawn shapes each: every pair is
-# covered, and pytest-xdist spreads the four (each shape compiles its own kernels: minutes on the
-# GPU in all). The Triton-source backends only: backend="reference" is
-# ppo_actor_critic_grads_reference itself, which this would compare with itself.
-@pytest.mark.parametrize("activation", ["tanh", "relu"])
-@pytest.mark.parametrize("clip_value_loss", [True, False])
+# Each (activation, clip_value_loss) pair is its own test, 3 drawn shapes each, and pytest-xdist
+# spreads them (each shape compiles its own kernels: minutes on the GPU in all). The default suite
+# runs two pairs that cover each activation and each value loss; `-m slow` adds the other two. The
+# Triton-source backends only: backend="reference" is ppo_actor_critic_grads_reference itself,
+# which this would compare with itself.
+@pytest.mark.parametrize(
+    "activation, clip_value_loss",
+    [
+        ("tanh", True),
+        ("relu", False),
+        pytest.param("tanh", False, marks=pytest.mark.slow),
+        pytest.param("relu", True, marks=pytest.mark.slow),
+    ],
+)
 @settings(max_examples=3, deadline=None)
 @given(
     m=st.integers(1, 70),
@@ -248,7 +256,8 @@ def test_the_flat_op_reads_and_writes_the_vector_at_the_layout_s_offsets(
     )
 
 
-@pytest.mark.parametrize("activation", ["tanh", "relu"])
+# (relu under -m slow: the activations' kernels are compared one by one in the two tests above)
+@pytest.mark.parametrize("activation", ["tanh", pytest.param("relu", marks=pytest.mark.slow)])
 def test_the_flat_op_under_nested_vmap_and_row_chunks(kernel_backend, activation, monkeypatch):
     """[2, 3] minibatches folded into one launch, with one program per minibatch (squared norm from
     the programs' sums, padding included: exact only because the padded units stay 0) and with rows
@@ -351,10 +360,15 @@ def test_programs_per_sm_by_each_limit():
 
 
 # the sizes nearest the limit on either side; (16, 128 x 128, 32) is one the formula under-counts
-# (by 8 KB). Triton 3.6.0 swept over every padded size within LIMITS gave the same decision
-# at all 144.
+# (by 8 KB: `-m slow`). Triton 3.6.0 swept over every padded size within LIMITS gave the same
+# decision at all 144.
 @pytest.mark.parametrize(
-    "obs_dim, hidden, actions", [(32, (128, 128), 32), (16, (128, 128), 32), (64, (128, 128), 16)]
+    "obs_dim, hidden, actions",
+    [
+        (32, (128, 128), 32),
+        pytest.param(16, (128, 128), 32, marks=pytest.mark.slow),
+        (64, (128, 128), 16),
+    ],
 )
 def test_fit_decision_is_triton_s_for_an_h100(obs_dim, hidden, actions):
     """`too_big_for_shared_memory` says a size fits exactly when the larger of the two kernels, as
