@@ -60,7 +60,10 @@ SLOW_BLOCKS = {
     # of CPU for Brax's MJX ant, half of one for Craftax)
     'envs.make("brax:ant", backend="mjx"': "tests/envs/test_brax.py (reset, step, render)",
     'envs.make("craftax:Craftax-Classic-Symbolic-v1"': "tests/envs/test_craftax.py",
-    # bash: packaged configs trained with the overrides of their results
+    # bash: overrides, seeds and sweeps on the command line (tests/rl/test_cli.py, test_sweep.py);
+    # packaged configs trained with the overrides of their results
+    "rl train configs/qlearning_gridworld.yaml --seeds 30": "tests/rl/test_cli.py, test_sweep.py, "
+    "test_qlearning.py, test_dqn.py (haiku, the reference kernels)",
     "rl train ppo_cartpole env.id=gymnax:CartPole-v1": "tests/envs/test_gymnax.py, "
     "tests/rl/test_minatar_configs.py (the MinAtar configs and their CNN torso)",
     "rl train configs/dqn_cartpole.yaml --seeds 16": "tests/rl/test_dqn.py, tests/faults/",
