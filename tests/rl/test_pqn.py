@@ -1,8 +1,8 @@
 """PQN: the Q(lambda) targets by hand (truncation bootstraps from final_obs, termination does not,
 no chain across an episode end), LayerNorm in the torso on both backends, a typed state with no
-replay buffer or target network, a short CartPole run that improves, vmap over seeds equals
-per-seed runs (CPU), the interpreter-run kernel gives the reference's run, a sweep gives one result
-per setting, errors."""
+replay buffer or target network, a short CartPole run that improves (`-m slow`), vmap over seeds
+equals per-seed runs (CPU), the interpreter-run kernel gives the reference's run, a sweep gives one
+result per setting, errors."""
 
 from __future__ import annotations
 
@@ -86,10 +86,12 @@ def test_state_has_no_buffer_and_no_target_network():
     assert "LayerNorm_0" in state.params["params"]
 
 
+@pytest.mark.slow
 def test_short_cartpole_run_improves():
     """32k env steps: the greedy return rises well above a random policy's (about 20): over the
     last two log points (8 greedy episodes each) it averages more than 120 for each seed (one
-    log point alone is noisy)."""
+    log point alone is noisy). A learning run (`-m slow`); `python benchmarks/dqn.py learning
+    --agent pqn` measures PQN's learning on CartPole."""
     config = make_config(
         total_steps=32768,
         num_envs=16,

@@ -117,7 +117,11 @@ def test_discrete_losses_by_hand():
 # ---------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 def test_sac_learns_pendulum():
+    """A learning run (`-m slow`): `python benchmarks/sac.py learning --config
+    configs/sac_pendulum.yaml` measures SAC's learning on Pendulum; the continuous policy's actions
+    in the env's bounds are also checked by test_policy_returns_env_space_actions."""
     config = make_config(
         total_steps=4000,
         learning_starts=500,

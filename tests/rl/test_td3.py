@@ -1,7 +1,7 @@
 """TD3: target policy smoothing and the clipped double-Q target by hand (truncation bootstraps,
-termination does not), delayed actor and target updates, a short Pendulum run that improves,
-vmap over seeds equals per-seed runs (CPU), a sweep gives one result per setting, haiku, config
-errors."""
+termination does not), delayed actor and target updates, a short Pendulum run that improves
+(`-m slow`), vmap over seeds equals per-seed runs (CPU), a sweep gives one result per setting,
+haiku, config errors."""
 
 from __future__ import annotations
 
@@ -111,9 +111,11 @@ def test_actor_and_targets_update_every_policy_delay_critic_steps():
     assert actor_changes == target_changes == [False, False, True, False, False, True]
 
 
+@pytest.mark.slow
 def test_short_pendulum_run_improves():
     """4k env steps, 2 gradient steps each, a 64x64 network: the greedy return rises well above the
-    random policy's (about -1200)."""
+    random policy's (about -1200). A learning run (`-m slow`); `python benchmarks/sac.py learning
+    --config configs/td3_pendulum.yaml` measures TD3's learning on Pendulum."""
     keys = jnp.stack([jax.random.PRNGKey(1), jax.random.PRNGKey(2)])
     _, metrics = jax.jit(jax.vmap(td3.make_train(make_config(utd_ratio=2.0))))(keys)
     eval_return = np.asarray(metrics["eval_return"])
