@@ -1,8 +1,8 @@
 """IPPO: the masked categorical policy against NumPy, per-agent GAE against NumPy's GAE run agent by
 agent, shared and per-agent parameters, the masks of a rollout (a toy env whose masks change every
 step and whose agents leave the episode at different times), the greedy policy, reproducibility,
-bad configs, and the CI learning run: IPPO on JaxMARL's MPE simple_spread beats a random policy's
-team return on most of 4 vmapped seeds."""
+bad configs, and (`-m slow`) a learning run: IPPO on JaxMARL's MPE simple_spread beats a random
+policy's team return on most of 4 vmapped seeds."""
 
 from functools import partial
 
@@ -364,10 +364,23 @@ def test_bad_configs_name_the_key(env_id, env_params, agent, key):
         make_config(env_id, env_params, **agent)
 
 
-# ---------------------------------------------------------------- CI learning on MPE
+# ---------------------------------------------------------------- reproducibility, learning on MPE
 
 
+def test_a_seed_trained_twice_in_one_vmapped_program_gives_the_same_run_and_seeds_differ():
+    train = jax.jit(jax.vmap(ippo.make_train(make_config(total_steps=256))))
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    _, metrics = train(jnp.concatenate([keys, keys[:1]]))  # a third run: seed 0 again
+    assert metrics["step"][0, -1] == 256
+    jax.tree.map(lambda x: np.testing.assert_array_equal(x[0], x[2]), metrics)
+    assert not np.array_equal(metrics["policy_loss"][0], metrics["policy_loss"][1])
+
+
+@pytest.mark.slow
 def test_ippo_beats_a_random_policy_on_mpe_simple_spread_on_most_of_4_seeds_reproducibly():
+    """A learning run (`-m slow`; the test above checks reproducibility in the default suite):
+    `python benchmarks/marl.py --config configs/ippo_mpe_spread.yaml` measures IPPO's team return
+    on MPE simple_spread beside JaxMARL's baseline."""
     config = make_config(
         total_steps=65536,
         num_envs=32,
