@@ -287,8 +287,18 @@ def triton_source_backend() -> str:
     return "triton" if "triton" in kernels.available_backends() else "interpret"
 
 
-@pytest.mark.parametrize("network_backend", ["flax", "haiku"])
-@pytest.mark.parametrize("kernel_backend", ["reference", "kernel"])
+# The haiku layout through the kernel (the interpreter on the CPU) under -m slow: the default cases
+# take the haiku layout through the flat op's reference and the kernel through the flax layout
+# (tests/kernels/test_ppo_grads.py checks the kernel on shuffled layouts).
+@pytest.mark.parametrize(
+    "network_backend, kernel_backend",
+    [
+        ("flax", "reference"),
+        ("haiku", "reference"),
+        ("flax", "kernel"),
+        pytest.param("haiku", "kernel", marks=pytest.mark.slow),
+    ],
+)
 def test_fused_gradient_equals_autodiff_of_the_agents_loss(network_backend, kernel_backend):
     """kernels.ppo_actor_critic_grads_flat (through ppo_variants.fused_flat_grads, on ravel_pytree's
     vector laid out by fused_layout) against jax.grad of the agent's own minibatch loss

@@ -120,7 +120,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # the killed-and-resumed two-process run below trains the same by default
 def test_two_processes_through_jax_distributed_equal_one_process(tmp_path):
+    """Two processes (2 CPU devices each) equal one process on one device. (`-m slow`: the default
+    suite's two-process run is test_two_process_run_killed_mid_chunk_and_resumed_..., equal to one
+    process on 4 devices, which test_sharded_seeds_equal_unsharded_on_4_cpu_devices checks against
+    one device.)"""
     config = write_config(tmp_path, seeds=4)
     single = run_script(
         "import sys; from rl.cli import main; "
