@@ -1,5 +1,6 @@
 """Epochs of shuffled minibatches: a scan over epochs, each a scan over the minibatches of a fresh
-random permutation of the batch."""
+random permutation of the batch; and the update epochs of an on-policy agent, an Adam step along a
+loss's gradient per minibatch."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from rl.optimizers import annealed_clipped_adam, flat_step
 
 
 def minibatch_epochs(
@@ -42,3 +46,24 @@ def minibatch_epochs(
         lambda carry, key: epoch(carry, key, refresh(carry, batch)), carry, keys[1:]
     )
     return carry, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
+
+
+def adam_epochs(agent, hparams, loss: Callable, params, opt_state, batch, key):
+    """An on-policy agent's update epochs (`agent`: a `PPOLoopConfig`): `minibatch_epochs` over
+    `batch`, each minibatch one step of `optimizers.annealed_clipped_adam` (hparams["lr"] and
+    ["max_grad_norm"], `agent.adam_eps`) on the flat parameter vector along the gradient of
+    `loss(params, minibatch) -> (L, stats)`. Returns (params, opt_state, stats [num_epochs,
+    num_minibatches])."""
+    flat_params, unravel = ravel_pytree(params)
+    adam = annealed_clipped_adam(agent, hparams["lr"], hparams["max_grad_norm"], eps=agent.adam_eps)
+
+    def minibatch_step(carry, minibatch):
+        flat_params, opt_state = carry
+        grads, stats = jax.grad(loss, has_aux=True)(unravel(flat_params), minibatch)
+        return flat_step(adam, flat_params, opt_state, ravel_pytree(grads)[0]), stats
+
+    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)
+    (flat_params, opt_state), stats = minibatch_epochs(
+        minibatch_step, (flat_params, opt_state), batch, key, *epochs
+    )
+    return unravel(flat_params), opt_state, stats

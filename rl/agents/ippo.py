@@ -36,15 +36,15 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from envs.spaces import Discrete
 from rl import agent_configs, environment, episodes, layers, losses, multi_agent, networks
 from rl.agent_configs import NetworkConfig, network_config
 from rl.agents import ppo
 from rl.collection import rollout_keys, scan_packed_outputs
 from rl.config_parsing import ConfigError, hp
 from rl.log_points import log_point_metrics, scan_log_points, scan_updates
-from rl.minibatches import minibatch_epochs
-from rl.optimizers import annealed_clipped_adam, flat_step
+from rl.minibatches import adam_epochs
+from rl.multi_agent import learning_reward, shaping_weight
+from rl.optimizers import annealed_clipped_adam
 from rl.rollout import greedy_episodes
 from rl.state import Envs, OnPolicyState
 from rl.trainer import Trainer, train_from_trainer
@@ -75,32 +75,13 @@ class Config(agent_configs.PPOLoopConfig):
 
 
 def check_env(config, env, env_params) -> None:
-    """IPPO needs Discrete actions, separate actor and critic networks, vector observations for
-    `agent.agent_id_input`, and info["shaped_reward"] for `agent.shaped_reward_anneal_steps`."""
-    agent, env_id = config.agent, config.env.id
-    space = env.action_space(env_params)
-    if not isinstance(space, Discrete):
+    """IPPO needs separate actor and critic networks, and what `multi_agent.check_team_env` checks
+    (Discrete actions, vector observations for agent ids, a shaped reward to anneal)."""
+    if config.agent.shared_network:
         raise ConfigError(
-            f"env.id: {agent.name} supports Discrete actions; {env_id} has {space} (continuous "
-            "actions are not supported)"
+            f"agent.shared_network: {config.agent.name}'s actor and critic are separate networks"
         )
-    if agent.shared_network:
-        raise ConfigError(
-            f"agent.shared_network: {agent.name}'s actor and critic are separate networks"
-        )
-    obs_shape = env.observation_space(env_params).shape
-    if agent.agent_id_input and len(obs_shape) != 1:
-        raise ConfigError(
-            f"agent.agent_id_input: agent ids are appended to vector observations; {env_id}'s "
-            f"have shape {obs_shape}"
-        )
-    if agent.shaped_reward_anneal_steps and "shaped_reward" not in multi_agent.step_info(
-        env, env_params
-    ):
-        raise ConfigError(
-            f"agent.shaped_reward_anneal_steps: {env_id} reports no info['shaped_reward'] to "
-            "shape the reward with; set it to 0"
-        )
+    multi_agent.check_team_env(config, env, env_params)
 
 
 # ---------------------------------------------------------------- the networks and the policy
@@ -237,18 +218,18 @@ class Transition(NamedTuple):
     final_obs: Observation  # what the step reached (info["final_obs"])
 
 
-def shaping_weight(agent: Config, step):
-    """w = max(0, 1 - step / agent.shaped_reward_anneal_steps) at `step` env steps (0: off)."""
-    if not agent.shaped_reward_anneal_steps:
-        return 0.0
-    return jnp.maximum(0.0, 1.0 - step / agent.shaped_reward_anneal_steps)
-
-
-def learning_reward(agent: Config, reward, info, weight):
-    """r_i + w info["shaped_reward"]_i with `agent.shaped_reward_anneal_steps`, else r_i."""
-    if not agent.shaped_reward_anneal_steps:
-        return reward
-    return reward + weight * info["shaped_reward"]
+def step_envs(s: Setup, keys, env_state, action, ended, shaping):
+    """Every env's step under the agents' actions: (the next Observations, the env states, (the
+    reward learned from, terminated, truncated, the Observations reached), the per-env
+    `episodes.EpisodeTotals` `ended` with the episodes that ended added); `shaping` is the weight
+    of the shaped reward (`multi_agent.learning_reward`)."""
+    next_obs, env_state, reward, terminated, truncated, info = s.step(
+        keys, env_state, action, s.env_params
+    )
+    ended = episodes.count_episodes(ended, info)
+    reward = learning_reward(s.agent, reward, info, shaping)
+    reached = observe(s, info["final_obs"], info, "final_")
+    return observe(s, next_obs, info), env_state, (reward, terminated, truncated, reached), ended
 
 
 def rollout(s: Setup, params, envs: Envs, key, shaping):
@@ -262,14 +243,11 @@ def rollout(s: Setup, params, envs: Envs, key, shaping):
         pi = policy(s.actor, params, seen.obs, seen.action_mask)
         action = pi.sample(act_key)
         log_prob, _ = pi.log_prob_entropy(action, backend="reference")
-        next_obs, env_state, reward, terminated, truncated, info = s.step(
-            env_keys, env_state, action, s.env_params
+        next_seen, env_state, outcome, ended = step_envs(
+            s, env_keys, env_state, action, ended, shaping
         )
-        ended = episodes.count_episodes(ended, info)
-        reward = learning_reward(s.agent, reward, info, shaping)
-        reached = observe(s, info["final_obs"], info, "final_")
-        trans = Transition(seen, action, log_prob, reward, terminated, truncated, reached)
-        return (params, observe(s, next_obs, info), env_state, ended), trans
+        trans = Transition(seen, action, log_prob, *outcome)
+        return (params, next_seen, env_state, ended), trans
 
     keys = rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
     carry = (params, envs.obs, envs.state, episodes.no_episodes((s.agent.num_envs,)))
@@ -298,12 +276,19 @@ def learn_batch(s: Setup, hparams, params, traj: Transition):
     a batch axis of the time-major scan)."""
     critic = lambda seen: s.critic.apply(params["critic"], s.critic_input(seen))
     values, final_values = critic(traj.obs), critic(traj.final_obs)
+    advantages, targets = team_gae(s, hparams, traj, values, final_values)
+    data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values), advantages, targets)
+    return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
+
+
+def team_gae(s: Setup, hparams, traj: Transition, values, final_values):
+    """(advantages, targets) [T, E, A]: `losses.truncation_aware_gae` of every agent (the agents
+    axis a batch axis of the time-major scan) on the scaled rewards of `traj`, from its values
+    V(o_ti) and V(final_obs_ti)."""
     gae = partial(losses.truncation_aware_gae, backend=s.backend, deterministic=s.deterministic)
     rewards, episode_ends = traj.reward * hparams["reward_scale"], (traj.terminated, traj.truncated)
     rates = (hparams["gamma"], hparams["gae_lambda"])
-    advantages, targets = gae(rewards, values, final_values, *episode_ends, *rates)
-    data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values), advantages, targets)
-    return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
+    return gae(rewards, values, final_values, *episode_ends, *rates)
 
 
 def minibatch_loss(s: Setup, hparams, params, minibatch):
@@ -329,21 +314,13 @@ def update(s: Setup, hparams, state: OnPolicyState, totals):
     totals = episodes.add_totals(totals, ended)
     # values and advantages, per agent
     batch = learn_batch(s, hparams, state.params, traj)
-    # update epochs
-    flat_params, unravel = ravel_pytree(state.params)
-    adam = annealed_clipped_adam(agent, hparams["lr"], hparams["max_grad_norm"], eps=agent.adam_eps)
-    grads_fn = partial(ppo.autodiff_grads, partial(minibatch_loss, s), hparams)
-
-    def minibatch_step(carry, minibatch):
-        grads, _, stats = grads_fn(carry[0], unravel, minibatch)
-        return flat_step(adam, *carry, grads), stats
-
-    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)
-    (flat_params, opt_state), stats = minibatch_epochs(
-        minibatch_step, (flat_params, state.opt_state), batch, shuffle_key, *epochs
+    # update epochs: Adam steps on the flat parameter vector
+    loss = partial(minibatch_loss, s, hparams)
+    params, opt_state, stats = adam_epochs(
+        agent, hparams, loss, state.params, state.opt_state, batch, shuffle_key
     )
     step, updates = state.step + agent.batch_size, state.updates + 1
-    state = OnPolicyState(unravel(flat_params), opt_state, envs, key, step, updates)
+    state = OnPolicyState(params, opt_state, envs, key, step, updates)
     stats = jax.tree.map(jnp.mean, stats)
     if agent.shaped_reward_anneal_steps:
         stats["shaping_weight"] = shaping

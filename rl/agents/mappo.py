@@ -66,10 +66,17 @@ def make_setup(config) -> ippo.Setup:
 
 def central_critic(agent: Config, env, env_params):
     """(critic, critic_input) of V(s, e_i): the critic reads `world_view` of the global state."""
+    space, view = world_input(env, env_params)
+    return ippo.make_critic(agent, space), view
+
+
+def world_input(env, env_params):
+    """(space, input) of `world_view`, what a critic of the global state reads: [..., A, G + A]
+    from an Observation [...]."""
     shape = env.global_state_space(env_params).shape
     flat = Box(-np.inf, np.inf, (int(np.prod(shape)),), np.float32)
-    state_space = multi_agent.id_space(flat, env.num_agents)
-    return ippo.make_critic(agent, state_space), partial(world_view, env.num_agents, len(shape))
+    space = multi_agent.id_space(flat, env.num_agents)
+    return space, partial(world_view, env.num_agents, len(shape))
 
 
 def make_trainer(config) -> Trainer:

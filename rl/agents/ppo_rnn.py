@@ -69,9 +69,9 @@ class Config(agent_configs.PPOLoopConfig):
     def validate(self):
         if not self.network.recurrent:
             raise ConfigError(
-                "agent.network.torso: ppo_rnn needs a recurrent torso "
+                f"agent.network.torso: {self.name} needs a recurrent torso "
                 f"({' or '.join(agent_configs.RECURRENT_TORSOS)}), got {self.network.torso!r}; "
-                "for a feedforward torso use agent ppo"
+                f"for a feedforward torso use agent {self.name.removesuffix('_rnn')}"
             )
         if self.num_envs % self.num_minibatches:
             raise ConfigError(
@@ -286,25 +286,13 @@ def update(s: Setup, hparams, state: OnPolicyState, totals: episodes.EpisodeTota
     totals = episodes.add_episodes(totals, traj.episode)
     # values and advantages
     batch = learn_batch(s, hparams, state.params, traj, state.envs.memory.carry)
-    # update epochs: minibatches of whole env sequences, steps on the flat parameter vector
-    flat_params, unravel = ravel_pytree(state.params)
+    # update epochs: minibatches of whole env sequences, Adam steps on the flat parameter vector
     loss = partial(minibatch_loss, s, hparams)
-    adam = optimizers.annealed_clipped_adam(
-        agent, hparams["lr"], hparams["max_grad_norm"], eps=agent.adam_eps
-    )
-
-    def minibatch_step(carry, minibatch):
-        flat_params, opt_state = carry
-        grads, stats = jax.grad(loss, has_aux=True)(unravel(flat_params), minibatch)
-        flat_grads = ravel_pytree(grads)[0]
-        return optimizers.flat_step(adam, flat_params, opt_state, flat_grads), stats
-
-    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)
-    (flat_params, opt_state), stats = minibatches.minibatch_epochs(
-        minibatch_step, (flat_params, state.opt_state), batch, shuffle_key, *epochs
+    params, opt_state, stats = minibatches.adam_epochs(
+        agent, hparams, loss, state.params, state.opt_state, batch, shuffle_key
     )
     step, updates = state.step + agent.batch_size, state.updates + 1
-    state = OnPolicyState(unravel(flat_params), opt_state, envs, key, step, updates)
+    state = OnPolicyState(params, opt_state, envs, key, step, updates)
     return state, totals, jax.tree.map(jnp.mean, stats)
 
 
