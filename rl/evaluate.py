@@ -20,9 +20,9 @@ one episode of setting 0, seed 0 (the reset state, then the state after each ste
 one included), written as a GIF with Pillow.
 
 A multi-agent env's policy (`make_policy(config) -> policy(params, obs[A, ...], key,
-action_mask[A, n]) -> actions[A]`) reads the env's action masks; an episode's return is the team's,
-the sum over steps of the mean reward over agents, and it ends when every agent has terminated or
-is truncated.
+action_mask[A, n]) -> actions[A]`, or a `RecurrentPolicy` whose step also takes the mask) reads the
+env's action masks; an episode's return is the team's, the sum over steps of the mean reward over
+agents, and it ends when every agent has terminated or is truncated.
 """
 
 from __future__ import annotations
@@ -56,10 +56,11 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
 
     states[t] is the state after t steps, frozen once the episode has ended; done[t] says whether it
     had ended by then. reward_t counts only while the episode runs. A `RecurrentPolicy` starts from
-    its initial carry and carries it from step to step. A multi-agent env's episode goes through
-    `team_rollout`."""
-    if is_multi_agent(env):
-        return team_rollout(env, env_params, policy, params, key, max_steps)
+    its initial carry and carries it from step to step. On a multi-agent env the policy also reads
+    the env's action masks (`policy(params, obs, key, mask)`, a `RecurrentPolicy`'s step with the
+    mask last), the reward is the mean over agents, and the episode ends when every agent has
+    terminated or is truncated."""
+    team = is_multi_agent(env)
     policy = as_recurrent(policy)
     reset_key, key = jax.random.split(key)
     obs, state = env.reset(reset_key, env_params)
@@ -67,60 +68,25 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
     def step(carry, _):
         obs, state, memory, key, total, length, done = carry
         key, policy_key, step_key = jax.random.split(key, 3)
-        memory, action = policy.step(params, memory, obs, policy_key)
-        next_obs, next_state, reward, terminated, info = env.step_env(
-            step_key, state, action, env_params
-        )
-        truncated = env.truncation(next_state, env_params)
-        total = total + jnp.where(done, 0.0, jnp.asarray(reward, jnp.float32))
-        length = length + jnp.where(done, 0, 1)
-        keep = lambda old, new: jnp.where(done, old, new)
-        state = jax.tree.map(keep, state, next_state)
-        obs = keep(obs, next_obs)
-        done = done | jnp.asarray(terminated, bool) | truncated
-        return (obs, state, memory, key, total, length, done), (state, done)
-
-    init = (
-        obs,
-        state,
-        policy.initial_carry(),
-        key,
-        jnp.float32(0.0),
-        jnp.int32(0),
-        jnp.bool_(False),
-    )
-    (_, _, _, _, total, length, _), (states, dones) = jax.lax.scan(
-        step, init, None, length=max_steps
-    )
-    states = jax.tree.map(lambda first, rest: jnp.concatenate([first[None], rest]), state, states)
-    dones = jnp.concatenate([jnp.zeros((1,), bool), dones])
-    return total, length, states, dones
-
-
-def team_rollout(env, env_params, policy, params, key, max_steps: int):
-    """`rollout` for a multi-agent env: `policy(params, obs, key, mask)` acts for every agent on
-    the env's action masks, the return sums the mean reward over agents, and the episode ends when
-    every agent has terminated or is truncated."""
-    reset_key, key = jax.random.split(key)
-    obs, state = env.reset(reset_key, env_params)
-
-    def step(carry, _):
-        obs, state, key, total, length, done = carry
-        key, policy_key, step_key = jax.random.split(key, 3)
-        action = policy(params, obs, policy_key, env.action_mask(state, env_params))
+        masks = (env.action_mask(state, env_params),) if team else ()
+        memory, action = policy.step(params, memory, obs, policy_key, *masks)
         next_obs, next_state, reward, terminated, _ = env.step_env(
             step_key, state, action, env_params
         )
+        reward = jnp.asarray(reward, jnp.float32)
         ended = jnp.asarray(terminated, bool) | env.truncation(next_state, env_params)
-        total = total + jnp.where(done, 0.0, jnp.mean(jnp.asarray(reward, jnp.float32)))
+        if team:  # the team's reward and episode end
+            reward, ended = jnp.mean(reward), jnp.all(ended)
+        total = total + jnp.where(done, 0.0, reward)
         length = length + jnp.where(done, 0, 1)
         keep = lambda old, new: jnp.where(done, old, new)
         state = jax.tree.map(keep, state, next_state)
-        done = done | jnp.all(ended)
-        return (keep(obs, next_obs), state, key, total, length, done), (state, done)
+        done = done | ended
+        return (keep(obs, next_obs), state, memory, key, total, length, done), (state, done)
 
-    init = (obs, state, key, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False))
-    (_, _, _, total, length, _), (states, dones) = jax.lax.scan(step, init, None, length=max_steps)
+    totals = (jnp.float32(0.0), jnp.int32(0), jnp.bool_(False))
+    init = (obs, state, policy.initial_carry(), key, *totals)
+    (*_, total, length, _), (states, dones) = jax.lax.scan(step, init, None, length=max_steps)
     states = jax.tree.map(lambda first, rest: jnp.concatenate([first[None], rest]), state, states)
     dones = jnp.concatenate([jnp.zeros((1,), bool), dones])
     return total, length, states, dones

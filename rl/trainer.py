@@ -32,7 +32,8 @@ from rl.config import hyperparams
 class RecurrentPolicy(NamedTuple):
     """A policy with memory, as `make_policy` returns it for a recurrent agent: every episode starts
     from `initial_carry(batch=())` (the state for one env, or for a batch shape of envs), and each
-    step is `step(params, carry, obs, key) -> (carry, action)`."""
+    step is `step(params, carry, obs, key) -> (carry, action)` (a multi-agent policy's,
+    `step(params, carry, obs, key, action_mask) -> (carry, actions)`)."""
 
     initial_carry: Callable
     step: Callable
@@ -40,13 +41,13 @@ class RecurrentPolicy(NamedTuple):
 
 def as_recurrent(policy) -> RecurrentPolicy:
     """`policy` if it is a `RecurrentPolicy`, else the memoryless
-    `policy(params, obs, key) -> action` as one with an empty carry: code that plays episodes
-    handles both with one loop."""
+    `policy(params, obs, key) -> action` (or a team's `policy(params, obs, key, action_mask)`) as
+    one with an empty carry: code that plays episodes handles both with one loop."""
     if isinstance(policy, RecurrentPolicy):
         return policy
     return RecurrentPolicy(
         initial_carry=lambda batch=(): (),
-        step=lambda params, carry, obs, key: (carry, policy(params, obs, key)),
+        step=lambda params, carry, obs, key, *mask: (carry, policy(params, obs, key, *mask)),
     )
 
 
