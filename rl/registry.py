@@ -16,6 +16,8 @@ AGENTS: dict[str, str] = {
     "pqn": "rl.agents.pqn",
     "ippo": "rl.agents.ippo",
     "mappo": "rl.agents.mappo",
+    "ippo_rnn": "rl.agents.ippo_rnn",
+    "mappo_rnn": "rl.agents.mappo_rnn",
     "pqn_vdn": "rl.agents.pqn_vdn",
 }
 
