@@ -275,12 +275,15 @@ def test_sumtree_does_not_drift_over_a_million_updates():
 def buffer_with_priorities(priorities, alpha, capacity):
     """A prioritized buffer of `capacity` items whose first len(priorities) are stored with leaf
     p^alpha (the rest empty); items hold their own index."""
+    return _buffer_with_priorities(jnp.asarray(priorities, jnp.float32), alpha, capacity)
+
+
+@partial(jax.jit, static_argnums=(1, 2))
+def _buffer_with_priorities(priorities, alpha, capacity):
     buf = buffers.prioritized_init({"i": jnp.int32(0)}, capacity)
     n = len(priorities)
     buf = buffers.prioritized_add(buf, {"i": jnp.arange(n, dtype=jnp.int32)})
-    return buffers.prioritized_update(
-        buf, jnp.arange(n), jnp.asarray(priorities, jnp.float32), alpha
-    )
+    return buffers.prioritized_update(buf, jnp.arange(n), priorities, alpha)
 
 
 @settings(max_examples=12, deadline=None)
