@@ -4,8 +4,8 @@ Orthogonal init draws weights with a LAPACK QR. Batched by the sweep x seed vmap
 kernel parks a worker thread until the pieces of the batch are done; with as many such QRs running
 at once as there are worker threads, the program hangs forever (every thread idle). These tests
 check the programs rl builds hold no batched LAPACK call, that looping gives the same values as
-batching, and that a SAC sweep x seed program (a reliable hang on a 2-core machine before the fix)
-runs to the end under XLA's default scheduler.
+batching, and (`-m slow`) that a SAC sweep x seed program (a reliable hang on a 2-core machine
+before the fix) runs to the end under XLA's default scheduler.
 """
 
 from __future__ import annotations
@@ -199,10 +199,13 @@ SAC_SWEEP = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sac_sweep_program_does_not_hang_under_the_default_scheduler():
     """2 settings x 2 seeds of SAC with 128-wide networks, run 20 times in a subprocess under XLA's
     default (concurrency-optimized) CPU scheduler. With batched QRs this hung within a few runs on
-    a 2-core machine; a hang fails here on the timeout."""
+    a 2-core machine; a hang fails here on the timeout. (A stress run, `-m slow`: the default suite
+    checks the cause, a batched LAPACK call, is absent from every agent's sweep and init programs,
+    test_sweep_program_has_no_batched_lapack_call.)"""
     env = subprocess_env(XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=true")
     try:
         done = subprocess.run(
