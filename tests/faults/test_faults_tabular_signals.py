@@ -34,9 +34,11 @@ REPEATED = pytest.mark.slow
 @pytest.mark.parametrize(
     "fault,at_step",
     [
-        pytest.param(fault, step, marks=[] if fault == "SIGKILL" else REPEATED)
-        # SIGINT: also tests/rl/test_failures.py's Ctrl-C test (this family, the same checks),
-        # the replay-based family here and the closed pipes below; SIGTERM: the on-policy family
+        pytest.param(fault, step, marks=REPEATED)
+        # kill -9: the recurrent family (test_faults_agents.py) and, on this family,
+        # tests/rl/test_checkpoint.py's killed-mid-chunk test (with a damaged newer checkpoint);
+        # SIGINT: tests/rl/test_failures.py's Ctrl-C test (this family, the same checks), the
+        # replay-based family and the closed pipes below; SIGTERM: the on-policy family
         for fault in ("SIGKILL", "SIGINT", "SIGTERM")
         for step in injection_steps(f"{FAMILY}-{fault}", BEFORE_LAST_CHUNK, 1)
     ],
