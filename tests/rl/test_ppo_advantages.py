@@ -3,6 +3,7 @@ every epoch (`agent.recompute_advantages`) and computed in every minibatch over 
 (`agent.minibatch_advantages`), each against GAE run by hand or the per-update path.
 (Bad values of these keys: tests/rl/test_ppo.py.)"""
 
+import functools
 from functools import partial
 
 import jax
@@ -44,19 +45,24 @@ def test_gae_horizon_equals_gae_run_on_each_segment_alone():
 
 def test_gae_horizon_changes_the_run_and_keeps_it_finite():
     key = jax.random.PRNGKey(0)
-    _, cut = jax.jit(ppo.make_train(make_config(gae_horizon=8)))(key)
-    _, whole = jax.jit(ppo.make_train(make_config()))(key)
+    cut, whole = runs(key, gae_horizon=8)(), runs(key)()
     assert np.isfinite(np.asarray(cut["value_loss"])).all()
     assert not np.allclose(cut["value_loss"], whole["value_loss"])
 
 
 def runs(key, **agent):
-    """`run(**hparams) -> metrics` of `make_config(**agent)`'s program from `key`, compiled once:
-    sweepable hyperparameters such as lr are arguments of the compiled program (as in a sweep), so
-    runs that differ only in them share one compile."""
+    """`run(**hparams) -> metrics` of `make_config(**agent)`'s program from `key`, compiled once
+    per module: sweepable hyperparameters such as lr are arguments of the compiled program (as in a
+    sweep), so runs that differ only in them share one compile, and so do tests that run the same
+    settings."""
     config = make_config(**agent)
-    train, defaults = jax.jit(ppo.make_train(config)), hyperparams(config.agent)
+    train, defaults = compiled_train(tuple(sorted(agent.items()))), hyperparams(config.agent)
     return lambda **h: train(key, {**defaults, **{k: jnp.float32(v) for k, v in h.items()}})[1]
+
+
+@functools.cache
+def compiled_train(agent: tuple):
+    return jax.jit(ppo.make_train(make_config(**dict(agent))))
 
 
 def test_recompute_advantages_recomputes_from_the_current_network():
