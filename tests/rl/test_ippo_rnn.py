@@ -62,7 +62,13 @@ def toy() -> Toy:
     """On MaskedGuess (agent a terminated from the second step of each 4-step episode, b truncated
     at the fourth; masks that change every step; a global state), recurrent MAPPO with one set of
     parameters per agent: a 6-step rollout of 3 envs, then the 6-step rollout under test, which
-    starts 2 steps into an episode."""
+    starts 2 steps into an episode. Traced at full float32 matmul precision, as its tests compare
+    (the function-scoped `full_precision_matmuls` starts after module fixtures)."""
+    with jax.default_matmul_precision("highest"):
+        return _toy()
+
+
+def _toy() -> Toy:
     config = make_config(
         name="mappo_rnn",
         num_envs=3,
