@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import ppo_grads  # noqa: E402
+from kernels._mlp_tiles import padded  # noqa: E402
 
 SM90 = {"registers": 65536, "shared": 233472, "reserved_shared": 1024, "warps": 64, "programs": 32}
 
@@ -97,7 +98,7 @@ def compile_both(
     """{"actor": compiled, "critic": compiled} for sizes (obs_dim, (hidden1, hidden2), actions),
     padded as the op pads them, with the launch's settings (jax-triton's default: 3 stages)."""
     obs_dim, (h1, h2), actions = sizes
-    pad = ppo_grads._padded
+    pad = padded
     common = dict(
         DP=pad(obs_dim),
         H1P=pad(h1),

@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels._mlp_tiles import backprop, load_mlp, padded, store_grads, torso
 from kernels._triton import tl, triton
 from kernels.launch import (
     cdiv,
@@ -63,7 +64,6 @@ from kernels.launch import (
     chosen_automatically,
     fold_vmap,
     launch,
-    next_power_of_2,
     resolve_backend,
 )
 
@@ -97,168 +97,6 @@ AUTO_TRITON_MIN_ROWS_ONE_SEED = 32768
 MIN_PROGRAMS = 528  # split rows into chunks until seeds x chunks reaches this (4 waves of 132 SMs)
 NUM_WARPS = 4
 AUX_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
-
-
-# ---------------------------------------------------------------- Triton helpers
-
-
-@triton.jit
-def _load_matrix(ptr, R, C, RP: tl.constexpr, CP: tl.constexpr):
-    """The row-major [R, C] matrix at ptr, zero-padded to [RP, CP]."""
-    r = tl.arange(0, RP)
-    c = tl.arange(0, CP)
-    return tl.load(
-        ptr + r[:, None] * C + c[None, :], mask=(r[:, None] < R) & (c[None, :] < C), other=0.0
-    )
-
-
-@triton.jit
-def _load_vector(ptr, C, CP: tl.constexpr):
-    c = tl.arange(0, CP)
-    return tl.load(ptr + c, mask=c < C, other=0.0)
-
-
-@triton.jit
-def _store_matrix(ptr, R, C, value, RP: tl.constexpr, CP: tl.constexpr):
-    r = tl.arange(0, RP)
-    c = tl.arange(0, CP)
-    tl.store(ptr + r[:, None] * C + c[None, :], value, mask=(r[:, None] < R) & (c[None, :] < C))
-
-
-@triton.jit
-def _store_vector(ptr, C, value, CP: tl.constexpr):
-    c = tl.arange(0, CP)
-    tl.store(ptr + c, value, mask=c < C)
-
-
-@triton.jit
-def _activate(z, RELU: tl.constexpr):
-    if RELU:
-        return tl.maximum(z, 0.0)
-    else:
-        return 1.0 - 2.0 / (
-            tl.exp(2.0 * z) + 1.0
-        )  # tanh; saturates to +-1 without overflow trouble
-
-
-@triton.jit
-def _activation_grad(h, RELU: tl.constexpr):
-    """f'(z) from h = f(z): relu -> [h > 0], tanh -> 1 - h^2."""
-    if RELU:
-        return (h > 0.0).to(tl.float32)
-    else:
-        return 1.0 - h * h
-
-
-@triton.jit
-def _torso(x, w1, b1, w2, b2, RELU: tl.constexpr, PRECISION: tl.constexpr):
-    h1 = _activate(tl.dot(x, w1, input_precision=PRECISION) + b1[None, :], RELU)
-    h2 = _activate(tl.dot(h1, w2, input_precision=PRECISION) + b2[None, :], RELU)
-    return h1, h2
-
-
-@triton.jit
-def _backprop(
-    x,
-    h1,
-    h2,
-    d_out,
-    w2,
-    w3,
-    g_w1,
-    g_b1,
-    g_w2,
-    g_b2,
-    g_w3,
-    g_b3,
-    RELU: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """Adds this block's weight gradients, given dL/d(out) for its rows (zero on padded rows).
-
-    w2 and w3 stay as loaded ([in, out]) and are transposed inside each ``tl.dot``: the forward
-    pass reads them untransposed, so the row loop holds one on-chip copy of each weight, not two
-    (benchmarks/RESULTS.md, "Tried and did not pay", times the hoisted-transpose variant)."""
-    g_w3 += tl.dot(tl.trans(h2), d_out, input_precision=PRECISION)
-    g_b3 += tl.sum(d_out, axis=0)
-    d_z2 = tl.dot(d_out, tl.trans(w3), input_precision=PRECISION) * _activation_grad(h2, RELU)
-    g_w2 += tl.dot(tl.trans(h1), d_z2, input_precision=PRECISION)
-    g_b2 += tl.sum(d_z2, axis=0)
-    d_z1 = tl.dot(d_z2, tl.trans(w2), input_precision=PRECISION) * _activation_grad(h1, RELU)
-    g_w1 += tl.dot(tl.trans(x), d_z1, input_precision=PRECISION)
-    g_b1 += tl.sum(d_z1, axis=0)
-    return g_w1, g_b1, g_w2, g_b2, g_w3, g_b3
-
-
-@triton.jit
-def _load_mlp(
-    ptr,
-    off_w1,
-    off_b1,
-    off_w2,
-    off_b2,
-    off_w3,
-    off_b3,
-    D,
-    H1,
-    H2,
-    O,
-    DP: tl.constexpr,
-    H1P: tl.constexpr,
-    H2P: tl.constexpr,
-    OP: tl.constexpr,
-):
-    """The six arrays of one MLP from a flat parameter vector at ptr, each at its offset,
-    zero-padded."""
-    w1 = _load_matrix(ptr + off_w1, D, H1, DP, H1P)
-    b1 = _load_vector(ptr + off_b1, H1, H1P)
-    w2 = _load_matrix(ptr + off_w2, H1, H2, H1P, H2P)
-    b2 = _load_vector(ptr + off_b2, H2, H2P)
-    w3 = _load_matrix(ptr + off_w3, H2, O, H2P, OP)
-    b3 = _load_vector(ptr + off_b3, O, OP)
-    return w1, b1, w2, b2, w3, b3
-
-
-@triton.jit
-def _store_grads(
-    ptr,
-    off_w1,
-    off_b1,
-    off_w2,
-    off_b2,
-    off_w3,
-    off_b3,
-    D,
-    H1,
-    H2,
-    O,
-    g_w1,
-    g_b1,
-    g_w2,
-    g_b2,
-    g_w3,
-    g_b3,
-    DP: tl.constexpr,
-    H1P: tl.constexpr,
-    H2P: tl.constexpr,
-    OP: tl.constexpr,
-):
-    """Writes the six gradients into a flat vector at ptr, each at its array's offset; returns their
-    sum of squares (the padding is zero, so the padded tiles sum exactly)."""
-    _store_matrix(ptr + off_w1, D, H1, g_w1, DP, H1P)
-    _store_vector(ptr + off_b1, H1, g_b1, H1P)
-    _store_matrix(ptr + off_w2, H1, H2, g_w2, H1P, H2P)
-    _store_vector(ptr + off_b2, H2, g_b2, H2P)
-    _store_matrix(ptr + off_w3, H2, O, g_w3, H2P, OP)
-    _store_vector(ptr + off_b3, O, g_b3, OP)
-    return (
-        tl.sum(tl.sum(g_w1 * g_w1, axis=1), axis=0)
-        + tl.sum(g_b1 * g_b1, axis=0)
-        + tl.sum(tl.sum(g_w2 * g_w2, axis=1), axis=0)
-        + tl.sum(g_b2 * g_b2, axis=0)
-        + tl.sum(tl.sum(g_w3 * g_w3, axis=1), axis=0)
-        + tl.sum(g_b3 * g_b3, axis=0)
-    )
 
 
 # ---------------------------------------------------------------- the two kernels
@@ -304,7 +142,7 @@ def _actor_grads_kernel(
     the squared gradients at aux[b S + s]."""
     b = tl.program_id(0)
     s = tl.program_id(1)
-    w1, b1, w2, b2, w3, b3 = _load_mlp(
+    w1, b1, w2, b2, w3, b3 = load_mlp(
         params_ptr + b.to(tl.int64) * P,
         off_w1,
         off_b1,
@@ -345,7 +183,7 @@ def _actor_grads_kernel(
             mask=ok[:, None] & (d_cols[None, :] < D),
             other=0.0,
         )
-        h1, h2 = _torso(x, w1, b1, w2, b2, RELU, PRECISION)
+        h1, h2 = torso(x, w1, b1, w2, b2, RELU, PRECISION)
         logits = tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :]
         logits = tl.where(a_ok[None, :], logits, -float("inf"))
         top = tl.max(logits, axis=1)
@@ -370,7 +208,7 @@ def _actor_grads_kernel(
             p_log_p + p * entropy[:, None]
         )
         d_logits = tl.where(ok[:, None] & a_ok[None, :], d_logits, 0.0)
-        g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = _backprop(
+        g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = backprop(
             x, h1, h2, d_logits, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU, PRECISION
         )
         loss_sum += tl.sum(tl.where(ok, -tl.minimum(surr1, surr2), 0.0), axis=0)
@@ -378,7 +216,7 @@ def _actor_grads_kernel(
         kl_sum += tl.sum(tl.where(ok, (ratio - 1.0) - log_ratio, 0.0), axis=0)
         clipped_sum += tl.sum(tl.where(ok & (tl.abs(ratio - 1.0) > clip), 1.0, 0.0), axis=0)
     i = b * S + s
-    sq_sum = _store_grads(
+    sq_sum = store_grads(
         grads_ptr + i.to(tl.int64) * P,
         off_w1,
         off_b1,
@@ -448,7 +286,7 @@ def _critic_grads_kernel(
     sums of the value loss and of the squared gradients at aux[b S + s]."""
     b = tl.program_id(0)
     s = tl.program_id(1)
-    w1, b1, w2, b2, w3, b3 = _load_mlp(
+    w1, b1, w2, b2, w3, b3 = load_mlp(
         params_ptr + b.to(tl.int64) * P,
         off_w1,
         off_b1,
@@ -485,7 +323,7 @@ def _critic_grads_kernel(
             mask=ok[:, None] & (d_cols[None, :] < D),
             other=0.0,
         )
-        h1, h2 = _torso(x, w1, b1, w2, b2, RELU, PRECISION)
+        h1, h2 = torso(x, w1, b1, w2, b2, RELU, PRECISION)
         value = tl.sum(
             tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :], axis=1
         )  # padded columns are 0
@@ -505,12 +343,12 @@ def _critic_grads_kernel(
             loss = 0.5 * unclipped
         d_value = tl.where(ok, (vf_coef * inv_m) * d_value, 0.0)
         d_out = tl.where(o_cols[None, :] == 0, d_value[:, None], 0.0)
-        g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = _backprop(
+        g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = backprop(
             x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU, PRECISION
         )
         loss_sum += tl.sum(tl.where(ok, loss, 0.0), axis=0)
     i = b * S + s
-    sq_sum = _store_grads(
+    sq_sum = store_grads(
         grads_ptr + i.to(tl.int64) * P,
         off_w1,
         off_b1,
@@ -538,10 +376,6 @@ def _critic_grads_kernel(
 
 
 # ---------------------------------------------------------------- launching
-
-
-def _padded(n: int) -> int:
-    return max(16, next_power_of_2(n))
 
 
 def _row_chunks(num_seeds: int, m: int) -> tuple[int, int]:
@@ -753,9 +587,9 @@ def _flat_grads_core(
         backend=backend,
         grid=(b, chunks),
         num_warps=NUM_WARPS,
-        DP=_padded(d),
-        H1P=_padded(h1),
-        H2P=_padded(h2),
+        DP=padded(d),
+        H1P=padded(h1),
+        H2P=padded(h2),
         BLOCK=BLOCK_M,
         RELU=activation == "relu",
         PRECISION=dot_precision,
@@ -781,7 +615,7 @@ def _flat_grads_core(
         a,
         *layout.actor,
         out_shape=[grads_shape, jax.ShapeDtypeStruct((b * chunks, 5), f32)],
-        AP=_padded(a),
+        AP=padded(a),
         **common,
     )
     grads, aux_critic = launch(
@@ -975,7 +809,7 @@ def shared_memory_estimate(obs_dim: int, hidden: tuple[int, int], actions: int) 
     246,528 to 295,680 bytes at obs 64, hidden 128 x 128 and 16 to 64 actions, exactly as this
     formula gives; fits at obs 16 with 16 actions, at obs 8 with 4, and at 64 x 64 with 64
     actions). With ieee products the dots run without staging and every size within LIMITS fits."""
-    dp, h1p, h2p, ap = (_padded(n) for n in (obs_dim, *hidden, actions))
+    dp, h1p, h2p, ap = (padded(n) for n in (obs_dim, *hidden, actions))
     return 8 * (dp * h1p + h1p * h2p + h2p * ap) + 4 * BLOCK_M * (h1p + h2p) + 768
 
 

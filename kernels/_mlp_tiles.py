@@ -1,0 +1,181 @@
+"""Triton building blocks of the fused MLP kernels (`ppo_grads`, `q_grads`, `q_act`): tiles of a
+two-hidden-layer MLP read from and written to a flat parameter vector, its forward pass and its
+backpropagation for one block of rows.
+
+The MLP, with activation f = tanh or relu (f(0) = 0, so padded hidden units stay 0 and their
+gradients are exactly 0):
+
+    h1 = f(x W1 + b1),   h2 = f(h1 W2 + b2),   out = h2 W3 + b3
+
+Every tile is zero-padded to power-of-two sizes (at least 16, what `tl.dot` needs), so the padded
+rows and columns add exact zeros to every product and sum.
+"""
+
+from __future__ import annotations
+
+from kernels._triton import tl, triton
+from kernels.launch import next_power_of_2
+
+
+def padded(n: int) -> int:
+    """The tile size that holds n entries: a power of two, at least 16."""
+    return max(16, next_power_of_2(n))
+
+
+@triton.jit
+def load_matrix(ptr, R, C, RP: tl.constexpr, CP: tl.constexpr):
+    """The row-major [R, C] matrix at ptr, zero-padded to [RP, CP]."""
+    r = tl.arange(0, RP)
+    c = tl.arange(0, CP)
+    return tl.load(
+        ptr + r[:, None] * C + c[None, :], mask=(r[:, None] < R) & (c[None, :] < C), other=0.0
+    )
+
+
+@triton.jit
+def load_vector(ptr, C, CP: tl.constexpr):
+    c = tl.arange(0, CP)
+    return tl.load(ptr + c, mask=c < C, other=0.0)
+
+
+@triton.jit
+def store_matrix(ptr, R, C, value, RP: tl.constexpr, CP: tl.constexpr):
+    r = tl.arange(0, RP)
+    c = tl.arange(0, CP)
+    tl.store(ptr + r[:, None] * C + c[None, :], value, mask=(r[:, None] < R) & (c[None, :] < C))
+
+
+@triton.jit
+def store_vector(ptr, C, value, CP: tl.constexpr):
+    c = tl.arange(0, CP)
+    tl.store(ptr + c, value, mask=c < C)
+
+
+@triton.jit
+def activate(z, RELU: tl.constexpr):
+    if RELU:
+        return tl.maximum(z, 0.0)
+    else:
+        return 1.0 - 2.0 / (
+            tl.exp(2.0 * z) + 1.0
+        )  # tanh; saturates to +-1 without overflow trouble
+
+
+@triton.jit
+def activation_grad(h, RELU: tl.constexpr):
+    """f'(z) from h = f(z): relu -> [h > 0], tanh -> 1 - h^2."""
+    if RELU:
+        return (h > 0.0).to(tl.float32)
+    else:
+        return 1.0 - h * h
+
+
+@triton.jit
+def torso(x, w1, b1, w2, b2, RELU: tl.constexpr, PRECISION: tl.constexpr):
+    h1 = activate(tl.dot(x, w1, input_precision=PRECISION) + b1[None, :], RELU)
+    h2 = activate(tl.dot(h1, w2, input_precision=PRECISION) + b2[None, :], RELU)
+    return h1, h2
+
+
+@triton.jit
+def backprop(
+    x,
+    h1,
+    h2,
+    d_out,
+    w2,
+    w3,
+    g_w1,
+    g_b1,
+    g_w2,
+    g_b2,
+    g_w3,
+    g_b3,
+    RELU: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Adds this block's weight gradients, given dL/d(out) for its rows (zero on padded rows).
+
+    w2 and w3 stay as loaded ([in, out]) and are transposed inside each ``tl.dot``: the forward
+    pass reads them untransposed, so the row loop holds one on-chip copy of each weight, not two
+    (benchmarks/RESULTS.md, "Tried and did not pay", times the hoisted-transpose variant)."""
+    g_w3 += tl.dot(tl.trans(h2), d_out, input_precision=PRECISION)
+    g_b3 += tl.sum(d_out, axis=0)
+    d_z2 = tl.dot(d_out, tl.trans(w3), input_precision=PRECISION) * activation_grad(h2, RELU)
+    g_w2 += tl.dot(tl.trans(h1), d_z2, input_precision=PRECISION)
+    g_b2 += tl.sum(d_z2, axis=0)
+    d_z1 = tl.dot(d_z2, tl.trans(w2), input_precision=PRECISION) * activation_grad(h1, RELU)
+    g_w1 += tl.dot(tl.trans(x), d_z1, input_precision=PRECISION)
+    g_b1 += tl.sum(d_z1, axis=0)
+    return g_w1, g_b1, g_w2, g_b2, g_w3, g_b3
+
+
+@triton.jit
+def load_mlp(
+    ptr,
+    off_w1,
+    off_b1,
+    off_w2,
+    off_b2,
+    off_w3,
+    off_b3,
+    D,
+    H1,
+    H2,
+    O,
+    DP: tl.constexpr,
+    H1P: tl.constexpr,
+    H2P: tl.constexpr,
+    OP: tl.constexpr,
+):
+    """The six arrays of one MLP from a flat parameter vector at ptr, each at its offset,
+    zero-padded."""
+    w1 = load_matrix(ptr + off_w1, D, H1, DP, H1P)
+    b1 = load_vector(ptr + off_b1, H1, H1P)
+    w2 = load_matrix(ptr + off_w2, H1, H2, H1P, H2P)
+    b2 = load_vector(ptr + off_b2, H2, H2P)
+    w3 = load_matrix(ptr + off_w3, H2, O, H2P, OP)
+    b3 = load_vector(ptr + off_b3, O, OP)
+    return w1, b1, w2, b2, w3, b3
+
+
+@triton.jit
+def store_grads(
+    ptr,
+    off_w1,
+    off_b1,
+    off_w2,
+    off_b2,
+    off_w3,
+    off_b3,
+    D,
+    H1,
+    H2,
+    O,
+    g_w1,
+    g_b1,
+    g_w2,
+    g_b2,
+    g_w3,
+    g_b3,
+    DP: tl.constexpr,
+    H1P: tl.constexpr,
+    H2P: tl.constexpr,
+    OP: tl.constexpr,
+):
+    """Writes the six gradients into a flat vector at ptr, each at its array's offset; returns their
+    sum of squares (the padding is zero, so the padded tiles sum exactly)."""
+    store_matrix(ptr + off_w1, D, H1, g_w1, DP, H1P)
+    store_vector(ptr + off_b1, H1, g_b1, H1P)
+    store_matrix(ptr + off_w2, H1, H2, g_w2, H1P, H2P)
+    store_vector(ptr + off_b2, H2, g_b2, H2P)
+    store_matrix(ptr + off_w3, H2, O, g_w3, H2P, OP)
+    store_vector(ptr + off_b3, O, g_b3, OP)
+    return (
+        tl.sum(tl.sum(g_w1 * g_w1, axis=1), axis=0)
+        + tl.sum(g_b1 * g_b1, axis=0)
+        + tl.sum(tl.sum(g_w2 * g_w2, axis=1), axis=0)
+        + tl.sum(g_b2 * g_b2, axis=0)
+        + tl.sum(tl.sum(g_w3 * g_w3, axis=1), axis=0)
+        + tl.sum(g_b3 * g_b3, axis=0)
+    )
