@@ -20,6 +20,8 @@ from kernels.launch import (
 from kernels.policy_head import categorical_log_prob_entropy
 from kernels.ppo_grads import ppo_actor_critic_grads, ppo_actor_critic_grads_flat, ppo_objective
 from kernels.projection import categorical_projection
+from kernels.q_act import q_epsilon_greedy
+from kernels.q_grads import q_learning_grads_flat
 from kernels.q_lambda import q_lambda_returns
 from kernels.returns import discounted_returns
 from kernels.softmax import softmax
@@ -43,6 +45,8 @@ __all__ = [
     "ppo_actor_critic_grads",
     "ppo_actor_critic_grads_flat",
     "ppo_objective",
+    "q_epsilon_greedy",
+    "q_learning_grads_flat",
     "sumtree_set_leaves",
     "sumtree_find_leaves",
 ]

@@ -54,7 +54,7 @@ def store_vector(ptr, C, value, CP: tl.constexpr):
 @triton.jit
 def activate(z, RELU: tl.constexpr):
     if RELU:
-        return tl.maximum(z, 0.0)
+        return tl.maximum(z, 0.0, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN, as in XLA
     else:
         return 1.0 - 2.0 / (
             tl.exp(2.0 * z) + 1.0

@@ -15,6 +15,10 @@ ReplayLoopConfig`, `rl.replay`): `num_envs` envs step together with epsilon-gree
 stored; the target network follows the online one every `target_update_interval` gradient steps.
 At each log point `eval_episodes` greedy episodes run on separate eval envs inside the compiled
 program ("eval_return"; none if 0).
+
+With `fused_network` on a Triton kernel backend (`rl.fused_q`), the online and target params are
+one flat vector each: acting is one kernel launch, a gradient step's loss and backward another, and
+Adam updates the vector in one fused step.
 """
 
 from __future__ import annotations
@@ -25,7 +29,17 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from rl import buffers, collection, environment, episodes, exploration, losses, networks, replay
+from rl import (
+    buffers,
+    collection,
+    environment,
+    episodes,
+    exploration,
+    fused_q,
+    losses,
+    networks,
+    replay,
+)
 from rl.agent_configs import NetworkConfig, ReplayLoopConfig, network_config
 from rl.config_parsing import hp
 from rl.layers import Network
@@ -40,6 +54,13 @@ class Config(ReplayLoopConfig):
     loss: str = hp("huber", choices=("huber", "mse"))
     double_q: bool = hp(True, doc="select the bootstrap action with the online network")
     network: NetworkConfig = network_config(hidden=(128, 128), activation="relu")
+    fused_network: bool = hp(
+        False,
+        doc="act and take gradient steps through the fused Q-network kernels on one flat parameter "
+        "vector (rl.fused_q) when the kernel backend is triton/interpret and the network fits them "
+        "(an MLP of two tanh or relu hidden layers within kernels.q_grads.LIMITS); else the "
+        "network's apply and autodiff",
+    )
 
 
 check_env = environment.check_discrete_actions
@@ -65,9 +86,26 @@ def q_loss(apply, params, target_params, batch, gamma, double_q: bool, kind: str
     return losses.td_loss(td, kind).mean(), (td, q_taken)
 
 
-def greedy_action(q_network: Network, params, obs):
+def greedy_action(apply, params, obs):
     """argmax_a Q(obs, a), first index on ties."""
-    return jnp.argmax(q_network.apply(params, obs), axis=-1).astype(jnp.int32)
+    return jnp.argmax(apply(params, obs), axis=-1).astype(jnp.int32)
+
+
+def make_fused(config, env, env_params, q_network: Network):
+    """The fused view of the Q-network (`rl.fused_q`) when `agent.fused_network` is on, the kernel
+    backend runs Triton and the network fits; else None."""
+    agent, obs_space = config.agent, env.observation_space(env_params)
+    backend = environment.kernel_backend(config)
+    action_space = env.action_space(env_params)
+    if not fused_q.runs_fused(agent.network, obs_space, action_space, backend, agent.fused_network):
+        return None
+    example = jnp.zeros(obs_space.shape, jnp.float32)
+    return fused_q.make(q_network, agent.network, example, backend)
+
+
+def apply_of(q_network: Network, fused):
+    """`apply(params, obs) -> Q-values`: on the flat vector when fused."""
+    return q_network.apply if fused is None else partial(fused_q.q_values, fused)
 
 
 # ---------------------------------------------------------------- the loop
@@ -77,6 +115,8 @@ def make_trainer(config) -> Trainer:
     agent = config.agent
     env, env_params = environment.make_env(config)
     q_network = make_q_network(config, env, env_params)
+    fused = make_fused(config, env, env_params, q_network)
+    apply = apply_of(q_network, fused)
     loop = replay.loop_of(agent)
 
     # ---------------------------------------------------------------- init
@@ -85,7 +125,8 @@ def make_trainer(config) -> Trainer:
         """The Q-network, its target copy and Adam state, an empty uniform buffer, the envs."""
         key, net_key, reset_key = jax.random.split(key, 3)
         envs = replay.reset_envs(env, env_params, reset_key, agent.num_envs)
-        params = q_network.init(net_key, envs.obs[0])
+        init_params = q_network.init if fused is None else partial(fused_q.init, fused)
+        params = init_params(net_key, envs.obs[0])
         obs, flag = envs.obs[0], jnp.bool_(False)
         example = replay.transition(obs, jnp.int32(0), jnp.float32(0.0), obs, flag)
         buffer = buffers.uniform_init(example, agent.buffer_size)
@@ -98,9 +139,12 @@ def make_trainer(config) -> Trainer:
         s' = info["final_obs"], terminated) go to the buffer."""
         state, totals = carry
         act_key, env_key = jax.random.split(key)
-        q_values = q_network.apply(state.params, state.envs.obs)
         epsilon = replay.epsilon(agent, hparams, state.step)
-        action = exploration.epsilon_greedy(act_key, q_values, epsilon)
+        if fused is None:
+            q_values = apply(state.params, state.envs.obs)
+            action = exploration.epsilon_greedy(act_key, q_values, epsilon)
+        else:
+            action = fused_q.epsilon_greedy(fused, state.params, state.envs.obs, act_key, epsilon)
         envs, reward, terminated, _, info = replay.step_envs(
             env, env_params, state.envs, action, env_key
         )
@@ -115,18 +159,26 @@ def make_trainer(config) -> Trainer:
         """One Adam step on a uniformly sampled batch; the target follows every
         `target_update_interval` gradient steps."""
         batch, _ = buffers.uniform_sample(state.buffer, key, agent.batch_size)
-        loss_fn = partial(
-            q_loss,
-            q_network.apply,
-            target_params=state.target_params,
-            batch=batch,
-            gamma=hparams["gamma"],
-            double_q=agent.double_q,
-            kind=agent.loss,
-        )
-        (loss, (_, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        if fused is None:
+            loss_fn = partial(
+                q_loss,
+                apply,
+                target_params=state.target_params,
+                batch=batch,
+                gamma=hparams["gamma"],
+                double_q=agent.double_q,
+                kind=agent.loss,
+            )
+            (loss, (_, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+            stats = {"loss": loss, "q_mean": q_taken.mean()}
+        else:
+            discounts = losses.episode_discount(hparams["gamma"], batch["terminated"])
+            grads, _, stats = fused_q.q_learning_grads(
+                fused, state.params, state.target_params, batch, discounts,
+                loss=agent.loss, double_q=agent.double_q,
+            )  # fmt: skip
         state = replay.learn(state, grads, hparams, agent.target_update_interval)
-        return state, {"loss": loss, "q_mean": q_taken.mean()}
+        return state, stats
 
     # ---------------------------------------------------------------- act, then train
 
@@ -153,7 +205,7 @@ def make_trainer(config) -> Trainer:
         state, totals, stats = replay.scan_phases(phase, state._replace(key=key), phase_key, loop)
         metrics = replay.log_metrics(agent, hparams, state, totals, stats)
         if agent.eval_episodes:
-            policy = partial(greedy_action, q_network, state.params)
+            policy = partial(greedy_action, apply, state.params)
             metrics["eval_return"] = replay.eval_return(
                 env, env_params, policy, eval_key, agent.eval_episodes
             )
@@ -176,4 +228,5 @@ def make_policy(config):
     ties)."""
     env, env_params = environment.make_env(config)
     q_network = make_q_network(config, env, env_params)
-    return lambda params, obs, key: greedy_action(q_network, params, obs)
+    apply = apply_of(q_network, make_fused(config, env, env_params, q_network))
+    return lambda params, obs, key: greedy_action(apply, params, obs)
