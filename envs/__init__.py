@@ -44,6 +44,7 @@ ADAPTERS: dict[str, str] = {
     "craftax": "envs.craftax",
     "jumanji": "envs.jumanji",
     "jaxmarl": "envs.jaxmarl",
+    "envpool": "envs.envpool",  # spaces only: envpool envs step in rl.sebulba's actor threads
 }
 
 

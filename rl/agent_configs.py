@@ -50,6 +50,11 @@ class NetworkConfig:
         False, doc="LayerNorm on each hidden layer's pre-activation (PQN's stabiliser)"
     )
     recurrent_hidden: int = hp(128, low=1, doc="hidden-state size of a gru or lstm torso")
+    channels_first: bool = hp(
+        False,
+        doc="cnn torsos: images arrive [..., channels, height, width] (envpool's stacked Atari "
+        "frames) and are moved to channels last on the device",
+    )
 
     @property
     def recurrent(self) -> bool:
@@ -67,7 +72,7 @@ class NetworkConfig:
         """ConfigError (naming agent.network.torso) if the torso cannot read these observations."""
         if self.torso in CNN_LAYERS:
             try:
-                cnn_output_shape(self.torso, obs_space)
+                cnn_output_shape(self.torso, obs_space, self.channels_first)
             except ValueError as err:
                 raise ConfigError(f"agent.network.torso: {err}") from None
 

@@ -1,7 +1,7 @@
 """The `arch` section of a config: how a run is laid out. `anakin` (the default) compiles envs,
-acting and learning into one program (`rl.train`); `sebulba` steps gymnasium vector envs in actor
-threads and learns from their rollouts in the main thread (`rl.sebulba`). `check_arch` refuses,
-before anything runs, what the chosen layout cannot train."""
+acting and learning into one program (`rl.train`); `sebulba` steps gymnasium or envpool vector
+envs in actor threads and learns from their rollouts in the main thread (`rl.sebulba`).
+`check_arch` refuses, before anything runs, what the chosen layout cannot train."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from rl.config_parsing import ConfigError, hp
 
-SEBULBA_AGENTS = ("ppo",)  # the agents rl.sebulba trains
+SEBULBA_AGENTS = ("ppo", "pqn")  # the agents rl.sebulba trains (rl.sebulba_agents)
+HOST_ENV_PREFIXES = ("gymnasium:", "envpool:")  # the env ids it steps
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class ArchConfig:
         "sync",
         choices=("sync", "async"),
         doc="sebulba: each actor's gymnasium vector env, SyncVectorEnv (its envs stepped in the "
-        "actor thread) or AsyncVectorEnv (one process per env)",
+        "actor thread) or AsyncVectorEnv (one process per env); envpool steps its own on threads",
     )
     actor_devices: tuple[int, ...] = hp(
         (0,), doc="sebulba: indices into jax.devices() the actors act on (threads round robin)"
@@ -73,21 +74,28 @@ class ArchConfig:
 
 def check_arch(config) -> None:
     """ConfigError when `config.arch` cannot lay out this run: sebulba trains one seed of a
-    `SEBULBA_AGENTS` agent on a gymnasium env (`gymnasium:<id>`), its envs split evenly over the
-    actor threads and the learner devices."""
+    `SEBULBA_AGENTS` agent on a gymnasium or envpool env (`gymnasium:<id>`, `envpool:<id>`), its
+    envs split evenly over the actor threads and the learner devices; an envpool env trains only
+    under sebulba."""
     arch, agent = config.arch, config.agent
     if arch.name != "sebulba":
+        if config.env.id.startswith("envpool:"):
+            raise ConfigError(
+                f"env.id: {config.env.id} steps batches of envs on the host (envpool), outside "
+                "JAX: train it with arch.name: sebulba"
+            )
         return
     if agent.name not in SEBULBA_AGENTS:
         raise ConfigError(
             f"arch.name: sebulba trains {', '.join(SEBULBA_AGENTS)}, not {agent.name!r}; use "
             "arch.name: anakin for it"
         )
-    if not config.env.id.startswith("gymnasium:") or config.env.observe is not None:
+    if not config.env.id.startswith(HOST_ENV_PREFIXES) or config.env.observe is not None:
         raise ConfigError(
-            f"env.id: arch sebulba steps gymnasium vector envs: use 'gymnasium:<id>' (e.g. "
-            f"gymnasium:CartPole-v1) without env.observe; got {config.env.id!r} (a JAX env "
-            "trains faster in one program: arch.name: anakin)"
+            f"env.id: arch sebulba steps gymnasium vector envs or envpool: use 'gymnasium:<id>' "
+            f"(e.g. gymnasium:CartPole-v1) or 'envpool:<id>' (e.g. envpool:Breakout-v5) without "
+            f"env.observe; got {config.env.id!r} (a JAX env trains faster in one program: "
+            "arch.name: anakin)"
         )
     splits = (
         ("actor_threads", arch.actor_threads, "actor threads"),

@@ -94,6 +94,8 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
 
 def evaluate(config: Config, params, episodes: int, seed: int = 0):
     """Returns and lengths, each [settings, seeds, episodes], of the deterministic policy."""
+    if config.arch.name == "sebulba":
+        return evaluate_on_host(config, params, episodes, seed)
     env, env_params = make_env(config)
     policy = get_agent_module(config.agent.name).make_policy(config)
     max_steps = int(env_params.max_steps_in_episode)
@@ -112,9 +114,35 @@ def evaluate(config: Config, params, episodes: int, seed: int = 0):
     return np.asarray(returns), np.asarray(lengths)
 
 
+def evaluate_on_host(config: Config, params, episodes: int, seed: int = 0):
+    """`evaluate` of an actor-learner run (arch sebulba: one setting, one seed): the first episode
+    of each of `episodes` host envs (a gymnasium sync vector env or envpool's, seeded from `seed`;
+    for envpool's Atari the game's score over all its lives, `rl.sebulba_envs.Scores`), acting
+    with the agent's `make_policy`."""
+    from rl.sebulba_envs import greedy_episodes, make_vector_env, obs_dtype
+
+    env, env_params = make_env(config)
+    dtype = obs_dtype(env.observation_space(env_params))
+    policy = jax.jit(get_agent_module(config.agent.name).make_policy(config))
+    one = jax.tree.map(lambda x: x[0, 0], params)
+    seeds = [seed * episodes + i for i in range(episodes)]
+    vector, obs = make_vector_env(config, seeds, "sync")
+    try:
+        act = lambda obs: policy(one, obs, None)
+        returns, lengths = greedy_episodes(vector, obs, act, dtype)
+    finally:
+        vector.close()
+    return returns[None, None], lengths[None, None]
+
+
 def render_episode(config: Config, params_one, path, seed: int = 0, fps: int = 10) -> int:
     """Write a GIF of one episode of the policy with `params_one` (one seed's params); returns the
     number of frames."""
+    if config.arch.name == "sebulba":
+        raise ConfigError(
+            f"--render: not for arch sebulba runs ({config.env.id} steps outside JAX); evaluate "
+            "without --render"
+        )
     env, env_params = make_env(config)
     if not hasattr(env, "render"):
         raise ConfigError(f"--render: env {config.env.id} cannot render (it has no render method)")

@@ -40,7 +40,7 @@ import kernels
 from envs.spaces import Box
 from rl import losses
 from rl.agent_configs import TORSOS, NetworkConfig
-from rl.cnn import CNN_LAYERS, cnn, cnn_output_shape
+from rl.cnn import CNN_LAYERS, cnn, cnn_output_shape, image_input
 from rl.layers import (
     Network,
     activation,
@@ -61,7 +61,8 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
 
     mlp: obs (one-hot if `obs_space` is Discrete, else float32, flattened if `obs_space` is a Box
          of rank > 1) -> the `hidden` layers (LayerNorm before each activation if `layer_norm`).
-    cnn_minatar / nature_cnn: float32 images [..., H, W, C] -> the torso's conv stack (`CNN_LAYERS`)
+    cnn_minatar / nature_cnn: images [..., H, W, C] (`rl.cnn.image_input`: uint8 frames / 255,
+         [..., C, H, W] with `channels_first`) -> the torso's conv stack (`CNN_LAYERS`)
          -> the `hidden` layers, `config.activation` (and `layer_norm`) on every layer; needs
          `obs_space`, a Box of images (ValueError otherwise).
     gru, lstm: a `RecurrentTorso`, called as `torso(layers, carry, obs, reset) -> (carry,
@@ -69,11 +70,11 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
     if config.torso not in TORSOS:
         raise ValueError(f"unknown torso {config.torso!r}; known: {', '.join(TORSOS)}")
     if config.torso in CNN_LAYERS:
-        cnn_output_shape(config.torso, obs_space)
+        cnn_output_shape(config.torso, obs_space, config.channels_first)
         convs = CNN_LAYERS[config.torso]
         return lambda layers, obs: cnn(
             layers,
-            preprocess_obs(obs),
+            image_input(obs, config.channels_first),
             convs,
             config.hidden,
             config.activation,

@@ -1,12 +1,14 @@
 """The actor-learner architecture (Sebulba: Hessel et al. 2021, "Podracer architectures for scalable
-reinforcement learning"; Cleanba) for PPO on gymnasium vector envs: `arch.name: sebulba`.
+reinforcement learning"; Cleanba) for PPO and PQN on envs stepped outside JAX, gymnasium vector envs
+and envpool (rl.sebulba_envs): `arch.name: sebulba`.
 
     actor thread i (of arch.actor_threads)           learner (the calling thread)
-    a gymnasium vector env of num_envs / threads     for update u = first, first + 1, ...:
+    a vector env of num_envs / threads envs          for update u = first, first + 1, ...:
     for rollout k = first, first + 1, ...:             take rollout u from every actor's queue
       wait for params of version >= k - max_lag          (concatenated on the env axis)
       num_steps steps, acting with the jitted            lag = u - the version it was acted with
-      policy on the thread's actor device                ppo.learn on the learner device(s)
+      policy on the thread's actor device                the agent's learning step on the
+                                                         learner device(s)
       put (rollout k, version) in its queue  ----->      publish params of version u + 1
 
 * Versions: params of version v are those after v updates. An update takes rollout u from every
@@ -15,42 +17,40 @@ reinforcement learning"; Cleanba) for PPO on gymnasium vector envs: `arch.name: 
   on-policy PPO), 1 lets an actor collect the next rollout while the learner learns from the last
   (Cleanba's overlap). Each actor's queue holds at most arch.queue_size rollouts.
 * Episode ends: the vector envs auto-reset in the step that ends an episode (gymnasium's
-  `AutoresetMode.SAME_STEP`); each step records the observation it reached (`final_obs`: the one
-  before the reset where an episode ended), so GAE bootstraps from V(final_obs) at a time limit and
-  not at a termination, as everywhere in fusedrl.
-* Learning is PPO's own `learn` (statistics, batch, minibatch epochs, fused kernels where they fit),
-  compiled once before the actors start; the batch is split on its env axis over the learner devices
-  (jax.sharding; XLA reduces the gradients). Params are never donated: actors read them.
+  `AutoresetMode.SAME_STEP`, which envs.envpool.VectorEnv keeps too); each step records the
+  observation it reached (`final_obs`: the one before the reset where an episode ended), so GAE
+  (and PQN's Q(lambda)) bootstraps from final_obs at a time limit and not at a termination, as
+  everywhere in fusedrl.
+* Acting and learning are the agent's own (rl.sebulba_agents: PPO's `learn` with its fused kernels
+  where they fit, PQN's Q(lambda) targets and minibatch epochs), compiled once before the actors
+  start; the batch is split on its env axis over the learner devices (jax.sharding; XLA reduces
+  the gradients). Params are never donated: actors read them.
 * Faults: an actor that raises stops the run with its error, raised in the learner's thread; a side
   that waits longer than arch.queue_timeout_s for the other raises `StallError` saying which side
   stalled; every wait polls a stop event, so the learner's end, error or Ctrl-C stops the actors.
 * Logging: every `agent.log_interval` updates a log point goes to the rl.logging sinks (`publish`):
-  the actors' finished episodes, the mean loss stats, the lag (mean and max over actors and
-  updates), the learner's share of time waiting for rollouts, env steps per second, and with
-  `agent.eval_envs` the greedy return of that many episodes.
+  the actors' finished episodes (games, for envpool's Atari: `rl.sebulba_envs.Scores`), the mean
+  loss stats, the lag (mean and max over actors and updates), the learner's share of time waiting
+  for rollouts, env steps per second, and with `agent.eval_envs` the greedy return of that many
+  episodes.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from functools import partial
 from typing import Any, Callable, NamedTuple
 
-import gymnasium
 import jax
-import jax.numpy as jnp
 import numpy as np
-from gymnasium.vector import AutoresetMode
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from envs.spaces import Discrete
-from rl import environment
-from rl.agents import ppo
 from rl.config import hyperparams
 from rl.config_parsing import ConfigError
 from rl.logging import publish
 from rl.programs import at_matmul_precision
+from rl.sebulba_agents import Pieces, make_pieces
+from rl.sebulba_envs import Scores, greedy_episodes, make_vector_env, reached_obs
 from rl.sebulba_exchange import Exchange, StallError, Stopped
 
 __all__ = ["Learner", "LearnerState", "StallError", "check_devices", "train"]
@@ -83,77 +83,49 @@ def check_devices(config) -> tuple[list, list]:
     ]
 
 
-def make_vector_env(config, num_envs: int, mode: str):
-    """`num_envs` copies of the gymnasium env `config.env.id` ("gymnasium:<id>", made with
-    `env.params` as keywords) as a vector env (`mode` "sync" or "async") that auto-resets in the
-    step an episode ends, the ended episode's observation in `info["final_obs"]`."""
-    env_id = config.env.id.removeprefix("gymnasium:")
-    vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP}
-    if mode == "async":  # fresh worker processes: no fork of this multithreaded one
-        vector_kwargs["context"] = "spawn"
-    return gymnasium.make_vec(
-        env_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **config.env.params
-    )
-
-
-def obs_dtype(s: ppo.Setup):
-    """The dtype the network reads observations in (as `envs.from_gymnasium` gives them)."""
-    return np.int32 if isinstance(s.env.observation_space(s.env_params), Discrete) else np.float32
-
-
-def act(s: ppo.Setup, params, obs, key):
-    """(key, action, log pi(action|obs), the action the gymnasium env takes): a sample of PPO's
-    policy, as its rollout takes one, with Box actions mapped to the env's bounds."""
-    key, sample_key = jax.random.split(key)
-    pi = ppo.policy(s, params, obs)
-    action = pi.sample(sample_key)
-    log_prob, _ = pi.log_prob_entropy(action, backend="reference")
-    env_action = environment.to_env_action(s.env, s.env_params, pi.env_action(action))
-    return key, action, log_prob, env_action
-
-
 class Actor:
-    """One actor's envs and acting (its thread runs `run`): `rollout(params)` steps the envs
-    `agent.num_steps` times with the policy and returns (`ppo.Transition` of NumPy arrays
-    [T, envs, ...], the returns and the lengths of the episodes that ended)."""
+    """One actor's envs and acting (its thread runs `run`): `rollout(params, step)` steps the envs
+    `agent.num_steps` times with the agent's `act` (`step`: env steps before the rollout) and
+    returns (the agent's Transition of NumPy arrays [T, envs, ...], the returns and the lengths of
+    the episodes that ended)."""
 
-    def __init__(self, s: ppo.Setup, config, policy: Callable, seeds: list[int], key, device):
-        self.s, self.config, self.policy, self.device = s, config, policy, device
-        self.envs = make_vector_env(config, len(seeds), config.arch.vector_env)
-        self.dtype = obs_dtype(s)
-        self.obs = np.asarray(self.envs.reset(seed=seeds)[0], self.dtype)
+    def __init__(self, pieces: Pieces, config, policy: Callable, seeds: list[int], key, device):
+        self.pieces, self.config, self.policy, self.device = pieces, config, policy, device
+        self.hparams = jax.device_put(hyperparams(config.agent), device)
+        self.envs, obs = make_vector_env(config, seeds, config.arch.vector_env)
+        self.obs = np.asarray(obs, pieces.obs_dtype)
         self.key = jax.device_put(key, device)
-        self.returns, self.lengths = np.zeros(len(seeds)), np.zeros(len(seeds), np.int64)
+        self.scores = Scores(len(seeds))
 
-    def rollout(self, params):
-        steps, returns, lengths = [], [], []
+    def act(self, params, obs, step):
+        """(record, env action) of one step from `obs` (on the actor's device)."""
+        obs = jax.device_put(obs, self.device)
+        self.key, record, env_action = self.policy(self.hparams, params, obs, self.key, step)
+        return record, env_action
+
+    def rollout(self, params, step: int = 0):
+        steps, step = [], np.int32(step)
         for _ in range(self.config.agent.num_steps):
-            obs = jax.device_put(self.obs, self.device)
-            self.key, action, log_prob, env_action = self.policy(params, obs, self.key)
+            record, env_action = self.act(params, self.obs, step)
             next_obs, reward, terminated, truncated, info = self.envs.step(np.asarray(env_action))
-            next_obs = np.asarray(next_obs, self.dtype)
-            final_obs = next_obs.copy()
-            for i in np.flatnonzero(info.get("_final_obs", ())):
-                final_obs[i] = info["final_obs"][i]
-            steps.append((self.obs, action, log_prob, reward, terminated, truncated, final_obs))
-            self.returns, self.lengths = self.returns + reward, self.lengths + 1
-            ended = np.flatnonzero(terminated | truncated)
-            returns += self.returns[ended].tolist()
-            lengths += self.lengths[ended].tolist()
-            self.returns[ended], self.lengths[ended] = 0.0, 0
+            next_obs = np.asarray(next_obs, self.pieces.obs_dtype)
+            reached = reached_obs(next_obs, info)
+            steps.append((self.obs, *record, reward, terminated, truncated, reached))
+            self.scores.add(reward, terminated, truncated, info)
             self.obs = next_obs
         columns = [np.stack([np.asarray(x) for x in column]) for column in zip(*steps)]
-        columns[3] = columns[3].astype(np.float32)
-        return ppo.Transition(*columns), returns, lengths
+        columns[-4] = columns[-4].astype(np.float32)  # the rewards
+        return self.pieces.transition(*columns), *self.scores.take()
 
     def run(self, exchange: Exchange, index: int, first: int) -> None:
         """Rollouts first, first + 1, ... into `exchange` until it stops (module docstring); an
         error is handed to the learner."""
-        name = f"actor {index}"
+        name, batch = f"actor {index}", self.config.agent.batch_size
         try:
             for k in range(first, 2**62):
                 params, version = exchange.params_for(k - self.config.arch.max_lag, name)
-                traj, returns, lengths = self.rollout(jax.device_put(params, self.device))
+                params = jax.device_put(params, self.device)
+                traj, returns, lengths = self.rollout(params, k * batch)
                 exchange.put(index, (traj, version, returns, lengths), name)
         except Stopped:
             pass
@@ -164,12 +136,13 @@ class Actor:
 
 
 class Programs(NamedTuple):
-    """A learning setup's jitted programs (`programs`): PPO's setup, `policy(params, obs, key)`
-    (`act`), `init(key, hparams) -> LearnerState`, `learn(hparams, params, opt_state, traj, key)
-    -> (params, opt_state, mean loss stats)` (`ppo.learn`), compiled once (`compiled`), and the
-    shardings of the learner devices' mesh: params replicated, rollouts split on the env axis."""
+    """A learning setup's jitted programs (`programs`): the agent's pieces (rl.sebulba_agents),
+    `policy(hparams, params, obs, key, step)` (its `act`), `init(key, hparams) -> LearnerState`,
+    `learn(hparams, params, opt_state, traj, key) -> (params, opt_state, mean loss stats)`,
+    compiled once (`compiled`), and the shardings of the learner devices' mesh: params replicated,
+    rollouts split on the env axis."""
 
-    s: ppo.Setup
+    pieces: Pieces
     policy: Callable
     init: Callable
     learn: Callable
@@ -189,29 +162,22 @@ def programs(config, learner_devices) -> Programs:
     key = (config.agent, env, config.kernels, config.run.matmul_precision, ids)
     if key in _PROGRAMS:
         return _PROGRAMS[key]
-    s, precision = ppo.make_setup(config), config.run.matmul_precision
-    grads_fn, batch_fn = ppo.learning_pieces(config, s)
+    pieces, precision = make_pieces(config), config.run.matmul_precision
 
     def init(key, hparams):
         key, net_key = jax.random.split(key)
-        space = s.env.observation_space(s.env_params)
-        params, opt_state = ppo.init_params(
-            s, net_key, hparams, jnp.zeros(space.shape, obs_dtype(s))
-        )
-        return LearnerState(params, opt_state, key, jnp.int32(0), jnp.int32(0))
-
-    def learn(hparams, params, opt_state, traj, key):
-        learned = ppo.learn(s, grads_fn, batch_fn, hparams, params, opt_state, traj, key)
-        return *learned[:2], jax.tree.map(jnp.mean, learned[2])
+        obs = np.zeros(pieces.obs_space.shape, pieces.obs_dtype)
+        params, opt_state = pieces.init(net_key, hparams, obs)
+        return LearnerState(params, opt_state, key, np.int32(0), np.int32(0))
 
     mesh = Mesh(np.array(learner_devices), ("envs",))
     replicated = NamedSharding(mesh, PartitionSpec())
     jitted = lambda fn, **kw: jax.jit(at_matmul_precision(fn, precision), **kw)
     _PROGRAMS[key] = Programs(
-        s,
-        jitted(partial(act, s)),
+        pieces,
+        jitted(pieces.act),
         jitted(init, out_shardings=replicated),
-        jitted(learn, out_shardings=replicated),
+        jitted(pieces.learn, out_shardings=replicated),
         {},
         replicated,
         NamedSharding(mesh, PartitionSpec(None, "envs")),
@@ -220,20 +186,20 @@ def programs(config, learner_devices) -> Programs:
 
 
 class Learner:
-    """PPO's learner of the actor-learner loop: `init()` (a fresh `LearnerState`), `compile(state)`
-    (its update, once per learning setup: `programs`), then `run(state)` trains with the actor
-    threads it starts (module docstring)."""
+    """The learner of the actor-learner loop (PPO's or PQN's): `init()` (a fresh `LearnerState`),
+    `compile(state)` (its update, once per learning setup: `programs`), then `run(state)` trains
+    with the actor threads it starts (module docstring)."""
 
     def __init__(self, config):
         self.config, self.agent, self.arch = config, config.agent, config.arch
         self.actor_devices, learner_devices = check_devices(config)
         self.programs = programs(config, learner_devices)
-        self.s, self.policy = self.programs.s, self.programs.policy
+        self.pieces, self.policy = self.programs.pieces, self.programs.policy
         self.hparams = hyperparams(config.agent)
         self.compile_seconds, self.greedy, self.eval_envs = 0.0, None, None
 
     def init(self) -> LearnerState:
-        """Fresh params and optimiser state (`ppo.init_params`) from PRNGKey(run.seed)."""
+        """Fresh params and optimiser state (the agent's init) from PRNGKey(run.seed)."""
         return self.programs.init(jax.random.PRNGKey(self.config.run.seed), self.hparams)
 
     def compile(self, state: LearnerState) -> None:
@@ -241,11 +207,12 @@ class Learner:
         if "learn" in self.programs.compiled:
             return
         start, key = time.perf_counter(), jax.random.PRNGKey(0)
-        space = self.s.env.observation_space(self.s.env_params)
-        obs = jax.ShapeDtypeStruct((self.agent.num_envs, *space.shape), obs_dtype(self.s))
-        _, action, log_prob, _ = jax.eval_shape(self.policy, state.params, obs, key)
-        reward, flag = (jax.ShapeDtypeStruct(log_prob.shape, t) for t in (np.float32, np.bool_))
-        steps = ppo.Transition(obs, action, log_prob, reward, flag, flag, obs)
+        shape, pieces = (self.agent.num_envs, *self.pieces.obs_space.shape), self.pieces
+        obs = jax.ShapeDtypeStruct(shape, pieces.obs_dtype)
+        step = jax.ShapeDtypeStruct((), np.int32)
+        _, record, _ = jax.eval_shape(self.policy, self.hparams, state.params, obs, key, step)
+        reward, flag = (jax.ShapeDtypeStruct(shape[:1], t) for t in (np.float32, np.bool_))
+        steps = pieces.transition(obs, *record, reward, flag, flag, obs)
         split, T = self.programs.split, self.agent.num_steps
         traj = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((T, *x.shape), x.dtype, sharding=split), steps
@@ -266,10 +233,10 @@ class Learner:
             device = self.actor_devices[i % len(self.actor_devices)]
             mine = [int(x) % 2**31 for x in seeds[i * per_actor : (i + 1) * per_actor]]
             actor = Actor(
-                self.s, self.config, self.policy, mine, jax.random.fold_in(base, i), device
+                self.pieces, self.config, self.policy, mine, jax.random.fold_in(base, i), device
             )
-            put = partial(jax.device_put, device=device)  # the policy compiled before any wait
-            jax.block_until_ready(self.policy(put(exchange.params), put(actor.obs), actor.key))
+            params = jax.device_put(exchange.params, device)  # compiled before any wait
+            jax.block_until_ready(actor.act(params, actor.obs, np.int32(0)))
             thread = threading.Thread(
                 target=actor.run, args=(exchange, i, first), name=f"sebulba-actor-{i}", daemon=True
             )
@@ -332,20 +299,16 @@ class Learner:
         return row
 
     def evaluate(self, params):
-        """(returns, lengths) of the greedy policy's first episode in each of `agent.eval_envs`
-        fresh envs (a sync vector env, made once)."""
+        """(returns, lengths) of the greedy policy's first episode (game: `Scores`) in each of
+        `agent.eval_envs` fresh envs (a sync vector env, made once)."""
+        seeds = [self.config.run.seed + 10**6 + i for i in range(self.agent.eval_envs)]
         if self.greedy is None:
-            self.greedy = jax.jit(ppo.make_policy(self.config))
-            self.eval_envs = make_vector_env(self.config, self.agent.eval_envs, "sync")
-        obs, _ = self.eval_envs.reset(seed=self.config.run.seed + 10**6)
-        returns, lengths = np.zeros(len(obs)), np.zeros(len(obs), np.int64)
-        running = np.ones(len(obs), bool)
-        while running.any():
-            action = self.greedy(params, np.asarray(obs, obs_dtype(self.s)), None)
-            obs, reward, terminated, truncated, _ = self.eval_envs.step(np.asarray(action))
-            returns, lengths = returns + running * reward, lengths + running
-            running &= ~(terminated | truncated)
-        return returns, lengths
+            self.greedy = jax.jit(self.pieces.greedy)
+            self.eval_envs, obs = make_vector_env(self.config, seeds, "sync")
+        else:
+            obs, _ = self.eval_envs.reset(seed=seeds)
+        act = lambda obs: self.greedy(params, obs)
+        return greedy_episodes(self.eval_envs, obs, act, self.pieces.obs_dtype)
 
 
 class _Period:

@@ -148,6 +148,21 @@ def learn(agent: Config, hparams, loss, params, opt_state, batch, key):
     return unravel(flat_params), opt_state, stats
 
 
+def learn_rollout(
+    agent: Config, apply, hparams, params, opt_state, traj: Transition, key, **kernel
+):
+    """One update's learning from the rollout `traj` [T, num_envs] (rl.sebulba's actors' too): the
+    Q(lambda) targets under `params` (`q_lambda_targets`, `kernel` its backend and deterministic),
+    held fixed, then `learn` on the flattened (obs, action, target) batch. Returns (params,
+    opt_state, mean stats {"loss", "q_mean"})."""
+    targets = jax.lax.stop_gradient(q_lambda_targets(apply, params, traj, hparams, **kernel))
+    flat = lambda x: x.reshape((agent.batch_size,) + x.shape[2:])
+    batch = (flat(traj.obs), flat(traj.action), flat(targets))
+    loss = lambda params, minibatch: q_loss(apply, params, minibatch)
+    params, opt_state, stats = learn(agent, hparams, loss, params, opt_state, batch, key)
+    return params, opt_state, jax.tree.map(jnp.mean, stats)
+
+
 def greedy_policy(apply, params):
     """obs -> argmax_a Q(obs, a) (first index on ties)."""
     return lambda obs: jnp.argmax(apply(params, obs), axis=-1).astype(jnp.int32)
@@ -220,18 +235,20 @@ def make_trainer(config) -> Trainer:
         eps = epsilon(agent, hparams, state.step)
         envs, traj = rollout(state.params, state.envs, eps, rollout_key)
         totals = episodes.add_episodes(totals, traj.episode)
-        targets = jax.lax.stop_gradient(
-            q_lambda_targets(q_network.apply, state.params, traj, hparams, backend, deterministic)
-        )
-        flat = lambda x: x.reshape((agent.batch_size,) + x.shape[2:])
-        batch = (flat(traj.obs), flat(traj.action), flat(targets))
-        loss = lambda params, minibatch: q_loss(q_network.apply, params, minibatch)
-        params, opt_state, stats = learn(
-            agent, hparams, loss, state.params, state.opt_state, batch, shuffle_key
+        params, opt_state, stats = learn_rollout(
+            agent,
+            q_network.apply,
+            hparams,
+            state.params,
+            state.opt_state,
+            traj,
+            shuffle_key,
+            backend=backend,
+            deterministic=deterministic,
         )
         step, updates = state.step + agent.batch_size, state.updates + 1
         state = OnPolicyState(params, opt_state, envs, key, step, updates)
-        return state, totals, {**jax.tree.map(jnp.mean, stats), "epsilon": eps}
+        return state, totals, {**stats, "epsilon": eps}
 
     # ---------------------------------------------------------------- log periods
 

@@ -25,6 +25,7 @@ from rl import episodes, sebulba
 from rl.agents import ppo
 from rl.config import build_config, hyperparams, load_config
 from rl.config_parsing import ConfigError
+from rl.sebulba_agents import make_pieces
 from rl.sebulba_exchange import Exchange, StallError, Stopped
 
 # ---------------------------------------------------------------- a toy gymnasium env
@@ -124,13 +125,9 @@ def test_sebulba_settings_need_the_sebulba_arch_and_only_ppo_runs_on_it():
         build_config(
             {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}, "arch": {"max_lag": 2}}
         )
-    with pytest.raises(ConfigError, match=r"arch.name: sebulba trains ppo, not 'pqn'"):
+    with pytest.raises(ConfigError, match=r"arch.name: sebulba trains ppo, pqn, not 'dqn'"):
         build_config(
-            {
-                "env": {"id": "gymnasium:CartPole-v1"},
-                "agent": {"name": "pqn", **SMALL},
-                "arch": "sebulba",
-            }
+            {"env": {"id": "gymnasium:CartPole-v1"}, "agent": {"name": "dqn"}, "arch": "sebulba"}
         )
     assert (
         "arch"
@@ -220,9 +217,10 @@ def test_the_lag_of_every_update_is_within_max_lag(learner, max_lag):
 def test_rollouts_keep_truncation_apart_from_termination_in_the_gae_targets(learner):
     learner, state = learner
     toy = config(agent={"num_envs": 2, "num_steps": 12, "gamma": 0.9, "total_steps": 1152})
-    s = learner.s._replace(agent=toy.agent)
+    s = ppo.make_setup(toy)
     device = learner.actor_devices[0]
-    actor = sebulba.Actor(s, toy, learner.policy, [0, 1], jax.random.PRNGKey(1), device)
+    pieces = make_pieces(toy)
+    actor = sebulba.Actor(pieces, toy, learner.policy, [0, 1], jax.random.PRNGKey(1), device)
     traj, returns, lengths = actor.rollout(state.params)
     # episodes: steps 0-2 end by termination at t = 3, steps 3-7 by the time limit at t = 5 (the
     # env would go on to 7), steps 8-10 by termination; step 11 starts the fourth

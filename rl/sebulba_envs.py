@@ -1,0 +1,109 @@
+"""The host envs of the actor-learner architecture (rl.sebulba): a batch of envs stepped outside JAX
+with gymnasium's vector API and same-step auto-reset, one per actor thread.
+
+* `gymnasium:<id>`: gymnasium's own env (`env.params` its keywords) in a vector env,
+  SyncVectorEnv (stepped in the actor's thread) or AsyncVectorEnv (one process per env) by
+  `arch.vector_env`.
+* `envpool:<id>`: an `envs.envpool.VectorEnv` (`env.params` envpool's options: Atari's frame
+  preprocessing, episodic life, reward clipping ...), whose envs envpool steps on its own threads.
+
+Observations keep the dtype the network reads (`obs_dtype`): uint8 frames stay uint8 to the device
+(a quarter of float32's bytes; the cnn torso scales them), Discrete ones are int32, others float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from envs.spaces import Box, Discrete
+
+
+def obs_dtype(space):
+    """The dtype observations of `space` reach the network in."""
+    if isinstance(space, Discrete):
+        return np.int32
+    if isinstance(space, Box) and np.dtype(space.dtype) == np.uint8:
+        return np.uint8
+    return np.float32
+
+
+def make_vector_env(config, seeds: list[int], mode: str):
+    """(vector env, its first observations) of len(seeds) envs of `config.env.id`, seeded by
+    `seeds` (envpool: its first, env i getting seeds[0] + i); `mode` "sync" or "async" for
+    gymnasium ids."""
+    prefix, _, env_id = config.env.id.partition(":")
+    if prefix == "envpool":
+        from envs.envpool import VectorEnv
+
+        envs = VectorEnv(env_id, len(seeds), seeds[0] % 2**30, **config.env.params)
+        return envs, envs.reset()[0]
+    import gymnasium
+    from gymnasium.vector import AutoresetMode
+
+    vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    if mode == "async":  # fresh worker processes: no fork of this multithreaded one
+        vector_kwargs["context"] = "spawn"
+    envs = gymnasium.make_vec(
+        env_id,
+        len(seeds),
+        vectorization_mode=mode,
+        vector_kwargs=vector_kwargs,
+        **config.env.params,
+    )
+    return envs, envs.reset(seed=seeds)[0]
+
+
+def reached_obs(next_obs, info):
+    """The observations a step reached: `next_obs`, except where an episode ended, the one it
+    ended on (`info["final_obs"]`: envpool's dense array, or gymnasium's object array beside the
+    mask `info["_final_obs"]`)."""
+    if "final_obs" not in info:
+        return next_obs
+    final = info["final_obs"]
+    if final.dtype != object:
+        return np.asarray(final, next_obs.dtype)
+    reached = next_obs.copy()
+    for i in np.flatnonzero(info["_final_obs"]):
+        reached[i] = final[i]
+    return reached
+
+
+class Scores:
+    """The return and length of each env's running game, and those of the games that ended: the
+    rewards and ends a vector env reports for scoring (`info["score"]` and `info["game_over"]`
+    where it gives them: envpool's unclipped rewards over all of a game's lives), else the
+    rewards and episode ends themselves."""
+
+    def __init__(self, num_envs: int):
+        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, np.int64)
+        self.ended_returns: list[float] = []
+        self.ended_lengths: list[int] = []
+
+    def add(self, reward, terminated, truncated, info) -> None:
+        reward = info.get("score", reward)
+        over = info.get("game_over", np.asarray(terminated) | np.asarray(truncated))
+        self.returns, self.lengths = self.returns + reward, self.lengths + 1
+        ended = np.flatnonzero(over)
+        self.ended_returns += self.returns[ended].tolist()
+        self.ended_lengths += self.lengths[ended].tolist()
+        self.returns[ended], self.lengths[ended] = 0.0, 0
+
+    def take(self) -> tuple[list[float], list[int]]:
+        """The ended games' (returns, lengths) since the last `take`."""
+        taken = self.ended_returns, self.ended_lengths
+        self.ended_returns, self.ended_lengths = [], []
+        return taken
+
+
+def greedy_episodes(envs, obs, act, dtype):
+    """(returns, lengths) of the first episode (game: `Scores`) of every env of the vector env
+    `envs` from its observations `obs`, acting with `act(obs in dtype) -> env actions`."""
+    returns, lengths = np.zeros(len(obs)), np.zeros(len(obs), np.int64)
+    running = np.ones(len(obs), bool)
+    while running.any():
+        action = act(np.asarray(obs, dtype))
+        obs, reward, terminated, truncated, info = envs.step(np.asarray(action))
+        reward = info.get("score", reward)
+        returns, lengths = returns + running * reward, lengths + running
+        running &= ~info.get("game_over", terminated | truncated)
+    return returns, lengths

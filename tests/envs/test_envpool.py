@@ -1,0 +1,115 @@
+"""envs.envpool: one error naming the extra without envpool (runs everywhere); with envpool (skipped
+without it), the spaces of `envs.make("envpool:<id>")`, its refusals, and `VectorEnv`'s same-step
+auto-reset against envpool's own next-step reset on a twin pool of the same seed."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import envs
+from envs.core import MissingExtraError
+
+OPTIONS = dict(episodic_life=True, reward_clip=True, img_height=44, img_width=44)
+
+
+def test_a_missing_envpool_gives_one_error_naming_the_extra(monkeypatch):
+    from rl.config import build_config
+    from rl.config_parsing import ConfigError
+
+    monkeypatch.setitem(sys.modules, "envpool", None)  # `import envpool` fails as if not installed
+    with pytest.raises(MissingExtraError, match=r'pip install "fusedrl\[envpool\]"'):
+        envs.make("envpool:Breakout-v5")
+    from envs.envpool import VectorEnv
+
+    with pytest.raises(MissingExtraError, match=r'pip install "fusedrl\[envpool\]"'):
+        VectorEnv("Breakout-v5", 2, 0)
+    data = {"env": {"id": "envpool:Breakout-v5"}, "agent": {"name": "ppo"}, "arch": "sebulba"}
+    with pytest.raises(
+        ConfigError,
+        match=r"^env.id: envpool:<id> needs the .envpool. package, .*"
+        r'pip install "fusedrl\[envpool\]"',
+    ):
+        build_config(data)
+
+
+envpool = pytest.importorskip("envpool")
+
+
+def test_make_gives_envpools_spaces_and_refuses_to_step():
+    env, params = envs.make("envpool:Breakout-v5", **OPTIONS)
+    obs_space, action_space = env.observation_space(params), env.action_space(params)
+    assert isinstance(obs_space, envs.Box) and obs_space.shape == (4, 44, 44)
+    assert np.dtype(obs_space.dtype) == np.uint8 and float(obs_space.high.max()) == 255
+    assert isinstance(action_space, envs.Discrete) and action_space.n == 4
+    assert params == OPTIONS
+    with pytest.raises(NotImplementedError, match=r"train it with arch.name: sebulba"):
+        env.reset(None, params)
+
+
+@pytest.mark.parametrize(
+    "env_id, options, message",
+    [
+        ("Breakout-v4", {}, r"unknown envpool id 'Breakout-v4'. Did you mean 'Breakout-v5'"),
+        (
+            "Breakout-v5",
+            {"episodic_lif": True},
+            r"unknown option\(s\) \['episodic_lif'\]; .*"
+            r"episodic_life",
+        ),
+        ("Breakout-v5", {"num_envs": 4}, r"'num_envs' is set by fusedrl \(from agent.num_envs\)"),
+    ],
+)
+def test_unknown_ids_and_options_are_refused_naming_them(env_id, options, message):
+    with pytest.raises(ValueError, match=message):
+        envs.make(f"envpool:{env_id}", **options)
+
+
+def test_vector_env_resets_in_the_step_that_ends_an_episode():
+    """Same seed, same actions: envpool's own pool of one env (which resets in the step after the
+    one that ended the episode, ignoring that step's action, reward 0) and `VectorEnv` see the same
+    observations, rewards and ends, with that reset step folded into the step that ended the
+    episode; scores and game ends are the game's (a lost life ends the agent's episode only)."""
+    from envs.envpool import VectorEnv
+
+    ours = VectorEnv("Breakout-v5", 1, seed=3, **OPTIONS)
+    raw = envpool.make("Breakout-v5", env_type="gymnasium", num_envs=1, seed=3, **OPTIONS)
+    obs, _ = ours.reset()
+    np.testing.assert_array_equal(obs, raw.reset()[0])
+    ends = 0
+    for action in np.random.default_rng(0).integers(0, 4, (300, 1)):
+        obs, reward, terminated, truncated, info = ours.step(action)
+        raw_obs, raw_reward, raw_terminated, raw_truncated, raw_info = raw.step(action)
+        assert (reward, terminated, truncated) == (raw_reward, raw_terminated, raw_truncated)
+        assert info["score"] == raw_info["reward"]
+        if not (terminated | truncated)[0]:
+            np.testing.assert_array_equal(obs, raw_obs)
+            assert "final_obs" not in info and not info["game_over"][0]
+            continue
+        np.testing.assert_array_equal(info["final_obs"], raw_obs)
+        assert info["_final_obs"].tolist() == [True]
+        assert info["game_over"][0] == (raw_info["lives"][0] == 0) == (raw_info["terminated"][0])
+        reset_obs, reset_reward, *_ = raw.step(np.zeros(1, int))  # envpool's reset step
+        assert reset_reward[0] == 0
+        np.testing.assert_array_equal(obs, reset_obs)
+        assert not np.array_equal(obs, info["final_obs"])
+        ends += 1
+    assert ends >= 3
+
+
+def test_vector_env_places_each_reset_on_its_own_env():
+    from envs.envpool import VectorEnv
+
+    ours = VectorEnv("Breakout-v5", 3, seed=0, **OPTIONS)
+    ours.reset()
+    rng, seen = np.random.default_rng(1), 0
+    while seen < 2:
+        obs, reward, terminated, truncated, info = ours.step(rng.integers(0, 4, 3))
+        ended = terminated | truncated
+        if ended.any():
+            seen += 1
+            final = info["final_obs"]
+            for i in range(3):  # ended envs moved on to a new episode, the others did not
+                assert np.array_equal(obs[i], final[i]) != ended[i]
