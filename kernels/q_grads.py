@@ -22,10 +22,11 @@ then the usual backpropagation through the three layers (`kernels._mlp_tiles.bac
 Why a kernel: DQN's gradient step on small MLPs is launch-bound on the GPU. XLA runs the target, the
 selector and the online forward, the loss and the backward as ~25 kernels of ~1.3 us each (split-K
 reductions and pad kernels for the 120- and 84-wide layers); here one launch does it all. A seed's
-minibatch is spread over `cdiv(M, BLOCK_M)` programs, each computing its rows' targets and partial
-gradient on chip (one program per seed was measured 2x slower: benchmarks/RESULTS.md, "Tried and
-did not pay"); the partial gradients are summed afterwards. Each program holds one network's weights
-at a time (target, then online), so the shared memory of one MLP bounds the sizes (`LIMITS`).
+minibatch is spread over several programs (`_block_rows`), each computing its rows' targets and
+partial gradient on chip (one program per seed was measured 2x slower: benchmarks/RESULTS.md,
+"Tried and did not pay"); the partial gradients are summed afterwards. Each program holds one
+network's weights at a time (target, then online), so the shared memory of one MLP bounds the sizes
+(`LIMITS`).
 
 Backends: "reference" is `jax.value_and_grad` of the same loss in plain JAX; "triton" and
 "interpret" run the kernel. `dot_precision="tf32"` (the default: what XLA does for float32 matmuls
@@ -61,7 +62,11 @@ PRECISIONS = ("tf32", "ieee")
 LOSSES = ("huber", "mse")
 # largest padded sizes one program holds on chip: observation features, hidden widths, actions
 LIMITS = {"obs_dim": 64, "hidden": 128, "actions": 64}
-BLOCK_M = 16  # rows per program (tl.dot needs >= 16)
+# rows per program: the fewest (at least 16, what tl.dot needs) that keep the grid within
+# MAX_PROGRAMS programs, up to MAX_BLOCK_M (`_block_rows`); module settings, so that benchmarks can
+# sweep them
+MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
+MAX_PROGRAMS = 264  # two programs per SM of an H100 / H200 (132 SMs)
 # 8 warps: at hidden 128 x 128 an sm_90 compile spills 1264 bytes a thread with 4, 80 with 8
 # (benchmarks/kernel_resources.py's compile)
 NUM_WARPS = 8
@@ -366,7 +371,8 @@ def _grads_core(
     b = math.prod(lead_shape)
     m, d = obs.shape[lead], obs.shape[lead + 1]
     (h1, h2), a, size = layout.hidden, layout.actions, layout.size
-    chunks = cdiv(m, BLOCK_M)
+    block = _block_rows(b, m)
+    chunks = cdiv(m, block)
     f32 = jnp.float32
     grads, aux = launch(
         _q_grads_kernel,
@@ -397,7 +403,7 @@ def _grads_core(
         H1P=padded(h1),
         H2P=padded(h2),
         AP=padded(a),
-        BLOCK=BLOCK_M,
+        BLOCK=block,
         RELU=activation == "relu",
         PRECISION=dot_precision,
         DOUBLE_Q=bool(double_q),
@@ -411,6 +417,16 @@ def _grads_core(
         sq_norm = jnp.sum(jnp.square(grads), axis=1)
     restore = lambda x: x.reshape(lead_shape + x.shape[1:])
     return restore(grads), restore(sq_norm), restore(sums[:, 0] / m), restore(sums[:, 1] / m)
+
+
+def _block_rows(num_seeds: int, m: int) -> int:
+    """Rows per program for `num_seeds` minibatches of m rows: from MIN_BLOCK_M up, doubling while
+    the grid has more than MAX_PROGRAMS programs, at most MAX_BLOCK_M. One seed's 128 rows: 8
+    programs of 16 (its partial gradients summed after); 64 seeds: 4 of 32 each."""
+    block = MIN_BLOCK_M
+    while block < MAX_BLOCK_M and num_seeds * cdiv(m, block) > MAX_PROGRAMS:
+        block *= 2
+    return block
 
 
 @functools.lru_cache(maxsize=None)

@@ -54,11 +54,15 @@ def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None,
     return carry, treedef.unflatten([next(small) if flag else next(large) for flag in small_flags])
 
 
-def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1):
+def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1, branchless: bool = False):
     """`lax.scan(step, carry, xs)` where the traced bool `pred` holds; else `carry` unchanged and
-    outputs of the scan's shapes filled with NaN (zeros for non-float dtypes); one branch runs
-    (`lax.cond`). The training phase of a replay agent before `learning_starts`: its per-step
-    statistics read NaN there, which the log point's `nanmean` skips."""
+    outputs of the scan's shapes filled with NaN (zeros for non-float dtypes). The training phase of
+    a replay agent before `learning_starts`: its per-step statistics read NaN there, which the log
+    point's `nanmean` skips.
+
+    One branch runs (`lax.cond`), or, with `branchless`, the scan always runs and `pred` selects
+    its results: on the GPU a `lax.cond` copies its predicate to the host and waits for it, once
+    per call, which in a launch-bound loop costs more than the step it skips."""
 
     def run(carry, xs):
         return jax.lax.scan(step, carry, xs, unroll=unroll)
@@ -67,7 +71,10 @@ def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1):
         shapes = jax.eval_shape(run, carry, xs)[1]
         return carry, jax.tree.map(lambda s: jnp.full(s.shape, _missing(s.dtype), s.dtype), shapes)
 
-    return jax.lax.cond(pred, run, skip, carry, xs)
+    if not branchless:
+        return jax.lax.cond(pred, run, skip, carry, xs)
+    ran, skipped = run(carry, xs), skip(carry, xs)
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), ran, skipped)
 
 
 def _missing(dtype):

@@ -105,10 +105,16 @@ def initial_state(key, params, buffer, envs: Envs, hparams) -> ReplayState:
     return ReplayState(params, params, opt_state, buffer, envs, key, jnp.int32(0), jnp.int32(0))
 
 
-def learn(state: ReplayState, grads, hparams, target_update_interval: int) -> ReplayState:
-    """One `optimizer` step of the online params along `grads`; then, every
-    `target_update_interval` gradient steps, target <- tau online + (1 - tau) target."""
-    updates, opt_state = optimizer(hparams).update(grads, state.opt_state, state.params)
+def learn(
+    state: ReplayState, grads, hparams, target_update_interval: int, grad_sq_norm=None
+) -> ReplayState:
+    """One `optimizer` step of the online params along `grads` (`grad_sq_norm`: ||grads||^2 where
+    a fused kernel computed it already, else None); then, every `target_update_interval` gradient
+    steps, target <- tau online + (1 - tau) target."""
+    extra = {} if grad_sq_norm is None else {"grad_sq_norm": grad_sq_norm}
+    updates, opt_state = optax.with_extra_args_support(optimizer(hparams)).update(
+        grads, state.opt_state, state.params, **extra
+    )
     params = optax.apply_updates(state.params, updates)
     done = state.updates + 1
     sync = done % target_update_interval == 0

@@ -18,7 +18,9 @@ program ("eval_return"; none if 0).
 
 With `fused_network` on a Triton kernel backend (`rl.fused_q`), the online and target params are
 one flat vector each: acting is one kernel launch, a gradient step's loss and backward another, and
-Adam updates the vector in one fused step.
+Adam updates the vector in one fused step; the training phase then always runs its gradient steps
+and keeps their results only once `learning_starts` steps are stored (`collection.scan_when`'s
+branchless form: no host round trip per phase).
 """
 
 from __future__ import annotations
@@ -170,14 +172,14 @@ def make_trainer(config) -> Trainer:
                 kind=agent.loss,
             )
             (loss, (_, q_taken)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-            stats = {"loss": loss, "q_mean": q_taken.mean()}
+            sq_norm, stats = None, {"loss": loss, "q_mean": q_taken.mean()}
         else:
             discounts = losses.episode_discount(hparams["gamma"], batch["terminated"])
-            grads, _, stats = fused_q.q_learning_grads(
+            grads, sq_norm, stats = fused_q.q_learning_grads(
                 fused, state.params, state.target_params, batch, discounts,
                 loss=agent.loss, double_q=agent.double_q,
             )  # fmt: skip
-        state = replay.learn(state, grads, hparams, agent.target_update_interval)
+        state = replay.learn(state, grads, hparams, agent.target_update_interval, sq_norm)
         return state, stats
 
     # ---------------------------------------------------------------- act, then train
@@ -191,7 +193,12 @@ def make_trainer(config) -> Trainer:
         learning = state.step >= agent.learning_starts
         learn = partial(gradient_step, hparams)
         state, stats = collection.scan_when(
-            learning, learn, state, learn_keys, unroll=loop.learn_unroll
+            learning,
+            learn,
+            state,
+            learn_keys,
+            unroll=loop.learn_unroll,
+            branchless=fused is not None,
         )
         return (state, totals), stats
 
