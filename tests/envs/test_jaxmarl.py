@@ -33,6 +33,8 @@ CASES = {
     "smax_2s3z": ("SMAX", {"scenario": "2s3z", "max_steps_in_episode": 40}),
     "smax_3s_vs_5z": ("SMAX", {"scenario": "3s_vs_5z", "max_steps_in_episode": 40}),
     "heuristic_3m": ("HeuristicEnemySMAX", {"scenario": "3m", "max_steps_in_episode": 40}),
+    # stalkers and zealots against the heuristic enemies: the recurrent agents' 2s3z configs
+    "heuristic_2s3z": ("HeuristicEnemySMAX", {"scenario": "2s3z", "max_steps_in_episode": 40}),
     "overcooked": ("overcooked", {"layout": "cramped_room", "max_steps_in_episode": 50}),
     "hanabi": ("hanabi", {}),
 }
@@ -292,6 +294,7 @@ def test_spaces_params_and_global_state_space(jaxmarl):
         ("SMAX", (("scenario", "3m"),)): (None, np.float32, 8, 6, (6 * 12,), 101),
         ("SMAX", (("scenario", "3s_vs_5z"),)): (None, np.float32, 10, 8, (8 * 12,), 101),
         ("HeuristicEnemySMAX", (("scenario", "3m"),)): (None, np.float32, 8, 3, (72,), 101),
+        ("HeuristicEnemySMAX", (("scenario", "2s3z"),)): ((127,), np.float32, 10, 5, (120,), 101),
         ("overcooked", (("layout", "cramped_room"),)): (
             (4, 5, 26),
             np.uint8,

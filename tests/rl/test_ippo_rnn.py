@@ -176,6 +176,27 @@ def test_no_masked_action_is_sampled_and_the_loss_scores_the_masked_policy_that_
     close(traj.log_prob[2], np.take_along_axis(reference, action[2][..., None], -1)[..., 0], 1e-5)
 
 
+def test_the_greedy_team_policy_is_the_argmax_of_the_actor_that_acted_from_the_same_carry(toy):
+    """MAPPO-RNN's greedy step (its `make_policy` and in-program evaluation; one set of parameters
+    per agent, actor and critic on cells of their own) over the rollout's steps t = 2, 3 (every
+    agent begins an episode at t = 2, no carry is reset at t = 3), from the initial carry: every
+    agent's action is the argmax of the masked logits the training network gave there, the actor's
+    carry is the rollout's, and the critic's carry stays the initial one (not read)."""
+    step = jax.jit(ippo_rnn.greedy_policy(toy.s).step)
+    initial = toy.s.initial_carry(3)
+    carry, full, overruled = initial, initial, 0
+    for t in (2, 3):
+        seen = jax.tree.map(lambda x: x[t], toy.traj.obs)
+        carry, action = step(toy.params, carry, seen.obs, None, seen.action_mask)
+        full, (logits, _) = toy.step(full, seen)
+        mask = np.asarray(seen.action_mask)
+        np.testing.assert_array_equal(action, np.where(mask, logits, -np.inf).argmax(-1))
+        overruled += int((~np.take_along_axis(mask, np.argmax(logits, -1)[..., None], -1)).sum())
+        close(carry[0], jax.tree.map(lambda x: x[t], toy.traj.carry)[0])
+        close(carry[1], initial[1])
+    assert overruled > 0  # the masks do change some agent's greedy action
+
+
 # ---------------------------------------------------------------- parameters
 
 
@@ -264,12 +285,18 @@ def test_ippo_rnn_learns_to_remember_beyond_any_memoryless_policy_on_4_seeds_rep
 
 
 @pytest.mark.parametrize("name", ["ippo_rnn", "mappo_rnn"])
-def test_the_smax_configs_have_jaxmarls_recurrent_settings(name):
+@pytest.mark.parametrize("scenario", ["3m", "2s3z"])
+def test_the_smax_configs_have_jaxmarls_recurrent_settings(name, scenario):
+    """JaxMARL's ippo_rnn_smax / mappo_homogenous_rnn_smax settings on 3m and on 2s3z (JaxMARL's
+    default map: 2 stalkers and 3 zealots, 10 actions), the configs alike but for the map."""
     from rl.config import load_config
 
-    config = load_config(f"configs/{name}_smax_3m.yaml")
+    config = load_config(f"configs/{name}_smax_{scenario}.yaml")
     agent, network = config.agent, config.agent.network
-    assert agent.name == name and config.env.params["scenario"] == "3m"
+    assert agent.name == name and config.env.params["scenario"] == scenario
+    assert config.env.id == "jaxmarl:HeuristicEnemySMAX"
+    other = load_config(f"configs/{name}_smax_3m.yaml")
+    assert (config.agent, config.env.params | {"scenario": "3m"}) == (other.agent, other.env.params)
     assert (agent.num_envs, agent.num_steps, agent.num_epochs, agent.num_minibatches) == (
         128,
         128,
@@ -282,11 +309,11 @@ def test_the_smax_configs_have_jaxmarls_recurrent_settings(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ippo_rnn", "mappo_rnn"])
-def test_rl_train_and_rl_eval_of_the_smax_config(name, tmp_path):
-    """`rl train configs/NAME_smax_3m.yaml` at a tiny budget (small networks too: the compilation,
-    about a minute of CPU, is the cost), then `rl eval` of the run: the greedy recurrent team
-    policy plays SMAX from a fresh carry each episode, and renders one."""
+@pytest.mark.parametrize("config", ["ippo_rnn_smax_3m", "mappo_rnn_smax_3m", "mappo_rnn_smax_2s3z"])
+def test_rl_train_and_rl_eval_of_the_smax_config(config, tmp_path):
+    """`rl train configs/CONFIG.yaml` at a tiny budget (small networks too: the compilation, about a
+    minute of CPU, is the cost), then `rl eval` of the run: the greedy recurrent team policy plays
+    SMAX from a fresh carry each episode, and renders one (2s3z: a team of two unit types)."""
     from rl.cli import main
     from rl.evaluate import evaluate_run
 
@@ -302,7 +329,7 @@ def test_rl_train_and_rl_eval_of_the_smax_config(name, tmp_path):
         "agent.head_hidden=[8]",
     ]
     where = ["--seeds", "2", "--output-dir", str(tmp_path), "--name", "run", "--no-progress"]
-    assert main(["train", f"configs/{name}_smax_3m.yaml", *tiny, *where]) == 0
+    assert main(["train", f"configs/{config}.yaml", *tiny, *where]) == 0
     gif = tmp_path / "episode.gif"
     assert main(["eval", str(tmp_path / "run"), "--episodes", "2", "--render", str(gif)]) == 0
     assert gif.stat().st_size > 0
