@@ -54,7 +54,7 @@ def fused_of(config):
 
 
 @pytest.mark.parametrize("double_q, loss", [(True, "huber"), (False, "mse")])
-def test_fused_gradient_equals_autodiff_of_the_agents_loss(double_q, loss):
+def test_fused_gradient_equals_autodiff_of_the_agents_loss(double_q, loss, full_precision_matmuls):
     """On the same params, target and batch, the kernel's gradient (on the flat vector) is jax.grad
     of dqn.q_loss (on the tree), raveled."""
     config = make_config(double_q=double_q, loss=loss)
@@ -89,7 +89,7 @@ def test_fused_gradient_equals_autodiff_of_the_agents_loss(double_q, loss):
     )
 
 
-def test_fused_acting_equals_epsilon_greedy_on_the_networks_q_values():
+def test_fused_acting_equals_epsilon_greedy_on_the_networks_q_values(full_precision_matmuls):
     config = make_config()
     fused, q_network, _, _ = fused_of(config)
     obs = jax.random.normal(jax.random.key(3), (50, 4))
@@ -103,10 +103,11 @@ def test_fused_acting_equals_epsilon_greedy_on_the_networks_q_values():
     np.testing.assert_allclose(fused_q.q_values(fused, flat, obs), q_network.apply(params, obs))
 
 
-def test_a_fused_run_is_the_unfused_run_and_keeps_its_params_flat():
-    """The same seed through the kernels (interpreter) and through apply and autodiff (reference):
-    the same run up to float rounding. gamma 0: the target is the reward (1 on every CartPole
-    step), so the loss falls and Q(s, a) climbs towards 1."""
+def test_a_fused_run_is_the_unfused_run_and_keeps_its_params_flat(full_precision_matmuls):
+    """The same seed through the kernels (interpreter) and through apply and autodiff (reference,
+    at full float32 precision on the GPU too): the same run up to float rounding. gamma 0: the
+    target is the reward (1 on every CartPole step), so the loss falls and Q(s, a) climbs
+    towards 1."""
     config = make_config(gamma=0.0)
     state, metrics = jax.jit(dqn.make_train(config))(jax.random.PRNGKey(1))
     unfused = make_config(gamma=0.0, fused_network=False)
