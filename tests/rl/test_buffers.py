@@ -108,21 +108,27 @@ def test_bad_items_raise_naming_the_problem():
 # ---------------------------------------------------------------- sum-tree
 
 
+# jitted: an example's shapes are often new, and an eager call compiles each of the ops' operations
+# on its own (about 4x the CPU time); the other sum-tree tests call them eagerly
+sumtree_set_jit = jax.jit(buffers.sumtree_set)
+sumtree_from_leaves_jit = jax.jit(buffers.sumtree_from_leaves)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.floats(0.0, 100.0, width=32), min_size=1, max_size=37), st.data())
 def test_sumtree_set_matches_a_tree_built_from_scratch(leaves, data):
     n = len(leaves)
-    tree = buffers.sumtree_from_leaves(jnp.asarray(leaves, jnp.float32))
+    tree = sumtree_from_leaves_jit(jnp.asarray(leaves, jnp.float32))
     indices = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=12))
     values = data.draw(
         st.lists(st.floats(0.0, 100.0, width=32), min_size=len(indices), max_size=len(indices))
     )
-    updated = buffers.sumtree_set(tree, jnp.asarray(indices), jnp.asarray(values, jnp.float32))
+    updated = sumtree_set_jit(tree, jnp.asarray(indices), jnp.asarray(values, jnp.float32))
     expected = np.asarray(leaves, np.float32).copy()
     for i, v in zip(indices, values):  # sequential writes: the last duplicate wins
         expected[i] = v
     np.testing.assert_array_equal(buffers.sumtree_leaves(updated)[:n], expected)
-    for got, want in zip(updated, buffers.sumtree_from_leaves(expected)):  # every level, root first
+    for got, want in zip(updated, sumtree_from_leaves_jit(expected)):  # every level, root first
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
