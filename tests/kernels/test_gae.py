@@ -50,6 +50,12 @@ def random_inputs(rng, shape, gamma=0.99, done_prob=0.2):
     return rewards, values, next_values, discounts
 
 
+# The property test calls the op through one jitted program per example (an example's shapes are
+# new, so an eager call would compile each of the op's operations on its own); the other tests
+# call it eagerly.
+gae_jit = jax.jit(gae, static_argnames=("backend",))
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     horizon=st.integers(1, 40),
@@ -70,7 +76,7 @@ def test_matches_float64_numpy(
         lambda_ = (lam * (rng.uniform(size=shape) > 0.2)).astype(np.float32)
     else:
         lambda_ = np.float32(lam)
-    adv, targets = gae(*inputs, lambda_, backend=backend)
+    adv, targets = gae_jit(*inputs, lambda_, backend=backend)
     want_adv, want_targets = numpy_gae(*inputs, lambda_)
     assert adv.shape == targets.shape == shape and adv.dtype == jnp.float32
     assert_close(adv, want_adv, horizon)

@@ -52,6 +52,14 @@ def random_inputs(rng, batch, n_actions, scale=2.0):
     return logits, actions
 
 
+# The property test calls the op through one jitted program per example (an example's shapes are
+# new, so an eager call would compile each of the op's operations on its own); the other tests
+# call it eagerly.
+categorical_log_prob_entropy_jit = jax.jit(
+    categorical_log_prob_entropy, static_argnames=("backend",)
+)
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     batch=st.sampled_from([(), (1,), (3,), (7,), (2, 3), (4, 1, 2)]),
@@ -61,7 +69,7 @@ def random_inputs(rng, batch, n_actions, scale=2.0):
 )
 def test_matches_float64_numpy(backend, batch, n_actions, scale, seed):
     logits, actions = random_inputs(np.random.default_rng(seed), batch, n_actions, scale)
-    log_prob, entropy = categorical_log_prob_entropy(logits, actions, backend=backend)
+    log_prob, entropy = categorical_log_prob_entropy_jit(logits, actions, backend=backend)
     assert log_prob.shape == batch and entropy.shape == batch
     assert log_prob.dtype == jnp.float32 and entropy.dtype == jnp.float32
     expected_lp, expected_ent = numpy_policy_head(logits, actions)

@@ -48,6 +48,12 @@ def random_inputs(rng, shape, gamma=0.99, done_prob=0.2):
     return rewards, next_values, (gamma * (1.0 - done)).astype(np.float32)
 
 
+# The property test calls the op through one jitted program per example (an example's shapes are
+# new, so an eager call would compile each of the op's operations on its own); the other tests
+# call it eagerly.
+q_lambda_returns_jit = jax.jit(q_lambda_returns, static_argnames=("backend",))
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     horizon=st.integers(1, 40),
@@ -69,7 +75,7 @@ def test_matches_float64_numpy(
         if per_step_lambda
         else np.float32(lam)
     )
-    got = q_lambda_returns(*inputs, lambda_, backend=backend)
+    got = q_lambda_returns_jit(*inputs, lambda_, backend=backend)
     assert got.shape == shape and got.dtype == jnp.float32
     assert_close(got, numpy_q_lambda(*inputs, lambda_), horizon)
 

@@ -51,6 +51,12 @@ def random_inputs(rng, shape, gamma=0.97, done_prob=0.2):
     return rewards, discounts, bootstrap
 
 
+# The property test calls the op through one jitted program per example (an example's shapes are
+# new, so an eager call would compile each of the op's operations on its own); the other tests
+# call it eagerly.
+discounted_returns_jit = jax.jit(discounted_returns, static_argnames=("backend",))
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     horizon=st.integers(1, 40),
@@ -62,7 +68,7 @@ def random_inputs(rng, shape, gamma=0.97, done_prob=0.2):
 def test_matches_float64_numpy(backend, horizon, batch, gamma, done_prob, seed):
     rng = np.random.default_rng(seed)
     rewards, discounts, bootstrap = random_inputs(rng, (horizon, *batch), gamma, done_prob)
-    out = discounted_returns(rewards, discounts, bootstrap, backend=backend)
+    out = discounted_returns_jit(rewards, discounts, bootstrap, backend=backend)
     assert out.shape == rewards.shape and out.dtype == jnp.float32
     assert_close(out, numpy_returns(rewards, discounts, bootstrap), horizon)
 
