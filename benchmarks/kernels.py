@@ -457,6 +457,87 @@ def projection_cases(args) -> list[Case]:
     return cases
 
 
+def q_network_cases(args) -> list[Case]:
+    """The fused Q-network ops at DQN's shapes vs XLA (the same maths in plain JAX, autodiff for the
+    gradient): `q_learning_grads_flat` (target, selector and online passes, TD loss, backward) and
+    `q_epsilon_greedy` (forward and choice). PureJaxRL's CartPole DQN (obs 4, 120 x 84, 2 actions,
+    128 rows, 10 envs) at 1 and 64 seeds, and fusedrl's dqn_cartpole (128 x 128, 64 rows, double-Q)
+    at 16 seeds, vmapped over the seeds as the agent runs them.
+
+    Bytes: the weights of both networks read once per seed, the rows read once, the gradient (and
+    the actions) written once."""
+    from kernels import q_epsilon_greedy, q_learning_grads_flat
+    from kernels.q_grads import q_layout
+
+    shapes = (
+        [(1, 16, (8, 8), False), (2, 20, (8, 8), True)]
+        if args.small
+        else [(1, 128, (120, 84), False), (64, 128, (120, 84), False), (16, 64, (128, 128), True)]
+    )
+    cases = []
+    for seeds, rows, hidden, double_q in shapes:
+        layout = q_layout(4, hidden, 2)
+
+        def make(key, seeds=seeds, rows=rows, layout=layout):
+            k = jax.random.split(key, 6)
+            normal = lambda i, *shape: jax.random.normal(k[i], (seeds, *shape), jnp.float32)
+            return (
+                normal(0, rows, 4),
+                jax.random.randint(k[1], (seeds, rows), 0, 2),
+                normal(2, rows),
+                jnp.full((seeds, rows), 0.99, jnp.float32),
+                normal(3, rows, 4),
+                0.1 * normal(4, layout.size),
+                0.1 * normal(5, layout.size),
+            )
+
+        def grads(backend, layout=layout, double_q=double_q):
+            op = lambda *xs: q_learning_grads_flat(
+                *xs, layout, loss="mse", double_q=double_q, backend=backend
+            )[0]
+            return jax.vmap(op)
+
+        cases.append(
+            Case(
+                op="q_learning_grads_flat",
+                shape=f"{seeds} seeds x {rows} rows, {hidden[0]} x {hidden[1]}",
+                make_inputs=make,
+                reference=grads("reference"),
+                triton=grads(args.kernel_backend),
+                bytes_moved=4 * seeds * (3 * layout.size + rows * 12),
+                atol=5e-2,
+            )
+        )
+        envs = 10 if rows == 128 else 1
+
+        def make_act(key, seeds=seeds, envs=envs, layout=layout):
+            k1, k2, k3 = jax.random.split(key, 3)
+            return (
+                jax.random.normal(k1, (seeds, envs, 4), jnp.float32),
+                0.1 * jax.random.normal(k2, (seeds, layout.size), jnp.float32),
+                jax.random.uniform(k3, (seeds, envs, 2)),
+                jnp.full((seeds,), 0.05, jnp.float32),
+            )
+
+        def act(backend, layout=layout):
+            return jax.vmap(
+                lambda o, p, u, e: q_epsilon_greedy(o, p, u, e, layout, backend=backend)
+            )
+
+        cases.append(
+            Case(
+                op="q_epsilon_greedy",
+                shape=f"{seeds} seeds x {envs} envs, {hidden[0]} x {hidden[1]}",
+                make_inputs=make_act,
+                reference=act("reference"),
+                triton=act(args.kernel_backend),
+                bytes_moved=4 * seeds * (layout.size + envs * 7),
+                atol=1.0,  # an action; ties at TF32 rounding may pick the other one
+            )
+        )
+    return cases
+
+
 CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "discounted_returns": returns_cases,
     "gae": gae_cases,
@@ -464,6 +545,7 @@ CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "softmax": softmax_cases,
     "policy_head": policy_head_cases,
     "projection": projection_cases,
+    "q_network": q_network_cases,
 }
 
 
