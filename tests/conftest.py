@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 
-import jax
-import pytest
+
+def _cpu_only() -> bool:
+    """Whether JAX can only run on the CPU here: JAX_PLATFORMS names no other platform and no GPU
+    plugin of jaxlib (jax-cuda*, jax-rocm*) is installed."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms:
+        return all(p.strip() == "cpu" for p in platforms.split(","))
+    names = (d.metadata["Name"] or "" for d in importlib.metadata.distributions())
+    return not any(
+        n.lower().startswith(("jax-cuda", "jax_cuda", "jax-rocm", "jax_rocm")) for n in names
+    )
+
+
+# On the CPU the tests compile with LLVM's optimisation off (`--xla_backend_optimization_level=0`):
+# the suite is mostly compiles of small programs, which this makes faster overall (measured in the
+# commit that set it). It changes results in the last bits, never what a test asserts (a test whose
+# two programs must agree to the last bit compiles both with run_helpers.XLA_DEFAULT_OPTIMIZATION).
+# Set here, before JAX starts its backend, for the tests only (library code never sets XLA flags);
+# subprocesses the tests start inherit it (run_helpers.subprocess_env adds to it). A level already
+# in XLA_FLAGS is kept; GPU runs are left as they are.
+if _cpu_only() and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(
+        f for f in (os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0") if f
+    )
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 
 @pytest.fixture

@@ -14,6 +14,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
+# XLA's own default optimisation level, as a jit's compiler_options: tests/conftest.py compiles the
+# suite at level 0 on the CPU; a test whose two programs must agree in the last bit compiles both
+# with this (at level 0 two loop shapes of one computation may round differently).
+XLA_DEFAULT_OPTIMIZATION = {"xla_backend_optimization_level": 3}
+
 # 20 log points of 1000 steps; checkpoints every 4 log points (at steps 4000, 8000, ...).
 TINY = {
     "env": {"id": "GridWorld", "params": {"size": 5, "max_steps_in_episode": 50}},
@@ -107,8 +112,15 @@ def run_cli(args: list[str], capsys=None) -> int:
 
 
 def subprocess_env(**extra) -> dict:
+    """This process's environment with the repo on the path and `extra` set. An XLA_FLAGS of
+    `extra` adds to the inherited flags (the tests' own, tests/conftest.py), so a subprocess
+    compiles as the tests do."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    if "XLA_FLAGS" in extra:
+        extra["XLA_FLAGS"] = " ".join(
+            f for f in (env.get("XLA_FLAGS", ""), extra["XLA_FLAGS"]) if f
+        )
     env.update(extra)
     return env
 
