@@ -58,6 +58,14 @@ SPREAD_MODULES = (
     "test_sweep.py",
 )
 
+# Modules that share session-scoped fixtures, kept together on one worker so that the fixtures are
+# built once: the tabular fault modules share the reference and the stopped `rl train` runs of
+# tests/faults/conftest.py (a worker that ran one of them would otherwise train both again).
+SHARED_GROUPS = {
+    "tests/faults/test_faults_tabular_damage.py": "tests/faults/tabular",
+    "tests/faults/test_faults_tabular_signals.py": "tests/faults/tabular",
+}
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
@@ -68,7 +76,9 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in items:
         module = item.nodeid.split("::")[0]
-        group = item.nodeid if module.endswith(SPREAD_MODULES) else module
+        group = (
+            item.nodeid if module.endswith(SPREAD_MODULES) else SHARED_GROUPS.get(module, module)
+        )
         item.add_marker(pytest.mark.xdist_group(group))
 
 
