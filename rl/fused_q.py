@@ -68,11 +68,23 @@ def runs_fused(network_config, obs_space, action_space, backend: str, wanted: bo
     )
 
 
+def _zero_params(network: Network, example_obs):
+    shapes = jax.eval_shape(network.init, jax.random.key(0), example_obs)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def as_tree(network: Network, example_obs, params):
+    """The network's params as its own tree, whether `params` is that tree or the flat vector a
+    fused run keeps (a run trained on a GPU, evaluated where the kernels do not run)."""
+    if isinstance(params, jax.Array) and params.ndim == 1:
+        return ravel_pytree(_zero_params(network, example_obs))[1](params)
+    return params
+
+
 def make(network: Network, network_config, example_obs, backend: str) -> FusedQ:
     """The fused view of `network` (a two-hidden-layer MLP with a linear head of one Q-value per
     action, as `unfit_reason` checks): its flat layout, taken from the shapes of its params."""
-    shapes = jax.eval_shape(network.init, jax.random.key(0), example_obs)
-    tree = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    tree = _zero_params(network, example_obs)
     _, unravel = ravel_pytree(tree)
     (w1, _), (w2, _), (w3, _) = param_layout.dense_layers(tree)
     offsets = param_layout.dense_layers(param_layout.leaf_offsets(tree))

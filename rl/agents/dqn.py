@@ -233,8 +233,10 @@ def make_train(config):
 
 def make_policy(config):
     """`policy(params, obs, key) -> action`: argmax of the online Q-network (first index on
-    ties)."""
+    ties). `params` may be the network's tree or a fused run's flat vector (`fused_q.as_tree`), so a
+    run trained through the kernels on a GPU evaluates anywhere."""
     env, env_params = environment.make_env(config)
     q_network = make_q_network(config, env, env_params)
-    apply = apply_of(q_network, make_fused(config, env, env_params, q_network))
-    return lambda params, obs, key: greedy_action(apply, params, obs)
+    example = jnp.zeros(env.observation_space(env_params).shape, jnp.float32)
+    tree = partial(fused_q.as_tree, q_network, example)
+    return lambda params, obs, key: greedy_action(q_network.apply, tree(params), obs)

@@ -120,11 +120,14 @@ def test_a_fused_run_is_the_unfused_run_and_keeps_its_params_flat(full_precision
     assert np.all(np.isfinite(loss)) and loss[-1] < 0.2 * loss[0], loss
     assert np.all(np.diff(q) > 0) and 0.5 < q[-1] < 1.05, q
     assert state.params.shape == state.target_params.shape == (fused.layout.size,)
-    policy = dqn.make_policy(config)  # what rl eval runs on the checkpoint's params
     obs = jax.random.normal(jax.random.key(0), (6, 4))
+    want = jnp.argmax(q_network.apply(fused.unravel(state.params), obs), axis=-1)
+    # what rl eval runs on the checkpoint's params, here and where the kernels do not run
+    for where in (config, make_config(backend="reference", gamma=0.0)):
+        np.testing.assert_array_equal(dqn.make_policy(where)(state.params, obs, None), want)
     np.testing.assert_array_equal(
-        policy(state.params, obs, None),
-        jnp.argmax(q_network.apply(fused.unravel(state.params), obs), axis=-1),
+        dqn.make_policy(unfused)(tree_state.params, obs, None),
+        jnp.argmax(q_network.apply(tree_state.params, obs), axis=-1),
     )
 
 
