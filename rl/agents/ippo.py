@@ -72,6 +72,12 @@ class Config(agent_configs.PPOLoopConfig):
         doc="env steps over which the weight of info['shaped_reward'] (Overcooked) in the "
         "learning reward falls linearly from 1 to 0; 0: no shaping",
     )
+    team_returns: bool = hp(
+        False,
+        doc="every agent's return runs to the team's episode end (JaxMARL's baselines: GAE on the "
+        "team's done), so a SMAX unit that dies keeps the team reward it still gets; false: "
+        "each agent's return ends where it is terminated",
+    )
 
 
 def check_env(config, env, env_params) -> None:
@@ -284,11 +290,26 @@ def learn_batch(s: Setup, hparams, params, traj: Transition):
 def team_gae(s: Setup, hparams, traj: Transition, values, final_values):
     """(advantages, targets) [T, E, A]: `losses.truncation_aware_gae` of every agent (the agents
     axis a batch axis of the time-major scan) on the scaled rewards of `traj`, from its values
-    V(o_ti) and V(final_obs_ti)."""
+    V(o_ti) and V(final_obs_ti). With `agent.team_returns` the episode ends are the team's: every
+    agent is terminated where all are, else truncated where the episode ended (`team_episode_ends`).
+    """
     gae = partial(losses.truncation_aware_gae, backend=s.backend, deterministic=s.deterministic)
     rewards, episode_ends = traj.reward * hparams["reward_scale"], (traj.terminated, traj.truncated)
+    if s.agent.team_returns:
+        episode_ends = team_episode_ends(*episode_ends)
     rates = (hparams["gamma"], hparams["gae_lambda"])
     return gae(rewards, values, final_values, *episode_ends, *rates)
+
+
+def team_episode_ends(terminated, truncated):
+    """(terminated, truncated) [..., A] of the team's episode for every agent: terminated where
+    every agent is, truncated where every agent is out (terminated or truncated), not all
+    terminated."""
+    team_terminated = jnp.all(terminated, axis=-1, keepdims=True)
+    ended = jnp.all(terminated | truncated, axis=-1, keepdims=True)
+    team_truncated = ended & ~team_terminated
+    shape = jnp.shape(terminated)
+    return jnp.broadcast_to(team_terminated, shape), jnp.broadcast_to(team_truncated, shape)
 
 
 def minibatch_loss(s: Setup, hparams, params, minibatch):

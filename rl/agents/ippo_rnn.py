@@ -27,7 +27,8 @@ agents axis, `multi_agent.per_agent_recurrent`). One update:
 Greedy evaluation and `make_policy` (a `RecurrentPolicy` for the team: `initial_carry()` [A, ...],
 `step(params, carry, obs [A, ...], key, action_mask [A, n])`) run the actor alone, every episode
 from the initial state. Unlike JaxMARL's ippo_rnn: GAE per agent with truncation bootstrapped
-(JaxMARL's uses the team's done for every agent), minibatches of envs (JaxMARL's, of agents).
+(JaxMARL's uses the team's done for every agent: `agent.team_returns`, which the SMAX configs set),
+minibatches of envs (JaxMARL's, of agents).
 """
 
 from __future__ import annotations
@@ -231,10 +232,11 @@ def rollout(s: Setup, params, envs: Envs, key, shaping):
 
 
 def bootstrap_values(s: Setup, params, traj: Transition):
-    """V(final_obs_ti) [T, E, A], read from the pre-reset state h_ti: one step of the network (no
-    reset) from every step's carry, all T x E steps in one pass."""
-    no_reset = jnp.zeros(traj.reset.shape, jnp.bool_)
-    _, (_, values) = one_step(s, params, traj.carry, traj.final_obs, no_reset)
+    """V(final_obs_ti) [T, E, A], read from the pre-reset state h_ti where agent i goes on or is
+    truncated, from the initial state where it is terminated (as the rollout reads its next step:
+    a dead SMAX unit's, which `agent.team_returns` bootstraps through): one step of the network
+    from every step's carry, all T x E steps in one pass."""
+    _, (_, values) = one_step(s, params, traj.carry, traj.final_obs, traj.terminated)
     return values
 
 

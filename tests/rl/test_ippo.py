@@ -401,3 +401,32 @@ def test_ippo_beats_a_random_policy_on_mpe_simple_spread_on_most_of_4_seeds_repr
     assert np.sum(final > RANDOM_SPREAD_RETURN + 3.0) >= 3, final
     jax.tree.map(lambda x: np.testing.assert_array_equal(x[0], x[4]), metrics)
     assert not np.array_equal(metrics["episode_return"][0], metrics["episode_return"][1])
+
+
+def test_team_returns_run_every_agents_gae_to_the_teams_episode_end():
+    """Agent 0 dies at t = 0 and keeps getting the team reward; the team's episode ends at t = 2
+    (everyone terminated), then agent 1 alone is truncated at t = 4, agent 0 dead (a time limit):
+    per agent, agent 0's return stops at its death; with `agent.team_returns` it runs to the
+    team's episode end, and the time limit bootstraps every agent."""
+    from types import SimpleNamespace
+
+    terminated = np.array([[1, 0], [1, 0], [1, 1], [1, 0], [1, 0]], bool)[:, None]  # [T, E, A]
+    truncated = np.array([[0, 0], [0, 0], [0, 0], [0, 0], [0, 1]], bool)[:, None]
+    traj = SimpleNamespace(
+        reward=jnp.ones((5, 1, 2)),
+        terminated=jnp.asarray(terminated),
+        truncated=jnp.asarray(truncated),
+    )
+    hparams = {"reward_scale": 1.0, "gamma": 0.5, "gae_lambda": 1.0}
+    values, final_values = jnp.zeros((5, 1, 2)), jnp.full((5, 1, 2), 2.0)
+
+    def gae(team_returns):
+        agent = SimpleNamespace(team_returns=team_returns)
+        s = SimpleNamespace(agent=agent, backend="reference", deterministic=False)
+        return np.asarray(ippo.team_gae(s, hparams, traj, values, final_values)[0][:, 0])
+
+    np.testing.assert_allclose(gae(False)[:, 0], [1, 1, 1, 1, 1])
+    # delta = 1 + 0.5 * 2 going on or truncated, 1 terminated; A_t = delta_t + 0.5 A_(t+1)
+    np.testing.assert_allclose(gae(True)[:, 0], [3.25, 2.5, 1, 3, 2])
+    np.testing.assert_allclose(gae(True)[:, 1], gae(False)[:, 1])
+    np.testing.assert_allclose(gae(True)[:, 1], [3.25, 2.5, 1, 3, 2])
