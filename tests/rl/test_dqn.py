@@ -222,11 +222,12 @@ def test_policy_is_greedy_in_the_q_network():
     params = dqn.make_trainer(config).init(jax.random.PRNGKey(0), hyperparams(config.agent)).params
     policy = dqn.make_policy(config)
     obs = jnp.array([0.01, -0.02, 0.03, 0.04])
-    from rl import agent_configs, layers, networks
+    from rl import agent_configs, fused_q, layers, networks
 
     torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(16, 16)))
     net = layers.build(networks.with_head(torso, networks.q_head(2)), "flax")
-    assert int(policy(params, obs, None)) == int(jnp.argmax(net.apply(params, obs)))
+    tree = fused_q.as_tree(net, obs, params)  # a flat vector where the fused kernels run (a GPU)
+    assert int(policy(params, obs, None)) == int(jnp.argmax(net.apply(tree, obs)))
 
 
 # ---------------------------------------------------------------- config errors

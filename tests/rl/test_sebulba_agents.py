@@ -110,7 +110,10 @@ def test_rl_eval_plays_a_sebulba_runs_greedy_policy_on_the_host_envs(tmp_path, c
 # ---------------------------------------------------------------- images
 
 
-def test_the_cnn_torso_reads_uint8_frames_channels_first_as_scaled_frames_channels_last():
+def test_the_cnn_torso_reads_uint8_frames_channels_first_as_scaled_frames_channels_last(
+    full_precision_matmuls,
+):
+    # (full float32 convolutions on the GPU too: at TF32 the two layouts round apart, ~5e-5)
     from envs.spaces import Box
 
     frames = np.random.default_rng(0).integers(0, 256, (3, 4, 44, 44), np.uint8)
