@@ -54,7 +54,7 @@ def scan_packed_outputs(step: Callable, carry, xs, *, length: int | None = None,
     return carry, treedef.unflatten([next(small) if flag else next(large) for flag in small_flags])
 
 
-def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1, branchless: bool = False):
+def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1, branchless: bool | None = None):
     """`lax.scan(step, carry, xs)` where the traced bool `pred` holds; else `carry` unchanged and
     outputs of the scan's shapes filled with NaN (zeros for non-float dtypes). The training phase of
     a replay agent before `learning_starts`: its per-step statistics read NaN there, which the log
@@ -62,7 +62,10 @@ def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1, branchless: b
 
     One branch runs (`lax.cond`), or, with `branchless`, the scan always runs and `pred` selects
     its results: on the GPU a `lax.cond` copies its predicate to the host and waits for it, once
-    per call, which in a launch-bound loop costs more than the step it skips."""
+    per call, which in a launch-bound loop costs more than the step it skips. `branchless=None`
+    (the default) is branchless where JAX's default backend is not the CPU, a `lax.cond` on it."""
+    if branchless is None:
+        branchless = jax.default_backend() != "cpu"
 
     def run(carry, xs):
         return jax.lax.scan(step, carry, xs, unroll=unroll)

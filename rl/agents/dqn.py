@@ -199,7 +199,7 @@ def make_trainer(config) -> Trainer:
             state,
             learn_keys,
             unroll=loop.learn_unroll,
-            branchless=fused is not None,
+            branchless=True if fused is not None else None,
         )
         return (state, totals), stats
 

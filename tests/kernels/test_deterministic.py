@@ -99,7 +99,12 @@ def test_pick_config_fixes_the_chained_look_back_order():
 
 
 def recorded_launches(monkeypatch, module):
-    """Records (kernel name, PREFIX_LOOKUP) of every launch `module` makes from now on."""
+    """Records (kernel name, PREFIX_LOOKUP) of every launch `module` makes from now on. The op
+    cache and JAX's trace caches are cleared first: a call traced by an earlier test in this
+    worker with the same shapes would otherwise reuse its trace and launch nothing new here."""
+    if hasattr(module, "_kernel_op"):
+        module._kernel_op.cache_clear()
+    jax.clear_caches()
     seen = []
     real = module.launch
 
