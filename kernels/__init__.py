@@ -26,6 +26,7 @@ from kernels.q_lambda import q_lambda_returns
 from kernels.returns import discounted_returns
 from kernels.softmax import softmax
 from kernels.sumtree import sumtree_find_leaves, sumtree_set_leaves
+from kernels.twin_q_grads import twin_q_grads_flat
 
 __all__ = [
     "BACKENDS",
@@ -47,6 +48,7 @@ __all__ = [
     "ppo_objective",
     "q_epsilon_greedy",
     "q_learning_grads_flat",
+    "twin_q_grads_flat",
     "sumtree_set_leaves",
     "sumtree_find_leaves",
 ]
