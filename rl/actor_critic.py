@@ -86,8 +86,16 @@ def step_and_store(env, env_params, state, totals: episodes.EpisodeTotals, actio
     return state, episodes.add_episodes(totals, info)
 
 
-def optimizer_step(optimizer: optax.GradientTransformation, grads, opt_state, params):
-    """One step of `optimizer` along `grads`: (params, opt_state)."""
+def optimizer_step(
+    optimizer: optax.GradientTransformation, grads, opt_state, params, grad_sq_norm=None
+):
+    """One step of `optimizer` along `grads`: (params, opt_state). `grad_sq_norm`: ||grads||^2
+    where a fused kernel computed it already (passed to the clip), else None."""
+    if grad_sq_norm is not None:
+        updates, opt_state = optax.with_extra_args_support(optimizer).update(
+            grads, opt_state, params, grad_sq_norm=grad_sq_norm
+        )
+        return optax.apply_updates(params, updates), opt_state
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 

@@ -80,6 +80,18 @@ def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1, branchless: b
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), ran, skipped)
 
 
+def cond(pred, true_fn: Callable, false_fn: Callable, *operands, branchless: bool | None = None):
+    """`lax.cond(pred, true_fn, false_fn, *operands)`, or, with `branchless`, both run and `pred`
+    selects their results (`scan_when`'s rule: `None` is branchless where JAX's default backend is
+    not the CPU, where a `lax.cond` would copy its predicate to the host and wait)."""
+    if branchless is None:
+        branchless = jax.default_backend() != "cpu"
+    if not branchless:
+        return jax.lax.cond(pred, true_fn, false_fn, *operands)
+    taken, other = true_fn(*operands), false_fn(*operands)
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), taken, other)
+
+
 def _missing(dtype):
     """The fill of an output that was not computed: NaN for floating dtypes, else 0."""
     return jnp.nan if jnp.issubdtype(dtype, jnp.floating) else 0

@@ -44,7 +44,16 @@ import numpy as np
 import optax
 
 from envs.spaces import Box
-from rl import actor_critic, buffers, collection, environment, losses, networks, optimizers
+from rl import (
+    actor_critic,
+    buffers,
+    collection,
+    environment,
+    fused_critic,
+    losses,
+    networks,
+    optimizers,
+)
 from rl.agent_configs import NetworkConfig, ReplayActorCriticConfig, network_config
 from rl.config_parsing import ConfigError, hp
 from rl.layers import Network
@@ -71,6 +80,13 @@ class Config(ReplayActorCriticConfig):
     network: NetworkConfig = network_config(hidden=(256, 256), activation="relu")
     log_std_min: float = hp(-5.0, doc="lower bound of the policy's log-std (continuous)")
     log_std_max: float = hp(2.0, doc="upper bound of the policy's log-std (continuous)")
+    fused_network: bool = hp(
+        True,
+        doc="take the critic steps through the fused twin-critic kernel on one flat parameter "
+        "vector (rl.fused_critic) when the actions are continuous, the kernel backend is "
+        "triton/interpret (auto: on a GPU) and the critics fit it (an MLP of two tanh or relu "
+        "hidden layers within kernels.twin_q_grads.LIMITS); else the network's apply and autodiff",
+    )
 
     def validate(self):
         super().validate()
@@ -106,6 +122,14 @@ class State(NamedTuple):
 # ---------------------------------------------------------------- losses of one minibatch
 
 
+def next_action_and_bonus(actor, actor_params, alpha, next_obs, key):
+    """(a', -alpha log pi(a'|s')) for a' ~ pi(s'): the sample and entropy bonus of the soft value
+    V(s') = min(Q1', Q2')(s', a') - alpha log pi(a'|s') (`losses.soft_value`)."""
+    next_policy = TanhGaussian.from_head(actor(actor_params, next_obs))
+    next_action, next_log_prob = next_policy.squashed_sample(key)
+    return next_action, -alpha * next_log_prob
+
+
 def continuous_losses(actor, critic):
     """`critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma) -> (L_Q,
     mean Q1)` and `actor_loss(actor_params, critic_params, alpha, batch, key) -> (L_pi, H)` for a
@@ -113,11 +137,10 @@ def continuous_losses(actor, critic):
     and `critic(params, obs, action)` are the networks' apply functions."""
 
     def critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma):
-        next_policy = TanhGaussian.from_head(actor(actor_params, batch["next_obs"]))
-        next_action, next_log_prob = next_policy.squashed_sample(key)
-        next_value = losses.soft_value(
-            *critic(target_params, batch["next_obs"], next_action), next_log_prob, alpha
+        next_action, bonus = next_action_and_bonus(
+            actor, actor_params, alpha, batch["next_obs"], key
         )
+        next_value = jnp.minimum(*critic(target_params, batch["next_obs"], next_action)) + bonus
         target = losses.q_learning_target(
             batch["reward"], losses.episode_discount(gamma, batch["terminated"]), next_value
         )
@@ -167,6 +190,7 @@ class Variant(NamedTuple):
     """What SAC's loop reads off the env's action space (`make_variant`)."""
 
     actor: Network  # (mean, log_std) of the pre-tanh Gaussian, or logits
+    critic: Network  # the twin critics
     distribution: type  # TanhGaussian or Categorical
     init_critic: Callable  # (key, obs) -> twin critic params
     example_action: Any  # one action, for shapes
@@ -186,13 +210,13 @@ def make_variant(agent: Config, env, env_params) -> Variant:
         example = np.zeros(space.shape, np.float32)
         init_critic = lambda key, obs: critic.init(key, obs, example)
         pair = continuous_losses(actor.apply, critic.apply)
-        return Variant(actor, TanhGaussian, init_critic, example, *pair, -action_dim)
+        return Variant(actor, critic, TanhGaussian, init_critic, example, *pair, -action_dim)
     num_actions = int(space.n)
     head = networks.categorical_policy_head(num_actions)
     actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head, num_actions)
     pair = discrete_losses(actor.apply, critic.apply)
     unit = math.log(num_actions)
-    return Variant(actor, Categorical, critic.init, np.int32(0), *pair, unit)
+    return Variant(actor, critic, Categorical, critic.init, np.int32(0), *pair, unit)
 
 
 def greedy_action(variant: Variant, params, obs):
@@ -216,6 +240,12 @@ def make_trainer(config) -> Trainer:
     env, env_params = environment.make_env(config)
     variant = make_variant(agent, env, env_params)
     actor = variant.actor
+    fused = fused_critic.for_agent(config, env, env_params, variant.critic)
+    if fused is not None:  # the critics are a flat vector: the actor's loss reads them unraveled
+        critic_apply = partial(fused_critic.twin_q_values, fused)
+        _, actor_loss_fn = continuous_losses(actor.apply, critic_apply)
+        init_critic = lambda key, obs: fused_critic.init(fused, key, obs, variant.example_action)
+        variant = variant._replace(init_critic=init_critic, actor_loss=actor_loss_fn)
 
     # ---------------------------------------------------------------- init
 
@@ -263,17 +293,28 @@ def make_trainer(config) -> Trainer:
         batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
         alpha = jnp.exp(state.log_alpha)
         # the critics, toward y = r + gamma (1 - terminated) V(s')
-        (critic_loss, q_mean), grads = jax.value_and_grad(variant.critic_loss, has_aux=True)(
-            state.critic_params,
-            state.params,
-            state.target_critic_params,
-            alpha,
-            batch,
-            critic_key,
-            hparams["gamma"],
-        )
+        if fused is None:
+            (critic_loss, q_mean), grads = jax.value_and_grad(variant.critic_loss, has_aux=True)(
+                state.critic_params,
+                state.params,
+                state.target_critic_params,
+                alpha,
+                batch,
+                critic_key,
+                hparams["gamma"],
+            )
+            sq_norm = None
+        else:
+            next_action, bonus = next_action_and_bonus(
+                actor.apply, state.params, alpha, batch["next_obs"], critic_key
+            )
+            grads, sq_norm, stats = fused_critic.critic_grads(
+                fused, state.critic_params, state.target_critic_params, batch,
+                losses.episode_discount(hparams["gamma"], batch["terminated"]), next_action, bonus,
+            )  # fmt: skip
+            critic_loss, q_mean = stats["loss"], stats["q_mean"]
         critic_params, critic_state = actor_critic.optimizer_step(
-            critic_opt, grads, state.opt_state["critic"], state.critic_params
+            critic_opt, grads, state.opt_state["critic"], state.critic_params, sq_norm
         )
         # the actor, against the new critics
         (actor_loss, entropy), grads = jax.value_and_grad(variant.actor_loss, has_aux=True)(

@@ -30,7 +30,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl import actor_critic, buffers, collection, environment, losses, networks, optimizers
+from rl import (
+    actor_critic,
+    buffers,
+    collection,
+    environment,
+    fused_critic,
+    losses,
+    networks,
+    optimizers,
+)
 from rl.agent_configs import NetworkConfig, ReplayActorCriticConfig, network_config
 from rl.config_parsing import hp
 from rl.log_points import log_point_metrics, scan_log_points
@@ -56,6 +65,13 @@ class Config(ReplayActorCriticConfig):
     )
     policy_delay: int = hp(2, low=1, doc="critic steps per actor and target update")
     network: NetworkConfig = network_config(hidden=(256, 256), activation="relu")
+    fused_network: bool = hp(
+        True,
+        doc="take the critic steps through the fused twin-critic kernel on one flat parameter "
+        "vector (rl.fused_critic) when the kernel backend is triton/interpret (auto: on a GPU) "
+        "and the critics fit it (an MLP of two tanh or relu hidden layers within "
+        "kernels.twin_q_grads.LIMITS); else the network's apply and autodiff",
+    )
 
 
 def check_env(config, env, env_params) -> None:
@@ -107,17 +123,23 @@ def optimizer(hparams):
 # ---------------------------------------------------------------- losses of one minibatch
 
 
-def critic_loss(
-    actor, critic, critic_params, target_params, target_critic_params, batch, key, hparams
-):
-    """(L_Q, mean Q1) with the smoothed, clipped double-Q target (the module docstring); `actor`
-    and `critic` are the networks' apply functions."""
-    next_action = losses.smoothed_target_action(
+def target_action(actor, target_params, batch, key, hparams):
+    """a' = clip(mu'(s') + clip(eps, -c, c), -1, 1): the smoothed target action (the module
+    docstring)."""
+    return losses.smoothed_target_action(
         actor(target_params, batch["next_obs"]),
         key,
         hparams["policy_noise"],
         hparams["noise_clip"],
     )
+
+
+def critic_loss(
+    actor, critic, critic_params, target_params, target_critic_params, batch, key, hparams
+):
+    """(L_Q, mean Q1) with the smoothed, clipped double-Q target (the module docstring); `actor`
+    and `critic` are the networks' apply functions."""
+    next_action = target_action(actor, target_params, batch, key, hparams)
     next_value = jnp.minimum(*critic(target_critic_params, batch["next_obs"], next_action))
     target = losses.q_learning_target(
         batch["reward"], losses.episode_discount(hparams["gamma"], batch["terminated"]), next_value
@@ -140,6 +162,8 @@ def make_trainer(config) -> Trainer:
     env, env_params = environment.make_env(config)
     actor, critic = make_networks(agent, env, env_params)
     action_shape = env.action_space(env_params).shape
+    fused = fused_critic.for_agent(config, env, env_params, critic)
+    critic_apply = critic.apply if fused is None else partial(fused_critic.twin_q_values, fused)
 
     # ---------------------------------------------------------------- init
 
@@ -150,7 +174,8 @@ def make_trainer(config) -> Trainer:
         envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
         example_action = jnp.zeros(action_shape, jnp.float32)
         params = actor.init(actor_key, envs.obs[0])
-        critic_params = critic.init(critic_key, envs.obs[0], example_action)
+        init_critic = critic.init if fused is None else partial(fused_critic.init, fused)
+        critic_params = init_critic(critic_key, envs.obs[0], example_action)
         tx = optimizer(hparams)
         opt_state = {"actor": tx.init(params), "critic": tx.init(critic_params)}
         buffer = actor_critic.empty_buffer(envs.obs[0], example_action, agent.buffer_size)
@@ -178,7 +203,7 @@ def make_trainer(config) -> Trainer:
 
     def delayed_update(hparams, state: State, batch):
         """The actor's step against the new critics, then Polyak steps of both targets."""
-        loss, grads = jax.value_and_grad(partial(actor_loss, actor.apply, critic.apply))(
+        loss, grads = jax.value_and_grad(partial(actor_loss, actor.apply, critic_apply))(
             state.params, state.critic_params, batch
         )
         params, actor_opt_state = actor_critic.optimizer_step(
@@ -200,17 +225,27 @@ def make_trainer(config) -> Trainer:
         update (else its loss reads NaN)."""
         sample_key, noise_key = jax.random.split(key)
         batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
-        loss_fn = partial(critic_loss, actor.apply, critic.apply)
-        (q_loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.critic_params,
-            state.target_params,
-            state.target_critic_params,
-            batch,
-            noise_key,
-            hparams,
-        )
+        if fused is None:
+            loss_fn = partial(critic_loss, actor.apply, critic.apply)
+            (q_loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                state.critic_params,
+                state.target_params,
+                state.target_critic_params,
+                batch,
+                noise_key,
+                hparams,
+            )
+            sq_norm = None
+        else:
+            next_action = target_action(actor.apply, state.target_params, batch, noise_key, hparams)
+            grads, sq_norm, stats = fused_critic.critic_grads(
+                fused, state.critic_params, state.target_critic_params, batch,
+                losses.episode_discount(hparams["gamma"], batch["terminated"]),
+                next_action, jnp.zeros_like(batch["reward"]),
+            )  # fmt: skip
+            q_loss, q_mean = stats["loss"], stats["q_mean"]
         critic_params, critic_opt_state = actor_critic.optimizer_step(
-            optimizer(hparams), grads, state.opt_state["critic"], state.critic_params
+            optimizer(hparams), grads, state.opt_state["critic"], state.critic_params, sq_norm
         )
         state = state._replace(
             critic_params=critic_params,
@@ -218,7 +253,7 @@ def make_trainer(config) -> Trainer:
             updates=state.updates + 1,
         )
         skip = lambda state, batch: (state, jnp.float32(jnp.nan))
-        state, pi_loss = jax.lax.cond(
+        state, pi_loss = collection.cond(
             state.updates % agent.policy_delay == 0,
             partial(delayed_update, hparams),
             skip,
