@@ -26,9 +26,12 @@ The mapping:
     `VectorEnv.step` makes that reset step at once for the envs that ended (envpool's partial
     step, `env_id=`), so the observation it returns is the next episode's first and
     `info["final_obs"]` (a dense array beside the mask `info["_final_obs"]`) the one the episode
-    ended on. With `episodic_life` the game goes on after a lost life (envpool's reset then only
-    continues it). `info["score"]` is envpool's unclipped reward and `info["game_over"]` the end of
-    the whole game (all lives lost, or the time limit): what a game's score is counted over.
+    ended on. `step_async(actions)` and `step_wait()` split that step around the caller's work
+    (envpool's `send` and `recv`: its threads step the envs meanwhile), as gymnasium's
+    AsyncVectorEnv splits its own. With `episodic_life` the game goes on after a lost life
+    (envpool's reset then only continues it). `info["score"]` is envpool's unclipped reward and
+    `info["game_over"]` the end of the whole game (all lives lost, or the time limit): what a
+    game's score is counted over.
 """
 
 from __future__ import annotations
@@ -156,8 +159,21 @@ class VectorEnv:
 
     def step(self, actions):
         """(obs, reward, terminated, truncated, info): envpool's step of every env, then the reset
-        step of those whose episode ended (module docstring)."""
-        obs, reward, terminated, truncated, info = self.envs.step(np.asarray(actions))
+        step of those whose episode ended (module docstring); `step_async` then `step_wait`."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions):
+        """Start the step of every env with `actions` and return at once (envpool's `send`):
+        envpool's threads step the envs while the caller goes on (an actor acting for its other
+        envs); `step_wait` collects the step. One step at a time: `step_wait` before the next."""
+        self.envs.send(np.asarray(actions))
+
+    def step_wait(self):
+        """(obs, reward, terminated, truncated, info) of the step `step_async` started (envpool's
+        `recv`: a pool of num_envs == batch_size returns its envs in the order they were sent),
+        after the reset step of the envs whose episode ended (module docstring)."""
+        obs, reward, terminated, truncated, info = self.envs.recv()
         ended = np.flatnonzero(terminated | truncated)
         game_over = terminated | truncated
         if "terminated" in info:  # envpool's Atari: the game's own end, not a lost life

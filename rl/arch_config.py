@@ -29,6 +29,14 @@ class ArchConfig:
         doc="sebulba: each actor's gymnasium vector env, SyncVectorEnv (its envs stepped in the "
         "actor thread) or AsyncVectorEnv (one process per env); envpool steps its own on threads",
     )
+    env_groups: int = hp(
+        1,
+        low=1,
+        doc="sebulba: groups each actor thread's envs are stepped in, taking turns: while one "
+        "group's envs step (envpool's send/recv, gymnasium's AsyncVectorEnv step_async/step_wait) "
+        "the actor acts for the next, so acting and env steps overlap (Cleanba's two env halves); "
+        "1: act, then step, no overlap. A thread's envs must split evenly into the groups",
+    )
     actor_devices: tuple[int, ...] = hp(
         (0,), doc="sebulba: indices into jax.devices() the actors act on (threads round robin)"
     )
@@ -75,8 +83,8 @@ class ArchConfig:
 def check_arch(config) -> None:
     """ConfigError when `config.arch` cannot lay out this run: sebulba trains one seed of a
     `SEBULBA_AGENTS` agent on a gymnasium or envpool env (`gymnasium:<id>`, `envpool:<id>`), its
-    envs split evenly over the actor threads and the learner devices; an envpool env trains only
-    under sebulba."""
+    envs split evenly over the actor threads and the learner devices, and each thread's envs over
+    its env groups; an envpool env trains only under sebulba."""
     arch, agent = config.arch, config.agent
     if arch.name != "sebulba":
         if config.env.id.startswith("envpool:"):
@@ -107,6 +115,13 @@ def check_arch(config) -> None:
                 f"arch.{key}: agent.num_envs ({agent.num_envs}) must split evenly over {parts} "
                 f"{what}"
             )
+    per_actor = agent.num_envs // arch.actor_threads
+    if per_actor % arch.env_groups:
+        raise ConfigError(
+            f"arch.env_groups: each actor thread's {per_actor} envs (agent.num_envs "
+            f"{agent.num_envs} / arch.actor_threads {arch.actor_threads}) must split evenly into "
+            f"{arch.env_groups} groups"
+        )
     if config.run.seeds != 1:
         raise ConfigError(
             f"run.seeds: arch sebulba trains one seed per run, got {config.run.seeds} (start one "

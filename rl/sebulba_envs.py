@@ -7,6 +7,10 @@ with gymnasium's vector API and same-step auto-reset, one per actor thread.
 * `envpool:<id>`: an `envs.envpool.VectorEnv` (`env.params` envpool's options: Atari's frame
   preprocessing, episodic life, reward clipping ...), whose envs envpool steps on its own threads.
 
+An actor steps its envs as `arch.env_groups` groups, each its own vector env seen through
+`SplitStep` (`step_async(actions)`, then `step_wait()`; gymnasium's split of a vector step), so
+that one group's envs step while the actor acts for another (`make_env_groups`).
+
 Observations keep the dtype the network reads (`obs_dtype`): uint8 frames stay uint8 to the device
 (a quarter of float32's bytes; the cnn torso scales them), Discrete ones are int32, others float32.
 """
@@ -51,6 +55,55 @@ def make_vector_env(config, seeds: list[int], mode: str):
         **config.env.params,
     )
     return envs, envs.reset(seed=seeds)[0]
+
+
+class SplitStep:
+    """A host vector env's step in two halves: `step_async(actions)` starts it and returns,
+    `step_wait()` gives what `envs.step(actions)` would have, (obs, reward, terminated, truncated,
+    info). Where `envs` has its own halves (envpool's `send` / `recv` in envs.envpool.VectorEnv,
+    gymnasium's AsyncVectorEnv) the envs step on their own threads or processes in between;
+    otherwise (gymnasium's SyncVectorEnv) `step_async` keeps the actions and `step_wait` steps:
+    the step runs in the caller's thread, and the actions may still be arriving from the device
+    until then (a jax.Array is converted in `step_wait`). One step at a time."""
+
+    def __init__(self, envs):
+        self.envs, self.num_envs = envs, envs.num_envs
+        self.native = callable(getattr(envs, "step_async", None)) and callable(
+            getattr(envs, "step_wait", None)
+        )
+        self.actions = None
+
+    def step_async(self, actions) -> None:
+        assert self.actions is None, "step_wait before the next step_async"
+        if self.native:
+            self.envs.step_async(np.asarray(actions))
+        self.actions = actions
+
+    def step_wait(self):
+        assert self.actions is not None, "step_async before step_wait"
+        actions, self.actions = self.actions, None
+        if self.native:
+            return self.envs.step_wait()
+        return self.envs.step(np.asarray(actions))
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def make_env_groups(config, seeds: list[int], mode: str, groups: int):
+    """[(SplitStep, its first observations)] of `groups` vector envs splitting the len(seeds)
+    envs of `make_vector_env(config, seeds, mode)` in order: env i gets the seed it gets there
+    (gymnasium: seeds[i]; envpool: seeds[0] + i), whatever the groups."""
+    per_group = len(seeds) // groups
+    assert per_group * groups == len(seeds), (len(seeds), groups)  # rl.arch_config.check_arch
+    if config.env.id.startswith("envpool:"):  # envpool seeds a pool's env i with its seed + i
+        first = seeds[0] % (2**30 - len(seeds))  # make_vector_env's seed % 2**30 keeps it
+        seeds = [first + i for i in range(len(seeds))]
+    made = []
+    for g in range(groups):
+        envs, obs = make_vector_env(config, seeds[g * per_group : (g + 1) * per_group], mode)
+        made.append((SplitStep(envs), obs))
+    return made
 
 
 def reached_obs(next_obs, info):

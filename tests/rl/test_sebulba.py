@@ -111,6 +111,7 @@ def fault(monkeypatch):
         ({"arch": {"learner_devices": [0, 1, 2]}}, r"arch.learner_devices: .* 3 learner devices"),
         ({"arch": {"actor_devices": [0, 0]}}, r"arch.actor_devices: expected distinct"),
         ({"arch": {"vector_env": "asyncc"}}, r"arch.vector_env: 'asyncc' is not one of"),
+        ({"arch": {"env_groups": 3}}, r"arch.env_groups: each actor thread's 2 envs"),
         ({"arch": {"name": "sebulbaa"}}, r"did you mean 'sebulba'"),
         ({"run": {"seeds": 2}}, r"run.seeds: arch sebulba trains one seed"),
     ],
@@ -307,12 +308,15 @@ def test_rl_train_writes_a_run_stops_on_ctrl_c_with_a_checkpoint_and_resumes(tmp
 
 
 @pytest.mark.slow
-def test_ppo_through_the_actor_learner_path_solves_cartpole_on_most_of_4_seeds():
+@pytest.mark.parametrize("env_groups", [1, 2])
+def test_ppo_through_the_actor_learner_path_solves_cartpole_on_most_of_4_seeds(env_groups):
     """The issue's CPU target: 2 actor threads, the learner on the CPU, gymnasium CartPole; the
-    return of the training episodes at the last log point >= 475 on at least 3 of 4 seeds."""
+    return of the training episodes at the last log point >= 475 on at least 3 of 4 seeds; with
+    each actor's envs in one group, and in two taking turns (arch.env_groups)."""
     finals = []
     for seed in range(4):
-        cartpole = load_config(REPO / "configs/ppo_sebulba_cartpole.yaml", [f"run.seed={seed}"])
+        overrides = [f"run.seed={seed}", f"arch.env_groups={env_groups}"]
+        cartpole = load_config(REPO / "configs/ppo_sebulba_cartpole.yaml", overrides)
         _, metrics = sebulba.train(cartpole)
         finals.append(float(metrics["episode_return"][-1]))
     assert sum(value >= 475 for value in finals) >= 3, finals
