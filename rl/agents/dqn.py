@@ -18,9 +18,9 @@ program ("eval_return"; none if 0).
 
 With `fused_network` on a Triton kernel backend (`rl.fused_q`), the online and target params are
 one flat vector each: acting is one kernel launch, a gradient step's loss and backward another, and
-Adam updates the vector in one fused step; the training phase then always runs its gradient steps
-and keeps their results only once `learning_starts` steps are stored (`collection.scan_when`'s
-branchless form: no host round trip per phase).
+Adam updates the vector in one fused step. Off the CPU, and always when fused, the training phase
+runs its gradient steps every phase and keeps their results only once `learning_starts` steps are
+stored (`collection.scan_when`'s branchless form: no host round trip per phase).
 """
 
 from __future__ import annotations

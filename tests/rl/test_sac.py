@@ -172,8 +172,9 @@ def on_cpu():
 @pytest.fixture(scope="module")
 def default_train():
     """`train` of make_config(): `jax.jit` of this one function compiles once for the tests that run
-    it alone (the vmap check's seeds and the unroll check's rolled run)."""
-    return sac.make_train(make_config())
+    it alone (the vmap check's seeds and the unroll check's rolled run). Unfused critics: the vmap
+    check runs it on the CPU device, where a GPU's Triton kernel cannot run."""
+    return sac.make_train(make_config(fused_network=False))
 
 
 def test_vmap_over_seeds_equals_per_seed_runs(default_train):
@@ -227,7 +228,7 @@ def test_unrolled_loops_compute_the_same_run(default_train):
     here the loop over phases unrolls (`actor_critic.scan_phases`)."""
     key = jax.random.PRNGKey(5)
     _, rolled = jax.jit(default_train)(key)  # on a CPU-only machine, the vmap check's compile
-    _, unrolled = jax.jit(sac.make_train(make_config(unroll=4)))(key)
+    _, unrolled = jax.jit(sac.make_train(make_config(unroll=4, fused_network=False)))(key)
     for name in rolled:
         np.testing.assert_allclose(
             np.asarray(unrolled[name]), np.asarray(rolled[name]), rtol=1e-4, atol=1e-5, err_msg=name

@@ -134,6 +134,7 @@ def test_vmap_over_seeds_equals_per_seed_runs():
         log_interval=150,
         eval_episodes=2,
         network={"hidden": [16, 16]},
+        fused_network=False,  # it runs on the CPU device, where a GPU's Triton kernel cannot
     )
     train = td3.make_train(config)
     with jax.default_device(jax.devices("cpu")[0]):
