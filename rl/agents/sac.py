@@ -29,6 +29,11 @@ target_entropy_scale log|A| (`losses.soft_value_discrete`, `losses.sac_actor_los
 
 Sweepable hyperparameters (lr, alpha_lr, gamma, tau, init_alpha, target_entropy_scale,
 max_grad_norm) are read from `hparams` inside the compiled program.
+
+With continuous actions and `fused_network` on a Triton kernel backend (`rl.fused_critic`), the
+twin critics and their target are one flat vector each: a critic step's targets (on a' ~ pi(s') and
+the bonus -alpha log pi(a'|s') drawn here), losses and backward are one `kernels.twin_q_grads_flat`
+launch, and Adam and the Polyak target update the vector in one fused step each.
 """
 
 from __future__ import annotations

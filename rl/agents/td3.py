@@ -18,6 +18,12 @@ Truncation is not termination: only `terminated` zeroes the bootstrap, and s' is
 reached before any auto-reset. Actions live in [-1, 1]^d; `environment.make_env` maps them onto
 the env's bounds. Sweepable: lr, gamma, tau, max_grad_norm, exploration_noise, policy_noise,
 noise_clip.
+
+With `fused_network` on a Triton kernel backend (`rl.fused_critic`), the twin critics and their
+target are one flat vector each: a critic step's targets, losses and backward are one
+`kernels.twin_q_grads_flat` launch, and Adam and the Polyak target update the vector in one fused
+step each. Off the CPU the delayed update runs every gradient step and is kept every
+`policy_delay`-th (`collection.cond`: no host round trip).
 """
 
 from __future__ import annotations
