@@ -538,6 +538,65 @@ def q_network_cases(args) -> list[Case]:
     return cases
 
 
+def twin_q_cases(args) -> list[Case]:
+    """The fused twin-critic gradient (`twin_q_grads_flat`: both target critics, the target, both
+    online critics and their backward) vs XLA (the same loss in plain JAX, autodiff) at SAC's and
+    TD3's Pendulum shapes (3 observation features, 1 action): rejax's 64 x 64 with SAC's batch of
+    256 and TD3's of 100 at 1 and 64 seeds, and 128 x 128 at batch 256, vmapped over the seeds as
+    the agents run them.
+
+    Bytes: both critics and both targets read once per seed, the rows read once, the gradient
+    written once."""
+    from kernels import twin_q_grads_flat
+    from kernels.twin_q_grads import twin_q_layout
+
+    shapes = (
+        [(1, 16, (8, 8)), (2, 20, (8, 8))]
+        if args.small
+        else [
+            (1, 256, (64, 64)),
+            (64, 256, (64, 64)),
+            (1, 100, (64, 64)),
+            (64, 100, (64, 64)),
+            (1, 256, (128, 128)),
+        ]
+    )
+    cases = []
+    for seeds, rows, hidden in shapes:
+        layout = twin_q_layout(3, 1, hidden)
+
+        def make(key, seeds=seeds, rows=rows, layout=layout):
+            k = jax.random.split(key, 9)
+            normal = lambda i, *shape: jax.random.normal(k[i], (seeds, *shape), jnp.float32)
+            return (
+                normal(0, rows, 3),
+                jnp.tanh(normal(1, rows, 1)),
+                normal(2, rows),
+                jnp.full((seeds, rows), 0.99, jnp.float32),
+                normal(3, rows, 3),
+                jnp.tanh(normal(4, rows, 1)),
+                0.1 * normal(5, rows),
+                0.1 * normal(6, layout.size),
+                0.1 * normal(7, layout.size),
+            )
+
+        def grads(backend, layout=layout):
+            return jax.vmap(lambda *xs: twin_q_grads_flat(*xs, layout, backend=backend)[0])
+
+        cases.append(
+            Case(
+                op="twin_q_grads_flat",
+                shape=f"{seeds} seeds x {rows} rows, {hidden[0]} x {hidden[1]}",
+                make_inputs=make,
+                reference=grads("reference"),
+                triton=grads(args.kernel_backend),
+                bytes_moved=4 * seeds * (3 * layout.size + rows * 12),
+                atol=5e-2,
+            )
+        )
+    return cases
+
+
 CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "discounted_returns": returns_cases,
     "gae": gae_cases,
@@ -546,6 +605,7 @@ CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "policy_head": policy_head_cases,
     "projection": projection_cases,
     "q_network": q_network_cases,
+    "twin_q": twin_q_cases,
 }
 
 
