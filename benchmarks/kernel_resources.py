@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import ppo_grads  # noqa: E402
-from kernels._mlp_tiles import padded  # noqa: E402
+from kernels._mlp_tiles import ACTIVATION_CODES, padded  # noqa: E402
 
 SM90 = {"registers": 65536, "shared": 233472, "reserved_shared": 1024, "warps": 64, "programs": 32}
 
@@ -104,7 +104,7 @@ def compile_both(
         H1P=pad(h1),
         H2P=pad(h2),
         BLOCK=block,
-        RELU=activation == "relu",
+        ACT=ACTIVATION_CODES[activation],
         PRECISION=precision,
     )
     return {

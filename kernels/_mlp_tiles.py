@@ -2,8 +2,8 @@
 two-hidden-layer MLP read from and written to a flat parameter vector, its forward pass and its
 backpropagation for one block of rows.
 
-The MLP, with activation f = tanh or relu (f(0) = 0, so padded hidden units stay 0 and their
-gradients are exactly 0):
+The MLP, with activation f = tanh, relu or silu (f(0) = 0, so padded hidden units stay 0 and their
+gradients are exactly 0; `ACTIVATION_CODES` gives each its constexpr code):
 
     h1 = f(x W1 + b1),   h2 = f(h1 W2 + b2),   out = h2 W3 + b3
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from kernels._triton import tl, triton
 from kernels.launch import next_power_of_2
+
+ACTIVATION_CODES = {"tanh": 0, "relu": 1, "silu": 2}
 
 
 def padded(n: int) -> int:
@@ -52,9 +54,12 @@ def store_vector(ptr, C, value, CP: tl.constexpr):
 
 
 @triton.jit
-def activate(z, RELU: tl.constexpr):
-    if RELU:
+def activate(z, ACT: tl.constexpr):
+    """f(z) for the activation code ACT (`ACTIVATION_CODES`)."""
+    if ACT == 1:
         return tl.maximum(z, 0.0, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN, as in XLA
+    elif ACT == 2:
+        return z / (1.0 + tl.exp(-z))  # silu: z sigmoid(z)
     else:
         return 1.0 - 2.0 / (
             tl.exp(2.0 * z) + 1.0
@@ -62,26 +67,50 @@ def activate(z, RELU: tl.constexpr):
 
 
 @triton.jit
-def activation_grad(h, RELU: tl.constexpr):
-    """f'(z) from h = f(z): relu -> [h > 0], tanh -> 1 - h^2."""
-    if RELU:
-        return (h > 0.0).to(tl.float32)
+def saved(z, ACT: tl.constexpr):
+    """What a hidden layer keeps for the backward: h = f(z) for tanh and relu (f' is a function of
+    h), z itself for silu (whose f' needs z)."""
+    if ACT == 2:
+        return z
     else:
-        return 1.0 - h * h
+        return activate(z, ACT)
 
 
 @triton.jit
-def torso(x, w1, b1, w2, b2, RELU: tl.constexpr, PRECISION: tl.constexpr):
-    h1 = activate(tl.dot(x, w1, input_precision=PRECISION) + b1[None, :], RELU)
-    h2 = activate(tl.dot(h1, w2, input_precision=PRECISION) + b2[None, :], RELU)
-    return h1, h2
+def output(s, ACT: tl.constexpr):
+    """The hidden layer's output h from what `saved` kept."""
+    if ACT == 2:
+        return activate(s, ACT)
+    else:
+        return s
+
+
+@triton.jit
+def activation_grad(s, ACT: tl.constexpr):
+    """f'(z) from what `saved` kept: relu -> [h > 0], tanh -> 1 - h^2, silu -> sigmoid(z)
+    (1 + z (1 - sigmoid(z)))."""
+    if ACT == 1:
+        return (s > 0.0).to(tl.float32)
+    elif ACT == 2:
+        sigmoid = 1.0 / (1.0 + tl.exp(-s))
+        return sigmoid * (1.0 + s * (1.0 - sigmoid))
+    else:
+        return 1.0 - s * s
+
+
+@triton.jit
+def torso(x, w1, b1, w2, b2, ACT: tl.constexpr, PRECISION: tl.constexpr):
+    """(s1, s2): what the two hidden layers keep (`saved`); `output(s2, ACT)` is the features."""
+    s1 = saved(tl.dot(x, w1, input_precision=PRECISION) + b1[None, :], ACT)
+    s2 = saved(tl.dot(output(s1, ACT), w2, input_precision=PRECISION) + b2[None, :], ACT)
+    return s1, s2
 
 
 @triton.jit
 def backprop(
     x,
-    h1,
-    h2,
+    s1,
+    s2,
     d_out,
     w2,
     w3,
@@ -91,20 +120,23 @@ def backprop(
     g_b2,
     g_w3,
     g_b3,
-    RELU: tl.constexpr,
+    ACT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Adds this block's weight gradients, given dL/d(out) for its rows (zero on padded rows).
+    """Adds this block's weight gradients, given dL/d(out) for its rows (zero on padded rows);
+    s1, s2 what `torso` kept.
 
     w2 and w3 stay as loaded ([in, out]) and are transposed inside each ``tl.dot``: the forward
     pass reads them untransposed, so the row loop holds one on-chip copy of each weight, not two
     (benchmarks/RESULTS.md, "Tried and did not pay", times the hoisted-transpose variant)."""
+    h1 = output(s1, ACT)
+    h2 = output(s2, ACT)
     g_w3 += tl.dot(tl.trans(h2), d_out, input_precision=PRECISION)
     g_b3 += tl.sum(d_out, axis=0)
-    d_z2 = tl.dot(d_out, tl.trans(w3), input_precision=PRECISION) * activation_grad(h2, RELU)
+    d_z2 = tl.dot(d_out, tl.trans(w3), input_precision=PRECISION) * activation_grad(s2, ACT)
     g_w2 += tl.dot(tl.trans(h1), d_z2, input_precision=PRECISION)
     g_b2 += tl.sum(d_z2, axis=0)
-    d_z1 = tl.dot(d_z2, tl.trans(w2), input_precision=PRECISION) * activation_grad(h1, RELU)
+    d_z1 = tl.dot(d_z2, tl.trans(w2), input_precision=PRECISION) * activation_grad(s1, ACT)
     g_w1 += tl.dot(tl.trans(x), d_z1, input_precision=PRECISION)
     g_b1 += tl.sum(d_z1, axis=0)
     return g_w1, g_b1, g_w2, g_b2, g_w3, g_b3

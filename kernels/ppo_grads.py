@@ -56,7 +56,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels._mlp_tiles import backprop, load_mlp, padded, store_grads, torso
+from kernels._mlp_tiles import (
+    ACTIVATION_CODES,
+    backprop,
+    load_mlp,
+    output,
+    padded,
+    store_grads,
+    torso,
+)
 from kernels._triton import tl, triton
 from kernels.launch import (
     cdiv,
@@ -133,7 +141,7 @@ def _actor_grads_kernel(
     H2P: tl.constexpr,
     AP: tl.constexpr,
     BLOCK: tl.constexpr,
-    RELU: tl.constexpr,
+    ACT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """Program (b, s): rows [s ROWS, (s + 1) ROWS) of seed b, whose P parameters are row b of
@@ -183,8 +191,8 @@ def _actor_grads_kernel(
             mask=ok[:, None] & (d_cols[None, :] < D),
             other=0.0,
         )
-        h1, h2 = torso(x, w1, b1, w2, b2, RELU, PRECISION)
-        logits = tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :]
+        h1, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
+        logits = tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
         logits = tl.where(a_ok[None, :], logits, -float("inf"))
         top = tl.max(logits, axis=1)
         e = tl.exp(logits - top[:, None])
@@ -209,7 +217,7 @@ def _actor_grads_kernel(
         )
         d_logits = tl.where(ok[:, None] & a_ok[None, :], d_logits, 0.0)
         g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = backprop(
-            x, h1, h2, d_logits, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU, PRECISION
+            x, h1, h2, d_logits, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, ACT, PRECISION
         )
         loss_sum += tl.sum(tl.where(ok, -tl.minimum(surr1, surr2), 0.0), axis=0)
         entropy_sum += tl.sum(tl.where(ok, entropy, 0.0), axis=0)
@@ -276,7 +284,7 @@ def _critic_grads_kernel(
     H2P: tl.constexpr,
     OP: tl.constexpr,
     BLOCK: tl.constexpr,
-    RELU: tl.constexpr,
+    ACT: tl.constexpr,
     PRECISION: tl.constexpr,
     CLIP_VALUE: tl.constexpr,
 ):
@@ -323,9 +331,9 @@ def _critic_grads_kernel(
             mask=ok[:, None] & (d_cols[None, :] < D),
             other=0.0,
         )
-        h1, h2 = torso(x, w1, b1, w2, b2, RELU, PRECISION)
+        h1, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
         value = tl.sum(
-            tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :], axis=1
+            tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :], axis=1
         )  # padded columns are 0
         target = tl.load(target_ptr + row, mask=ok, other=0.0)
         error = value - target
@@ -344,7 +352,7 @@ def _critic_grads_kernel(
         d_value = tl.where(ok, (vf_coef * inv_m) * d_value, 0.0)
         d_out = tl.where(o_cols[None, :] == 0, d_value[:, None], 0.0)
         g_w1, g_b1, g_w2, g_b2, g_w3, g_b3 = backprop(
-            x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, RELU, PRECISION
+            x, h1, h2, d_out, w2, w3, g_w1, g_b1, g_w2, g_b2, g_w3, g_b3, ACT, PRECISION
         )
         loss_sum += tl.sum(tl.where(ok, loss, 0.0), axis=0)
     i = b * S + s
@@ -591,7 +599,7 @@ def _flat_grads_core(
         H1P=padded(h1),
         H2P=padded(h2),
         BLOCK=BLOCK_M,
-        RELU=activation == "relu",
+        ACT=ACTIVATION_CODES[activation],
         PRECISION=dot_precision,
     )
     grads_shape = jax.ShapeDtypeStruct((b * chunks, size), f32)

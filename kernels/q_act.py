@@ -1,8 +1,8 @@
 """Fused epsilon-greedy acting of an MLP Q-network: the network's forward pass and the action choice
 in one launch for all seeds and envs.
 
-The Q-network is the one `kernels.q_grads` differentiates (two hidden layers, tanh or relu, one
-output per action, its six arrays in a flat vector at the offsets of a `QLayout`). Per row of
+The Q-network is the one `kernels.q_grads` differentiates (two hidden layers, tanh, relu or silu,
+one output per action, its six arrays in a flat vector at the offsets of a `QLayout`). Per row of
 observations s with two uniforms (u, v) in [0, 1)^2 and a probability epsilon:
 
     Q(s)   = f(f(s W1 + b1) W2 + b2) W3 + b3
@@ -29,7 +29,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels._mlp_tiles import load_mlp, padded, torso
+from kernels._mlp_tiles import ACTIVATION_CODES, load_mlp, output, padded, torso
 from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend
 from kernels.q_grads import (
@@ -72,7 +72,7 @@ def _q_act_kernel(
     H2P: tl.constexpr,
     AP: tl.constexpr,
     BLOCK: tl.constexpr,
-    RELU: tl.constexpr,
+    ACT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """Program (b, s): rows [s BLOCK, (s + 1) BLOCK) of seed b (params: row b of [B, P]; uniforms
@@ -106,8 +106,8 @@ def _q_act_kernel(
         H2P,
         AP,
     )
-    _, h2 = torso(x, w1, b1, w2, b2, RELU, PRECISION)
-    q = tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :]
+    _, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
+    q = tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
     greedy = tl.argmax(tl.where(a_cols[None, :] < A, q, -float("inf")), axis=1)
     u = tl.load(uniforms_ptr + row * 2, mask=ok, other=1.0)
     v = tl.load(uniforms_ptr + row * 2 + 1, mask=ok, other=0.0)
@@ -156,7 +156,7 @@ def _act_core(obs, params, uniforms, epsilon, *, lead, layout, backend, activati
         H2P=padded(h2),
         AP=padded(a),
         BLOCK=BLOCK_M,
-        RELU=activation == "relu",
+        ACT=ACTIVATION_CODES[activation],
         PRECISION=dot_precision,
     )
     return actions.reshape(lead_shape + (n,))

@@ -1,8 +1,8 @@
 """Fused Q-learning minibatch gradient of an MLP Q-network (DQN, double DQN) on a flat parameter
 vector.
 
-The Q-network is an MLP with two hidden layers (activation f = tanh or relu) and one output per
-action, Q(s) = f(f(s W1 + b1) W2 + b2) W3 + b3, its six arrays read from one flat vector at the
+The Q-network is an MLP with two hidden layers (activation f = tanh, relu or silu) and one output
+per action, Q(s) = f(f(s W1 + b1) W2 + b2) W3 + b3, its six arrays read from one flat vector at the
 offsets a `QLayout` gives (`jax.flatten_util.ravel_pytree`'s vector of the network's params). For a
 minibatch of M transitions (s, a, r, gamma_t, s'), gamma_t = gamma (1 - terminated) (zero only where
 the episode terminated: a truncation still bootstraps), with online params theta and target params
@@ -44,7 +44,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels._mlp_tiles import backprop, load_mlp, padded, store_grads, torso
+from kernels._mlp_tiles import (
+    ACTIVATION_CODES,
+    backprop,
+    load_mlp,
+    output,
+    padded,
+    store_grads,
+    torso,
+)
 from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend
 
@@ -57,7 +65,7 @@ __all__ = [
     "LIMITS",
 ]
 
-ACTIVATIONS = ("tanh", "relu")
+ACTIVATIONS = ("tanh", "relu", "silu")
 PRECISIONS = ("tf32", "ieee")
 LOSSES = ("huber", "mse")
 # largest padded sizes one program holds on chip: observation features, hidden widths, actions
@@ -106,7 +114,7 @@ def _q_grads_kernel(
     H2P: tl.constexpr,
     AP: tl.constexpr,
     BLOCK: tl.constexpr,
-    RELU: tl.constexpr,
+    ACT: tl.constexpr,
     PRECISION: tl.constexpr,
     DOUBLE_Q: tl.constexpr,
     HUBER: tl.constexpr,
@@ -142,8 +150,8 @@ def _q_grads_kernel(
         H2P,
         AP,
     )
-    _, t_h2 = torso(next_x, w1, b1, w2, b2, RELU, PRECISION)
-    q_next_target = tl.dot(t_h2, w3, input_precision=PRECISION) + b3[None, :]
+    _, t_h2 = torso(next_x, w1, b1, w2, b2, ACT, PRECISION)
+    q_next_target = tl.dot(output(t_h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
     w1, b1, w2, b2, w3, b3 = load_mlp(
         params_ptr + b.to(tl.int64) * P,
         off_w1,
@@ -162,8 +170,8 @@ def _q_grads_kernel(
         AP,
     )
     if DOUBLE_Q:
-        _, o_h2 = torso(next_x, w1, b1, w2, b2, RELU, PRECISION)
-        selector = tl.dot(o_h2, w3, input_precision=PRECISION) + b3[None, :]
+        _, o_h2 = torso(next_x, w1, b1, w2, b2, ACT, PRECISION)
+        selector = tl.dot(output(o_h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
     else:
         selector = q_next_target
     best = tl.argmax(tl.where(a_ok[None, :], selector, -float("inf")), axis=1)
@@ -173,8 +181,8 @@ def _q_grads_kernel(
     target = reward + discount * next_value
     # the online network on s, its TD error and the backward
     x = tl.load(obs_ptr + row[:, None] * D + d_cols[None, :], mask=x_mask, other=0.0)
-    h1, h2 = torso(x, w1, b1, w2, b2, RELU, PRECISION)
-    q = tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :]
+    h1, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
+    q = tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
     action = tl.load(action_ptr + row, mask=ok, other=0)
     taken = a_cols[None, :] == action[:, None]
     q_taken = tl.sum(tl.where(taken, q, 0.0), axis=1)
@@ -200,7 +208,7 @@ def _q_grads_kernel(
         tl.zeros([H2P], tl.float32),
         tl.zeros([H2P, AP], tl.float32),
         tl.zeros([AP], tl.float32),
-        RELU,
+        ACT,
         PRECISION,
     )
     i = b * S + s
@@ -298,7 +306,7 @@ def unflatten(params, layout: QLayout):
 
 
 def _q_values(layers, x, activation: str, precision):
-    f = jnp.tanh if activation == "tanh" else jax.nn.relu
+    f = {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.silu}[activation]
     w1, b1, w2, b2, w3, b3 = layers
     dot = functools.partial(jnp.dot, precision=precision)
     return dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3
@@ -404,7 +412,7 @@ def _grads_core(
         H2P=padded(h2),
         AP=padded(a),
         BLOCK=block,
-        RELU=activation == "relu",
+        ACT=ACTIVATION_CODES[activation],
         PRECISION=dot_precision,
         DOUBLE_Q=bool(double_q),
         HUBER=loss == "huber",

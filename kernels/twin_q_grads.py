@@ -1,13 +1,13 @@
 """Fused minibatch gradient of twin Q-networks (clipped double Q: TD3's and SAC's critic step) on a
 flat parameter vector.
 
-Each critic i = 1, 2 is an MLP with two hidden layers (activation f = tanh or relu) reading
+Each critic i = 1, 2 is an MLP with two hidden layers (activation f = tanh, relu or silu) reading
 concat(s, a) and giving one value, Q_i(s, a) = f(f([s, a] W1 + b1) W2 + b2) W3 + b3, its six arrays
 read from one flat vector at the offsets a `TwinQLayout` gives (`jax.flatten_util.ravel_pytree`'s
 vector of the twin critics' params). For a minibatch of M transitions (s, a, r, gamma_t, s', a', c),
 gamma_t = gamma (1 - terminated) (zero only where the episode terminated: a truncation still
-bootstraps), a' the next action the caller chose (TD3: the smoothed target action; SAC: a sample
-of the policy at s'), c a per-row bonus added to the next value (SAC: -alpha log pi(a'|s'); TD3: 0),
+bootstraps), a' the next action the caller chose (TD3: the smoothed target action; SAC: a sample of
+the policy at s'), c a per-row bonus added to the next value (SAC: -alpha log pi(a'|s'); TD3: 0),
 with online params theta and target params theta':
 
     y   = r + gamma_t (min(Q1_theta'(s', a'), Q2_theta'(s', a')) + c)     (held fixed)
@@ -40,7 +40,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels import q_grads
-from kernels._mlp_tiles import backprop, load_mlp, padded, store_grads, torso
+from kernels._mlp_tiles import (
+    ACTIVATION_CODES,
+    backprop,
+    load_mlp,
+    output,
+    padded,
+    store_grads,
+    torso,
+)
 from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend
 
@@ -53,7 +61,7 @@ __all__ = [
     "LIMITS",
 ]
 
-ACTIVATIONS = ("tanh", "relu")
+ACTIVATIONS = ("tanh", "relu", "silu")
 PRECISIONS = ("tf32", "ieee")
 # largest padded sizes one program holds on chip: observation + action features, hidden widths
 LIMITS = {"input_dim": 64, "hidden": 128}
@@ -86,21 +94,21 @@ def _load_input(obs_ptr, action_ptr, row, ok, D, A, DP: tl.constexpr):
 def _critic_value(
     x, ptr, o_w1, o_b1, o_w2, o_b2, o_w3, o_b3, IN, H1, H2,
     DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, OP: tl.constexpr,
-    RELU: tl.constexpr, PRECISION: tl.constexpr,
+    ACT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Q(x) [BLOCK] of the critic whose arrays start at offsets o_* of the vector at ptr."""
     w1, b1, w2, b2, w3, b3 = load_mlp(
         ptr, o_w1, o_b1, o_w2, o_b2, o_w3, o_b3, IN, H1, H2, 1, DP, H1P, H2P, OP
     )
-    _, h2 = torso(x, w1, b1, w2, b2, RELU, PRECISION)
-    return tl.sum(tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :], axis=1)
+    _, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
+    return tl.sum(tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :], axis=1)
 
 
 @triton.jit
 def _critic_grads(
     x, y, ok, inv_m, params, grads, o_w1, o_b1, o_w2, o_b2, o_w3, o_b3, IN, H1, H2,
     DP: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, OP: tl.constexpr,
-    RELU: tl.constexpr, PRECISION: tl.constexpr,
+    ACT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One online critic on the block's x = concat(s, a): its gradient of (1/2M) sum (Q - y)^2
     written at its offsets of the vector at grads; returns (sum of the squared gradient entries,
@@ -108,8 +116,8 @@ def _critic_grads(
     w1, b1, w2, b2, w3, b3 = load_mlp(
         params, o_w1, o_b1, o_w2, o_b2, o_w3, o_b3, IN, H1, H2, 1, DP, H1P, H2P, OP
     )
-    h1, h2 = torso(x, w1, b1, w2, b2, RELU, PRECISION)
-    q = tl.sum(tl.dot(h2, w3, input_precision=PRECISION) + b3[None, :], axis=1)
+    h1, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
+    q = tl.sum(tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :], axis=1)
     err = tl.where(ok, q - y, 0.0)
     out_cols = tl.arange(0, OP)
     d_out = tl.where(out_cols[None, :] == 0, (inv_m * err)[:, None], 0.0)
@@ -126,7 +134,7 @@ def _critic_grads(
         tl.zeros([H2P], tl.float32),
         tl.zeros([H2P, OP], tl.float32),
         tl.zeros([OP], tl.float32),
-        RELU,
+        ACT,
         PRECISION,
     )
     sq = store_grads(
@@ -174,7 +182,7 @@ def _twin_q_grads_kernel(
     H2P: tl.constexpr,
     OP: tl.constexpr,
     BLOCK: tl.constexpr,
-    RELU: tl.constexpr,
+    ACT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """Program (b, s): rows [s BLOCK, (s + 1) BLOCK) of seed b (params and target params: row b of
@@ -192,11 +200,11 @@ def _twin_q_grads_kernel(
     next_x = _load_input(next_obs_ptr, next_action_ptr, row, ok, D, A, DP)
     q1_next = _critic_value(
         next_x, target, o1_w1, o1_b1, o1_w2, o1_b2, o1_w3, o1_b3,
-        IN, H1, H2, DP, H1P, H2P, OP, RELU, PRECISION,
+        IN, H1, H2, DP, H1P, H2P, OP, ACT, PRECISION,
     )  # fmt: skip
     q2_next = _critic_value(
         next_x, target, o2_w1, o2_b1, o2_w2, o2_b2, o2_w3, o2_b3,
-        IN, H1, H2, DP, H1P, H2P, OP, RELU, PRECISION,
+        IN, H1, H2, DP, H1P, H2P, OP, ACT, PRECISION,
     )  # fmt: skip
     reward = tl.load(reward_ptr + row, mask=ok, other=0.0)
     discount = tl.load(discount_ptr + row, mask=ok, other=0.0)
@@ -208,11 +216,11 @@ def _twin_q_grads_kernel(
     grads = grads_ptr + i.to(tl.int64) * P
     sq1, loss1, q1_sum = _critic_grads(
         x, y, ok, inv_m, params, grads, o1_w1, o1_b1, o1_w2, o1_b2, o1_w3, o1_b3,
-        IN, H1, H2, DP, H1P, H2P, OP, RELU, PRECISION,
+        IN, H1, H2, DP, H1P, H2P, OP, ACT, PRECISION,
     )  # fmt: skip
     sq2, loss2, _ = _critic_grads(
         x, y, ok, inv_m, params, grads, o2_w1, o2_b1, o2_w2, o2_b2, o2_w3, o2_b3,
-        IN, H1, H2, DP, H1P, H2P, OP, RELU, PRECISION,
+        IN, H1, H2, DP, H1P, H2P, OP, ACT, PRECISION,
     )  # fmt: skip
     tl.store(aux_ptr + i * 3 + 0, loss1 + loss2)
     tl.store(aux_ptr + i * 3 + 1, q1_sum)
@@ -289,7 +297,7 @@ def unflatten(params, layout: TwinQLayout):
 
 
 def _critic(layers, obs, action, activation: str, precision):
-    f = jnp.tanh if activation == "tanh" else jax.nn.relu
+    f = {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.silu}[activation]
     w1, b1, w2, b2, w3, b3 = layers
     dot = functools.partial(jnp.dot, precision=precision)
     x = jnp.concatenate([obs, action], axis=-1)
@@ -396,7 +404,7 @@ def _grads_core(
         H2P=padded(h2),
         OP=OUT_PAD,
         BLOCK=block,
-        RELU=activation == "relu",
+        ACT=ACTIVATION_CODES[activation],
         PRECISION=dot_precision,
     )
     sums = aux.reshape(b, chunks, 3).sum(axis=1)

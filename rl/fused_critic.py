@@ -40,8 +40,8 @@ class FusedTwinQ(NamedTuple):
 
 def unfit_reason(network_config, obs_space, action_space) -> str | None:
     """Why the fused kernel cannot run these critics, or None: it needs a flat Box observation,
-    Box actions, an MLP torso of two tanh or relu hidden layers without LayerNorm, and sizes within
-    `kernels.twin_q_grads.LIMITS`."""
+    Box actions, an MLP torso of two tanh, relu or silu hidden layers without LayerNorm, and sizes
+    within `kernels.twin_q_grads.LIMITS`."""
     if not isinstance(action_space, Box):
         return "the fused twin critics need Box actions"
     if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
@@ -50,9 +50,12 @@ def unfit_reason(network_config, obs_space, action_space) -> str | None:
         network_config.torso != "mlp"
         or network_config.layer_norm
         or len(network_config.hidden) != 2
-        or network_config.activation not in ("tanh", "relu")
+        or network_config.activation not in ("tanh", "relu", "silu")
     ):
-        return "the fused twin critics need an MLP of two tanh or relu hidden layers, no LayerNorm"
+        return (
+            "the fused twin critics need an MLP of two tanh, relu or silu hidden layers, "
+            "no LayerNorm"
+        )
     action_dim = int(jnp.prod(jnp.asarray(action_space.shape)))
     layout = kernels.twin_q_grads.twin_q_layout(
         obs_space.shape[0], action_dim, tuple(network_config.hidden)

@@ -38,9 +38,9 @@ class FusedQ(NamedTuple):
 
 
 def unfit_reason(network_config, obs_space, action_space) -> str | None:
-    """Why the fused kernels cannot run this Q-network, or None: they need Discrete actions, a flat
-    Box observation, an MLP torso of two tanh or relu hidden layers without LayerNorm, and sizes
-    within `kernels.q_grads.LIMITS`."""
+    """Why the fused kernels cannot run this Q-network, or None: they need Discrete actions, a
+    flat Box observation, an MLP torso of two tanh, relu or silu hidden layers without
+    LayerNorm, and sizes within `kernels.q_grads.LIMITS`."""
     if not isinstance(action_space, Discrete):
         return "the fused Q-network needs Discrete actions"
     if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
@@ -49,9 +49,11 @@ def unfit_reason(network_config, obs_space, action_space) -> str | None:
         network_config.torso != "mlp"
         or network_config.layer_norm
         or len(network_config.hidden) != 2
-        or network_config.activation not in ("tanh", "relu")
+        or network_config.activation not in ("tanh", "relu", "silu")
     ):
-        return "the fused Q-network needs an MLP of two tanh or relu hidden layers, no LayerNorm"
+        return (
+            "the fused Q-network needs an MLP of two tanh, relu or silu hidden layers, no LayerNorm"
+        )
     layout = kernels.q_grads.q_layout(
         obs_space.shape[0], tuple(network_config.hidden), action_space.n
     )

@@ -60,7 +60,7 @@ class Config(ReplayLoopConfig):
         True,
         doc="act and take gradient steps through the fused Q-network kernels on one flat parameter "
         "vector (rl.fused_q) when the kernel backend is triton/interpret (auto: on a GPU) and the "
-        "network fits them (an MLP of two tanh or relu hidden layers within "
+        "network fits them (an MLP of two tanh, relu or silu hidden layers within "
         "kernels.q_grads.LIMITS); else the network's apply and autodiff (PureJaxRL's DQN "
         "settings on one H200: 1.6x faster at 1 seed, 1.25x at 64; benchmarks/RESULTS.md)",
     )

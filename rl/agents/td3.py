@@ -75,7 +75,7 @@ class Config(ReplayActorCriticConfig):
         True,
         doc="take the critic steps through the fused twin-critic kernel on one flat parameter "
         "vector (rl.fused_critic) when the kernel backend is triton/interpret (auto: on a GPU) "
-        "and the critics fit it (an MLP of two tanh or relu hidden layers within "
+        "and the critics fit it (an MLP of two tanh, relu or silu hidden layers within "
         "kernels.twin_q_grads.LIMITS); else the network's apply and autodiff",
     )
 

@@ -73,10 +73,12 @@ def test_gradient_matches_autodiff_at_odd_sizes(
         np.testing.assert_allclose(got[2][name], want[2][name], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("hidden, activation", [((120, 84), "relu"), ((64, 64), "tanh")])
+@pytest.mark.parametrize(
+    "hidden, activation", [((120, 84), "relu"), ((64, 64), "tanh"), ((64, 64), "silu")]
+)
 def test_gradient_at_the_agents_sizes(backend, hidden, activation):
-    """PureJaxRL's CartPole DQN (120 x 84, 128 rows) and a 64 x 64 tanh network (144 rows: nine
-    programs), against the float64 NumPy computation of the module docstring's gradient."""
+    """PureJaxRL's CartPole DQN (120 x 84, 128 rows) and 64 x 64 tanh and silu networks (144 rows:
+    nine programs), against the float64 NumPy computation of the module docstring's gradient."""
     rng = np.random.default_rng(3)
     m = 128 if hidden == (120, 84) else 144
     layout, args = make_case(rng, m, 4, hidden, 2)
@@ -85,33 +87,43 @@ def test_gradient_at_the_agents_sizes(backend, hidden, activation):
     assert relative_error(got[0], jnp.asarray(want)) < tolerance()
 
 
+def numpy_activation(activation):
+    """(f, f') in float64 NumPy, f' as a function of the pre-activation z."""
+    sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))
+    return {
+        "tanh": (np.tanh, lambda z: 1.0 - np.tanh(z) ** 2),
+        "relu": (lambda z: np.maximum(z, 0.0), lambda z: (z > 0).astype(float)),
+        "silu": (lambda z: z * sigmoid(z), lambda z: sigmoid(z) * (1.0 + z * (1.0 - sigmoid(z)))),
+    }[activation]
+
+
 def numpy_gradient(layout: QLayout, args, activation, double_q, loss):
     """dL/dtheta by hand in float64: forward, TD error, backpropagation."""
     obs, actions, rewards, discounts, next_obs, params, target = (
         np.asarray(x, np.float64) for x in args
     )
     actions = actions.astype(int)
-    f = np.tanh if activation == "tanh" else (lambda z: np.maximum(z, 0.0))
-    df = (lambda h: 1 - h * h) if activation == "tanh" else (lambda h: (h > 0).astype(float))
+    f, df = numpy_activation(activation)
 
     def forward(p, x):
         w1, b1, w2, b2, w3, b3 = (np.asarray(t) for t in unflatten(p, layout))
-        h1 = f(x @ w1 + b1)
-        h2 = f(h1 @ w2 + b2)
-        return h1, h2, h2 @ w3 + b3, (w1, w2, w3)
+        z1 = x @ w1 + b1
+        z2 = f(z1) @ w2 + b2
+        return z1, z2, f(z2) @ w3 + b3, (w1, w2, w3)
 
     q_next_target = forward(target, next_obs)[2]
     selector = forward(params, next_obs)[2] if double_q else q_next_target
     best = np.argmax(selector, axis=1)
     y = rewards + discounts * q_next_target[np.arange(len(best)), best]
-    h1, h2, q, (w1, w2, w3) = forward(params, obs)
+    z1, z2, q, (w1, w2, w3) = forward(params, obs)
+    h1, h2 = f(z1), f(z2)
     rows = np.arange(len(actions))
     td = q[rows, actions] - y
     d_td = 2 * td if loss == "mse" else np.clip(td, -1, 1)
     d_out = np.zeros_like(q)
     d_out[rows, actions] = d_td / len(actions)
-    d_z2 = (d_out @ w3.T) * df(h2)
-    d_z1 = (d_z2 @ w2.T) * df(h1)
+    d_z2 = (d_out @ w3.T) * df(z2)
+    d_z1 = (d_z2 @ w2.T) * df(z1)
     grads = [obs.T @ d_z1, d_z1.sum(0), h1.T @ d_z2, d_z2.sum(0), h2.T @ d_out, d_out.sum(0)]
     flat = np.zeros(layout.size)
     for offset, g in zip(layout.offsets, grads):

@@ -39,20 +39,29 @@ def tolerance() -> float:
     return 2e-2 if jax.default_backend() == "gpu" else 1e-5
 
 
+def numpy_activation(activation):
+    """(f, f') in float64 NumPy, f' as a function of the pre-activation z."""
+    sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))
+    return {
+        "tanh": (np.tanh, lambda z: 1.0 - np.tanh(z) ** 2),
+        "relu": (lambda z: np.maximum(z, 0.0), lambda z: (z > 0).astype(float)),
+        "silu": (lambda z: z * sigmoid(z), lambda z: sigmoid(z) * (1.0 + z * (1.0 - sigmoid(z)))),
+    }[activation]
+
+
 def numpy_gradient(layout: TwinQLayout, args, activation):
     """dL/dtheta by hand in float64: both target critics, y, both online critics, backpropagation;
     and the loss."""
     obs, act, rewards, discounts, next_obs, next_act, bonus, params, target = (
         np.asarray(x, np.float64) for x in args
     )
-    f = np.tanh if activation == "tanh" else (lambda z: np.maximum(z, 0.0))
-    df = (lambda h: 1 - h * h) if activation == "tanh" else (lambda h: (h > 0).astype(float))
+    f, df = numpy_activation(activation)
 
     def forward(arrays, x):
         w1, b1, w2, b2, w3, b3 = (np.asarray(t, np.float64) for t in arrays)
-        h1 = f(x @ w1 + b1)
-        h2 = f(h1 @ w2 + b2)
-        return h1, h2, (h2 @ w3 + b3)[:, 0], (w1, w2, w3)
+        z1 = x @ w1 + b1
+        z2 = f(z1) @ w2 + b2
+        return z1, z2, (f(z2) @ w3 + b3)[:, 0], (w1, w2, w3)
 
     x_next, x = np.concatenate([next_obs, next_act], 1), np.concatenate([obs, act], 1)
     q_next = [forward(c, x_next)[2] for c in unflatten(jnp.asarray(target), layout)]
@@ -61,11 +70,12 @@ def numpy_gradient(layout: TwinQLayout, args, activation):
     for c, offsets in zip(
         unflatten(jnp.asarray(params), layout), (layout.offsets[:6], layout.offsets[6:])
     ):
-        h1, h2, q, (w1, w2, w3) = forward(c, x)
+        z1, z2, q, (w1, w2, w3) = forward(c, x)
         loss += 0.5 * np.mean((q - y) ** 2)
         d_out = ((q - y) / m)[:, None]
-        d_z2 = (d_out @ w3.T) * df(h2)
-        d_z1 = (d_z2 @ w2.T) * df(h1)
+        d_z2 = (d_out @ w3.T) * df(z2)
+        d_z1 = (d_z2 @ w2.T) * df(z1)
+        h1, h2 = f(z1), f(z2)
         grads = [x.T @ d_z1, d_z1.sum(0), h1.T @ d_z2, d_z2.sum(0), h2.T @ d_out, d_out.sum(0)]
         for offset, g in zip(offsets, grads):
             flat[offset : offset + g.size] = g.ravel()
@@ -79,7 +89,7 @@ def numpy_gradient(layout: TwinQLayout, args, activation):
     a=st.integers(1, 3),
     h1=st.sampled_from([1, 3, 17]),
     h2=st.sampled_from([2, 5]),
-    activation=st.sampled_from(["relu", "tanh"]),
+    activation=st.sampled_from(["relu", "tanh", "silu"]),
     seed=st.integers(0, 2**16),
 )
 def test_gradient_matches_autodiff_at_odd_sizes(kernel_backend, m, d, a, h1, h2, activation, seed):
@@ -98,14 +108,16 @@ def test_gradient_matches_autodiff_at_odd_sizes(kernel_backend, m, d, a, h1, h2,
     "hidden, activation, m",
     [
         ((64, 64), "relu", 40),
+        ((64, 64), "silu", 40),
         pytest.param((64, 64), "relu", 256, marks=pytest.mark.slow),
         pytest.param((128, 128), "tanh", 100, marks=pytest.mark.slow),
     ],
 )
 def test_gradient_at_the_agents_sizes(backend, hidden, activation, m):
-    """Pendulum's critics (3 + 1 inputs) at rejax's 64 x 64 (40 rows: three programs, the last one
-    part-filled; rejax's batch of 256: 16 programs) and at 128 x 128, against the float64 NumPy
-    computation (the larger cases under `-m slow`: minutes on the CPU's interpreter)."""
+    """Pendulum's critics (3 + 1 inputs) at rejax's 64 x 64 (relu, and rejax's swish = silu; 40
+    rows: three programs, the last one part-filled; rejax's batch of 256: 16 programs) and at
+    128 x 128, against the float64 NumPy computation (the larger cases under `-m slow`: minutes on
+    the CPU's interpreter)."""
     layout, args = make_case(np.random.default_rng(3), m, 3, 1, hidden)
     grads, sq_norm, stats = twin_q_grads_flat(*args, layout, backend=backend, activation=activation)
     want, loss = numpy_gradient(layout, args, activation)

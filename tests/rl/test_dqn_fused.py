@@ -148,4 +148,4 @@ def test_the_reference_backend_and_unfit_networks_keep_the_unfused_path():
             *environment.make_env(make_config())
         ),
     )
-    assert "two tanh or relu hidden layers" in reason
+    assert "two tanh, relu or silu hidden layers" in reason
