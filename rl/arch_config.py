@@ -38,12 +38,15 @@ class ArchConfig:
         "1: act, then step, no overlap. A thread's envs must split evenly into the groups",
     )
     actor_devices: tuple[int, ...] = hp(
-        (0,), doc="sebulba: indices into jax.devices() the actors act on (threads round robin)"
+        (0,),
+        doc="sebulba: indices into jax.local_devices() (each host's own) the actors act on "
+        "(threads round robin)",
     )
     learner_devices: tuple[int, ...] = hp(
         (0,),
-        doc="sebulba: indices into jax.devices() the learner learns on (its batch split over them "
-        "on the env axis, gradients reduced by XLA)",
+        doc="sebulba: indices into jax.local_devices() (each host's own) the learner learns on "
+        "(its batch split on the env axis over them, on every host of a jax.distributed run; "
+        "gradients reduced by XLA)",
     )
     max_lag: int = hp(
         1,

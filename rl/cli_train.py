@@ -102,21 +102,18 @@ def resolve_resume(args) -> tuple[Config, list[dict], Path]:
 
 def check_sebulba_arguments(args, config: Config, grid: list[dict]) -> None:
     """ConfigError for what an actor-learner run (`arch.name: sebulba`) cannot take: a sweep,
-    --devices and --shard (its devices are arch.actor_devices and arch.learner_devices), several
-    processes, devices that are not there (`rl.sebulba.check_devices`)."""
+    --devices and --shard (its devices are arch.actor_devices and arch.learner_devices), devices
+    that are not there or envs that do not split over the processes (`rl.sebulba.check_devices`).
+    Several processes (--coordinator) each run their actors and a shard of the learner."""
     from rl.sebulba import check_devices
 
-    given = [
-        flag
-        for flag, value in (("--devices", args.devices), ("--coordinator", args.coordinator))
-        if value
-    ]
+    given = ["--devices"] if args.devices else []
     given += ["--shard envs"] if args.shard == "envs" else []
     given += ["--sweep"] if len(grid) > 1 else []
     if given:
         raise ConfigError(
-            f"{' and '.join(given)}: not for arch sebulba, which trains one setting on one host "
-            "(its devices: arch.actor_devices and arch.learner_devices)"
+            f"{' and '.join(given)}: not for arch sebulba, which trains one setting (its devices "
+            "on each host: arch.actor_devices and arch.learner_devices)"
         )
     check_devices(config)
 
@@ -151,11 +148,11 @@ def train_command(args) -> int:
             if args.config is None:
                 raise ConfigError("rl train needs a config file (or --resume RUN_DIR)")
             config, grid = resolve_train_config(args)
-        if config.arch.name == "sebulba":
-            check_sebulba_arguments(args, config, grid)
         # a multi-process run spans every device
         devices = args.devices or ("all" if args.coordinator else 1)
-        if args.shard == "envs":
+        if config.arch.name == "sebulba":
+            check_sebulba_arguments(args, config, grid)
+        elif args.shard == "envs":
             from rl.programs import env_axis_size
 
             env_axis_size(config, len(distributed.select_devices(devices, None)))

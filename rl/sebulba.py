@@ -29,6 +29,13 @@ and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   where they fit, PQN's Q(lambda) targets and minibatch epochs), compiled once before the actors
   start; the batch is split on its env axis over the learner devices (jax.sharding; XLA reduces
   the gradients). Params are never donated: actors read them.
+* Several hosts (jax.distributed, `rl train --coordinator ...`): every process runs its actor
+  threads and a learner shard. agent.num_envs is the run's total: process p's actor i is the
+  run's actor p * actor_threads + i (its block of the envs, its env seeds and key), and the update
+  is one program over every process's learner devices (`learner_mesh_devices`), the batch built
+  from each process's rollouts (`Learner.global_batch`), params replicated, so every process holds
+  the same params; actors read this process's copy (`local_copy`). Processes agree after every
+  update whether to stop, and each log point sums episodes and lags over the processes.
 * Faults: an actor that raises stops the run with its error, raised in the learner's thread; a side
   that waits longer than arch.queue_timeout_s for the other raises `StallError` saying which side
   stalled; every wait polls a stop event, so the learner's end, error or Ctrl-C stops the actors.
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -78,19 +86,52 @@ class LearnerState(NamedTuple):
 
 
 def check_devices(config) -> tuple[list, list]:
-    """(actor devices, learner devices): `config.arch`'s indices into jax.devices(); ConfigError
-    naming the key for an index that is not a device."""
-    devices = jax.devices()
+    """(actor devices, learner devices) of this process: `config.arch`'s indices into
+    jax.local_devices() (every device on one host). ConfigError naming the key for an index that
+    is not a device, and, with several processes (jax.distributed), for agent.num_envs that does
+    not split over the processes' actor threads and learner devices."""
+    devices, processes = jax.local_devices(), jax.process_count()
     for key in ("actor_devices", "learner_devices"):
         missing = [i for i in getattr(config.arch, key) if i >= len(devices)]
         if missing:
             raise ConfigError(
-                f"arch.{key}: there is no device {missing[0]}; jax.devices() has {len(devices)}: "
-                + ", ".join(map(str, devices))
+                f"arch.{key}: there is no device {missing[0]}; jax.local_devices() has "
+                f"{len(devices)}: " + ", ".join(map(str, devices))
             )
+    if processes > 1:
+        arch, envs = config.arch, config.agent.num_envs
+        splits = (
+            ("actor_threads", arch.actor_threads, "actor threads"),
+            ("learner_devices", len(arch.learner_devices), "learner devices"),
+            ("env_groups", arch.actor_threads * arch.env_groups, "env groups"),
+        )
+        for key, parts, what in splits:
+            if envs % (processes * parts):
+                raise ConfigError(
+                    f"arch.{key}: agent.num_envs ({envs}) must split evenly over {processes} "
+                    f"processes x {parts} {what} (agent.num_envs is the run's total over all "
+                    "processes)"
+                )
     return [devices[i] for i in config.arch.actor_devices], [
         devices[i] for i in config.arch.learner_devices
     ]
+
+
+def learner_mesh_devices(config) -> list:
+    """The learner's devices over every process (jax.distributed), process by process: each
+    process's `arch.learner_devices`. The learner's batch is split on its env axis in this order,
+    so process p's envs are the p-th block of the env axis."""
+    return [
+        jax.local_devices(process_index=p)[i]
+        for p in range(jax.process_count())
+        for i in config.arch.learner_devices
+    ]
+
+
+def local_copy(tree):
+    """Each leaf of a replicated (possibly multi-process) tree as its copy on this process's first
+    learner device: what actors and evaluation read, without a cross-process transfer."""
+    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
 
 
 class _Group:
@@ -245,15 +286,26 @@ class Learner:
 
     def __init__(self, config):
         self.config, self.agent, self.arch = config, config.agent, config.arch
-        self.actor_devices, learner_devices = check_devices(config)
-        self.programs = programs(config, learner_devices)
+        self.actor_devices, _ = check_devices(config)
+        self.programs = programs(config, learner_mesh_devices(config))
         self.pieces, self.policy = self.programs.pieces, self.programs.policy
-        self.hparams = hyperparams(config.agent)
+        self.hparams = self.replicated(hyperparams(config.agent))
         self.compile_seconds, self.greedy, self.eval_envs = 0.0, None, None
+        # several processes (jax.distributed): process p steps the p-th block of agent.num_envs
+        self.process, self.processes = jax.process_index(), jax.process_count()
+
+    def replicated(self, tree):
+        """Host values (the same on every process) as arrays replicated over the learner's mesh."""
+        sharding = self.programs.replicated
+        put = lambda x: jax.make_array_from_callback(
+            np.shape(x), sharding, lambda i: np.asarray(x)[i]
+        )
+        return jax.tree.map(put, tree)
 
     def init(self) -> LearnerState:
         """Fresh params and optimiser state (the agent's init) from PRNGKey(run.seed)."""
-        return self.programs.init(jax.random.PRNGKey(self.config.run.seed), self.hparams)
+        key = self.replicated(np.asarray(jax.random.PRNGKey(self.config.run.seed)))
+        return self.programs.init(key, self.hparams)
 
     def compile(self, state: LearnerState) -> None:
         """Compile the update for rollouts of `num_steps` x `num_envs` steps (once per setup)."""
@@ -276,17 +328,21 @@ class Learner:
 
     def start_actors(self, exchange: Exchange, first: int) -> list[threading.Thread]:
         """The actor threads, started: actor i steps its share of the envs (seeded from run.seed
-        and `first`, so a resumed run starts fresh episodes) on actor device i mod devices."""
-        threads, per_actor = [], self.agent.num_envs // self.arch.actor_threads
+        and `first`, so a resumed run starts fresh episodes) on actor device i mod devices. With
+        several processes, process p's actor i is the run's actor p * actor_threads + i (its
+        env seeds and PRNG key): the envs of a one-process run with all processes' threads."""
+        threads = []
+        per_actor = self.agent.num_envs // (self.arch.actor_threads * self.processes)
         seeds = np.random.SeedSequence([self.config.run.seed, first]).generate_state(
             self.agent.num_envs
         )
         base = jax.random.fold_in(jax.random.PRNGKey(self.config.run.seed), first)
         for i in range(self.arch.actor_threads):
             device = self.actor_devices[i % len(self.actor_devices)]
-            mine = [int(x) % 2**31 for x in seeds[i * per_actor : (i + 1) * per_actor]]
+            n = self.process * self.arch.actor_threads + i  # the run's actor index
+            mine = [int(x) % 2**31 for x in seeds[n * per_actor : (n + 1) * per_actor]]
             actor = Actor(
-                self.pieces, self.config, self.policy, mine, jax.random.fold_in(base, i), device
+                self.pieces, self.config, self.policy, mine, jax.random.fold_in(base, n), device
             )
             params = jax.device_put(exchange.params, device)  # compiled before any wait
             jax.block_until_ready(actor.act(params, actor.groups[0].obs, np.int32(0)))
@@ -305,7 +361,9 @@ class Learner:
         learn, split = self.programs.compiled["learn"], self.programs.split
         last = self.agent.num_updates if num_updates is None else num_updates
         first = int(state.updates)
-        exchange = Exchange(state.params, first, self.arch, should_stop)
+        # with several processes, should_stop() is agreed on after an update, never mid-wait
+        alone = should_stop if self.processes == 1 else None
+        exchange = Exchange(local_copy(state.params), first, self.arch, alone)
         threads, rows, period, join_s = [], [], _Period(), 10.0
         try:
             threads = self.start_actors(exchange, first)
@@ -315,11 +373,11 @@ class Learner:
                 period.waited += time.perf_counter() - start
                 traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *(r[0] for r in rollouts))
                 key, learn_key = jax.random.split(state.key)
-                traj = jax.device_put(traj, split)
+                traj = jax.tree.map(partial(self.global_batch, split), traj)
                 learned = learn(self.hparams, state.params, state.opt_state, traj, learn_key)
                 step = state.step + self.agent.batch_size
                 state = LearnerState(*learned[:2], key, step, state.updates + 1)
-                exchange.publish(state.params, update + 1)
+                exchange.publish(local_copy(state.params), update + 1)
                 lags = [update - version for _, version, _, _ in rollouts]
                 period.add(learned[2], lags, rollouts, self.agent.batch_size)
                 if (update + 1) % self.agent.log_interval == 0:
@@ -328,7 +386,7 @@ class Learner:
                     if on_log_point is not None:
                         on_log_point(state, rows[-1])
                 exchange.raise_failure()
-                if exchange.stopping():
+                if self.agree(exchange.stopping() or bool(should_stop and should_stop())):
                     break
         except Stopped:  # should_stop() while waiting, or an actor failed
             exchange.raise_failure()
@@ -342,12 +400,36 @@ class Learner:
                 thread.join(max(0.0, deadline - time.monotonic()))
         return state, rows
 
+    def global_batch(self, sharding, x: np.ndarray) -> jax.Array:
+        """This process's rollout columns [T, local envs, ...] as the run's batch [T, num_envs,
+        ...], split on the env axis over the learner devices of every process."""
+        shape = (x.shape[0], x.shape[1] * self.processes, *x.shape[2:])
+        return jax.make_array_from_process_local_data(sharding, x, shape)
+
+    def agree(self, stop: bool) -> bool:
+        """Whether any process stops (every process leaves after the same update)."""
+        if self.processes == 1:
+            return stop
+        from jax.experimental import multihost_utils
+
+        return bool(np.any(multihost_utils.process_allgather(np.int32(stop))))
+
     def log_point(self, state: LearnerState, period: "_Period") -> dict:
-        """The log point of `period` (module docstring), published to the rl.logging sinks."""
-        row = {"step": int(state.step), **period.metrics()}
+        """The log point of `period` (module docstring), published to the rl.logging sinks. With
+        several processes: episodes and lags of every process's actors; the greedy evaluation and
+        the timings of process 0, whose row every process gets."""
+        row = {"step": int(state.step), **period.metrics(self.processes)}
         if self.agent.eval_envs:
-            returns, lengths = self.evaluate(state.params)
+            returns, lengths = [np.nan], [np.nan]
+            if self.process == 0:
+                returns, lengths = self.evaluate(local_copy(state.params))
             row.update(eval_return=float(np.mean(returns)), eval_length=float(np.mean(lengths)))
+        if self.processes > 1:  # the timings and the evaluation as process 0 has them
+            from jax.experimental import multihost_utils
+
+            own = [k for k in ("rollout_wait", "sps", "eval_return", "eval_length") if k in row]
+            values = multihost_utils.broadcast_one_to_all(np.asarray([row[k] for k in own]))
+            row.update(zip(own, map(float, np.asarray(values))))
         publish({k: np.asarray([v]) for k, v in row.items()})  # a run of one seed
         return row
 
@@ -360,7 +442,7 @@ class Learner:
             self.eval_envs, obs = make_vector_env(self.config, seeds, "sync")
         else:
             obs, _ = self.eval_envs.reset(seed=seeds)
-        act = lambda obs: self.greedy(params, obs)
+        act = lambda obs: self.greedy(params, obs)  # params on one device (local_copy)
         return greedy_episodes(self.eval_envs, obs, act, self.pieces.obs_dtype)
 
 
@@ -380,17 +462,36 @@ class _Period:
             self.returns += returns
             self.lengths += lengths
 
-    def metrics(self) -> dict:
+    def metrics(self, processes: int = 1) -> dict:
+        """The period's log point (`Learner.log_point`); with several `processes`, episodes and
+        lags summed over every process's actors (a collective: every process calls it)."""
         seconds = time.perf_counter() - self.start
         stats = jax.tree.map(lambda *x: float(np.mean(x)), *self.stats)
-        mean = lambda x: float(np.mean(x)) if x else float("nan")
+        totals = np.asarray(
+            [
+                len(self.returns),
+                sum(self.returns),
+                sum(self.lengths),
+                len(self.lags),
+                sum(self.lags),
+            ],
+            np.float64,
+        )
+        lag_max = max(self.lags)
+        if processes > 1:
+            from jax.experimental import multihost_utils
+
+            gathered = np.asarray(multihost_utils.process_allgather(np.append(totals, lag_max)))
+            totals, lag_max = gathered[:, :-1].sum(0), gathered[:, -1].max()
+        episodes, returns, lengths, lags, lag_sum = totals
+        mean = lambda total, count: float(total / count) if count else float("nan")
         return {
-            "episode_return": mean(self.returns),
-            "episode_length": mean(self.lengths),
-            "episodes": len(self.returns),
+            "episode_return": mean(returns, episodes),
+            "episode_length": mean(lengths, episodes),
+            "episodes": int(episodes),
             **stats,
-            "param_lag": mean(self.lags),
-            "param_lag_max": int(max(self.lags)),
+            "param_lag": mean(lag_sum, lags),
+            "param_lag_max": int(lag_max),
             "rollout_wait": self.waited / seconds,
             "sps": self.steps / seconds,
         }

@@ -9,6 +9,11 @@ same signal again stops at once, keeping the checkpoints already written); `rl t
 RUN_DIR` continues from the newest one with fresh episodes: the envs' state lives in the gymnasium
 envs, outside the checkpoint.
 
+Several processes (jax.distributed, `rl train --coordinator ...`): every process trains into the
+same run directory (a shared filesystem) and writes its part of each checkpoint; process 0 alone
+takes the directory's lock and writes config.yaml, the metrics, final_params.msgpack and
+summary.json.
+
     from rl.config import load_config
     from rl.sebulba_run import run_training
     summary = run_training(load_config("configs/ppo_sebulba_cartpole.yaml"), [{}], "runs/demo")
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import jax
@@ -27,10 +32,11 @@ import numpy as np
 
 from rl.checkpoint import Checkpoints, abstract_like
 from rl.config_parsing import ConfigError
+from rl.distributed import is_main_process
 from rl.interrupts import StopSignalGuard, TrainingInterrupted
 from rl.logging import ProgressBar, RunLogger, sink
 from rl.run_dir import config_check, run_dir_lock, run_record, write_final, write_run_config
-from rl.sebulba import Learner, LearnerState
+from rl.sebulba import Learner, LearnerState, local_copy
 from rl.summary import summarise
 from rl.train import smoke_log_points, wandb_sink
 
@@ -45,11 +51,11 @@ def run_training(config, grid: list[dict], run_dir, *, resume: bool = False) -> 
             "setting, or use arch.name: anakin"
         )
     learner = Learner(config)
-    run_dir = Path(run_dir)
-    with run_dir_lock(run_dir):
-        if not resume:
+    run_dir, main = Path(run_dir), is_main_process()
+    with run_dir_lock(run_dir) if main else nullcontext():
+        if main and not resume:
             write_run_config(run_dir, config, grid)
-        return _Run(config, grid, run_dir, learner).train(resume)
+        return _Run(config, grid, run_dir, learner, main).train(resume)
 
 
 def batched(tree):
@@ -60,12 +66,12 @@ def batched(tree):
 class _Run:
     """One sebulba run into its directory: the learner, where it stands, and the sinks."""
 
-    def __init__(self, config, grid, run_dir: Path, learner: Learner):
+    def __init__(self, config, grid, run_dir: Path, learner: Learner, main: bool = True):
         self.config, self.grid, self.run_dir, self.learner = config, grid, run_dir, learner
-        agent = config.agent
+        agent, self.main = config.agent, main
         self.total = smoke_log_points(agent.num_updates // agent.log_interval)
         self.checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
-        self.logger = RunLogger(run_dir, grid, 1)
+        self.logger = RunLogger(run_dir, grid, 1) if main else None
         self.guard = StopSignalGuard(
             "stopping after the current update and saving a checkpoint (the same signal again "
             "stops without saving)"
@@ -77,10 +83,10 @@ class _Run:
         """Restore or initialise, compile, train with checkpoints; returns the summary."""
         config, learner, sinks = self.config, self.learner, [self.logger]
         state = self.restore(learner.init()) if resume else self.fresh(learner.init())
-        if config.run.progress:
+        if config.run.progress and self.main:
             sinks.append(ProgressBar(config.agent.total_steps, label=f"ppo/{config.env.id}"))
-        wandb = wandb_sink(config, self.grid, self.run_dir, resume)
-        sinks += [wandb] if wandb is not None else []
+        wandb = wandb_sink(config, self.grid, self.run_dir, resume) if self.main else None
+        sinks = [fn for fn in sinks + [wandb] if fn is not None]  # process 0's (jax.distributed)
         updates = self.total * config.agent.log_interval
         try:
             with self.guard, ExitStack() as stack:
@@ -89,7 +95,8 @@ class _Run:
                 self.say("compiling the learner's update ...")
                 learner.compile(state)
                 self.say(f"compiled in {learner.compile_seconds:.1f} s; training")
-                self.logger.mark_start()
+                if self.logger is not None:
+                    self.logger.mark_start()
                 start = time.perf_counter()
                 state, _ = learner.run(
                     state, updates, lambda: self.guard.requested, on_log_point=self.log_point
@@ -105,9 +112,8 @@ class _Run:
                 self.guard.signal_number,
             ) from None
         finally:
-            for fn in sinks[1:]:
+            for fn in sinks:
                 getattr(fn, "close", lambda: None)()
-            self.logger.close()
             self.checkpoints.close()
         if int(state.updates) < updates:  # stopped by Ctrl-C or SIGTERM
             raise TrainingInterrupted(
@@ -119,12 +125,13 @@ class _Run:
 
     def fresh(self, state: LearnerState) -> LearnerState:
         """A new run's `state`, its metrics files opened."""
-        self.logger.open()
+        if self.logger is not None:
+            self.logger.open()
         return state
 
     def say(self, message: str) -> None:
-        """A progress line on stderr (with run.progress)."""
-        if self.config.run.progress:
+        """A progress line on stderr (with run.progress; process 0's)."""
+        if self.config.run.progress and self.main:
             print(f"rl: {message}", file=sys.stderr, flush=True)
 
     def restore(self, fresh: LearnerState) -> LearnerState:
@@ -134,16 +141,16 @@ class _Run:
             abstract_like(batched(fresh)), check_meta=config_check(self.config, self.grid)
         )
         if restored is None:
-            self.logger.open()
-            return fresh
+            return self.fresh(fresh)
         step, state, history, meta = restored
         self.history = {k: list(v[0, 0]) for k, v in history["seed"].items()}
-        self.logger.open(history)
         self.saved_updates, self.saved_step, self.steps_start = int(meta["updates"]), step, step
-        print(
-            f"rl: resuming from checkpoint {self.checkpoints.directory / str(step)}",
-            file=sys.stderr,
-        )
+        if self.logger is not None:
+            self.logger.open(history)
+            print(
+                f"rl: resuming from checkpoint {self.checkpoints.directory / str(step)}",
+                file=sys.stderr,
+            )
         return jax.tree.map(
             lambda x: jax.device_put(x[0, 0], self.learner.programs.replicated), state
         )
@@ -152,7 +159,8 @@ class _Run:
         """After each log point: the history, the files flushed, a checkpoint when one is due."""
         for name, value in row.items():
             self.history.setdefault(name, []).append(value)
-        self.logger.flush()
+        if self.logger is not None:
+            self.logger.flush()
         every = self.config.run.checkpoint_every
         if every and len(self.history["step"]) % every == 0:
             self.save(state)
@@ -169,7 +177,11 @@ class _Run:
             "env": self.config.env.id,
             "config": run_record(self.config, self.grid),
         }
-        host = self.logger.host_history()
+        if self.logger is not None:
+            host = self.logger.host_history()
+        else:  # process 0 writes the host history of a multi-process run
+            points = len(self.history.get("step", ()))
+            host = {k: np.full(points, np.nan) for k in ("steps_per_second", "wall_time")}
         self.checkpoints.save(
             int(state.step), batched(state), {"seed": history, "host": host}, meta
         )
@@ -192,5 +204,6 @@ class _Run:
             self.train_seconds,
             steps_trained=int(state.step) - self.steps_start,
         )
-        write_final(self.run_dir, batched(state.params), summary)
+        if self.main:
+            write_final(self.run_dir, batched(local_copy(state.params)), summary)
         return summary
