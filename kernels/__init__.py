@@ -6,6 +6,7 @@ environment variable, or the device (GPU with jax_triton -> "triton", else "refe
 that automatic choice an op may send small shapes to XLA where it measured XLA faster.
 """
 
+from kernels.deterministic_policy_grads import deterministic_policy_grads_flat
 from kernels.gae import gae
 from kernels.launch import (
     BACKENDS,
@@ -49,6 +50,7 @@ __all__ = [
     "q_epsilon_greedy",
     "q_learning_grads_flat",
     "twin_q_grads_flat",
+    "deterministic_policy_grads_flat",
     "sumtree_set_leaves",
     "sumtree_find_leaves",
 ]

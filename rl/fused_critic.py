@@ -22,6 +22,7 @@ from jax.flatten_util import ravel_pytree
 
 import kernels
 from envs.spaces import Box
+from kernels.q_grads import QLayout
 from kernels.twin_q_grads import TwinQLayout
 from kernels.twin_q_grads import unfit_reason as kernel_unfit_reason
 from rl import environment, param_layout
@@ -132,3 +133,52 @@ def for_agent(config, env, env_params, critic: Network):
     example_obs = jnp.zeros(obs_space.shape, jnp.float32)
     example_action = jnp.zeros(action_space.shape, jnp.float32)
     return make(critic, agent.network, example_obs, example_action, backend)
+
+
+class FusedActor(NamedTuple):
+    """A deterministic actor (TD3's mu) as the fused policy-gradient kernel sees it: where its six
+    arrays lie in `ravel_pytree`'s vector of its params (static: built once per agent)."""
+
+    unravel: Callable  # flat vector [size] -> the actor's params
+    layout: QLayout
+
+
+def deterministic_actor(fused: FusedTwinQ, actor: Network, example_obs) -> FusedActor | None:
+    """The fused view of a deterministic actor (two hidden layers and a tanh head, the critics'
+    widths) that goes with the fused critics `fused`, or None where the kernel cannot run it
+    (`kernels.deterministic_policy_grads.unfit_reason`)."""
+    tree = jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype),
+        jax.eval_shape(actor.init, jax.random.key(0), example_obs),
+    )
+    _, unravel = ravel_pytree(tree)
+    try:
+        dense = param_layout.dense_layers(tree)
+    except ValueError:
+        return None
+    if len(dense) != 3:
+        return None
+    offsets = param_layout.dense_layers(param_layout.leaf_offsets(tree))
+    (w1, _), (w2, _), (w3, _) = dense
+    layout = QLayout(
+        tuple(int(o) for pair in offsets for o in pair),
+        int(w1.shape[0]),
+        (int(w1.shape[1]), int(w2.shape[1])),
+        int(w3.shape[1]),
+        sum(x.size for x in jax.tree.leaves(tree)),
+    )
+    if kernels.deterministic_policy_grads.unfit_reason(layout, fused.layout) is not None:
+        return None
+    return FusedActor(unravel, layout)
+
+
+def deterministic_policy_grads(fused: FusedTwinQ, actor: FusedActor, actor_params, critic_params,
+                               obs):  # fmt: skip
+    """(grads in the actor's tree, ||grads||^2, {"loss"}) of L = -mean Q1(s, mu(s)) from
+    `kernels.deterministic_policy_grads_flat` on the raveled actor params and the critics' flat
+    vector."""
+    grads, sq_norm, stats = kernels.deterministic_policy_grads_flat(
+        obs, ravel_pytree(actor_params)[0], critic_params, actor.layout, fused.layout,
+        activation=fused.activation, backend=fused.backend,
+    )  # fmt: skip
+    return actor.unravel(grads), sq_norm, stats

@@ -22,8 +22,10 @@ noise_clip.
 With `fused_network` on a Triton kernel backend (`rl.fused_critic`), the twin critics and their
 target are one flat vector each: a critic step's targets, losses and backward are one
 `kernels.twin_q_grads_flat` launch, and Adam and the Polyak target update the vector in one fused
-step each. Off the CPU the delayed update runs every gradient step and is kept every
-`policy_delay`-th (`collection.cond`: no host round trip).
+step each; the actor's step (its forward, Q1's forward and backward to the action, its backward) is
+one `kernels.deterministic_policy_grads_flat` launch on the raveled actor params. Off the CPU the
+delayed update runs every gradient step and is kept every `policy_delay`-th (`collection.cond`: no
+host round trip).
 """
 
 from __future__ import annotations
@@ -170,6 +172,10 @@ def make_trainer(config) -> Trainer:
     action_shape = env.action_space(env_params).shape
     fused = fused_critic.for_agent(config, env, env_params, critic)
     critic_apply = critic.apply if fused is None else partial(fused_critic.twin_q_values, fused)
+    example_obs = jnp.zeros(env.observation_space(env_params).shape, jnp.float32)
+    fused_actor = (
+        None if fused is None else fused_critic.deterministic_actor(fused, actor, example_obs)
+    )
 
     # ---------------------------------------------------------------- init
 
@@ -209,11 +215,18 @@ def make_trainer(config) -> Trainer:
 
     def delayed_update(hparams, state: State, batch):
         """The actor's step against the new critics, then Polyak steps of both targets."""
-        loss, grads = jax.value_and_grad(partial(actor_loss, actor.apply, critic_apply))(
-            state.params, state.critic_params, batch
-        )
+        if fused_actor is None:
+            loss, grads = jax.value_and_grad(partial(actor_loss, actor.apply, critic_apply))(
+                state.params, state.critic_params, batch
+            )
+            sq_norm = None
+        else:
+            grads, sq_norm, stats = fused_critic.deterministic_policy_grads(
+                fused, fused_actor, state.params, state.critic_params, batch["obs"]
+            )
+            loss = stats["loss"]
         params, actor_opt_state = actor_critic.optimizer_step(
-            optimizer(hparams), grads, state.opt_state["actor"], state.params
+            optimizer(hparams), grads, state.opt_state["actor"], state.params, sq_norm
         )
         tau = hparams["tau"]
         state = state._replace(

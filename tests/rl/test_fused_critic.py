@@ -1,8 +1,8 @@
-"""TD3 and SAC through the fused twin critics (rl.fused_critic): the critic step's gradient equals
-the unfused agent's autodiff on the same params and batch, a short run through the kernel (the
-Triton interpreter) is the unfused run up to float rounding with its critics kept as one flat
-vector, and critics the kernel cannot hold (or a backend without Triton) keep the unfused path.
-The kernel itself: tests/kernels/test_twin_q_grads.py."""
+"""TD3 and SAC through the fused twin critics (rl.fused_critic): the critic step's gradient (and
+TD3's actor step's) equals the unfused agent's autodiff on the same params and batch, a short run
+through the kernel (the Triton interpreter) is the unfused run up to float rounding with its
+critics kept as one flat vector, and critics the kernel cannot hold (or a backend without Triton)
+keep the unfused path. The kernel itself: tests/kernels/test_twin_q_grads.py."""
 
 from __future__ import annotations
 
@@ -88,6 +88,29 @@ def test_fused_critic_gradient_equals_autodiff_of_td3s_loss(full_precision_matmu
     np.testing.assert_allclose(sq_norm, jnp.sum(want**2), rtol=1e-4)
     np.testing.assert_allclose(stats["loss"], want_loss, rtol=1e-5)
     np.testing.assert_allclose(stats["q_mean"], want_q, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_actor_gradient_equals_autodiff_of_td3s_actor_loss(full_precision_matmuls):
+    """On the same actor, critics and batch, the kernel's actor gradient (unraveled into the actor's
+    tree) is jax.grad of td3.actor_loss."""
+    config = make_config("td3")
+    fused, critic = critics_of(config, td3)
+    env, env_params = environment.make_env(config)
+    actor, _ = td3.make_networks(config.agent, env, env_params)
+    obs = jax.random.normal(jax.random.key(0), (24, 3))
+    fused_actor = fused_critic.deterministic_actor(fused, actor, obs[0])
+    assert fused_actor is not None
+    actor_params = actor.init(jax.random.key(1), obs[0])
+    critic_params = critic.init(jax.random.key(2), obs[0], jnp.zeros(1))
+    loss_fn = lambda p: td3.actor_loss(actor.apply, critic.apply, p, critic_params, {"obs": obs})
+    want_loss, want = jax.value_and_grad(loss_fn)(actor_params)
+    got, sq_norm, stats = fused_critic.deterministic_policy_grads(
+        fused, fused_actor, actor_params, ravel_pytree(critic_params)[0], obs
+    )
+    want, got = ravel_pytree(want)[0], ravel_pytree(got)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * float(jnp.abs(want).max()))
+    np.testing.assert_allclose(sq_norm, jnp.sum(want**2), rtol=1e-4)
+    np.testing.assert_allclose(stats["loss"], want_loss, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("name, module", [("td3", td3), ("sac", sac)])
