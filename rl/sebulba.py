@@ -375,6 +375,8 @@ class Learner:
                 key, learn_key = jax.random.split(state.key)
                 traj = jax.tree.map(partial(self.global_batch, split), traj)
                 learned = learn(self.hparams, state.params, state.opt_state, traj, learn_key)
+                if self.processes > 1:  # no other collective (gloo on CPUs) may overlap it
+                    jax.block_until_ready(learned)
                 step = state.step + self.agent.batch_size
                 state = LearnerState(*learned[:2], key, step, state.updates + 1)
                 exchange.publish(local_copy(state.params), update + 1)

@@ -4,8 +4,10 @@ envs in its actor threads and holding a shard of the learner, whose update is on
 both processes' devices. Both end with the same params, and with those of one process that steps
 every env in twice the threads and splits its learner over two devices (max_lag 0 makes both
 runs deterministic). Envs that do not split over the processes are refused before anything
-starts. Every run is a subprocess (jax.distributed and the forced device count are set before JAX
-starts); the processes are started as tests/rl/test_sharding.py starts its two."""
+starts. Under `-m slow`: Ctrl-C reaching one process stops both at one checkpoint and `--resume`
+finishes the run; the shipped CartPole config learns on two processes. Every run is a subprocess
+(jax.distributed and the forced device count are set before JAX starts); the processes are
+started as tests/rl/test_sharding.py starts its two."""
 
 from __future__ import annotations
 
@@ -143,3 +145,81 @@ def test_envs_that_do_not_split_over_the_processes_are_refused_before_anything_s
             "threads" in err
         )
     assert not (tmp_path / "runs").exists()
+
+
+# `rl ARGS` that sends itself SIGINT (Ctrl-C) once a log point it receives reaches step STOP_AT
+# (0: never); prints its exit code
+INTERRUPTIBLE = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import numpy as np
+    from rl import logging as rl_logging
+    from rl.cli import main
+
+    stop_at, args, sent = int(sys.argv[1]), sys.argv[2:], []
+
+    def send(values):
+        if stop_at and not sent and int(np.max(values["step"])) >= stop_at:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+
+    with rl_logging.sink(send):
+        code = main(args)
+    print("RESULT " + json.dumps({"code": code}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_one_process_stops_both_at_one_checkpoint_and_both_resume(tmp_path):
+    """Ctrl-C reaches process 0 only: both processes agree to stop after the same update, save
+    one checkpoint and exit 130; `rl train --resume` on both finishes the run, here on processes
+    of 4 devices each. (`-m slow`: two two-process runs, about a minute on 2 cores.)"""
+    config = sebulba_config(tmp_path, total_steps=2048)  # 32 updates, 16 log points
+    run_dir = tmp_path / "runs" / "stopped"
+    port = free_port()
+    distributed = ["--coordinator", f"localhost:{port}", "--num-processes", 2]
+    args = ["train", config, "--name", "stopped", "--no-progress", *distributed]
+    stopped = [
+        run_script(INTERRUPTIBLE, 768 if i == 0 else 0, *args, "--process-id", i, devices=1)
+        for i in range(2)
+    ]
+    results = [result_of(p) for p in stopped]
+    assert [r for r, _ in results] == [{"code": 130}, {"code": 130}]
+    (saved,) = {err.splitlines()[-1] for _, err in results}
+    assert "rl: interrupted at step" in saved and "--resume" in saved
+    step = int(saved.split("interrupted at step ")[1].split(";")[0])
+    assert 768 <= step < 2048
+    port = free_port()
+    distributed = ["--coordinator", f"localhost:{port}", "--num-processes", 2]
+    resume = ["train", "--resume", run_dir, *distributed]
+    # on processes of 4 CPU devices each, the learner on the first: the learner's update and the
+    # log points' gathers run over different device sets, one after the other
+    resumed = [
+        run_script(INTERRUPTIBLE, 0, *resume, "--process-id", i, devices=4) for i in range(2)
+    ]
+    results = [result_of(p) for p in resumed]
+    assert [r for r, _ in results] == [{"code": 0}, {"code": 0}]
+    assert f"resuming from checkpoint {run_dir / 'checkpoints' / str(step)}" in results[0][1]
+    rows = metric_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(128, 2049, 128))
+    assert (run_dir / "final_params.msgpack").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_learn_cartpole_with_the_shipped_config(tmp_path):
+    """configs/ppo_sebulba_cartpole.yaml on two processes (each 2 actor threads x 2 envs and a
+    learner shard) reaches a training return >= 475, as one process does (test_sebulba.py's
+    check, which asks it of 3 seeds of 4). (`-m slow`: a few CPU minutes.)"""
+    output = ["--output-dir", tmp_path / "runs", "--no-progress"]
+    processes = two_processes(
+        "import sys; from rl.cli import main; print('RESULT', main(['train', *sys.argv[1:]]))",
+        "configs/ppo_sebulba_cartpole.yaml",
+        "--name",
+        "learn",
+        *output,
+    )
+    for process in processes:
+        out, err = process.communicate(timeout=900)
+        assert "RESULT 0" in out, err[-3000:]
+    rows = metric_rows(tmp_path / "runs" / "learn")
+    assert max(r["episode_return"] for r in rows[-4:]) >= 475, [r["episode_return"] for r in rows]
