@@ -25,6 +25,7 @@ from kernels.q_act import q_epsilon_greedy
 from kernels.q_grads import q_learning_grads_flat
 from kernels.q_lambda import q_lambda_returns
 from kernels.returns import discounted_returns
+from kernels.sac_actor_grads import sac_actor_grads_flat
 from kernels.softmax import softmax
 from kernels.sumtree import sumtree_find_leaves, sumtree_set_leaves
 from kernels.twin_q_grads import twin_q_grads_flat
@@ -51,6 +52,7 @@ __all__ = [
     "q_learning_grads_flat",
     "twin_q_grads_flat",
     "deterministic_policy_grads_flat",
+    "sac_actor_grads_flat",
     "sumtree_set_leaves",
     "sumtree_find_leaves",
 ]

@@ -23,6 +23,7 @@ from jax.flatten_util import ravel_pytree
 import kernels
 from envs.spaces import Box
 from kernels.q_grads import QLayout
+from kernels.sac_actor_grads import SacActorLayout
 from kernels.twin_q_grads import TwinQLayout
 from kernels.twin_q_grads import unfit_reason as kernel_unfit_reason
 from rl import environment, param_layout
@@ -136,38 +137,57 @@ def for_agent(config, env, env_params, critic: Network):
 
 
 class FusedActor(NamedTuple):
-    """A deterministic actor (TD3's mu) as the fused policy-gradient kernel sees it: where its six
-    arrays lie in `ravel_pytree`'s vector of its params (static: built once per agent)."""
+    """An actor as a fused policy-gradient kernel sees it: where its arrays lie in
+    `ravel_pytree`'s vector of its params (static: built once per agent)."""
 
     unravel: Callable  # flat vector [size] -> the actor's params
-    layout: QLayout
+    layout: QLayout | SacActorLayout
+
+
+def _actor_dense_layers(actor: Network, example_obs):
+    """(unravel, [(w, b) shapes of its dense layers], their offsets, size), or None for an actor
+    that is not plain dense layers."""
+    tree = jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype),
+        jax.eval_shape(actor.init, jax.random.key(0), example_obs),
+    )
+    try:
+        dense = param_layout.dense_layers(tree)
+    except ValueError:
+        return None
+    offsets = param_layout.dense_layers(param_layout.leaf_offsets(tree))
+    size = sum(x.size for x in jax.tree.leaves(tree))
+    return ravel_pytree(tree)[1], dense, [int(o) for pair in offsets for o in pair], size
 
 
 def deterministic_actor(fused: FusedTwinQ, actor: Network, example_obs) -> FusedActor | None:
     """The fused view of a deterministic actor (two hidden layers and a tanh head, the critics'
     widths) that goes with the fused critics `fused`, or None where the kernel cannot run it
     (`kernels.deterministic_policy_grads.unfit_reason`)."""
-    tree = jax.tree.map(
-        lambda s: jnp.zeros(s.shape, s.dtype),
-        jax.eval_shape(actor.init, jax.random.key(0), example_obs),
-    )
-    _, unravel = ravel_pytree(tree)
-    try:
-        dense = param_layout.dense_layers(tree)
-    except ValueError:
+    found = _actor_dense_layers(actor, example_obs)
+    if found is None or len(found[1]) != 3:
         return None
-    if len(dense) != 3:
-        return None
-    offsets = param_layout.dense_layers(param_layout.leaf_offsets(tree))
-    (w1, _), (w2, _), (w3, _) = dense
-    layout = QLayout(
-        tuple(int(o) for pair in offsets for o in pair),
-        int(w1.shape[0]),
-        (int(w1.shape[1]), int(w2.shape[1])),
-        int(w3.shape[1]),
-        sum(x.size for x in jax.tree.leaves(tree)),
-    )
+    unravel, ((w1, _), (w2, _), (w3, _)), offsets, size = found
+    hidden = (int(w1.shape[1]), int(w2.shape[1]))
+    layout = QLayout(tuple(offsets), int(w1.shape[0]), hidden, int(w3.shape[1]), size)
     if kernels.deterministic_policy_grads.unfit_reason(layout, fused.layout) is not None:
+        return None
+    return FusedActor(unravel, layout)
+
+
+def squashed_gaussian_actor(fused: FusedTwinQ, actor: Network, example_obs) -> FusedActor | None:
+    """The fused view of SAC's squashed-Gaussian actor (two hidden layers, then the mean head and
+    the raw log-std head, the critics' widths) that goes with the fused critics `fused`, or None
+    where the kernel cannot run it (`kernels.sac_actor_grads.unfit_reason`)."""
+    found = _actor_dense_layers(actor, example_obs)
+    if found is None or len(found[1]) != 4:
+        return None
+    unravel, ((w1, _), (w2, _), (wm, _), (wr, _)), offsets, size = found
+    if wm.shape != wr.shape:
+        return None
+    hidden = (int(w1.shape[1]), int(w2.shape[1]))
+    layout = SacActorLayout(tuple(offsets), int(w1.shape[0]), hidden, int(wm.shape[1]), size)
+    if kernels.sac_actor_grads.unfit_reason(layout, fused.layout) is not None:
         return None
     return FusedActor(unravel, layout)
 
@@ -180,5 +200,17 @@ def deterministic_policy_grads(fused: FusedTwinQ, actor: FusedActor, actor_param
     grads, sq_norm, stats = kernels.deterministic_policy_grads_flat(
         obs, ravel_pytree(actor_params)[0], critic_params, actor.layout, fused.layout,
         activation=fused.activation, backend=fused.backend,
+    )  # fmt: skip
+    return actor.unravel(grads), sq_norm, stats
+
+
+def sac_actor_grads(fused: FusedTwinQ, actor: FusedActor, actor_params, critic_params, obs, eps,
+                    alpha, log_std_bounds):  # fmt: skip
+    """(grads in the actor's tree, ||grads||^2, {"loss", "entropy"}) of SAC's actor loss
+    mean(alpha log pi(a|s) - min(Q1, Q2)(s, a)), a = tanh(mu + sigma eps), from
+    `kernels.sac_actor_grads_flat` on the raveled actor params and the critics' flat vector."""
+    grads, sq_norm, stats = kernels.sac_actor_grads_flat(
+        obs, eps, alpha, ravel_pytree(actor_params)[0], critic_params, actor.layout, fused.layout,
+        log_std_bounds=log_std_bounds, activation=fused.activation, backend=fused.backend,
     )  # fmt: skip
     return actor.unravel(grads), sq_norm, stats

@@ -33,7 +33,9 @@ max_grad_norm) are read from `hparams` inside the compiled program.
 With continuous actions and `fused_network` on a Triton kernel backend (`rl.fused_critic`), the
 twin critics and their target are one flat vector each: a critic step's targets (on a' ~ pi(s') and
 the bonus -alpha log pi(a'|s') drawn here), losses and backward are one `kernels.twin_q_grads_flat`
-launch, and Adam and the Polyak target update the vector in one fused step each.
+launch, and Adam and the Polyak target update the vector in one fused step each; the actor's step
+(its forward, the sample and its log-probability, both critics' forwards and their backward to
+the action, its backward) is one `kernels.sac_actor_grads_flat` launch on the raveled actor params.
 """
 
 from __future__ import annotations
@@ -247,11 +249,14 @@ def make_trainer(config) -> Trainer:
     variant = make_variant(agent, env, env_params)
     actor = variant.actor
     fused = fused_critic.for_agent(config, env, env_params, variant.critic)
+    fused_actor = None
     if fused is not None:  # the critics are a flat vector: the actor's loss reads them unraveled
         critic_apply = partial(fused_critic.twin_q_values, fused)
         _, actor_loss_fn = continuous_losses(actor.apply, critic_apply)
         init_critic = lambda key, obs: fused_critic.init(fused, key, obs, variant.example_action)
         variant = variant._replace(init_critic=init_critic, actor_loss=actor_loss_fn)
+        example_obs = jnp.zeros(env.observation_space(env_params).shape, jnp.float32)
+        fused_actor = fused_critic.squashed_gaussian_actor(fused, actor, example_obs)
 
     # ---------------------------------------------------------------- init
 
@@ -323,11 +328,20 @@ def make_trainer(config) -> Trainer:
             critic_opt, grads, state.opt_state["critic"], state.critic_params, sq_norm
         )
         # the actor, against the new critics
-        (actor_loss, entropy), grads = jax.value_and_grad(variant.actor_loss, has_aux=True)(
-            state.params, critic_params, alpha, batch, actor_key
-        )
+        if fused_actor is None:
+            (actor_loss, entropy), grads = jax.value_and_grad(variant.actor_loss, has_aux=True)(
+                state.params, critic_params, alpha, batch, actor_key
+            )
+            sq_norm = None
+        else:  # the same draws as TanhGaussian.squashed_sample(actor_key)
+            eps = jax.random.normal(actor_key, batch["action"].shape)
+            grads, sq_norm, stats = fused_critic.sac_actor_grads(
+                fused, fused_actor, state.params, critic_params, batch["obs"], eps, alpha,
+                (agent.log_std_min, agent.log_std_max),
+            )  # fmt: skip
+            actor_loss, entropy = stats["loss"], stats["entropy"]
         params, actor_state = actor_critic.optimizer_step(
-            actor_opt, grads, state.opt_state["actor"], state.params
+            actor_opt, grads, state.opt_state["actor"], state.params, sq_norm
         )
         # the temperature, toward the target entropy
         log_alpha, alpha_state = state.log_alpha, state.opt_state["log_alpha"]

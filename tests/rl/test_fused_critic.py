@@ -1,5 +1,5 @@
 """TD3 and SAC through the fused twin critics (rl.fused_critic): the critic step's gradient (and
-TD3's actor step's) equals the unfused agent's autodiff on the same params and batch, a short run
+the actor step's) equals the unfused agent's autodiff on the same params and batch, a short run
 through the kernel (the Triton interpreter) is the unfused run up to float rounding with its
 critics kept as one flat vector, and critics the kernel cannot hold (or a backend without Triton)
 keep the unfused path. The kernel itself: tests/kernels/test_twin_q_grads.py."""
@@ -111,6 +111,35 @@ def test_fused_actor_gradient_equals_autodiff_of_td3s_actor_loss(full_precision_
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * float(jnp.abs(want).max()))
     np.testing.assert_allclose(sq_norm, jnp.sum(want**2), rtol=1e-4)
     np.testing.assert_allclose(stats["loss"], want_loss, rtol=1e-5, atol=1e-7)
+
+
+def test_fused_actor_gradient_equals_autodiff_of_sacs_actor_loss(full_precision_matmuls):
+    """On the same actor, critics, batch, temperature and key, the kernel's actor gradient and
+    entropy equal jax.grad of SAC's own actor loss (rl.agents.sac.continuous_losses)."""
+    config = make_config("sac")
+    fused, critic = critics_of(config, sac)
+    env, env_params = environment.make_env(config)
+    actor = sac.make_variant(config.agent, env, env_params).actor
+    obs = jax.random.normal(jax.random.key(0), (24, 3))
+    fused_actor = fused_critic.squashed_gaussian_actor(fused, actor, obs[0])
+    assert fused_actor is not None
+    actor_params = actor.init(jax.random.key(1), obs[0])
+    critic_params = critic.init(jax.random.key(2), obs[0], jnp.zeros(1))
+    key, alpha = jax.random.key(3), jnp.float32(0.3)
+    _, actor_loss = sac.continuous_losses(actor.apply, critic.apply)
+    (want_loss, want_entropy), want = jax.value_and_grad(actor_loss, has_aux=True)(
+        actor_params, critic_params, alpha, {"obs": obs}, key
+    )
+    got, sq_norm, stats = fused_critic.sac_actor_grads(
+        fused, fused_actor, actor_params, ravel_pytree(critic_params)[0], obs,
+        jax.random.normal(key, (24, 1)), alpha,
+        (config.agent.log_std_min, config.agent.log_std_max),
+    )  # fmt: skip
+    want, got = ravel_pytree(want)[0], ravel_pytree(got)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(jnp.abs(want).max()))
+    np.testing.assert_allclose(sq_norm, jnp.sum(want**2), rtol=1e-4)
+    np.testing.assert_allclose(stats["loss"], want_loss, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats["entropy"], want_entropy, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name, module", [("td3", td3), ("sac", sac)])
