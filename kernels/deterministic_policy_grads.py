@@ -296,9 +296,9 @@ def _kernel_op(backend, actor_layout, critic_layout, activation, dot_precision):
 # ---------------------------------------------------------------- checks and the op
 
 
-def unfit_reason(actor_layout: QLayout, critic_layout: TwinQLayout) -> str | None:
-    """Why the kernel cannot run this actor with these critics (a shape mismatch, or sizes beyond
-    `kernels.twin_q_grads.LIMITS`), or None."""
+def shape_mismatch(actor_layout: QLayout, critic_layout: TwinQLayout) -> str | None:
+    """Why this actor and these critics do not go together (observation size, hidden widths or
+    action size differ), or None."""
     if (
         actor_layout.obs_dim != critic_layout.obs_dim
         or actor_layout.actions != critic_layout.action_dim
@@ -310,7 +310,13 @@ def unfit_reason(actor_layout: QLayout, critic_layout: TwinQLayout) -> str | Non
             f"hidden {critic_layout.hidden}, action_dim {critic_layout.action_dim}) must have "
             "the same observation size, hidden widths and action size"
         )
-    return twin_q_grads.unfit_reason(critic_layout)
+    return None
+
+
+def unfit_reason(actor_layout: QLayout, critic_layout: TwinQLayout) -> str | None:
+    """Why the kernel cannot run this actor with these critics (`shape_mismatch`, or sizes beyond
+    `kernels.twin_q_grads.LIMITS`), or None."""
+    return shape_mismatch(actor_layout, critic_layout) or twin_q_grads.unfit_reason(critic_layout)
 
 
 def deterministic_policy_grads_flat(
@@ -351,15 +357,16 @@ def deterministic_policy_grads_flat(
         check_float_array(name, x)
         if x.shape != (layout.size,):
             raise ValueError(f"{name} must be [{layout.size}] (its layout's size), got {x.shape}")
-    reason = unfit_reason(actor_layout, critic_layout)
-    if reason is not None and "must have the same" in reason:
-        raise ValueError(reason)
+    mismatch = shape_mismatch(actor_layout, critic_layout)
+    if mismatch is not None:
+        raise ValueError(mismatch)
     options = dict(activation=activation, dot_precision=dot_precision)
     name = resolve_backend(backend)
     if name == "reference":
         return deterministic_policy_grads_reference(
             obs, actor_params, critic_params, actor_layout, critic_layout, **options
         )
+    reason = twin_q_grads.unfit_reason(critic_layout)
     if reason is not None:
         raise ValueError(reason + "; use the reference backend for these networks")
     grads, sq_norm, value = _kernel_op(name, actor_layout, critic_layout, **options)(

@@ -347,10 +347,19 @@ def sac_actor_layout(obs_dim: int, hidden: tuple[int, int], actions: int) -> Sac
 
 
 def check_layout(layout: SacActorLayout) -> SacActorLayout:
-    """`layout` after checking that its eight arrays cover [0, size) exactly once (ValueError
-    otherwise)."""
-    if not isinstance(layout, SacActorLayout) or len(layout.offsets) != 8:
-        raise ValueError(f"layout must be a kernels.sac_actor_grads.SacActorLayout, got {layout}")
+    """`layout` after checking it: Python ints, positive sizes, eight arrays covering [0, size)
+    exactly once (the kernel writes every gradient entry and nothing else). ValueError otherwise."""
+    if not isinstance(layout, SacActorLayout):
+        raise ValueError(
+            f"layout must be a kernels.sac_actor_grads.SacActorLayout, got {type(layout).__name__}"
+        )
+    if len(layout.offsets) != 8 or len(layout.hidden) != 2:
+        raise ValueError(f"layout needs 8 offsets and 2 hidden widths, got {layout}")
+    ints = [*layout.offsets, layout.obs_dim, *layout.hidden, layout.actions, layout.size]
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in ints):
+        raise ValueError(f"layout entries must be Python ints (a layout is static), got {layout}")
+    if min(layout.obs_dim, *layout.hidden, layout.actions) < 1:
+        raise ValueError(f"layout: sizes must be positive, got {layout}")
     spans = sorted((int(o), int(o) + math.prod(s)) for o, s in zip(layout.offsets, layout.shapes()))
     at = 0
     for start, end in spans:
@@ -503,9 +512,9 @@ def _kernel_op(backend, actor_layout, critic_layout, log_std_bounds, activation,
 # ---------------------------------------------------------------- checks and the op
 
 
-def unfit_reason(actor_layout: SacActorLayout, critic_layout: TwinQLayout) -> str | None:
-    """Why the kernel cannot run this actor with these critics (a shape mismatch, or sizes beyond
-    `kernels.twin_q_grads.LIMITS`), or None."""
+def shape_mismatch(actor_layout: SacActorLayout, critic_layout: TwinQLayout) -> str | None:
+    """Why this actor and these critics do not go together (observation size, hidden widths or
+    action size differ), or None."""
     if (
         actor_layout.obs_dim != critic_layout.obs_dim
         or actor_layout.actions != critic_layout.action_dim
@@ -517,7 +526,13 @@ def unfit_reason(actor_layout: SacActorLayout, critic_layout: TwinQLayout) -> st
             f"hidden {critic_layout.hidden}, action_dim {critic_layout.action_dim}) must have "
             "the same observation size, hidden widths and action size"
         )
-    return twin_q_grads.unfit_reason(critic_layout)
+    return None
+
+
+def unfit_reason(actor_layout: SacActorLayout, critic_layout: TwinQLayout) -> str | None:
+    """Why the kernel cannot run this actor with these critics (`shape_mismatch`, or sizes beyond
+    `kernels.twin_q_grads.LIMITS`), or None."""
+    return shape_mismatch(actor_layout, critic_layout) or twin_q_grads.unfit_reason(critic_layout)
 
 
 def sac_actor_grads_flat(
@@ -574,15 +589,16 @@ def sac_actor_grads_flat(
         check_float_array(name, x)
         if x.shape != (layout.size,):
             raise ValueError(f"{name} must be [{layout.size}] (its layout's size), got {x.shape}")
-    reason = unfit_reason(actor_layout, critic_layout)
-    if reason is not None and "must have the same" in reason:
-        raise ValueError(reason)
+    mismatch = shape_mismatch(actor_layout, critic_layout)
+    if mismatch is not None:
+        raise ValueError(mismatch)
     options = dict(log_std_bounds=(lo, hi), activation=activation, dot_precision=dot_precision)
     name = resolve_backend(backend)
     if name == "reference":
         return sac_actor_grads_reference(
             obs, eps, alpha, actor_params, critic_params, actor_layout, critic_layout, **options
         )
+    reason = twin_q_grads.unfit_reason(critic_layout)
     if reason is not None:
         raise ValueError(reason + "; use the reference backend for these networks")
     grads, sq_norm, value, entropy = _kernel_op(name, actor_layout, critic_layout, **options)(

@@ -89,11 +89,11 @@ class Config(ReplayActorCriticConfig):
     log_std_max: float = hp(2.0, doc="upper bound of the policy's log-std (continuous)")
     fused_network: bool = hp(
         True,
-        doc="take the critic steps through the fused twin-critic kernel on one flat parameter "
-        "vector (rl.fused_critic) when the actions are continuous, the kernel backend is "
-        "triton/interpret (auto: on a GPU) and the critics fit it (an MLP of two tanh, relu or "
-        "silu hidden layers within kernels.twin_q_grads.LIMITS); else the network's apply and "
-        "autodiff",
+        doc="take the critic and actor steps through the fused kernels, the twin critics as one "
+        "flat parameter vector (rl.fused_critic), when the actions are continuous, the kernel "
+        "backend is triton/interpret (auto: on a GPU) and the networks fit them (MLPs of two "
+        "tanh, relu or silu hidden layers within kernels.twin_q_grads.LIMITS); else the "
+        "network's apply and autodiff",
     )
 
     def validate(self):
