@@ -261,10 +261,11 @@ def test_two_groups_collect_one_groups_rollouts_on_gymnasium_sync_envs():
 
 
 def test_two_groups_collect_one_groups_rollouts_on_gymnasium_async_envs():
-    cfg = config(env="gymnasium:CartPole-v1", agent={"num_steps": 24})
+    cfg = config(env="gymnasium:CartPole-v1", agent={"num_steps": 48})
     one = rollouts(cfg, 1, count=2, seeds=(3, 4))
     two = rollouts(cfg, 2, count=2, seeds=(3, 4), mode="async")
     assert_same_rollouts(two, one)
+    assert (one[0][0].terminated | one[0][0].truncated).any()  # an episode end is compared too
 
 
 def test_two_groups_collect_one_groups_rollouts_on_envpool(fake_envpool):
