@@ -13,10 +13,25 @@ rows and columns add exact zeros to every product and sum.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from kernels._triton import tl, triton
 from kernels.launch import next_power_of_2
 
 ACTIVATION_CODES = {"tanh": 0, "relu": 1, "silu": 2}
+
+
+def summed_partials(grads, aux, b: int, chunks: int):
+    """(grads [b, P], ||grads||^2 [b], aux summed over each seed's programs [b, K]) from a launch
+    that wrote one partial gradient per program, grads [b chunks, P], and per program aux [b chunks,
+    K] whose last column is the program's sum of squared gradient entries. One program per seed:
+    its sum of squares is the norm; several: the partials are summed first (the squares of the sum
+    are not the programs' sums)."""
+    sums = aux.reshape(b, chunks, aux.shape[-1]).sum(axis=1)
+    if chunks == 1:
+        return grads, sums[:, -1], sums
+    grads = grads.reshape(b, chunks, grads.shape[-1]).sum(axis=1)
+    return grads, jnp.sum(jnp.square(grads), axis=1), sums
 
 
 def padded(n: int) -> int:

@@ -49,6 +49,7 @@ from kernels._mlp_tiles import (
     padded,
     saved,
     store_grads,
+    summed_partials,
     torso,
 )
 from kernels._triton import tl, triton
@@ -269,12 +270,7 @@ def _grads_core(
         ACT=ACTIVATION_CODES[activation],
         PRECISION=dot_precision,
     )
-    sums = aux.reshape(b, chunks, 2).sum(axis=1)
-    if chunks == 1:  # the one program's sum of squares covers the whole gradient
-        sq_norm = sums[:, 1]
-    else:  # partial gradients are summed first; the squares of the sum are not the programs' sums
-        grads = grads.reshape(b, chunks, size).sum(axis=1)
-        sq_norm = jnp.sum(jnp.square(grads), axis=1)
+    grads, sq_norm, sums = summed_partials(grads, aux, b, chunks)
     restore = lambda x: x.reshape(lead_shape + x.shape[1:])
     return restore(grads), restore(sq_norm), restore(sums[:, 0] / m)
 
@@ -296,9 +292,10 @@ def _kernel_op(backend, actor_layout, critic_layout, activation, dot_precision):
 # ---------------------------------------------------------------- checks and the op
 
 
-def shape_mismatch(actor_layout: QLayout, critic_layout: TwinQLayout) -> str | None:
-    """Why this actor and these critics do not go together (observation size, hidden widths or
-    action size differ), or None."""
+def shape_mismatch(actor_layout, critic_layout: TwinQLayout) -> str | None:
+    """Why this actor (any layout with obs_dim, hidden and actions: a QLayout, a SacActorLayout)
+    and these critics do not go together (observation size, hidden widths or action size differ),
+    or None."""
     if (
         actor_layout.obs_dim != critic_layout.obs_dim
         or actor_layout.actions != critic_layout.action_dim

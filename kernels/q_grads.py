@@ -51,6 +51,7 @@ from kernels._mlp_tiles import (
     output,
     padded,
     store_grads,
+    summed_partials,
     torso,
 )
 from kernels._triton import tl, triton
@@ -417,12 +418,7 @@ def _grads_core(
         DOUBLE_Q=bool(double_q),
         HUBER=loss == "huber",
     )
-    sums = aux.reshape(b, chunks, 3).sum(axis=1)
-    if chunks == 1:  # the one program's sum of squares covers the whole gradient
-        grads, sq_norm = grads, sums[:, 2]
-    else:  # partial gradients are summed first; the squares of the sum are not the programs' sums
-        grads = grads.reshape(b, chunks, size).sum(axis=1)
-        sq_norm = jnp.sum(jnp.square(grads), axis=1)
+    grads, sq_norm, sums = summed_partials(grads, aux, b, chunks)
     restore = lambda x: x.reshape(lead_shape + x.shape[1:])
     return restore(grads), restore(sq_norm), restore(sums[:, 0] / m), restore(sums[:, 1] / m)
 

@@ -58,9 +58,11 @@ from kernels._mlp_tiles import (
     saved,
     store_matrix,
     store_vector,
+    summed_partials,
     torso,
 )
 from kernels._triton import tl, triton
+from kernels.deterministic_policy_grads import shape_mismatch
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend
 from kernels.twin_q_grads import TwinQLayout
 
@@ -484,12 +486,7 @@ def _grads_core(
         ACT=ACTIVATION_CODES[activation],
         PRECISION=dot_precision,
     )
-    sums = aux.reshape(b, chunks, 3).sum(axis=1)
-    if chunks == 1:
-        sq_norm = sums[:, 2]
-    else:  # partial gradients are summed first; the squares of the sum are not the programs' sums
-        grads = grads.reshape(b, chunks, size).sum(axis=1)
-        sq_norm = jnp.sum(jnp.square(grads), axis=1)
+    grads, sq_norm, sums = summed_partials(grads, aux, b, chunks)
     restore = lambda x: x.reshape(lead_shape + x.shape[1:])
     return restore(grads), restore(sq_norm), restore(sums[:, 0] / m), restore(-sums[:, 1] / m)
 
@@ -510,23 +507,6 @@ def _kernel_op(backend, actor_layout, critic_layout, log_std_bounds, activation,
 
 
 # ---------------------------------------------------------------- checks and the op
-
-
-def shape_mismatch(actor_layout: SacActorLayout, critic_layout: TwinQLayout) -> str | None:
-    """Why this actor and these critics do not go together (observation size, hidden widths or
-    action size differ), or None."""
-    if (
-        actor_layout.obs_dim != critic_layout.obs_dim
-        or actor_layout.actions != critic_layout.action_dim
-        or actor_layout.hidden != critic_layout.hidden
-    ):
-        return (
-            f"the actor (obs_dim {actor_layout.obs_dim}, hidden {actor_layout.hidden}, "
-            f"{actor_layout.actions} actions) and the critics (obs_dim {critic_layout.obs_dim}, "
-            f"hidden {critic_layout.hidden}, action_dim {critic_layout.action_dim}) must have "
-            "the same observation size, hidden widths and action size"
-        )
-    return None
 
 
 def unfit_reason(actor_layout: SacActorLayout, critic_layout: TwinQLayout) -> str | None:
