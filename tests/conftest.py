@@ -19,11 +19,12 @@ def _cpu_only() -> bool:
 
 
 # On the CPU the tests compile with LLVM's optimisation off (`--xla_backend_optimization_level=0`):
-# the suite is mostly compiles of small programs, which this makes faster overall. It changes results in the last bits, never what a test asserts (a test whose
-# two programs must agree to the last bit compiles both with run_helpers.XLA_DEFAULT_OPTIMIZATION).
-# Set here, before JAX starts its backend, for the tests only (library code never sets XLA flags);
-# subprocesses the tests start inherit it (run_helpers.subprocess_env adds to it). A level already
-# in XLA_FLAGS is kept; GPU runs are left as they are.
+# the suite is mostly compiles of small programs, which this makes faster overall. It changes
+# results in the last bits, never what a test asserts (a test whose two programs must agree to the
+# last bit compiles both with run_helpers.XLA_DEFAULT_OPTIMIZATION). Set here, before JAX starts its
+# backend, for the tests only (library code never sets XLA flags); subprocesses the tests start
+# inherit it (run_helpers.subprocess_env adds to it). A level already in XLA_FLAGS is kept; GPU runs
+# are left as they are.
 if _cpu_only() and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join(
         f for f in (os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0") if f
