@@ -117,6 +117,9 @@ def subprocess_env(**extra) -> dict:
     compiles as the tests do."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    # Triton 3.9 warns on stderr at import while this is unset; tests that read a subprocess's
+    # stderr line by line want only the run's own lines (1: Triton's current default)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     if "XLA_FLAGS" in extra:
         extra["XLA_FLAGS"] = " ".join(
             f for f in (env.get("XLA_FLAGS", ""), extra["XLA_FLAGS"]) if f
