@@ -34,11 +34,18 @@ and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   run's actor p * actor_threads + i (its block of the envs, its env seeds and key), and the update
   is one program over every process's learner devices (`learner_mesh_devices`), the batch built
   from each process's rollouts (`Learner.global_batch`), params replicated, so every process holds
-  the same params; actors read this process's copy (`local_copy`). Processes agree after every
-  update whether to stop, and each log point sums episodes and lags over the processes.
+  the same params; actors read this process's copy (`local_copy`). Each log point sums episodes
+  and lags over the processes.
 * Faults: an actor that raises stops the run with its error, raised in the learner's thread; a side
   that waits longer than arch.queue_timeout_s for the other raises `StallError` saying which side
   stalled; every wait polls a stop event, so the learner's end, error or Ctrl-C stops the actors.
+  Several processes vote once per update, each after taking its rollouts and before `learn`
+  (`Learner.take`: one allgather): OK, STOP (`should_stop()`, Ctrl-C) or FAILED (an actor raised,
+  or `take` timed out on a stalled actor). Any FAILED: no process enters `learn`; a failed process
+  raises its actor's error (or the StallError), every other a RuntimeError naming the failed
+  processes. Else any STOP: every process does this update and stops after it. One process does
+  not vote: it stops on `should_stop()` after the update in progress, or while it waits for a
+  rollout.
 * Logging: every `agent.log_interval` updates a log point goes to the rl.logging sinks (`publish`):
   the actors' finished episodes (games, for envpool's Atari: `rl.sebulba_envs.Scores`), the mean
   loss stats, the lag (mean and max over actors and updates), the learner's share of time waiting
@@ -70,6 +77,8 @@ from rl.sebulba_envs import (
     reached_obs,
 )
 from rl.sebulba_exchange import Exchange, StallError, Stopped
+
+OK, STOP, FAILED = 0, 1, 2  # a process's vote before each update (processes > 1: `Learner.take`)
 
 __all__ = ["Learner", "LearnerState", "StallError", "check_devices", "train"]
 
@@ -356,12 +365,14 @@ class Learner:
     def run(self, state, num_updates=None, should_stop=None, on_log_point=None):
         """Train from `state` to update `num_updates` (default agent.num_updates), a log point every
         agent.log_interval updates (published, and passed to `on_log_point(state, row)`), stopping
-        early after the update in progress once `should_stop()` is true. Returns (state, rows)."""
+        early after the update in progress once `should_stop()` is true (several processes: after
+        the update whose vote saw it on any process, `take`). Returns (state, rows)."""
         self.compile(state)
         learn, split = self.programs.compiled["learn"], self.programs.split
         last = self.agent.num_updates if num_updates is None else num_updates
         first = int(state.updates)
-        # with several processes, should_stop() is agreed on after an update, never mid-wait
+        asked = lambda: bool(should_stop and should_stop())
+        # with several processes, should_stop() is voted on before an update, never mid-wait
         alone = should_stop if self.processes == 1 else None
         exchange = Exchange(local_copy(state.params), first, self.arch, alone)
         threads, rows, period, join_s = [], [], _Period(), 10.0
@@ -369,7 +380,7 @@ class Learner:
             threads = self.start_actors(exchange, first)
             for update in range(first, last):
                 start = time.perf_counter()
-                rollouts = [exchange.take(i) for i in range(self.arch.actor_threads)]
+                rollouts, stop = self.take(exchange, asked)
                 period.waited += time.perf_counter() - start
                 traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *(r[0] for r in rollouts))
                 key, learn_key = jax.random.split(state.key)
@@ -387,10 +398,12 @@ class Learner:
                     period = _Period()
                     if on_log_point is not None:
                         on_log_point(state, rows[-1])
-                exchange.raise_failure()
-                if self.agree(exchange.stopping() or bool(should_stop and should_stop())):
+                if self.processes == 1:  # several processes voted before the update (`take`)
+                    exchange.raise_failure()
+                    stop = exchange.stopping() or asked()
+                if stop:
                     break
-        except Stopped:  # should_stop() while waiting, or an actor failed
+        except Stopped:  # one process: should_stop() while waiting, or an actor failed
             exchange.raise_failure()
         except BaseException:  # the actors' state does not matter any more: a short join
             join_s = 1.0
@@ -402,19 +415,53 @@ class Learner:
                 thread.join(max(0.0, deadline - time.monotonic()))
         return state, rows
 
+    def take(self, exchange: Exchange, asked: Callable[[], bool]) -> tuple[list, bool]:
+        """(every actor's next rollout, whether every process stops after this update).
+
+        One process: an actor's error, or `StallError` when an actor stalled, raises here; whether
+        to stop is asked after the update (`run`), so this says False. Several processes: every
+        process votes once (`agree`) after taking its rollouts, before `learn`, so a process whose
+        actors failed never enters the collective update. Its vote: FAILED if an actor raised
+        (before or after handing over its rollout) or `take` timed out, else STOP if `asked()`
+        (Ctrl-C), else OK. Any FAILED: a failed process raises its actor's error (or the
+        `StallError`), every other process a RuntimeError naming the failed ones. Else: whether
+        any process voted STOP."""
+        takes = range(self.arch.actor_threads)
+        if self.processes == 1:
+            return [exchange.take(i) for i in takes], False
+        rollouts, error = [], None
+        try:
+            rollouts = [exchange.take(i) for i in takes]
+            exchange.raise_failure()  # an actor that failed after handing over its rollout
+        except Exception as caught:  # the actor's error, StallError, or Stopped (an actor failed)
+            error = caught
+        votes = self.agree(FAILED if error is not None else STOP if asked() else OK)
+        if error is not None:
+            if isinstance(error, Stopped):
+                exchange.raise_failure()
+            raise error
+        failed = [p for p, vote in enumerate(votes) if vote == FAILED]
+        if failed:
+            several = len(failed) > 1
+            raise RuntimeError(
+                f"sebulba: the actors of process{'es' * several} {', '.join(map(str, failed))} "
+                f"failed (an actor raised or stalled), so process {self.process} stopped too; "
+                f"{'their' if several else 'its'} own output (stderr) has the error"
+            )
+        return rollouts, STOP in votes
+
     def global_batch(self, sharding, x: np.ndarray) -> jax.Array:
         """This process's rollout columns [T, local envs, ...] as the run's batch [T, num_envs,
         ...], split on the env axis over the learner devices of every process."""
         shape = (x.shape[0], x.shape[1] * self.processes, *x.shape[2:])
         return jax.make_array_from_process_local_data(sharding, x, shape)
 
-    def agree(self, stop: bool) -> bool:
-        """Whether any process stops (every process leaves after the same update)."""
-        if self.processes == 1:
-            return stop
+    def agree(self, vote: int) -> np.ndarray:
+        """Every process's `vote` (OK, STOP or FAILED), in process order: one allgather, which
+        every process calls once per update (`take`)."""
         from jax.experimental import multihost_utils
 
-        return bool(np.any(multihost_utils.process_allgather(np.int32(stop))))
+        return np.asarray(multihost_utils.process_allgather(np.int32(vote))).reshape(-1)
 
     def log_point(self, state: LearnerState, period: "_Period") -> dict:
         """The log point of `period` (module docstring), published to the rl.logging sinks. With

@@ -4,14 +4,17 @@ envs in its actor threads and holding a shard of the learner, whose update is on
 both processes' devices. Both end with the same params, and with those of one process that steps
 every env in twice the threads and splits its learner over two devices (max_lag 0 makes both
 runs deterministic). Envs that do not split over the processes are refused before anything
-starts. Under `-m slow`: Ctrl-C reaching one process stops both at one checkpoint and `--resume`
-finishes the run; the shipped CartPole config learns on two processes. Every run is a subprocess
-(jax.distributed and the forced device count are set before JAX starts); the processes are
-started as tests/rl/test_sharding.py starts its two."""
+starts. An actor that raises or stalls in process 1 stops both processes before the next update,
+process 0 with an error naming process 1. Under `-m slow`: Ctrl-C reaching one process stops both
+at one checkpoint and `--resume` finishes the run; the shipped CartPole config learns on two
+processes. Every run is a subprocess (jax.distributed and the forced device count are set before
+JAX starts); the processes are started as tests/rl/test_sharding.py starts its two."""
 
 from __future__ import annotations
 
+import re
 import textwrap
+import time
 
 import jax
 import numpy as np
@@ -67,9 +70,9 @@ AGENT = {
 }
 
 
-def sebulba_config(tmp_path, **agent):
+def sebulba_config(tmp_path, env="gymnasium:CartPole-v1", **agent):
     data = {
-        "env": {"id": "gymnasium:CartPole-v1"},
+        "env": {"id": env},
         "agent": {**AGENT, **agent},
         "arch": {"name": "sebulba", "actor_threads": 1},
         "run": {"seed": 3, "seeds": 1, "checkpoint_every": 2},
@@ -145,6 +148,58 @@ def test_envs_that_do_not_split_over_the_processes_are_refused_before_anything_s
             "threads" in err
         )
     assert not (tmp_path / "runs").exists()
+
+
+# `rl train ARGS...` where process 1's envs fail as test_sebulba.py's Countdown envs do (its FAULT:
+# at their AT-th step they raise, or with SLEEP > 0 sleep that long once), process 1 alone adding
+# ONLY_1's override (if any); prints its exit code if `rl` returns one
+FAULTY = textwrap.dedent(
+    """
+    import json, sys
+    sys.path += ["tests", "tests/rl"]
+    import test_sebulba  # registers FusedrlTest/Countdown-v0
+    from rl.cli import main
+
+    at, sleep, only_1, args = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+    if args[args.index("--process-id") + 1] == "1":
+        test_sebulba.FAULT.update(at=at, sleep=sleep)
+        args += [only_1] if only_1 else []
+    print("RESULT " + json.dumps({"code": main(["train", *args])}))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "sleep, only_1, error",
+    [
+        (0.0, "", "RuntimeError: boom at step 40"),
+        # process 1 alone waits at most 8 s (arch.queue_timeout_s; process 0 keeps 300 s): room for
+        # the processes' start on a loaded machine, where its actor waits for process 0 too
+        (120.0, "arch.queue_timeout_s=8", r"StallError: the learner waited 8 s .* of actor 0: the"),
+    ],
+    ids=["raises", "stalls"],
+)
+def test_an_actor_that_fails_on_one_process_stops_both_before_the_update(
+    tmp_path, sleep, only_1, error
+):
+    """Process 1's actor raises (or stalls) in its third rollout: process 1 stops with the actor's
+    error (or its learner's StallError), process 0 with one naming process 1, both within seconds
+    (were process 0 left in the update, JAX's distributed service would end both only at its 300 s
+    shutdown timeout), and neither writes a checkpoint or final params."""
+    from test_sebulba import COUNTDOWN
+
+    config = sebulba_config(tmp_path, env=COUNTDOWN)
+    start = time.monotonic()
+    processes = two_processes(FAULTY, 40, sleep, only_1, config, "--name", "failed", *ARGS)
+    (out0, err0), (out1, err1) = [p.communicate(timeout=300) for p in processes]
+    assert time.monotonic() - start < 90
+    assert [p.returncode for p in processes] == [1, 1] and "RESULT" not in out0 + out1
+    assert re.search(error, err1), err1[-3000:]
+    assert "sebulba: the actors of process 1 failed" in err0.splitlines()[-1], err0[-3000:]
+    assert "boom" not in err0 and "StallError" not in err0
+    run_dir = tmp_path / "runs" / "failed"
+    assert not (run_dir / "final_params.msgpack").exists()
+    assert not list((run_dir / "checkpoints").glob("[0-9]*"))
 
 
 # `rl ARGS` that sends itself SIGINT (Ctrl-C) once a log point it receives reaches step STOP_AT
