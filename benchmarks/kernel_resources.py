@@ -48,9 +48,11 @@ def programs_per_sm(
     return {**by, "fit": min(by.values())}
 
 
-def compile_sm90(kernel, constexprs: dict, int_args: tuple, warps: int, stages: int):
-    """The kernel compiled for sm_90 (pointer arguments float32, `action_ptr` int32, `inv_m`
-    float32)."""
+def compile_sm90(
+    kernel, constexprs: dict, int_args: tuple, warps: int, stages: int, floats: tuple = ("inv_m",)
+):
+    """The kernel compiled for sm_90 (pointer arguments float32, `action_ptr` int32, the scalars
+    named in `floats` float32)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -58,7 +60,7 @@ def compile_sm90(kernel, constexprs: dict, int_args: tuple, warps: int, stages: 
     def arg_type(name):
         if name in constexprs:
             return "constexpr"
-        if name == "inv_m":
+        if name in floats:
             return "fp32"
         if name in int_args:
             return "i32"

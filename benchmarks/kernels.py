@@ -581,12 +581,15 @@ def twin_q_cases(args) -> list[Case]:
             )
 
         def grads(backend, layout=layout):
-            return jax.vmap(lambda *xs: twin_q_grads_flat(*xs, layout, backend=backend)[0])
+            op = lambda *xs: twin_q_grads_flat(
+                *xs, layout, activation=args.activation, backend=backend
+            )[0]
+            return jax.vmap(op)
 
         cases.append(
             Case(
                 op="twin_q_grads_flat",
-                shape=f"{seeds} seeds x {rows} rows, {hidden[0]} x {hidden[1]}",
+                shape=f"{seeds} seeds x {rows} rows, {hidden[0]} x {hidden[1]} {args.activation}",
                 make_inputs=make,
                 reference=grads("reference"),
                 triton=grads(args.kernel_backend),
@@ -594,6 +597,76 @@ def twin_q_cases(args) -> list[Case]:
                 atol=5e-2,
             )
         )
+    return cases
+
+
+ACTOR_SHAPES = [(1, 256, (64, 64)), (64, 256, (64, 64)), (1, 100, (64, 64)), (64, 100, (64, 64))]
+
+
+def actor_cases(args) -> list[Case]:
+    """The fused actor gradients vs XLA (the same loss in plain JAX, autodiff) at Pendulum's shapes
+    (3 observation features, 1 action, rejax's 64 x 64 networks): SAC's (`sac_actor_grads_flat`:
+    the actor's two heads, the reparameterised sample and its log-probability, both critics, the
+    backward) and TD3's (`deterministic_policy_grads_flat`: the actor, the first critic, the
+    backward) at batches 256 and 100 and 1 and 64 seeds, vmapped over the seeds.
+
+    Bytes: the actor and both critics read once per seed, the rows read once, the gradient written
+    once."""
+    from kernels import deterministic_policy_grads_flat, sac_actor_grads_flat
+    from kernels.q_grads import q_layout
+    from kernels.sac_actor_grads import sac_actor_layout
+    from kernels.twin_q_grads import twin_q_layout
+
+    shapes = [(1, 16, (8, 8)), (2, 20, (8, 8))] if args.small else ACTOR_SHAPES
+    act = args.activation
+    cases = []
+    for seeds, rows, hidden in shapes:
+        critic = twin_q_layout(3, 1, hidden)
+        sac, td3 = sac_actor_layout(3, hidden, 1), q_layout(3, hidden, 1)
+
+        def make(key, seeds=seeds, rows=rows, actor_size=sac.size, critic=critic):
+            k = jax.random.split(key, 4)
+            normal = lambda i, *shape: jax.random.normal(k[i], (seeds, *shape), jnp.float32)
+            return (
+                normal(0, rows, 3),
+                normal(1, rows, 1),
+                jnp.full((seeds,), 0.2, jnp.float32),
+                0.1 * normal(2, actor_size),
+                0.1 * normal(3, critic.size),
+            )
+
+        def sac_grads(backend, sac=sac, critic=critic):
+            op = lambda *xs: sac_actor_grads_flat(
+                *xs, sac, critic, activation=act, backend=backend
+            )[0]
+            return jax.vmap(op)
+
+        def td3_make(key, seeds=seeds, rows=rows, actor_size=td3.size, critic=critic):
+            obs, _, _, actor, critic_params = make(key, seeds, rows, actor_size, critic)
+            return obs, actor, critic_params
+
+        def td3_grads(backend, td3=td3, critic=critic):
+            op = lambda *xs: deterministic_policy_grads_flat(
+                *xs, td3, critic, activation=act, backend=backend
+            )[0]
+            return jax.vmap(op)
+
+        label = f"{seeds} seeds x {rows} rows, {hidden[0]} x {hidden[1]} {act}"
+        for name, layout, factory, grads in (
+            ("sac_actor_grads_flat", sac, make, sac_grads),
+            ("deterministic_policy_grads_flat", td3, td3_make, td3_grads),
+        ):
+            cases.append(
+                Case(
+                    op=name,
+                    shape=label,
+                    make_inputs=factory,
+                    reference=grads("reference"),
+                    triton=grads(args.kernel_backend),
+                    bytes_moved=4 * seeds * (2 * layout.size + critic.size + rows * 4),
+                    atol=5e-2,
+                )
+            )
     return cases
 
 
@@ -606,6 +679,7 @@ CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "projection": projection_cases,
     "q_network": q_network_cases,
     "twin_q": twin_q_cases,
+    "actors": actor_cases,
 }
 
 
@@ -732,6 +806,17 @@ def versions() -> dict:
     return out
 
 
+def set_max_block_rows(rows: int) -> None:
+    """Every fused-network op's MAX_BLOCK_M setting to `rows` (a power of two >= 16): for this
+    benchmark process, to sweep the rows per program."""
+    from kernels import deterministic_policy_grads, q_grads, sac_actor_grads, twin_q_grads
+
+    if rows < 16 or rows & (rows - 1):
+        raise SystemExit(f"--max-block-rows must be a power of two >= 16, got {rows}")
+    for module in (q_grads, twin_q_grads, deterministic_policy_grads, sac_actor_grads):
+        module.MAX_BLOCK_M = rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ops", default=",".join(CASE_BUILDERS), help="comma-separated op names")
@@ -749,6 +834,20 @@ def main(argv=None) -> None:
         ),
     )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
+    parser.add_argument(
+        "--activation",
+        default="relu",
+        choices=["relu", "tanh", "silu"],
+        help="hidden activation of the twin_q and actors ops' networks",
+    )
+    parser.add_argument(
+        "--max-block-rows",
+        type=int,
+        help=(
+            "rows per program at most for every fused-network op (their MAX_BLOCK_M settings; "
+            "default: each op's own)"
+        ),
+    )
     parser.add_argument(
         "--sweep",
         choices=["loop", "chained", "all"],
@@ -786,6 +885,8 @@ def main(argv=None) -> None:
         [(16, 32), (33, 8)] if args.small else [(1024, 4096), (128, 4096), (128, 65536)]
     )
 
+    if args.max_block_rows is not None:
+        set_max_block_rows(args.max_block_rows)
     info = versions()
     info["date"] = datetime.date.today().isoformat()
     info["command"] = "python benchmarks/kernels.py " + " ".join(

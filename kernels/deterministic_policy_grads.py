@@ -66,6 +66,10 @@ __all__ = [
 ACTIVATIONS = ("tanh", "relu", "silu")
 PRECISIONS = ("tf32", "ieee")
 NUM_WARPS = 8
+# rows per program at most (`kernels.q_grads._block_rows`' rule otherwise): an sm_90 compile at
+# 64 x 64 spills at 64 rows with silu (880 bytes a thread), not at 32
+# (benchmarks/kernel_resources.py); a module setting, so that benchmarks can sweep it
+MAX_BLOCK_M = 32
 OUT_PAD = 16  # the critic's one output column, padded to what tl.dot needs
 
 
@@ -235,7 +239,7 @@ def _grads_core(
     m, d = obs.shape[lead], obs.shape[lead + 1]
     (h1, h2), a = actor_layout.hidden, actor_layout.actions
     size, critic_size = actor_layout.size, critic_layout.size
-    block = q_grads._block_rows(b, m)
+    block = q_grads._block_rows(b, m, MAX_BLOCK_M)
     chunks = cdiv(m, block)
     f32 = jnp.float32
     grads, aux = launch(

@@ -423,12 +423,14 @@ def _grads_core(
     return restore(grads), restore(sq_norm), restore(sums[:, 0] / m), restore(sums[:, 1] / m)
 
 
-def _block_rows(num_seeds: int, m: int) -> int:
+def _block_rows(num_seeds: int, m: int, max_block: int | None = None) -> int:
     """Rows per program for `num_seeds` minibatches of m rows: from MIN_BLOCK_M up, doubling while
-    the grid has more than MAX_PROGRAMS programs, at most MAX_BLOCK_M. One seed's 128 rows: 8
-    programs of 16 (its partial gradients summed after); 64 seeds: 4 of 32 each."""
+    the grid has more than MAX_PROGRAMS programs, at most `max_block` (default MAX_BLOCK_M; each
+    fused-network op passes its own, below which its sm_90 compile does not spill much). One seed's
+    128 rows: 8 programs of 16 (its partial gradients summed after); 64 seeds: 4 of 32 each."""
+    cap = MAX_BLOCK_M if max_block is None else max_block
     block = MIN_BLOCK_M
-    while block < MAX_BLOCK_M and num_seeds * cdiv(m, block) > MAX_PROGRAMS:
+    while block < cap and num_seeds * cdiv(m, block) > MAX_PROGRAMS:
         block *= 2
     return block
 

@@ -77,6 +77,10 @@ __all__ = [
 ACTIVATIONS = ("tanh", "relu", "silu")
 PRECISIONS = ("tf32", "ieee")
 NUM_WARPS = 8
+# rows per program at most (`kernels.q_grads._block_rows`' rule otherwise): an sm_90 compile at
+# 64 x 64 spills 184-192 bytes a thread at 16 rows, 528-696 at 32 and 936-2528 at 64
+# (benchmarks/kernel_resources.py); a module setting, so that benchmarks can sweep it
+MAX_BLOCK_M = 16
 OUT_PAD = 16  # a critic's one output column, padded to what tl.dot needs
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -447,7 +451,7 @@ def _grads_core(
     m, d = obs.shape[lead], obs.shape[lead + 1]
     (h1, h2), a = actor_layout.hidden, actor_layout.actions
     size, critic_size = actor_layout.size, critic_layout.size
-    block = q_grads._block_rows(b, m)
+    block = q_grads._block_rows(b, m, MAX_BLOCK_M)
     chunks = cdiv(m, block)
     f32 = jnp.float32
     grads, aux = launch(

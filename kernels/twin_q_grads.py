@@ -67,6 +67,10 @@ PRECISIONS = ("tf32", "ieee")
 # largest padded sizes one program holds on chip: observation + action features, hidden widths
 LIMITS = {"input_dim": 64, "hidden": 128}
 NUM_WARPS = 8
+# rows per program at most (`kernels.q_grads._block_rows`' rule otherwise): an sm_90 compile at
+# 64 x 64 holds 64 rows only by spilling (832 bytes a thread), 32 without
+# (benchmarks/kernel_resources.py); a module setting, so that benchmarks can sweep it
+MAX_BLOCK_M = 32
 OUT_PAD = 16  # the one output column, padded to what tl.dot needs
 
 
@@ -369,7 +373,7 @@ def _grads_core(
     m, d = obs.shape[lead], obs.shape[lead + 1]
     a = layout.action_dim
     (h1, h2), size = layout.hidden, layout.size
-    block = q_grads._block_rows(b, m)
+    block = q_grads._block_rows(b, m, MAX_BLOCK_M)
     chunks = cdiv(m, block)
     f32 = jnp.float32
     rows = lambda x: x.reshape(b, m).astype(f32)
