@@ -67,9 +67,10 @@ PRECISIONS = ("tf32", "ieee")
 # largest padded sizes one program holds on chip: observation + action features, hidden widths
 LIMITS = {"input_dim": 64, "hidden": 128}
 NUM_WARPS = 8
-# rows per program at most (`kernels.q_grads._block_rows`' rule otherwise): an sm_90 compile at
-# 64 x 64 holds 64 rows only by spilling (832 bytes a thread), 32 without
-# (benchmarks/kernel_resources.py); a module setting, so that benchmarks can sweep it
+# rows per program at most (`kernels.q_grads._block_rows`' rule otherwise): at rejax's Pendulum
+# sizes (64 x 64, 64 seeds x 256 rows) 32 measured fastest on an H200 (benchmarks/RESULTS.md, "The
+# fused SAC and TD3 kernels"); at 64 an sm_90 compile spills heavily; a module setting, so that
+# benchmarks can sweep it
 MAX_BLOCK_M = 32
 OUT_PAD = 16  # the one output column, padded to what tl.dot needs
 
