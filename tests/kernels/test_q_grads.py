@@ -218,3 +218,24 @@ def test_networks_beyond_the_limits_are_refused_by_the_kernel(kernel_backend):
     layout, args = make_case(np.random.default_rng(0), 4, 3, (4, 200), 2)
     with pytest.raises(ValueError, match="beyond the fused Q-learning kernel's limits"):
         q_learning_grads_flat(*args, layout, backend=kernel_backend)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seeds=st.integers(1, 4096),
+    rows=st.integers(1, 1024),
+    cap=st.sampled_from([16, 32, 64]),
+)
+def test_rows_per_program_are_the_fewest_that_keep_the_grid_small_within_the_cap(seeds, rows, cap):
+    """`_block_rows`: a power of two from MIN_BLOCK_M up to the cap; below the cap the grid holds
+    at most MAX_PROGRAMS programs, and half as many rows a program would have exceeded it."""
+    from kernels import q_grads
+
+    block = q_grads._block_rows(seeds, rows, cap)
+    programs = lambda b: seeds * -(-rows // b)
+    assert q_grads.MIN_BLOCK_M <= block <= cap and block & (block - 1) == 0
+    if block < cap:
+        assert programs(block) <= q_grads.MAX_PROGRAMS
+    if block > q_grads.MIN_BLOCK_M:
+        assert programs(block // 2) > q_grads.MAX_PROGRAMS
+    assert q_grads._block_rows(seeds, rows) == q_grads._block_rows(seeds, rows, q_grads.MAX_BLOCK_M)
