@@ -1,0 +1,236 @@
+"""Throughput of the actor-learner architecture (rl.sebulba) against its envs' own speed.
+
+    python benchmarks/sebulba.py --config configs/ppo_atari_breakout.yaml --envs 8 --threads 2
+    python benchmarks/sebulba.py --config configs/ppo_sebulba_cartpole.yaml --seconds 5 \\
+        --env-groups 1 --measure random,agent                 # gymnasium's CartPole, on the CPU
+
+For one layout (`--envs` envs over `--threads` actor threads, i.e. agent.num_envs and
+arch.actor_threads) it measures, each for `--seconds` after its compile and warm-up:
+
+* random: env steps/s of `--threads` Python threads, each stepping its own vector env of envs /
+  threads envs (the actors' vector envs: envpool or gymnasium, rl.sebulba_envs.make_vector_env)
+  with uniformly random actions: what the envs give without acting or learning;
+* actors: env steps/s of the actor threads alone (rl.sebulba.Actor, as a run's actors), each
+  rolling out with the initial params without waiting for a learner: the actors' ceiling;
+* agent: env steps/s of the whole run (rl.sebulba.Learner.run, stopped after `--seconds`): the
+  median over its log points after the first two, its overall rate, the learner's share of time
+  waiting for rollouts and the mean parameter lag.
+
+actors and agent run once per `--env-groups` value (arch.env_groups). One JSON line per
+measurement, then a table with agent / random, the figure issue targets compare (the learner
+keeps up when it is near 1). Extra arguments are config overrides (`agent.num_steps=64`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rl import sebulba  # noqa: E402
+from rl.config import load_config  # noqa: E402
+from rl.sebulba_envs import make_vector_env  # noqa: E402
+
+MEASURES = ("random", "actors", "agent")
+
+
+def layout_config(config_path: str, envs: int, threads: int, overrides: list[str]):
+    """The config with `envs` envs over `threads` actor threads, and `overrides`."""
+    layout = [f"agent.num_envs={envs}", f"arch.actor_threads={threads}"]
+    return load_config(config_path, [*layout, *overrides])
+
+
+def random_actions(space, rng: np.random.Generator, n: int) -> np.ndarray:
+    """`n` uniformly random actions of a Discrete or Box action space."""
+    if hasattr(space, "n"):
+        return rng.integers(0, int(space.n), n)
+    low, high = np.broadcast_arrays(space.low, space.high)
+    return rng.uniform(low, high, (n, *low.shape)).astype(space.dtype)
+
+
+def random_throughput(config, threads: int, seconds: float) -> dict:
+    """Env steps/s of `threads` threads stepping their own vector envs with random actions."""
+    per_thread = config.agent.num_envs // threads
+    pools = [
+        make_vector_env(
+            config, list(range(1000 * i, 1000 * i + per_thread)), config.arch.vector_env
+        )[0]
+        for i in range(threads)
+    ]
+    counts, stop = [0] * threads, threading.Event()
+
+    def work(i):
+        rng, pool = np.random.default_rng(i), pools[i]
+        while not stop.is_set():
+            pool.step(random_actions(pool.single_action_space, rng, per_thread))
+            counts[i] += per_thread
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    time.sleep(min(2.0, seconds / 2))  # warm up
+    start, begun = time.perf_counter(), sum(counts)
+    time.sleep(seconds)
+    done, end = sum(counts), time.perf_counter()
+    stop.set()
+    for worker in workers:
+        worker.join()
+    for pool in pools:
+        pool.close()
+    return {"sps": (done - begun) / (end - start)}
+
+
+def actors_throughput(config, threads: int, seconds: float) -> dict:
+    """Env steps/s of the actor threads alone, rolling out with the initial params."""
+    learner = sebulba.Learner(config)
+    state = learner.init()
+    per_actor = config.agent.num_envs // threads
+    actors = [
+        sebulba.Actor(
+            learner.pieces,
+            config,
+            learner.policy,
+            list(range(1000 * i, 1000 * i + per_actor)),
+            jax.random.PRNGKey(i),
+            learner.actor_devices[i % len(learner.actor_devices)],
+        )
+        for i in range(threads)
+    ]
+    params = [jax.device_put(state.params, actor.device) for actor in actors]
+    for actor, p in zip(actors, params):
+        actor.rollout(p)  # compile and warm up
+    batch, counts, stop = config.agent.num_steps * per_actor, [0] * threads, threading.Event()
+
+    def work(i):
+        while not stop.is_set():
+            actors[i].rollout(params[i], counts[i])
+            counts[i] += batch
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    start = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    time.sleep(seconds)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    wall = time.perf_counter() - start
+    for actor in actors:
+        actor.close()
+    return {"sps": sum(counts) / wall}
+
+
+def agent_throughput(config_path: str, envs: int, threads: int, seconds: float, overrides) -> dict:
+    """The whole run's env steps/s (module docstring), stopped after `seconds`; a log point about
+    every 4096 env steps."""
+    probe = layout_config(config_path, envs, threads, overrides)
+    per_update = probe.agent.num_envs * probe.agent.num_steps
+    log = max(1, 4096 // per_update)
+    updates = 4096 - 4096 % log  # more than the run does in `seconds`
+    timing = [f"agent.total_steps={updates * per_update}", f"agent.log_interval={log}"]
+    config = layout_config(config_path, envs, threads, [*overrides, *timing])
+    learner = sebulba.Learner(config)
+    state = learner.init()
+    learner.compile(state)
+    deadline: list[float] = []
+
+    def should_stop():
+        if not deadline:  # the clock starts with the run
+            deadline.append(time.monotonic() + seconds)
+        return time.monotonic() > deadline[0]
+
+    start = time.perf_counter()
+    final, rows = learner.run(state, should_stop=should_stop)
+    wall = time.perf_counter() - start
+    kept = rows[2:] or rows
+    if not kept:
+        return {"error": f"no log point in {seconds} s; give more --seconds"}
+    return {
+        "sps": float(np.median([r["sps"] for r in kept])),
+        "sps_overall": int(final.step) / wall,
+        "rollout_wait": float(np.median([r["rollout_wait"] for r in kept])),
+        "param_lag": float(np.mean([r["param_lag"] for r in kept])),
+        "log_points": len(rows),
+        "compile_s": learner.compile_seconds,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    """The measurements as a Markdown table, agent / random per env_groups value."""
+    random_sps = next((r["sps"] for r in rows if r["what"] == "random" and "sps" in r), np.nan)
+    actors = {r["env_groups"]: r for r in rows if r["what"] == "actors"}
+    lines = [
+        "| envs x threads | env_groups | random sps | actors sps | agent sps (overall) | "
+        "agent / random | learner waiting | lag |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["what"] != "agent":
+            continue
+        if "error" in r:
+            lines.append(f"| {r['envs']} x {r['threads']} | {r['env_groups']} | {r['error']} |")
+            continue
+        actor_sps = actors.get(r["env_groups"], {}).get("sps", np.nan)
+        lines.append(
+            f"| {r['envs']} x {r['threads']} | {r['env_groups']} | {random_sps:.0f} | "
+            f"{actor_sps:.0f} | {r['sps']:.0f} ({r['sps_overall']:.0f}) | "
+            f"{r['sps'] / random_sps:.2f} | {r['rollout_wait']:.2f} | {r['param_lag']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/ppo_atari_breakout.yaml")
+    parser.add_argument("--envs", type=int, default=8, help="agent.num_envs")
+    parser.add_argument("--threads", type=int, default=2, help="arch.actor_threads")
+    parser.add_argument("--seconds", type=float, default=20.0, help="per measurement")
+    parser.add_argument("--env-groups", default="1,2", help="arch.env_groups values, e.g. 1,2")
+    parser.add_argument(
+        "--measure", default=",".join(MEASURES), help=f"a comma-separated subset of {MEASURES}"
+    )
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. agent.num_steps=64")
+    args = parser.parse_intermixed_args(argv)
+    measures = args.measure.split(",")
+    unknown = sorted(set(measures) - set(MEASURES))
+    if unknown:
+        parser.error(f"--measure: unknown {unknown}; choose from {MEASURES}")
+    groups = [int(g) for g in args.env_groups.split(",")]
+    base = {"envs": args.envs, "threads": args.threads, "device": str(jax.devices()[0])}
+    base["config"] = args.config
+    config = layout_config(
+        args.config, args.envs, args.threads, args.overrides
+    )  # refuses bad input
+    rows = []
+
+    def emit(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    if "random" in measures:
+        emit({**base, "what": "random", **random_throughput(config, args.threads, args.seconds)})
+    for g in groups:
+        overrides = [*args.overrides, f"arch.env_groups={g}"]
+        grouped = {**base, "env_groups": g}
+        if "actors" in measures:
+            cfg = layout_config(args.config, args.envs, args.threads, overrides)
+            emit(
+                {**grouped, "what": "actors", **actors_throughput(cfg, args.threads, args.seconds)}
+            )
+        if "agent" in measures:
+            result = agent_throughput(args.config, args.envs, args.threads, args.seconds, overrides)
+            emit({**grouped, "what": "agent", **result})
+    print()
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
