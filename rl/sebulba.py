@@ -17,9 +17,10 @@ and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   on-policy PPO), 1 lets an actor collect the next rollout while the learner learns from the last
   (Cleanba's overlap). Each actor's queue holds at most arch.queue_size rollouts.
 * Env groups: an actor steps its envs as arch.env_groups groups taking turns, acting for one
-  while the others' envs step (`Actor`: Cleanba's overlap of acting and env steps; envpool's
-  send/recv, gymnasium's step_async/step_wait through rl.sebulba_envs.SplitStep); the rollout is
-  the one a single group gives with the same seeds and actions.
+  while the others' envs step (`rl.sebulba_actor.Actor`: Cleanba's overlap of acting and env
+  steps; envpool's send/recv, gymnasium's step_async/step_wait through
+  rl.sebulba_envs.SplitStep); the rollout is the one a single group gives with the same seeds and
+  actions.
 * Episode ends: the vector envs auto-reset in the step that ends an episode (gymnasium's
   `AutoresetMode.SAME_STEP`, which envs.envpool.VectorEnv keeps too); each step records the
   observation it reached (`final_obs`: the one before the reset where an episode ended), so GAE
@@ -68,19 +69,14 @@ from rl.config import hyperparams
 from rl.config_parsing import ConfigError
 from rl.logging import publish
 from rl.programs import at_matmul_precision
+from rl.sebulba_actor import Actor
 from rl.sebulba_agents import Pieces, make_pieces
-from rl.sebulba_envs import (
-    Scores,
-    greedy_episodes,
-    make_env_groups,
-    make_vector_env,
-    reached_obs,
-)
+from rl.sebulba_envs import greedy_episodes, make_vector_env
 from rl.sebulba_exchange import Exchange, StallError, Stopped
 
 OK, STOP, FAILED = 0, 1, 2  # a process's vote before each update (processes > 1: `Learner.take`)
 
-__all__ = ["Learner", "LearnerState", "StallError", "check_devices", "train"]
+__all__ = ["Actor", "Learner", "LearnerState", "StallError", "check_devices", "train"]
 
 
 class LearnerState(NamedTuple):
@@ -141,101 +137,6 @@ def local_copy(tree):
     """Each leaf of a replicated (possibly multi-process) tree as its copy on this process's first
     learner device: what actors and evaluation read, without a cross-process transfer."""
     return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
-
-
-class _Group:
-    """One env group of an actor (`Actor`): its envs (`rl.sebulba_envs.SplitStep`), the
-    observations it acts on next, its running games, and the steps of the rollout so far (the
-    step in flight's record in `record`, None while no step is)."""
-
-    def __init__(self, envs, obs):
-        self.envs, self.obs, self.scores = envs, obs, Scores(envs.num_envs)
-        self.steps: list[tuple] = []
-        self.record = None
-
-
-class Actor:
-    """One actor's envs and acting (its thread runs `run`): `rollout(params, step)` steps the envs
-    `agent.num_steps` times with the agent's `act` (`step`: env steps before the rollout) and
-    returns (the agent's Transition of NumPy arrays [T, envs, ...], the returns and the lengths of
-    the episodes that ended).
-
-    The envs are `arch.env_groups` groups (rl.sebulba_envs.make_env_groups) that take turns: the
-    actor acts for group g and starts its envs' step (`step_async`), then collects group g + 1's
-    step started before (`step_wait`) and acts for it, and so on, so while the actor waits for
-    its device to act for one group, the other groups' envs step (envpool's threads, gymnasium's
-    worker processes). A rollout starts and ends with no step in flight, so every step of it
-    acts with the params it was given; each env's steps keep their order, and the rollout's env
-    axis is the groups' envs in order: the rollout one group would give with the same seeds and
-    actions."""
-
-    def __init__(self, pieces: Pieces, config, policy: Callable, seeds: list[int], key, device):
-        self.pieces, self.config, self.policy, self.device = pieces, config, policy, device
-        self.hparams = jax.device_put(hyperparams(config.agent), device)
-        arch, dtype = config.arch, pieces.obs_dtype
-        groups = make_env_groups(config, seeds, arch.vector_env, arch.env_groups)
-        self.groups = [_Group(envs, np.asarray(obs, dtype)) for envs, obs in groups]
-        self.key = jax.device_put(key, device)
-
-    def act(self, params, obs, step):
-        """(record, env action) of one step from `obs` (on the actor's device)."""
-        obs = jax.device_put(obs, self.device)
-        self.key, record, env_action = self.policy(self.hparams, params, obs, self.key, step)
-        return record, env_action
-
-    def rollout(self, params, step: int = 0):
-        step = np.int32(step)
-        for group in self.groups:
-            group.steps = []
-        for _ in range(self.config.agent.num_steps):
-            for group in self.groups:
-                if group.record is not None:
-                    self.collect(group)
-                group.record, env_action = self.act(params, group.obs, step)
-                group.envs.step_async(env_action)
-        for group in self.groups:
-            self.collect(group)
-        per_group = [
-            [np.stack([np.asarray(x) for x in c]) for c in zip(*g.steps)] for g in self.groups
-        ]
-        columns = [np.concatenate(column, 1) for column in zip(*per_group)]  # [T, envs, ...]
-        columns[-4] = columns[-4].astype(np.float32)  # the rewards
-        returns, lengths = [], []
-        for group in self.groups:
-            group_returns, group_lengths = group.scores.take()
-            returns, lengths = returns + group_returns, lengths + group_lengths
-        return self.pieces.transition(*columns), returns, lengths
-
-    def collect(self, group: _Group) -> None:
-        """Finish `group`'s step in flight: record it, and move on to the observations it reached
-        (the next episode's first where one ended)."""
-        next_obs, reward, terminated, truncated, info = group.envs.step_wait()
-        next_obs = np.asarray(next_obs, self.pieces.obs_dtype)
-        reached = reached_obs(next_obs, info)
-        group.steps.append((group.obs, *group.record, reward, terminated, truncated, reached))
-        group.scores.add(reward, terminated, truncated, info)
-        group.obs, group.record = next_obs, None
-
-    def close(self) -> None:
-        for group in self.groups:
-            group.envs.close()
-
-    def run(self, exchange: Exchange, index: int, first: int) -> None:
-        """Rollouts first, first + 1, ... into `exchange` until it stops (module docstring); an
-        error is handed to the learner."""
-        name, batch = f"actor {index}", self.config.agent.batch_size
-        try:
-            for k in range(first, 2**62):
-                params, version = exchange.params_for(k - self.config.arch.max_lag, name)
-                params = jax.device_put(params, self.device)
-                traj, returns, lengths = self.rollout(params, k * batch)
-                exchange.put(index, (traj, version, returns, lengths), name)
-        except Stopped:
-            pass
-        except BaseException as error:  # raised again in the learner's thread
-            exchange.fail(error, name)
-        finally:
-            self.close()
 
 
 class Programs(NamedTuple):
