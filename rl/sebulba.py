@@ -44,9 +44,9 @@ and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   (`Learner.take`: one allgather): OK, STOP (`should_stop()`, Ctrl-C) or FAILED (an actor raised,
   or `take` timed out on a stalled actor). Any FAILED: no process enters `learn`; a failed process
   raises its actor's error (or the StallError), every other a RuntimeError naming the failed
-  processes. Else any STOP: every process does this update and stops after it. One process does
-  not vote: it stops on `should_stop()` after the update in progress, or while it waits for a
-  rollout.
+  processes. Else any STOP: no process enters this update; every process stops with the state
+  after the update that was in progress when the stop was asked. One process does not vote: it
+  stops on `should_stop()` after the update in progress, or while it waits for a rollout.
 * Logging: every `agent.log_interval` updates a log point goes to the rl.logging sinks (`publish`):
   the actors' finished episodes (games, for envpool's Atari: `rl.sebulba_envs.Scores`), the mean
   loss stats, the lag (mean and max over actors and updates), the learner's share of time waiting
@@ -282,6 +282,8 @@ class Learner:
             for update in range(first, last):
                 start = time.perf_counter()
                 rollouts, stop = self.take(exchange, asked)
+                if stop:  # several processes: one asked to stop; none enters this update
+                    break
                 period.waited += time.perf_counter() - start
                 traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *(r[0] for r in rollouts))
                 key, learn_key = jax.random.split(state.key)
@@ -301,9 +303,8 @@ class Learner:
                         on_log_point(state, rows[-1])
                 if self.processes == 1:  # several processes voted before the update (`take`)
                     exchange.raise_failure()
-                    stop = exchange.stopping() or asked()
-                if stop:
-                    break
+                    if exchange.stopping() or asked():
+                        break
         except Stopped:  # one process: should_stop() while waiting, or an actor failed
             exchange.raise_failure()
         except BaseException:  # the actors' state does not matter any more: a short join
@@ -317,16 +318,18 @@ class Learner:
         return state, rows
 
     def take(self, exchange: Exchange, asked: Callable[[], bool]) -> tuple[list, bool]:
-        """(every actor's next rollout, whether every process stops after this update).
+        """(every actor's next rollout, whether every process stops before this update).
 
-        One process: an actor's error, or `StallError` when an actor stalled, raises here; whether
-        to stop is asked after the update (`run`), so this says False. Several processes: every
-        process votes once (`agree`) after taking its rollouts, before `learn`, so a process whose
-        actors failed never enters the collective update. Its vote: FAILED if an actor raised
-        (before or after handing over its rollout) or `take` timed out, else STOP if `asked()`
-        (Ctrl-C), else OK. Any FAILED: a failed process raises its actor's error (or the
-        `StallError`), every other process a RuntimeError naming the failed ones. Else: whether
-        any process voted STOP."""
+        One process: an actor's error, or `StallError` when an actor stalled, raises here, and
+        `Stopped` when `should_stop()` comes true while it waits; otherwise whether to stop is
+        asked after the update (`run`), so this says False. Several processes: every process votes
+        once (`agree`) after taking its rollouts, before `learn`, so a process whose actors failed
+        never enters the collective update. Its vote: FAILED if anything interrupted its take (an
+        actor raised before or after handing over its rollout, `take` timed out on a stalled
+        actor, a second Ctrl-C), else STOP if `asked()` (Ctrl-C), else OK. Any FAILED: a failed
+        process raises its own error, every other process a RuntimeError naming the failed ones.
+        Else: whether any process voted STOP (then no process learns from these rollouts: the
+        state stays the one after the update in progress when the stop was asked)."""
         takes = range(self.arch.actor_threads)
         if self.processes == 1:
             return [exchange.take(i) for i in takes], False
@@ -334,8 +337,8 @@ class Learner:
         try:
             rollouts = [exchange.take(i) for i in takes]
             exchange.raise_failure()  # an actor that failed after handing over its rollout
-        except Exception as caught:  # the actor's error, StallError, or Stopped (an actor failed)
-            error = caught
+        except BaseException as caught:  # an actor's error (SystemExit too), StallError, Stopped
+            error = caught  # (an actor failed) or KeyboardInterrupt: voted on, then raised
         votes = self.agree(FAILED if error is not None else STOP if asked() else OK)
         if error is not None:
             if isinstance(error, Stopped):
@@ -346,7 +349,8 @@ class Learner:
             several = len(failed) > 1
             raise RuntimeError(
                 f"sebulba: the actors of process{'es' * several} {', '.join(map(str, failed))} "
-                f"failed (an actor raised or stalled), so process {self.process} stopped too; "
+                f"failed (an actor raised or stalled, or it was interrupted), so process "
+                f"{self.process} stopped too; "
                 f"{'their' if several else 'its'} own output (stderr) has the error"
             )
         return rollouts, STOP in votes
