@@ -68,8 +68,8 @@ PRECISIONS = ("tf32", "ieee")
 NUM_WARPS = 8
 # rows per program at most (`kernels.q_grads._block_rows`' rule otherwise): at rejax's Pendulum
 # sizes (64 x 64, 64 seeds x 256 rows) 32 measured fastest on an H200 (benchmarks/RESULTS.md, "The
-# fused SAC and TD3 kernels"); at 64 an sm_90 compile spills heavily; a module setting, so that
-# benchmarks can sweep it
+# fused SAC, TD3 and Q-learning kernels"), where 64 spills (sm_90 compiles); a module setting, so
+# that benchmarks can sweep it
 MAX_BLOCK_M = 32
 OUT_PAD = 16  # the critic's one output column, padded to what tl.dot needs
 

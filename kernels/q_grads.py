@@ -425,9 +425,9 @@ def _grads_core(
 
 def _block_rows(num_seeds: int, m: int, max_block: int | None = None) -> int:
     """Rows per program for `num_seeds` minibatches of m rows: from MIN_BLOCK_M up, doubling while
-    the grid has more than MAX_PROGRAMS programs, at most `max_block` (default MAX_BLOCK_M; each
-    fused-network op passes its own, below which its sm_90 compile does not spill much). One seed's
-    128 rows: 8 programs of 16 (its partial gradients summed after); 64 seeds: 4 of 32 each."""
+    the grid has more than MAX_PROGRAMS programs, at most `max_block` (default MAX_BLOCK_M; the
+    twin-critic and actor ops pass their own, the fastest measured). One seed's 128 rows: 8
+    programs of 16 (its partial gradients summed after); 64 seeds: 4 of 32 each."""
     cap = MAX_BLOCK_M if max_block is None else max_block
     block = MIN_BLOCK_M
     while block < cap and num_seeds * cdiv(m, block) > MAX_PROGRAMS:
