@@ -610,8 +610,8 @@ def actor_cases(args) -> list[Case]:
     backward) and TD3's (`deterministic_policy_grads_flat`: the actor, the first critic, the
     backward) at batches 256 and 100 and 1 and 64 seeds, vmapped over the seeds.
 
-    Bytes: the actor and both critics read once per seed, the rows read once, the gradient written
-    once."""
+    Bytes per seed: SAC reads the actor (twice), both critics and its rows (observation and draw),
+    TD3 the actor (twice), the first critic and its observations; each writes the gradient once."""
     from kernels import deterministic_policy_grads_flat, sac_actor_grads_flat
     from kernels.q_grads import q_layout
     from kernels.sac_actor_grads import sac_actor_layout
@@ -642,7 +642,9 @@ def actor_cases(args) -> list[Case]:
             return jax.vmap(op)
 
         def td3_make(key, seeds=seeds, rows=rows, actor_size=td3.size, critic=critic):
-            obs, _, _, actor, critic_params = make(key, seeds, rows, actor_size, critic)
+            obs, _, _, actor, critic_params = make(
+                key, seeds=seeds, rows=rows, actor_size=actor_size, critic=critic
+            )
             return obs, actor, critic_params
 
         def td3_grads(backend, td3=td3, critic=critic):
@@ -652,9 +654,16 @@ def actor_cases(args) -> list[Case]:
             return jax.vmap(op)
 
         label = f"{seeds} seeds x {rows} rows, {hidden[0]} x {hidden[1]} {act}"
-        for name, layout, factory, grads in (
-            ("sac_actor_grads_flat", sac, make, sac_grads),
-            ("deterministic_policy_grads_flat", td3, td3_make, td3_grads),
+        one_critic = critic.size // 2  # the twin layout holds the two critics' arrays alike
+        for name, layout, factory, grads, read in (
+            ("sac_actor_grads_flat", sac, make, sac_grads, 3 * sac.size + critic.size + rows * 4),
+            (
+                "deterministic_policy_grads_flat",
+                td3,
+                td3_make,
+                td3_grads,
+                3 * td3.size + one_critic + rows * 3,
+            ),
         ):
             cases.append(
                 Case(
@@ -663,7 +672,7 @@ def actor_cases(args) -> list[Case]:
                     make_inputs=factory,
                     reference=grads("reference"),
                     triton=grads(args.kernel_backend),
-                    bytes_moved=4 * seeds * (2 * layout.size + critic.size + rows * 4),
+                    bytes_moved=4 * seeds * read,
                     atol=5e-2,
                 )
             )

@@ -13,8 +13,10 @@ arch.actor_threads) it measures, each for `--seconds` after its compile and warm
 * actors: env steps/s of the actor threads alone (rl.sebulba.Actor, as a run's actors), each
   rolling out with the initial params without waiting for a learner: the actors' ceiling;
 * agent: env steps/s of the whole run (rl.sebulba.Learner.run, stopped after `--seconds`): the
-  median over its log points after the first two, its overall rate, the learner's share of time
-  waiting for rollouts and the mean parameter lag.
+  median over its log points after the first two (at least three are needed), its overall rate
+  (all its steps over the run's wall clock, the actors' start included), the learner's share of
+  time waiting for rollouts and the mean parameter lag; compile_s is 0 where an earlier
+  measurement of the process compiled the same update.
 
 actors and agent run once per `--env-groups` value (arch.env_groups). One JSON line per
 measurement, then a table with agent / random, the figure issue targets compare (the learner
@@ -30,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+import gymnasium
 import jax
 import numpy as np
 
@@ -49,11 +52,14 @@ def layout_config(config_path: str, envs: int, threads: int, overrides: list[str
 
 
 def random_actions(space, rng: np.random.Generator, n: int) -> np.ndarray:
-    """`n` uniformly random actions of a Discrete or Box action space."""
-    if hasattr(space, "n"):
-        return rng.integers(0, int(space.n), n)
-    low, high = np.broadcast_arrays(space.low, space.high)
-    return rng.uniform(low, high, (n, *low.shape)).astype(space.dtype)
+    """`n` uniformly random actions of a Discrete (from its `start`) or bounded Box action space;
+    ValueError naming the space otherwise."""
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return int(space.start) + rng.integers(0, int(space.n), n)
+    if isinstance(space, gymnasium.spaces.Box) and space.is_bounded("both"):
+        low, high = np.broadcast_arrays(space.low, space.high)
+        return rng.uniform(low, high, (n, *low.shape)).astype(space.dtype)
+    raise ValueError(f"random actions need a Discrete or a bounded Box action space, got {space}")
 
 
 def random_throughput(config, threads: int, seconds: float) -> dict:
@@ -150,9 +156,9 @@ def agent_throughput(config_path: str, envs: int, threads: int, seconds: float, 
     start = time.perf_counter()
     final, rows = learner.run(state, should_stop=should_stop)
     wall = time.perf_counter() - start
-    kept = rows[2:] or rows
-    if not kept:
-        return {"error": f"no log point in {seconds} s; give more --seconds"}
+    if len(rows) < 3:
+        return {"error": f"{len(rows)} log points in {seconds} s, 3 needed; give more --seconds"}
+    kept = rows[2:]  # the first two hold the actors' start and the queues filling
     return {
         "sps": float(np.median([r["sps"] for r in kept])),
         "sps_overall": int(final.step) / wall,
