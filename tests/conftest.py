@@ -30,6 +30,22 @@ if _cpu_only() and "xla_backend_optimization_level" not in os.environ.get("XLA_F
         f for f in (os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0") if f
     )
 
+# On the CPU the test run shares one JAX persistent compilation cache, a folder made here by the
+# first process to load this file (pytest, or pytest-xdist's controller) and removed when it ends:
+# its workers and every subprocess the tests start inherit it through the environment, so a program
+# that another test, worker or `rl` subprocess compiled already (the same XLA module with the same
+# options and flags) is loaded instead of compiled again. Tests still trace and lower every program
+# and run every step. The size limit turns on JAX's file lock, so no process reads a half-written
+# entry. A cache folder already in the environment is kept (and not removed).
+if _cpu_only() and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR = tempfile.mkdtemp(prefix="fusedrl-jax-")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+else:
+    _CACHE_DIR = None
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -109,3 +125,11 @@ def pytest_runtest_logreport(report):
         f.write(
             f"{worker}\t{report.when}:{report.outcome}\t{report.duration:.2f}\t{report.nodeid}\n"
         )
+
+
+def pytest_unconfigure(config):
+    """Removes the compilation cache folder this process made (_CACHE_DIR) when the run ends."""
+    if _CACHE_DIR is not None:
+        import shutil
+
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
