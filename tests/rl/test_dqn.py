@@ -187,13 +187,15 @@ def test_no_eval_episodes_trains_the_same_and_logs_no_eval_return(small_run):
 
 def test_unrolled_loops_compute_the_same_run(small_run):
     """agent.unroll changes loop trips only: the same metrics and params as the rolled run (here the
-    phase's 64 env iterations unroll; test_sac.py covers unrolling the loop over phases)."""
+    phase's 64 env iterations and its 8 gradient steps unroll 2 a trip; test_sac.py covers
+    unrolling the loop over phases). 2, not more: each unrolled iteration is one more copy of the
+    loop body for XLA to compile, at its default level here."""
     _, train, keys, _ = small_run
     # both at XLA's default optimisation level (tests/conftest.py's level 0 rounds the rolled and
     # the unrolled loop differently in the last bit, which the run's episodes then grow)
     state, metrics = jax.jit(train, compiler_options=XLA_DEFAULT_OPTIMIZATION)(keys[0])
     unrolled_state, unrolled = jax.jit(
-        dqn.make_train(make_config(double_q=True, tau=0.5, unroll=8)),
+        dqn.make_train(make_config(double_q=True, tau=0.5, unroll=2)),
         compiler_options=XLA_DEFAULT_OPTIMIZATION,
     )(keys[0])
     for name in ("eval_return", "loss", "q_mean", "episode_return", "step"):
