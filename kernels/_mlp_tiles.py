@@ -1,6 +1,7 @@
-"""Triton building blocks of the fused MLP kernels (`ppo_grads`, `q_grads`, `q_act`): tiles of a
-two-hidden-layer MLP read from and written to a flat parameter vector, its forward pass and its
-backpropagation for one block of rows.
+"""Triton building blocks of the fused MLP kernels (`ppo_grads`, `q_grads`, `q_act`, `twin_q_grads`,
+`deterministic_policy_grads`, `sac_actor_grads`): tiles of a two-hidden-layer MLP read from and
+written to a flat parameter vector, its forward pass and its backpropagation for one block of rows;
+and the checks and sums around their launches (`check_flat_layout`, `summed_partials`).
 
 The MLP, with activation f = tanh, relu or silu (f(0) = 0, so padded hidden units stay 0 and their
 gradients are exactly 0; `ACTIVATION_CODES` gives each its constexpr code):
@@ -13,7 +14,10 @@ rows and columns add exact zeros to every product and sum.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
+import numpy as np
 
 from kernels._triton import tl, triton
 from kernels.launch import next_power_of_2
@@ -32,6 +36,38 @@ def summed_partials(grads, aux, b: int, chunks: int):
         return grads, sums[:, -1], sums
     grads = grads.reshape(b, chunks, grads.shape[-1]).sum(axis=1)
     return grads, jnp.sum(jnp.square(grads), axis=1), sums
+
+
+def check_flat_layout(layout, cls, arrays: int, sizes):
+    """`layout` after checking it is a `cls` (a NamedTuple with `offsets`, `hidden`, `size` and
+    `shapes()`): `arrays` offsets and two hidden widths, Python ints, positive sizes
+    (`sizes(layout)`: its size fields), and the arrays covering [0, size) exactly once (the kernels
+    write every gradient entry and nothing else). ValueError naming the problem otherwise."""
+    if not isinstance(layout, cls):
+        raise ValueError(
+            f"layout must be a {cls.__module__}.{cls.__name__}, got {type(layout).__name__}"
+        )
+    if len(layout.offsets) != arrays or len(layout.hidden) != 2:
+        raise ValueError(f"layout needs {arrays} offsets and 2 hidden widths, got {layout}")
+    dims = list(sizes(layout))
+    ints = [*layout.offsets, *dims, layout.size]
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in ints):
+        raise ValueError(f"layout entries must be Python ints (a layout is static), got {layout}")
+    if min(dims) < 1:
+        raise ValueError(f"layout: sizes must be positive, got {layout}")
+    spans = sorted((int(o), int(o) + math.prod(s)) for o, s in zip(layout.offsets, layout.shapes()))
+    at = 0
+    for start, end in spans:
+        if start != at:
+            raise ValueError(
+                f"layout: the {arrays} arrays must cover the flat vector's {layout.size} entries "
+                f"exactly once, with no gap or overlap; an array starts at {start} where the "
+                f"ones before end at {at} (layout {layout})"
+            )
+        at = end
+    if at != layout.size:
+        raise ValueError(f"layout: the arrays cover {at} entries, the vector has {layout.size}")
+    return layout
 
 
 def padded(n: int) -> int:

@@ -47,6 +47,7 @@ import numpy as np
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
     backprop,
+    check_flat_layout,
     load_mlp,
     output,
     padded,
@@ -268,30 +269,8 @@ def q_layout(obs_dim: int, hidden: tuple[int, int], actions: int) -> QLayout:
 
 
 def check_layout(layout: QLayout) -> QLayout:
-    """`layout` after checking it: Python ints, positive sizes, six arrays covering [0, size)
-    exactly once (the kernel writes every gradient entry and nothing else). ValueError otherwise."""
-    if not isinstance(layout, QLayout):
-        raise ValueError(f"layout must be a kernels.q_grads.QLayout, got {type(layout).__name__}")
-    ints = [*layout.offsets, layout.obs_dim, *layout.hidden, layout.actions, layout.size]
-    if len(layout.offsets) != 6 or len(layout.hidden) != 2:
-        raise ValueError(f"layout needs 6 offsets and 2 hidden widths, got {layout}")
-    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in ints):
-        raise ValueError(f"layout entries must be Python ints (a layout is static), got {layout}")
-    if min(layout.obs_dim, *layout.hidden, layout.actions) < 1:
-        raise ValueError(f"layout: sizes must be positive, got {layout}")
-    spans = sorted((int(o), int(o) + math.prod(s)) for o, s in zip(layout.offsets, layout.shapes()))
-    at = 0
-    for start, end in spans:
-        if start != at:
-            raise ValueError(
-                f"layout: the six arrays must cover the flat vector's {layout.size} entries "
-                f"exactly once, with no gap or overlap; an array starts at {start} where the "
-                f"ones before end at {at} (layout {layout})"
-            )
-        at = end
-    if at != layout.size:
-        raise ValueError(f"layout: the arrays cover {at} entries, the vector has {layout.size}")
-    return layout
+    """`layout` after checking it (`_mlp_tiles.check_flat_layout`: six arrays)."""
+    return check_flat_layout(layout, QLayout, 6, lambda l: [l.obs_dim, *l.hidden, l.actions])
 
 
 def unflatten(params, layout: QLayout):

@@ -51,6 +51,7 @@ from kernels._mlp_tiles import (
     activate,
     activation_grad,
     backprop,
+    check_flat_layout,
     load_matrix,
     load_vector,
     output,
@@ -354,31 +355,8 @@ def sac_actor_layout(obs_dim: int, hidden: tuple[int, int], actions: int) -> Sac
 
 
 def check_layout(layout: SacActorLayout) -> SacActorLayout:
-    """`layout` after checking it: Python ints, positive sizes, eight arrays covering [0, size)
-    exactly once (the kernel writes every gradient entry and nothing else). ValueError otherwise."""
-    if not isinstance(layout, SacActorLayout):
-        raise ValueError(
-            f"layout must be a kernels.sac_actor_grads.SacActorLayout, got {type(layout).__name__}"
-        )
-    if len(layout.offsets) != 8 or len(layout.hidden) != 2:
-        raise ValueError(f"layout needs 8 offsets and 2 hidden widths, got {layout}")
-    ints = [*layout.offsets, layout.obs_dim, *layout.hidden, layout.actions, layout.size]
-    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in ints):
-        raise ValueError(f"layout entries must be Python ints (a layout is static), got {layout}")
-    if min(layout.obs_dim, *layout.hidden, layout.actions) < 1:
-        raise ValueError(f"layout: sizes must be positive, got {layout}")
-    spans = sorted((int(o), int(o) + math.prod(s)) for o, s in zip(layout.offsets, layout.shapes()))
-    at = 0
-    for start, end in spans:
-        if start != at:
-            raise ValueError(
-                f"layout: the eight arrays must cover the flat vector's {layout.size} entries "
-                f"exactly once, with no gap or overlap (layout {layout})"
-            )
-        at = end
-    if at != layout.size:
-        raise ValueError(f"layout: the arrays cover {at} entries, the vector has {layout.size}")
-    return layout
+    """`layout` after checking it (`_mlp_tiles.check_flat_layout`: eight arrays)."""
+    return check_flat_layout(layout, SacActorLayout, 8, lambda l: [l.obs_dim, *l.hidden, l.actions])
 
 
 def unflatten(params, layout: SacActorLayout):

@@ -43,6 +43,7 @@ from kernels import q_grads
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
     backprop,
+    check_flat_layout,
     load_mlp,
     output,
     padded,
@@ -261,32 +262,10 @@ def twin_q_layout(obs_dim: int, action_dim: int, hidden: tuple[int, int]) -> Twi
 
 
 def check_layout(layout: TwinQLayout) -> TwinQLayout:
-    """`layout` after checking it: Python ints, positive sizes, twelve arrays covering [0, size)
-    exactly once (the kernel writes every gradient entry and nothing else). ValueError otherwise."""
-    if not isinstance(layout, TwinQLayout):
-        raise ValueError(
-            f"layout must be a kernels.twin_q_grads.TwinQLayout, got {type(layout).__name__}"
-        )
-    if len(layout.offsets) != 12 or len(layout.hidden) != 2:
-        raise ValueError(f"layout needs 12 offsets and 2 hidden widths, got {layout}")
-    ints = [*layout.offsets, layout.obs_dim, layout.action_dim, *layout.hidden, layout.size]
-    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in ints):
-        raise ValueError(f"layout entries must be Python ints (a layout is static), got {layout}")
-    if min(layout.obs_dim, layout.action_dim, *layout.hidden) < 1:
-        raise ValueError(f"layout: sizes must be positive, got {layout}")
-    spans = sorted((int(o), int(o) + math.prod(s)) for o, s in zip(layout.offsets, layout.shapes()))
-    at = 0
-    for start, end in spans:
-        if start != at:
-            raise ValueError(
-                f"layout: the twelve arrays must cover the flat vector's {layout.size} entries "
-                f"exactly once, with no gap or overlap; an array starts at {start} where the "
-                f"ones before end at {at} (layout {layout})"
-            )
-        at = end
-    if at != layout.size:
-        raise ValueError(f"layout: the arrays cover {at} entries, the vector has {layout.size}")
-    return layout
+    """`layout` after checking it (`_mlp_tiles.check_flat_layout`: twelve arrays)."""
+    return check_flat_layout(
+        layout, TwinQLayout, 12, lambda l: [l.obs_dim, l.action_dim, *l.hidden]
+    )
 
 
 def unflatten(params, layout: TwinQLayout):
