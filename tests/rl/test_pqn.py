@@ -214,7 +214,7 @@ def test_unrolled_loops_compute_the_same_run():
     config = dict(total_steps=1024, log_interval=2, eval_envs=2)
     with jax.default_device(jax.devices("cpu")[0]):
         _, rolled = jax.jit(pqn.make_train(make_config(**config)))(jax.random.PRNGKey(4))
-        _, unrolled = jax.jit(pqn.make_train(make_config(unroll=4, **config)))(
+        _, unrolled = jax.jit(pqn.make_train(make_config(unroll=2, **config)))(
             jax.random.PRNGKey(4)
         )
     for name in ("loss", "q_mean", "eval_return", "episode_return"):

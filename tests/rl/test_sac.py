@@ -228,7 +228,7 @@ def test_unrolled_loops_compute_the_same_run(default_train):
     here the loop over phases unrolls (`actor_critic.scan_phases`)."""
     key = jax.random.PRNGKey(5)
     _, rolled = jax.jit(default_train)(key)  # on a CPU-only machine, the vmap check's compile
-    _, unrolled = jax.jit(sac.make_train(make_config(unroll=4, fused_network=False)))(key)
+    _, unrolled = jax.jit(sac.make_train(make_config(unroll=2, fused_network=False)))(key)
     for name in rolled:
         np.testing.assert_allclose(
             np.asarray(unrolled[name]), np.asarray(rolled[name]), rtol=1e-4, atol=1e-5, err_msg=name
