@@ -169,3 +169,55 @@ def test_critics_beyond_the_limits_are_refused_by_the_kernel(kernel_backend):
     layout, args = make_case(np.random.default_rng(0), 8, 3, 1, (256, 8))
     with pytest.raises(ValueError, match="beyond the fused twin-critic kernel's limits"):
         twin_q_grads_flat(*args, layout, backend=kernel_backend)
+
+
+def test_each_fused_network_op_holds_at_most_its_own_rows_a_program(monkeypatch):
+    """The twin-critic, TD3 actor and SAC actor ops spread a minibatch with their own cap
+    (their MAX_BLOCK_M), not the Q-learning op's."""
+    from kernels import (
+        deterministic_policy_grads,
+        deterministic_policy_grads_flat,
+        q_grads,
+        sac_actor_grads,
+        sac_actor_grads_flat,
+        twin_q_grads,
+        twin_q_grads_flat,
+    )
+    from kernels.q_grads import q_layout
+    from kernels.sac_actor_grads import sac_actor_layout
+
+    caps, rule = [], q_grads._block_rows
+    monkeypatch.setattr(
+        q_grads, "_block_rows", lambda b, m, cap=None: caps.append(cap) or rule(b, m, cap)
+    )
+    critic, rows = twin_q_layout(3, 1, (8, 8)), 20
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    obs, act = jax.random.normal(k[0], (rows, 3)), jnp.tanh(jax.random.normal(k[1], (rows, 1)))
+    ones, zeros = jnp.ones(rows), jnp.zeros(rows)
+    critic_params = 0.1 * jax.random.normal(k[2], (critic.size,))
+    twin_q_grads_flat(
+        obs,
+        act,
+        ones,
+        ones,
+        obs,
+        act,
+        zeros,
+        critic_params,
+        critic_params,
+        critic,
+        backend="interpret",
+    )
+    actor = q_layout(3, (8, 8), 1)
+    deterministic_policy_grads_flat(
+        obs, 0.1 * jnp.ones(actor.size), critic_params, actor, critic, backend="interpret"
+    )
+    sac = sac_actor_layout(3, (8, 8), 1)
+    sac_actor_grads_flat(
+        obs, act, 0.2, 0.1 * jnp.ones(sac.size), critic_params, sac, critic, backend="interpret"
+    )
+    assert caps == [
+        twin_q_grads.MAX_BLOCK_M,
+        deterministic_policy_grads.MAX_BLOCK_M,
+        sac_actor_grads.MAX_BLOCK_M,
+    ]
