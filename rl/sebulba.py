@@ -167,8 +167,9 @@ class Learner:
     def run(self, state, num_updates=None, should_stop=None, on_log_point=None):
         """Train from `state` to update `num_updates` (default agent.num_updates), a log point every
         agent.log_interval updates (published, and passed to `on_log_point(state, row)`), stopping
-        early after the update in progress once `should_stop()` is true (several processes: after
-        the update whose vote saw it on any process, `take`). Returns (state, rows)."""
+        early after the update in progress once `should_stop()` is true (several processes: once
+        it is true on any process at a vote, before the update that vote precedes, `take`).
+        Returns (state, rows)."""
         self.compile(state)
         learn, split = self.programs.compiled["learn"], self.programs.split
         last = self.agent.num_updates if num_updates is None else num_updates
