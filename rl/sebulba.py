@@ -41,12 +41,15 @@ and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   that waits longer than arch.queue_timeout_s for the other raises `StallError` saying which side
   stalled; every wait polls a stop event, so the learner's end, error or Ctrl-C stops the actors.
   Several processes vote once per update, each after taking its rollouts and before `learn`
-  (`Learner.take`: one allgather): OK, STOP (`should_stop()`, Ctrl-C) or FAILED (an actor raised,
-  or `take` timed out on a stalled actor). Any FAILED: no process enters `learn`; a failed process
-  raises its actor's error (or the StallError), every other a RuntimeError naming the failed
-  processes. Else any STOP: no process enters this update; every process stops with the state
-  after the update that was in progress when the stop was asked. One process does not vote: it
-  stops on `should_stop()` after the update in progress, or while it waits for a rollout.
+  (`Learner.take`: one allgather), and once after the last update: OK, STOP (`should_stop()`,
+  Ctrl-C) or FAILED (an actor raised, `take` timed out on a stalled actor, or the process's last
+  log point failed in its sinks or its `on_log_point`, a run's checkpoint). Any FAILED: no process
+  enters `learn`; a failed process raises its own error, every other a RuntimeError naming the
+  failed processes. Else any STOP: no process enters this update; every process stops with the
+  state after the update that was in progress when the stop was asked. Process 0's greedy
+  evaluation, which every process waits for, stops every process at that log point if it raises.
+  One process does not vote: it stops on `should_stop()` after the update in progress, or while
+  it waits for a rollout.
 * Logging: every `agent.log_interval` updates a log point goes to the rl.logging sinks (`publish`):
   the actors' finished episodes (games, for envpool's Atari: `rl.sebulba_envs.Scores`), the mean
   loss stats, the lag (mean and max over actors and updates), the learner's share of time waiting
@@ -179,11 +182,12 @@ class Learner:
         alone = should_stop if self.processes == 1 else None
         exchange = Exchange(local_copy(state.params), first, self.arch, alone)
         threads, rows, period, join_s = [], [], _Period(), 10.0
+        failed = None  # several processes: this process's log point failed, voted on next
         try:
             threads = self.start_actors(exchange, first)
             for update in range(first, last):
                 start = time.perf_counter()
-                rollouts, stop = self.take(exchange, asked)
+                rollouts, stop = self.take(exchange, asked, failed)
                 if stop:  # several processes: one asked to stop; none enters this update
                     break
                 period.waited += time.perf_counter() - start
@@ -201,12 +205,13 @@ class Learner:
                 if (update + 1) % self.agent.log_interval == 0:
                     rows.append(self.log_point(state, period))
                     period = _Period()
-                    if on_log_point is not None:
-                        on_log_point(state, rows[-1])
+                    failed = self.after_log_point(state, rows[-1], on_log_point)
                 if self.processes == 1:  # several processes voted before the update (`take`)
                     exchange.raise_failure()
                     if exchange.stopping() or asked():
                         break
+            if self.processes > 1:  # a failure at the last log point stops every process too
+                self.settle(failed)
         except Stopped:  # one process: should_stop() while waiting, or an actor failed
             exchange.raise_failure()
         except BaseException:  # the actors' state does not matter any more: a short join
@@ -219,43 +224,77 @@ class Learner:
                 thread.join(max(0.0, deadline - time.monotonic()))
         return state, rows
 
-    def take(self, exchange: Exchange, asked: Callable[[], bool]) -> tuple[list, bool]:
+    def take(
+        self, exchange: Exchange, asked: Callable[[], bool], failed: BaseException | None = None
+    ) -> tuple[list, bool]:
         """(every actor's next rollout, whether every process stops before this update).
 
         One process: an actor's error, or `StallError` when an actor stalled, raises here, and
         `Stopped` when `should_stop()` comes true while it waits; otherwise whether to stop is
         asked after the update (`run`), so this says False. Several processes: every process votes
-        once (`agree`) after taking its rollouts, before `learn`, so a process whose actors failed
-        never enters the collective update. Its vote: FAILED if anything interrupted its take (an
-        actor raised before or after handing over its rollout, `take` timed out on a stalled
-        actor, a second Ctrl-C), else STOP if `asked()` (Ctrl-C), else OK. Any FAILED: a failed
-        process raises its own error, every other process a RuntimeError naming the failed ones.
-        Else: whether any process voted STOP (then no process learns from these rollouts: the
-        state stays the one after the update in progress when the stop was asked)."""
+        once (`settle`) after taking its rollouts, before `learn`, so a process whose actors or
+        last log point failed never enters the collective update. Its vote: FAILED if its last
+        log point `failed` (then it takes nothing) or anything interrupted its take (an actor
+        raised before or after handing over its rollout, `take` timed out on a stalled actor, a
+        second Ctrl-C), else STOP if `asked()` (Ctrl-C), else OK."""
         takes = range(self.arch.actor_threads)
         if self.processes == 1:
             return [exchange.take(i) for i in takes], False
-        rollouts, error = [], None
-        try:
-            rollouts = [exchange.take(i) for i in takes]
-            exchange.raise_failure()  # an actor that failed after handing over its rollout
-        except BaseException as caught:  # an actor's error (SystemExit too), StallError, Stopped
-            error = caught  # (an actor failed) or KeyboardInterrupt: voted on, then raised
-        votes = self.agree(FAILED if error is not None else STOP if asked() else OK)
-        if error is not None:
+        rollouts, error = [], failed
+        if error is None:
+            try:
+                rollouts = [exchange.take(i) for i in takes]
+                exchange.raise_failure()  # an actor that failed after handing over its rollout
+            except BaseException as caught:  # an actor's error (SystemExit too), StallError,
+                error = caught  # Stopped (an actor failed) or KeyboardInterrupt: voted, raised
             if isinstance(error, Stopped):
-                exchange.raise_failure()
+                try:
+                    exchange.raise_failure()  # the actor's error that stopped the take
+                except BaseException as actors:
+                    error = actors
+        return rollouts, self.settle(error, asked)
+
+    def settle(self, error: BaseException | None, asked: Callable[[], bool] | None = None) -> bool:
+        """This process's vote (FAILED with an `error`, else STOP if `asked()`, else OK) against
+        every other process's, one `agree` (one process: no vote). Any FAILED: a failed process
+        raises its own error, every other process a RuntimeError naming the failed ones. Else
+        whether any process voted STOP (then no process learns from the rollouts just taken: the
+        state stays the one after the update in progress when the stop was asked). Every process
+        calls it at the same points: before each update (`take`), after the last (`run`), and
+        before each checkpoint of a run (rl.sebulba_run), whose write is collective."""
+        stop = bool(asked and error is None and asked())
+        if self.processes == 1:
+            if error is not None:
+                raise error
+            return stop
+        votes = self.agree(FAILED if error is not None else STOP if stop else OK)
+        if error is not None:
             raise error
         failed = [p for p, vote in enumerate(votes) if vote == FAILED]
         if failed:
             several = len(failed) > 1
             raise RuntimeError(
-                f"sebulba: the actors of process{'es' * several} {', '.join(map(str, failed))} "
-                f"failed (an actor raised or stalled, or it was interrupted), so process "
-                f"{self.process} stopped too; "
+                f"sebulba: process{'es' * several} {', '.join(map(str, failed))} failed (an actor "
+                f"raised or stalled, a log point's sinks or checkpoint raised, or it was "
+                f"interrupted), so process {self.process} stopped too; "
                 f"{'their' if several else 'its'} own output (stderr) has the error"
             )
-        return rollouts, STOP in votes
+        return STOP in votes
+
+    def after_log_point(self, state: LearnerState, row: dict, on_log_point) -> BaseException | None:
+        """The log point `row` published to the rl.logging sinks, then `on_log_point(state, row)`
+        (a run's checkpoint). One process: their errors raise. Several processes: the error is
+        returned, for this process to vote FAILED before the next update (`take`) or after the
+        last one (`run`), so that no other process waits for it in a collective."""
+        try:
+            publish({k: np.asarray([v]) for k, v in row.items()})  # a run of one seed
+            if on_log_point is not None:
+                on_log_point(state, row)
+        except BaseException as error:  # a sink's or a checkpoint's error, a second Ctrl-C
+            if self.processes == 1:
+                raise
+            return error
+        return None
 
     def global_batch(self, sharding, x: np.ndarray) -> jax.Array:
         """This process's rollout columns [T, local envs, ...] as the run's batch [T, num_envs,
@@ -271,22 +310,37 @@ class Learner:
         return np.asarray(multihost_utils.process_allgather(np.int32(vote))).reshape(-1)
 
     def log_point(self, state: LearnerState, period: "_Period") -> dict:
-        """The log point of `period` (module docstring), published to the rl.logging sinks. With
-        several processes: episodes and lags of every process's actors; the greedy evaluation and
-        the timings of process 0, whose row every process gets."""
+        """The log point of `period` (module docstring). With several processes: episodes and
+        lags of every process's actors; the greedy evaluation and the timings of process 0, whose
+        row every process gets. An evaluation that raises on process 0 stops every process here
+        (process 0 with its error, the others with a RuntimeError naming it)."""
         row = {"step": int(state.step), **period.metrics(self.processes)}
+        error = None
         if self.agent.eval_envs:
             returns, lengths = [np.nan], [np.nan]
             if self.process == 0:
-                returns, lengths = self.evaluate(local_copy(state.params))
+                try:
+                    returns, lengths = self.evaluate(local_copy(state.params))
+                except Exception as caught:  # sent to every process first (several processes)
+                    if self.processes == 1:
+                        raise
+                    error = caught
             row.update(eval_return=float(np.mean(returns)), eval_length=float(np.mean(lengths)))
         if self.processes > 1:  # the timings and the evaluation as process 0 has them
             from jax.experimental import multihost_utils
 
             own = [k for k in ("rollout_wait", "sps", "eval_return", "eval_length") if k in row]
-            values = multihost_utils.broadcast_one_to_all(np.asarray([row[k] for k in own]))
-            row.update(zip(own, map(float, np.asarray(values))))
-        publish({k: np.asarray([v]) for k, v in row.items()})  # a run of one seed
+            sent = np.asarray([error is not None, *(row[k] for k in own)], np.float64)
+            values = np.asarray(multihost_utils.broadcast_one_to_all(sent))
+            if error is not None:
+                raise error
+            if values[0]:
+                raise RuntimeError(
+                    f"sebulba: process 0's greedy evaluation (agent.eval_envs) raised at step "
+                    f"{row['step']}, so process {self.process} stopped too; process 0's own "
+                    "output (stderr) has the error"
+                )
+            row.update(zip(own, map(float, values[1:])))
         return row
 
     def evaluate(self, params):

@@ -156,17 +156,33 @@ class _Run:
         )
 
     def log_point(self, state: LearnerState, row: dict) -> None:
-        """After each log point: the history, the files flushed, a checkpoint when one is due."""
-        for name, value in row.items():
-            self.history.setdefault(name, []).append(value)
-        if self.logger is not None:
-            self.logger.flush()
+        """After each log point: the history, the files flushed, a checkpoint when one is due
+        (which, with several processes, first learns whether any of them failed: `save`)."""
+        failure = None
+        try:
+            for name, value in row.items():
+                self.history.setdefault(name, []).append(value)
+            if self.logger is not None:
+                self.logger.flush()
+        except BaseException as error:  # a full disk, a second Ctrl-C
+            failure = error
         every = self.config.run.checkpoint_every
         if every and len(self.history["step"]) % every == 0:
-            self.save(state)
+            self.save(state, failure)
+        elif failure is not None:
+            raise failure
 
-    def save(self, state: LearnerState) -> None:
-        """A checkpoint of `state` and the history so far (written in the background)."""
+    def save(self, state: LearnerState, failure: BaseException | None = None) -> None:
+        """A checkpoint of `state` and the history so far (written in the background). The write
+        is collective over the processes of a multi-process run: every process first votes
+        (`Learner.settle`) with this process's `failure`, if any, or the previous checkpoint's
+        failed write, so that every process raises before the write rather than one waiting in
+        it for another."""
+        try:
+            self.checkpoints.wait()  # the previous write's failure, if it failed
+        except BaseException as error:
+            failure = failure or error
+        self.learner.settle(failure)
         history = {k: np.asarray(v)[None, None] for k, v in self.history.items()}
         meta = {
             "log_points": len(self.history.get("step", ())),

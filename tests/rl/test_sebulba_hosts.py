@@ -5,13 +5,15 @@ both processes' devices. Both end with the same params, and with those of one pr
 every env in twice the threads and splits its learner over two devices (max_lag 0 makes both
 runs deterministic). Envs that do not split over the processes are refused before anything
 starts. An actor that raises or stalls in process 1 stops both processes before the next update,
-process 0 with an error naming process 1. Under `-m slow`: Ctrl-C reaching one process stops both
+process 0 with an error naming process 1; so do a checkpoint that cannot be written on process 1 and
+a greedy evaluation that raises on process 0. Under `-m slow`: Ctrl-C reaching one process stops both
 at one checkpoint and `--resume` finishes the run; the shipped CartPole config learns on two
 processes. Every run is a subprocess (jax.distributed and the forced device count are set before
 JAX starts); the processes are started as tests/rl/test_sharding.py starts its two."""
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 import time
@@ -195,11 +197,74 @@ def test_an_actor_that_fails_on_one_process_stops_both_before_the_update(
     assert time.monotonic() - start < 90
     assert [p.returncode for p in processes] == [1, 1] and "RESULT" not in out0 + out1
     assert re.search(error, err1), err1[-3000:]
-    assert "sebulba: the actors of process 1 failed" in err0.splitlines()[-1], err0[-3000:]
+    assert "sebulba: process 1 failed" in err0.splitlines()[-1], err0[-3000:]
     assert "boom" not in err0 and "StallError" not in err0
     run_dir = tmp_path / "runs" / "failed"
     assert not (run_dir / "final_params.msgpack").exists()
     assert not list((run_dir / "checkpoints").glob("[0-9]*"))
+
+
+# `rl train ARGS...` where process WHO's learner side fails: "checkpoint" makes its first checkpoint's
+# background write fail as a full disk does (raised as the next checkpoint starts), "evaluation" its
+# second greedy evaluation raise; prints its exit code if `rl` returns one
+LEARNER_FAULT = textwrap.dedent(
+    """
+    import json, sys
+    from rl import checkpoint, sebulba
+    from rl.cli import main
+
+    what, who, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    finish, evaluate, evaluations = checkpoint.Checkpoints._finish, sebulba.Learner.evaluate, []
+
+    def full_disk(self, step):
+        finish(self, step)
+        self._write_failure = OSError(28, "No space left on device (test)")
+
+    def failing_evaluation(self, params):
+        evaluations.append(1)
+        if len(evaluations) == 2:
+            raise ValueError("evaluation boom (test)")
+        return evaluate(self, params)
+
+    if args[args.index("--process-id") + 1] == who:
+        if what == "checkpoint":
+            checkpoint.Checkpoints._finish = full_disk
+        else:
+            sebulba.Learner.evaluate = failing_evaluation
+    print("RESULT " + json.dumps({"code": main(["train", *args])}))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "what, who, error, named",
+    [
+        ("checkpoint", 1, "No space left on device", "sebulba: process 1 failed"),
+        ("evaluation", 0, "evaluation boom", "sebulba: process 0's greedy evaluation"),
+    ],
+)
+def test_a_learner_side_failure_on_one_process_stops_both(tmp_path, what, who, error, named):
+    """Process 1's second checkpoint cannot be written (its disk is full), or process 0's second
+    greedy evaluation raises: the failing process stops with its error, the other with one naming
+    it, both within seconds (neither waits in a collective for the other: every process votes
+    before a checkpoint's write, and process 0 sends its evaluation's failure with its result), and
+    no final params are written."""
+    config = sebulba_config(tmp_path, eval_envs=1)
+    start = time.monotonic()
+    processes = two_processes(LEARNER_FAULT, what, who, config, "--name", what, *ARGS)
+    outputs = [p.communicate(timeout=300) for p in processes]
+    assert time.monotonic() - start < 90
+    # `rl` ends on a full disk with one line and code 1 (an OSError), on anything else by raising
+    codes = [
+        json.loads(out.split("RESULT ")[1])["code"] if "RESULT" in out else p.returncode
+        for p, (out, _) in zip(processes, outputs)
+    ]
+    assert codes == [1, 1], [err[-3000:] for _, err in outputs]
+    failing, other = outputs[who][1], outputs[1 - who][1]
+    assert error in failing, failing[-3000:]
+    assert named in other.splitlines()[-1], other[-3000:]
+    assert error not in other
+    assert not (tmp_path / "runs" / what / "final_params.msgpack").exists()
 
 
 # `rl ARGS` that sends itself SIGINT (Ctrl-C) once a log point it receives reaches step STOP_AT
