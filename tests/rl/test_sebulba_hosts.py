@@ -5,11 +5,11 @@ both processes' devices. Both end with the same params, and with those of one pr
 every env in twice the threads and splits its learner over two devices (max_lag 0 makes both
 runs deterministic). Envs that do not split over the processes are refused before anything
 starts. An actor that raises or stalls in process 1 stops both processes before the next update,
-process 0 with an error naming process 1; so do a checkpoint that cannot be written on process 1 and
-a greedy evaluation that raises on process 0. Under `-m slow`: Ctrl-C reaching one process stops both
-at one checkpoint and `--resume` finishes the run; the shipped CartPole config learns on two
-processes. Every run is a subprocess (jax.distributed and the forced device count are set before
-JAX starts); the processes are started as tests/rl/test_sharding.py starts its two."""
+process 0 with an error naming process 1; so do a checkpoint that cannot be written on process 1
+and a greedy evaluation that raises on process 0. Under `-m slow`: Ctrl-C reaching one process
+stops both at one checkpoint and `--resume` finishes the run; the shipped CartPole config learns
+on two processes. Every run is a subprocess (jax.distributed and the forced device count are set
+before JAX starts); the processes are started as tests/rl/test_sharding.py starts its two."""
 
 from __future__ import annotations
 
@@ -204,9 +204,9 @@ def test_an_actor_that_fails_on_one_process_stops_both_before_the_update(
     assert not list((run_dir / "checkpoints").glob("[0-9]*"))
 
 
-# `rl train ARGS...` where process WHO's learner side fails: "checkpoint" makes its first checkpoint's
-# background write fail as a full disk does (raised as the next checkpoint starts), "evaluation" its
-# second greedy evaluation raise; prints its exit code if `rl` returns one
+# `rl train ARGS...` where process WHO's learner side fails: "checkpoint" makes its first
+# checkpoint's background write fail as a full disk does (raised as the next checkpoint starts),
+# "evaluation" its second greedy evaluation raise; prints its exit code if `rl` returns one
 LEARNER_FAULT = textwrap.dedent(
     """
     import json, sys
