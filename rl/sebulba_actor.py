@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rl.config import hyperparams
@@ -61,13 +62,18 @@ class Actor:
         self.key = jax.device_put(key, device)
 
     def act(self, params, obs, step):
-        """(record, env action) of one step from `obs` (on the actor's device)."""
+        """(record, env action) of one step from `obs` (on the actor's device; `step`: env steps
+        before the rollout, `device_step`'s)."""
         obs = jax.device_put(obs, self.device)
         self.key, record, env_action = self.policy(self.hparams, params, obs, self.key, step)
         return record, env_action
 
+    def device_step(self, step: int) -> jax.Array:
+        """`step` as an int32 on the actor's device: sent once a rollout, not with every act."""
+        return jax.device_put(np.int32(step), self.device)
+
     def rollout(self, params, step: int = 0):
-        step = np.int32(step)
+        step = self.device_step(step)
         for group in self.groups:
             group.steps = []
         for _ in range(self.config.agent.num_steps):
@@ -78,9 +84,7 @@ class Actor:
                 group.envs.step_async(env_action)
         for group in self.groups:
             self.collect(group)
-        per_group = [
-            [np.stack([np.asarray(x) for x in c]) for c in zip(*g.steps)] for g in self.groups
-        ]
+        per_group = [[_stacked(column) for column in zip(*g.steps)] for g in self.groups]
         columns = [np.concatenate(column, 1) for column in zip(*per_group)]  # [T, envs, ...]
         columns[-4] = columns[-4].astype(np.float32)  # the rewards
         returns, lengths = [], []
@@ -119,3 +123,12 @@ class Actor:
             exchange.fail(error, name)
         finally:
             self.close()
+
+
+def _stacked(column: tuple) -> np.ndarray:
+    """One rollout column [T, envs, ...] from its steps: NumPy arrays stacked on the host, device
+    arrays (the acting's records) stacked on their device first, so that the column comes to the
+    host in one transfer, not one a step."""
+    if isinstance(column[0], jax.Array):
+        return np.asarray(jnp.stack(column))
+    return np.stack([np.asarray(x) for x in column])
