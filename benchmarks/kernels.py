@@ -679,6 +679,79 @@ def actor_cases(args) -> list[Case]:
     return cases
 
 
+def adam_cases(args) -> list[Case]:
+    """The optimiser step on flat vectors (`kernels.adam_step`: gradients clipped to a global norm
+    given by the gradient kernels, Adam, the target's Polyak step) vs XLA (the same formula in
+    plain JAX) and vs the agents' path without the kernel (`rl.optimizers.flat_step` of optax's
+    clipped Adam, then `periodic_polyak`), vmapped over the seeds, at DQN's CartPole Q-network
+    (10,934 params: 120 x 84) and a 256 x 256 MLP's size (70,000), 1 and 64 seeds.
+
+    Bytes: params, grads, mu, nu and target read, four of them written."""
+    from kernels.adam import adam_step
+    from rl.optimizers import clipped_adam, flat_step, periodic_polyak
+
+    shapes = (
+        [(1, 300), (2, 1500)] if args.small else [(1, 10934), (64, 10934), (1, 70000), (64, 70000)]
+    )
+    cases = []
+    for seeds, size in shapes:
+
+        def make(key, seeds=seeds, size=size):
+            k = jax.random.split(key, 5)
+            normal = lambda i: jax.random.normal(k[i], (seeds, size), jnp.float32)
+            grads = 0.1 * normal(1)
+            sq_norm = jnp.sum(jnp.square(grads), axis=1)
+            nu = jnp.square(0.1 * normal(3))
+            count = jnp.full((seeds,), 10, jnp.int32)
+            return normal(0), grads, 0.1 * normal(2), nu, normal(4), count, sq_norm
+
+        def step(backend):
+            def one(params, grads, mu, nu, target, count, sq_norm):
+                return adam_step(
+                    params,
+                    grads,
+                    mu,
+                    nu,
+                    count,
+                    1e-3,
+                    10.0,
+                    sq_norm=sq_norm,
+                    target=target,
+                    tau=0.005,
+                    sync=True,
+                    backend=backend,
+                )[:4]
+
+            return jax.vmap(one)
+
+        optimizer = clipped_adam(1e-3, 10.0)
+
+        def optax_step(params, grads, mu, nu, target, count, sq_norm):
+            def one(params, grads, mu, nu, target, count, sq_norm):
+                state = optimizer.init(params)
+                adam = state[1][0]._replace(count=count, mu=mu, nu=nu)
+                state = (state[0], (adam, *state[1][1:]))
+                params, state = flat_step(optimizer, params, state, grads, sq_norm)
+                target = periodic_polyak(target, params, 0.005, True)
+                return params, state[1][0].mu, state[1][0].nu, target
+
+            return jax.vmap(one)(params, grads, mu, nu, target, count, sq_norm)
+
+        cases.append(
+            Case(
+                op="adam_step",
+                shape=f"{seeds} seeds x {size} params",
+                make_inputs=make,
+                reference=step("reference"),
+                triton=step(args.kernel_backend),
+                bytes_moved=4 * seeds * size * 9,
+                extra={"optax": optax_step},
+                atol=1e-5,
+            )
+        )
+    return cases
+
+
 CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "discounted_returns": returns_cases,
     "gae": gae_cases,
@@ -689,6 +762,7 @@ CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "q_network": q_network_cases,
     "twin_q": twin_q_cases,
     "actors": actor_cases,
+    "adam": adam_cases,
 }
 
 

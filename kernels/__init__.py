@@ -6,6 +6,7 @@ environment variable, or the device (GPU with jax_triton -> "triton", else "refe
 that automatic choice an op may send small shapes to XLA where it measured XLA faster.
 """
 
+from kernels.adam import adam_step
 from kernels.deterministic_policy_grads import deterministic_policy_grads_flat
 from kernels.gae import gae
 from kernels.launch import (
@@ -55,4 +56,5 @@ __all__ = [
     "sac_actor_grads_flat",
     "sumtree_set_leaves",
     "sumtree_find_leaves",
+    "adam_step",
 ]

@@ -1,0 +1,223 @@
+"""kernels.adam: clipped Adam and the target's Polyak step on flat vectors, against a float64 NumPy
+evaluation of the formula and against optax's own Adam (rl.optimizers.clipped_adam) step by step;
+under jit and nested vmap with per-seed hyperparameters; odd sizes around the block; NaN
+propagation; one clear error for bad input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.adam import BLOCK, adam_step
+from rl.optimizers import clipped_adam, flat_step, periodic_polyak
+
+B1, B2, EPS = 0.9, 0.999, 1e-8
+
+
+def float64_step(params, grads, mu, nu, target, count, lr, max_norm, tau, sync, eps=EPS):
+    """The module docstring's step in float64 NumPy (an independent evaluation)."""
+    params, grads, mu, nu, target = (
+        np.asarray(x, np.float64) for x in (params, grads, mu, nu, target)
+    )
+    norm = np.sqrt(np.sum(grads**2))
+    g = grads if norm < max_norm else grads / norm * max_norm
+    mu = B1 * mu + (1 - B1) * g
+    nu = B2 * nu + (1 - B2) * g**2
+    t = count + 1
+    params = params - lr * (mu / (1 - B1**t)) / (np.sqrt(nu / (1 - B2**t)) + eps)
+    target = tau * params + (1 - tau) * target if sync else target
+    return params, mu, nu, target, t
+
+
+def vectors(seed: int, size: int, scale: float = 1.0):
+    """params, grads, mu, nu (>= 0), target [size] float32."""
+    rng = np.random.default_rng(seed)
+    params, grads, mu, target = (rng.normal(size=size).astype(np.float32) for _ in range(4))
+    nu = (rng.normal(size=size) ** 2 * 0.1).astype(np.float32)
+    return params, grads * scale, mu * 0.1, nu, target
+
+
+def assert_step_close(out, expected, before, what: str):
+    """Every output within float32 rounding of the float64 step (the relative error reported):
+    the moments to 2e-6 and 1e-6 of their largest element (where b mu and (1 - b) g cancel);
+    params and target to their own rounding plus 1e-4 of the step, for the bias corrections
+    1 - b^t, which float32 holds to ~1e-5 at t = 1 (as optax computes them)."""
+    step = np.max(np.abs(expected[0] - np.asarray(before, np.float64)))
+    for name, got, want in zip(("params", "mu", "nu", "target"), out[:4], expected[:4]):
+        got, want = np.asarray(got, np.float64), np.asarray(want)
+        relative = np.max(np.abs(got - want) / (np.abs(want) + 1e-6))
+        np.testing.assert_allclose(
+            got,
+            want,
+            rtol=2e-6,
+            atol=1e-6 * np.max(np.abs(want)) if name in ("mu", "nu") else 2e-7 + 1e-4 * step,
+            err_msg=f"{what}: {name} (relative error {relative:.2e})",
+        )
+    assert int(out[4]) == expected[4]
+
+
+@pytest.mark.parametrize("size", [1, BLOCK - 1, BLOCK + 1, 2 * BLOCK + 7])
+@pytest.mark.parametrize("clipped", [False, True])
+def test_matches_the_float64_step(backend, size, clipped):
+    """Sizes around the block, the clip inactive (norm below max_norm) and active, with a target
+    synced: every output as float64 NumPy has it."""
+    params, grads, mu, nu, target = vectors(size, size)
+    norm = float(np.sqrt(np.sum(grads.astype(np.float64) ** 2)))
+    max_norm = norm / 2 if clipped else norm * 2
+    args = (params, grads, mu, nu, 6, 3e-3, max_norm)
+    out = adam_step(*args, target=target, tau=0.25, sync=True, backend=backend)
+    expected = float64_step(params, grads, mu, nu, target, 6, 3e-3, max_norm, 0.25, True)
+    assert_step_close(out, expected, params, f"{backend}, size {size}")
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    size=st.integers(1, 3 * BLOCK),
+    count=st.integers(0, 10**6),
+    lr=st.floats(1e-5, 1e-1),
+    clip=st.floats(0.05, 20.0),
+    tau=st.floats(0.0, 1.0),
+    sync=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_property_matches_the_float64_step(backend, size, count, lr, clip, tau, sync, seed):
+    """Any size, step count (the bias corrections from 1 - b^1 to ~1), step size, clip ratio and
+    target step: the float64 step within float32 rounding, sq_norm given as the gradient kernels
+    give it."""
+    params, grads, mu, nu, target = vectors(seed, size)
+    norm = float(np.sqrt(np.sum(grads.astype(np.float64) ** 2)))
+    max_norm = norm * clip
+    out = adam_step(
+        params,
+        grads,
+        mu,
+        nu,
+        count,
+        lr,
+        max_norm,
+        sq_norm=np.float32(norm**2),
+        target=target,
+        tau=tau,
+        sync=sync,
+        backend=backend,
+    )
+    expected = float64_step(params, grads, mu, nu, target, count, lr, max_norm, tau, sync)
+    assert_step_close(out, expected, params, f"{backend}, size {size}, count {count}")
+
+
+def test_five_steps_follow_optax(backend):
+    """Five steps from a fresh state along changing gradients, against optax's clipped Adam on the
+    same flat vector (rl.optimizers.flat_step) and rl.optimizers.periodic_polyak every other step:
+    the same moments and count, params and target within float32 rounding."""
+    size = 2 * BLOCK + 3
+    params, _, _, _, target = vectors(0, size)
+    optimizer = clipped_adam(1e-2, 1.5)
+    state = optimizer.init(jnp.asarray(params))
+    ref_params, ref_target = jnp.asarray(params), jnp.asarray(target)
+    mu, nu, count = np.zeros(size, np.float32), np.zeros(size, np.float32), 0
+    for step in range(5):
+        grads = vectors(100 + step, size, scale=0.2 * (step + 1))[1]
+        ref_params, state = flat_step(optimizer, ref_params, state, jnp.asarray(grads))
+        ref_target = periodic_polyak(ref_target, ref_params, 0.5, step % 2 == 1)
+        params, mu, nu, target, count = adam_step(
+            params,
+            grads,
+            mu,
+            nu,
+            count,
+            1e-2,
+            1.5,
+            target=target,
+            tau=0.5,
+            sync=step % 2 == 1,
+            backend=backend,
+        )
+        adam_state = state[1][0]
+        np.testing.assert_allclose(mu, adam_state.mu, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(nu, adam_state.nu, rtol=1e-6, atol=1e-12)
+        assert int(count) == int(adam_state.count) == step + 1
+        np.testing.assert_allclose(params, ref_params, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(target, ref_target, rtol=1e-6, atol=1e-6)
+
+
+def test_without_a_target_or_a_norm(backend):
+    """No target: None back; no sq_norm: the norm is reduced from grads (the same step)."""
+    params, grads, mu, nu, _ = vectors(1, 300)
+    norm_sq = np.float32(np.sum(grads.astype(np.float64) ** 2))
+    given_norm = adam_step(params, grads, mu, nu, 2, 1e-3, 1.0, sq_norm=norm_sq, backend=backend)
+    reduced = adam_step(params, grads, mu, nu, 2, 1e-3, 1.0, backend=backend)
+    assert given_norm[3] is None and reduced[3] is None
+    for a, b in zip(given_norm[:3], reduced[:3]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_nested_vmap_under_jit_equals_a_loop(kernel_backend):
+    """Settings x seeds with per-seed step sizes, clips, counts and target flags, under jit: one
+    launch, each seed's step as if alone."""
+    settings_, seeds, size = 2, 3, BLOCK + 5
+    rng = np.random.default_rng(7)
+    draw = lambda *shape: rng.normal(size=(settings_, seeds, *shape)).astype(np.float32)
+    params, grads, mu, target = draw(size), draw(size), draw(size) * 0.1, draw(size)
+    nu = draw(size) ** 2 * 0.1
+    count = rng.integers(0, 100, (settings_, seeds)).astype(np.int32)
+    lr = rng.uniform(1e-4, 1e-2, (settings_, seeds)).astype(np.float32)
+    clip = rng.uniform(5.0, 60.0, (settings_, seeds)).astype(np.float32)
+    sync = rng.integers(0, 2, (settings_, seeds)).astype(bool)
+
+    def one(p, g, m, n, c, l, mx, t, s, backend):
+        return adam_step(p, g, m, n, c, l, mx, target=t, tau=0.1, sync=s, backend=backend)
+
+    batched = jax.jit(
+        jax.vmap(jax.vmap(lambda *a: one(*a, kernel_backend))),
+    )(params, grads, mu, nu, count, lr, clip, target, sync)
+    for i in range(settings_):
+        for j in range(seeds):
+            alone = one(
+                *(x[i, j] for x in (params, grads, mu, nu, count, lr, clip, target, sync)),
+                "reference",
+            )
+            for got, want in zip(batched, alone):
+                # float32 rounding apart (the batched norm reduces in another order)
+                np.testing.assert_allclose(got[i, j], want, rtol=1e-5, atol=1e-6)
+
+
+def test_nan_propagates(backend):
+    """NaN in the params stays where it is; NaN in a gradient makes the norm NaN, so every element
+    of the step is NaN (as optax's clip gives it)."""
+    params, grads, mu, nu, _ = vectors(2, 50)
+    params[3] = np.nan
+    out = adam_step(params, grads, mu, nu, 0, 1e-3, 1.0, backend=backend)
+    assert np.isnan(out[0][3]) and np.isfinite(np.delete(np.asarray(out[0]), 3)).all()
+    params[3], grads[7] = 0.0, np.nan
+    out = adam_step(params, grads, mu, nu, 0, 1e-3, 1.0, backend=backend)
+    assert np.isnan(np.asarray(out[0])).all() and np.isnan(np.asarray(out[1])).all()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(mu=np.zeros(4, np.float32)), r"mu must be a flat vector shaped like params \(5,\)"),
+        (dict(params=np.zeros((5, 1), np.float32)), r"params must be a flat vector"),
+        (dict(lr=np.ones(2, np.float32)), r"lr must be a scalar, got shape \(2,\)"),
+        (dict(grads=np.arange(5)), r"grads"),
+        (dict(b1=1.0), r"b1 must be in \(0, 1\), got 1.0"),
+        (dict(eps=-1.0), r"eps must be >= 0"),
+    ],
+)
+def test_bad_input_gets_one_clear_error(change, message):
+    arguments = dict(
+        params=np.zeros(5, np.float32),
+        grads=np.ones(5, np.float32),
+        mu=np.zeros(5, np.float32),
+        nu=np.zeros(5, np.float32),
+        count=0,
+        lr=1e-3,
+        max_norm=1.0,
+    )
+    arguments.update(change)
+    with pytest.raises((ValueError, TypeError), match=message):
+        adam_step(**arguments, backend="reference")
