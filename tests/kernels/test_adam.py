@@ -75,10 +75,8 @@ def test_matches_the_float64_step(backend, size, clipped):
 
 
 @settings(max_examples=15, deadline=None)
-@given(
-    size=st.sampled_from(
-        [1, 2, 7, 100, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK - 5]
-    ),  # compiled once each
+@given(  # sizes around the block from a set: each compiles once
+    size=st.sampled_from([1, 2, 7, 100, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK - 5]),
     count=st.integers(0, 10**6),
     lr=st.floats(1e-5, 1e-1),
     clip=st.floats(0.05, 20.0),
