@@ -253,7 +253,9 @@ class Recall(MaskedGuess):
 def test_ippo_rnn_learns_to_remember_beyond_any_memoryless_policy_on_4_seeds_reproducibly():
     """50 updates of 16 envs x 8 steps (a minute of CPU with compilation) on `Recall`, one torso
     for actor and critic as JaxMARL's ippo_rnn: every seed's training and greedy team returns end
-    above the best memoryless return, 1.75, by a whole step's reward."""
+    above the best memoryless return, 1.75, by at least a whole step's reward (>= 2.75; the float
+    rounding of the CPU's vector units decides some seeds' last step: on an Intel Xeon VM one
+    seed's greedy return ends at 2.75, on the AMD EPYC CI machines above it)."""
     config = make_config(
         total_steps=6400,
         num_envs=16,
@@ -276,7 +278,7 @@ def test_ippo_rnn_learns_to_remember_beyond_any_memoryless_policy_on_4_seeds_rep
     _, metrics = train(jnp.concatenate([keys, keys[:1]]))  # a fifth run: seed 0 again
     assert metrics["step"][0, -1] == 6400
     for name in ("episode_return", "eval_return"):
-        assert np.all(metrics[name][:4, -1] > 2.75), (name, metrics[name])
+        assert np.all(metrics[name][:4, -1] >= 2.75), (name, metrics[name])
     jax.tree.map(lambda x: np.testing.assert_array_equal(x[0], x[4]), metrics)
     assert not np.array_equal(metrics["episode_return"][0], metrics["episode_return"][1])
 
