@@ -16,7 +16,10 @@ target step (tau, sync in {0, 1}):
 
 That is `optax.chain(rl.optimizers.clip_by_global_norm(max_norm), optax.adam(lr, b1, b2, eps))`
 (its clip with the norm given, `grad_sq_norm`) followed by `rl.optimizers.periodic_polyak(target,
-params', tau, sync)`; `adam_step` returns (params', mu', nu', target', c').
+params', tau, sync)`; `adam_step` returns (params', mu', nu', target', c'). With `active` false
+(per seed) the step is skipped and everything comes back as it was: the gate of a training phase
+that runs every time but counts only once learning has started, inside the launch rather than as
+a select of every vector after it.
 
 Why a kernel: on the GPU an agent's optimiser step is otherwise several small XLA kernels (the
 norm's reduction, Adam's moments and update, the target's Polyak step, one or more per parameter
@@ -24,8 +27,8 @@ array), each ~1.3 us at the small MLPs of DQN or SAC; here one launch covers eve
 one program per seed and block of `BLOCK` elements. The norm is an input: the fused gradient
 kernels (`kernels.q_grads`, `kernels.twin_q_grads`) compute it with the gradient; without it
 `adam_step` reduces it first (one XLA reduction). The bias corrections 1 - b^t are computed per
-seed in JAX as optax computes them (a few scalar operations XLA fuses), so that the step matches
-optax's to float32 rounding.
+seed in JAX as optax computes them (a few scalar operations XLA fuses, with the other per-seed
+scalars, into one row per seed), so that the step matches optax's to float32 rounding.
 
 Backends: "reference" is the formula above in plain JAX; "triton" and "interpret" run the kernel.
 Not differentiable (an optimiser step). Batch the seeds with `jax.vmap`: every seed's vectors and
@@ -50,6 +53,9 @@ BLOCK = 1024  # elements per program
 NUM_WARPS = 4
 
 
+SCALARS = ("correction1", "correction2", "lr", "max_norm", "sq_norm", "tau", "sync", "active")
+
+
 @triton.jit
 def _adam_kernel(
     params_ptr,
@@ -58,13 +64,7 @@ def _adam_kernel(
     nu_ptr,
     target_ptr,
     count_ptr,
-    correction1_ptr,
-    correction2_ptr,
-    lr_ptr,
-    max_norm_ptr,
-    sq_norm_ptr,
-    tau_ptr,
-    sync_ptr,
+    scalars_ptr,
     P,
     b1,
     one_minus_b1,
@@ -79,34 +79,40 @@ def _adam_kernel(
     BLOCK: tl.constexpr,
 ):
     """Program (s, j): elements [j BLOCK, (j + 1) BLOCK) of seed s (vectors: row s of [S, P];
-    scalars: element s of [S]); program (s, 0) also writes the seed's new count."""
+    count: element s of [S]; scalars: row s of [S, 8] in `SCALARS` order); program (s, 0) also
+    writes the seed's new count."""
     s = tl.program_id(0)
     j = tl.program_id(1)
     cols = j * BLOCK + tl.arange(0, BLOCK)
     ok = cols < P
     at = s.to(tl.int64) * P + cols
+    row = scalars_ptr + s * 8
+    correction1 = tl.load(row)  # 1 - b1^t, computed as optax computes it
+    correction2 = tl.load(row + 1)
+    lr = tl.load(row + 2)
+    max_norm = tl.load(row + 3)
+    norm = tl.sqrt(tl.load(row + 4))
+    tau = tl.load(row + 5)
+    sync = tl.load(row + 6)
+    active = tl.load(row + 7) != 0.0
     count = tl.load(count_ptr + s)
-    norm = tl.sqrt(tl.load(sq_norm_ptr + s))
-    max_norm = tl.load(max_norm_ptr + s)
-    lr = tl.load(lr_ptr + s)
-    tau = tl.load(tau_ptr + s)
-    sync = tl.load(sync_ptr + s)
     g = tl.load(grads_ptr + at, mask=ok, other=0.0)
     g = tl.where(norm < max_norm, g, g / norm * max_norm)
-    mu = b1 * tl.load(mu_ptr + at, mask=ok, other=0.0) + one_minus_b1 * g
-    nu = b2 * tl.load(nu_ptr + at, mask=ok, other=0.0) + one_minus_b2 * (g * g)
-    correction1 = tl.load(correction1_ptr + s)  # 1 - b1^t, computed as optax computes it
-    correction2 = tl.load(correction2_ptr + s)
+    mu_before = tl.load(mu_ptr + at, mask=ok, other=0.0)
+    nu_before = tl.load(nu_ptr + at, mask=ok, other=0.0)
+    params_before = tl.load(params_ptr + at, mask=ok, other=0.0)
+    target_before = tl.load(target_ptr + at, mask=ok, other=0.0)
+    mu = b1 * mu_before + one_minus_b1 * g
+    nu = b2 * nu_before + one_minus_b2 * (g * g)
     step = (mu / correction1) / (tl.sqrt(nu / correction2) + eps)
-    params = tl.load(params_ptr + at, mask=ok, other=0.0) - lr * step
-    target = tl.load(target_ptr + at, mask=ok, other=0.0)
-    target = tl.where(sync != 0.0, tau * params + (1.0 - tau) * target, target)
-    tl.store(params_out + at, params, mask=ok)
-    tl.store(mu_out + at, mu, mask=ok)
-    tl.store(nu_out + at, nu, mask=ok)
-    tl.store(target_out + at, target, mask=ok)
+    params = params_before - lr * step
+    target = tl.where(sync != 0.0, tau * params + (1.0 - tau) * target_before, target_before)
+    tl.store(params_out + at, tl.where(active, params, params_before), mask=ok)
+    tl.store(mu_out + at, tl.where(active, mu, mu_before), mask=ok)
+    tl.store(nu_out + at, tl.where(active, nu, nu_before), mask=ok)
+    tl.store(target_out + at, tl.where(active, target, target_before), mask=ok)
     if j == 0:
-        tl.store(count_out + s, count + 1)
+        tl.store(count_out + s, tl.where(active, count + 1, count))
 
 
 def bias_corrections(count, b1: float, b2: float):
@@ -128,52 +134,35 @@ def adam_step_reference(
     sq_norm,
     tau,
     sync,
+    active,
     *,
     b1,
     b2,
     eps,
 ):
-    """The module docstring's (params', mu', nu', target', count') in plain JAX; `corrections`
-    are `bias_corrections(count, b1, b2)`."""
+    """The module docstring's (params', mu', nu', target', count') in plain JAX, or the inputs
+    unchanged where `active` is false; `corrections` are `bias_corrections(count, b1, b2)`."""
     norm = jnp.sqrt(sq_norm)
     g = jnp.where(norm < max_norm, grads, grads / norm * max_norm)
-    mu = b1 * mu + (1.0 - b1) * g
-    nu = b2 * nu + (1.0 - b2) * jnp.square(g)
+    new_mu = b1 * mu + (1.0 - b1) * g
+    new_nu = b2 * nu + (1.0 - b2) * jnp.square(g)
     correction1, correction2 = corrections
-    params = params - lr * (mu / correction1) / (jnp.sqrt(nu / correction2) + eps)
-    target = jnp.where(sync != 0, tau * params + (1.0 - tau) * target, target)
-    return params, mu, nu, target, count + 1
+    new_params = params - lr * (new_mu / correction1) / (jnp.sqrt(new_nu / correction2) + eps)
+    new_target = jnp.where(sync != 0, tau * new_params + (1.0 - tau) * target, target)
+    new = (new_params, new_mu, new_nu, new_target, count + 1)
+    return tuple(jnp.where(active, a, b) for a, b in zip(new, (params, mu, nu, target, count)))
 
 
-def _adam_core(
-    params,
-    grads,
-    mu,
-    nu,
-    target,
-    count,
-    correction1,
-    correction2,
-    lr,
-    max_norm,
-    sq_norm,
-    tau,
-    sync,
-    *,
-    lead,
-    backend,
-    hyper,
-):
+def _adam_core(params, grads, mu, nu, target, count, scalars, *, lead, backend, hyper):
     lead_shape = tuple(params.shape[:lead])
     s, p = math.prod(lead_shape), params.shape[lead]
     vector = lambda x: x.reshape(s, p)
-    scalar = lambda x, dtype=jnp.float32: x.reshape(s).astype(dtype)
     vectors = jax.ShapeDtypeStruct((s, p), jnp.float32)
     outs = launch(
         _adam_kernel,
         *map(vector, (params, grads, mu, nu, target)),
-        scalar(count, jnp.int32),
-        *map(scalar, (correction1, correction2, lr, max_norm, sq_norm, tau, sync)),
+        count.reshape(s),
+        scalars.reshape(s, len(SCALARS)),
         p,
         *(np.float32(h) for h in hyper),  # 1 - b in float64 first, as optax rounds it
         backend=backend,
@@ -214,6 +203,7 @@ def adam_step(
     target=None,
     tau=1.0,
     sync=False,
+    active=True,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
@@ -223,9 +213,11 @@ def adam_step(
 
     params, grads, mu, nu (and target) [P] float32 flat vectors; count the int32 count of steps
     taken (optax's `ScaleByAdamState.count`); lr, max_norm, tau scalars and sync a bool scalar (all
-    may be traced); sq_norm ||grads||^2 where known already (else reduced here). b1, b2, eps are
-    fixed numbers. Returns (params', mu', nu', target', count'), target' None without a target.
-    Under `jax.vmap` every seed's step is one launch."""
+    may be traced); sq_norm ||grads||^2 where known already (else reduced here); active a bool
+    scalar: where false the step is skipped, everything comes back unchanged (a training phase
+    before learning starts, with no select of the vectors after the launch). b1, b2, eps are fixed
+    numbers. Returns (params', mu', nu', target', count'), target' None without a target. Under
+    `jax.vmap` every seed's step is one launch."""
     b1, b2, eps = _check_hyper(b1, b2, eps)
     vectors = {"params": params, "grads": grads, "mu": mu, "nu": nu}
     if target is not None:
@@ -239,6 +231,7 @@ def adam_step(
                 f"{tuple(vectors['params'].shape)}, got {tuple(value.shape)}"
             )
     scalars = {"count": count, "lr": lr, "max_norm": max_norm, "tau": tau, "sync": sync}
+    scalars["active"] = active
     if sq_norm is not None:
         scalars["sq_norm"] = sq_norm
     for name, value in scalars.items():
@@ -252,14 +245,17 @@ def adam_step(
     count = jnp.asarray(count, jnp.int32)
     lr, max_norm, tau = (jnp.asarray(x, jnp.float32) for x in (lr, max_norm, tau))
     sync = jnp.asarray(sync, jnp.float32) if has_target else jnp.float32(0.0)
+    active = jnp.asarray(active, jnp.float32)
     sq_norm = jnp.sum(jnp.square(grads)) if sq_norm is None else jnp.asarray(sq_norm, jnp.float32)
     corrections = bias_corrections(count, b1, b2)
     name = resolve_backend(backend)
     if name == "reference":
-        args = (params, grads, mu, nu, target, count, corrections, lr, max_norm, sq_norm, tau, sync)
-        out = adam_step_reference(*args, b1=b1, b2=b2, eps=eps)
-    else:
-        args = (params, grads, mu, nu, target, count, *corrections, lr, max_norm, sq_norm)
-        out = _kernel_op(name, b1, b2, eps)(*args, tau, sync)
+        args = (params, grads, mu, nu, target, count, corrections, lr, max_norm, sq_norm, tau)
+        out = adam_step_reference(*args, sync, active != 0, b1=b1, b2=b2, eps=eps)
+    else:  # the per-seed scalars as one row (one small XLA fusion feeds the launch)
+        row = jnp.stack([*corrections, lr, max_norm, sq_norm, tau, sync, active]).astype(
+            jnp.float32
+        )
+        out = _kernel_op(name, b1, b2, eps)(params, grads, mu, nu, target, count, row)
     params, mu, nu, target, count = out
     return params, mu, nu, (target if has_target else None), count

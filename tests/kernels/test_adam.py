@@ -156,8 +156,9 @@ def test_without_a_target_or_a_norm(backend):
 
 
 def test_nested_vmap_under_jit_equals_a_loop(kernel_backend):
-    """Settings x seeds with per-seed step sizes, clips, counts and target flags, under jit: one
-    launch, each seed's step as if alone."""
+    """Settings x seeds with per-seed step sizes, clips, counts, target flags and `active` flags,
+    under jit: one launch, each seed's step as if alone (an inactive seed's vectors and count
+    exactly as they were)."""
     settings_, seeds, size = 2, 3, BLOCK + 5
     rng = np.random.default_rng(7)
     draw = lambda *shape: rng.normal(size=(settings_, seeds, *shape)).astype(np.float32)
@@ -167,22 +168,42 @@ def test_nested_vmap_under_jit_equals_a_loop(kernel_backend):
     lr = rng.uniform(1e-4, 1e-2, (settings_, seeds)).astype(np.float32)
     clip = rng.uniform(5.0, 60.0, (settings_, seeds)).astype(np.float32)
     sync = rng.integers(0, 2, (settings_, seeds)).astype(bool)
+    active = np.array([[True, False, True], [True, True, False]])
 
-    def one(p, g, m, n, c, l, mx, t, s, backend):
-        return adam_step(p, g, m, n, c, l, mx, target=t, tau=0.1, sync=s, backend=backend)
+    def one(p, g, m, n, c, l, mx, t, s, a, backend):
+        return adam_step(p, g, m, n, c, l, mx, target=t, tau=0.1, sync=s, active=a, backend=backend)
 
-    batched = jax.jit(
-        jax.vmap(jax.vmap(lambda *a: one(*a, kernel_backend))),
-    )(params, grads, mu, nu, count, lr, clip, target, sync)
+    inputs = (params, grads, mu, nu, count, lr, clip, target, sync, active)
+    batched = jax.jit(jax.vmap(jax.vmap(lambda *a: one(*a, kernel_backend))))(*inputs)
     for i in range(settings_):
         for j in range(seeds):
-            alone = one(
-                *(x[i, j] for x in (params, grads, mu, nu, count, lr, clip, target, sync)),
-                "reference",
-            )
+            alone = one(*(x[i, j] for x in inputs), "reference")
+            if not active[i, j]:
+                before = (params, mu, nu, target, count)
+                for got, was in zip(batched, before):
+                    np.testing.assert_array_equal(got[i, j], was[i, j])
             for got, want in zip(batched, alone):
                 # float32 rounding apart (the batched norm reduces in another order)
                 np.testing.assert_allclose(got[i, j], want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_inactive_step_returns_everything_as_it_was(backend):
+    """active=False: params, moments, target and count come back bit for bit, whatever the
+    gradient (NaN included) and the target flag; active=True from the same inputs steps."""
+    params, grads, mu, nu, target = vectors(3, BLOCK + 9)
+    grads[5] = np.nan
+    out = adam_step(
+        params, grads, mu, nu, 4, 1e-2, 1.0, target=target, sync=True, active=False,
+        backend=backend,
+    )  # fmt: skip
+    for got, was in zip(out, (params, mu, nu, target, 4)):
+        np.testing.assert_array_equal(got, was)
+    grads[5] = 0.0
+    out = adam_step(
+        params, grads, mu, nu, 4, 1e-2, 1.0, target=target, sync=True, active=True,
+        backend=backend,
+    )  # fmt: skip
+    assert int(out[4]) == 5 and not np.array_equal(out[0], params)
 
 
 def test_nan_propagates(backend):
@@ -203,6 +224,7 @@ def test_nan_propagates(backend):
         (dict(mu=np.zeros(4, np.float32)), r"mu must be a flat vector shaped like params \(5,\)"),
         (dict(params=np.zeros((5, 1), np.float32)), r"params must be a flat vector"),
         (dict(lr=np.ones(2, np.float32)), r"lr must be a scalar, got shape \(2,\)"),
+        (dict(active=np.ones(3, bool)), r"active must be a scalar, got shape \(3,\)"),
         (dict(grads=np.arange(5)), r"grads"),
         (dict(b1=1.0), r"b1 must be in \(0, 1\), got 1.0"),
         (dict(eps=-1.0), r"eps must be >= 0"),
