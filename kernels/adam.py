@@ -31,8 +31,11 @@ seed in JAX as optax computes them (a few scalar operations XLA fuses, with the 
 scalars, into one row per seed), so that the step matches optax's to float32 rounding.
 
 Backends: "reference" is the formula above in plain JAX; "triton" and "interpret" run the kernel.
-Not differentiable (an optimiser step). Batch the seeds with `jax.vmap`: every seed's vectors and
-scalars (the hyperparameters may differ per seed) go into one launch.
+With the automatic choice on a GPU, a step of fewer than `AUTO_TRITON_MIN_ELEMENTS` elements over
+all vmapped seeds runs as XLA's fused loop instead (`_adam_rows`), where the launch measured
+slower. The updated vectors and count are written in place of the inputs. Not differentiable (an
+optimiser step). Batch the seeds with `jax.vmap`: every seed's vectors and scalars (the
+hyperparameters may differ per seed) go into one launch.
 """
 
 from __future__ import annotations
@@ -45,12 +48,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels._triton import tl, triton
-from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend
+from kernels.launch import (
+    cdiv,
+    check_float_array,
+    chosen_automatically,
+    fold_vmap,
+    launch,
+    resolve_backend,
+)
 
 __all__ = ["adam_step", "adam_step_reference"]
 
 BLOCK = 1024  # elements per program
 NUM_WARPS = 4
+# With the automatic backend choice, fewer elements than this over all seeds take XLA's fused step
+# (`_adam_rows`) instead of the launch: inside DQN's program on one H200 the launch lost at
+# 1 seed x 10,934 params and took half XLA's time at 64 x 10,934 (benchmarks/RESULTS.md).
+AUTO_TRITON_MIN_ELEMENTS = 1 << 17
 
 
 SCALARS = ("correction1", "correction2", "lr", "max_norm", "sq_norm", "tau", "sync", "active")
@@ -153,32 +167,63 @@ def adam_step_reference(
     return tuple(jnp.where(active, a, b) for a, b in zip(new, (params, mu, nu, target, count)))
 
 
-def _adam_core(params, grads, mu, nu, target, count, scalars, *, lead, backend, hyper):
+def _adam_rows(params, grads, mu, nu, target, count, scalars, hyper):
+    """The kernel's step in plain JAX on [S, P] vectors, count [S] and scalars [S, 8] (`SCALARS`
+    order): what XLA fuses into one loop where the launch would cost more."""
+    b1, one_minus_b1, b2, one_minus_b2, eps = hyper
+    column = lambda k: scalars[:, k : k + 1]
+    correction1, correction2, lr, max_norm, sq_norm, tau, sync, active = map(column, range(8))
+    norm = jnp.sqrt(sq_norm)
+    g = jnp.where(norm < max_norm, grads, grads / norm * max_norm)
+    new_mu = np.float32(b1) * mu + np.float32(one_minus_b1) * g
+    new_nu = np.float32(b2) * nu + np.float32(one_minus_b2) * (g * g)
+    step = (new_mu / correction1) / (jnp.sqrt(new_nu / correction2) + np.float32(eps))
+    new_params = params - lr * step
+    new_target = jnp.where(sync != 0.0, tau * new_params + (1.0 - tau) * target, target)
+    on = active != 0.0
+    vectors = [
+        jnp.where(on, a, b)
+        for a, b in zip((new_params, new_mu, new_nu, new_target), (params, mu, nu, target))
+    ]
+    return [*vectors, jnp.where(on[:, 0], count + 1, count)]
+
+
+def _adam_core(
+    params, grads, mu, nu, target, count, scalars, *, lead, backend, hyper, automatic, has_target
+):
     lead_shape = tuple(params.shape[:lead])
     s, p = math.prod(lead_shape), params.shape[lead]
     vector = lambda x: x.reshape(s, p)
-    vectors = jax.ShapeDtypeStruct((s, p), jnp.float32)
-    outs = launch(
-        _adam_kernel,
-        *map(vector, (params, grads, mu, nu, target)),
-        count.reshape(s),
-        scalars.reshape(s, len(SCALARS)),
-        p,
-        *(np.float32(h) for h in hyper),  # 1 - b in float64 first, as optax rounds it
-        backend=backend,
-        out_shape=[vectors] * 4 + [jax.ShapeDtypeStruct((s,), jnp.int32)],
-        grid=(s, cdiv(p, BLOCK)),
-        input_output_aliases={0: 0, 2: 1, 3: 2, 5: 4},  # the target not: it may be params
-        num_warps=NUM_WARPS,
-        BLOCK=BLOCK,
-    )
+    args = (*map(vector, (params, grads, mu, nu, target)), count.reshape(s))
+    scalars = scalars.reshape(s, len(SCALARS))
+    if automatic and backend == "triton" and s * p < AUTO_TRITON_MIN_ELEMENTS:
+        outs = _adam_rows(*args, scalars, hyper)
+    else:
+        aliases = {0: 0, 2: 1, 3: 2, 5: 4} | ({4: 3} if has_target else {})  # else target = params
+        outs = launch(
+            _adam_kernel,
+            *args,
+            scalars,
+            p,
+            *(np.float32(h) for h in hyper),  # 1 - b in float64 first, as optax rounds it
+            backend=backend,
+            out_shape=[jax.ShapeDtypeStruct((s, p), jnp.float32)] * 4
+            + [jax.ShapeDtypeStruct((s,), jnp.int32)],
+            grid=(s, cdiv(p, BLOCK)),
+            input_output_aliases=aliases,
+            num_warps=NUM_WARPS,
+            BLOCK=BLOCK,
+        )
     return [x.reshape(lead_shape + x.shape[1:]) for x in outs]
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_op(backend, b1: float, b2: float, eps: float):
+def _kernel_op(backend, b1: float, b2: float, eps: float, automatic: bool, has_target: bool):
     hyper = (b1, 1.0 - b1, b2, 1.0 - b2, eps)
-    return fold_vmap(functools.partial(_adam_core, backend=backend, hyper=hyper))
+    core = functools.partial(
+        _adam_core, backend=backend, hyper=hyper, automatic=automatic, has_target=has_target
+    )
+    return fold_vmap(core)
 
 
 def _check_hyper(b1, b2, eps) -> tuple[float, float, float]:
@@ -256,6 +301,7 @@ def adam_step(
         row = jnp.stack([*corrections, lr, max_norm, sq_norm, tau, sync, active]).astype(
             jnp.float32
         )
-        out = _kernel_op(name, b1, b2, eps)(params, grads, mu, nu, target, count, row)
+        op = _kernel_op(name, b1, b2, eps, chosen_automatically(backend), has_target)
+        out = op(params, grads, mu, nu, target, count, row)
     params, mu, nu, target, count = out
     return params, mu, nu, (target if has_target else None), count

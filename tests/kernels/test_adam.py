@@ -206,6 +206,37 @@ def test_an_inactive_step_returns_everything_as_it_was(backend):
     assert int(out[4]) == 5 and not np.array_equal(out[0], params)
 
 
+def test_the_automatic_choices_xla_rows_are_the_kernels_step():
+    """`_adam_rows` (XLA's fused step, which the automatic choice takes below
+    AUTO_TRITON_MIN_ELEMENTS on a GPU) on [S, P] rows with per-seed scalars: each seed's float64
+    step, an inactive seed unchanged."""
+    from kernels.adam import _adam_rows, bias_corrections
+
+    seeds, size = 3, 37
+    rows = [vectors(10 + i, size) for i in range(seeds)]
+    params, grads, mu, nu, target = (np.stack(x) for x in zip(*rows))
+    count = np.array([0, 5, 9], np.int32)
+    lr, max_norm, tau = np.array([1e-3, 3e-2, 1e-2]), np.array([0.5, 50.0, 2.0]), 0.3
+    sq_norm = np.sum(grads.astype(np.float64) ** 2, axis=1)
+    sync, active = np.array([1.0, 0.0, 1.0]), np.array([1.0, 1.0, 0.0])
+    c1, c2 = bias_corrections(jnp.asarray(count), B1, B2)
+    scalars = np.stack([c1, c2, lr, max_norm, sq_norm, np.full(3, tau), sync, active], 1)
+    hyper = (B1, 1 - B1, B2, 1 - B2, EPS)
+    args = (params, grads, mu, nu, target, count, scalars.astype(np.float32))
+    out = _adam_rows(*(jnp.asarray(x) for x in args), hyper)
+    for i in range(seeds):
+        got = [x[i] for x in out]
+        if not active[i]:
+            for g, was in zip(got, (params[i], mu[i], nu[i], target[i], count[i])):
+                np.testing.assert_array_equal(g, was)
+            continue
+        expected = float64_step(
+            params[i], grads[i], mu[i], nu[i], target[i], count[i], lr[i], max_norm[i], tau,
+            bool(sync[i]),
+        )  # fmt: skip
+        assert_step_close(got, expected, params[i], f"seed {i}")
+
+
 def test_nan_propagates(backend):
     """NaN in the params stays where it is; NaN in a gradient makes the norm NaN, so every element
     of the step is NaN (as optax's clip gives it)."""
