@@ -168,24 +168,18 @@ def adam_step_reference(
 
 
 def _adam_rows(params, grads, mu, nu, target, count, scalars, hyper):
-    """The kernel's step in plain JAX on [S, P] vectors, count [S] and scalars [S, 8] (`SCALARS`
-    order): what XLA fuses into one loop where the launch would cost more."""
-    b1, one_minus_b1, b2, one_minus_b2, eps = hyper
-    column = lambda k: scalars[:, k : k + 1]
-    correction1, correction2, lr, max_norm, sq_norm, tau, sync, active = map(column, range(8))
-    norm = jnp.sqrt(sq_norm)
-    g = jnp.where(norm < max_norm, grads, grads / norm * max_norm)
-    new_mu = np.float32(b1) * mu + np.float32(one_minus_b1) * g
-    new_nu = np.float32(b2) * nu + np.float32(one_minus_b2) * (g * g)
-    step = (new_mu / correction1) / (jnp.sqrt(new_nu / correction2) + np.float32(eps))
-    new_params = params - lr * step
-    new_target = jnp.where(sync != 0.0, tau * new_params + (1.0 - tau) * target, target)
-    on = active != 0.0
-    vectors = [
-        jnp.where(on, a, b)
-        for a, b in zip((new_params, new_mu, new_nu, new_target), (params, mu, nu, target))
-    ]
-    return [*vectors, jnp.where(on[:, 0], count + 1, count)]
+    """`adam_step_reference` on [S, P] vectors, count [S] and scalars [S, 8] (`SCALARS` order),
+    each seed's scalars a column that broadcasts along its row: what XLA fuses into one loop where
+    the launch would cost more."""
+    b1, _, b2, _, eps = hyper
+    correction1, correction2, lr, max_norm, sq_norm, tau, sync, active = (
+        scalars[:, k : k + 1] for k in range(len(SCALARS))
+    )
+    out = adam_step_reference(
+        params, grads, mu, nu, target, count[:, None], (correction1, correction2), lr, max_norm,
+        sq_norm, tau, sync, active != 0.0, b1=b1, b2=b2, eps=eps,
+    )  # fmt: skip
+    return [*out[:4], out[4][:, 0]]
 
 
 def _adam_core(
