@@ -96,6 +96,9 @@ def fault_env(cache: Path | None = None) -> dict:
             "JAX_COMPILATION_CACHE_DIR": str(cache),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+            # no size limit: with one, every cache hit writes the entry's access time, and after
+            # a file_size_limit fault that write fails with a warning of JAX's on stderr
+            "JAX_COMPILATION_CACHE_MAX_SIZE": "-1",
         }
     return subprocess_env(**extra)
 
@@ -129,6 +132,13 @@ def run_injected(args, at_step: int, fault: str, env: dict, timeout: float = 300
     process = inject(args, at_step, fault, env)
     _, err = process.communicate(timeout=timeout)
     return process.returncode, err
+
+
+def one_line(err: str) -> str:
+    """The only line of a run's stderr; fails showing all of it otherwise."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    return lines[0]
 
 
 def injection_steps(case: str, log_points: list[int], count: int) -> list[int]:

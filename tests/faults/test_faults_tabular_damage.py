@@ -26,6 +26,7 @@ from fault_runs import (
     inject,
     injection_steps,
     intact,
+    one_line,
     largest_file,
     record,
     resume_identical,
@@ -169,7 +170,7 @@ def test_full_disk_stops_in_one_line_keeping_what_was_written(fault, config, ref
     at_step = injection_steps(f"{FAMILY}-{fault}", BEFORE_LAST_CHUNK, 1)[0]
     status, err = run_injected(["train", config, "--name", name], at_step, fault, env)
     assert status == 1, err
-    (line,) = err.strip().splitlines()
+    line = one_line(err)
     assert line.startswith("rl: error: cannot write the run directory")
     assert ("File too large" if fault == "file_size_limit" else "No space left on device") in line
     run_dir = config.parent / "runs" / name
@@ -189,7 +190,7 @@ def test_nan_params_stop_the_run_keeping_the_last_good_checkpoint(config, env):
     at_step = injection_steps(f"{FAMILY}-nan", BEFORE_LAST_CHUNK, 1)[0]
     status, err = run_injected(["train", config, "--name", "nan"], at_step, "nan_params", env)
     assert status == 1, err
-    (line,) = err.strip().splitlines()
+    line = one_line(err)
     assert (
         line.startswith("rl: error: ") and "non-finite" in line and "last good checkpoint" in line
     )
