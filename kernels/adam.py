@@ -158,28 +158,32 @@ def adam_step_reference(
     unchanged where `active` is false; `corrections` are `bias_corrections(count, b1, b2)`."""
     norm = jnp.sqrt(sq_norm)
     g = jnp.where(norm < max_norm, grads, grads / norm * max_norm)
-    new_mu = b1 * mu + (1.0 - b1) * g
-    new_nu = b2 * nu + (1.0 - b2) * jnp.square(g)
+    # Each value is gated as it is made and the next reads the gated one, so nothing reads an
+    # input after its output is written: XLA updates every vector in place, with no copy.
+    new_mu = jnp.where(active, b1 * mu + (1.0 - b1) * g, mu)
+    new_nu = jnp.where(active, b2 * nu + (1.0 - b2) * jnp.square(g), nu)
     correction1, correction2 = corrections
-    new_params = params - lr * (new_mu / correction1) / (jnp.sqrt(new_nu / correction2) + eps)
-    new_target = jnp.where(sync != 0, tau * new_params + (1.0 - tau) * target, target)
-    new = (new_params, new_mu, new_nu, new_target, count + 1)
-    return tuple(jnp.where(active, a, b) for a, b in zip(new, (params, mu, nu, target, count)))
+    step = lr * (new_mu / correction1) / (jnp.sqrt(new_nu / correction2) + eps)
+    new_params = jnp.where(active, params - step, params)
+    synced = (sync != 0) & active
+    new_target = jnp.where(synced, tau * new_params + (1.0 - tau) * target, target)
+    return new_params, new_mu, new_nu, new_target, jnp.where(active, count + 1, count)
 
 
 def _adam_rows(params, grads, mu, nu, target, count, scalars, hyper):
-    """`adam_step_reference` on [S, P] vectors, count [S] and scalars [S, 8] (`SCALARS` order),
-    each seed's scalars a column that broadcasts along its row: what XLA fuses into one loop where
-    the launch would cost more."""
+    """`adam_step_reference` on [..., P] vectors, count [...] and scalars [..., 8] (`SCALARS`
+    order), each seed's scalars a [..., 1] column that broadcasts along its vector: what XLA fuses
+    into one loop where the launch would cost more. The vectors keep their shape (no [S, P]
+    reshape), so XLA updates each in place."""
     b1, _, b2, _, eps = hyper
     correction1, correction2, lr, max_norm, sq_norm, tau, sync, active = (
-        scalars[:, k : k + 1] for k in range(len(SCALARS))
+        scalars[..., k : k + 1] for k in range(len(SCALARS))
     )
     out = adam_step_reference(
-        params, grads, mu, nu, target, count[:, None], (correction1, correction2), lr, max_norm,
+        params, grads, mu, nu, target, count[..., None], (correction1, correction2), lr, max_norm,
         sq_norm, tau, sync, active != 0.0, b1=b1, b2=b2, eps=eps,
     )  # fmt: skip
-    return [*out[:4], out[4][:, 0]]
+    return [*out[:4], out[4][..., 0]]
 
 
 def _adam_core(
@@ -187,27 +191,26 @@ def _adam_core(
 ):
     lead_shape = tuple(params.shape[:lead])
     s, p = math.prod(lead_shape), params.shape[lead]
+    if automatic and backend == "triton" and s * p < AUTO_TRITON_MIN_ELEMENTS:
+        return _adam_rows(params, grads, mu, nu, target, count, scalars, hyper)
     vector = lambda x: x.reshape(s, p)
     args = (*map(vector, (params, grads, mu, nu, target)), count.reshape(s))
     scalars = scalars.reshape(s, len(SCALARS))
-    if automatic and backend == "triton" and s * p < AUTO_TRITON_MIN_ELEMENTS:
-        outs = _adam_rows(*args, scalars, hyper)
-    else:
-        aliases = {0: 0, 2: 1, 3: 2, 5: 4} | ({4: 3} if has_target else {})  # else target = params
-        outs = launch(
-            _adam_kernel,
-            *args,
-            scalars,
-            p,
-            *(np.float32(h) for h in hyper),  # 1 - b in float64 first, as optax rounds it
-            backend=backend,
-            out_shape=[jax.ShapeDtypeStruct((s, p), jnp.float32)] * 4
-            + [jax.ShapeDtypeStruct((s,), jnp.int32)],
-            grid=(s, cdiv(p, BLOCK)),
-            input_output_aliases=aliases,
-            num_warps=NUM_WARPS,
-            BLOCK=BLOCK,
-        )
+    aliases = {0: 0, 2: 1, 3: 2, 5: 4} | ({4: 3} if has_target else {})  # else target = params
+    outs = launch(
+        _adam_kernel,
+        *args,
+        scalars,
+        p,
+        *(np.float32(h) for h in hyper),  # 1 - b in float64 first, as optax rounds it
+        backend=backend,
+        out_shape=[jax.ShapeDtypeStruct((s, p), jnp.float32)] * 4
+        + [jax.ShapeDtypeStruct((s,), jnp.int32)],
+        grid=(s, cdiv(p, BLOCK)),
+        input_output_aliases=aliases,
+        num_warps=NUM_WARPS,
+        BLOCK=BLOCK,
+    )
     return [x.reshape(lead_shape + x.shape[1:]) for x in outs]
 
 

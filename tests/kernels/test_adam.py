@@ -209,7 +209,8 @@ def test_an_inactive_step_returns_everything_as_it_was(backend):
 def test_the_automatic_choices_xla_rows_are_the_kernels_step():
     """`_adam_rows` (XLA's fused step, which the automatic choice takes below
     AUTO_TRITON_MIN_ELEMENTS on a GPU) on [S, P] rows with per-seed scalars: each seed's float64
-    step, an inactive seed unchanged."""
+    step, an inactive seed unchanged; the same on one unbatched vector [P] and on nested seed axes
+    [1, S, P] (the shapes the step keeps)."""
     from kernels.adam import _adam_rows, bias_corrections
 
     seeds, size = 3, 37
@@ -224,6 +225,14 @@ def test_the_automatic_choices_xla_rows_are_the_kernels_step():
     hyper = (B1, 1 - B1, B2, 1 - B2, EPS)
     args = (params, grads, mu, nu, target, count, scalars.astype(np.float32))
     out = _adam_rows(*(jnp.asarray(x) for x in args), hyper)
+    nested = _adam_rows(*(jnp.asarray(x)[None] for x in args), hyper)
+    for got, want in zip(nested, out):  # (to float32 round-off: XLA may fuse shapes differently)
+        np.testing.assert_allclose(got[0], want, rtol=1e-6, atol=0)
+    for i in range(seeds):
+        alone = _adam_rows(*(jnp.asarray(x[i]) for x in args), hyper)
+        for got, want in zip(alone, out):
+            assert got.shape == want.shape[1:]
+            np.testing.assert_allclose(got, want[i], rtol=1e-6, atol=0)
     for i in range(seeds):
         got = [x[i] for x in out]
         if not active[i]:
