@@ -87,7 +87,7 @@ class Actor:
         for group in self.groups:
             self.collect(group)
         per_group = [[_stacked(column) for column in zip(*g.steps)] for g in self.groups]
-        columns = [np.concatenate(column, 1) for column in zip(*per_group)]  # [T, envs, ...]
+        columns = [_joined(column) for column in zip(*per_group)]  # [T, envs, ...]
         columns[-4] = columns[-4].astype(np.float32)  # the rewards
         returns, lengths = [], []
         for group in self.groups:
@@ -129,11 +129,23 @@ class Actor:
 
 def _stacked(column: tuple) -> np.ndarray:
     """One rollout column [T, envs, ...] from its steps: NumPy arrays stacked on the host, device
-    arrays (the acting's records) stacked on their device first, so that the column comes to the
-    host in one transfer, not one a step."""
+    arrays (the acting's records) stacked on their device first by one compiled program (not an
+    operation per step), so that the column comes to the host in one transfer, not one a step."""
     if isinstance(column[0], jax.Array):
-        return np.asarray(jnp.stack(column))
+        return np.asarray(_stack_on_device(*column))
     return np.stack([np.asarray(x) for x in column])
+
+
+@jax.jit
+def _stack_on_device(*steps):
+    return jnp.stack(steps)
+
+
+def _joined(group_columns: tuple) -> np.ndarray:
+    """The groups' [T, envs_g, ...] columns side by side on the env axis (one group's as it is)."""
+    if len(group_columns) == 1:
+        return group_columns[0]
+    return np.concatenate(group_columns, 1)
 
 
 @functools.cache  # one program per policy and device, whatever the actors
