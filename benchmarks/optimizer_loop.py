@@ -74,8 +74,11 @@ def vector_copies(compiled_text: str, size: int) -> int:
     """Copies of an f32[size] vector (or a seed-batched [S, size] one) in the loop bodies of an
     optimised HLO module."""
     pattern = re.compile(rf"= f32\[(\d+,)?{size}\]\{{[0-9,]*\}} copy\(")
-    bodies = re.findall(r"\n%wide\.region[^\n]*\n(.*?)\n}", compiled_text, re.S)
-    return sum(len(pattern.findall(body)) for body in bodies)
+    copies = 0
+    for name in set(re.findall(r"body=(%[\w.\-]+)", compiled_text)):  # every while loop's body
+        body = re.search(rf"\n{re.escape(name)} [^\n]*\{{\n(.*?)\n}}", compiled_text, re.S)
+        copies += len(pattern.findall(body.group(1))) if body else 0
+    return copies
 
 
 def adam_step_loop(carry, grads):
