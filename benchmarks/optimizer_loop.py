@@ -91,7 +91,7 @@ def measure(loop, seeds: int, size: int, steps: int, repeats: int) -> tuple[floa
     grads = jax.random.normal(jax.random.PRNGKey(0), (seeds, steps, size))
     carry = (params, opt_state, params + 1.0, jnp.zeros(seeds, jnp.int32), jnp.ones(seeds, bool))
 
-    run = jax.jit(jax.vmap(loop) if seeds > 1 else lambda c, g: loop(c, g))
+    run = jax.jit(jax.vmap(loop) if seeds > 1 else loop)
     if seeds == 1:
         carry, grads = jax.tree.map(lambda x: x[0], (carry, grads))
     compiled = run.lower(carry, grads).compile()
