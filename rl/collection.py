@@ -80,6 +80,16 @@ def scan_when(pred, step: Callable, carry, xs, *, unroll: int = 1, branchless: b
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), ran, skipped)
 
 
+def scan_gated(pred, step: Callable, carry, xs, *, unroll: int = 1):
+    """`scan_when(pred, ...)` for a step that applies the gate itself: `step(carry, x, pred)`
+    returns its carry unchanged where the traced bool `pred` is false (a fused optimiser step that
+    skips its update inside its launch, `kernels.adam_step`'s `active`). The scan always runs and
+    nothing selects the carry after it; the outputs are NaN (zeros for non-float dtypes) where
+    `pred` is false, as `scan_when` gives them."""
+    carry, out = jax.lax.scan(lambda c, x: step(c, x, pred), carry, xs, unroll=unroll)
+    return carry, jax.tree.map(lambda o: jnp.where(pred, o, _missing(o.dtype)), out)
+
+
 def cond(pred, true_fn: Callable, false_fn: Callable, *operands, branchless: bool | None = None):
     """`lax.cond(pred, true_fn, false_fn, *operands)`, or, with `branchless`, both run and `pred`
     selects their results (`scan_when`'s rule: `None` is branchless where JAX's default backend is

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+import kernels
 from rl.agent_configs import OnPolicyLoopConfig
 
 
@@ -78,3 +79,23 @@ def flat_step(optimizer, flat_params, opt_state, grads, grad_sq_norm=None):
     extra = {} if grad_sq_norm is None else {"grad_sq_norm": grad_sq_norm}
     updates, opt_state = optimizer.update(grads, opt_state, flat_params, **extra)
     return optax.apply_updates(flat_params, updates), opt_state
+
+
+def flat_clipped_adam_polyak(
+    flat_params, opt_state, grads, grad_sq_norm, target, lr, max_grad_norm, tau, sync, backend,
+    active=True,
+):  # fmt: skip
+    """`flat_step(clipped_adam(lr, max_grad_norm), ...)` then `periodic_polyak(target, params',
+    tau, sync)` on flat vectors as one `kernels.adam_step` (one launch for every seed under
+    `vmap`, or XLA's fused loop where the automatic backend choice measured that faster).
+    `opt_state` keeps `clipped_adam`'s optax layout (clip, (Adam's count, mu and nu, step size)),
+    so a run may switch between this and the optax step. `grad_sq_norm` is ||grads||^2 where a
+    fused gradient kernel computed it, else None; where the traced bool `active` is false
+    everything comes back unchanged. Returns (params', opt_state', target')."""
+    clip_state, (adam_state, lr_state) = opt_state
+    params, mu, nu, target, count = kernels.adam_step(
+        flat_params, grads, adam_state.mu, adam_state.nu, adam_state.count, lr, max_grad_norm,
+        sq_norm=grad_sq_norm, target=target, tau=tau, sync=sync, active=active, backend=backend,
+    )  # fmt: skip
+    adam_state = adam_state._replace(count=count, mu=mu, nu=nu)
+    return params, (clip_state, (adam_state, lr_state)), target

@@ -106,18 +106,36 @@ def initial_state(key, params, buffer, envs: Envs, hparams) -> ReplayState:
 
 
 def learn(
-    state: ReplayState, grads, hparams, target_update_interval: int, grad_sq_norm=None
+    state: ReplayState,
+    grads,
+    hparams,
+    target_update_interval: int,
+    grad_sq_norm=None,
+    backend: str | None = None,
+    active=True,
 ) -> ReplayState:
     """One `optimizer` step of the online params along `grads` (`grad_sq_norm`: ||grads||^2 where
     a fused kernel computed it already, else None); then, every `target_update_interval` gradient
-    steps, target <- tau online + (1 - tau) target."""
+    steps, target <- tau online + (1 - tau) target. With a kernel `backend` (the params being one
+    flat vector, a fused Q-network's) both are one `optimizers.flat_clipped_adam_polyak`, which
+    skips the step where the traced bool `active` is false (`collection.scan_gated`)."""
+    if backend is None and active is not True:
+        raise ValueError("replay.learn: `active` gates the kernel step; pass a kernel backend")
+    done = state.updates + jnp.asarray(active, jnp.int32)
+    sync = (done % target_update_interval == 0) & active
+    if backend is not None:
+        params, opt_state, target = optimizers.flat_clipped_adam_polyak(
+            state.params, state.opt_state, grads, grad_sq_norm, state.target_params,
+            hparams["lr"], hparams["max_grad_norm"], hparams["tau"], sync, backend, active,
+        )  # fmt: skip
+        return state._replace(
+            params=params, target_params=target, opt_state=opt_state, updates=done
+        )
     extra = {} if grad_sq_norm is None else {"grad_sq_norm": grad_sq_norm}
     updates, opt_state = optax.with_extra_args_support(optimizer(hparams)).update(
         grads, state.opt_state, state.params, **extra
     )
     params = optax.apply_updates(state.params, updates)
-    done = state.updates + 1
-    sync = done % target_update_interval == 0
     target = optimizers.periodic_polyak(state.target_params, params, hparams["tau"], sync)
     return state._replace(params=params, target_params=target, opt_state=opt_state, updates=done)
 

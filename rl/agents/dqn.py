@@ -18,9 +18,10 @@ program ("eval_return"; none if 0).
 
 With `fused_network` on a Triton kernel backend (`rl.fused_q`), the online and target params are
 one flat vector each: acting is one kernel launch, a gradient step's loss and backward another, and
-Adam updates the vector in one fused step. Off the CPU, and always when fused, the training phase
-runs its gradient steps every phase and keeps their results only once `learning_starts` steps are
-stored (`collection.scan_when`'s branchless form: no host round trip per phase).
+Adam with the target's step one more (`kernels.adam_step`). Off the CPU, and always when fused,
+the training phase runs its gradient steps every phase and keeps their results only once
+`learning_starts` steps are stored (no host round trip per phase: `collection.scan_when`'s
+branchless form, or, fused, `collection.scan_gated` with the gate inside Adam's step).
 """
 
 from __future__ import annotations
@@ -158,9 +159,10 @@ def make_trainer(config) -> Trainer:
 
     # ---------------------------------------------------------------- gradient step
 
-    def gradient_step(hparams, state: ReplayState, key):
+    def gradient_step(hparams, state: ReplayState, key, active=True):
         """One Adam step on a uniformly sampled batch; the target follows every
-        `target_update_interval` gradient steps."""
+        `target_update_interval` gradient steps. Fused, the step is skipped inside the optimiser's
+        step where `active` (a traced bool) is false."""
         batch, _ = buffers.uniform_sample(state.buffer, key, agent.batch_size)
         if fused is None:
             loss_fn = partial(
@@ -180,7 +182,9 @@ def make_trainer(config) -> Trainer:
                 fused, state.params, state.target_params, batch, discounts,
                 loss=agent.loss, double_q=agent.double_q,
             )  # fmt: skip
-        state = replay.learn(state, grads, hparams, agent.target_update_interval, sq_norm)
+        backend = None if fused is None else fused.backend  # Adam and the target: one step
+        interval = agent.target_update_interval
+        state = replay.learn(state, grads, hparams, interval, sq_norm, backend, active)
         return state, stats
 
     # ---------------------------------------------------------------- act, then train
@@ -193,14 +197,14 @@ def make_trainer(config) -> Trainer:
         (state, totals), _ = jax.lax.scan(act_step, carry, act_keys, unroll=loop.act_unroll)
         learning = state.step >= agent.learning_starts
         learn = partial(gradient_step, hparams)
-        state, stats = collection.scan_when(
-            learning,
-            learn,
-            state,
-            learn_keys,
-            unroll=loop.learn_unroll,
-            branchless=True if fused is not None else None,
-        )
+        if fused is None:
+            state, stats = collection.scan_when(
+                learning, learn, state, learn_keys, unroll=loop.learn_unroll
+            )
+        else:  # the gate inside the optimiser's step: no select of the params after the loop
+            state, stats = collection.scan_gated(
+                learning, learn, state, learn_keys, unroll=loop.learn_unroll
+            )
         return (state, totals), stats
 
     # ---------------------------------------------------------------- log period

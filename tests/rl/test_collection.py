@@ -158,6 +158,26 @@ def test_scan_when_under_vmap_with_a_batched_pred():
                 assert np.isnan(np.asarray(leaf, np.float32)).all()
 
 
+def test_scan_gated_is_scan_when_for_a_step_that_applies_the_gate():
+    """A step that leaves its carry unchanged where its gate is false: the same carry and outputs
+    (NaN where false) as `scan_when` of the ungated step, for a true, a false and a batched gate."""
+
+    def gated(carry, x, active):
+        new, out = _float_step(carry, x)
+        return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry), out
+
+    for pred in (jnp.bool_(True), jnp.bool_(False)):
+        want = jax.jit(lambda p: collection.scan_when(p, _float_step, CARRY, XS))(pred)
+        got = jax.jit(lambda p: collection.scan_gated(p, gated, CARRY, XS))(pred)
+        _assert_same_bits(got, want)
+    preds, carries = jnp.array([True, False]), jax.tree.map(lambda x: jnp.stack([x, x]), CARRY)
+    run = lambda step: jax.jit(jax.vmap(step))(preds, carries)
+    _assert_same_bits(
+        run(lambda p, c: collection.scan_gated(p, gated, c, XS)),
+        run(lambda p, c: collection.scan_when(p, _float_step, c, XS, branchless=True)),
+    )
+
+
 # ---------------------------------------------------------------- a replay phase: act, then train
 
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.flatten_util import ravel_pytree
@@ -129,6 +130,33 @@ def test_flat_step_steps_along_the_given_norm_and_the_params_come_back_in_their_
     # ravel order: a (2 entries), then b (1): g / 4 (clip at norm 4), times lr 0.5
     np.testing.assert_allclose(np.asarray(new["a"]), [1.0 - 0.125, 2.0], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(new["b"]), [[3.0 - 0.25]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_flat_clipped_adam_polyak_is_flat_step_then_periodic_polyak(backend):
+    """Three steps (clipped at the first, a target sync at the second only) of the one-launch step
+    against `flat_step(clipped_adam)` + `periodic_polyak`: the same params, target and optax state
+    (its layout too, so either step continues the other's state), to float32 rounding; with
+    `active` false, everything as it was."""
+    if backend == "interpret":
+        pytest.importorskip("triton")
+    flat, _ = ravel_pytree(PARAMS)
+    optimizer = optimizers.clipped_adam(0.1, 1.0)
+    step = jax.jit(optimizers.flat_clipped_adam_polyak, static_argnames="backend")
+    ours = theirs = (flat, optimizer.init(flat), flat - 1.0)
+    for i, (scale, sync) in enumerate(((10.0, False), (0.1, True), (0.1, False))):
+        g = _grads(i, scale)
+        sq_norm = jnp.sum(jnp.square(g)) if i else None
+        ours = step(*ours[:2], g, sq_norm, ours[2], 0.1, 1.0, 0.25, sync, backend=backend)
+        params, opt_state = optimizers.flat_step(optimizer, theirs[0], theirs[1], g)
+        theirs = (params, opt_state, optimizers.periodic_polyak(theirs[2], params, 0.25, sync))
+        assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7, err_msg=f"step {i}")
+    assert not np.allclose(ours[2], flat - 1.0)
+    skipped = step(*ours[:2], _grads(5, 1.0), None, ours[2], 0.1, 1.0, 0.25, True, backend, False)
+    for a, b in zip(jax.tree.leaves(skipped), jax.tree.leaves(ours)):
+        np.testing.assert_array_equal(a, b)
 
 
 # ---------------------------------------------------------------- the annealed step size
