@@ -67,10 +67,15 @@ def step_envs(env, env_params, envs: Envs, action, key):
     """All envs take `action` [num_envs] (one key each, split from `key`): (envs after the step,
     reward, terminated, truncated, info); `info["final_obs"]` is the observation reached before
     any auto-reset. The envs' memory is carried unchanged."""
-    _, step = environment.batched(env)
-    obs, state, reward, terminated, truncated, info = step(
-        jax.random.split(key, action.shape[0]), envs.state, action, env_params
+    return step_envs_with_keys(
+        env, env_params, envs, action, jax.random.split(key, action.shape[0])
     )
+
+
+def step_envs_with_keys(env, env_params, envs: Envs, action, keys):
+    """`step_envs` with each env's key given (`keys` [num_envs]: those `step_envs` splits)."""
+    _, step = environment.batched(env)
+    obs, state, reward, terminated, truncated, info = step(keys, envs.state, action, env_params)
     return envs._replace(obs=obs, state=state), reward, terminated, truncated, info
 
 
@@ -144,6 +149,28 @@ def phase_keys(key, loop: Loop):
     """A phase's keys, split once: (one per env iteration, one per gradient step)."""
     keys = jax.random.split(key, loop.env_iterations + loop.gradient_steps)
     return keys[: loop.env_iterations], keys[loop.env_iterations :]
+
+
+def period_keys(key, loop: Loop, num_envs: int) -> dict:
+    """A log period's keys, split once for all its phases: the keys that `scan_phases`,
+    `phase_keys`, an act step's split into (acting, env step) and `step_envs` would split one at a
+    time, the same keys: {"act": [phases, env_iterations], "env": [phases, env_iterations,
+    num_envs], "learn": [phases, gradient_steps]} (each a key). On a GPU the phases then split no
+    keys of their own (a few small kernels a phase fewer)."""
+    split = jax.random.split
+    phases = split(key, loop.num_phases)
+    keys = jax.vmap(lambda k: split(k, loop.env_iterations + loop.gradient_steps))(phases)
+    act_and_env = jax.vmap(jax.vmap(split))(keys[:, : loop.env_iterations])
+    env = jax.vmap(jax.vmap(lambda k: split(k, num_envs)))(act_and_env[:, :, 1])
+    return {"act": act_and_env[:, :, 0], "env": env, "learn": keys[:, loop.env_iterations :]}
+
+
+def scan_phases_with_keys(phase: Callable, state: ReplayState, keys, loop: Loop):
+    """`scan_phases` with each phase's keys given (`keys`: a pytree with a leading axis of
+    `loop.num_phases`, e.g. `period_keys`'s)."""
+    carry = (state, episodes.no_episodes())
+    (state, totals), stats = jax.lax.scan(phase, carry, keys, unroll=loop.phase_unroll)
+    return state, totals, stats
 
 
 def scan_phases(phase: Callable, state: ReplayState, key, loop: Loop):

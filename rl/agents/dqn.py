@@ -138,19 +138,19 @@ def make_trainer(config) -> Trainer:
 
     # ---------------------------------------------------------------- act
 
-    def act(hparams, carry, key):
-        """All envs take one epsilon-greedy step; their transitions (s, a, r,
-        s' = info["final_obs"], terminated) go to the buffer."""
+    def act(hparams, carry, keys):
+        """All envs take one epsilon-greedy step (keys: the acting's, each env's); their
+        transitions (s, a, r, s' = info["final_obs"], terminated) go to the buffer."""
         state, totals = carry
-        act_key, env_key = jax.random.split(key)
+        act_key, env_keys = keys
         epsilon = replay.epsilon(agent, hparams, state.step)
         if fused is None:
             q_values = apply(state.params, state.envs.obs)
             action = exploration.epsilon_greedy(act_key, q_values, epsilon)
         else:
             action = fused_q.epsilon_greedy(fused, state.params, state.envs.obs, act_key, epsilon)
-        envs, reward, terminated, _, info = replay.step_envs(
-            env, env_params, state.envs, action, env_key
+        envs, reward, terminated, _, info = replay.step_envs_with_keys(
+            env, env_params, state.envs, action, env_keys
         )
         stored = replay.transition(state.envs.obs, action, reward, info["final_obs"], terminated)
         buffer = buffers.uniform_add(state.buffer, stored)
@@ -189,10 +189,11 @@ def make_trainer(config) -> Trainer:
 
     # ---------------------------------------------------------------- act, then train
 
-    def act_then_train(hparams, carry, key):
+    def act_then_train(hparams, carry, keys):
         """`env_iterations` steps of all envs, then, once `learning_starts` env steps are stored,
-        `gradient_steps` gradient steps (their statistics [gradient_steps] NaN before)."""
-        act_keys, learn_keys = replay.phase_keys(key, loop)
+        `gradient_steps` gradient steps (their statistics [gradient_steps] NaN before); `keys`:
+        the phase's (`replay.period_keys`)."""
+        act_keys, learn_keys = (keys["act"], keys["env"]), keys["learn"]
         act_step = partial(act, hparams)
         (state, totals), _ = jax.lax.scan(act_step, carry, act_keys, unroll=loop.act_unroll)
         learning = state.step >= agent.learning_starts
@@ -214,7 +215,10 @@ def make_trainer(config) -> Trainer:
         mean return of `eval_episodes` episodes of the greedy policy."""
         key, phase_key, eval_key = jax.random.split(state.key, 3)
         phase = partial(act_then_train, hparams)
-        state, totals, stats = replay.scan_phases(phase, state._replace(key=key), phase_key, loop)
+        keys = replay.period_keys(phase_key, loop, agent.num_envs)
+        state, totals, stats = replay.scan_phases_with_keys(
+            phase, state._replace(key=key), keys, loop
+        )
         metrics = replay.log_metrics(agent, hparams, state, totals, stats)
         if agent.eval_episodes:
             policy = partial(greedy_action, apply, state.params)
