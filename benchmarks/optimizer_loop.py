@@ -88,12 +88,15 @@ def adam_step_loop(carry, grads):
 def measure(loop, seeds: int, size: int, steps: int, repeats: int) -> tuple[float, int]:
     params = jnp.ones((seeds, size))
     opt_state = jax.vmap(optimizers.clipped_adam(LR, MAX_NORM).init)(params)
-    grads = jax.random.normal(jax.random.PRNGKey(0), (seeds, steps, size))
+    # step-major: a step's gradients of every seed are one contiguous [seeds, size] block, as a
+    # gradient computed inside the step is (a seed-major slice would be strided)
+    grads = jax.random.normal(jax.random.PRNGKey(0), (steps, seeds, size))
     carry = (params, opt_state, params + 1.0, jnp.zeros(seeds, jnp.int32), jnp.ones(seeds, bool))
 
-    run = jax.jit(jax.vmap(loop) if seeds > 1 else loop)
+    run = jax.jit(jax.vmap(loop, in_axes=(0, 1)) if seeds > 1 else loop)
     if seeds == 1:
-        carry, grads = jax.tree.map(lambda x: x[0], (carry, grads))
+        carry = jax.tree.map(lambda x: x[0], carry)
+        grads = grads[:, 0]
     compiled = run.lower(carry, grads).compile()
     copies = vector_copies(compiled.as_text(), size)
     jax.block_until_ready(compiled(carry, grads))
