@@ -6,7 +6,7 @@ the counts from that step's gradient, gated by a traced bool (the phase's "learn
 
 Compared, in one process on the default device:
 
-    optax     `rl.optimizers.flat_step` of `clipped_adam`, then `periodic_polyak` (what DQN runs)
+    optax     `rl.optimizers.flat_step` of `clipped_adam`, then `periodic_polyak`
     adam_step `kernels.adam_step` with the target and the gate (`active`) inside the step, on the
               automatic backend choice (a GPU: the Triton launch, or XLA's fused loop below
               `kernels.adam.AUTO_TRITON_MIN_ELEMENTS`; a CPU: plain JAX)
@@ -38,7 +38,7 @@ LR, MAX_NORM, TAU, TARGET_INTERVAL = 1e-3, 10.0, 1.0, 50
 
 
 def optax_step(carry, grads):
-    """DQN's step: optax's clipped Adam on the flat vector, then the periodic target copy (the
+    """The optax step: optax's clipped Adam on the flat vector, then the periodic target copy (the
     gate is applied once after the loop, `optax_loop`)."""
     params, opt_state, target, updates, active = carry
     params, opt_state = optimizers.flat_step(
