@@ -20,7 +20,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
 
 from rl import environment, exploration
 from rl.agents import ppo, pqn
@@ -89,7 +88,7 @@ def pqn_pieces(config) -> Pieces:
 
     def init(key, hparams, obs):
         params = pqn.make_q_network(agent, env, env_params).init(key, obs)
-        return params, pqn.optimizer(agent, hparams).init(ravel_pytree(params)[0])
+        return params, pqn.init_opt_state(agent, hparams, params)
 
     def act(hparams, params, obs, key, step):
         key, act_key = jax.random.split(key)

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
+import optax
 
 from rl import agent_configs, environment, episodes, exploration, losses, networks, optimizers
 from rl.agent_configs import NetworkConfig, network_config
@@ -128,24 +128,31 @@ def q_loss(apply, params, minibatch):
 
 def learn(agent: Config, hparams, loss, params, opt_state, batch, key):
     """num_epochs passes over `batch` in num_minibatches shuffled minibatches, each an Adam step
-    (`optimizer`) on `loss(params, minibatch) -> (L, mean Q)`; Adam sees one flat parameter vector
-    (`optimizers.flat_step`). Returns (params, opt_state, stats {"loss", "q_mean"} [epochs,
-    minibatches])."""
+    (`optimizer`) on `loss(params, minibatch) -> (L, mean Q)`; Adam updates each parameter array in
+    place (`init_opt_state`'s state), its clip reducing all their norms in one pass. Returns
+    (params, opt_state, stats {"loss", "q_mean"} [epochs, minibatches])."""
     tx = optimizer(agent, hparams)
-    flat_params, unravel = ravel_pytree(params)
-    loss_and_grad = jax.value_and_grad(lambda flat, mb: loss(unravel(flat), mb), has_aux=True)
+    loss_and_grad = jax.value_and_grad(loss, has_aux=True)
 
     def minibatch_step(carry, minibatch):
-        flat_params, opt_state = carry
-        (loss_value, q_mean), grads = loss_and_grad(flat_params, minibatch)
-        carry = optimizers.flat_step(tx, flat_params, opt_state, grads)
-        return carry, {"loss": loss_value, "q_mean": q_mean}
+        params, opt_state = carry
+        (loss_value, q_mean), grads = loss_and_grad(params, minibatch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), {
+            "loss": loss_value,
+            "q_mean": q_mean,
+        }
 
     epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)  # minibatch_epochs' shape
-    (flat_params, opt_state), stats = minibatch_epochs(
-        minibatch_step, (flat_params, opt_state), batch, key, *epochs
+    (params, opt_state), stats = minibatch_epochs(
+        minibatch_step, (params, opt_state), batch, key, *epochs
     )
-    return unravel(flat_params), opt_state, stats
+    return params, opt_state, stats
+
+
+def init_opt_state(agent: Config, hparams, params):
+    """`optimizer`'s state for the Q-network's `params` (one moment array per parameter array)."""
+    return optimizer(agent, hparams).init(params)
 
 
 def learn_rollout(
@@ -201,7 +208,7 @@ def make_trainer(config) -> Trainer:
         key, net_key, reset_key = jax.random.split(key, 3)
         obs, env_state = reset_envs(jax.random.split(reset_key, agent.num_envs), env_params)
         params = q_network.init(net_key, obs[0])
-        opt_state = optimizer(agent, hparams).init(ravel_pytree(params)[0])
+        opt_state = init_opt_state(agent, hparams, params)
         return OnPolicyState(
             params, opt_state, Envs(obs, env_state), key, jnp.int32(0), jnp.int32(0)
         )

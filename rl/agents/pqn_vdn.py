@@ -40,7 +40,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
 from envs.spaces import Box
 from rl import environment, episodes, exploration, layers, losses, mixers, networks
@@ -225,7 +224,7 @@ def make_trainer(config) -> Trainer:
             "agent": q_network.init(net_key, agent_inputs(obs[0], obs_rank, agent.agent_id)),
             "mixer": mixer.init(mixer_key, jnp.zeros(env.num_agents), world),
         }
-        opt_state = pqn.optimizer(agent, hparams).init(ravel_pytree(params)[0])
+        opt_state = pqn.init_opt_state(agent, hparams, params)
         alive = jnp.ones((agent.num_envs, env.num_agents), jnp.bool_)
         return OnPolicyState(
             params, opt_state, Envs(obs, env_state, alive), key, jnp.int32(0), jnp.int32(0)
