@@ -76,7 +76,10 @@ LIMITS = {"obs_dim": 64, "hidden": 128, "actions": 64}
 # MAX_PROGRAMS programs, up to MAX_BLOCK_M (`_block_rows`); module settings, so that benchmarks can
 # sweep them
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
-MAX_PROGRAMS = 264  # two programs per SM of an H100 / H200 (132 SMs)
+# two programs per SM of an H100 / H200 (132 SMs); where one program's registers or shared memory
+# leave room for one only (hidden widths padded to 128: 255 registers a thread at 8 warps and
+# 139,264 bytes, an sm_90 compile), that grid runs in two waves
+MAX_PROGRAMS = 264
 # 8 warps: at hidden 128 x 128 an sm_90 compile spills 1264 bytes a thread with 4, 80 with 8
 # (benchmarks/kernel_resources.py's compile)
 NUM_WARPS = 8
