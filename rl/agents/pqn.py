@@ -128,9 +128,10 @@ def q_loss(apply, params, minibatch):
 
 def learn(agent: Config, hparams, loss, params, opt_state, batch, key):
     """num_epochs passes over `batch` in num_minibatches shuffled minibatches, each an Adam step
-    (`optimizer`) on `loss(params, minibatch) -> (L, mean Q)`; Adam updates each parameter array in
-    place (`init_opt_state`'s state), its clip reducing all their norms in one pass. Returns
-    (params, opt_state, stats {"loss", "q_mean"} [epochs, minibatches])."""
+    (`optimizer`) on `loss(params, minibatch) -> (L, mean Q)`; Adam keeps moments per parameter
+    array (`init_opt_state`: no flat vector to concatenate and cut each step), its clip reducing
+    all their norms in one pass. Returns (params, opt_state, stats {"loss", "q_mean"} [epochs,
+    minibatches])."""
     tx = optimizer(agent, hparams)
     loss_and_grad = jax.value_and_grad(loss, has_aux=True)
 
@@ -138,10 +139,8 @@ def learn(agent: Config, hparams, loss, params, opt_state, batch, key):
         params, opt_state = carry
         (loss_value, q_mean), grads = loss_and_grad(params, minibatch)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), {
-            "loss": loss_value,
-            "q_mean": q_mean,
-        }
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), {"loss": loss_value, "q_mean": q_mean}
 
     epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)  # minibatch_epochs' shape
     (params, opt_state), stats = minibatch_epochs(
