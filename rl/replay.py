@@ -158,11 +158,10 @@ def period_keys(key, loop: Loop, num_envs: int) -> dict:
     num_envs], "learn": [phases, gradient_steps]} (each a key). On a GPU the phases then split no
     keys of their own (a few small kernels a phase fewer)."""
     split = jax.random.split
-    phases = split(key, loop.num_phases)
-    keys = jax.vmap(lambda k: split(k, loop.env_iterations + loop.gradient_steps))(phases)
-    act_and_env = jax.vmap(jax.vmap(split))(keys[:, : loop.env_iterations])
+    act, learn = jax.vmap(lambda k: phase_keys(k, loop))(split(key, loop.num_phases))
+    act_and_env = jax.vmap(jax.vmap(split))(act)
     env = jax.vmap(jax.vmap(lambda k: split(k, num_envs)))(act_and_env[:, :, 1])
-    return {"act": act_and_env[:, :, 0], "env": env, "learn": keys[:, loop.env_iterations :]}
+    return {"act": act_and_env[:, :, 0], "env": env, "learn": learn}
 
 
 def scan_phases_with_keys(phase: Callable, state: ReplayState, keys, loop: Loop):
@@ -177,10 +176,7 @@ def scan_phases(phase: Callable, state: ReplayState, key, loop: Loop):
     """`lax.scan` of `phase((state, totals), key) -> ((state, totals), stats)` over a log period's
     `loop.num_phases` phases (keys split from `key`), from no finished episodes. Returns (state,
     `EpisodeTotals` of the episodes that ended, stats [phases, ...])."""
-    keys = jax.random.split(key, loop.num_phases)
-    carry = (state, episodes.no_episodes())
-    (state, totals), stats = jax.lax.scan(phase, carry, keys, unroll=loop.phase_unroll)
-    return state, totals, stats
+    return scan_phases_with_keys(phase, state, jax.random.split(key, loop.num_phases), loop)
 
 
 def log_metrics(agent: ReplayLoopConfig, hparams, state: ReplayState, totals, stats) -> dict:

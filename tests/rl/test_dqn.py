@@ -11,6 +11,7 @@ import pytest
 from run_helpers import XLA_DEFAULT_OPTIMIZATION
 
 from envs.cartpole import CartPoleState
+from rl import replay
 from rl.agents import dqn
 from rl.config import build_config, hyperparams
 from rl.config_parsing import ConfigError
@@ -280,3 +281,21 @@ def test_shipped_config_loads():
 
     config = load_config("configs/dqn_cartpole.yaml")
     assert config.agent.name == "dqn" and config.env.id == "CartPole-v1"
+
+
+def test_period_keys_are_the_keys_each_phase_would_split():
+    """`replay.period_keys` splits a log period's keys at once; they are the keys that the phases
+    split one at a time: the period key into phases (`scan_phases`), each phase's into its env
+    iterations and gradient steps (`phase_keys`), each env iteration's into (acting, env step)
+    and the env step's into one per env (`step_envs`)."""
+    loop = replay.Loop(env_iterations=3, gradient_steps=2, num_phases=4, act_unroll=1,
+                       learn_unroll=1, phase_unroll=1)  # fmt: skip
+    key, num_envs = jax.random.PRNGKey(7), 5
+    got = replay.period_keys(key, loop, num_envs)
+    for p, phase_key in enumerate(jax.random.split(key, loop.num_phases)):
+        act_keys, learn_keys = replay.phase_keys(phase_key, loop)
+        np.testing.assert_array_equal(got["learn"][p], learn_keys)
+        for i, act_key in enumerate(act_keys):
+            acting, env_step = jax.random.split(act_key)
+            np.testing.assert_array_equal(got["act"][p, i], acting)
+            np.testing.assert_array_equal(got["env"][p, i], jax.random.split(env_step, num_envs))
