@@ -151,17 +151,26 @@ def phase_keys(key, loop: Loop):
     return keys[: loop.env_iterations], keys[loop.env_iterations :]
 
 
-def period_keys(key, loop: Loop, num_envs: int) -> dict:
+def period_keys(
+    key, loop: Loop, num_envs: int, acting_keys: int = 1, learn_keys: int | None = None
+) -> dict:
     """A log period's keys, split once for all its phases: the keys that `scan_phases`,
-    `phase_keys`, an act step's split into (acting, env step) and `step_envs` would split one at a
-    time, the same keys: {"act": [phases, env_iterations], "env": [phases, env_iterations,
-    num_envs], "learn": [phases, gradient_steps]} (each a key). On a GPU the phases then split no
-    keys of their own (a few small kernels a phase fewer)."""
+    `phase_keys`, an act step's split of its key into `acting_keys` + 1 (the acting keys, then the
+    env step's), `step_envs` and, with `learn_keys`, a gradient step's split of its key into
+    `learn_keys` would split one at a time, the same keys:
+
+        {"act": [phases, env_iterations, acting_keys], "env": [phases, env_iterations, num_envs],
+         "learn": [phases, gradient_steps] (or [..., learn_keys] with learn_keys)}
+
+    (each a key). On a GPU the phases then split no keys of their own (a few small kernels an env
+    step and a gradient step fewer)."""
     split = jax.random.split
     act, learn = jax.vmap(lambda k: phase_keys(k, loop))(split(key, loop.num_phases))
-    act_and_env = jax.vmap(jax.vmap(split))(act)
-    env = jax.vmap(jax.vmap(lambda k: split(k, num_envs)))(act_and_env[:, :, 1])
-    return {"act": act_and_env[:, :, 0], "env": env, "learn": learn}
+    act_and_env = jax.vmap(jax.vmap(lambda k: split(k, acting_keys + 1)))(act)
+    env = jax.vmap(jax.vmap(lambda k: split(k, num_envs)))(act_and_env[:, :, acting_keys])
+    if learn_keys is not None:
+        learn = jax.vmap(jax.vmap(lambda k: split(k, learn_keys)))(learn)
+    return {"act": act_and_env[:, :, :acting_keys], "env": env, "learn": learn}
 
 
 def scan_phases_with_keys(phase: Callable, state: ReplayState, keys, loop: Loop):

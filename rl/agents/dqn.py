@@ -193,7 +193,7 @@ def make_trainer(config) -> Trainer:
         """`env_iterations` steps of all envs, then, once `learning_starts` env steps are stored,
         `gradient_steps` gradient steps (their statistics [gradient_steps] NaN before); `keys`:
         the phase's (`replay.period_keys`)."""
-        act_keys, learn_keys = (keys["act"], keys["env"]), keys["learn"]
+        act_keys, learn_keys = (keys["act"][:, 0], keys["env"]), keys["learn"]
         act_step = partial(act, hparams)
         (state, totals), _ = jax.lax.scan(act_step, carry, act_keys, unroll=loop.act_unroll)
         learning = state.step >= agent.learning_starts

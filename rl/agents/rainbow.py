@@ -32,8 +32,10 @@ The batch loss is mean_i w_i loss_i with PER's importance weights w (1 for unifo
 items get priority_i + per_eps. Noisy layers draw independent noise for acting (once per step,
 shared by the envs), for the online net, the online next-state net and the target net; greedy
 evaluation uses the noise-free mean network. The loop is DQN's (`rl.replay`: phases of `train_freq`
-env steps then `gradient_steps` gradient steps, eval at log points); each env's window of its last
-n steps travels with the env, as `state.envs.memory` [envs, n, ...].
+env steps then `gradient_steps` gradient steps, eval at log points, a log period's keys split at
+once by `replay.period_keys`); each env's window of its last n steps travels with the env as
+`state.envs.memory`, its steps packed into `rl.packing` blocks [envs, n, width] (`window_layout`),
+so that an env step appends to it with one concatenation, whatever the number of fields.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from rl import (
     layers,
     losses,
     networks,
+    packing,
     replay,
 )
 from rl.agent_configs import NetworkConfig, ReplayLoopConfig, network_config
@@ -170,11 +173,41 @@ def noise(setup: Setup, key):
     return key if setup.agent.noisy else None
 
 
-def push_window(window, step):
-    """Each env's window of its last n steps [envs, n, ...] drops its oldest step and appends
-    `step` [envs, ...]."""
-    return jax.tree.map(
-        lambda w, x: jnp.concatenate([w[:, 1:], x[:, None].astype(w.dtype)], axis=1), window, step
+def window_step(obs, action, reward, final_obs, terminated, truncated) -> dict:
+    """One step of the envs as their windows keep it (each [envs, ...])."""
+    return {
+        "obs": obs,
+        "action": action,
+        "reward": reward,
+        "final_obs": final_obs,
+        "terminated": terminated,
+        "truncated": truncated,
+    }
+
+
+def window_layout(obs_example) -> packing.StorageLayout:
+    """The packing of one env's `window_step` with observations of `obs_example`'s shape and dtype
+    (one env's; an array or a `jax.ShapeDtypeStruct`): obs and final_obs, an int32 action, a
+    float32 reward and two flags."""
+    obs = jnp.zeros(obs_example.shape, obs_example.dtype)
+    flag = jnp.bool_(False)
+    return packing.storage_layout(window_step(obs, jnp.int32(0), jnp.float32(0), obs, flag, flag))
+
+
+def empty_window(layout: packing.StorageLayout, num_envs: int, n: int) -> tuple:
+    """The windows before any step: zero blocks [envs, n, width] (what `push_window` fills)."""
+    return tuple(
+        jnp.zeros((num_envs, n, width), dtype)
+        for dtype, width in zip(layout.block_dtypes, layout.block_widths)
+    )
+
+
+def push_window(window, step, layout: packing.StorageLayout):
+    """Each env's window of its last n steps (packed blocks [envs, n, width]) drops its oldest step
+    and appends `step` (a `window_step` [envs, ...])."""
+    return tuple(
+        jnp.concatenate([w[:, 1:], x[:, None]], axis=1)
+        for w, x in zip(window, packing.pack(layout, step))
     )
 
 
@@ -245,61 +278,46 @@ def make_trainer(config) -> Trainer:
     setup = make_setup(config)
     agent, env, env_params = setup.agent, setup.env, setup.env_params
     network, loop = setup.network, replay.loop_of(agent)
+    layout = window_layout(jax.eval_shape(env.reset, jax.random.PRNGKey(0), env_params)[0])
 
     # ---------------------------------------------------------------- init
 
     def init(key, hparams) -> ReplayState:
         """The network, its target copy and Adam state, an empty buffer (prioritized or uniform)
         of n-step transitions, the envs with empty windows of their last n steps (`envs.memory`,
-        [envs, n, ...])."""
+        packed [envs, n, width])."""
         key, net_key, reset_key = jax.random.split(key, 3)
         envs = replay.reset_envs(env, env_params, reset_key, agent.num_envs)
         params = network.init(net_key, envs.obs[0])
-        flags = jnp.zeros((agent.num_envs,), jnp.bool_)
-        step = {
-            "obs": envs.obs,
-            "action": jnp.zeros((agent.num_envs,), jnp.int32),
-            "reward": jnp.zeros((agent.num_envs,)),
-            "final_obs": envs.obs,
-            "terminated": flags,
-            "truncated": flags,
-        }
-        window = jax.tree.map(
-            lambda x: jnp.zeros((x.shape[0], agent.n_step) + x.shape[1:], x.dtype), step
-        )
-        example = jax.tree.map(lambda x: x[0], n_step_transitions(setup, window, 0.0))
+        window = empty_window(layout, agent.num_envs, agent.n_step)
+        unpacked = packing.unpack(layout, window)
+        example = jax.tree.map(lambda x: x[0], n_step_transitions(setup, unpacked, 0.0))
         empty = buffers.prioritized_init if agent.per else buffers.uniform_init
         buffer = empty(example, agent.buffer_size)
         return replay.initial_state(key, params, buffer, envs._replace(memory=window), hparams)
 
     # ---------------------------------------------------------------- act
 
-    def act(hparams, carry, key):
+    def act(hparams, carry, keys):
         """All envs act on the (noisy) network's Q-values, epsilon-greedy on top; each env's
         window takes the step, and once the windows are full the n-step transition of each
-        window's oldest step goes to the buffer."""
+        window's oldest step goes to the buffer. `keys`: (the noise's and epsilon-greedy's
+        [2], each env's)."""
         state, totals = carry
-        noise_key, act_key, env_key = jax.random.split(key, 3)
+        (noise_key, act_key), env_keys = keys
         outputs = network.apply(state.params, state.envs.obs, rng=noise(setup, noise_key))
         epsilon = replay.epsilon(agent, hparams, state.step)
         action = exploration.epsilon_greedy(act_key, q_values(setup, outputs), epsilon)
-        envs, reward, terminated, truncated, info = replay.step_envs(
-            env, env_params, state.envs, action, env_key
+        envs, reward, terminated, truncated, info = replay.step_envs_with_keys(
+            env, env_params, state.envs, action, env_keys
         )
-        window = push_window(
-            state.envs.memory,
-            {
-                "obs": state.envs.obs,
-                "action": action,
-                "reward": reward,
-                "final_obs": info["final_obs"],
-                "terminated": terminated,
-                "truncated": truncated,
-            },
+        taken = window_step(
+            state.envs.obs, action, reward, info["final_obs"], terminated, truncated
         )
+        window = push_window(state.envs.memory, taken, layout)
         step = state.step + agent.num_envs
         full = step >= agent.n_step * agent.num_envs
-        stored = n_step_transitions(setup, window, hparams["gamma"])
+        stored = n_step_transitions(setup, packing.unpack(layout, window), hparams["gamma"])
         if agent.per:
             buffer = buffers.prioritized_add(state.buffer, stored, full, backend=setup.backend)
         else:
@@ -309,11 +327,11 @@ def make_trainer(config) -> Trainer:
 
     # ---------------------------------------------------------------- gradient step
 
-    def gradient_step(hparams, state: ReplayState, key):
+    def gradient_step(hparams, state: ReplayState, keys):
         """One Adam step on a sampled batch, independent noise for the online, next-state and
         target nets; the batch's PER priorities updated; the target follows every
-        `target_update_interval` gradient steps."""
-        sample_key, online_key, next_key, target_key = jax.random.split(key, 4)
+        `target_update_interval` gradient steps. `keys` [4]: the sample's and the three nets'."""
+        sample_key, online_key, next_key, target_key = keys
         batch, indices, weights = sample(setup, hparams, state.buffer, sample_key, state.step)
         keys = tuple(noise(setup, k) for k in (online_key, next_key, target_key))
         loss_fn = lambda params: rainbow_loss(
@@ -333,10 +351,11 @@ def make_trainer(config) -> Trainer:
 
     # ---------------------------------------------------------------- act, then train
 
-    def act_then_train(hparams, carry, key):
+    def act_then_train(hparams, carry, keys):
         """`env_iterations` steps of all envs; then, from `learning_starts` env steps on,
-        `gradient_steps` gradient steps, whose statistics read NaN before."""
-        act_keys, learn_keys = replay.phase_keys(key, loop)
+        `gradient_steps` gradient steps, whose statistics read NaN before; `keys`: the phase's
+        (`replay.period_keys`)."""
+        act_keys, learn_keys = (keys["act"], keys["env"]), keys["learn"]
         (state, totals), _ = jax.lax.scan(
             partial(act, hparams), carry, act_keys, unroll=loop.act_unroll
         )
@@ -355,8 +374,9 @@ def make_trainer(config) -> Trainer:
         """A log period's phases; the log point's metrics (`replay.log_metrics`); the mean return
         of `eval_episodes` episodes of the noise-free network's greedy policy."""
         key, phase_key, eval_key = jax.random.split(state.key, 3)
-        state, totals, stats = replay.scan_phases(
-            partial(act_then_train, hparams), state._replace(key=key), phase_key, loop
+        keys = replay.period_keys(phase_key, loop, agent.num_envs, acting_keys=2, learn_keys=4)
+        state, totals, stats = replay.scan_phases_with_keys(
+            partial(act_then_train, hparams), state._replace(key=key), keys, loop
         )
         metrics = replay.log_metrics(agent, hparams, state, totals, stats)
         if agent.eval_episodes:

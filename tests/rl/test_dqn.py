@@ -283,19 +283,24 @@ def test_shipped_config_loads():
     assert config.agent.name == "dqn" and config.env.id == "CartPole-v1"
 
 
-def test_period_keys_are_the_keys_each_phase_would_split():
+@pytest.mark.parametrize("acting_keys, learn_keys", [(1, None), (2, 4)])
+def test_period_keys_are_the_keys_each_phase_would_split(acting_keys, learn_keys):
     """`replay.period_keys` splits a log period's keys at once; they are the keys that the phases
     split one at a time: the period key into phases (`scan_phases`), each phase's into its env
-    iterations and gradient steps (`phase_keys`), each env iteration's into (acting, env step)
-    and the env step's into one per env (`step_envs`)."""
+    iterations and gradient steps (`phase_keys`), each env iteration's into (acting keys..., env
+    step), the env step's into one per env (`step_envs`) and, with `learn_keys`, each gradient
+    step's into `learn_keys`."""
     loop = replay.Loop(env_iterations=3, gradient_steps=2, num_phases=4, act_unroll=1,
                        learn_unroll=1, phase_unroll=1)  # fmt: skip
     key, num_envs = jax.random.PRNGKey(7), 5
-    got = replay.period_keys(key, loop, num_envs)
+    got = replay.period_keys(key, loop, num_envs, acting_keys, learn_keys)
+    assert got["act"].shape[:3] == (loop.num_phases, loop.env_iterations, acting_keys)
     for p, phase_key in enumerate(jax.random.split(key, loop.num_phases)):
-        act_keys, learn_keys = replay.phase_keys(phase_key, loop)
-        np.testing.assert_array_equal(got["learn"][p], learn_keys)
+        act_keys, learn_keys_of_phase = replay.phase_keys(phase_key, loop)
+        for g, learn_key in enumerate(learn_keys_of_phase):
+            want = learn_key if learn_keys is None else jax.random.split(learn_key, learn_keys)
+            np.testing.assert_array_equal(got["learn"][p, g], want)
         for i, act_key in enumerate(act_keys):
-            acting, env_step = jax.random.split(act_key)
-            np.testing.assert_array_equal(got["act"][p, i], acting)
+            *acting, env_step = jax.random.split(act_key, acting_keys + 1)
+            np.testing.assert_array_equal(got["act"][p, i], np.stack(acting))
             np.testing.assert_array_equal(got["env"][p, i], jax.random.split(env_step, num_envs))

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import agent_configs, buffers, layers, losses, networks
+from rl import agent_configs, buffers, layers, losses, networks, packing
 from rl.agents import rainbow
 from rl.config import build_config, load_config
 from rl.config_parsing import ConfigError
@@ -95,11 +95,27 @@ def test_one_step_window_is_the_plain_transition():
     np.testing.assert_array_equal(out["next_obs"][:, 0], [100, 101])
 
 
-def test_push_window_keeps_each_envs_last_n_steps():
-    window = {"x": jnp.zeros((2, 3))}  # [envs, n]
-    for t in range(1, 5):
-        window = rainbow.push_window(window, {"x": jnp.array([t, -t], jnp.float32)})
-    np.testing.assert_array_equal(window["x"], [[2, 3, 4], [-2, -3, -4]])
+def test_push_window_keeps_each_envs_last_n_steps_bit_for_bit():
+    """The packed windows [envs, n, width] keep each env's last n steps: every field unpacks to
+    the steps pushed, with its dtype and every bit (negative zero, NaN, large ints)."""
+    obs_example = jnp.zeros((2, 3), jnp.float32)
+    layout = rainbow.window_layout(obs_example)
+    window = rainbow.empty_window(layout, 2, 3)
+    steps = []
+    for t in range(1, 6):
+        obs = jnp.full((2, 2, 3), float(t)).at[1, 0, 0].set(-0.0 if t == 4 else jnp.nan)
+        step = rainbow.window_step(
+            obs, jnp.array([t, 2**30 + t], jnp.int32), jnp.array([t, -t], jnp.float32) / 3,
+            -obs, jnp.array([t % 2 == 0, False]), jnp.array([False, t == 5]),
+        )  # fmt: skip
+        window, steps = rainbow.push_window(window, step, layout), steps + [step]
+    got = packing.unpack(layout, window)
+    for name, want in steps[0].items():
+        expected = np.stack([np.asarray(s[name]) for s in steps[-3:]], axis=1)  # [envs, n, ...]
+        assert got[name].dtype == want.dtype, name
+        np.testing.assert_array_equal(
+            np.asarray(got[name]).view(np.uint8), expected.view(np.uint8), err_msg=name
+        )
 
 
 def test_n_step_transitions_read_the_env_major_window_time_major():
