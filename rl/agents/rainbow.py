@@ -35,7 +35,8 @@ evaluation uses the noise-free mean network. The loop is DQN's (`rl.replay`: pha
 env steps then `gradient_steps` gradient steps, eval at log points, a log period's keys split at
 once by `replay.period_keys`); each env's window of its last n steps travels with the env as
 `state.envs.memory`, its steps packed into `rl.packing` blocks [envs, n, width] (`window_layout`),
-so that an env step appends to it with one concatenation, whatever the number of fields.
+so that an env step appends to it with one concatenation per block (one block, or two where the
+observations are large narrow-dtype images), whatever the number of fields.
 """
 
 from __future__ import annotations
@@ -187,8 +188,8 @@ def window_step(obs, action, reward, final_obs, terminated, truncated) -> dict:
 
 def window_layout(obs_example) -> packing.StorageLayout:
     """The packing of one env's `window_step` with observations of `obs_example`'s shape and dtype
-    (one env's; an array or a `jax.ShapeDtypeStruct`): obs and final_obs, an int32 action, a
-    float32 reward and two flags."""
+    (one env's; an array, a tracer or a `jax.ShapeDtypeStruct`): obs and final_obs, an int32
+    action, a float32 reward and two flags. It depends on that shape and dtype only."""
     obs = jnp.zeros(obs_example.shape, obs_example.dtype)
     flag = jnp.bool_(False)
     return packing.storage_layout(window_step(obs, jnp.int32(0), jnp.float32(0), obs, flag, flag))
@@ -278,7 +279,6 @@ def make_trainer(config) -> Trainer:
     setup = make_setup(config)
     agent, env, env_params = setup.agent, setup.env, setup.env_params
     network, loop = setup.network, replay.loop_of(agent)
-    layout = window_layout(jax.eval_shape(env.reset, jax.random.PRNGKey(0), env_params)[0])
 
     # ---------------------------------------------------------------- init
 
@@ -289,6 +289,7 @@ def make_trainer(config) -> Trainer:
         key, net_key, reset_key = jax.random.split(key, 3)
         envs = replay.reset_envs(env, env_params, reset_key, agent.num_envs)
         params = network.init(net_key, envs.obs[0])
+        layout = window_layout(envs.obs[0])
         window = empty_window(layout, agent.num_envs, agent.n_step)
         unpacked = packing.unpack(layout, window)
         example = jax.tree.map(lambda x: x[0], n_step_transitions(setup, unpacked, 0.0))
@@ -314,6 +315,7 @@ def make_trainer(config) -> Trainer:
         taken = window_step(
             state.envs.obs, action, reward, info["final_obs"], terminated, truncated
         )
+        layout = window_layout(state.envs.obs[0])
         window = push_window(state.envs.memory, taken, layout)
         step = state.step + agent.num_envs
         full = step >= agent.n_step * agent.num_envs

@@ -95,18 +95,36 @@ def test_one_step_window_is_the_plain_transition():
     np.testing.assert_array_equal(out["next_obs"][:, 0], [100, 101])
 
 
-def test_push_window_keeps_each_envs_last_n_steps_bit_for_bit():
+def observations(t, shape, dtype):
+    """Observations [2 envs, *shape] of step t: float32 with a NaN or -0.0 in one entry, else the
+    dtype's values of t (bool: its parity, alternating over entries)."""
+    size = int(np.prod(shape))
+    if dtype == jnp.float32:
+        obs = jnp.full((2, *shape), float(t))
+        return obs.reshape(2, -1).at[1, 0].set(-0.0 if t == 4 else jnp.nan).reshape(2, *shape)
+    values = (np.arange(2 * size).reshape(2, *shape) + t) % (2 if dtype == jnp.bool_ else 251)
+    return jnp.asarray(values).astype(dtype)
+
+
+@pytest.mark.parametrize(
+    "obs_shape, obs_dtype",
+    [((2, 3), jnp.float32), ((10, 10, 4), jnp.bool_), ((6, 6, 2), jnp.uint8)],
+    ids=["float32", "bool-image", "uint8-image"],
+)
+def test_push_window_keeps_each_envs_last_n_steps_bit_for_bit(obs_shape, obs_dtype):
     """The packed windows [envs, n, width] keep each env's last n steps: every field unpacks to
-    the steps pushed, with its dtype and every bit (negative zero, NaN, large ints)."""
-    obs_example = jnp.zeros((2, 3), jnp.float32)
-    layout = rainbow.window_layout(obs_example)
+    the steps pushed, with its dtype and every bit (negative zero, NaN, large ints), also where
+    large narrow-dtype observations get a block of their own."""
+    layout = rainbow.window_layout(jnp.zeros(obs_shape, obs_dtype))
+    assert len(layout.block_dtypes) == (1 if obs_dtype == jnp.float32 else 2)
     window = rainbow.empty_window(layout, 2, 3)
     steps = []
     for t in range(1, 6):
-        obs = jnp.full((2, 2, 3), float(t)).at[1, 0, 0].set(-0.0 if t == 4 else jnp.nan)
+        obs = observations(t, obs_shape, obs_dtype)
         step = rainbow.window_step(
             obs, jnp.array([t, 2**30 + t], jnp.int32), jnp.array([t, -t], jnp.float32) / 3,
-            -obs, jnp.array([t % 2 == 0, False]), jnp.array([False, t == 5]),
+            observations(t + 7, obs_shape, obs_dtype), jnp.array([t % 2 == 0, False]),
+            jnp.array([False, t == 5]),
         )  # fmt: skip
         window, steps = rainbow.push_window(window, step, layout), steps + [step]
     got = packing.unpack(layout, window)
