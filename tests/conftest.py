@@ -18,17 +18,29 @@ def _cpu_only() -> bool:
     )
 
 
-# On the CPU the tests compile with LLVM's optimisation off (`--xla_backend_optimization_level=0`):
-# the suite is mostly compiles of small programs, which this makes faster overall. It changes
-# results in the last bits, never what a test asserts (a test whose two programs must agree to the
-# last bit compiles both with run_helpers.XLA_DEFAULT_OPTIMIZATION). Set here, before JAX starts its
-# backend, for the tests only (library code never sets XLA flags); subprocesses the tests start
-# inherit it (run_helpers.subprocess_env adds to it). A level already in XLA_FLAGS is kept; GPU runs
-# are left as they are.
-if _cpu_only() and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+# On the CPU the tests compile with LLVM's optimisation off (`--xla_backend_optimization_level=0`)
+# and with XLA's older CPU emitters instead of its fusion emitters
+# (`--xla_cpu_use_fusion_emitters=false`, about 40% less compile time for a training program): the
+# suite is mostly compiles of small programs, and the persistent cache below cannot spare most of
+# them (JAX never stores a program with a host callback, which every training loop's log points
+# are). Both change results in the last bits, never what a test asserts: a test whose two programs
+# must agree to the last bit compiles both with run_helpers.FUSION_EMITTERS or
+# XLA_DEFAULT_OPTIMIZATION. Set here, before JAX starts its backend, for the tests only (library
+# code never sets XLA flags); subprocesses the tests start inherit them (run_helpers.subprocess_env
+# adds to them). A flag already in XLA_FLAGS is kept; GPU runs are left as they are.
+TEST_XLA_FLAGS = {
+    "xla_backend_optimization_level": "0",
+    "xla_cpu_use_fusion_emitters": "false",
+}
+if _cpu_only():
     os.environ["XLA_FLAGS"] = " ".join(
-        f for f in (os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0") if f
-    )
+        [os.environ.get("XLA_FLAGS", "")]
+        + [
+            f"--{name}={value}"
+            for name, value in TEST_XLA_FLAGS.items()
+            if name not in os.environ.get("XLA_FLAGS", "")
+        ]
+    ).strip()
 
 # On the CPU the test run shares one JAX persistent compilation cache, a folder made here by the
 # first process to load this file (pytest, or pytest-xdist's controller) and removed when it ends:

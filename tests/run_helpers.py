@@ -14,10 +14,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
-# XLA's own default optimisation level, as a jit's compiler_options: tests/conftest.py compiles the
-# suite at level 0 on the CPU; a test whose two programs must agree in the last bit compiles both
-# with this (at level 0 two loop shapes of one computation may round differently).
-XLA_DEFAULT_OPTIMIZATION = {"xla_backend_optimization_level": 3}
+# XLA's own defaults of the CPU options tests/conftest.py changes, as a jit's compiler_options: the
+# suite compiles at level 0 without the CPU fusion emitters; a test whose two programs must agree in
+# the last bit compiles both with this (at level 0 two loop shapes of one computation may round
+# differently). FUSION_EMITTERS alone: the CPU fusion emitters, which compute one expression to the
+# same bits in every fusion (the older emitters it falls back to may not).
+FUSION_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
+XLA_DEFAULT_OPTIMIZATION = {"xla_backend_optimization_level": 3, **FUSION_EMITTERS}
 
 # 20 log points of 1000 steps; checkpoints every 4 log points (at steps 4000, 8000, ...).
 TINY = {

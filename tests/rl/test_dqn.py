@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from run_helpers import XLA_DEFAULT_OPTIMIZATION
+from run_helpers import FUSION_EMITTERS, XLA_DEFAULT_OPTIMIZATION
 
 from envs.cartpole import CartPoleState
 from rl import replay
@@ -140,12 +140,14 @@ def small_run():
     config = make_config(double_q=True, tau=0.5)
     train = dqn.make_train(config)
     keys = jnp.stack([jax.random.PRNGKey(i) for i in (3, 4)])
-    return config, train, keys, jax.jit(jax.vmap(train))(keys)
+    # with the CPU fusion emitters, which round one expression alike in the batched and unbatched
+    # programs (tests/conftest.py turns them off elsewhere); so do the runs that compare with it
+    return config, train, keys, jax.jit(jax.vmap(train), compiler_options=FUSION_EMITTERS)(keys)
 
 
 def test_vmap_over_seeds_equals_per_seed_runs(small_run):
     config, train, keys, (states, metrics) = small_run
-    single = jax.jit(train)
+    single = jax.jit(train, compiler_options=FUSION_EMITTERS)
     for i in range(len(keys)):
         state_i, metrics_i = single(keys[i])
         for name in ("eval_return", "episode_return", "step", "gradient_steps"):
@@ -159,11 +161,11 @@ def test_chunked_runs_equal_one_run(small_run):
     config, train, keys, (states, metrics) = small_run
     trainer = dqn.make_trainer(config)
     hp = hyperparams(config.agent)
-    run = jax.jit(trainer.run, static_argnums=2)
+    run = jax.jit(trainer.run, static_argnums=2, compiler_options=FUSION_EMITTERS)
     state = trainer.init(keys[0], hp)
     state, first = run(state, hp, 1)
     state, rest = run(state, hp, 3)
-    whole = jax.jit(train)(keys[0])[1]
+    whole = jax.jit(train, compiler_options=FUSION_EMITTERS)(keys[0])[1]
     for name in ("eval_return", "loss", "q_mean"):
         np.testing.assert_array_equal(
             np.concatenate([first[name], rest[name]]), whole[name], err_msg=name
