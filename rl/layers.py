@@ -52,20 +52,30 @@ def activation(name: str) -> Callable:
     return ACTIVATIONS[name]
 
 
-def _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key):
-    """Factorised-Gaussian noisy linear layer (Fortunato et al. 2018):
+def noisy_layer_noise(noise_key, index: int, fan_in: int, features: int):
+    """(f(e_in) [fan_in], f(e_out) [features]): the factorised noise of the `index`-th noisy layer
+    a network applies (from 0, in call order) under `noise_key`,
 
-    y = x (w_mu + w_sigma * (f(e_in) f(e_out)^T)) + b_mu + b_sigma * f(e_out),
+    e = (e_in, e_out) ~ N(0, I_{fan_in + features}), drawn from fold_in(noise_key, index),
     f(e) = sign(e) sqrt(|e|),
 
-    with e_in ~ N(0, I_in), e_out ~ N(0, I_out) drawn from `key`; with key None the noise is
-    zero."""
-    if key is None:
+    one draw a layer. A fused kernel that runs a noisy network outside its `apply` draws the same
+    noise with this."""
+    e = jax.random.normal(jax.random.fold_in(noise_key, index), (fan_in + features,))
+    e = jnp.sign(e) * jnp.sqrt(jnp.abs(e))
+    return e[:fan_in], e[fan_in:]
+
+
+def _noisy_dense(x, w_mu, w_sigma, b_mu, b_sigma, noise):
+    """Factorised-Gaussian noisy linear layer (Fortunato et al. 2018):
+
+    y = x (w_mu + w_sigma * (f(e_in) f(e_out)^T)) + b_mu + b_sigma * f(e_out)
+
+    with `noise` = (f(e_in), f(e_out)) (`noisy_layer_noise`); with noise None, the mean layer
+    x w_mu + b_mu."""
+    if noise is None:
         return x @ w_mu + b_mu
-    k_in, k_out = jax.random.split(key)
-    f = lambda e: jnp.sign(e) * jnp.sqrt(jnp.abs(e))
-    e_in = f(jax.random.normal(k_in, (x.shape[-1],)))
-    e_out = f(jax.random.normal(k_out, (features,)))
+    e_in, e_out = noise
     # x (w_sigma * e_in e_out^T) = ((x * e_in) @ w_sigma) * e_out: no [in, out] noise matrix.
     return x @ w_mu + ((x * e_in) @ w_sigma) * e_out + b_mu + b_sigma * e_out
 
@@ -87,13 +97,28 @@ def _kernel_init(init: str, scale: float, variance_scaling: Callable, orthogonal
     return orthogonal(scale) if init == "orthogonal" else variance_scaling(1.0, "fan_in", "uniform")
 
 
+class NoiseSource:
+    """The noise of a network's noisy layers in one `apply`: layer i (in call order) gets
+    `noisy_layer_noise(noise_key, i, ...)`; no noise (the mean layers) when noise_key is None."""
+
+    def __init__(self, noise_key):
+        self.noise_key, self.index = noise_key, 0
+
+    def next(self, fan_in: int, features: int):
+        if self.noise_key is None:
+            return None
+        self.index += 1
+        return noisy_layer_noise(self.noise_key, self.index - 1, fan_in, features)
+
+
 class FlaxLayers:
     """`Layers` on Flax linen: called inside a compact module."""
 
-    def __init__(self, module, init: str = "orthogonal"):
+    def __init__(self, module, init: str = "orthogonal", noise_key=None):
         self.module = module
         self.init = init
         self.noisy_count = 0
+        self.noise = NoiseSource(noise_key)
 
     def _kernel(self, scale: float):
         import flax.linen as nn
@@ -144,8 +169,7 @@ class FlaxLayers:
         w_sigma = m.param(f"{name}_w_sigma", constant, (fan_in, features))
         b_mu = m.param(f"{name}_b_mu", uniform, (features,))
         b_sigma = m.param(f"{name}_b_sigma", constant, (features,))
-        key = m.make_rng("noise") if m.has_rng("noise") else None
-        return _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key)
+        return _noisy_dense(x, w_mu, w_sigma, b_mu, b_sigma, self.noise.next(fan_in, features))
 
     def layer_norm(self, x, name: str | None = None):
         import flax.linen as nn
@@ -159,9 +183,10 @@ class FlaxLayers:
 class HaikuLayers:
     """`Layers` on Haiku: called inside `hk.transform`."""
 
-    def __init__(self, init: str = "orthogonal"):
+    def __init__(self, init: str = "orthogonal", noise_key=None):
         self.init = init
         self.noisy_count = 0
+        self.noise = NoiseSource(noise_key)
 
     def _kernel(self, scale: float):
         import haiku as hk
@@ -215,8 +240,7 @@ class HaikuLayers:
             b_sigma = hk.get_parameter(
                 "b_sigma", (features,), init=lambda s, d: constant(None, s, d)
             )
-        key = hk.maybe_next_rng_key()
-        return _noisy_dense(x, features, w_mu, w_sigma, b_mu, b_sigma, key)
+        return _noisy_dense(x, w_mu, w_sigma, b_mu, b_sigma, self.noise.next(fan_in, features))
 
     def layer_norm(self, x, name: str | None = None):
         import haiku as hk
@@ -246,8 +270,8 @@ def build(fn: Callable, backend: str = "flax", init: str = "orthogonal") -> Netw
     """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku", `init` one of `INITS`
     (the module docstring's initialisation).
 
-    `apply(params, *inputs, rng=key)` feeds `rng` to noisy layers (no rng: noise-free, the mean
-    net)."""
+    `apply(params, *inputs, rng=key)` gives noisy layer i (in call order) the noise
+    `noisy_layer_noise(key, i, ...)` (no rng: noise-free, the mean net)."""
     if init not in INITS:
         raise ValueError(f"unknown network init {init!r}; known: {', '.join(INITS)}")
     if backend == "flax":
@@ -279,17 +303,17 @@ def _build_flax(fn: Callable, init: str) -> Network:
 
     class Module(nn.Module):
         @nn.compact
-        def __call__(self, *inputs):
-            return fn(FlaxLayers(self, init), *inputs)
+        def __call__(self, *inputs, noise_key=None):
+            return fn(FlaxLayers(self, init, noise_key), *inputs)
 
     module = Module()
 
     def init_params(key, *inputs):
-        params_key, noise_key = jax.random.split(key)
-        return module.init({"params": params_key, "noise": noise_key}, *inputs)
+        params_key, _ = jax.random.split(key)
+        return module.init({"params": params_key}, *inputs)
 
     def apply(params, *inputs, rng=None):
-        return module.apply(params, *inputs, rngs=None if rng is None else {"noise": rng})
+        return module.apply(params, *inputs, noise_key=rng)
 
     return Network(init=init_params, apply=apply)
 
@@ -297,13 +321,15 @@ def _build_flax(fn: Callable, init: str) -> Network:
 def _build_haiku(fn: Callable, init: str) -> Network:
     import haiku as hk
 
-    transformed = hk.transform(lambda *inputs: fn(HaikuLayers(init), *inputs))
+    transformed = hk.transform(
+        lambda *inputs, noise_key=None: fn(HaikuLayers(init, noise_key), *inputs)
+    )
 
     def init_params(key, *inputs):
         return transformed.init(key, *inputs)
 
     def apply(params, *inputs, rng=None):
-        return transformed.apply(params, rng, *inputs)
+        return transformed.apply(params, None, *inputs, noise_key=rng)
 
     return Network(init=init_params, apply=apply)
 

@@ -214,32 +214,36 @@ def test_noisy_init_ranges(backend):
         assert np.abs(v).max() <= 1.0 / 3.0 + 1e-6
 
 
-def test_noisy_dense_matches_the_explicit_noise_matrix():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(3, 5)).astype(np.float32)
-    w_mu, w_sigma = (
-        rng.normal(size=(5, 4)).astype(np.float32),
-        rng.random((5, 4)).astype(np.float32),
+@pytest.mark.parametrize("backend", layers.BACKENDS)
+def test_noisy_layers_match_the_explicit_noise_matrix(backend):
+    """Two noisy layers through `apply(rng=key)`: layer i's noise is one normal draw of fan_in +
+    features entries from fold_in(key, i), f(e) = sign(e) sqrt(|e|), and the layer is the dense
+    formula y = x (mu + sigma * f(e_in) f(e_out)^T) + b_mu + b_sigma * f(e_out) (float64 here)."""
+    net = layers.build(
+        lambda lay, x: lay.noisy_dense(jax.nn.relu(lay.noisy_dense(x, 4)), 3), backend=backend
     )
-    b_mu, b_sigma = rng.normal(size=4).astype(np.float32), rng.random(4).astype(np.float32)
+    x = np.random.default_rng(0).normal(size=(3, 5)).astype(np.float32)
+    params = net.init(jax.random.PRNGKey(1), jnp.asarray(x))
+    leaves = {
+        "/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v, np.float64)
+        for path, v in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
     key = jax.random.PRNGKey(7)
-    out = np.asarray(layers._noisy_dense(jnp.asarray(x), 4, w_mu, w_sigma, b_mu, b_sigma, key))
-    # the same noise draws, then the dense formula y = x (mu + sigma * f(e_in) f(e_out)^T) + b
-    k_in, k_out = jax.random.split(key)
     f = lambda e: np.sign(e) * np.sqrt(np.abs(e))
-    e_in, e_out = (
-        f(np.asarray(jax.random.normal(k_in, (5,)), np.float64)),
-        f(np.asarray(jax.random.normal(k_out, (4,)), np.float64)),
-    )
-    w = w_mu + w_sigma * np.outer(e_in, e_out)
-    expected = x.astype(np.float64) @ w + b_mu + b_sigma * e_out
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(
-        np.asarray(layers._noisy_dense(jnp.asarray(x), 4, w_mu, w_sigma, b_mu, b_sigma, None)),
-        x @ w_mu + b_mu,
-        rtol=1e-5,
-        atol=1e-5,
-    )
+
+    def layer(h, i, fan_in, features, noisy):
+        find = lambda part: next(v for k, v in leaves.items() if f"noisy_{i}" in k and part in k)
+        w_mu, w_sigma, b_mu, b_sigma = (find(p) for p in ("w_mu", "w_sigma", "b_mu", "b_sigma"))
+        if not noisy:
+            return h @ w_mu + b_mu
+        e = f(np.asarray(jax.random.normal(jax.random.fold_in(key, i), (fan_in + features,))))
+        e_in, e_out = e[:fan_in], e[fan_in:]
+        return h @ (w_mu + w_sigma * np.outer(e_in, e_out)) + b_mu + b_sigma * e_out
+
+    for rng, noisy in ((key, True), (None, False)):
+        expected = layer(np.maximum(layer(x, 0, 5, 4, noisy), 0.0), 1, 4, 3, noisy)
+        out = np.asarray(net.apply(params, jnp.asarray(x), rng=rng))
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", layers.BACKENDS)
