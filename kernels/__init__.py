@@ -25,6 +25,7 @@ from kernels.projection import categorical_projection
 from kernels.q_act import q_epsilon_greedy
 from kernels.q_grads import q_learning_grads_flat
 from kernels.q_lambda import q_lambda_returns
+from kernels.rainbow_act import rainbow_epsilon_greedy
 from kernels.returns import discounted_returns
 from kernels.sac_actor_grads import sac_actor_grads_flat
 from kernels.softmax import softmax
@@ -51,6 +52,7 @@ __all__ = [
     "ppo_objective",
     "q_epsilon_greedy",
     "q_learning_grads_flat",
+    "rainbow_epsilon_greedy",
     "twin_q_grads_flat",
     "deterministic_policy_grads_flat",
     "sac_actor_grads_flat",

@@ -36,7 +36,9 @@ env steps then `gradient_steps` gradient steps, eval at log points, a log period
 once by `replay.period_keys`); each env's window of its last n steps travels with the env as
 `state.envs.memory`, its steps packed into `rl.packing` blocks [envs, n, width] (`window_layout`),
 so that an env step appends to it with one concatenation per block (one block, or two where the
-observations are large narrow-dtype images), whatever the number of fields.
+observations are large narrow-dtype images), whatever the number of fields. With `fused_acting` on a
+Triton kernel backend, acting is one launch (`rl.fused_rainbow`): the same noise, the same actions
+up to float rounding.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from rl import (
     environment,
     episodes,
     exploration,
+    fused_rainbow,
     layers,
     losses,
     networks,
@@ -99,6 +102,13 @@ class Config(ReplayLoopConfig):
     loss: str = hp("huber", choices=("huber", "mse"), doc="scalar (non-distributional) TD loss")
     network: NetworkConfig = network_config(hidden=(128, 128), activation="relu")
     head_hidden: int = hp(0, low=0, doc="hidden units of each head stream (0: linear streams)")
+    fused_acting: bool = hp(
+        True,
+        doc="act through one kernel launch (rl.fused_rainbow: the torso, the noisy dueling C51 "
+        "head, the softmax expectation and the epsilon-greedy choice) when the kernel backend is "
+        "triton/interpret (auto: on a GPU) and the network fits it (an MLP of two tanh, relu or "
+        "silu hidden layers, every head component on, no head_hidden); else the network's apply",
+    )
 
     def validate(self):
         super().validate()
@@ -122,6 +132,7 @@ class Setup(NamedTuple):
     agent: Config
     backend: str
     deterministic: bool = False  # kernels.deterministic: the fixed-order projection
+    fused_acting: bool = False  # acting through kernels.rainbow_epsilon_greedy (rl.fused_rainbow)
 
 
 def make_network(config, env, env_params) -> layers.Network:
@@ -149,15 +160,17 @@ def make_support(agent):
 
 def make_setup(config) -> Setup:
     env, env_params = environment.make_env(config)
-    agent = config.agent
+    agent, backend = config.agent, environment.kernel_backend(config)
+    obs_space, action_space = env.observation_space(env_params), env.action_space(env_params)
     return Setup(
         env,
         env_params,
         make_network(config, env, env_params),
         make_support(agent),
         agent,
-        environment.kernel_backend(config),
+        backend,
         config.kernels.deterministic,
+        fused_rainbow.runs_fused(agent, obs_space, action_space, backend),
     )
 
 
@@ -306,9 +319,15 @@ def make_trainer(config) -> Trainer:
         [2], each env's)."""
         state, totals = carry
         (noise_key, act_key), env_keys = keys
-        outputs = network.apply(state.params, state.envs.obs, rng=noise(setup, noise_key))
         epsilon = replay.epsilon(agent, hparams, state.step)
-        action = exploration.epsilon_greedy(act_key, q_values(setup, outputs), epsilon)
+        if setup.fused_acting:  # the same actions up to float rounding, in one launch
+            action = fused_rainbow.epsilon_greedy(
+                state.params, state.envs.obs, noise_key, act_key, epsilon, setup.support,
+                agent.network.activation, setup.backend,
+            )  # fmt: skip
+        else:
+            outputs = network.apply(state.params, state.envs.obs, rng=noise(setup, noise_key))
+            action = exploration.epsilon_greedy(act_key, q_values(setup, outputs), epsilon)
         envs, reward, terminated, truncated, info = replay.step_envs_with_keys(
             env, env_params, state.envs, action, env_keys
         )
