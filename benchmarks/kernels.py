@@ -538,6 +538,67 @@ def q_network_cases(args) -> list[Case]:
     return cases
 
 
+def rainbow_act_cases(args) -> list[Case]:
+    """Rainbow's fused acting (`rainbow_epsilon_greedy`: the torso, the noisy dueling C51 head, the
+    expected returns and the choice) vs XLA (the same maths in plain JAX) at rainbow_cartpole's
+    shapes (obs 4, 128 x 128, 51 atoms, 2 actions, one env a seed) at 16 seeds, and with 8 envs a
+    seed at 64 seeds, vmapped over the seeds as the agent runs them.
+
+    Bytes: each seed's weights and noise read once, the rows read once, the actions written once."""
+    from kernels import rainbow_epsilon_greedy
+    from kernels.rainbow_act import NoisyLinear
+
+    shapes = [(2, 3, 8, 5)] if args.small else [(16, 1, 128, 51), (64, 8, 128, 51)]
+    cases = []
+    for seeds, envs, hidden, atoms in shapes:
+        outs = (atoms, 2 * atoms)
+        weights = (
+            4 * hidden
+            + hidden
+            + hidden * hidden
+            + hidden
+            + sum(2 * hidden * o + 2 * o + hidden + o for o in outs)
+        )
+
+        def make(key, seeds=seeds, envs=envs, hidden=hidden, atoms=atoms):
+            keys = iter(jax.random.split(key, 20))
+            draw = lambda *shape: 0.1 * jax.random.normal(next(keys), (seeds, *shape), jnp.float32)
+            noisy = lambda out: (draw(hidden, out), draw(hidden, out), draw(out), draw(out),
+                                 draw(hidden), draw(out))  # fmt: skip
+            return (
+                draw(envs, 4), draw(4, hidden), draw(hidden), draw(hidden, hidden), draw(hidden),
+                *noisy(atoms), *noisy(2 * atoms),
+                jax.random.uniform(next(keys), (seeds, envs, 2)),
+                jnp.full((seeds,), 0.05, jnp.float32),
+            )  # fmt: skip
+
+        def act(backend, atoms=atoms):
+            support = jnp.linspace(0.0, 100.0, atoms)
+
+            def one(obs, w1, b1, w2, b2, *rest):
+                value, advantage = NoisyLinear(*rest[:6]), NoisyLinear(*rest[6:12])
+                uniforms, epsilon = rest[12:]
+                return rainbow_epsilon_greedy(
+                    obs, (w1, b1, w2, b2), value, advantage, support, uniforms, epsilon,
+                    backend=backend,
+                )  # fmt: skip
+
+            return jax.vmap(one)
+
+        cases.append(
+            Case(
+                op="rainbow_epsilon_greedy",
+                shape=f"{seeds} seeds x {envs} envs, {hidden} x {hidden}, {atoms} atoms",
+                make_inputs=make,
+                reference=act("reference"),
+                triton=act(args.kernel_backend),
+                bytes_moved=4 * seeds * (weights + envs * 7),
+                atol=1.0,  # an action; ties at TF32 rounding may pick the other one
+            )
+        )
+    return cases
+
+
 def twin_q_cases(args) -> list[Case]:
     """The fused twin-critic gradient (`twin_q_grads_flat`: both target critics, the target, both
     online critics and their backward) vs XLA (the same loss in plain JAX, autodiff) at SAC's and
@@ -760,6 +821,7 @@ CASE_BUILDERS: dict[str, Callable[[Any], list[Case]]] = {
     "policy_head": policy_head_cases,
     "projection": projection_cases,
     "q_network": q_network_cases,
+    "rainbow_act": rainbow_act_cases,
     "twin_q": twin_q_cases,
     "actors": actor_cases,
     "adam": adam_cases,
