@@ -52,7 +52,14 @@ from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend
 from kernels.q_grads import ACTIVATIONS, PRECISIONS
 
-__all__ = ["NoisyLinear", "rainbow_epsilon_greedy", "rainbow_epsilon_greedy_reference", "LIMITS"]
+__all__ = [
+    "NoisyLinear",
+    "rainbow_epsilon_greedy",
+    "rainbow_epsilon_greedy_reference",
+    "rainbow_q_values",
+    "unfit_reason",
+    "LIMITS",
+]
 
 BLOCK_M = 16  # rows per program (tl.dot needs >= 16)
 NUM_WARPS = 4

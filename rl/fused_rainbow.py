@@ -7,6 +7,8 @@ layer backend): the torso's two dense layers, then noisy layer 0 (the value stre
 1 (the advantage stream), with the noise the network's own `apply` would draw from the same key
 (`rl.layers.noisy_layer_noise`), so the fused actions are the network's up to float rounding.
 `unfit_reason` says when a config's network is another one (then the agent acts through `apply`).
+Noisy layer i gets the noise of index i, the order the network applies them in, which is also the
+index in its default name (`rainbow_head` names none).
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ def unfit_reason(agent, obs_space, action_space) -> str | None:
     )
 
 
+def dot_precision(matmul_precision: str) -> str:
+    """The kernel's matmul precision for a run's `run.matmul_precision`: full float32 products
+    ("ieee") where the run asks for "highest", else TF32 (what XLA does by default on the GPU)."""
+    return "ieee" if matmul_precision == "highest" else "tf32"
+
+
 def runs_fused(agent, obs_space, action_space, backend: str) -> bool:
     """Whether Rainbow acts through the kernel: `agent.fused_acting` on, a kernel backend that runs
     the Triton source (triton, interpret) and a network that fits (`unfit_reason`)."""
@@ -84,8 +92,12 @@ def noisy_arrays(params, index: int) -> tuple:
 def torso_arrays(params) -> tuple:
     """(w1, b1, w2, b2) of the torso's two dense layers."""
     named = _named(params)
-    dense = {k: v for k, v in named.items() if "noisy_" not in k}
-    (w1, b1), (w2, b2) = param_layout.dense_layers(_unflatten(dense))
+    dense = param_layout.dense_layers(
+        _unflatten({k: v for k, v in named.items() if "noisy_" not in k})
+    )
+    if len(dense) != 2:
+        raise ValueError(f"params: the torso needs 2 dense layers, found {len(dense)}")
+    (w1, b1), (w2, b2) = dense
     return w1, b1, w2, b2
 
 
@@ -101,10 +113,12 @@ def _unflatten(named: dict) -> dict:
     return tree
 
 
-def epsilon_greedy(params, obs, noise_key, act_key, epsilon, support, activation, backend):
+def epsilon_greedy(
+    params, obs, epsilon, support, *, noise_key, act_key, activation, backend, precision="tf32"
+):
     """Rainbow's epsilon-greedy actions [N] int32 for obs [N, D]: the network's Q-values with the
     noise `apply(params, obs, rng=noise_key)` draws, `rl.exploration.epsilon_greedy(act_key, Q,
-    epsilon)`'s uniforms, in one launch."""
+    epsilon)`'s uniforms, in one launch (`precision`: `dot_precision`'s)."""
     value, advantage = noisy_arrays(params, 0), noisy_arrays(params, 1)
     hidden = value[0].shape[0]
     noisy = lambda arrays, index: NoisyLinear(
@@ -114,4 +128,5 @@ def epsilon_greedy(params, obs, noise_key, act_key, epsilon, support, activation
     return kernels.rainbow_epsilon_greedy(
         obs.astype(jnp.float32), torso_arrays(params), noisy(value, 0), noisy(advantage, 1),
         support, uniforms, epsilon, activation=activation, backend=backend,
+        dot_precision=precision,
     )  # fmt: skip

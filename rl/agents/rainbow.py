@@ -133,6 +133,7 @@ class Setup(NamedTuple):
     backend: str
     deterministic: bool = False  # kernels.deterministic: the fixed-order projection
     fused_acting: bool = False  # acting through kernels.rainbow_epsilon_greedy (rl.fused_rainbow)
+    dot_precision: str = "tf32"  # the kernel's matmuls (fused_rainbow.dot_precision)
 
 
 def make_network(config, env, env_params) -> layers.Network:
@@ -171,6 +172,7 @@ def make_setup(config) -> Setup:
         backend,
         config.kernels.deterministic,
         fused_rainbow.runs_fused(agent, obs_space, action_space, backend),
+        fused_rainbow.dot_precision(config.run.matmul_precision),
     )
 
 
@@ -322,8 +324,9 @@ def make_trainer(config) -> Trainer:
         epsilon = replay.epsilon(agent, hparams, state.step)
         if setup.fused_acting:  # the same actions up to float rounding, in one launch
             action = fused_rainbow.epsilon_greedy(
-                state.params, state.envs.obs, noise_key, act_key, epsilon, setup.support,
-                agent.network.activation, setup.backend,
+                state.params, state.envs.obs, epsilon, setup.support, noise_key=noise_key,
+                act_key=act_key, activation=agent.network.activation, backend=setup.backend,
+                precision=setup.dot_precision,
             )  # fmt: skip
         else:
             outputs = network.apply(state.params, state.envs.obs, rng=noise(setup, noise_key))

@@ -66,7 +66,7 @@ def numpy_actions(q, uniforms, epsilon):
     return np.where(u[..., 0] < epsilon, random, np.argmax(q, axis=-1))
 
 
-def decided(q, margin=1e-3):
+def decided(q, margin=1e-4):
     """Rows whose best Q leads the second by more than `margin` (where float rounding cannot
     change the argmax)."""
     if q.shape[-1] == 1:
@@ -94,15 +94,16 @@ def test_reference_q_values_match_float64_numpy(n, d, h, z, a, activation, seed)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
 
 
-SIZES = [  # n, d, h1, h2, atoms, actions
-    (1, 3, 1, 3, 2, 1),
-    (19, 4, 84, 120, 51, 2),
-    (33, 7, 128, 64, 11, 6),
+CASES = [  # n, d, h1, h2, atoms, actions, activation; the last at LIMITS
+    (1, 3, 1, 3, 2, 1, "relu"),
+    (19, 4, 84, 120, 51, 2, "relu"),
+    (19, 4, 84, 120, 51, 2, "tanh"),
+    (33, 7, 128, 64, 11, 6, "silu"),
+    (16, 64, 128, 128, 128, 18, "silu"),
 ]
 
 
-@pytest.mark.parametrize("n, d, h1, h2, z, a", SIZES)
-@pytest.mark.parametrize("activation", ["relu", "tanh"])
+@pytest.mark.parametrize("n, d, h1, h2, z, a, activation", CASES)
 def test_actions_match_float64_numpy_at_odd_sizes(backend, n, d, h1, h2, z, a, activation):
     """Two seeds in one vmapped, jitted call; epsilon 0, 0.3 and 1 (all random)."""
     obs, torso, value, advantage, support, uniforms = network(1, n, d, h1, h2, z, a, lead=(2,))
@@ -131,7 +132,7 @@ def test_actions_match_float64_numpy_at_odd_sizes(backend, n, d, h1, h2, z, a, a
         np.testing.assert_array_equal(got[rows], want[rows])
 
 
-def test_nested_vmap_is_one_fold_and_matches_the_reference(kernel_backend):
+def test_nested_vmap_matches_the_reference(kernel_backend):
     obs, torso, value, advantage, support, uniforms = network(2, 5, 4, 16, 16, 5, 3, lead=(2, 3))
     epsilon = jnp.array([[0.0, 0.5, 1.0], [0.1, 0.0, 0.0]])
 
@@ -143,14 +144,23 @@ def test_nested_vmap_is_one_fold_and_matches_the_reference(kernel_backend):
 
     got, want = np.asarray(acting(kernel_backend)), np.asarray(acting("reference"))
     assert got.shape == (2, 3, 5)
-    np.testing.assert_array_equal(got, want)
+    q = np.stack(
+        [
+            numpy_q(*jax.tree.map(lambda x: x[i, j], (obs, torso, value, advantage)), support)
+            for i in range(2)
+            for j in range(3)
+        ]
+    ).reshape(2, 3, 5, 3)
+    rows = decided(q) | (np.asarray(uniforms)[..., 0] < np.asarray(epsilon)[..., None])
+    assert rows.mean() > 0.8
+    np.testing.assert_array_equal(got[rows], want[rows])
 
 
 def test_nan_q_values_take_the_first_action_as_jnp_argmax_does(backend):
     obs, torso, value, advantage, support, uniforms = network(3, 4, 3, 8, 8, 5, 3)
     obs = obs.at[1, 0].set(jnp.nan)  # row 1: every Q NaN
     got = rainbow_epsilon_greedy(
-        obs, torso, value, advantage, support, uniforms, 0.0, backend=backend
+        obs, torso, value, advantage, support, uniforms, 0.0, dot_precision="ieee", backend=backend
     )
     q = numpy_q(obs, torso, value, advantage, support)
     assert np.isnan(q[1]).all() and not np.isnan(q[[0, 2, 3]]).any()

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from run_helpers import FUSION_EMITTERS
 
 from rl import environment, exploration, fused_rainbow
 from rl.agents import rainbow
@@ -67,8 +68,9 @@ def test_fused_actions_are_the_networks_epsilon_greedy_actions(
     for epsilon in (0.0, 0.4):
         want = exploration.epsilon_greedy(act_key, jnp.asarray(q), epsilon)
         got = fused_rainbow.epsilon_greedy(
-            params, obs, noise_key, act_key, epsilon, setup.support, activation, setup.backend
-        )
+            params, obs, epsilon, setup.support, noise_key=noise_key, act_key=act_key,
+            activation=activation, backend=setup.backend, precision="ieee",
+        )  # fmt: skip
         np.testing.assert_array_equal(np.asarray(got)[decided], np.asarray(want)[decided])
 
 
@@ -90,19 +92,33 @@ def test_networks_the_kernel_cannot_run_act_through_apply(change, reason):
     spaces = env.observation_space(env_params), env.action_space(env_params)
     assert reason in fused_rainbow.unfit_reason(config.agent, *spaces)
     assert not rainbow.make_setup(config).fused_acting
+
+
+def test_the_kernel_acts_on_a_triton_backend_unless_turned_off():
     assert rainbow.make_setup(make_config()).fused_acting
     assert not rainbow.make_setup(make_config(fused_acting=False)).fused_acting
     assert not rainbow.make_setup(make_config(backend="reference")).fused_acting
+    highest = build_config(
+        {
+            "env": {"id": "CartPole-v1"},
+            "agent": SMALL,
+            "kernels": {"backend": "interpret"},
+            "run": {"matmul_precision": "highest"},
+        }
+    )
+    assert rainbow.make_setup(highest).dot_precision == "ieee"
+    assert rainbow.make_setup(make_config()).dot_precision == "tf32"
 
 
 def test_a_run_acting_through_the_kernel_is_the_run_through_apply(full_precision_matmuls):
     """The same seed with acting through the kernel and through the network's apply (the other
-    kernels on the interpreter on both sides): the same actions, so the same episodes, losses and
-    params up to float rounding."""
-    runs = {
-        fused: jax.jit(rainbow.make_train(make_config(fused_acting=fused)))(jax.random.PRNGKey(4))
-        for fused in (True, False)
-    }
+    kernels on the interpreter on both sides, both programs with the CPU fusion emitters): the same
+    actions, so the same episodes, losses and params up to float rounding."""
+    run = lambda fused: jax.jit(
+        rainbow.make_train(make_config(fused_acting=fused, total_steps=512)),
+        compiler_options=FUSION_EMITTERS,
+    )(jax.random.PRNGKey(4))
+    runs = {fused: run(fused) for fused in (True, False)}
     (state, metrics), (tree_state, tree_metrics) = runs[True], runs[False]
     for name in ("episode_return", "eval_return", "loss", "q_mean"):
         np.testing.assert_allclose(metrics[name], tree_metrics[name], rtol=1e-3, err_msg=name)
