@@ -14,12 +14,17 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
-# XLA's own defaults of the CPU options tests/conftest.py changes, as a jit's compiler_options: the
-# suite compiles at level 0 without the CPU fusion emitters; a test whose two programs must agree in
-# the last bit compiles both with this (at level 0 two loop shapes of one computation may round
-# differently). FUSION_EMITTERS alone: the CPU fusion emitters, which compute one expression to the
-# same bits in every fusion (the older emitters it falls back to may not).
-FUSION_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
+# XLA's own defaults of the options tests/conftest.py changes, as a jit's compiler_options: the
+# suite compiles at level 0 (on a CPU-only machine also without the CPU fusion emitters); a test
+# whose two programs must agree in the last bit compiles both with this (at level 0 two loop shapes
+# of one computation may round differently). FUSION_EMITTERS alone: the CPU fusion emitters where
+# tests/conftest.py turned them off (they compute one expression to the same bits in every fusion,
+# the older emitters may not), else nothing (a jaxlib that does not know the option rejects it).
+FUSION_EMITTERS = (
+    {"xla_cpu_use_fusion_emitters": True}
+    if "--xla_cpu_use_fusion_emitters=false" in os.environ.get("XLA_FLAGS", "")
+    else {}
+)
 XLA_DEFAULT_OPTIMIZATION = {"xla_backend_optimization_level": 3, **FUSION_EMITTERS}
 
 # 20 log points of 1000 steps; checkpoints every 4 log points (at steps 4000, 8000, ...).

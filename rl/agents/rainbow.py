@@ -36,9 +36,9 @@ env steps then `gradient_steps` gradient steps, eval at log points, a log period
 once by `replay.period_keys`); each env's window of its last n steps travels with the env as
 `state.envs.memory`, its steps packed into `rl.packing` blocks [envs, n, width] (`window_layout`),
 so that an env step appends to it with one concatenation per block (one block, or two where the
-observations are large narrow-dtype images), whatever the number of fields. With `fused_acting` on a
-Triton kernel backend, acting is one launch (`rl.fused_rainbow`): the same noise, the same actions
-up to float rounding.
+observations are large narrow-dtype images), whatever the number of fields. With `fused_acting` on
+a Triton kernel backend, acting is one launch (`rl.fused_rainbow`): the same noise, the same actions
+up to float rounding (off by default: slower at rainbow_cartpole's shapes).
 """
 
 from __future__ import annotations
@@ -103,11 +103,13 @@ class Config(ReplayLoopConfig):
     network: NetworkConfig = network_config(hidden=(128, 128), activation="relu")
     head_hidden: int = hp(0, low=0, doc="hidden units of each head stream (0: linear streams)")
     fused_acting: bool = hp(
-        True,
+        False,
         doc="act through one kernel launch (rl.fused_rainbow: the torso, the noisy dueling C51 "
         "head, the softmax expectation and the epsilon-greedy choice) when the kernel backend is "
         "triton/interpret (auto: on a GPU) and the network fits it (an MLP of two tanh, relu or "
-        "silu hidden layers, every head component on, no head_hidden); else the network's apply",
+        "silu hidden layers, every head component on, no head_hidden); else the network's apply. "
+        "Off by default: rainbow_cartpole on one H200 took 9.03 s with it, 8.42 s without "
+        "(benchmarks/RESULTS.md)",
     )
 
     def validate(self):

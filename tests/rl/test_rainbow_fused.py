@@ -37,6 +37,7 @@ SMALL = dict(
     lr=1e-3,
     epsilon_start=0.3,
     epsilon_end=0.0,
+    fused_acting=True,
 )
 
 
@@ -94,9 +95,14 @@ def test_networks_the_kernel_cannot_run_act_through_apply(change, reason):
     assert not rainbow.make_setup(config).fused_acting
 
 
-def test_the_kernel_acts_on_a_triton_backend_unless_turned_off():
+def test_the_kernel_acts_when_asked_on_a_triton_backend():
     assert rainbow.make_setup(make_config()).fused_acting
     assert not rainbow.make_setup(make_config(fused_acting=False)).fused_acting
+    unasked = {k: v for k, v in SMALL.items() if k != "fused_acting"}
+    default = build_config(
+        {"env": {"id": "CartPole-v1"}, "agent": unasked, "kernels": {"backend": "interpret"}}
+    )
+    assert not default.agent.fused_acting and not rainbow.make_setup(default).fused_acting
     assert not rainbow.make_setup(make_config(backend="reference")).fused_acting
     highest = build_config(
         {
