@@ -64,8 +64,9 @@ __all__ = [
 BLOCK_M = 16  # rows per program (tl.dot needs >= 16)
 NUM_WARPS = 4
 # largest sizes one program holds: observation features, hidden widths (padded), atoms (padded),
-# actions (the kernel unrolls its loops over the actions)
-LIMITS = {"obs_dim": 64, "hidden": 128, "atoms": 128, "actions": 18}
+# actions (the kernel unrolls its two loops over the actions, and Triton's compile time grows with
+# them: on one H200 a compile at 18 actions, 128 atoms and 128 x 128 ran past two minutes)
+LIMITS = {"obs_dim": 64, "hidden": 128, "atoms": 128, "actions": 8}
 
 
 class NoisyLinear(NamedTuple):

@@ -99,7 +99,7 @@ CASES = [  # n, d, h1, h2, atoms, actions, activation; the last at LIMITS
     (19, 4, 84, 120, 51, 2, "relu"),
     (19, 4, 84, 120, 51, 2, "tanh"),
     (33, 7, 128, 64, 11, 6, "silu"),
-    (16, 64, 128, 128, 128, 18, "silu"),
+    (16, 64, 128, 128, 128, 8, "silu"),
 ]
 
 
