@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -23,6 +24,8 @@ from kernels._triton import tl, triton
 from kernels.launch import next_power_of_2
 
 ACTIVATION_CODES = {"tanh": 0, "relu": 1, "silu": 2}
+# the same activations in plain JAX, for the ops' references
+REFERENCE_ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.silu}
 
 
 def summed_partials(grads, aux, b: int, chunks: int):

@@ -39,6 +39,7 @@ import numpy as np
 from kernels import q_grads, twin_q_grads
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
+    REFERENCE_ACTIVATIONS,
     activate,
     activation_grad,
     backprop,
@@ -193,7 +194,7 @@ def _policy_grads_kernel(
 
 
 def _mlp(layers, x, activation: str, precision):
-    f = {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.silu}[activation]
+    f = REFERENCE_ACTIVATIONS[activation]
     w1, b1, w2, b2, w3, b3 = layers
     dot = functools.partial(jnp.dot, precision=precision)
     return dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3

@@ -46,6 +46,7 @@ import numpy as np
 
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
+    REFERENCE_ACTIVATIONS,
     backprop,
     check_flat_layout,
     load_mlp,
@@ -289,7 +290,7 @@ def unflatten(params, layout: QLayout):
 
 
 def _q_values(layers, x, activation: str, precision):
-    f = {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.silu}[activation]
+    f = REFERENCE_ACTIVATIONS[activation]
     w1, b1, w2, b2, w3, b3 = layers
     dot = functools.partial(jnp.dot, precision=precision)
     return dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
+    REFERENCE_ACTIVATIONS,
     load_matrix,
     load_vector,
     output,
@@ -193,12 +194,17 @@ def _rainbow_act_kernel(
     # the advantages' mean, from the mean of their weights
     a_e_in = load_vector(a_e_in_ptr + b * H2, H2, H2P)
     az = A * Z
+    a_w_mu_ptr += b * H2 * az  # this seed's advantage stream
+    a_w_sigma_ptr += b * H2 * az
+    a_b_mu_ptr += b * az
+    a_b_sigma_ptr += b * az
+    a_e_out_ptr += b * az
     mean_w = tl.zeros((H2P, ZP), tl.float32)
     mean_b = tl.zeros((ZP,), tl.float32)
     for a in tl.static_range(A):
         w, bias = _noisy_tile(
-            a_w_mu_ptr + b * H2 * az, a_w_sigma_ptr + b * H2 * az, a_b_mu_ptr + b * az,
-            a_b_sigma_ptr + b * az, a_e_in, a_e_out_ptr + b * az, a * Z, H2, Z, az, H2P, ZP,
+            a_w_mu_ptr, a_w_sigma_ptr, a_b_mu_ptr, a_b_sigma_ptr, a_e_in, a_e_out_ptr, a * Z,
+            H2, Z, az, H2P, ZP,
         )  # fmt: skip
         mean_w += w
         mean_b += bias
@@ -209,8 +215,8 @@ def _rainbow_act_kernel(
     best_a = tl.zeros((BLOCK,), tl.int32)
     for a in tl.static_range(A):
         w, bias = _noisy_tile(
-            a_w_mu_ptr + b * H2 * az, a_w_sigma_ptr + b * H2 * az, a_b_mu_ptr + b * az,
-            a_b_sigma_ptr + b * az, a_e_in, a_e_out_ptr + b * az, a * Z, H2, Z, az, H2P, ZP,
+            a_w_mu_ptr, a_w_sigma_ptr, a_b_mu_ptr, a_b_sigma_ptr, a_e_in, a_e_out_ptr, a * Z,
+            H2, Z, az, H2P, ZP,
         )  # fmt: skip
         logits = base + tl.dot(h, w, input_precision=PRECISION) + bias[None, :]
         logits = tl.where(z_cols[None, :] < Z, logits, -float("inf"))
@@ -231,10 +237,6 @@ def _rainbow_act_kernel(
 # ---------------------------------------------------------------- reference and launch
 
 
-def _activation(name: str):
-    return {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.silu}[name]
-
-
 def _noisy(h, layer: NoisyLinear, precision):
     w = layer.w_mu + layer.w_sigma * (layer.e_in[:, None] * layer.e_out[None, :])
     return jnp.dot(h, w, precision=precision) + layer.b_mu + layer.b_sigma * layer.e_out
@@ -252,7 +254,7 @@ def rainbow_q_values(
 ):
     """Q(s, a) [N, A] of the module docstring, in plain JAX."""
     precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
-    f = _activation(activation)
+    f = REFERENCE_ACTIVATIONS[activation]
     w1, b1, w2, b2 = torso
     h = f(jnp.dot(f(jnp.dot(obs, w1, precision=precision) + b1), w2, precision=precision) + b2)
     z = support.shape[-1]
