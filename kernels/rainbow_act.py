@@ -60,6 +60,7 @@ __all__ = [
     "rainbow_q_values",
     "unfit_reason",
     "LIMITS",
+    "IEEE_SHARED_BYTES",
 ]
 
 BLOCK_M = 16  # rows per program (tl.dot needs >= 16)
@@ -68,6 +69,11 @@ NUM_WARPS = 4
 # actions (the kernel unrolls its two loops over the actions, and Triton's compile time grows with
 # them: on one H200 a compile at 18 actions, 128 atoms and 128 x 128 ran past two minutes)
 LIMITS = {"obs_dim": 64, "hidden": 128, "atoms": 128, "actions": 8}
+# with dot_precision "ieee" Triton's float32 FMA dots stage the head's weight tile of every action,
+# and one more, in shared memory: (actions + 1) * hidden * atoms * 4 bytes (padded sizes; sm_90
+# compiles with Triton 3.6: 197,120 bytes at 2 actions, 128 atoms, 128 hidden, 590,336 at 8, where
+# tf32 takes 102,912 at every size within LIMITS); an H100 / H200 gives one program 232,448 bytes
+IEEE_SHARED_BYTES = 232_448 - 1024
 
 
 class NoisyLinear(NamedTuple):
@@ -333,8 +339,11 @@ def _kernel_op(backend, actions, activation, dot_precision):
     )
 
 
-def unfit_reason(obs_dim: int, hidden: tuple, atoms: int, actions: int) -> str | None:
-    """Why the kernel cannot hold this network (sizes beyond `LIMITS`), or None."""
+def unfit_reason(
+    obs_dim: int, hidden: tuple, atoms: int, actions: int, dot_precision: str = "tf32"
+) -> str | None:
+    """Why the kernel cannot hold this network (sizes beyond `LIMITS`; with "ieee" products, a
+    head beyond `IEEE_SHARED_BYTES` of shared memory), or None."""
     sizes = {
         "obs_dim": padded(obs_dim),
         "hidden": max(padded(h) for h in hidden),
@@ -344,6 +353,14 @@ def unfit_reason(obs_dim: int, hidden: tuple, atoms: int, actions: int) -> str |
     over = [f"{k} {v} > {LIMITS[k]}" for k, v in sizes.items() if v > LIMITS[k]]
     if over:
         return "kernels.rainbow_epsilon_greedy holds at most " + ", ".join(over) + " (padded)"
+    shared = (actions + 1) * padded(hidden[-1]) * sizes["atoms"] * 4
+    if dot_precision == "ieee" and shared > IEEE_SHARED_BYTES:
+        return (
+            f"kernels.rainbow_epsilon_greedy with dot_precision 'ieee' stages (actions + 1) x "
+            f"hidden x atoms = {actions + 1} x {padded(hidden[-1])} x {sizes['atoms']} float32 "
+            f"(padded) in shared memory, {shared} bytes > {IEEE_SHARED_BYTES}; use 'tf32' or "
+            "fewer actions or atoms"
+        )
     return None
 
 
@@ -429,7 +446,11 @@ def rainbow_epsilon_greedy(
             obs, torso, value, advantage, support, uniforms, epsilon, **options
         )
     reason = unfit_reason(
-        obs.shape[1], (torso[0].shape[1], torso[2].shape[1]), support.shape[0], actions
+        obs.shape[1],
+        (torso[0].shape[1], torso[2].shape[1]),
+        support.shape[0],
+        actions,
+        dot_precision,
     )
     if reason is not None:
         raise ValueError(reason + "; use the reference backend for this network")

@@ -25,11 +25,12 @@ from rl import layers, param_layout
 NOISY_FIELDS = ("w_mu", "w_sigma", "b_mu", "b_sigma")
 
 
-def unfit_reason(agent, obs_space, action_space) -> str | None:
-    """Why the fused acting kernel cannot run this Rainbow network (`agent`: the agent config), or
-    None: it needs Discrete actions, a flat Box observation, an MLP torso of two tanh, relu or silu
-    hidden layers without LayerNorm, the noisy dueling distributional head without head hidden
-    layers, and sizes within `kernels.rainbow_act.LIMITS`."""
+def unfit_reason(agent, obs_space, action_space, precision: str = "tf32") -> str | None:
+    """Why the fused acting kernel cannot run this Rainbow network (`agent`: the agent config) at
+    matmul `precision` (`dot_precision`'s), or None: it needs Discrete actions, a flat Box
+    observation, an MLP torso of two tanh, relu or silu hidden layers without LayerNorm, the noisy
+    dueling distributional head without head hidden layers, and sizes within
+    `kernels.rainbow_act.LIMITS` (and its shared memory with "ieee" products)."""
     network = agent.network
     if not isinstance(action_space, Discrete):
         return "fused Rainbow acting needs Discrete actions"
@@ -45,7 +46,7 @@ def unfit_reason(agent, obs_space, action_space) -> str | None:
     if not (agent.noisy and agent.dueling and agent.distributional) or agent.head_hidden:
         return "fused Rainbow acting needs the noisy dueling distributional head, no head_hidden"
     return kernel_unfit_reason(
-        obs_space.shape[0], tuple(network.hidden), agent.num_atoms, action_space.n
+        obs_space.shape[0], tuple(network.hidden), agent.num_atoms, action_space.n, precision
     )
 
 
@@ -55,13 +56,14 @@ def dot_precision(matmul_precision: str) -> str:
     return "ieee" if matmul_precision == "highest" else "tf32"
 
 
-def runs_fused(agent, obs_space, action_space, backend: str) -> bool:
+def runs_fused(agent, obs_space, action_space, backend: str, precision: str = "tf32") -> bool:
     """Whether Rainbow acts through the kernel: `agent.fused_acting` on, a kernel backend that runs
-    the Triton source (triton, interpret) and a network that fits (`unfit_reason`)."""
+    the Triton source (triton, interpret) and a network that fits at matmul `precision`
+    (`unfit_reason`)."""
     return (
         agent.fused_acting
         and kernels.resolve_backend(backend) in ("triton", "interpret")
-        and unfit_reason(agent, obs_space, action_space) is None
+        and unfit_reason(agent, obs_space, action_space, precision) is None
     )
 
 

@@ -164,6 +164,7 @@ def make_support(agent):
 def make_setup(config) -> Setup:
     env, env_params = environment.make_env(config)
     agent, backend = config.agent, environment.kernel_backend(config)
+    precision = fused_rainbow.dot_precision(config.run.matmul_precision)
     obs_space, action_space = env.observation_space(env_params), env.action_space(env_params)
     return Setup(
         env,
@@ -173,8 +174,8 @@ def make_setup(config) -> Setup:
         agent,
         backend,
         config.kernels.deterministic,
-        fused_rainbow.runs_fused(agent, obs_space, action_space, backend),
-        fused_rainbow.dot_precision(config.run.matmul_precision),
+        fused_rainbow.runs_fused(agent, obs_space, action_space, backend, precision),
+        precision,
     )
 
 

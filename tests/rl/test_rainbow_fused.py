@@ -131,3 +131,17 @@ def test_a_run_acting_through_the_kernel_is_the_run_through_apply(full_precision
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(tree_state.params)):
         np.testing.assert_allclose(a, b, atol=1e-4)
     assert np.isfinite(np.asarray(metrics["loss"])).all()
+
+
+def test_full_float32_products_act_through_apply_where_the_kernel_lacks_shared_memory():
+    """run.matmul_precision highest gives the kernel "ieee" products, which hold fewer actions
+    and atoms (kernels.rainbow_act.IEEE_SHARED_BYTES): 7 actions of 64 atoms at hidden 128 fit
+    with TF32 products only."""
+    from envs.spaces import Box, Discrete
+
+    agent = make_config(network={"hidden": [128, 128]}, num_atoms=64).agent
+    obs_space, actions = Box(-1.0, 1.0, (4,)), Discrete(7)
+    assert fused_rainbow.unfit_reason(agent, obs_space, actions, "tf32") is None
+    assert "shared memory" in fused_rainbow.unfit_reason(agent, obs_space, actions, "ieee")
+    assert fused_rainbow.runs_fused(agent, obs_space, actions, "interpret", "tf32")
+    assert not fused_rainbow.runs_fused(agent, obs_space, actions, "interpret", "ieee")
