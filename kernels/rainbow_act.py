@@ -72,7 +72,7 @@ LIMITS = {"obs_dim": 64, "hidden": 128, "atoms": 128, "actions": 8}
 # with dot_precision "ieee" Triton's float32 FMA dots stage the head's weight tile of every action,
 # and one more, in shared memory: (actions + 1) * hidden * atoms * 4 bytes (padded sizes; sm_90
 # compiles with Triton 3.6: 197,120 bytes at 2 actions, 128 atoms, 128 hidden, 590,336 at 8, where
-# tf32 takes 102,912 at every size within LIMITS); an H100 / H200 gives one program 232,448 bytes
+# tf32 at most 102,912 within LIMITS); an H100 / H200 gives one program 232,448 bytes
 IEEE_SHARED_BYTES = 232_448 - 1024
 
 
