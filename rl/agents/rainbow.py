@@ -107,7 +107,9 @@ class Config(ReplayLoopConfig):
         doc="act through one kernel launch (rl.fused_rainbow: the torso, the noisy dueling C51 "
         "head, the softmax expectation and the epsilon-greedy choice) when the kernel backend is "
         "triton/interpret (auto: on a GPU) and the network fits it (an MLP of two tanh, relu or "
-        "silu hidden layers, every head component on, no head_hidden); else the network's apply. "
+        "silu hidden layers, every head component on, no head_hidden, sizes within "
+        "kernels.rainbow_act's limits, fewer with run.matmul_precision: highest); else, silently, "
+        "the network's apply. "
         "Off by default: rainbow_cartpole on one H200 took 9.03 s with it, 8.42 s without "
         "(benchmarks/RESULTS.md)",
     )

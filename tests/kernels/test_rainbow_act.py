@@ -94,12 +94,12 @@ def test_reference_q_values_match_float64_numpy(n, d, h, z, a, activation, seed)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
 
 
-CASES = [  # n, d, h1, h2, atoms, actions, activation, dot precision; the last two at the limits
+CASES = [  # n, d, h1, h2, atoms, actions, activation, dot precision
     (1, 3, 1, 3, 2, 1, "relu", "ieee"),
     (19, 4, 84, 120, 51, 2, "relu", "ieee"),
     (19, 4, 84, 120, 51, 2, "tanh", "ieee"),
     (33, 7, 128, 64, 11, 6, "silu", "ieee"),
-    (16, 64, 128, 128, 64, 6, "silu", "ieee"),  # 7 x 128 x 64 x 4 bytes of IEEE_SHARED_BYTES
+    (16, 64, 128, 128, 64, 6, "silu", "ieee"),  # 7 x 128 x 64 x 4 = 229,376 <= IEEE_SHARED_BYTES
     (16, 64, 128, 128, 128, 8, "silu", "tf32"),  # LIMITS
 ]
 
@@ -224,4 +224,5 @@ def test_full_float32_products_beyond_the_shared_memory_are_refused(kernel_backe
     assert act("tf32").shape == (3,)
     assert unfit_reason(4, (128, 128), 64, 6, "ieee") is None
     assert unfit_reason(4, (128, 128), 64, 7, "ieee") is not None
+    assert unfit_reason(4, (128, 16), 64, 7, "ieee") is None  # the head reads the last width
     assert unfit_reason(4, (128, 128), 128, 8, "tf32") is None

@@ -145,3 +145,22 @@ def test_full_float32_products_act_through_apply_where_the_kernel_lacks_shared_m
     assert "shared memory" in fused_rainbow.unfit_reason(agent, obs_space, actions, "ieee")
     assert fused_rainbow.runs_fused(agent, obs_space, actions, "interpret", "tf32")
     assert not fused_rainbow.runs_fused(agent, obs_space, actions, "interpret", "ieee")
+
+
+@pytest.mark.parametrize("matmul_precision, fused", [("default", True), ("highest", False)])
+def test_a_run_asking_for_highest_precision_acts_through_apply_beyond_the_shared_memory(
+    matmul_precision, fused
+):
+    """Acrobot's 3 actions of 128 atoms at hidden 128: 4 x 128 x 128 x 4 bytes with "ieee"
+    products, beyond kernels.rainbow_act.IEEE_SHARED_BYTES."""
+    config = build_config(
+        {
+            "env": {"id": "Acrobot-v1"},
+            "agent": {**SMALL, "network": {"hidden": [128, 128]}, "num_atoms": 128},
+            "kernels": {"backend": "interpret"},
+            "run": {"matmul_precision": matmul_precision},
+        }
+    )
+    setup = rainbow.make_setup(config)
+    assert setup.fused_acting is fused
+    assert setup.dot_precision == ("ieee" if matmul_precision == "highest" else "tf32")
