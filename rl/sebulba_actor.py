@@ -30,13 +30,27 @@ __all__ = ["Actor"]
 
 class _Group:
     """One env group of an actor (`Actor`): its envs (`rl.sebulba_envs.SplitStep`), the
-    observations it acts on next, its running games, and the steps of the rollout so far (the
-    step in flight's record in `record`, None while no step is)."""
+    observations it acts on next, its running games, and the rollout so far: the acting's records
+    of its steps (device arrays) in `records`, its host columns (obs, reward, terminated,
+    truncated, reached obs) in `host`, arrays [T, envs, ...] filled one step at a time (`filled`
+    steps; None before the rollout's first step), and the step in flight's record in `record`
+    (None while no step is)."""
 
     def __init__(self, envs, obs):
         self.envs, self.obs, self.scores = envs, obs, Scores(envs.num_envs)
-        self.steps: list[tuple] = []
+        self.records: list[tuple] = []
+        self.host: list[np.ndarray] | None = None
+        self.filled = 0
         self.record = None
+
+    def start_rollout(self) -> None:
+        self.records, self.host, self.filled = [], None, 0
+
+    def columns(self) -> list[np.ndarray]:
+        """The rollout's columns [T, envs, ...]: obs, the records' (stacked on their device and
+        brought to the host at once, `_stacked`), reward, terminated, truncated, reached obs."""
+        records = [_stacked(column) for column in zip(*self.records)]
+        return [self.host[0], *records, *self.host[1:]]
 
 
 class Actor:
@@ -77,7 +91,7 @@ class Actor:
     def rollout(self, params, step: int = 0):
         step = self.device_step(step)
         for group in self.groups:
-            group.steps = []
+            group.start_rollout()
         for _ in range(self.config.agent.num_steps):
             for group in self.groups:
                 if group.record is not None:
@@ -86,7 +100,7 @@ class Actor:
                 group.envs.step_async(env_action)
         for group in self.groups:
             self.collect(group)
-        per_group = [[_stacked(column) for column in zip(*g.steps)] for g in self.groups]
+        per_group = [group.columns() for group in self.groups]
         columns = [_joined(column) for column in zip(*per_group)]  # [T, envs, ...]
         columns[-4] = columns[-4].astype(np.float32)  # the rewards
         returns, lengths = [], []
@@ -96,12 +110,20 @@ class Actor:
         return self.pieces.transition(*columns), returns, lengths
 
     def collect(self, group: _Group) -> None:
-        """Finish `group`'s step in flight: record it, and move on to the observations it reached
-        (the next episode's first where one ended)."""
+        """Finish `group`'s step in flight: record it (its host values written into the
+        rollout's columns while they are fresh in cache, not stacked at the end), and move on to
+        the observations it reached (the next episode's first where one ended)."""
         next_obs, reward, terminated, truncated, info = group.envs.step_wait()
         next_obs = np.asarray(next_obs, self.pieces.obs_dtype)
-        reached = reached_obs(next_obs, info)
-        group.steps.append((group.obs, *group.record, reward, terminated, truncated, reached))
+        host = [group.obs, *(np.asarray(x) for x in (reward, terminated, truncated))]
+        host.append(reached_obs(next_obs, info))
+        if group.host is None:  # fresh arrays each rollout: the learner may hold the last ones
+            steps = self.config.agent.num_steps
+            group.host = [np.empty((steps, *x.shape), x.dtype) for x in host]
+        for column, x in zip(group.host, host):
+            column[group.filled] = x
+        group.filled += 1
+        group.records.append(group.record)
         group.scores.add(reward, terminated, truncated, info)
         group.obs, group.record = next_obs, None
 
