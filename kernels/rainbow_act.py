@@ -71,9 +71,10 @@ NUM_WARPS = 4
 LIMITS = {"obs_dim": 64, "hidden": 128, "atoms": 128, "actions": 8}
 # with dot_precision "ieee" Triton's float32 FMA dots stage the head's weight tile of every action,
 # and one more, in shared memory: (actions + 1) * hidden * atoms * 4 bytes (padded sizes; sm_90
-# compiles with Triton 3.6: 197,120 bytes at 2 actions, 128 atoms, 128 hidden, 590,336 at 8, where
-# tf32 at most 102,912 within LIMITS); an H100 / H200 (sm_90) gives one program 232,448 bytes. The
-# limits are sm_90's: GPUs with less shared memory a program (an A100: about 163 KB) fit less
+# compiles with Triton 3.6: 197,120 bytes at 2 actions, 128 atoms, 128 hidden, 590,336 at 8, while
+# tf32 dots ask at most 102,912 within LIMITS); an H100 / H200 (sm_90) gives one program 232,448
+# bytes. The limits are sm_90's: GPUs with less shared memory a program (an A100: about 163 KB) fit
+# less
 IEEE_SHARED_BYTES = 232_448 - 1024
 
 
