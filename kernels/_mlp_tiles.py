@@ -14,6 +14,7 @@ rows and columns add exact zeros to every product and sum.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -26,6 +27,16 @@ from kernels.launch import next_power_of_2
 ACTIVATION_CODES = {"tanh": 0, "relu": 1, "silu": 2}
 # the same activations in plain JAX, for the ops' references
 REFERENCE_ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.silu}
+
+
+def reference_mlp(layers, x, activation: str, precision):
+    """The module docstring's MLP in plain JAX, out = f(f(x W1 + b1) W2 + b2) W3 + b3, from
+    `layers` (w1, b1, w2, b2, w3, b3), its matmuls at `precision` (a `jax.lax.Precision` or
+    None): the ops' references."""
+    f = REFERENCE_ACTIVATIONS[activation]
+    w1, b1, w2, b2, w3, b3 = layers
+    dot = functools.partial(jnp.dot, precision=precision)
+    return dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3
 
 
 def summed_partials(grads, aux, b: int, chunks: int):

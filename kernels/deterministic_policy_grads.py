@@ -39,7 +39,6 @@ import numpy as np
 from kernels import q_grads, twin_q_grads
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
-    REFERENCE_ACTIVATIONS,
     activate,
     activation_grad,
     backprop,
@@ -48,6 +47,7 @@ from kernels._mlp_tiles import (
     load_vector,
     output,
     padded,
+    reference_mlp,
     saved,
     store_grads,
     summed_partials,
@@ -193,13 +193,6 @@ def _policy_grads_kernel(
 # ---------------------------------------------------------------- reference
 
 
-def _mlp(layers, x, activation: str, precision):
-    f = REFERENCE_ACTIVATIONS[activation]
-    w1, b1, w2, b2, w3, b3 = layers
-    dot = functools.partial(jnp.dot, precision=precision)
-    return dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3
-
-
 def deterministic_policy_loss(
     actor_params,
     critic_params,
@@ -212,10 +205,12 @@ def deterministic_policy_loss(
 ):
     """L = -mean Q1(s, mu(s)) of the module docstring, in plain JAX, on the flat vectors."""
     precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
-    mu = jnp.tanh(_mlp(q_grads.unflatten(actor_params, actor_layout), obs, activation, precision))
+    mu = jnp.tanh(
+        reference_mlp(q_grads.unflatten(actor_params, actor_layout), obs, activation, precision)
+    )
     critic_1 = twin_q_grads.unflatten(critic_params, critic_layout)[0]
     x = jnp.concatenate([obs, mu], axis=-1)
-    return -jnp.mean(_mlp(critic_1, x, activation, precision)[..., 0])
+    return -jnp.mean(reference_mlp(critic_1, x, activation, precision)[..., 0])
 
 
 def deterministic_policy_grads_reference(

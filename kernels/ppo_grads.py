@@ -62,6 +62,7 @@ from kernels._mlp_tiles import (
     load_mlp,
     output,
     padded,
+    reference_mlp,
     store_grads,
     torso,
 )
@@ -686,13 +687,6 @@ def _kernel_op(
 # ---------------------------------------------------------------- reference
 
 
-def _mlp(layers, x, activation: str, precision):
-    f = jnp.tanh if activation == "tanh" else jax.nn.relu
-    w1, b1, w2, b2, w3, b3 = layers
-    dot = functools.partial(jnp.dot, precision=precision)
-    return dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3
-
-
 def clipped_surrogate_loss(ratio, advantages, clip_eps):
     """PPO's clipped surrogate (Schulman et al. 2017):
     -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))."""
@@ -777,8 +771,8 @@ def ppo_actor_critic_grads_reference(
     precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
 
     def loss(actor, critic):
-        logits = _mlp(actor, obs, activation, precision)
-        value = _mlp(critic, obs, activation, precision)[..., 0]
+        logits = reference_mlp(actor, obs, activation, precision)
+        value = reference_mlp(critic, obs, activation, precision)[..., 0]
         log_p = jax.nn.log_softmax(logits)
         log_prob = jnp.take_along_axis(log_p, actions[..., None].astype(jnp.int32), axis=-1)[..., 0]
         entropy = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)

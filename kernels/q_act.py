@@ -29,14 +29,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels._mlp_tiles import ACTIVATION_CODES, load_mlp, output, padded, torso
+from kernels._mlp_tiles import ACTIVATION_CODES, load_mlp, output, padded, reference_mlp, torso
 from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend
 from kernels.q_grads import (
     ACTIVATIONS,
     PRECISIONS,
     QLayout,
-    _q_values,
     check_layout,
     unfit_reason,
     unflatten,
@@ -121,7 +120,7 @@ def q_epsilon_greedy_reference(
 ):
     """The module docstring's actions [N] int32, in plain JAX."""
     precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
-    q = _q_values(unflatten(params, layout), obs, activation, precision)
+    q = reference_mlp(unflatten(params, layout), obs, activation, precision)
     random_action = jnp.minimum(
         jnp.floor(uniforms[..., 1] * layout.actions).astype(jnp.int32), layout.actions - 1
     )

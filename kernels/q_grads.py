@@ -46,12 +46,12 @@ import numpy as np
 
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
-    REFERENCE_ACTIVATIONS,
     backprop,
     check_flat_layout,
     load_mlp,
     output,
     padded,
+    reference_mlp,
     store_grads,
     summed_partials,
     torso,
@@ -289,13 +289,6 @@ def unflatten(params, layout: QLayout):
 # ---------------------------------------------------------------- reference
 
 
-def _q_values(layers, x, activation: str, precision):
-    f = REFERENCE_ACTIVATIONS[activation]
-    w1, b1, w2, b2, w3, b3 = layers
-    dot = functools.partial(jnp.dot, precision=precision)
-    return dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3
-
-
 def q_learning_loss(
     params,
     target_params,
@@ -313,7 +306,7 @@ def q_learning_loss(
 ):
     """(L, mean Q(s, a)) of the module docstring, in plain JAX, on flat params [size]."""
     precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
-    q_fn = lambda p, x: _q_values(unflatten(p, layout), x, activation, precision)
+    q_fn = lambda p, x: reference_mlp(unflatten(p, layout), x, activation, precision)
     q_next_target = q_fn(target_params, next_obs)
     selector = q_fn(params, next_obs) if double_q else q_next_target
     best = jnp.argmax(selector, axis=-1)

@@ -32,19 +32,18 @@ class _Group:
     """One env group of an actor (`Actor`): its envs (`rl.sebulba_envs.SplitStep`), the
     observations it acts on next, its running games, and the rollout so far: the acting's records
     of its steps (device arrays) in `records`, its host columns (obs, reward, terminated,
-    truncated, reached obs) in `host`, arrays [T, envs, ...] filled one step at a time (`filled`
-    steps; None before the rollout's first step), and the step in flight's record in `record`
-    (None while no step is)."""
+    truncated, reached obs) in `host`, arrays [T, envs, ...] filled one step at a time (rows
+    [0, len(records)); None before the rollout's first step), and the step in flight's record in
+    `record` (None while no step is)."""
 
     def __init__(self, envs, obs):
         self.envs, self.obs, self.scores = envs, obs, Scores(envs.num_envs)
         self.records: list[tuple] = []
         self.host: list[np.ndarray] | None = None
-        self.filled = 0
         self.record = None
 
     def start_rollout(self) -> None:
-        self.records, self.host, self.filled = [], None, 0
+        self.records, self.host = [], None
 
     def columns(self) -> list[np.ndarray]:
         """The rollout's columns [T, envs, ...]: obs, the records' (stacked on their device and
@@ -121,8 +120,7 @@ class Actor:
             steps = self.config.agent.num_steps
             group.host = [np.empty((steps, *x.shape), x.dtype) for x in host]
         for column, x in zip(group.host, host):
-            column[group.filled] = x
-        group.filled += 1
+            column[len(group.records)] = x
         group.records.append(group.record)
         group.scores.add(reward, terminated, truncated, info)
         group.obs, group.record = next_obs, None
@@ -150,12 +148,10 @@ class Actor:
 
 
 def _stacked(column: tuple) -> np.ndarray:
-    """One rollout column [T, envs, ...] from its steps: NumPy arrays stacked on the host, device
-    arrays (the acting's records) stacked on their device first by one compiled program (not an
-    operation per step), so that the column comes to the host in one transfer, not one a step."""
-    if isinstance(column[0], jax.Array):
-        return np.asarray(_stack_on_device(*column))
-    return np.stack([np.asarray(x) for x in column])
+    """One column [T, envs, ...] of the acting's records from its steps' device arrays: stacked on
+    their device by one compiled program (not an operation per step), so that the column comes to
+    the host in one transfer, not one a step."""
+    return np.asarray(_stack_on_device(*column))
 
 
 @jax.jit
