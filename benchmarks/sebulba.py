@@ -15,8 +15,9 @@ arch.actor_threads) it measures, each for `--seconds` after its compile and warm
 * agent: env steps/s of the whole run (rl.sebulba.Learner.run, stopped after `--seconds`): the
   median over its log points after the first two (at least three are needed), its overall rate
   (all its steps over the run's wall clock, the actors' start included), the learner's share of
-  time waiting for rollouts and the mean parameter lag; compile_s is 0 where an earlier
-  measurement of the process compiled the same update.
+  time waiting for rollouts, the actors' shares of time waiting for their envs and for their
+  acting (rl.sebulba_actor.Times; the rest is their host work) and the mean parameter lag;
+  compile_s is 0 where an earlier measurement of the process compiled the same update.
 
 actors and agent run once per `--env-groups` value (arch.env_groups). One JSON line per
 measurement, then a table with agent / random, the figure issue targets compare (the learner
@@ -163,6 +164,8 @@ def agent_throughput(config_path: str, envs: int, threads: int, seconds: float, 
         "sps": float(np.median([r["sps"] for r in kept])),
         "sps_overall": int(final.step) / wall,
         "rollout_wait": float(np.median([r["rollout_wait"] for r in kept])),
+        "actor_env_wait": float(np.median([r["actor_env_wait"] for r in kept])),
+        "actor_act_wait": float(np.median([r["actor_act_wait"] for r in kept])),
         "param_lag": float(np.mean([r["param_lag"] for r in kept])),
         "log_points": len(rows),
         "compile_s": learner.compile_seconds,
@@ -175,8 +178,8 @@ def table(rows: list[dict]) -> str:
     actors = {r["env_groups"]: r for r in rows if r["what"] == "actors"}
     lines = [
         "| envs x threads | env_groups | random sps | actors sps | agent sps (overall) | "
-        "agent / random | learner waiting | lag |",
-        "|---|---|---|---|---|---|---|---|",
+        "agent / random | learner waiting | actors: envs / acting / rest | lag |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["what"] != "agent":
@@ -188,7 +191,9 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['envs']} x {r['threads']} | {r['env_groups']} | {random_sps:.0f} | "
             f"{actor_sps:.0f} | {r['sps']:.0f} ({r['sps_overall']:.0f}) | "
-            f"{r['sps'] / random_sps:.2f} | {r['rollout_wait']:.2f} | {r['param_lag']:.2f} |"
+            f"{r['sps'] / random_sps:.2f} | {r['rollout_wait']:.2f} | "
+            f"{r['actor_env_wait']:.2f} / {r['actor_act_wait']:.2f} / "
+            f"{1 - r['actor_env_wait'] - r['actor_act_wait']:.2f} | {r['param_lag']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -53,8 +53,10 @@ and envpool (rl.sebulba_envs): `arch.name: sebulba`.
 * Logging: every `agent.log_interval` updates a log point goes to the rl.logging sinks (`publish`):
   the actors' finished episodes (games, for envpool's Atari: `rl.sebulba_envs.Scores`), the mean
   loss stats, the lag (mean and max over actors and updates), the learner's share of time waiting
-  for rollouts, env steps per second, and with `agent.eval_envs` the greedy return of that many
-  episodes.
+  for rollouts, env steps per second, where the actors' time went (`actor_env_wait` and
+  `actor_act_wait`: their shares waiting for the envs' steps and for their acting's env actions,
+  rl.sebulba_actor.Times; the rest is their host work), and with `agent.eval_envs` the greedy
+  return of that many episodes.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ from rl.sebulba_programs import (
 )
 
 OK, STOP, FAILED = 0, 1, 2  # a process's vote before each update (processes > 1: `Learner.take`)
+# a log point's timings: with several processes, process 0's (`Learner.log_point`)
+TIMINGS = ("rollout_wait", "actor_env_wait", "actor_act_wait")
 
 __all__ = [
     "Actor",
@@ -200,7 +204,7 @@ class Learner:
                 step = state.step + self.agent.batch_size
                 state = LearnerState(*learned[:2], key, step, state.updates + 1)
                 exchange.publish(local_copy(state.params), update + 1)
-                lags = [update - version for _, version, _, _ in rollouts]
+                lags = [update - rollout[1] for rollout in rollouts]
                 period.add(learned[2], lags, rollouts, self.agent.batch_size)
                 if (update + 1) % self.agent.log_interval == 0:
                     rows.append(self.log_point(state, period))
@@ -329,7 +333,7 @@ class Learner:
         if self.processes > 1:  # the timings and the evaluation as process 0 has them
             from jax.experimental import multihost_utils
 
-            own = [k for k in ("rollout_wait", "sps", "eval_return", "eval_length") if k in row]
+            own = [k for k in (*TIMINGS, "sps", "eval_return", "eval_length") if k in row]
             sent = np.asarray([error is not None, *(row[k] for k in own)], np.float64)
             values = np.asarray(multihost_utils.broadcast_one_to_all(sent))
             if error is not None:
@@ -363,14 +367,16 @@ class _Period:
     def __init__(self):
         self.stats, self.lags, self.returns, self.lengths = [], [], [], []
         self.waited, self.steps, self.start = 0.0, 0, time.perf_counter()
+        self.actor_times = np.zeros(3)  # Times summed over the period's rollouts
 
     def add(self, stats, lags, rollouts, steps: int):
         self.stats.append(stats)
         self.steps += steps
         self.lags += lags
-        for _, _, returns, lengths in rollouts:
+        for _, _, returns, lengths, times in rollouts:
             self.returns += returns
             self.lengths += lengths
+            self.actor_times += times
 
     def metrics(self, processes: int = 1) -> dict:
         """The period's log point (`Learner.log_point`); with several `processes`, episodes and
@@ -403,6 +409,8 @@ class _Period:
             "param_lag": mean(lag_sum, lags),
             "param_lag_max": int(lag_max),
             "rollout_wait": self.waited / seconds,
+            "actor_env_wait": self.actor_times[0] / max(self.actor_times[2], 1e-12),
+            "actor_act_wait": self.actor_times[1] / max(self.actor_times[2], 1e-12),
             "sps": self.steps / seconds,
         }
 

@@ -3,18 +3,20 @@
 
     actor = Actor(pieces, config, policy, env_seeds, key, device)
     traj, returns, lengths = actor.rollout(params, step)     # num_steps steps of its envs
+    actor.times                                              # where that rollout's time went
     actor.run(exchange, index, first)                        # rollouts first, first + 1, ... until
                                                              # the exchange stops (its thread)
 
 Rollout k waits for params of version >= k - arch.max_lag (`Exchange.params_for`) and goes to the
-learner through the actor's queue (`Exchange.put`); an error is handed to the learner's thread
-(`Exchange.fail`) and raised there.
+learner through the actor's queue (`Exchange.put`, with the params' version and the rollout's
+`Times`); an error is handed to the learner's thread (`Exchange.fail`) and raised there.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable
+import time
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +27,19 @@ from rl.sebulba_agents import Pieces
 from rl.sebulba_envs import Scores, make_env_groups, reached_obs
 from rl.sebulba_exchange import Exchange, Stopped
 
-__all__ = ["Actor"]
+__all__ = ["Actor", "Times"]
+
+
+class Times(NamedTuple):
+    """Where one rollout's wall clock went (seconds): `envs`, waiting for the envs' steps
+    (`step_wait`; with gymnasium's SyncVectorEnv the step itself runs there); `acting`, the acting
+    until its env actions are on the host (the policy's dispatch, its program and the copy); and
+    `total`, the whole rollout. The rest (total - envs - acting) is the actor's host work: the
+    records, the columns, the episode bookkeeping, and waiting for Python's GIL."""
+
+    envs: float
+    acting: float
+    total: float
 
 
 class _Group:
@@ -56,7 +70,7 @@ class Actor:
     """One actor's envs and acting (its thread runs `run`): `rollout(params, step)` steps the envs
     `agent.num_steps` times with the agent's `act` (`step`: env steps before the rollout) and
     returns (the agent's Transition of NumPy arrays [T, envs, ...], the returns and the lengths of
-    the episodes that ended).
+    the episodes that ended); `times` then says where its wall clock went (`Times`).
 
     The envs are `arch.env_groups` groups (rl.sebulba_envs.make_env_groups) that take turns: the
     actor acts for group g and starts its envs' step (`step_async`), then collects group g + 1's
@@ -75,11 +89,13 @@ class Actor:
         groups = make_env_groups(config, seeds, arch.vector_env, arch.env_groups)
         self.groups = [_Group(envs, np.asarray(obs, dtype)) for envs, obs in groups]
         self.key = jax.device_put(key, device)
+        self.times, self.env_seconds = Times(0.0, 0.0, 0.0), 0.0  # the last rollout's
 
     def act(self, params, obs, step):
-        """(record, env action) of one step from `obs` (on the actor's device; `step`: env steps
-        before the rollout, `device_step`'s)."""
-        obs = jax.device_put(obs, self.device)
+        """(record, env action) of one step from the host observations `obs` (`step`: env steps
+        before the rollout, `device_step`'s). `obs` goes to the policy's program as it is: the
+        call copies it to the actor's device, where the program's other arguments lie, without a
+        `jax.device_put` of its own first."""
         self.key, record, env_action = self.policy(self.hparams, params, obs, self.key, step)
         return record, env_action
 
@@ -88,6 +104,8 @@ class Actor:
         return jax.device_put(np.int32(step), self.device)
 
     def rollout(self, params, step: int = 0):
+        start = time.perf_counter()
+        self.env_seconds, acting = 0.0, 0.0
         step = self.device_step(step)
         for group in self.groups:
             group.start_rollout()
@@ -95,8 +113,10 @@ class Actor:
             for group in self.groups:
                 if group.record is not None:
                     self.collect(group)
+                act_start = time.perf_counter()
                 group.record, env_action = self.act(params, group.obs, step)
-                group.envs.step_async(env_action)
+                group.envs.step_async(env_action)  # the env action on the host first
+                acting += time.perf_counter() - act_start
         for group in self.groups:
             self.collect(group)
         per_group = [group.columns() for group in self.groups]
@@ -106,13 +126,16 @@ class Actor:
         for group in self.groups:
             group_returns, group_lengths = group.scores.take()
             returns, lengths = returns + group_returns, lengths + group_lengths
+        self.times = Times(self.env_seconds, acting, time.perf_counter() - start)
         return self.pieces.transition(*columns), returns, lengths
 
     def collect(self, group: _Group) -> None:
         """Finish `group`'s step in flight: record it (its host values written into the
         rollout's columns while they are fresh in cache, not stacked at the end), and move on to
         the observations it reached (the next episode's first where one ended)."""
+        wait_start = time.perf_counter()
         next_obs, reward, terminated, truncated, info = group.envs.step_wait()
+        self.env_seconds += time.perf_counter() - wait_start
         next_obs = np.asarray(next_obs, self.pieces.obs_dtype)
         host = [group.obs, *(np.asarray(x) for x in (reward, terminated, truncated))]
         host.append(reached_obs(next_obs, info))
@@ -138,7 +161,7 @@ class Actor:
                 params, version = exchange.params_for(k - self.config.arch.max_lag, name)
                 params = jax.device_put(params, self.device)
                 traj, returns, lengths = self.rollout(params, k * batch)
-                exchange.put(index, (traj, version, returns, lengths), name)
+                exchange.put(index, (traj, version, returns, lengths, self.times), name)
         except Stopped:
             pass
         except BaseException as error:  # raised again in the learner's thread

@@ -212,6 +212,16 @@ def test_the_lag_of_every_update_is_within_max_lag(learner, max_lag):
         assert lags == [0] * 12
 
 
+def test_each_log_point_says_where_the_actors_time_went(learner, fault):
+    _, state = learner
+    fault(at=20, sleep=1.0)  # one env's step takes a second, once
+    _, rows = sebulba.Learner(config(agent={"log_interval": 4})).run(state, num_updates=8)
+    for row in rows:
+        shares = row["actor_env_wait"], row["actor_act_wait"]
+        assert min(shares) >= 0 and sum(shares) <= 1 + 1e-9, row
+    assert max(row["actor_env_wait"] for row in rows) > 0.5  # the second spent in that step
+
+
 # ---------------------------------------------------------------- rollouts and the learner's update
 
 
