@@ -5,7 +5,8 @@
         --env-groups 1 --measure random,agent                 # gymnasium's CartPole, on the CPU
 
 For one layout (`--envs` envs over `--threads` actor threads, i.e. agent.num_envs and
-arch.actor_threads) it measures, each for `--seconds` after its compile and warm-up:
+arch.actor_threads), or several in turn (`--layouts 8x2,64x4`), it measures, each for `--seconds`
+after its compile and warm-up:
 
 * random: env steps/s of `--threads` Python threads, each stepping its own vector env of envs /
   threads envs (the actors' vector envs: envpool or gymnasium, rl.sebulba_envs.make_vector_env)
@@ -172,10 +173,23 @@ def agent_throughput(config_path: str, envs: int, threads: int, seconds: float, 
     }
 
 
+def parse_layouts(text: str) -> list[tuple[int, int]]:
+    """[(envs, threads)] of "ExT,ExT,..." (e.g. "8x2,64x4"); ValueError naming a bad item."""
+    layouts = []
+    for item in text.split(","):
+        envs, x, threads = item.strip().partition("x")
+        if not (x and envs.isdigit() and threads.isdigit()) or int(threads) == 0:
+            raise ValueError(f"--layouts: {item!r} is not ENVSxTHREADS (e.g. 64x4)")
+        layouts.append((int(envs), int(threads)))
+    return layouts
+
+
 def table(rows: list[dict]) -> str:
-    """The measurements as a Markdown table, agent / random per env_groups value."""
-    random_sps = next((r["sps"] for r in rows if r["what"] == "random" and "sps" in r), np.nan)
-    actors = {r["env_groups"]: r for r in rows if r["what"] == "actors"}
+    """The measurements as a Markdown table: per layout (envs x threads) and env_groups value,
+    agent / random, random being that layout's own."""
+    layout = lambda r: (r["envs"], r["threads"])
+    random_sps = {layout(r): r["sps"] for r in rows if r["what"] == "random" and "sps" in r}
+    actors = {(layout(r), r["env_groups"]): r for r in rows if r["what"] == "actors"}
     lines = [
         "| envs x threads | env_groups | random sps | actors sps | agent sps (overall) | "
         "agent / random | learner waiting | actors: envs / acting / rest | lag |",
@@ -187,11 +201,12 @@ def table(rows: list[dict]) -> str:
         if "error" in r:
             lines.append(f"| {r['envs']} x {r['threads']} | {r['env_groups']} | {r['error']} |")
             continue
-        actor_sps = actors.get(r["env_groups"], {}).get("sps", np.nan)
+        actor_sps = actors.get((layout(r), r["env_groups"]), {}).get("sps", np.nan)
+        random = random_sps.get(layout(r), np.nan)
         lines.append(
-            f"| {r['envs']} x {r['threads']} | {r['env_groups']} | {random_sps:.0f} | "
+            f"| {r['envs']} x {r['threads']} | {r['env_groups']} | {random:.0f} | "
             f"{actor_sps:.0f} | {r['sps']:.0f} ({r['sps_overall']:.0f}) | "
-            f"{r['sps'] / random_sps:.2f} | {r['rollout_wait']:.2f} | "
+            f"{r['sps'] / random:.2f} | {r['rollout_wait']:.2f} | "
             f"{r['actor_env_wait']:.2f} / {r['actor_act_wait']:.2f} / "
             f"{1 - r['actor_env_wait'] - r['actor_act_wait']:.2f} | {r['param_lag']:.2f} |"
         )
@@ -203,6 +218,11 @@ def main(argv=None) -> None:
     parser.add_argument("--config", default="configs/ppo_atari_breakout.yaml")
     parser.add_argument("--envs", type=int, default=8, help="agent.num_envs")
     parser.add_argument("--threads", type=int, default=2, help="arch.actor_threads")
+    parser.add_argument(
+        "--layouts",
+        help="several layouts in turn, ENVSxTHREADS comma-separated (e.g. 8x2,64x4); "
+        "instead of --envs and --threads",
+    )
     parser.add_argument("--seconds", type=float, default=20.0, help="per measurement")
     parser.add_argument("--env-groups", default="1,2", help="arch.env_groups values, e.g. 1,2")
     parser.add_argument(
@@ -215,30 +235,33 @@ def main(argv=None) -> None:
     if unknown:
         parser.error(f"--measure: unknown {unknown}; choose from {MEASURES}")
     groups = [int(g) for g in args.env_groups.split(",")]
-    base = {"envs": args.envs, "threads": args.threads, "device": str(jax.devices()[0])}
-    base["config"] = args.config
-    config = layout_config(
-        args.config, args.envs, args.threads, args.overrides
-    )  # refuses bad input
+    try:
+        layouts = parse_layouts(args.layouts) if args.layouts else [(args.envs, args.threads)]
+    except ValueError as error:
+        parser.error(str(error))
+    for envs, threads in layouts:  # every layout's config first: bad input refused up front
+        layout_config(args.config, envs, threads, args.overrides)
     rows = []
 
     def emit(row):
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    if "random" in measures:
-        emit({**base, "what": "random", **random_throughput(config, args.threads, args.seconds)})
-    for g in groups:
-        overrides = [*args.overrides, f"arch.env_groups={g}"]
-        grouped = {**base, "env_groups": g}
-        if "actors" in measures:
-            cfg = layout_config(args.config, args.envs, args.threads, overrides)
-            emit(
-                {**grouped, "what": "actors", **actors_throughput(cfg, args.threads, args.seconds)}
-            )
-        if "agent" in measures:
-            result = agent_throughput(args.config, args.envs, args.threads, args.seconds, overrides)
-            emit({**grouped, "what": "agent", **result})
+    for envs, threads in layouts:
+        base = {"envs": envs, "threads": threads, "device": str(jax.devices()[0])}
+        base["config"] = args.config
+        if "random" in measures:
+            config = layout_config(args.config, envs, threads, args.overrides)
+            emit({**base, "what": "random", **random_throughput(config, threads, args.seconds)})
+        for g in groups:
+            overrides = [*args.overrides, f"arch.env_groups={g}"]
+            grouped = {**base, "env_groups": g}
+            if "actors" in measures:
+                cfg = layout_config(args.config, envs, threads, overrides)
+                emit({**grouped, "what": "actors", **actors_throughput(cfg, threads, args.seconds)})
+            if "agent" in measures:
+                result = agent_throughput(args.config, envs, threads, args.seconds, overrides)
+                emit({**grouped, "what": "agent", **result})
     print()
     print(table(rows))
 
