@@ -239,8 +239,9 @@ def main(argv=None) -> None:
         layouts = parse_layouts(args.layouts) if args.layouts else [(args.envs, args.threads)]
     except ValueError as error:
         parser.error(str(error))
-    for envs, threads in layouts:  # every layout's config first: bad input refused up front
-        layout_config(args.config, envs, threads, args.overrides)
+    for envs, threads in layouts:  # every config first: bad input refused before measuring
+        for g in groups:
+            layout_config(args.config, envs, threads, [*args.overrides, f"arch.env_groups={g}"])
     rows = []
 
     def emit(row):
