@@ -195,7 +195,7 @@ class Learner:
                 if stop:  # several processes: one asked to stop; none enters this update
                     break
                 period.waited += time.perf_counter() - start
-                traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *(r[0] for r in rollouts))
+                traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *(r.traj for r in rollouts))
                 key, learn_key = jax.random.split(state.key)
                 traj = jax.tree.map(partial(self.global_batch, split), traj)
                 learned = learn(self.hparams, state.params, state.opt_state, traj, learn_key)
@@ -204,7 +204,7 @@ class Learner:
                 step = state.step + self.agent.batch_size
                 state = LearnerState(*learned[:2], key, step, state.updates + 1)
                 exchange.publish(local_copy(state.params), update + 1)
-                lags = [update - rollout[1] for rollout in rollouts]
+                lags = [update - rollout.version for rollout in rollouts]
                 period.add(learned[2], lags, rollouts, self.agent.batch_size)
                 if (update + 1) % self.agent.log_interval == 0:
                     rows.append(self.log_point(state, period))
@@ -373,10 +373,10 @@ class _Period:
         self.stats.append(stats)
         self.steps += steps
         self.lags += lags
-        for _, _, returns, lengths, times in rollouts:
-            self.returns += returns
-            self.lengths += lengths
-            self.actor_times += times
+        for rollout in rollouts:
+            self.returns += rollout.returns
+            self.lengths += rollout.lengths
+            self.actor_times += rollout.times
 
     def metrics(self, processes: int = 1) -> dict:
         """The period's log point (`Learner.log_point`); with several `processes`, episodes and

@@ -27,7 +27,7 @@ from rl.sebulba_agents import Pieces
 from rl.sebulba_envs import Scores, make_env_groups, reached_obs
 from rl.sebulba_exchange import Exchange, Stopped
 
-__all__ = ["Actor", "Times"]
+__all__ = ["Actor", "Rollout", "Times"]
 
 
 class Times(NamedTuple):
@@ -40,6 +40,18 @@ class Times(NamedTuple):
     envs: float
     acting: float
     total: float
+
+
+class Rollout(NamedTuple):
+    """What an actor hands the learner (`Exchange.put`): a rollout's Transition [T, envs, ...],
+    the version of the params it acted with, the returns and lengths of the episodes that ended in
+    it, and where its wall clock went."""
+
+    traj: object
+    version: int
+    returns: list
+    lengths: list
+    times: Times
 
 
 class _Group:
@@ -89,7 +101,7 @@ class Actor:
         groups = make_env_groups(config, seeds, arch.vector_env, arch.env_groups)
         self.groups = [_Group(envs, np.asarray(obs, dtype)) for envs, obs in groups]
         self.key = jax.device_put(key, device)
-        self.times, self.env_seconds = Times(0.0, 0.0, 0.0), 0.0  # the last rollout's
+        self.times = Times(0.0, 0.0, 0.0)  # the last rollout's
 
     def act(self, params, obs, step):
         """(record, env action) of one step from the host observations `obs` (`step`: env steps
@@ -105,20 +117,20 @@ class Actor:
 
     def rollout(self, params, step: int = 0):
         start = time.perf_counter()
-        self.env_seconds, acting = 0.0, 0.0
+        waiting, acting = 0.0, 0.0
         step = self.device_step(step)
         for group in self.groups:
             group.start_rollout()
         for _ in range(self.config.agent.num_steps):
             for group in self.groups:
                 if group.record is not None:
-                    self.collect(group)
+                    waiting += self.collect(group)
                 act_start = time.perf_counter()
                 group.record, env_action = self.act(params, group.obs, step)
                 group.envs.step_async(env_action)  # the env action on the host first
                 acting += time.perf_counter() - act_start
         for group in self.groups:
-            self.collect(group)
+            waiting += self.collect(group)
         per_group = [group.columns() for group in self.groups]
         columns = [_joined(column) for column in zip(*per_group)]  # [T, envs, ...]
         columns[-4] = columns[-4].astype(np.float32)  # the rewards
@@ -126,16 +138,17 @@ class Actor:
         for group in self.groups:
             group_returns, group_lengths = group.scores.take()
             returns, lengths = returns + group_returns, lengths + group_lengths
-        self.times = Times(self.env_seconds, acting, time.perf_counter() - start)
+        self.times = Times(waiting, acting, time.perf_counter() - start)
         return self.pieces.transition(*columns), returns, lengths
 
-    def collect(self, group: _Group) -> None:
+    def collect(self, group: _Group) -> float:
         """Finish `group`'s step in flight: record it (its host values written into the
         rollout's columns while they are fresh in cache, not stacked at the end), and move on to
-        the observations it reached (the next episode's first where one ended)."""
+        the observations it reached (the next episode's first where one ended). Returns the
+        seconds it waited for the envs' step."""
         wait_start = time.perf_counter()
         next_obs, reward, terminated, truncated, info = group.envs.step_wait()
-        self.env_seconds += time.perf_counter() - wait_start
+        waited = time.perf_counter() - wait_start
         next_obs = np.asarray(next_obs, self.pieces.obs_dtype)
         host = [group.obs, *(np.asarray(x) for x in (reward, terminated, truncated))]
         host.append(reached_obs(next_obs, info))
@@ -147,6 +160,7 @@ class Actor:
         group.records.append(group.record)
         group.scores.add(reward, terminated, truncated, info)
         group.obs, group.record = next_obs, None
+        return waited
 
     def close(self) -> None:
         for group in self.groups:
@@ -161,7 +175,7 @@ class Actor:
                 params, version = exchange.params_for(k - self.config.arch.max_lag, name)
                 params = jax.device_put(params, self.device)
                 traj, returns, lengths = self.rollout(params, k * batch)
-                exchange.put(index, (traj, version, returns, lengths, self.times), name)
+                exchange.put(index, Rollout(traj, version, returns, lengths, self.times), name)
         except Stopped:
             pass
         except BaseException as error:  # raised again in the learner's thread
