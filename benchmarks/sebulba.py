@@ -13,6 +13,10 @@ after its compile and warm-up:
   with uniformly random actions: what the envs give without acting or learning;
 * actors: env steps/s of the actor threads alone (rl.sebulba.Actor, as a run's actors), each
   rolling out with the initial params without waiting for a learner: the actors' ceiling;
+* learner: env steps/s of the learner alone: its updates on ready-made rollouts (ones of the
+  actors' shapes, one per actor thread) taken in as the run takes its rollouts in (joined on the
+  env axis on the host, then the batch put on the learner devices), dispatched one after another
+  and waited for at the end: the learner's ceiling, its host side included;
 * agent: env steps/s of the whole run (rl.sebulba.Learner.run, stopped after `--seconds`): the
   median over its log points after the first two (at least three are needed), its overall rate
   (all its steps over the run's wall clock, the actors' start included), the learner's share of
@@ -20,9 +24,10 @@ after its compile and warm-up:
   acting (rl.sebulba_actor.Times; the rest is their host work) and the mean parameter lag;
   compile_s is 0 where an earlier measurement of the process compiled the same update.
 
-actors and agent run once per `--env-groups` value (arch.env_groups). One JSON line per
-measurement, then a table with agent / random, the figure issue targets compare (the learner
-keeps up when it is near 1). Extra arguments are config overrides (`agent.num_steps=64`).
+random and learner run once per layout, actors and agent once per `--env-groups` value
+(arch.env_groups). One JSON line per measurement, then a table with agent / random: the share of
+the envs' own rate the run keeps (near 1: acting and learning keep up with the envs). Extra
+arguments are config overrides (`agent.num_steps=64`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import json
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import gymnasium
@@ -44,7 +50,7 @@ from rl import sebulba  # noqa: E402
 from rl.config import load_config  # noqa: E402
 from rl.sebulba_envs import make_vector_env  # noqa: E402
 
-MEASURES = ("random", "actors", "agent")
+MEASURES = ("random", "actors", "learner", "agent")
 
 
 def layout_config(config_path: str, envs: int, threads: int, overrides: list[str]):
@@ -136,6 +142,45 @@ def actors_throughput(config, threads: int, seconds: float) -> dict:
     return {"sps": sum(counts) / wall}
 
 
+def ready_rollout(learner: sebulba.Learner, state, envs: int) -> object:
+    """One actor's rollout of `envs` envs as the learner takes it in: the agent's Transition of
+    NumPy arrays [num_steps, envs, ...] in the actors' shapes and dtypes, filled with ones (memory
+    touched, as an actor's is; a valid action of every action space the agents take)."""
+    pieces, agent = learner.pieces, learner.agent
+    obs = jax.ShapeDtypeStruct((envs, *pieces.obs_space.shape), pieces.obs_dtype)
+    step = jax.ShapeDtypeStruct((), np.int32)
+    key = jax.random.PRNGKey(0)
+    _, record, _ = jax.eval_shape(learner.policy, learner.hparams, state.params, obs, key, step)
+    reward, flag = (jax.ShapeDtypeStruct((envs,), t) for t in (np.float32, np.bool_))
+    steps = pieces.transition(obs, *record, reward, flag, flag, obs)
+    return jax.tree.map(lambda x: np.ones((agent.num_steps, *x.shape), x.dtype), steps)
+
+
+def learner_throughput(config, threads: int, seconds: float) -> dict:
+    """Env steps/s of the learner alone on ready-made rollouts (module docstring)."""
+    learner = sebulba.Learner(config)
+    state = learner.init()
+    learner.compile(state)
+    learn, split = learner.programs.compiled["learn"], learner.programs.split
+    per_actor = config.agent.num_envs // threads
+    rollouts = [ready_rollout(learner, state, per_actor) for _ in range(threads)]
+    params, opt_state, key = state.params, state.opt_state, jax.random.PRNGKey(0)
+
+    def update(params, opt_state):
+        traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *rollouts)
+        traj = jax.tree.map(partial(learner.global_batch, split), traj)
+        return learn(learner.hparams, params, opt_state, traj, key)[:2]
+
+    jax.block_until_ready(update(params, opt_state))  # warm up
+    start, updates = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        params, opt_state = update(params, opt_state)
+        updates += 1
+    jax.block_until_ready(params)
+    wall = time.perf_counter() - start
+    return {"sps": updates * config.agent.batch_size / wall, "update_s": wall / updates}
+
+
 def agent_throughput(config_path: str, envs: int, threads: int, seconds: float, overrides) -> dict:
     """The whole run's env steps/s (module docstring), stopped after `seconds`; a log point about
     every 4096 env steps."""
@@ -186,14 +231,16 @@ def parse_layouts(text: str) -> list[tuple[int, int]]:
 
 def table(rows: list[dict]) -> str:
     """The measurements as a Markdown table: per layout (envs x threads) and env_groups value,
-    agent / random, random being that layout's own."""
+    agent / random, random and learner being that layout's own."""
     layout = lambda r: (r["envs"], r["threads"])
     random_sps = {layout(r): r["sps"] for r in rows if r["what"] == "random" and "sps" in r}
+    learner_sps = {layout(r): r["sps"] for r in rows if r["what"] == "learner"}
     actors = {(layout(r), r["env_groups"]): r for r in rows if r["what"] == "actors"}
     lines = [
-        "| envs x threads | env_groups | random sps | actors sps | agent sps (overall) | "
-        "agent / random | learner waiting | actors: envs / acting / rest | lag |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| envs x threads | env_groups | random sps | actors sps | learner sps | "
+        "agent sps (overall) | agent / random | learner waiting | actors: envs / acting / rest | "
+        "lag |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["what"] != "agent":
@@ -203,9 +250,10 @@ def table(rows: list[dict]) -> str:
             continue
         actor_sps = actors.get((layout(r), r["env_groups"]), {}).get("sps", np.nan)
         random = random_sps.get(layout(r), np.nan)
+        learner = learner_sps.get(layout(r), np.nan)
         lines.append(
             f"| {r['envs']} x {r['threads']} | {r['env_groups']} | {random:.0f} | "
-            f"{actor_sps:.0f} | {r['sps']:.0f} ({r['sps_overall']:.0f}) | "
+            f"{actor_sps:.0f} | {learner:.0f} | {r['sps']:.0f} ({r['sps_overall']:.0f}) | "
             f"{r['sps'] / random:.2f} | {r['rollout_wait']:.2f} | "
             f"{r['actor_env_wait']:.2f} / {r['actor_act_wait']:.2f} / "
             f"{1 - r['actor_env_wait'] - r['actor_act_wait']:.2f} | {r['param_lag']:.2f} |"
@@ -254,6 +302,9 @@ def main(argv=None) -> None:
         if "random" in measures:
             config = layout_config(args.config, envs, threads, args.overrides)
             emit({**base, "what": "random", **random_throughput(config, threads, args.seconds)})
+        if "learner" in measures:
+            config = layout_config(args.config, envs, threads, args.overrides)
+            emit({**base, "what": "learner", **learner_throughput(config, threads, args.seconds)})
         for g in groups:
             overrides = [*args.overrides, f"arch.env_groups={g}"]
             grouped = {**base, "env_groups": g}
