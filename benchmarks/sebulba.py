@@ -142,18 +142,13 @@ def actors_throughput(config, threads: int, seconds: float) -> dict:
     return {"sps": sum(counts) / wall}
 
 
-def ready_rollout(learner: sebulba.Learner, state, envs: int) -> object:
+def ready_rollout(learner: sebulba.Learner, envs: int) -> object:
     """One actor's rollout of `envs` envs as the learner takes it in: the agent's Transition of
-    NumPy arrays [num_steps, envs, ...] in the actors' shapes and dtypes, filled with ones (memory
-    touched, as an actor's is; a valid action of every action space the agents take)."""
-    pieces, agent = learner.pieces, learner.agent
-    obs = jax.ShapeDtypeStruct((envs, *pieces.obs_space.shape), pieces.obs_dtype)
-    step = jax.ShapeDtypeStruct((), np.int32)
-    key = jax.random.PRNGKey(0)
-    _, record, _ = jax.eval_shape(learner.policy, learner.hparams, state.params, obs, key, step)
-    reward, flag = (jax.ShapeDtypeStruct((envs,), t) for t in (np.float32, np.bool_))
-    steps = pieces.transition(obs, *record, reward, flag, flag, obs)
-    return jax.tree.map(lambda x: np.ones((agent.num_steps, *x.shape), x.dtype), steps)
+    NumPy arrays [num_steps, envs, ...] in the shapes and dtypes of the compiled update's rollout
+    argument (`Learner.compile`), filled with ones (memory touched, as an actor's is; a valid
+    action of every action space the agents take)."""
+    (_, _, _, traj, _), _ = learner.programs.compiled["learn"].args_info
+    return jax.tree.map(lambda a: np.ones((a.shape[0], envs, *a.shape[2:]), a.dtype), traj)
 
 
 def learner_throughput(config, threads: int, seconds: float) -> dict:
@@ -163,7 +158,7 @@ def learner_throughput(config, threads: int, seconds: float) -> dict:
     learner.compile(state)
     learn, split = learner.programs.compiled["learn"], learner.programs.split
     per_actor = config.agent.num_envs // threads
-    rollouts = [ready_rollout(learner, state, per_actor) for _ in range(threads)]
+    rollouts = [ready_rollout(learner, per_actor) for _ in range(threads)]
     params, opt_state, key = state.params, state.opt_state, jax.random.PRNGKey(0)
 
     def update(params, opt_state):
