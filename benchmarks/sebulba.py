@@ -26,8 +26,10 @@ after its compile and warm-up:
 
 random and learner run once per layout, actors and agent once per `--env-groups` value
 (arch.env_groups). One JSON line per measurement, then a table with agent / random: the share of
-the envs' own rate the run keeps (near 1: acting and learning keep up with the envs). Extra
-arguments are config overrides (`agent.num_steps=64`).
+the envs' own rate the run keeps (near 1: acting and learning keep up with the envs), against the
+random rate measured just before (envpool's rate moves between calls, and within one by up to a
+tenth: `--layouts 256x2,256x2,256x2` measures a layout in three rounds, each its own ratio).
+Extra arguments are config overrides (`agent.num_steps=64`).
 """
 
 from __future__ import annotations
@@ -225,12 +227,12 @@ def parse_layouts(text: str) -> list[tuple[int, int]]:
 
 
 def table(rows: list[dict]) -> str:
-    """The measurements as a Markdown table: per layout (envs x threads) and env_groups value,
-    agent / random, random and learner being that layout's own."""
+    """The measurements as a Markdown table: a line per agent measurement, beside the random,
+    learner and actors measurements of its layout (envs x threads; actors: and env_groups value)
+    made last before it, so that a layout measured several times (`--layouts 256x2,256x2`) pairs
+    each agent rate with its own round's random rate; agent / random is that pair's ratio."""
     layout = lambda r: (r["envs"], r["threads"])
-    random_sps = {layout(r): r["sps"] for r in rows if r["what"] == "random" and "sps" in r}
-    learner_sps = {layout(r): r["sps"] for r in rows if r["what"] == "learner"}
-    actors = {(layout(r), r["env_groups"]): r for r in rows if r["what"] == "actors"}
+    random_sps, learner_sps, actors = {}, {}, {}  # the latest of each, as the rows come
     lines = [
         "| envs x threads | env_groups | random sps | actors sps | learner sps | "
         "agent sps (overall) | agent / random | learner waiting | actors: envs / acting / rest | "
@@ -238,6 +240,12 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if r["what"] == "random" and "sps" in r:
+            random_sps[layout(r)] = r["sps"]
+        elif r["what"] == "learner":
+            learner_sps[layout(r)] = r["sps"]
+        elif r["what"] == "actors":
+            actors[(layout(r), r["env_groups"])] = r
         if r["what"] != "agent":
             continue
         if "error" in r:
