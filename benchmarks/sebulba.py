@@ -11,6 +11,10 @@ after its compile and warm-up:
 * random: env steps/s of `--threads` Python threads, each stepping its own vector env of envs /
   threads envs (the actors' vector envs: envpool or gymnasium, rl.sebulba_envs.make_vector_env)
   with uniformly random actions: what the envs give without acting or learning;
+* raw (envpool ids only): the same with bare envpool pools (`envpool.make` with the config's
+  env.params), whose envs reset in the step after the one that ended their episode (that step's
+  action ignored): envpool's own rate, without the reset step that envs.envpool.VectorEnv makes at
+  once for the envs that ended (same-step auto-reset), which random and the actors include;
 * actors: env steps/s of the actor threads alone (rl.sebulba.Actor, as a run's actors), each
   rolling out with the initial params without waiting for a learner: the actors' ceiling;
 * learner: env steps/s of the learner alone: its updates on ready-made rollouts (ones of the
@@ -24,7 +28,7 @@ after its compile and warm-up:
   acting (rl.sebulba_actor.Times; the rest is their host work) and the mean parameter lag;
   compile_s is 0 where an earlier measurement of the process compiled the same update.
 
-random and learner run once per layout, actors and agent once per `--env-groups` value
+random, raw and learner run once per layout, actors and agent once per `--env-groups` value
 (arch.env_groups). One JSON line per measurement, then a table with agent / random: the share of
 the envs' own rate the run keeps (near 1: acting and learning keep up with the envs), against the
 random rate measured just before (envpool's rate moves between calls, and within one by up to a
@@ -52,7 +56,7 @@ from rl import sebulba  # noqa: E402
 from rl.config import load_config  # noqa: E402
 from rl.sebulba_envs import make_vector_env  # noqa: E402
 
-MEASURES = ("random", "actors", "learner", "agent")
+MEASURES = ("random", "raw", "actors", "learner", "agent")
 
 
 def layout_config(config_path: str, envs: int, threads: int, overrides: list[str]):
@@ -81,15 +85,39 @@ def random_throughput(config, threads: int, seconds: float) -> dict:
         )[0]
         for i in range(threads)
     ]
-    counts, stop = [0] * threads, threading.Event()
+    return stepping_rate(pools, [pool.single_action_space for pool in pools], seconds)
+
+
+def raw_throughput(config, threads: int, seconds: float) -> dict:
+    """Env steps/s of `threads` threads stepping their own bare envpool pools (envpool's own
+    auto-reset) with random actions."""
+    import envpool
+
+    env_id = config.env.id.partition(":")[2]
+    per_thread = config.agent.num_envs // threads
+    pools = []
+    for i in range(threads):
+        pool = envpool.make(
+            env_id, env_type="gymnasium", num_envs=per_thread, seed=1000 * i, **config.env.params
+        )
+        pool.reset()
+        pools.append(pool)
+    return stepping_rate(pools, [pool.action_space for pool in pools], seconds)
+
+
+def stepping_rate(pools: list, spaces: list, seconds: float) -> dict:
+    """{"sps": env steps/s} of one thread per vector env of `pools` stepping it (`step(actions)`)
+    with random actions of its action space in `spaces`, for `seconds` after a warm-up; the pools
+    are closed after."""
+    counts, stop = [0] * len(pools), threading.Event()
 
     def work(i):
         rng, pool = np.random.default_rng(i), pools[i]
         while not stop.is_set():
-            pool.step(random_actions(pool.single_action_space, rng, per_thread))
-            counts[i] += per_thread
+            pool.step(random_actions(spaces[i], rng, pool.num_envs))
+            counts[i] += pool.num_envs
 
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(len(pools))]
     for worker in workers:
         worker.start()
     time.sleep(min(2.0, seconds / 2))  # warm up
@@ -230,18 +258,21 @@ def table(rows: list[dict]) -> str:
     """The measurements as a Markdown table: a line per agent measurement, beside the random,
     learner and actors measurements of its layout (envs x threads; actors: and env_groups value)
     made last before it, so that a layout measured several times (`--layouts 256x2,256x2`) pairs
-    each agent rate with its own round's random rate; agent / random is that pair's ratio."""
+    each agent rate with its own round's random rate; agent / random and agent / raw are the
+    agent rate over those."""
     layout = lambda r: (r["envs"], r["threads"])
-    random_sps, learner_sps, actors = {}, {}, {}  # the latest of each, as the rows come
+    random_sps, raw_sps, learner_sps, actors = {}, {}, {}, {}  # the latest, as the rows come
     lines = [
-        "| envs x threads | env_groups | random sps | actors sps | learner sps | "
-        "agent sps (overall) | agent / random | learner waiting | actors: envs / acting / rest | "
-        "lag |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| envs x threads | env_groups | random sps | raw sps | actors sps | learner sps | "
+        "agent sps (overall) | agent / random | agent / raw | learner waiting | "
+        "actors: envs / acting / rest | lag |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["what"] == "random" and "sps" in r:
             random_sps[layout(r)] = r["sps"]
+        elif r["what"] == "raw":
+            raw_sps[layout(r)] = r["sps"]
         elif r["what"] == "learner":
             learner_sps[layout(r)] = r["sps"]
         elif r["what"] == "actors":
@@ -253,11 +284,12 @@ def table(rows: list[dict]) -> str:
             continue
         actor_sps = actors.get((layout(r), r["env_groups"]), {}).get("sps", np.nan)
         random = random_sps.get(layout(r), np.nan)
+        raw = raw_sps.get(layout(r), np.nan)
         learner = learner_sps.get(layout(r), np.nan)
         lines.append(
-            f"| {r['envs']} x {r['threads']} | {r['env_groups']} | {random:.0f} | "
+            f"| {r['envs']} x {r['threads']} | {r['env_groups']} | {random:.0f} | {raw:.0f} | "
             f"{actor_sps:.0f} | {learner:.0f} | {r['sps']:.0f} ({r['sps_overall']:.0f}) | "
-            f"{r['sps'] / random:.2f} | {r['rollout_wait']:.2f} | "
+            f"{r['sps'] / random:.2f} | {r['sps'] / raw:.2f} | {r['rollout_wait']:.2f} | "
             f"{r['actor_env_wait']:.2f} / {r['actor_act_wait']:.2f} / "
             f"{1 - r['actor_env_wait'] - r['actor_act_wait']:.2f} | {r['param_lag']:.2f} |"
         )
@@ -292,7 +324,14 @@ def main(argv=None) -> None:
         parser.error(str(error))
     for envs, threads in layouts:  # every config first: bad input refused before measuring
         for g in groups:
-            layout_config(args.config, envs, threads, [*args.overrides, f"arch.env_groups={g}"])
+            config = layout_config(
+                args.config, envs, threads, [*args.overrides, f"arch.env_groups={g}"]
+            )
+    if "raw" in measures and not config.env.id.startswith("envpool:"):
+        parser.error(
+            f"--measure raw: envpool ids only ({args.config} steps {config.env.id}, whose vector "
+            "env is its library's own: `random` measures it)"
+        )
     rows = []
 
     def emit(row):
@@ -305,6 +344,9 @@ def main(argv=None) -> None:
         if "random" in measures:
             config = layout_config(args.config, envs, threads, args.overrides)
             emit({**base, "what": "random", **random_throughput(config, threads, args.seconds)})
+        if "raw" in measures:
+            config = layout_config(args.config, envs, threads, args.overrides)
+            emit({**base, "what": "raw", **raw_throughput(config, threads, args.seconds)})
         if "learner" in measures:
             config = layout_config(args.config, envs, threads, args.overrides)
             emit({**base, "what": "learner", **learner_throughput(config, threads, args.seconds)})
