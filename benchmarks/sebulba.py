@@ -256,10 +256,10 @@ def parse_layouts(text: str) -> list[tuple[int, int]]:
 
 def table(rows: list[dict]) -> str:
     """The measurements as a Markdown table: a line per agent measurement, beside the random,
-    learner and actors measurements of its layout (envs x threads; actors: and env_groups value)
-    made last before it, so that a layout measured several times (`--layouts 256x2,256x2`) pairs
-    each agent rate with its own round's random rate; agent / random and agent / raw are the
-    agent rate over those."""
+    raw, learner and actors measurements of its layout (envs x threads; actors: and env_groups
+    value) made last before it, so that a layout measured several times (`--layouts
+    256x2,256x2`) pairs each agent rate with its own round's random rate; agent / random and
+    agent / raw are the agent rate over those."""
     layout = lambda r: (r["envs"], r["threads"])
     random_sps, raw_sps, learner_sps, actors = {}, {}, {}, {}  # the latest, as the rows come
     lines = [
