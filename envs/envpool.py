@@ -149,7 +149,8 @@ class VectorEnv:
         self.num_envs = num_envs
         self.single_observation_space = self.envs.observation_space
         self.single_action_space = self.envs.action_space
-        self.reset_actions = np.zeros(num_envs, np.asarray(self.envs.action_space.sample()).dtype)
+        sample = np.asarray(self.envs.action_space.sample())  # the reset step's ignored actions
+        self.reset_actions = np.zeros((num_envs, *sample.shape), sample.dtype)
 
     def reset(self, seed=None, options=None):
         """(observations, info) of fresh episodes; the seed was given at construction (a later

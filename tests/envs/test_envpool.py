@@ -113,3 +113,45 @@ def test_vector_env_places_each_reset_on_its_own_env():
             final = info["final_obs"]
             for i in range(3):  # ended envs moved on to a new episode, the others did not
                 assert np.array_equal(obs[i], final[i]) != ended[i]
+
+
+def test_vector_env_resets_box_action_envs_that_end_at_different_steps_as_envpool_does():
+    """MuJoCo's Hopper (float64 observations, Box actions of 3) through `VectorEnv` and through
+    envpool's own twin pool, same seed and actions: envs that fall (terminated) or reach the time
+    limit (truncated) at different steps are reset at once, alone, each by envpool's own reset
+    step (its Box actions of the right shape, ignored), and `final_obs` keeps the observation
+    each ended on, the truncation bootstrap's."""
+    from envs.envpool import VectorEnv
+
+    if "Hopper-v4" not in envpool.list_all_envs():  # an envpool built without MuJoCo
+        pytest.skip("needs envpool's MuJoCo envs")
+    n, limit = 4, 30
+    ours = VectorEnv("Hopper-v4", n, seed=7, max_episode_steps=limit)
+    raw = envpool.make(
+        "Hopper-v4", env_type="gymnasium", num_envs=n, seed=7, max_episode_steps=limit
+    )
+    obs, _ = ours.reset()
+    np.testing.assert_array_equal(obs, raw.reset()[0])
+    assert obs.dtype == np.float64 and ours.reset_actions.shape == (n, 3)
+    rng, ends = np.random.default_rng(0), {"terminated": 0, "truncated": 0, "partial": 0}
+    for _ in range(120):
+        action = rng.uniform(-1, 1, (n, 3))
+        obs, reward, terminated, truncated, info = ours.step(action)
+        raw_obs, raw_reward, raw_terminated, raw_truncated, _ = raw.step(action)
+        np.testing.assert_array_equal(reward, raw_reward)
+        assert (terminated == raw_terminated).all() and (truncated == raw_truncated).all()
+        ended = terminated | truncated
+        if not ended.any():
+            np.testing.assert_array_equal(obs, raw_obs)
+            assert "final_obs" not in info
+            continue
+        np.testing.assert_array_equal(info["final_obs"], raw_obs)
+        assert info["_final_obs"].tolist() == ended.tolist()
+        ids = np.flatnonzero(ended)
+        first, *_, first_info = raw.step(np.zeros((ids.size, 3)), env_id=ids)  # envpool's reset
+        np.testing.assert_array_equal(obs[first_info["env_id"]], first)
+        np.testing.assert_array_equal(obs[~ended], raw_obs[~ended])
+        ends["terminated"] += terminated.sum()
+        ends["truncated"] += truncated.sum()
+        ends["partial"] += ids.size < n
+    assert ends["terminated"] >= 2 and ends["truncated"] >= 1 and ends["partial"] >= 2, ends
