@@ -185,6 +185,20 @@ def setting_summary(setting: dict, returns: np.ndarray, lengths: np.ndarray) -> 
     }
 
 
+def learner_state_shapes(config: Config):
+    """An actor-learner run's training state (`rl.sebulba_programs.LearnerState`: params,
+    optimiser state, key, counters) as ShapeDtypeStructs with its leading [settings, seeds] =
+    [1, 1] axes, from its learner's init on this process's first device: what its final params
+    and checkpoints are read into, without making its envs (envpool's cannot reset in JAX) and
+    whatever devices it trained on."""
+    from rl.config import hyperparams
+    from rl.sebulba_programs import programs
+
+    init = programs(config, jax.devices()[:1]).init
+    shapes = jax.eval_shape(init, jax.random.PRNGKey(config.run.seed), hyperparams(config.agent))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, 1, *x.shape), x.dtype), shapes)
+
+
 def evaluate_run(
     run_dir,
     episodes: int = 100,
@@ -195,7 +209,8 @@ def evaluate_run(
 ) -> dict:
     """Evaluate a run directory (see the module docstring); returns a result dict for printing."""
     config, grid = load_run_config(run_dir)
-    params, source = load_params(run_dir, config, grid, checkpoint)
+    shapes = learner_state_shapes(config) if config.arch.name == "sebulba" else None
+    params, source = load_params(run_dir, config, grid, checkpoint, shapes)
     returns, lengths = evaluate(config, params, episodes, seed)
     settings = [setting_summary(setting, returns[s], lengths[s]) for s, setting in enumerate(grid)]
     result = {

@@ -222,15 +222,22 @@ def write_final(run_dir: Path, params, summary: dict) -> None:
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
 
 
-def load_params(run_dir, config: Config, grid: list[dict], checkpoint: int | None = None):
+def load_params(
+    run_dir, config: Config, grid: list[dict], checkpoint: int | None = None, state_shapes=None
+):
     """(params with leading axes [settings, seeds], description of where they came from): from
     `final_params.msgpack`, or from the checkpoint at env step `checkpoint`, or (a run that was
-    stopped before the end) from the newest checkpoint. ConfigError when there are none."""
+    stopped before the end) from the newest checkpoint. ConfigError when there are none.
+    `state_shapes`: the run's training state as ShapeDtypeStructs with those leading axes, which
+    the files are read into; by default the one-program agent's (`rl.programs.make_programs`),
+    an actor-learner run's from its learner (rl.evaluate)."""
     run_dir = Path(run_dir)
-    mesh = seed_mesh(jax.devices()[:1])
-    _, init, _, keys, hparams = make_programs(config, grid, mesh)
+    if state_shapes is None:
+        mesh = seed_mesh(jax.devices()[:1])
+        _, init, _, keys, hparams = make_programs(config, grid, mesh)
+        state_shapes = jax.eval_shape(init, keys, hparams)
     abstract_state = abstract_like(
-        jax.eval_shape(init, keys, hparams), jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        state_shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])
     )
     final = run_dir / FINAL_PARAMS_FILE
     if checkpoint is None and final.is_file():

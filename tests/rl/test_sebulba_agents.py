@@ -105,6 +105,16 @@ def test_rl_eval_plays_a_sebulba_runs_greedy_policy_on_the_host_envs(tmp_path, c
     assert (setting["episodes"], setting["mean"], setting["length_mean"]) == (3, 3.0, 3.0)
     assert run_cli(["eval", tmp_path / "demo", "--render", tmp_path / "x.gif"]) == 2
     assert "--render: not for arch sebulba runs" in capsys.readouterr().err
+    # from a checkpoint (the learner's state, not the one-program agent's), named or the newest
+    # where the run has no final params (stopped before its end)
+    checkpoints = sorted(int(p.name) for p in (tmp_path / "demo" / "checkpoints").iterdir())
+    args = ["eval", tmp_path / "demo", "--episodes", "3", "--json", out]
+    assert run_cli([*args, "--checkpoint", str(checkpoints[-1])]) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["settings"] == [setting]
+    (tmp_path / "demo" / "final_params.msgpack").unlink()
+    assert run_cli(args) == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["params"].endswith(str(checkpoints[-1])) and result["settings"] == [setting]
 
 
 # ---------------------------------------------------------------- images
@@ -162,6 +172,31 @@ def test_an_actor_steps_envpool_atari_with_uint8_frames_and_resets_in_the_same_s
     assert not np.array_equal(traj.final_obs[t, i], traj.obs[t + 1, i])  # a new episode's first
     running = ~ended[:-1]
     np.testing.assert_array_equal(traj.final_obs[:-1][running], traj.obs[1:][running])
+
+
+@pytest.mark.parametrize(
+    "env_id, overrides",
+    [("Breakout-v5", ATARI_SMALL), ("HalfCheetah-v5", ["env.params.max_episode_steps=16"])],
+)
+def test_rl_eval_plays_an_envpool_runs_greedy_policy(tmp_path, capsys, env_id, overrides):
+    """`rl eval` of an envpool run: its params are read into the learner's state (envpool's envs
+    cannot reset inside JAX) and played on envpool's host envs; the game's score for Atari."""
+    envpool = pytest.importorskip("envpool")
+    if env_id not in envpool.list_all_envs():  # an envpool built without MuJoCo
+        pytest.skip(f"needs envpool's {env_id}")
+    config = "ppo_atari_breakout" if env_id.startswith("Breakout") else "ppo_sebulba_halfcheetah"
+    args = ["train", REPO / f"configs/{config}.yaml", "--output-dir", tmp_path, "--name", "run"]
+    small = ["agent.num_envs=4", "agent.num_steps=32", "agent.total_steps=256"]
+    small += ["agent.log_interval=1", f"env.id=envpool:{env_id}", "run.progress=false"]
+    assert run_cli([*args, *small, *overrides]) == 0, capsys.readouterr().err
+    out = tmp_path / "eval.json"
+    assert run_cli(["eval", tmp_path / "run", "--episodes", "2", "--json", out]) == 0, (
+        capsys.readouterr().err
+    )
+    (setting,) = json.loads(out.read_text())["settings"]
+    assert setting["episodes"] == 2 and np.isfinite(setting["mean"])
+    if env_id.startswith("HalfCheetah"):
+        assert setting["length_mean"] == 16.0  # the time limit the run trained with
 
 
 # ---------------------------------------------------------------- learning (slow)
