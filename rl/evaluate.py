@@ -19,6 +19,10 @@ Rendering calls the env's host-side `env.render(state, params) -> uint8[H, W, 3]
 one episode of setting 0, seed 0 (the reset state, then the state after each step, the terminal
 one included), written as a GIF with Pillow.
 
+An actor-learner run (`arch.name: sebulba`) keeps its learner's state in its checkpoints, and its
+params are read into that (`learner_state_shapes`); its episodes are played on its host envs
+(`evaluate_on_host`: a gymnasium vector env or envpool's), not rendered.
+
 A multi-agent env's policy (`make_policy(config) -> policy(params, obs[A, ...], key,
 action_mask[A, n]) -> actions[A]`, or a `RecurrentPolicy` whose step also takes the mask) reads the
 env's action masks; an episode's return is the team's, the sum over steps of the mean reward over
