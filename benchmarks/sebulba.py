@@ -9,12 +9,14 @@ arch.actor_threads), or several in turn (`--layouts 8x2,64x4`), it measures, eac
 after its compile and warm-up:
 
 * random: env steps/s of `--threads` Python threads, each stepping its own vector env of envs /
-  threads envs (the actors' vector envs: envpool or gymnasium, rl.sebulba_envs.make_vector_env)
-  with uniformly random actions: what the envs give without acting or learning;
+  threads envs (the actors' vector envs: envpool or gymnasium, rl.sebulba_envs.make_vector_env,
+  resetting as arch.autoreset says) with uniformly random actions: what the envs give without
+  acting or learning;
 * raw (envpool ids only): the same with bare envpool pools (`envpool.make` with the config's
   env.params), whose envs reset in the step after the one that ended their episode (that step's
-  action ignored): envpool's own rate, without the reset step that envs.envpool.VectorEnv makes at
-  once for the envs that ended (same-step auto-reset), which random and the actors include;
+  action ignored): envpool's own rate, without envs.envpool.VectorEnv (with arch.autoreset
+  same_step it adds a second envpool step for the envs that ended, which random and the actors
+  then include);
 * actors: env steps/s of the actor threads alone (rl.sebulba.Actor, as a run's actors), each
   rolling out with the initial params without waiting for a learner: the actors' ceiling;
 * learner: env steps/s of the learner alone: its updates on ready-made rollouts (ones of the
@@ -43,7 +45,6 @@ import json
 import sys
 import threading
 import time
-from functools import partial
 from pathlib import Path
 
 import gymnasium
@@ -53,6 +54,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl import sebulba  # noqa: E402
+from rl.arch_config import autoreset_mode  # noqa: E402
 from rl.config import load_config  # noqa: E402
 from rl.sebulba_envs import make_vector_env  # noqa: E402
 
@@ -79,12 +81,9 @@ def random_actions(space, rng: np.random.Generator, n: int) -> np.ndarray:
 def random_throughput(config, threads: int, seconds: float) -> dict:
     """Env steps/s of `threads` threads stepping their own vector envs with random actions."""
     per_thread = config.agent.num_envs // threads
-    pools = [
-        make_vector_env(
-            config, list(range(1000 * i, 1000 * i + per_thread)), config.arch.vector_env
-        )[0]
-        for i in range(threads)
-    ]
+    mode, autoreset = config.arch.vector_env, autoreset_mode(config)
+    seeds = lambda i: list(range(1000 * i, 1000 * i + per_thread))
+    pools = [make_vector_env(config, seeds(i), mode, autoreset)[0] for i in range(threads)]
     return stepping_rate(pools, [pool.single_action_space for pool in pools], seconds)
 
 
@@ -176,9 +175,11 @@ def ready_rollout(learner: sebulba.Learner, envs: int) -> object:
     """One actor's rollout of `envs` envs as the learner takes it in: the agent's Transition of
     NumPy arrays [num_steps, envs, ...] in the shapes and dtypes of the compiled update's rollout
     argument (`Learner.compile`), filled with ones (memory touched, as an actor's is; a valid
-    action of every action space the agents take)."""
+    action of every action space the agents take), its flags False (no episode ends, no reset
+    steps)."""
     (_, _, _, traj, _), _ = learner.programs.compiled["learn"].args_info
-    return jax.tree.map(lambda a: np.ones((a.shape[0], envs, *a.shape[2:]), a.dtype), traj)
+    fill = lambda a: np.zeros if a.dtype == np.bool_ else np.ones
+    return jax.tree.map(lambda a: fill(a)((a.shape[0], envs, *a.shape[2:]), a.dtype), traj)
 
 
 def learner_throughput(config, threads: int, seconds: float) -> dict:
@@ -186,14 +187,13 @@ def learner_throughput(config, threads: int, seconds: float) -> dict:
     learner = sebulba.Learner(config)
     state = learner.init()
     learner.compile(state)
-    learn, split = learner.programs.compiled["learn"], learner.programs.split
+    learn = learner.programs.compiled["learn"]
     per_actor = config.agent.num_envs // threads
     rollouts = [ready_rollout(learner, per_actor) for _ in range(threads)]
     params, opt_state, key = state.params, state.opt_state, jax.random.PRNGKey(0)
 
     def update(params, opt_state):
-        traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *rollouts)
-        traj = jax.tree.map(partial(learner.global_batch, split), traj)
+        traj = learner.batch(rollouts)
         return learn(learner.hparams, params, opt_state, traj, key)[:2]
 
     jax.block_until_ready(update(params, opt_state))  # warm up

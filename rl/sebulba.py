@@ -21,11 +21,14 @@ and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   steps; envpool's send/recv, gymnasium's step_async/step_wait through
   rl.sebulba_envs.SplitStep); the rollout is the one a single group gives with the same seeds and
   actions.
-* Episode ends: the vector envs auto-reset in the step that ends an episode (gymnasium's
-  `AutoresetMode.SAME_STEP`, which envs.envpool.VectorEnv keeps too); each step records the
-  observation it reached (`final_obs`: the one before the reset where an episode ended), so GAE
-  (and PQN's Q(lambda)) bootstraps from final_obs at a time limit and not at a termination, as
-  everywhere in fusedrl.
+* Episode ends (`arch.autoreset`, rl.arch_config.autoreset_mode): gymnasium's vector envs
+  auto-reset in the step that ends an episode (`AutoresetMode.SAME_STEP`), envpool's in the next
+  step (`AutoresetMode.NEXT_STEP`, envpool's own: that step resets the env and ignores its
+  action). Each step records the observation it reached (`final_obs`: the one before the reset
+  where an episode ended), so GAE (and PQN's Q(lambda)) bootstraps from final_obs at a time limit
+  and not at a termination, as everywhere in fusedrl; a next-step reset's step is recorded with
+  `reset_step` set, and the losses, their means and PPO's advantage normalisation leave it out
+  (no other step's advantage or target reads it: the chains stop at the episode end before it).
 * Acting and learning are the agent's own (rl.sebulba_agents: PPO's `learn` with its fused kernels
   where they fit, PQN's Q(lambda) targets and minibatch epochs), compiled once before the actors
   start; the batch is split on its env axis over the learner devices (jax.sharding; XLA reduces
@@ -69,6 +72,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from rl.arch_config import autoreset_mode
 from rl.config import hyperparams
 from rl.logging import publish
 from rl.sebulba_actor import Actor
@@ -135,7 +139,8 @@ class Learner:
         step = jax.ShapeDtypeStruct((), np.int32)
         _, record, _ = jax.eval_shape(self.policy, self.hparams, state.params, obs, key, step)
         reward, flag = (jax.ShapeDtypeStruct(shape[:1], t) for t in (np.float32, np.bool_))
-        steps = pieces.transition(obs, *record, reward, flag, flag, obs)
+        reset_step = flag if autoreset_mode(self.config) == "next_step" else None
+        steps = pieces.transition(obs, *record, reward, flag, flag, obs, reset_step=reset_step)
         split, T = self.programs.split, self.agent.num_steps
         traj = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((T, *x.shape), x.dtype, sharding=split), steps
@@ -178,7 +183,7 @@ class Learner:
         it is true on any process at a vote, before the update that vote precedes, `take`).
         Returns (state, rows)."""
         self.compile(state)
-        learn, split = self.programs.compiled["learn"], self.programs.split
+        learn = self.programs.compiled["learn"]
         last = self.agent.num_updates if num_updates is None else num_updates
         first = int(state.updates)
         asked = lambda: bool(should_stop and should_stop())
@@ -195,9 +200,8 @@ class Learner:
                 if stop:  # several processes: one asked to stop; none enters this update
                     break
                 period.waited += time.perf_counter() - start
-                traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *(r.traj for r in rollouts))
+                traj = self.batch([rollout.traj for rollout in rollouts])
                 key, learn_key = jax.random.split(state.key)
-                traj = jax.tree.map(partial(self.global_batch, split), traj)
                 learned = learn(self.hparams, state.params, state.opt_state, traj, learn_key)
                 if self.processes > 1:  # no other collective (gloo on CPUs) may overlap it
                     jax.block_until_ready(learned)
@@ -305,6 +309,13 @@ class Learner:
         ...], split on the env axis over the learner devices of every process."""
         shape = (x.shape[0], x.shape[1] * self.processes, *x.shape[2:])
         return jax.make_array_from_process_local_data(sharding, x, shape)
+
+    def batch(self, trajs: list):
+        """The update's rollout from this process's actors' Transitions [T, envs_i, ...] (NumPy,
+        actor order): joined on the env axis on the host, then the run's batch on the learner
+        devices (`global_batch`)."""
+        traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *trajs)
+        return jax.tree.map(partial(self.global_batch, self.programs.split), traj)
 
     def agree(self, vote: int) -> np.ndarray:
         """Every process's `vote` (OK, STOP or FAILED), in process order: one allgather, which
