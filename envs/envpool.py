@@ -20,13 +20,17 @@ The mapping:
     `Box(0, 255, [stack_num, height, width], uint8)`, frames channels first as envpool stacks them,
     and `Discrete(actions)`), from which networks are built; its `reset` and `step` raise (train it
     with `arch.name: sebulba`).
-  * `VectorEnv` is gymnasium's vector API with same-step auto-reset
-    (`AutoresetMode.SAME_STEP`, as fusedrl's envs and rl.sebulba's gymnasium vector envs): envpool
-    resets an env in the step *after* the one that ended its episode, ignoring that step's action;
-    `VectorEnv.step` makes that reset step at once for the envs that ended (envpool's partial
-    step, `env_id=`), so the observation it returns is the next episode's first and
-    `info["final_obs"]` (a dense array beside the mask `info["_final_obs"]`) the one the episode
-    ended on. `step_async(actions)` and `step_wait()` split that step around the caller's work
+  * `VectorEnv` is gymnasium's vector API with either of gymnasium's auto-resets
+    (`autoreset_mode`). envpool resets an env in the step *after* the one that ended its episode,
+    ignoring that step's action, which returns the next episode's first observation with reward 0
+    and neither end flag: gymnasium's `AutoresetMode.NEXT_STEP`, which "next_step" keeps as it is.
+    "same_step" (the default; `AutoresetMode.SAME_STEP`, as fusedrl's envs) makes that reset step
+    at once for the envs that ended (envpool's partial step, `env_id=`), so the observation
+    `step` returns is the next episode's first and `info["final_obs"]` (a dense array beside the
+    mask `info["_final_obs"]`) the one the episode ended on: exact, but a second, synchronous
+    envpool step whenever an env's episode ends (on Atari 1-30 no-op frames after each lost
+    life), while the pool's other envs wait. `step_async(actions)` and `step_wait()` split a step
+    around the caller's work
     (envpool's `send` and `recv`: its threads step the envs meanwhile), as gymnasium's
     AsyncVectorEnv splits its own. With `episodic_life` the game goes on after a lost life
     (envpool's reset then only continues it). `info["score"]` is envpool's unclipped reward and
@@ -137,16 +141,26 @@ def make(env_id: str, **options: Any) -> tuple[EnvpoolSpaces, dict]:
     return env, env.default_params
 
 
+AUTORESET_MODES = ("same_step", "next_step")
+
+
 class VectorEnv:
     """`num_envs` envpool envs of `env_id` stepped as one batch (env i seeded `seed + i` by
-    envpool), with gymnasium's vector API and same-step auto-reset (module docstring)."""
+    envpool), with gymnasium's vector API and `autoreset_mode` "same_step" or "next_step"
+    (module docstring)."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, **options: Any):
+    def __init__(
+        self, env_id: str, num_envs: int, seed: int, autoreset_mode: str = "same_step", **options
+    ):
+        if autoreset_mode not in AUTORESET_MODES:
+            raise ValueError(
+                f"autoreset_mode: expected one of {AUTORESET_MODES}, got {autoreset_mode!r}"
+            )
         make_spec(env_id, **options)  # the errors that name the option
         self.envs = _envpool().make(
             env_id, env_type="gymnasium", num_envs=num_envs, seed=int(seed), **options
         )
-        self.num_envs = num_envs
+        self.num_envs, self.autoreset_mode = num_envs, autoreset_mode
         self.single_observation_space = self.envs.observation_space
         self.single_action_space = self.envs.action_space
         sample = np.asarray(self.envs.action_space.sample())  # the reset step's ignored actions
@@ -159,8 +173,9 @@ class VectorEnv:
         return obs, {}
 
     def step(self, actions):
-        """(obs, reward, terminated, truncated, info): envpool's step of every env, then the reset
-        step of those whose episode ended (module docstring); `step_async` then `step_wait`."""
+        """(obs, reward, terminated, truncated, info): envpool's step of every env, with
+        "same_step" then the reset step of those whose episode ended (module docstring);
+        `step_async` then `step_wait`."""
         self.step_async(actions)
         return self.step_wait()
 
@@ -173,14 +188,15 @@ class VectorEnv:
     def step_wait(self):
         """(obs, reward, terminated, truncated, info) of the step `step_async` started (envpool's
         `recv`: a pool of num_envs == batch_size returns its envs in the order they were sent),
-        after the reset step of the envs whose episode ended (module docstring)."""
+        with "same_step" after the reset step of the envs whose episode ended (module
+        docstring)."""
         obs, reward, terminated, truncated, info = self.envs.recv()
         ended = np.flatnonzero(terminated | truncated)
         game_over = terminated | truncated
         if "terminated" in info:  # envpool's Atari: the game's own end, not a lost life
             game_over = truncated | (np.asarray(info["terminated"]) != 0)
         out = {"score": np.asarray(info.get("reward", reward)), "game_over": game_over}
-        if ended.size:
+        if ended.size and self.autoreset_mode == "same_step":
             first, *_, first_info = self.envs.step(self.reset_actions[ended], env_id=ended)
             final_obs, obs = obs, obs.copy()
             obs[np.asarray(first_info["env_id"])] = first

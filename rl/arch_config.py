@@ -29,6 +29,15 @@ class ArchConfig:
         doc="sebulba: each actor's gymnasium vector env, SyncVectorEnv (its envs stepped in the "
         "actor thread) or AsyncVectorEnv (one process per env); envpool steps its own on threads",
     )
+    autoreset: str = hp(
+        "auto",
+        choices=("auto", "same_step", "next_step"),
+        doc="sebulba: when an actor's envs reset after an episode's end: same_step (the step that "
+        "ends it returns the next episode's first observation, its final one beside it) or "
+        "next_step (the env resets in its next step, whose action is ignored; that step is "
+        "recorded and left out of the loss); auto: next_step for envpool (its own reset: no "
+        "second envpool step for the envs that ended), same_step for gymnasium",
+    )
     env_groups: int = hp(
         1,
         low=1,
@@ -81,6 +90,16 @@ class ArchConfig:
                 raise ConfigError(
                     f"arch.{key}: expected distinct device indices (>= 0), got {list(devices)}"
                 )
+
+
+def autoreset_mode(config) -> str:
+    """ "same_step" or "next_step": when the actors' envs reset (`ArchConfig.autoreset`, "auto"
+    resolved by the env id); "same_step" for arch anakin (fusedrl's own envs)."""
+    if config.arch.name != "sebulba":
+        return "same_step"
+    if config.arch.autoreset != "auto":
+        return config.arch.autoreset
+    return "next_step" if config.env.id.startswith("envpool:") else "same_step"
 
 
 def check_arch(config) -> None:

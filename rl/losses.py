@@ -142,9 +142,24 @@ def categorical_cross_entropy(logits, target_probs):
 # ---------------------------------------------------------------- policy gradient (PPO)
 
 
-def normalize(x, eps: float = 1e-8):
-    """(x - mean(x)) / (std(x) + eps)."""
-    return (x - x.mean()) / (x.std() + eps)
+def masked_mean(x, mask=None):
+    """mean(x) over the rows where `mask` [M] (bool or 0/1) is set: sum_{mask} x / max(|mask|, 1)
+    (0 with no row set; rows left out may hold anything finite or not); mean(x) without a
+    mask."""
+    if mask is None:
+        return jnp.mean(x)
+    mask = mask.astype(bool)
+    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1).astype(x.dtype)
+
+
+def normalize(x, eps: float = 1e-8, mask=None):
+    """(x - mean(x)) / (std(x) + eps), the mean and the standard deviation over the rows `mask`
+    sets (`masked_mean`; all rows without one). Rows the mask leaves out are normalised by the
+    same numbers, as the loss ignores them."""
+    if mask is None:
+        return (x - x.mean()) / (x.std() + eps)
+    mean = masked_mean(x, mask)
+    return (x - mean) / (jnp.sqrt(masked_mean(jnp.square(x - mean), mask)) + eps)
 
 
 def gae_coefficients(terminated, truncated, gamma, gae_lambda):
@@ -212,31 +227,32 @@ def truncation_aware_q_lambda(
     )
 
 
-def clipped_surrogate_loss(ratio, advantages, clip_eps):
+def clipped_surrogate_loss(ratio, advantages, clip_eps, mask=None):
     """PPO's clipped surrogate (Schulman et al. 2017), to be minimised:
 
         -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))
 
     with rho = pi(a|s) / pi_old(a|s) the probability ratio [M] and A the advantages [M]: the
-    policy gains nothing from moving rho beyond 1 +- eps in the direction A rewards."""
-    return -jnp.mean(
-        jnp.minimum(
-            ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-        )
+    policy gains nothing from moving rho beyond 1 +- eps in the direction A rewards. The mean is
+    over the rows `mask` [M] sets (`masked_mean`)."""
+    surrogate = jnp.minimum(
+        ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
     )
+    return -masked_mean(surrogate, mask)
 
 
-def clipped_value_loss(values, old_values, targets, clip_eps, clip: bool = True):
+def clipped_value_loss(values, old_values, targets, clip_eps, clip: bool = True, mask=None):
     """PPO's value loss with the value update clipped around the behaviour values V_old:
 
         0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2))
 
-    and 0.5 mean((V - R)^2) when not `clip`. values, old_values, targets R: [M]."""
+    and 0.5 mean((V - R)^2) when not `clip`. values, old_values, targets R: [M]; the mean is over
+    the rows `mask` [M] sets (`masked_mean`)."""
     unclipped = jnp.square(values - targets)
     if not clip:
-        return 0.5 * jnp.mean(unclipped)
+        return 0.5 * masked_mean(unclipped, mask)
     clipped = jnp.square(old_values + jnp.clip(values - old_values, -clip_eps, clip_eps) - targets)
-    return 0.5 * jnp.mean(jnp.maximum(unclipped, clipped))
+    return 0.5 * masked_mean(jnp.maximum(unclipped, clipped), mask)
 
 
 def ppo_loss(
@@ -252,6 +268,7 @@ def ppo_loss(
     ent_coef,
     vf_coef,
     clip_value_loss: bool = True,
+    mask=None,
 ):
     """PPO's objective on one minibatch of M rows, from the current policy's log pi(a|s) and
     entropy H[pi(.|s)] and the current value V(s) of each row (any action distribution):
@@ -262,7 +279,9 @@ def ppo_loss(
 
     with rho = exp(log pi(a|s) - log pi_old(a|s)) (`clipped_surrogate_loss`) and the value term
     `clipped_value_loss` (0.5 mean((V - R)^2) without `clip_value_loss`). The advantages A are used
-    as given (normalise them first if wanted: `normalize`).
+    as given (normalise them first if wanted: `normalize`). With `mask` [M] (bool or 0/1) every
+    mean, the stats' too, is over the rows it sets (`masked_mean`): rows that are not the agent's
+    decisions (an envpool env's reset step) count for nothing.
 
     Args: log_prob, entropy, values, old_log_probs (log pi_old(a|s)), old_values (V_old),
     advantages, targets (R): [M]; clip_eps (eps), vf_clip_eps (eps_v), ent_coef, vf_coef: scalars
@@ -274,16 +293,17 @@ def ppo_loss(
     categorical actor-critic in fused kernels (tests/rl/test_losses_ppo.py ties the two)."""
     log_ratio = log_prob - old_log_probs
     ratio = jnp.exp(log_ratio)
-    policy_loss = clipped_surrogate_loss(ratio, advantages, clip_eps)
-    value_loss = clipped_value_loss(values, old_values, targets, vf_clip_eps, clip_value_loss)
-    entropy = jnp.mean(entropy)
+    policy_loss = clipped_surrogate_loss(ratio, advantages, clip_eps, mask)
+    value_loss = clipped_value_loss(values, old_values, targets, vf_clip_eps, clip_value_loss, mask)
+    entropy = masked_mean(entropy, mask)
     total = policy_loss + vf_coef * value_loss - ent_coef * entropy
+    clipped = (jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)
     stats = {
         "policy_loss": policy_loss,
         "value_loss": value_loss,
         "entropy": entropy,
-        "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
-        "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)),
+        "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+        "clip_fraction": masked_mean(clipped, mask),
     }
     return total, stats
 

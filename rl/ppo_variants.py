@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 import kernels
 from envs.spaces import Box, Discrete
-from rl import environment, losses, param_layout
+from rl import arch_config, environment, losses, param_layout
 from rl.config_parsing import ConfigError, hp
 
 OBS_CLIP = 10.0  # agent.obs_clip's default
@@ -110,6 +110,11 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
             "agent.minibatch_advantages computes the advantages inside the loss (the kernel takes "
             "them as inputs)"
         )
+    if arch_config.autoreset_mode(config) == "next_step":
+        return (
+            "the envs reset in the step after an episode's end (arch.autoreset: next_step), which "
+            "the loss leaves out: the kernel has no mask"
+        )
     if not isinstance(action_space, Discrete):
         return "continuous actions (the kernel is for categorical policies)"
     if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
@@ -170,6 +175,7 @@ def fused_flat_grads(hparams, flat_params, unravel, minibatch, *, agent, backend
     (`rl.agents.ppo.LearnBatch`, advantages, targets); the advantages are normalised first with
     `agent.normalize_advantages`."""
     trans, advantages, targets = minibatch
+    assert trans.mask is None, "no mask in the fused kernel: fused_update_unfit_reason"
     if agent.normalize_advantages:
         advantages = losses.normalize(advantages)
     return kernels.ppo_actor_critic_grads_flat(
@@ -225,7 +231,8 @@ def check_segment_minibatches(agent) -> None:
 class SegmentBatch(NamedTuple):
     """What the minibatch loss of segment minibatches reads of a step: the network's inputs at s_t
     and final_obs_t, the action, the behaviour policy's log-prob and value (None where the value
-    loss is unclipped), the scaled reward and the episode-end flags; [segments, H, ...]."""
+    loss is unclipped), the scaled reward, the episode-end flags and the mask of the steps the
+    loss counts (None: all; `rl.agents.ppo.step_mask`); [segments, H, ...]."""
 
     obs: jax.Array
     final_obs: jax.Array
@@ -235,6 +242,7 @@ class SegmentBatch(NamedTuple):
     reward: jax.Array
     terminated: jax.Array
     truncated: jax.Array
+    mask: jax.Array | None = None
 
 
 def segments(x, horizon: int):
@@ -260,6 +268,7 @@ def segment_batch(s, hparams, net_params, traj) -> SegmentBatch:
         reward,
         traj.terminated,
         traj.truncated,
+        None if traj.reset_step is None else ~traj.reset_step,
     )
     return jax.tree.map(lambda x: segments(x, s.agent.gae_horizon), data)
 

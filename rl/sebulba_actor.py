@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl.arch_config import autoreset_mode
 from rl.config import hyperparams
 from rl.sebulba_agents import Pieces
 from rl.sebulba_envs import Scores, make_env_groups, reached_obs
@@ -58,22 +59,27 @@ class _Group:
     """One env group of an actor (`Actor`): its envs (`rl.sebulba_envs.SplitStep`), the
     observations it acts on next, its running games, and the rollout so far: the acting's records
     of its steps (device arrays) in `records`, its host columns (obs, reward, terminated,
-    truncated, reached obs) in `host`, arrays [T, envs, ...] filled one step at a time (rows
-    [0, len(records)); None before the rollout's first step), and the step in flight's record in
-    `record` (None while no step is)."""
+    truncated, reached obs, and with next-step resets the reset steps) in `host`, arrays [T, envs,
+    ...] filled one step at a time (rows [0, len(records)); None before the rollout's first step),
+    and the step in flight's record in `record` (None while no step is). With next-step resets
+    `ended` marks the envs whose episode ended in the last step: their next step is a reset step
+    (it resets the env, ignoring the action), kept across rollouts."""
 
     def __init__(self, envs, obs):
         self.envs, self.obs, self.scores = envs, obs, Scores(envs.num_envs)
         self.records: list[tuple] = []
         self.host: list[np.ndarray] | None = None
         self.record = None
+        next_step = envs.autoreset_mode == "next_step"
+        self.ended = np.zeros(envs.num_envs, bool) if next_step else None
 
     def start_rollout(self) -> None:
         self.records, self.host = [], None
 
     def columns(self) -> list[np.ndarray]:
         """The rollout's columns [T, envs, ...]: obs, the records' (stacked on their device and
-        brought to the host at once, `_stacked`), reward, terminated, truncated, reached obs."""
+        brought to the host at once, `_stacked`), reward, terminated, truncated, reached obs (and
+        with next-step resets the reset steps)."""
         records = [_stacked(column) for column in zip(*self.records)]
         return [self.host[0], *records, *self.host[1:]]
 
@@ -91,14 +97,18 @@ class Actor:
     worker processes). A rollout starts and ends with no step in flight, so every step of it
     acts with the params it was given; each env's steps keep their order, and the rollout's env
     axis is the groups' envs in order: the rollout one group would give with the same seeds and
-    actions."""
+    actions. With next-step resets (`arch.autoreset`) the Transition's `reset_step` marks the
+    steps that only reset their env (the step after an episode's end, also across rollouts), and
+    a step's reached observation is its next observation (the final one where an episode
+    ended)."""
 
     def __init__(self, pieces: Pieces, config, policy: Callable, seeds: list[int], key, device):
         self.pieces, self.config, self.device = pieces, config, device
         self.policy = actions_to_host(policy, device)
         self.hparams = jax.device_put(hyperparams(config.agent), device)
         arch, dtype = config.arch, pieces.obs_dtype
-        groups = make_env_groups(config, seeds, arch.vector_env, arch.env_groups)
+        autoreset = autoreset_mode(config)
+        groups = make_env_groups(config, seeds, arch.vector_env, arch.env_groups, autoreset)
         self.groups = [_Group(envs, np.asarray(obs, dtype)) for envs, obs in groups]
         self.key = jax.device_put(key, device)
         self.times = Times(0.0, 0.0, 0.0)  # the last rollout's
@@ -133,13 +143,16 @@ class Actor:
             waiting += self.collect(group)
         per_group = [group.columns() for group in self.groups]
         columns = [_joined(column) for column in zip(*per_group)]  # [T, envs, ...]
-        columns[-4] = columns[-4].astype(np.float32)  # the rewards
+        reset_step = columns.pop() if self.groups[0].ended is not None else None
+        *columns, reward, terminated, truncated, reached = columns
+        ends = (reward.astype(np.float32), terminated, truncated, reached)
+        traj = self.pieces.transition(*columns, *ends, reset_step=reset_step)
         returns, lengths = [], []
         for group in self.groups:
             group_returns, group_lengths = group.scores.take()
             returns, lengths = returns + group_returns, lengths + group_lengths
         self.times = Times(waiting, acting, time.perf_counter() - start)
-        return self.pieces.transition(*columns), returns, lengths
+        return traj, returns, lengths
 
     def collect(self, group: _Group) -> float:
         """Finish `group`'s step in flight: record it (its host values written into the
@@ -150,15 +163,19 @@ class Actor:
         next_obs, reward, terminated, truncated, info = group.envs.step_wait()
         waited = time.perf_counter() - wait_start
         next_obs = np.asarray(next_obs, self.pieces.obs_dtype)
-        host = [group.obs, *(np.asarray(x) for x in (reward, terminated, truncated))]
-        host.append(reached_obs(next_obs, info))
+        terminated, truncated = np.asarray(terminated), np.asarray(truncated)
+        host = [group.obs, np.asarray(reward), terminated, truncated, reached_obs(next_obs, info)]
+        reset_step = None
+        if group.ended is not None:  # next-step resets: this step reset the envs that ended
+            reset_step, group.ended = group.ended, terminated | truncated
+            host.append(reset_step)
         if group.host is None:  # fresh arrays each rollout: the learner may hold the last ones
             steps = self.config.agent.num_steps
             group.host = [np.empty((steps, *x.shape), x.dtype) for x in host]
         for column, x in zip(group.host, host):
             column[len(group.records)] = x
         group.records.append(group.record)
-        group.scores.add(reward, terminated, truncated, info)
+        group.scores.add(reward, terminated, truncated, info, reset_step)
         group.obs, group.record = next_obs, None
         return waited
 

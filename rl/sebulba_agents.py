@@ -4,7 +4,8 @@ is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`).
 
     pieces = make_pieces(config)
     key, record, env_action = pieces.act(hparams, params, obs, key, step)   # an actor's step
-    traj = pieces.transition(obs, *record, reward, terminated, truncated, final_obs)  # [T, E, ...]
+    traj = pieces.transition(obs, *record, reward, terminated, truncated, final_obs,
+                             reset_step=None)                             # [T, E, ...]
     params, opt_state, stats = pieces.learn(hparams, params, opt_state, traj, key)
 
 * PPO: a sample of the policy, recording (action, log pi(action|obs)); Box actions mapped to the
@@ -36,7 +37,8 @@ class Pieces(NamedTuple):
     obs_dtype: Any
     init: Callable  # (key, hparams, obs) -> (params, opt_state)
     act: Callable  # (hparams, params, obs, key, step) -> (key, record, env_action)
-    transition: Callable  # (obs, *record, reward, terminated, truncated, final_obs) -> Transition
+    # (obs, *record, reward, terminated, truncated, final_obs, reset_step=None) -> Transition
+    transition: Callable
     learn: Callable  # (hparams, params, opt_state, traj, key) -> (params, opt_state, mean stats)
     greedy: Callable  # (params, obs) -> the env's action, for evaluation
 
@@ -105,7 +107,9 @@ def pqn_pieces(config) -> Pieces:
         obs_dtype(space),
         init,
         act,
-        lambda *columns: pqn.Transition(*columns, episode={}),
+        lambda *columns, reset_step=None: pqn.Transition(
+            *columns, episode={}, reset_step=reset_step
+        ),
         learn,
         lambda params, obs: pqn.greedy_policy(apply, params)(obs),
     )

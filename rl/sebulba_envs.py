@@ -1,5 +1,7 @@
 """The host envs of the actor-learner architecture (rl.sebulba): a batch of envs stepped outside JAX
-with gymnasium's vector API and same-step auto-reset, one per actor thread.
+with gymnasium's vector API, one per actor thread, auto-resetting as `arch.autoreset` says
+(`rl.arch_config.autoreset_mode`): in the step that ends an episode (same_step), or in the next
+one (next_step: envpool's own reset, which the actor records as a reset step the loss leaves out).
 
 * `gymnasium:<id>`: gymnasium's own env (`env.params` its keywords) in a vector env,
   SyncVectorEnv (stepped in the actor's thread) or AsyncVectorEnv (one process per env) by
@@ -31,20 +33,21 @@ def obs_dtype(space):
     return np.float32
 
 
-def make_vector_env(config, seeds: list[int], mode: str):
+def make_vector_env(config, seeds: list[int], mode: str, autoreset: str = "same_step"):
     """(vector env, its first observations) of len(seeds) envs of `config.env.id`, seeded by
     `seeds` (envpool: its first, env i getting seeds[0] + i); `mode` "sync" or "async" for
-    gymnasium ids."""
+    gymnasium ids; `autoreset` "same_step" or "next_step" (gymnasium's `AutoresetMode`s)."""
     prefix, _, env_id = config.env.id.partition(":")
     if prefix == "envpool":
         from envs.envpool import VectorEnv
 
-        envs = VectorEnv(env_id, len(seeds), seeds[0] % 2**30, **config.env.params)
+        envs = VectorEnv(env_id, len(seeds), seeds[0] % 2**30, autoreset, **config.env.params)
         return envs, envs.reset()[0]
     import gymnasium
     from gymnasium.vector import AutoresetMode
 
-    vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    autoreset_modes = {"same_step": AutoresetMode.SAME_STEP, "next_step": AutoresetMode.NEXT_STEP}
+    vector_kwargs = {"autoreset_mode": autoreset_modes[autoreset]}
     if mode == "async":  # fresh worker processes: no fork of this multithreaded one
         vector_kwargs["context"] = "spawn"
     envs = gymnasium.make_vec(
@@ -64,10 +67,11 @@ class SplitStep:
     gymnasium's AsyncVectorEnv) the envs step on their own threads or processes in between;
     otherwise (gymnasium's SyncVectorEnv) `step_async` keeps the actions and `step_wait` steps:
     the step runs in the caller's thread, and the actions may still be arriving from the device
-    until then (a jax.Array is converted in `step_wait`). One step at a time."""
+    until then (a jax.Array is converted in `step_wait`). One step at a time. `autoreset_mode`
+    says when `envs` reset ("same_step" or "next_step", `make_vector_env`'s `autoreset`)."""
 
-    def __init__(self, envs):
-        self.envs, self.num_envs = envs, envs.num_envs
+    def __init__(self, envs, autoreset_mode: str = "same_step"):
+        self.envs, self.num_envs, self.autoreset_mode = envs, envs.num_envs, autoreset_mode
         self.native = callable(getattr(envs, "step_async", None)) and callable(
             getattr(envs, "step_wait", None)
         )
@@ -90,10 +94,10 @@ class SplitStep:
         self.envs.close()
 
 
-def make_env_groups(config, seeds: list[int], mode: str, groups: int):
+def make_env_groups(config, seeds: list[int], mode: str, groups: int, autoreset="same_step"):
     """[(SplitStep, its first observations)] of `groups` vector envs splitting the len(seeds)
-    envs of `make_vector_env(config, seeds, mode)` in order: env i gets the seed it gets there
-    (gymnasium: seeds[i]; envpool: seeds[0] + i), whatever the groups."""
+    envs of `make_vector_env(config, seeds, mode, autoreset)` in order: env i gets the seed it
+    gets there (gymnasium: seeds[i]; envpool: seeds[0] + i), whatever the groups."""
     per_group = len(seeds) // groups
     assert per_group * groups == len(seeds), (len(seeds), groups)  # rl.arch_config.check_arch
     if config.env.id.startswith("envpool:"):  # envpool seeds a pool's env i with its seed + i
@@ -101,15 +105,16 @@ def make_env_groups(config, seeds: list[int], mode: str, groups: int):
         seeds = [first + i for i in range(len(seeds))]
     made = []
     for g in range(groups):
-        envs, obs = make_vector_env(config, seeds[g * per_group : (g + 1) * per_group], mode)
-        made.append((SplitStep(envs), obs))
+        group_seeds = seeds[g * per_group : (g + 1) * per_group]
+        envs, obs = make_vector_env(config, group_seeds, mode, autoreset)
+        made.append((SplitStep(envs, autoreset), obs))
     return made
 
 
 def reached_obs(next_obs, info):
-    """The observations a step reached: `next_obs`, except where an episode ended, the one it
-    ended on (`info["final_obs"]`: envpool's dense array, or gymnasium's object array beside the
-    mask `info["_final_obs"]`)."""
+    """The observations a step reached: `next_obs`, except where an episode ended in a same-step
+    reset, the one it ended on (`info["final_obs"]`: envpool's dense array, or gymnasium's object
+    array beside the mask `info["_final_obs"]`). With next-step resets `next_obs` is always it."""
     if "final_obs" not in info:
         return next_obs
     final = info["final_obs"]
@@ -125,17 +130,21 @@ class Scores:
     """The return and length of each env's running game, and those of the games that ended: the
     rewards and ends a vector env reports for scoring (`info["score"]` and `info["game_over"]`
     where it gives them: envpool's unclipped rewards over all of a game's lives), else the
-    rewards and episode ends themselves."""
+    rewards and episode ends themselves. A length counts the agent's steps, not an env's reset
+    steps (`add`'s `reset_step`)."""
 
     def __init__(self, num_envs: int):
         self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, np.int64)
         self.ended_returns: list[float] = []
         self.ended_lengths: list[int] = []
 
-    def add(self, reward, terminated, truncated, info) -> None:
+    def add(self, reward, terminated, truncated, info, reset_step=None) -> None:
+        """One step of every env; `reset_step` [envs]: where the step only reset its env (a
+        next-step reset), not counted in the game's length."""
         reward = info.get("score", reward)
         over = info.get("game_over", np.asarray(terminated) | np.asarray(truncated))
-        self.returns, self.lengths = self.returns + reward, self.lengths + 1
+        counted = 1 if reset_step is None else ~np.asarray(reset_step)
+        self.returns, self.lengths = self.returns + reward, self.lengths + counted
         ended = np.flatnonzero(over)
         self.ended_returns += self.returns[ended].tolist()
         self.ended_lengths += self.lengths[ended].tolist()

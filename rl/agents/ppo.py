@@ -173,7 +173,10 @@ def init_state(s: Setup, key, hparams) -> OnPolicyState:
 
 
 class Transition(NamedTuple):
-    """One rollout step as acting records it (values come afterwards, in one batch)."""
+    """One rollout step as acting records it (values come afterwards, in one batch). `reset_step`
+    is set where the step only reset its env (envs that reset in the step after an episode's end,
+    rl.sebulba's envpool actors): the loss leaves those rows out; None where every step is the
+    agent's (same-step auto-reset, as fusedrl's own envs)."""
 
     obs: jax.Array
     action: jax.Array
@@ -182,6 +185,7 @@ class Transition(NamedTuple):
     terminated: jax.Array
     truncated: jax.Array
     final_obs: jax.Array
+    reset_step: jax.Array | None = None
 
 
 def rollout(s: Setup, params, envs: Envs, key):
@@ -224,18 +228,28 @@ def gae_cuts(agent: Config, truncated):
 
 
 class LearnBatch(NamedTuple):
-    """What the loss reads of a step: network input, action, behaviour log-prob and value."""
+    """What the loss reads of a step: network input, action, behaviour log-prob and value, and
+    the mask of the steps that count (None: all; `Transition.reset_step`)."""
 
     obs: jax.Array
     action: jax.Array
     log_prob: jax.Array
     value: jax.Array
+    mask: jax.Array | None = None
+
+
+def step_mask(traj):
+    """The steps a loss counts: not `traj.reset_step` (None where the rollout has no reset
+    steps). A reset step's own advantage and target are meaningless, but no other step's reads
+    them: it follows an episode end, where GAE's and Q(lambda)'s chains stop."""
+    return None if traj.reset_step is None else ~traj.reset_step
 
 
 def learn_batch(s: Setup, hparams, net_params, traj: Transition):
     """(LearnBatch, advantages, targets), flattened to [num_envs * num_steps, ...], of a rollout
     whose observations are what the network reads: V(s_t) and V(final_obs_t) in a critic pass
-    each, then truncation-aware GAE on the scaled rewards."""
+    each, then truncation-aware GAE on the scaled rewards; the mask of the steps the loss counts
+    (`step_mask`)."""
     _, values = s.net.apply(net_params, traj.obs)
     _, final_values = s.net.apply(net_params, traj.final_obs)
     advantages, targets = losses.truncation_aware_gae(
@@ -249,23 +263,25 @@ def learn_batch(s: Setup, hparams, net_params, traj: Transition):
         backend=s.backend,
         deterministic=s.deterministic,
     )
-    data = (LearnBatch(traj.obs, traj.action, traj.log_prob, values), advantages, targets)
+    batch = LearnBatch(traj.obs, traj.action, traj.log_prob, values, step_mask(traj))
+    data = (batch, advantages, targets)
     return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
 
 
 # ---------------------------------------------------------------- the minibatch loss
 
 
-def ppo_objective(s, hparams, pi, values, batch, advantages, targets):
+def ppo_objective(s, hparams, pi, values, batch, advantages, targets, mask=None):
     """(L, stats) = `losses.ppo_loss` of a minibatch from the current policy `pi` and values on it,
     `batch` holding the actions and the behaviour log-probs and values (any batch shape); the
-    advantages normalised first with `agent.normalize_advantages`. Recurrent PPO's too."""
+    advantages normalised first with `agent.normalize_advantages`; means over the steps `mask`
+    sets (None: all). Recurrent PPO's too."""
     log_prob, entropy = pi.log_prob_entropy(batch.action, s.backend)
     if s.agent.normalize_advantages:
-        advantages = losses.normalize(advantages)
+        advantages = losses.normalize(advantages, mask=mask)
     rows = (log_prob, entropy, values, batch.log_prob, batch.value, advantages, targets)
     coefficients = [hparams[name] for name in ("clip_eps", "vf_clip_eps", "ent_coef", "vf_coef")]
-    return losses.ppo_loss(*rows, *coefficients, s.agent.clip_value_loss)
+    return losses.ppo_loss(*rows, *coefficients, s.agent.clip_value_loss, mask=mask)
 
 
 def minibatch_loss(s: Setup, hparams, net_params, minibatch):
@@ -273,13 +289,13 @@ def minibatch_loss(s: Setup, hparams, net_params, minibatch):
     batch, advantages, targets = minibatch
     head, values = s.net.apply(net_params, batch.obs)
     pi = s.distribution.from_head(head)
-    return ppo_objective(s, hparams, pi, values, batch, advantages, targets)
+    return ppo_objective(s, hparams, pi, values, batch, advantages, targets, batch.mask)
 
 
 def segment_minibatch_loss(s: Setup, hparams, net_params, minibatch):
     """`ppo_objective` of a minibatch of whole segments (`ppo_variants.segment_outputs`)."""
     outputs = ppo_variants.segment_outputs(s, hparams, net_params, minibatch)
-    return ppo_objective(s, hparams, *outputs)
+    return ppo_objective(s, hparams, *outputs, minibatch.mask)
 
 
 def autodiff_grads(loss, hparams, flat_params, unravel, minibatch):

@@ -71,6 +71,10 @@ check_env = environment.check_discrete_actions
 
 
 class Transition(NamedTuple):
+    """One rollout step; `reset_step` is set where the step only reset its env (envs that reset
+    in the step after an episode's end, rl.sebulba's envpool actors): the loss leaves those rows
+    out (None: every step is the agent's)."""
+
     obs: jax.Array
     action: jax.Array
     reward: jax.Array
@@ -78,6 +82,7 @@ class Transition(NamedTuple):
     truncated: jax.Array
     final_obs: jax.Array
     episode: dict  # EpisodeStatistics' info: episode_done, episode_return, episode_length
+    reset_step: jax.Array | None = None
 
 
 def make_q_network(agent: Config, env, env_params) -> Network:
@@ -120,10 +125,12 @@ def q_lambda_targets(apply, params, traj: Transition, hparams, backend: str, det
 
 
 def q_loss(apply, params, minibatch):
-    """(0.5 mean (Q(s, a) - G)^2, mean Q(s, a)) of a minibatch (obs, action, target)."""
-    obs, action, target = minibatch
+    """(0.5 mean (Q(s, a) - G)^2, mean Q(s, a)) of a minibatch (obs, action, target, mask), the
+    means over the rows `mask` sets (None: all; `losses.masked_mean`)."""
+    obs, action, target, mask = minibatch
     q_taken = losses.action_value(apply(params, obs), action)
-    return 0.5 * jnp.mean(jnp.square(q_taken - target)), q_taken.mean()
+    loss = 0.5 * losses.masked_mean(jnp.square(q_taken - target), mask)
+    return loss, losses.masked_mean(q_taken, mask)
 
 
 def learn(agent: Config, hparams, loss, params, opt_state, batch, key):
@@ -160,10 +167,13 @@ def learn_rollout(
     """One update's learning from the rollout `traj` [T, num_envs] (rl.sebulba's actors' too): the
     Q(lambda) targets under `params` (`q_lambda_targets`, `kernel` its backend and deterministic),
     held fixed, then `learn` on the flattened (obs, action, target) batch. Returns (params,
-    opt_state, mean stats {"loss", "q_mean"})."""
+    opt_state, mean stats {"loss", "q_mean"}). A reset step (`Transition.reset_step`) counts for
+    nothing; its target is meaningless, but no other step's reads it (it follows an episode end,
+    where the Q(lambda) chain stops)."""
     targets = jax.lax.stop_gradient(q_lambda_targets(apply, params, traj, hparams, **kernel))
     flat = lambda x: x.reshape((agent.batch_size,) + x.shape[2:])
-    batch = (flat(traj.obs), flat(traj.action), flat(targets))
+    mask = None if traj.reset_step is None else ~traj.reset_step
+    batch = jax.tree.map(flat, (traj.obs, traj.action, targets, mask))
     loss = lambda params, minibatch: q_loss(apply, params, minibatch)
     params, opt_state, stats = learn(agent, hparams, loss, params, opt_state, batch, key)
     return params, opt_state, jax.tree.map(jnp.mean, stats)

@@ -1,6 +1,7 @@
 """envs.envpool: one error naming the extra without envpool (runs everywhere); with envpool (skipped
 without it), the spaces of `envs.make("envpool:<id>")`, its refusals, and `VectorEnv`'s same-step
-auto-reset against envpool's own next-step reset on a twin pool of the same seed."""
+auto-reset against envpool's own next-step reset on a twin pool of the same seed (and its next-step
+mode, which is that pool)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ def test_a_missing_envpool_gives_one_error_naming_the_extra(monkeypatch):
         r'pip install "fusedrl\[envpool\]"',
     ):
         build_config(data)
+
+
+def test_vector_env_refuses_an_unknown_autoreset_mode():
+    """Before envpool is imported: runs without it too."""
+    from envs.envpool import VectorEnv
+
+    with pytest.raises(ValueError, match=r"autoreset_mode: expected one of .* got 'next'"):
+        VectorEnv("Breakout-v5", 1, seed=0, autoreset_mode="next")
 
 
 envpool = pytest.importorskip("envpool")
@@ -97,6 +106,30 @@ def test_vector_env_resets_in_the_step_that_ends_an_episode():
         assert not np.array_equal(obs, info["final_obs"])
         ends += 1
     assert ends >= 3
+
+
+def test_vector_env_with_next_step_resets_is_envpools_own_pool():
+    """autoreset_mode "next_step": step for step envpool's own pool of the same seed and actions
+    (the step after an end resets the env, reward 0, no end, no second envpool step), with the
+    game's scores and ends beside it."""
+    from envs.envpool import VectorEnv
+
+    ours = VectorEnv("Breakout-v5", 3, seed=5, autoreset_mode="next_step", **OPTIONS)
+    raw = envpool.make("Breakout-v5", env_type="gymnasium", num_envs=3, seed=5, **OPTIONS)
+    np.testing.assert_array_equal(ours.reset()[0], raw.reset()[0])
+    ended, resets, games = np.zeros(3, bool), 0, 0
+    for action in np.random.default_rng(2).integers(0, 4, (400, 3)):
+        got, want = ours.step(action), raw.step(action)
+        for a, b in zip(got[:4], want[:4]):
+            np.testing.assert_array_equal(a, b)
+        info = got[4]
+        assert "final_obs" not in info
+        np.testing.assert_array_equal(info["score"], want[4]["reward"])
+        np.testing.assert_array_equal(info["game_over"], want[4]["terminated"] != 0)
+        assert (got[1][ended] == 0).all() and not (got[2] | got[3])[ended].any()
+        resets, games = resets + ended.sum(), games + info["game_over"].sum()
+        ended = got[2] | got[3]
+    assert resets >= 6 and games >= 1
 
 
 def test_vector_env_places_each_reset_on_its_own_env():

@@ -156,22 +156,37 @@ ATARI_SMALL = [
 
 
 @pytest.mark.parametrize("agent", ["ppo", "pqn"])
-def test_an_actor_steps_envpool_atari_with_uint8_frames_and_resets_in_the_same_step(agent):
+def test_an_actor_steps_envpool_atari_with_uint8_frames_and_either_autoreset(agent):
+    """Same-step resets: a step after an end acts on the next episode's first frames. Next-step
+    resets (envpool's own, arch.autoreset's default for envpool): it acts on the final frames,
+    resets the env (reward 0, no end) and is recorded as a reset step."""
     pytest.importorskip("envpool")
-    config = load_config(REPO / f"configs/{agent}_atari_breakout.yaml", ATARI_SMALL)
-    learner = sebulba.Learner(config)
-    state = learner.init()
-    actor = sebulba.Actor(
-        learner.pieces, config, learner.policy, [5, 6], jax.random.PRNGKey(0), jax.devices()[0]
-    )
-    traj, _, _ = actor.rollout(state.params)
-    assert traj.obs.dtype == np.uint8 and traj.obs.shape == (32, 2, 4, 44, 44)
-    ended = traj.terminated | traj.truncated
-    assert ended.any(), "no life lost in 32 steps: more steps"
-    t, i = np.argwhere(ended[:-1])[0]
-    assert not np.array_equal(traj.final_obs[t, i], traj.obs[t + 1, i])  # a new episode's first
-    running = ~ended[:-1]
-    np.testing.assert_array_equal(traj.final_obs[:-1][running], traj.obs[1:][running])
+    for autoreset in ("same_step", "next_step"):
+        overrides = [*ATARI_SMALL, f"arch.autoreset={autoreset}"]
+        config = load_config(REPO / f"configs/{agent}_atari_breakout.yaml", overrides)
+        learner = sebulba.Learner(config)
+        state = learner.init()
+        actor = sebulba.Actor(
+            learner.pieces, config, learner.policy, [5, 6], jax.random.PRNGKey(0), jax.devices()[0]
+        )
+        try:
+            traj, _, _ = actor.rollout(state.params)
+        finally:
+            actor.close()
+        assert traj.obs.dtype == np.uint8 and traj.obs.shape == (32, 2, 4, 44, 44)
+        ended = traj.terminated | traj.truncated
+        assert ended[:-1].any(), "no life lost in 31 steps: more steps"
+        if autoreset == "same_step":
+            assert traj.reset_step is None
+            t, i = np.argwhere(ended[:-1])[0]
+            assert not np.array_equal(traj.final_obs[t, i], traj.obs[t + 1, i])  # a new episode's
+            running = ~ended[:-1]
+            np.testing.assert_array_equal(traj.final_obs[:-1][running], traj.obs[1:][running])
+        else:
+            np.testing.assert_array_equal(traj.reset_step[1:], ended[:-1])
+            np.testing.assert_array_equal(traj.final_obs[:-1], traj.obs[1:])
+            assert (traj.reward[traj.reset_step] == 0).all()
+            assert not ended[traj.reset_step].any()
 
 
 @pytest.mark.parametrize(

@@ -268,12 +268,15 @@ def test_two_groups_collect_one_groups_rollouts_on_gymnasium_async_envs():
     assert (one[0][0].terminated | one[0][0].truncated).any()  # an episode end is compared too
 
 
-def test_two_groups_collect_one_groups_rollouts_on_envpool(fake_envpool):
+@pytest.mark.parametrize("autoreset", ["same_step", "next_step"])
+def test_two_groups_collect_one_groups_rollouts_on_envpool(fake_envpool, autoreset):
     """The fake's rewards show the action each step took, its obs the step and the env's seed, its
     log_prob record the obs acted on: all aligned as with one group, episodes (terminated,
     truncated at t = 4, final_obs) continued across rollouts, and with two groups the two pools'
-    steps overlap."""
-    cfg = config(env=fake_envpool, agent={"num_steps": 10})
+    steps overlap. Same-step resets: the step after an end acts on the next episode's first obs.
+    Next-step resets: it acts on the final obs and only resets the env (reward 0), recorded as a
+    reset step, also where the end was a rollout's last step."""
+    cfg = config(env=fake_envpool, agent={"num_steps": 10}, arch={"autoreset": autoreset})
     seeds = (11, 40, 7, 99)  # envpool seeds env i of the actor's pool seeds[0] + i
     one = rollouts(cfg, 1, seeds=seeds)
     assert FakePool.most_in_flight == 1
@@ -285,15 +288,27 @@ def test_two_groups_collect_one_groups_rollouts_on_envpool(fake_envpool):
     obs, final_obs, ended = column("obs"), column("final_obs"), column("terminated")
     ended = ended | column("truncated")
     np.testing.assert_array_equal(obs[..., 1], np.broadcast_to([11, 12, 13, 14], (30, 4)))
-    np.testing.assert_array_equal(column("reward"), 1.0 + column("action"))
     steps_before = np.repeat([0, 64, 128], 10)[:, None]  # each rollout's `step`
     np.testing.assert_array_equal(column("log_prob"), obs.sum(-1) + steps_before)
-    np.testing.assert_array_equal(final_obs[..., 0], obs[..., 0] + 1)
-    np.testing.assert_array_equal(obs[1:][ended[:-1], 0], 0)  # the next episode's first obs
-    np.testing.assert_array_equal(obs[1:][~ended[:-1], 0], obs[:-1][~ended[:-1], 0] + 1)
     truncated = column("truncated")
     assert truncated.any() and (final_obs[truncated, 0] == 4).all()
     assert (column("terminated") & (final_obs[..., 0] < 4)).any()
+    if autoreset == "same_step":
+        assert one[0][0].reset_step is None
+        np.testing.assert_array_equal(column("reward"), 1.0 + column("action"))
+        np.testing.assert_array_equal(final_obs[..., 0], obs[..., 0] + 1)
+        np.testing.assert_array_equal(obs[1:][ended[:-1], 0], 0)  # the next episode's first obs
+        np.testing.assert_array_equal(obs[1:][~ended[:-1], 0], obs[:-1][~ended[:-1], 0] + 1)
+        return
+    reset = column("reset_step")
+    assert reset.dtype == bool and not reset[0].any()
+    np.testing.assert_array_equal(reset[1:], ended[:-1])  # across the rollouts' bounds too
+    assert ended[9::10][:2].any()  # an episode ended in a rollout's last step
+    assert not (reset & ended).any()
+    np.testing.assert_array_equal(column("reward"), np.where(reset, 0.0, 1.0 + column("action")))
+    np.testing.assert_array_equal(final_obs[:-1], obs[1:])  # what a step reached is the next obs
+    np.testing.assert_array_equal(final_obs[~reset, 0], obs[~reset, 0] + 1)
+    np.testing.assert_array_equal(final_obs[reset, 0], 0)  # the reset: the next episode's first
 
 
 def test_a_learner_with_two_env_groups_on_envpool_learns_with_bounded_lag(fake_envpool):
@@ -307,5 +322,5 @@ def test_a_learner_with_two_env_groups_on_envpool_learns_with_bounded_lag(fake_e
     assert max(row["param_lag_max"] for row in rows) <= 1
     assert all(np.isfinite(row["policy_loss"]) for row in rows)
     lengths = [row["episode_length"] for row in rows if row["episodes"]]
-    assert lengths and all(2 <= x <= 4 for x in lengths)
+    assert lengths and all(2 <= x <= 4 for x in lengths)  # reset steps not counted
     assert FakePool.most_in_flight >= 2

@@ -87,8 +87,8 @@ def recorded(monkeypatch):
     seen = {"actions": [], "obs": []}
     make = sebulba_envs.make_vector_env
 
-    def recording(config, seeds, mode):
-        envs, obs = make(config, seeds, mode)
+    def recording(config, seeds, mode, autoreset="same_step"):
+        envs, obs = make(config, seeds, mode, autoreset)
         seen["obs"].append(obs)
         return Recorder(envs, seen), obs
 
