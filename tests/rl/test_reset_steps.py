@@ -80,7 +80,7 @@ def test_masked_ppo_loss_is_the_loss_of_the_kept_rows(m, seed, coefficients, cli
 # ---------------------------------------------------------------- learning ignores reset steps
 
 
-def rollout_with_reset_steps(pieces, key, steps=16, envs=4):
+def rollout_with_reset_steps(name, pieces, key, steps=16, envs=4):
     """A random rollout [steps, envs] of CartPole-shaped steps in which episodes end at random and
     every end is followed by a reset step (also where the end is the rollout's last step: the
     next rollout's first step resets; here none starts with one)."""
@@ -88,14 +88,16 @@ def rollout_with_reset_steps(pieces, key, steps=16, envs=4):
     shape = (steps, envs)
     obs = jax.random.normal(k_obs, (*shape, 4))
     final_obs = jnp.concatenate([obs[1:], jax.random.normal(k_final, (1, envs, 4))])
-    ended = jax.random.uniform(k_end, shape) < 0.2
-    truncated = ended & (jax.random.uniform(k_trunc, shape) < 0.5)
-    reset_step = jnp.concatenate([jnp.zeros((1, envs), bool), ended[:-1]])
-    ended, truncated = ended & ~reset_step, truncated & ~reset_step  # a reset step ends nothing
+    ends_here = np.asarray(jax.random.uniform(k_end, shape) < 0.2)
+    ended, reset_step = np.zeros(shape, bool), np.zeros(shape, bool)
+    for t in range(steps):  # a reset step follows every end and ends nothing itself
+        reset_step[t] = ended[t - 1] if t else False
+        ended[t] = ends_here[t] & ~reset_step[t]
+    truncated = ended & np.asarray(jax.random.uniform(k_trunc, shape) < 0.5)
     action = jax.random.randint(k_act, shape, 0, 2)
     reward = jnp.where(reset_step, 0.0, jax.random.uniform(k_rew, shape))
     columns = [obs, action]
-    if pieces.transition.__name__ != "<lambda>":  # PPO records log pi(a|s)
+    if name == "ppo":  # PPO records log pi(a|s)
         columns.append(jnp.full(shape, -0.69))
     ends = (reward, ended & ~truncated, truncated, final_obs)
     return pieces.transition(*columns, *ends, reset_step=reset_step)
@@ -135,7 +137,7 @@ def test_learning_ignores_what_reset_steps_hold(name, agent):
     pieces = make_pieces(cfg)
     hparams = hyperparams(cfg.agent)
     params, opt_state = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros(4, np.float32))
-    traj = rollout_with_reset_steps(pieces, jax.random.PRNGKey(1))
+    traj = rollout_with_reset_steps(name, pieces, jax.random.PRNGKey(1))
     assert 0 < int(traj.reset_step.sum()) < traj.reset_step.size
     other = garbled(traj, jax.random.PRNGKey(2))
     learn = jax.jit(pieces.learn)
