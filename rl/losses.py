@@ -144,8 +144,8 @@ def categorical_cross_entropy(logits, target_probs):
 
 def masked_mean(x, mask=None):
     """mean(x) over the rows where `mask` [M] (bool or 0/1) is set: sum_{mask} x / max(|mask|, 1)
-    (0 with no row set; rows left out may hold anything finite or not); mean(x) without a
-    mask."""
+    (0 with no row set); mean(x) without a mask. The value ignores what rows left out hold; a
+    gradient through it needs them finite (0 times a non-finite derivative is NaN)."""
     if mask is None:
         return jnp.mean(x)
     mask = mask.astype(bool)

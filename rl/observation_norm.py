@@ -32,15 +32,31 @@ def initial_observation_stats(obs_shape: Sequence[int]) -> dict:
     }
 
 
-def update_observation_stats(stats: dict, obs, obs_shape: Sequence[int]) -> dict:
+def update_observation_stats(stats: dict, obs, obs_shape: Sequence[int], mask=None) -> dict:
     """`stats` merged with every observation of the batch `obs` [..., *obs_shape] by Chan et al.'s
     rule (`envs.wrappers.RunningMeanVar.update`); for images every pixel is a sample of its
-    channel."""
+    channel. With `mask` [...] (bool), only the observations it sets: with m kept samples of mean
+    mu_x and variance var_x, n = count + m, delta = mu_x - mean, mean' = mean + delta m / n,
+    var' = (var count + var_x m + delta^2 count m / n) / n (stats unchanged for m = 0)."""
     from envs.wrappers import RunningMeanVar
 
-    samples = jnp.reshape(obs, (-1,) + observation_stats_shape(obs_shape))
-    merged = RunningMeanVar(**stats).update(samples, 1)
-    return {"mean": merged.mean, "var": merged.var, "count": merged.count}
+    stats_shape = observation_stats_shape(obs_shape)
+    samples = jnp.reshape(obs, (-1,) + stats_shape)
+    if mask is None:
+        merged = RunningMeanVar(**stats).update(samples, 1)
+        return {"mean": merged.mean, "var": merged.var, "count": merged.count}
+    per_obs = samples.shape[0] // mask.size  # samples of one observation (an image's pixels)
+    keep = jnp.repeat(jnp.reshape(mask, (-1,)), per_obs).reshape((-1,) + (1,) * len(stats_shape))
+    samples = jnp.asarray(samples, jnp.float32)
+    m = jnp.sum(keep[:, 0] if stats_shape else keep).astype(jnp.float32)
+    kept_sum = lambda x: jnp.sum(jnp.where(keep, x, 0.0), axis=0)
+    batch_mean = kept_sum(samples) / jnp.maximum(m, 1.0)
+    batch_var = kept_sum(jnp.square(samples - batch_mean)) / jnp.maximum(m, 1.0)
+    total = stats["count"] + m
+    delta = batch_mean - stats["mean"]
+    mean = stats["mean"] + delta * m / total
+    m2 = stats["var"] * stats["count"] + batch_var * m + delta**2 * stats["count"] * m / total
+    return {"mean": mean, "var": m2 / total, "count": total}
 
 
 def normalize_observation(obs, stats: dict, clip: float | None = 10.0, epsilon: float = 1e-8):

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from rl.arch_config import autoreset_mode
 from rl.config_parsing import ConfigError
 from rl.programs import at_matmul_precision
 from rl.sebulba_agents import Pieces, make_pieces
@@ -106,11 +107,13 @@ _PROGRAMS: dict = {}  # the programs of each learning setup: seeds of one config
 
 
 def programs(config, learner_devices) -> Programs:
-    """The jitted programs of `config`'s learning setup (its agent, env, kernels, precision and
-    learner devices), made once per process and shared by every `Learner` of that setup."""
+    """The jitted programs of `config`'s learning setup (its agent, env, kernels, precision,
+    learner devices and reset mode), made once per process and shared by every `Learner` of that
+    setup."""
     env = repr(sorted(config.to_dict()["env"].items()))
     ids = tuple(device.id for device in learner_devices)
     key = (config.agent, env, config.kernels, config.run.matmul_precision, ids)
+    key += (autoreset_mode(config),)  # the rollout's columns and the gradient path depend on it
     if key in _PROGRAMS:
         return _PROGRAMS[key]
     pieces, precision = make_pieces(config), config.run.matmul_precision

@@ -311,14 +311,14 @@ def autodiff_grads(loss, hparams, flat_params, unravel, minibatch):
 def learn(s: Setup, grads_fn, batch_fn, hparams, params, opt_state, traj: Transition, key):
     """(params, opt_state, stats) after learning from the rollout `traj` [T, num_envs] (raw
     observations; rl.sebulba's actors' too): its observations merged into the statistics (with
-    `agent.normalize_obs`), the batch `batch_fn(hparams, net_params, traj)`, then epochs of
-    minibatch steps along `grads_fn(hparams, flat_params, unravel, minibatch) -> (gradient,
-    squared norm or None, stats)`."""
+    `agent.normalize_obs`; a reset step's left out, `step_mask`), the batch `batch_fn(hparams,
+    net_params, traj)`, then epochs of minibatch steps along `grads_fn(hparams, flat_params,
+    unravel, minibatch) -> (gradient, squared norm or None, stats)`."""
     agent = s.agent
     net_params, obs_stats = network_params(agent, params), None
     if agent.normalize_obs:  # statistics of every observation so far, this rollout's included
         obs_stats = observation_norm.update_observation_stats(
-            params["obs_stats"], traj.obs, traj.obs.shape[2:]
+            params["obs_stats"], traj.obs, traj.obs.shape[2:], step_mask(traj)
         )
     params = policy_params(agent, net_params, obs_stats)
     observe = partial(network_input, agent, params)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sebulba import COUNTDOWN, SMALL
 
-from rl import losses, ppo_variants, sebulba
+from rl import losses, observation_norm, ppo_variants, sebulba
 from rl.arch_config import autoreset_mode
 from rl.config import build_config, hyperparams
 from rl.config_parsing import ConfigError
@@ -128,9 +128,10 @@ def garbled(traj, key):
         ("ppo", {}),
         ("ppo", {"recompute_advantages": True}),
         ("ppo", {"minibatch_advantages": True, "gae_horizon": 8, "clip_value_loss": False}),
+        ("ppo", {"normalize_obs": True}),
         ("pqn", {}),
     ],
-    ids=["ppo", "ppo-recompute", "ppo-segments", "pqn"],
+    ids=["ppo", "ppo-recompute", "ppo-segments", "ppo-normalize-obs", "pqn"],
 )
 def test_learning_ignores_what_reset_steps_hold(name, agent):
     cfg = config("gymnasium:CartPole-v1", {"autoreset": "next_step"}, agent, name)
@@ -156,6 +157,36 @@ def test_learning_ignores_what_reset_steps_hold(name, agent):
         for a, b in zip(jax.tree.leaves(learned[0]), jax.tree.leaves(changed[0]))
     ]
     assert max(differences) > 1e-4  # without the mask the reset steps' contents are learned
+
+
+@pytest.mark.parametrize("obs_shape", [(3,), (2, 2, 3)], ids=["flat", "image"])
+def test_masked_observation_stats_are_those_of_the_kept_observations(obs_shape):
+    """update_observation_stats with a mask equals the update with the kept observations alone
+    (images: every pixel of a kept observation a sample of its channel); all left out: no
+    change."""
+    rng = np.random.default_rng(0)
+    obs = rng.normal(2.0, 3.0, (5, 4, *obs_shape)).astype(np.float32)
+    keep = rng.random((5, 4)) < 0.6
+    obs_garbled = np.where(keep.reshape(keep.shape + (1,) * len(obs_shape)), obs, 1e6)
+    stats = observation_norm.update_observation_stats(
+        observation_norm.initial_observation_stats(obs_shape), obs[:2], obs_shape
+    )
+    want = observation_norm.update_observation_stats(stats, obs[keep], obs_shape)
+    got = observation_norm.update_observation_stats(stats, obs_garbled, obs_shape, keep)
+    for name in ("mean", "var", "count"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    none = observation_norm.update_observation_stats(stats, obs, obs_shape, np.zeros((5, 4), bool))
+    for name in ("mean", "var", "count"):
+        np.testing.assert_allclose(none[name], stats[name], rtol=1e-6)
+
+
+def test_learners_of_both_reset_modes_share_a_process():
+    """The learning programs are cached per setup, the reset mode part of it: a next-step learner
+    after a same-step one (and back) compiles its own update for its rollout's columns."""
+    for autoreset in ("same_step", "next_step", "same_step"):
+        learner = sebulba.Learner(config(arch={"autoreset": autoreset}))
+        state, rows = learner.run(learner.init(), num_updates=1)
+        assert int(state.updates) == 1
 
 
 # ---------------------------------------------------------------- an actor's reset steps
