@@ -1,5 +1,5 @@
-"""Collecting rollouts: the PRNG keys of a rollout, split up front, and a `lax.scan` whose small
-per-step outputs are stored as one packed row per step."""
+"""Collecting rollouts: the PRNG keys of a rollout, split up front, a `lax.scan` whose small
+per-step outputs are stored as one packed row per step, and the mask of the steps a loss counts."""
 
 from __future__ import annotations
 
@@ -10,6 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl import packing
+
+
+def step_mask(traj):
+    """The steps of the rollout `traj` a loss counts: not `traj.reset_step` (the steps that only
+    reset an env after an episode's end, rl.sebulba's next-step resets); None where the rollout
+    has no reset steps. A reset step's own advantage or target is meaningless, but no other
+    step's reads it: it follows an episode end, where GAE's and Q(lambda)'s chains stop."""
+    return None if traj.reset_step is None else ~traj.reset_step
 
 
 def rollout_keys(key, num_steps: int, num_envs: int):

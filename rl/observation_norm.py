@@ -48,7 +48,7 @@ def update_observation_stats(stats: dict, obs, obs_shape: Sequence[int], mask=No
     per_obs = samples.shape[0] // mask.size  # samples of one observation (an image's pixels)
     keep = jnp.repeat(jnp.reshape(mask, (-1,)), per_obs).reshape((-1,) + (1,) * len(stats_shape))
     samples = jnp.asarray(samples, jnp.float32)
-    m = jnp.sum(keep[:, 0] if stats_shape else keep).astype(jnp.float32)
+    m = jnp.sum(keep).astype(jnp.float32)  # keep is [samples, 1, ...]: one entry a sample
     kept_sum = lambda x: jnp.sum(jnp.where(keep, x, 0.0), axis=0)
     batch_mean = kept_sum(samples) / jnp.maximum(m, 1.0)
     batch_var = kept_sum(jnp.square(samples - batch_mean)) / jnp.maximum(m, 1.0)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 import kernels
 from envs.spaces import Box, Discrete
-from rl import arch_config, environment, losses, param_layout
+from rl import arch_config, collection, environment, losses, param_layout
 from rl.config_parsing import ConfigError, hp
 
 OBS_CLIP = 10.0  # agent.obs_clip's default
@@ -232,7 +232,7 @@ class SegmentBatch(NamedTuple):
     """What the minibatch loss of segment minibatches reads of a step: the network's inputs at s_t
     and final_obs_t, the action, the behaviour policy's log-prob and value (None where the value
     loss is unclipped), the scaled reward, the episode-end flags and the mask of the steps the
-    loss counts (None: all; `rl.agents.ppo.step_mask`); [segments, H, ...]."""
+    loss counts (None: all; `rl.collection.step_mask`); [segments, H, ...]."""
 
     obs: jax.Array
     final_obs: jax.Array
@@ -268,7 +268,7 @@ def segment_batch(s, hparams, net_params, traj) -> SegmentBatch:
         reward,
         traj.terminated,
         traj.truncated,
-        None if traj.reset_step is None else ~traj.reset_step,
+        collection.step_mask(traj),
     )
     return jax.tree.map(lambda x: segments(x, s.agent.gae_horizon), data)
 

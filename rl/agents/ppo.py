@@ -238,18 +238,11 @@ class LearnBatch(NamedTuple):
     mask: jax.Array | None = None
 
 
-def step_mask(traj):
-    """The steps a loss counts: not `traj.reset_step` (None where the rollout has no reset
-    steps). A reset step's own advantage and target are meaningless, but no other step's reads
-    them: it follows an episode end, where GAE's and Q(lambda)'s chains stop."""
-    return None if traj.reset_step is None else ~traj.reset_step
-
-
 def learn_batch(s: Setup, hparams, net_params, traj: Transition):
     """(LearnBatch, advantages, targets), flattened to [num_envs * num_steps, ...], of a rollout
     whose observations are what the network reads: V(s_t) and V(final_obs_t) in a critic pass
     each, then truncation-aware GAE on the scaled rewards; the mask of the steps the loss counts
-    (`step_mask`)."""
+    (`collection.step_mask`)."""
     _, values = s.net.apply(net_params, traj.obs)
     _, final_values = s.net.apply(net_params, traj.final_obs)
     advantages, targets = losses.truncation_aware_gae(
@@ -263,7 +256,7 @@ def learn_batch(s: Setup, hparams, net_params, traj: Transition):
         backend=s.backend,
         deterministic=s.deterministic,
     )
-    batch = LearnBatch(traj.obs, traj.action, traj.log_prob, values, step_mask(traj))
+    batch = LearnBatch(traj.obs, traj.action, traj.log_prob, values, collection.step_mask(traj))
     data = (batch, advantages, targets)
     return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
 
@@ -311,14 +304,15 @@ def autodiff_grads(loss, hparams, flat_params, unravel, minibatch):
 def learn(s: Setup, grads_fn, batch_fn, hparams, params, opt_state, traj: Transition, key):
     """(params, opt_state, stats) after learning from the rollout `traj` [T, num_envs] (raw
     observations; rl.sebulba's actors' too): its observations merged into the statistics (with
-    `agent.normalize_obs`; a reset step's left out, `step_mask`), the batch `batch_fn(hparams,
-    net_params, traj)`, then epochs of minibatch steps along `grads_fn(hparams, flat_params,
-    unravel, minibatch) -> (gradient, squared norm or None, stats)`."""
+    `agent.normalize_obs`; a reset step's left out, `collection.step_mask`), the batch
+    `batch_fn(hparams, net_params, traj)`, then epochs of minibatch steps along
+    `grads_fn(hparams, flat_params, unravel, minibatch) -> (gradient, squared norm or None,
+    stats)`."""
     agent = s.agent
     net_params, obs_stats = network_params(agent, params), None
     if agent.normalize_obs:  # statistics of every observation so far, this rollout's included
         obs_stats = observation_norm.update_observation_stats(
-            params["obs_stats"], traj.obs, traj.obs.shape[2:], step_mask(traj)
+            params["obs_stats"], traj.obs, traj.obs.shape[2:], collection.step_mask(traj)
         )
     params = policy_params(agent, net_params, obs_stats)
     observe = partial(network_input, agent, params)

@@ -35,7 +35,7 @@ import optax
 
 from rl import agent_configs, environment, episodes, exploration, losses, networks, optimizers
 from rl.agent_configs import NetworkConfig, network_config
-from rl.collection import rollout_keys
+from rl.collection import rollout_keys, step_mask
 from rl.config_parsing import hp
 from rl.layers import Network
 from rl.log_points import log_point_metrics, scan_log_points, scan_updates
@@ -172,8 +172,7 @@ def learn_rollout(
     where the Q(lambda) chain stops)."""
     targets = jax.lax.stop_gradient(q_lambda_targets(apply, params, traj, hparams, **kernel))
     flat = lambda x: x.reshape((agent.batch_size,) + x.shape[2:])
-    mask = None if traj.reset_step is None else ~traj.reset_step
-    batch = jax.tree.map(flat, (traj.obs, traj.action, targets, mask))
+    batch = jax.tree.map(flat, (traj.obs, traj.action, targets, step_mask(traj)))
     loss = lambda params, minibatch: q_loss(apply, params, minibatch)
     params, opt_state, stats = learn(agent, hparams, loss, params, opt_state, batch, key)
     return params, opt_state, jax.tree.map(jnp.mean, stats)
