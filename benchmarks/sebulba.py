@@ -18,11 +18,12 @@ after its compile and warm-up:
   same_step it adds a second envpool step for the envs that ended, which random and the actors
   then include);
 * actors: env steps/s of the actor threads alone (rl.sebulba.Actor, as a run's actors), each
-  rolling out with the initial params without waiting for a learner: the actors' ceiling;
-* learner: env steps/s of the learner alone: its updates on ready-made rollouts (ones of the
-  actors' shapes, one per actor thread) taken in as the run takes its rollouts in (joined on the
-  env axis on the host, then the batch put on the learner devices), dispatched one after another
-  and waited for at the end: the learner's ceiling, its host side included;
+  rolling out with the initial params without waiting for a learner: the actors' ceiling, with
+  their shares of time waiting for their envs and acting, and an act's mean milliseconds;
+* learner: env steps/s of the learner alone: its updates on ready-made rollouts (one actor
+  rollout per actor thread, made before the clock starts) taken in as the run takes its rollouts
+  in (`Learner.batch`), dispatched one after another and waited for at the end: the learner's
+  ceiling, its host side included;
 * agent: env steps/s of the whole run (rl.sebulba.Learner.run, stopped after `--seconds`): the
   median over its log points after the first two (at least three are needed), its overall rate
   (all its steps over the run's wall clock, the actors' start included), the learner's share of
@@ -131,12 +132,10 @@ def stepping_rate(pools: list, spaces: list, seconds: float) -> dict:
     return {"sps": (done - begun) / (end - start)}
 
 
-def actors_throughput(config, threads: int, seconds: float) -> dict:
-    """Env steps/s of the actor threads alone, rolling out with the initial params."""
-    learner = sebulba.Learner(config)
-    state = learner.init()
+def make_actors(learner: sebulba.Learner, config, threads: int) -> list:
+    """`threads` actors as a run's (rl.sebulba.Actor), each on its share of the envs."""
     per_actor = config.agent.num_envs // threads
-    actors = [
+    return [
         sebulba.Actor(
             learner.pieces,
             config,
@@ -147,15 +146,26 @@ def actors_throughput(config, threads: int, seconds: float) -> dict:
         )
         for i in range(threads)
     ]
+
+
+def actors_throughput(config, threads: int, seconds: float) -> dict:
+    """Env steps/s of the actor threads alone, rolling out with the initial params, their shares
+    of time waiting for their envs and acting (rl.sebulba_actor.Times), and the mean act's
+    milliseconds (one group's envs)."""
+    learner = sebulba.Learner(config)
+    state = learner.init()
+    per_actor, actors = config.agent.num_envs // threads, make_actors(learner, config, threads)
     params = [jax.device_put(state.params, actor.device) for actor in actors]
     for actor, p in zip(actors, params):
         actor.rollout(p)  # compile and warm up
     batch, counts, stop = config.agent.num_steps * per_actor, [0] * threads, threading.Event()
+    spent = [np.zeros(3) for _ in range(threads)]  # envs, acting, total seconds
 
     def work(i):
         while not stop.is_set():
             actors[i].rollout(params[i], counts[i])
             counts[i] += batch
+            spent[i] += actors[i].times
 
     workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
     start = time.perf_counter()
@@ -168,18 +178,13 @@ def actors_throughput(config, threads: int, seconds: float) -> dict:
     wall = time.perf_counter() - start
     for actor in actors:
         actor.close()
-    return {"sps": sum(counts) / wall}
-
-
-def ready_rollout(learner: sebulba.Learner, envs: int) -> object:
-    """One actor's rollout of `envs` envs as the learner takes it in: the agent's Transition of
-    NumPy arrays [num_steps, envs, ...] in the shapes and dtypes of the compiled update's rollout
-    argument (`Learner.compile`), filled with ones (memory touched, as an actor's is; a valid
-    action of every action space the agents take), its flags False (no episode ends, no reset
-    steps)."""
-    (_, _, _, traj, _), _ = learner.programs.compiled["learn"].args_info
-    fill = lambda a: np.zeros if a.dtype == np.bool_ else np.ones
-    return jax.tree.map(lambda a: fill(a)((a.shape[0], envs, *a.shape[2:]), a.dtype), traj)
+    envs_s, acting_s, total_s = sum(spent)
+    return {
+        "sps": sum(counts) / wall,
+        "actor_env_wait": envs_s / total_s,
+        "actor_act_wait": acting_s / total_s,
+        "act_ms": 1e3 * acting_s / (sum(counts) / per_actor * config.arch.env_groups),
+    }
 
 
 def learner_throughput(config, threads: int, seconds: float) -> dict:
@@ -188,8 +193,10 @@ def learner_throughput(config, threads: int, seconds: float) -> dict:
     state = learner.init()
     learner.compile(state)
     learn = learner.programs.compiled["learn"]
-    per_actor = config.agent.num_envs // threads
-    rollouts = [ready_rollout(learner, per_actor) for _ in range(threads)]
+    actors = make_actors(learner, config, threads)
+    rollouts = [actor.rollout(state.params)[0] for actor in actors]  # each taken in every update
+    for actor in actors:
+        actor.close()
     params, opt_state, key = state.params, state.opt_state, jax.random.PRNGKey(0)
 
     def update(params, opt_state):

@@ -66,10 +66,10 @@ from __future__ import annotations
 
 import threading
 import time
-from functools import partial
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rl.arch_config import autoreset_mode
@@ -311,11 +311,22 @@ class Learner:
         return jax.make_array_from_process_local_data(sharding, x, shape)
 
     def batch(self, trajs: list):
-        """The update's rollout from this process's actors' Transitions [T, envs_i, ...] (NumPy,
-        actor order): joined on the env axis on the host, then the run's batch on the learner
-        devices (`global_batch`)."""
-        traj = jax.tree.map(lambda *x: np.concatenate(x, 1), *trajs)
-        return jax.tree.map(partial(self.global_batch, self.programs.split), traj)
+        """The update's rollout from this process's actors' Transitions [T, envs_i, ...] (actor
+        order), joined on the env axis: a column of NumPy arrays on the host, then the run's batch
+        on the learner devices (`global_batch`); one of the actors' device arrays on the first
+        learner device, then split over the learner devices (with several processes: through the
+        host, as a NumPy column)."""
+        return jax.tree.map(self.joined, *trajs)
+
+    def joined(self, *columns):
+        """One column of the update's rollout from the actors' (`batch`)."""
+        on_host = all(isinstance(x, np.ndarray) for x in columns)
+        if on_host or self.processes > 1:
+            x = np.concatenate([np.asarray(x) for x in columns], 1)
+            return self.global_batch(self.programs.split, x)
+        first = self.programs.split.mesh.devices.flat[0]
+        x = jnp.concatenate([jax.device_put(x, first) for x in columns], 1)
+        return jax.device_put(x, self.programs.split)
 
     def agree(self, vote: int) -> np.ndarray:
         """Every process's `vote` (OK, STOP or FAILED), in process order: one allgather, which

@@ -57,13 +57,15 @@ class Rollout(NamedTuple):
 
 class _Group:
     """One env group of an actor (`Actor`): its envs (`rl.sebulba_envs.SplitStep`), the
-    observations it acts on next, its running games, and the rollout so far: the acting's records
-    of its steps (device arrays) in `records`, its host columns (obs, reward, terminated,
-    truncated, reached obs, and with next-step resets the reset steps) in `host`, arrays [T, envs,
-    ...] filled one step at a time (rows [0, len(records)); None before the rollout's first step),
-    and the step in flight's record in `record` (None while no step is). With next-step resets
-    `ended` marks the envs whose episode ended in the last step: their next step is a reset step
-    (it resets the env, ignoring the action), kept across rollouts."""
+    observations it acts on next (host, or on the actor's device at a rollout's start), its
+    running games, and the rollout so far: the acting's records of its steps (device arrays: the
+    observations as the acting received them, then the agent's record) in `records`, its host
+    columns (reward, terminated, truncated, with same-step resets the reached obs, with next-step
+    resets the reset steps) in `host`, arrays [T, envs, ...] filled one step at a time (rows [0,
+    len(records)); None before the rollout's first step), and the step in flight's record in
+    `record` (None while no step is). With next-step resets `ended` marks the envs whose episode
+    ended in the last step: their next step is a reset step (it resets the env, ignoring the
+    action), kept across rollouts."""
 
     def __init__(self, envs, obs):
         self.envs, self.obs, self.scores = envs, obs, Scores(envs.num_envs)
@@ -76,19 +78,27 @@ class _Group:
     def start_rollout(self) -> None:
         self.records, self.host = [], None
 
-    def columns(self) -> list[np.ndarray]:
-        """The rollout's columns [T, envs, ...]: obs, the records' (stacked on their device and
-        brought to the host at once, `_stacked`), reward, terminated, truncated, reached obs (and
-        with next-step resets the reset steps)."""
-        records = [_stacked(column) for column in zip(*self.records)]
-        return [self.host[0], *records, *self.host[1:]]
+    def columns(self) -> list:
+        """The rollout's columns [T, envs, ...]: obs and the agent's record (stacked on the actor's
+        device, where they stay: `_stack_on_device`), reward, terminated, truncated, reached obs
+        and with next-step resets the reset steps. With next-step resets the reached obs are the
+        next step's obs (`_reached_next`, on the device: the group's `obs` must be there, as the
+        rollout's end leaves it), with same-step resets a host column."""
+        obs, *records = [_stack_on_device(*column) for column in zip(*self.records)]
+        reward, terminated, truncated, *rest = self.host
+        if self.ended is not None:
+            rest = [_reached_next(obs, self.obs), *rest]
+        return [obs, *records, reward, terminated, truncated, *rest]
 
 
 class Actor:
     """One actor's envs and acting (its thread runs `run`): `rollout(params, step)` steps the envs
     `agent.num_steps` times with the agent's `act` (`step`: env steps before the rollout) and
     returns (the agent's Transition of NumPy arrays [T, envs, ...], the returns and the lengths of
-    the episodes that ended); `times` then says where its wall clock went (`Times`).
+    the episodes that ended); `times` then says where its wall clock went (`Times`). The
+    observations go to the actor's device once, for the acting, and the rollout keeps them there:
+    its obs, its agent record and (next-step resets) its reached obs are arrays on the actor's
+    device, the rest NumPy arrays (`Learner.batch` joins both kinds).
 
     The envs are `arch.env_groups` groups (rl.sebulba_envs.make_env_groups) that take turns: the
     actor acts for group g and starts its envs' step (`step_async`), then collects group g + 1's
@@ -104,7 +114,7 @@ class Actor:
 
     def __init__(self, pieces: Pieces, config, policy: Callable, seeds: list[int], key, device):
         self.pieces, self.config, self.device = pieces, config, device
-        self.policy = actions_to_host(policy, device)
+        self.policy = acting_program(policy, device)
         self.hparams = jax.device_put(hyperparams(config.agent), device)
         arch, dtype = config.arch, pieces.obs_dtype
         autoreset = autoreset_mode(config)
@@ -114,10 +124,11 @@ class Actor:
         self.times = Times(0.0, 0.0, 0.0)  # the last rollout's
 
     def act(self, params, obs, step):
-        """(record, env action) of one step from the host observations `obs` (`step`: env steps
-        before the rollout, `device_step`'s). `obs` goes to the policy's program as it is: the
-        call copies it to the actor's device, where the program's other arguments lie, without a
-        `jax.device_put` of its own first."""
+        """(record, env action) of one step from the observations `obs` (`step`: env steps before
+        the rollout, `device_step`'s); the record is (obs on the actor's device, *the agent's
+        record). Host `obs` go to the policy's program as they are: the call copies them to the
+        actor's device, where the program's other arguments lie, without a `jax.device_put` of
+        its own first."""
         self.key, record, env_action = self.policy(self.hparams, params, obs, self.key, step)
         return record, env_action
 
@@ -141,6 +152,8 @@ class Actor:
                 acting += time.perf_counter() - act_start
         for group in self.groups:
             waiting += self.collect(group)
+            # the next rollout's first obs, and this one's last reached obs with next-step resets
+            group.obs = jax.device_put(group.obs, self.device)
         per_group = [group.columns() for group in self.groups]
         columns = [_joined(column) for column in zip(*per_group)]  # [T, envs, ...]
         reset_step = columns.pop() if self.groups[0].ended is not None else None
@@ -164,9 +177,10 @@ class Actor:
         waited = time.perf_counter() - wait_start
         next_obs = np.asarray(next_obs, self.pieces.obs_dtype)
         terminated, truncated = np.asarray(terminated), np.asarray(truncated)
-        host = [group.obs, np.asarray(reward), terminated, truncated, reached_obs(next_obs, info)]
-        reset_step = None
-        if group.ended is not None:  # next-step resets: this step reset the envs that ended
+        host, reset_step = [np.asarray(reward), terminated, truncated], None
+        if group.ended is None:  # same-step resets: where an episode ended, its final obs
+            host.append(reached_obs(next_obs, info))
+        else:  # next-step resets: this step reset the envs that ended
             reset_step, group.ended = group.ended, terminated | truncated
             host.append(reset_step)
         if group.host is None:  # fresh arrays each rollout: the learner may hold the last ones
@@ -201,33 +215,51 @@ class Actor:
             self.close()
 
 
-def _stacked(column: tuple) -> np.ndarray:
-    """One column [T, envs, ...] of the acting's records from its steps' device arrays: stacked on
-    their device by one compiled program (not an operation per step), so that the column comes to
-    the host in one transfer, not one a step."""
-    return np.asarray(_stack_on_device(*column))
-
-
 @jax.jit
 def _stack_on_device(*steps):
+    """One column [T, envs, ...] of the acting's records from its steps' device arrays, stacked on
+    their device by one compiled program (not an operation per step)."""
     return jnp.stack(steps)
 
 
-def _joined(group_columns: tuple) -> np.ndarray:
-    """The groups' [T, envs_g, ...] columns side by side on the env axis (one group's as it is)."""
+@jax.jit
+def _reached_next(obs, last):
+    """The obs each step of a rollout reached with next-step resets: obs[t + 1], and `last` (the
+    obs after the rollout) for its last step. An episode's end is no exception: its final obs is
+    the next step's obs (that step resets the env)."""
+    return jnp.concatenate([obs[1:], last[None]])
+
+
+@jax.jit
+def _concatenate_envs(*columns):
+    return jnp.concatenate(columns, 1)
+
+
+def _joined(group_columns: tuple):
+    """The groups' [T, envs_g, ...] columns side by side on the env axis (one group's as it is):
+    host columns on the host, device columns on their device."""
     if len(group_columns) == 1:
         return group_columns[0]
-    return np.concatenate(group_columns, 1)
+    if isinstance(group_columns[0], np.ndarray):
+        return np.concatenate(group_columns, 1)
+    return _concatenate_envs(*group_columns)
 
 
 @functools.cache  # one program per policy and device, whatever the actors
-def actions_to_host(policy: Callable, device) -> Callable:
-    """`policy` (jitted: (hparams, params, obs, key, step) -> (key, record, env action)) with its
-    env action written to pinned host memory on a GPU `device`: read on the host without a copy of
+def acting_program(policy: Callable, device) -> Callable:
+    """`policy` ((hparams, params, obs, key, step) -> (key, record, env action)) jitted with the
+    observations on the device prepended to its record: (key, (obs, *record), env action), so the
+    rollout keeps the obs the acting sent to the device instead of sending them again. On a GPU
+    `device` the env action is written to pinned host memory: read on the host without a copy of
     its own after the program (one H200: 84 us from launch to the action on the host, against 211
-    us through device memory), the key and the record staying on the device. Elsewhere `policy`."""
+    us through device memory), the key and the record staying on the device."""
+
+    def act(hparams, params, obs, key, step):
+        key, record, env_action = policy(hparams, params, obs, key, step)
+        return key, (obs, *record), env_action
+
     if device.platform != "gpu":
-        return policy
+        return jax.jit(act)
     on_device = jax.sharding.SingleDeviceSharding(device)
     on_host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
-    return jax.jit(policy, out_shardings=(on_device, on_device, on_host))
+    return jax.jit(act, out_shardings=(on_device, on_device, on_host))

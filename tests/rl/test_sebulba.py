@@ -257,6 +257,39 @@ def test_rollouts_keep_truncation_apart_from_termination_in_the_gae_targets(lear
     close(np.asarray(targets).reshape(12, 2), expected + v)
 
 
+def test_rollouts_keep_their_observations_on_the_actors_device_and_the_batch_joins_them(learner):
+    """An actor's rollout holds the obs, the agent's record and (next-step resets) the reached obs
+    as arrays on its device, the env's columns as NumPy arrays; `Learner.batch` joins two actors'
+    rollouts on the env axis into the batch the host join of the same values gives, on the
+    learner's sharding."""
+    learner, state = learner
+    device, pieces = learner.actor_devices[0], learner.pieces
+    for mode in ("same_step", "next_step"):
+        cfg = config(arch={"autoreset": mode})
+        actors = [
+            sebulba.Actor(pieces, cfg, learner.policy, seeds, jax.random.PRNGKey(i), device)
+            for i, seeds in enumerate(([0, 1], [2, 3]))
+        ]
+        trajs = [actor.rollout(state.params)[0] for actor in actors]
+        for actor in actors:
+            actor.close()
+        on_device = {"obs", "action", "log_prob"} | (
+            {"final_obs"} if mode == "next_step" else set()
+        )
+        for traj in trajs:
+            for name, column in traj._asdict().items():
+                if column is not None:
+                    assert isinstance(column, jax.Array) == (name in on_device), (mode, name)
+        batch = learner.batch(trajs)
+        host = [jax.tree.map(np.asarray, traj) for traj in trajs]
+        for name, got, want in zip(batch._fields, batch, learner.batch(host)):
+            if got is None:
+                continue
+            assert got.shape == (16, 4, *got.shape[2:]) and got.sharding == want.sharding, name
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=name)
+        np.testing.assert_array_equal(np.asarray(batch.obs)[:, 2:], np.asarray(trajs[1].obs))
+
+
 def test_the_learners_update_is_the_one_program_ppo_update(learner):
     """One update of the one-program PPO (on the same gymnasium env, through host callbacks) and
     the sebulba learner's compiled update on the same rollout, params, optimiser state and key:
