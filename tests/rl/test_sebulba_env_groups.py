@@ -257,7 +257,8 @@ def test_two_groups_collect_one_groups_rollouts_on_gymnasium_sync_envs():
     one, two = rollouts(cfg, 1), rollouts(cfg, 2)
     assert_same_rollouts(two, one)
     assert one[0][0].obs.shape == (40, 4, 4) and one[0][0].terminated.any()
-    assert len({tuple(x) for x in np.asarray(one[0][0].obs[0])}) == 4  # four differently seeded envs
+    first_obs = np.asarray(one[0][0].obs[0])
+    assert len({tuple(x) for x in first_obs}) == 4  # four differently seeded envs
 
 
 def test_two_groups_collect_one_groups_rollouts_on_gymnasium_async_envs():
