@@ -17,6 +17,11 @@ after its compile and warm-up:
   action ignored): envpool's own rate, without envs.envpool.VectorEnv (with arch.autoreset
   same_step it adds a second envpool step for the envs that ended, which random and the actors
   then include);
+* act: one act's parts, in microseconds (median of 200), at one thread's envs (envs / threads),
+  random observations of the env's shape and dtype, no envs stepping: `send_us`, the
+  observations to the actor's device (`jax.device_put`, waited for); `program_us`, the acting
+  program on observations already there until its env action is on the host; `act_us`, the
+  actor's act as it runs (host observations, which the call sends);
 * actors: env steps/s of the actor threads alone (rl.sebulba.Actor, as a run's actors), each
   rolling out with the initial params without waiting for a learner: the actors' ceiling, with
   their shares of time waiting for their envs and acting, and an act's mean milliseconds;
@@ -57,9 +62,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rl import sebulba  # noqa: E402
 from rl.arch_config import autoreset_mode  # noqa: E402
 from rl.config import load_config  # noqa: E402
+from rl.sebulba_actor import acting_program  # noqa: E402
 from rl.sebulba_envs import make_vector_env  # noqa: E402
 
-MEASURES = ("random", "raw", "actors", "learner", "agent")
+MEASURES = ("random", "raw", "act", "actors", "learner", "agent")
 
 
 def layout_config(config_path: str, envs: int, threads: int, overrides: list[str]):
@@ -146,6 +152,43 @@ def make_actors(learner: sebulba.Learner, config, threads: int) -> list:
         )
         for i in range(threads)
     ]
+
+
+def act_parts(config, threads: int, repeats: int = 200) -> dict:
+    """One act's parts at one thread's envs (module docstring)."""
+    learner = sebulba.Learner(config)
+    state = learner.init()
+    device = learner.actor_devices[0]
+    act = acting_program(learner.policy, device)
+    params, hparams = jax.device_put((state.params, learner.hparams), device)
+    key, step = jax.device_put((jax.random.PRNGKey(0), np.int32(0)), device)
+    space, envs = learner.pieces.obs_space, config.agent.num_envs // threads
+    dtype, rng = np.dtype(learner.pieces.obs_dtype), np.random.default_rng(0)
+    shape = (envs, *space.shape)
+    draw = lambda: (
+        rng.integers(0, 256, shape).astype(dtype)
+        if dtype.kind in "ui"
+        else rng.standard_normal(shape).astype(dtype)
+    )
+    host = [draw() for _ in range(4)]
+    on_device = jax.device_put(host[0], device)
+    acted = lambda obs: np.asarray(act(hparams, params, obs, key, step)[2])
+
+    def median_us(fn) -> float:
+        fn(0)  # compile and warm up
+        times = []
+        for i in range(repeats):
+            start = time.perf_counter()
+            fn(i)
+            times.append(time.perf_counter() - start)
+        return 1e6 * float(np.median(times))
+
+    return {
+        "send_us": median_us(lambda i: jax.block_until_ready(jax.device_put(host[i % 4], device))),
+        "program_us": median_us(lambda i: acted(on_device)),
+        "act_us": median_us(lambda i: acted(host[i % 4])),
+        "obs_mb": host[0].nbytes / 2**20,
+    }
 
 
 def actors_throughput(config, threads: int, seconds: float) -> dict:
@@ -354,6 +397,9 @@ def main(argv=None) -> None:
         if "raw" in measures:
             config = layout_config(args.config, envs, threads, args.overrides)
             emit({**base, "what": "raw", **raw_throughput(config, threads, args.seconds)})
+        if "act" in measures:
+            config = layout_config(args.config, envs, threads, args.overrides)
+            emit({**base, "what": "act", **act_parts(config, threads)})
         if "learner" in measures:
             config = layout_config(args.config, envs, threads, args.overrides)
             emit({**base, "what": "learner", **learner_throughput(config, threads, args.seconds)})

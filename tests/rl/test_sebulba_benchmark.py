@@ -1,6 +1,7 @@
 """benchmarks/sebulba.py, the actor-learner throughput script: its table pairs each agent rate with
-the random rate of its own round, its `raw` measure steps envpool's bare pools, and a measure that
-cannot apply is refused before anything is measured."""
+the random rate of its own round, its `raw` measure steps envpool's bare pools, its `act` measure
+times an act and its parts, and a measure that cannot apply is refused before anything is
+measured."""
 
 from __future__ import annotations
 
@@ -63,3 +64,10 @@ def test_raw_steps_bare_envpool_pools_of_the_layout():
     config = bench.layout_config("configs/ppo_atari_breakout.yaml", 4, 2, [])
     result = bench.raw_throughput(config, 2, 0.5)
     assert result["sps"] > 0
+
+
+def test_act_times_one_act_and_its_parts_at_a_threads_envs():
+    config = bench.layout_config("configs/ppo_sebulba_cartpole.yaml", 8, 2, [])
+    result = bench.act_parts(config, 2, repeats=3)
+    assert result["obs_mb"] * 2**20 == 4 * 4 * 4  # 4 envs a thread, CartPole's 4 float32 features
+    assert all(result[k] > 0 for k in ("send_us", "program_us", "act_us"))
