@@ -10,8 +10,9 @@ after its compile and warm-up:
 
 * random: env steps/s of `--threads` Python threads, each stepping its own vector env of envs /
   threads envs (the actors' vector envs: envpool or gymnasium, rl.sebulba_envs.make_vector_env,
-  resetting as arch.autoreset says) with uniformly random actions: what the envs give without
-  acting or learning;
+  resetting as arch.autoreset says; envpool stacking its frames as env.params say, whatever
+  arch.frame_stack) with uniformly random actions: what the envs give without acting or
+  learning;
 * raw (envpool ids only): the same with bare envpool pools (`envpool.make` with the config's
   env.params), whose envs reset in the step after the one that ended their episode (that step's
   action ignored): envpool's own rate, without envs.envpool.VectorEnv (with arch.autoreset
@@ -19,9 +20,10 @@ after its compile and warm-up:
   then include);
 * act: one act's parts, in microseconds (median of 200), at one thread's envs (envs / threads),
   random observations of the env's shape and dtype, no envs stepping: `send_us`, the
-  observations to the actor's device (`jax.device_put`, waited for); `program_us`, the acting
-  program on observations already there until its env action is on the host; `act_us`, the
-  actor's act as it runs (host observations, which the call sends);
+  observations to the actor's device (`jax.device_put`, waited for; `send_frame_us`, with
+  env.params.stack_num > 1, one frame of each stack, what `arch.frame_stack: device` sends);
+  `program_us`, the acting program on observations already there until its env action is on
+  the host; `act_us`, the actor's act as it runs (host observations, which the call sends);
 * actors: env steps/s of the actor threads alone (rl.sebulba.Actor, as a run's actors), each
   rolling out with the initial params without waiting for a learner: the actors' ceiling, with
   their shares of time waiting for their envs and acting, and an act's mean milliseconds;
@@ -64,6 +66,7 @@ from rl.arch_config import autoreset_mode  # noqa: E402
 from rl.config import load_config  # noqa: E402
 from rl.sebulba_actor import acting_program  # noqa: E402
 from rl.sebulba_envs import make_vector_env  # noqa: E402
+from rl.sebulba_programs import local_copy  # noqa: E402
 
 MEASURES = ("random", "raw", "act", "actors", "learner", "agent")
 
@@ -183,8 +186,13 @@ def act_parts(config, threads: int, repeats: int = 200) -> dict:
             times.append(time.perf_counter() - start)
         return 1e6 * float(np.median(times))
 
+    send = lambda x: jax.block_until_ready(jax.device_put(x, device))
+    frames = {}
+    if int(config.env.params.get("stack_num", 1)) > 1:  # what arch.frame_stack: device sends
+        frames["send_frame_us"] = median_us(lambda i: send(host[i % 4][:, :1]))
     return {
-        "send_us": median_us(lambda i: jax.block_until_ready(jax.device_put(host[i % 4], device))),
+        "send_us": median_us(lambda i: send(host[i % 4])),
+        **frames,
         "program_us": median_us(lambda i: acted(on_device)),
         "act_us": median_us(lambda i: acted(host[i % 4])),
         "obs_mb": host[0].nbytes / 2**20,
@@ -200,7 +208,8 @@ def actors_throughput(config, threads: int, seconds: float) -> dict:
     per_actor, actors = config.agent.num_envs // threads, make_actors(learner, config, threads)
     params = [jax.device_put(state.params, actor.device) for actor in actors]
     for actor, p in zip(actors, params):
-        actor.rollout(p)  # compile and warm up
+        actor.warm_up(p)  # compile and warm up
+        actor.rollout(p)
     batch, counts, stop = config.agent.num_steps * per_actor, [0] * threads, threading.Event()
     spent = [np.zeros(3) for _ in range(threads)]  # envs, acting, total seconds
 
@@ -237,7 +246,9 @@ def learner_throughput(config, threads: int, seconds: float) -> dict:
     learner.compile(state)
     learn = learner.programs.compiled["learn"]
     actors = make_actors(learner, config, threads)
-    rollouts = [actor.rollout(state.params)[0] for actor in actors]  # each taken in every update
+    # each taken in every update
+    params = [jax.device_put(local_copy(state.params), actor.device) for actor in actors]
+    rollouts = [actor.rollout(p)[0] for actor, p in zip(actors, params)]
     for actor in actors:
         actor.close()
     params, opt_state, key = state.params, state.opt_state, jax.random.PRNGKey(0)

@@ -38,6 +38,14 @@ class ArchConfig:
         "recorded and left out of the loss); auto: next_step for envpool (its own reset: no "
         "second envpool step for the envs that ended), same_step for gymnasium",
     )
+    frame_stack: str = hp(
+        "envpool",
+        choices=("envpool", "device"),
+        doc="sebulba, envpool ids with env.params.stack_num > 1 and next-step resets: where an "
+        "actor's observations are stacked: envpool (its own stack, sent to the device whole each "
+        "step) or device (envpool returns single frames, a quarter of the bytes to send; the "
+        "actor stacks them on its device as envpool would: rl.frame_stack)",
+    )
     env_groups: int = hp(
         1,
         low=1,
@@ -102,6 +110,14 @@ def autoreset_mode(config) -> str:
     return "next_step" if config.env.id.startswith("envpool:") else "same_step"
 
 
+def device_stack_depth(config) -> int:
+    """Frames an actor stacks on its device (`ArchConfig.frame_stack` device: env.params's
+    stack_num), 0 where envpool stacks them (or nothing is stacked)."""
+    if config.arch.name != "sebulba" or config.arch.frame_stack != "device":
+        return 0
+    return int(config.env.params.get("stack_num", 0))
+
+
 def check_arch(config) -> None:
     """ConfigError when `config.arch` cannot lay out this run: sebulba trains one seed of a
     `SEBULBA_AGENTS` agent on a gymnasium or envpool env (`gymnasium:<id>`, `envpool:<id>`), its
@@ -144,8 +160,30 @@ def check_arch(config) -> None:
             f"{agent.num_envs} / arch.actor_threads {arch.actor_threads}) must split evenly into "
             f"{arch.env_groups} groups"
         )
+    if arch.frame_stack == "device":
+        check_device_frame_stack(config)
     if config.run.seeds != 1:
         raise ConfigError(
             f"run.seeds: arch sebulba trains one seed per run, got {config.run.seeds} (start one "
             "run per seed, with run.seed)"
+        )
+
+
+def check_device_frame_stack(config) -> None:
+    """ConfigError unless `arch.frame_stack: device` can stack this run's frames: an envpool id,
+    next-step resets (the actor follows envpool's own resets) and env.params.stack_num > 1."""
+    if not config.env.id.startswith("envpool:"):
+        raise ConfigError(
+            f"arch.frame_stack: device stacks envpool's frames; {config.env.id} is not an envpool "
+            "id (use arch.frame_stack: envpool)"
+        )
+    if autoreset_mode(config) != "next_step":
+        raise ConfigError(
+            "arch.frame_stack: device follows envpool's own resets; it needs arch.autoreset: "
+            f"next_step (or auto), not {config.arch.autoreset}"
+        )
+    if int(config.env.params.get("stack_num", 1)) < 2:
+        raise ConfigError(
+            "arch.frame_stack: device needs env.params.stack_num of at least 2 (frames to stack), "
+            f"got {config.env.params.get('stack_num', 'none')}"
         )

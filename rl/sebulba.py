@@ -167,8 +167,7 @@ class Learner:
             actor = Actor(
                 self.pieces, self.config, self.policy, mine, jax.random.fold_in(base, n), device
             )
-            params = jax.device_put(exchange.params, device)  # compiled before any wait
-            jax.block_until_ready(actor.act(params, actor.groups[0].obs, actor.device_step(0)))
+            actor.warm_up(jax.device_put(exchange.params, device))  # compiled before any wait
             thread = threading.Thread(
                 target=actor.run, args=(exchange, i, first), name=f"sebulba-actor-{i}", daemon=True
             )

@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.arch_config import autoreset_mode
+from rl.arch_config import autoreset_mode, device_stack_depth
 from rl.config import hyperparams
+from rl.frame_stack import initial_stack, push_frames
 from rl.sebulba_agents import Pieces
 from rl.sebulba_envs import Scores, make_env_groups, reached_obs
 from rl.sebulba_exchange import Exchange, Stopped
@@ -65,10 +66,15 @@ class _Group:
     len(records)); None before the rollout's first step), and the step in flight's record in
     `record` (None while no step is). With next-step resets `ended` marks the envs whose episode
     ended in the last step: their next step is a reset step (it resets the env, ignoring the
-    action), kept across rollouts."""
+    action), kept across rollouts. With `depth` frames stacked on the device
+    (`rl.frame_stack`), `obs` are the stacks there and `refill` marks the envs whose game ended
+    in the last step (their next frame fills their stack)."""
 
-    def __init__(self, envs, obs):
+    def __init__(self, envs, obs, depth: int = 0, device=None):
         self.envs, self.obs, self.scores = envs, obs, Scores(envs.num_envs)
+        self.depth, self.refill = depth, np.zeros(envs.num_envs, bool)
+        if depth:
+            self.obs = initial_stack(jax.device_put(obs, device), depth)
         self.records: list[tuple] = []
         self.host: list[np.ndarray] | None = None
         self.record = None
@@ -83,8 +89,10 @@ class _Group:
         device, where they stay: `_stack_on_device`), reward, terminated, truncated, reached obs
         and with next-step resets the reset steps. With next-step resets the reached obs are the
         next step's obs (`_reached_next`, on the device: the group's `obs` must be there, as the
-        rollout's end leaves it), with same-step resets a host column."""
+        rollout's end leaves it), with same-step resets a host column. The steps' records are let go
+        (their buffers freed while the rollout waits in the queue)."""
         obs, *records = [_stack_on_device(*column) for column in zip(*self.records)]
+        self.records = []
         reward, terminated, truncated, *rest = self.host
         if self.ended is not None:
             rest = [_reached_next(obs, self.obs), *rest]
@@ -94,11 +102,15 @@ class _Group:
 class Actor:
     """One actor's envs and acting (its thread runs `run`): `rollout(params, step)` steps the envs
     `agent.num_steps` times with the agent's `act` (`step`: env steps before the rollout) and
-    returns (the agent's Transition of NumPy arrays [T, envs, ...], the returns and the lengths of
-    the episodes that ended); `times` then says where its wall clock went (`Times`). The
+    returns (the agent's Transition [T, envs, ...], the returns and the lengths of the episodes
+    that ended); `times` then says where its wall clock went (`Times`). The
     observations go to the actor's device once, for the acting, and the rollout keeps them there:
     its obs, its agent record and (next-step resets) its reached obs are arrays on the actor's
-    device, the rest NumPy arrays (`Learner.batch` joins both kinds).
+    device, the rest NumPy arrays (`Learner.batch` joins both kinds; with several processes,
+    jax.distributed, all NumPy arrays: the learner builds the batch from every process's host
+    data). With `arch.frame_stack:
+    device` envpool sends each step's newest frames alone and the actor stacks them there
+    (`rl.frame_stack`): the same observations as envpool's own stacks.
 
     The envs are `arch.env_groups` groups (rl.sebulba_envs.make_env_groups) that take turns: the
     actor acts for group g and starts its envs' step (`step_async`), then collects group g + 1's
@@ -118,8 +130,11 @@ class Actor:
         self.hparams = jax.device_put(hyperparams(config.agent), device)
         arch, dtype = config.arch, pieces.obs_dtype
         autoreset = autoreset_mode(config)
-        groups = make_env_groups(config, seeds, arch.vector_env, arch.env_groups, autoreset)
-        self.groups = [_Group(envs, np.asarray(obs, dtype)) for envs, obs in groups]
+        depth = device_stack_depth(config)
+        groups = make_env_groups(
+            config, seeds, arch.vector_env, arch.env_groups, autoreset, frames=depth > 0
+        )
+        self.groups = [_Group(envs, np.asarray(obs, dtype), depth, device) for envs, obs in groups]
         self.key = jax.device_put(key, device)
         self.times = Times(0.0, 0.0, 0.0)  # the last rollout's
 
@@ -131,6 +146,15 @@ class Actor:
         its own first."""
         self.key, record, env_action = self.policy(self.hparams, params, obs, self.key, step)
         return record, env_action
+
+    def warm_up(self, params) -> None:
+        """Compile the acting for the observations it takes (host ones after a step, the device
+        ones a rollout starts from), before the actor's thread starts; the actor's PRNG key is
+        left as it was."""
+        key, obs, step = self.key, self.groups[0].obs, self.device_step(0)
+        for x in (obs, jax.device_put(obs, self.device)):
+            jax.block_until_ready(self.act(params, x, step))
+        self.key = key
 
     def device_step(self, step: int) -> jax.Array:
         """`step` as an int32 on the actor's device: sent once a rollout, not with every act."""
@@ -160,6 +184,8 @@ class Actor:
         *columns, reward, terminated, truncated, reached = columns
         ends = (reward.astype(np.float32), terminated, truncated, reached)
         traj = self.pieces.transition(*columns, *ends, reset_step=reset_step)
+        if jax.process_count() > 1:  # to the host here, in the actors' threads (`Learner.batch`)
+            traj = jax.tree.map(np.asarray, traj)
         returns, lengths = [], []
         for group in self.groups:
             group_returns, group_lengths = group.scores.take()
@@ -177,6 +203,9 @@ class Actor:
         waited = time.perf_counter() - wait_start
         next_obs = np.asarray(next_obs, self.pieces.obs_dtype)
         terminated, truncated = np.asarray(terminated), np.asarray(truncated)
+        if group.depth:  # the frames onto the stacks on the device (a reset step's refills)
+            next_obs = push_frames(group.obs, next_obs, group.refill)
+            group.refill = (terminated | truncated) & np.asarray(info["game_over"])
         host, reset_step = [np.asarray(reward), terminated, truncated], None
         if group.ended is None:  # same-step resets: where an episode ended, its final obs
             host.append(reached_obs(next_obs, info))

@@ -33,15 +33,20 @@ def obs_dtype(space):
     return np.float32
 
 
-def make_vector_env(config, seeds: list[int], mode: str, autoreset: str = "same_step"):
+def make_vector_env(
+    config, seeds: list[int], mode: str, autoreset: str = "same_step", frames: bool = False
+):
     """(vector env, its first observations) of len(seeds) envs of `config.env.id`, seeded by
     `seeds` (envpool: its first, env i getting seeds[0] + i); `mode` "sync" or "async" for
-    gymnasium ids; `autoreset` "same_step" or "next_step" (gymnasium's `AutoresetMode`s)."""
+    gymnasium ids; `autoreset` "same_step" or "next_step" (gymnasium's `AutoresetMode`s);
+    `frames` (envpool): each step's newest frame alone (stack_num 1, `rl.frame_stack` stacks
+    them)."""
     prefix, _, env_id = config.env.id.partition(":")
     if prefix == "envpool":
         from envs.envpool import VectorEnv
 
-        envs = VectorEnv(env_id, len(seeds), seeds[0] % 2**30, autoreset, **config.env.params)
+        options = {**config.env.params, **({"stack_num": 1} if frames else {})}
+        envs = VectorEnv(env_id, len(seeds), seeds[0] % 2**30, autoreset, **options)
         return envs, envs.reset()[0]
     import gymnasium
     from gymnasium.vector import AutoresetMode
@@ -94,10 +99,12 @@ class SplitStep:
         self.envs.close()
 
 
-def make_env_groups(config, seeds: list[int], mode: str, groups: int, autoreset="same_step"):
+def make_env_groups(
+    config, seeds: list[int], mode: str, groups: int, autoreset="same_step", frames=False
+):
     """[(SplitStep, its first observations)] of `groups` vector envs splitting the len(seeds)
-    envs of `make_vector_env(config, seeds, mode, autoreset)` in order: env i gets the seed it
-    gets there (gymnasium: seeds[i]; envpool: seeds[0] + i), whatever the groups."""
+    envs of `make_vector_env(config, seeds, mode, autoreset, frames)` in order: env i gets the
+    seed it gets there (gymnasium: seeds[i]; envpool: seeds[0] + i), whatever the groups."""
     per_group = len(seeds) // groups
     assert per_group * groups == len(seeds), (len(seeds), groups)  # rl.arch_config.check_arch
     if config.env.id.startswith("envpool:"):  # envpool seeds a pool's env i with its seed + i
@@ -106,7 +113,7 @@ def make_env_groups(config, seeds: list[int], mode: str, groups: int, autoreset=
     made = []
     for g in range(groups):
         group_seeds = seeds[g * per_group : (g + 1) * per_group]
-        envs, obs = make_vector_env(config, group_seeds, mode, autoreset)
+        envs, obs = make_vector_env(config, group_seeds, mode, autoreset, frames)
         made.append((SplitStep(envs, autoreset), obs))
     return made
 

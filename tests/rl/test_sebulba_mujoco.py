@@ -87,8 +87,8 @@ def recorded(monkeypatch):
     seen = {"actions": [], "obs": []}
     make = sebulba_envs.make_vector_env
 
-    def recording(config, seeds, mode, autoreset="same_step"):
-        envs, obs = make(config, seeds, mode, autoreset)
+    def recording(config, seeds, mode, autoreset="same_step", frames=False):
+        envs, obs = make(config, seeds, mode, autoreset, frames)
         seen["obs"].append(obs)
         return Recorder(envs, seen), obs
 
