@@ -281,14 +281,16 @@ def acting_program(policy: Callable, device) -> Callable:
     rollout keeps the obs the acting sent to the device instead of sending them again. On a GPU
     `device` the env action is written to pinned host memory: read on the host without a copy of
     its own after the program (one H200: 84 us from launch to the action on the host, against 211
-    us through device memory), the key and the record staying on the device."""
+    us through device memory), the key and the record staying on the device (elsewhere every
+    output stays there). Its outputs' shardings are the device's own, so the key an act returns
+    asks for no other program than the first act's."""
 
     def act(hparams, params, obs, key, step):
         key, record, env_action = policy(hparams, params, obs, key, step)
         return key, (obs, *record), env_action
 
-    if device.platform != "gpu":
-        return jax.jit(act)
     on_device = jax.sharding.SingleDeviceSharding(device)
+    if device.platform != "gpu":  # every output on the device, whatever the params' sharding
+        return jax.jit(act, out_shardings=on_device)
     on_host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
     return jax.jit(act, out_shardings=(on_device, on_device, on_host))

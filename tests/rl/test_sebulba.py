@@ -290,6 +290,29 @@ def test_rollouts_keep_their_observations_on_the_actors_device_and_the_batch_joi
         np.testing.assert_array_equal(np.asarray(batch.obs)[:, 2:], np.asarray(trajs[1].obs))
 
 
+@pytest.mark.parametrize("mode", ["same_step", "next_step"])
+def test_an_actor_warmed_up_compiles_nothing_more_and_keeps_its_key(learner, mode):
+    """`Actor.warm_up` compiles the acting for every kind of observations a rollout acts on (host
+    ones after a step, device ones at a rollout's start) without taking from the actor's PRNG key:
+    rollouts after it add no program to the acting's cache."""
+    learner, state = learner
+    cfg, device = config(arch={"autoreset": mode}), learner.actor_devices[0]
+    actor = sebulba.Actor(
+        learner.pieces, cfg, learner.policy, [0, 1], jax.random.PRNGKey(5), device
+    )
+    params = jax.device_put(state.params, device)  # as `Actor.run` and `start_actors` put them
+    try:
+        key = np.asarray(actor.key)
+        actor.warm_up(params)
+        np.testing.assert_array_equal(np.asarray(actor.key), key)
+        compiled = actor.policy._cache_size()
+        for k in range(3):
+            actor.rollout(params, k * 32)
+        assert actor.policy._cache_size() == compiled
+    finally:
+        actor.close()
+
+
 def test_the_learners_update_is_the_one_program_ppo_update(learner):
     """One update of the one-program PPO (on the same gymnasium env, through host callbacks) and
     the sebulba learner's compiled update on the same rollout, params, optimiser state and key:
