@@ -124,6 +124,11 @@ def check_arch(config) -> None:
     envs split evenly over the actor threads and the learner devices, and each thread's envs over
     its env groups; an envpool env trains only under sebulba."""
     arch, agent = config.arch, config.agent
+    if getattr(agent, "lag_correction", False) and (arch.name != "sebulba" or not arch.max_lag):
+        raise ConfigError(
+            "agent.lag_correction corrects for rollouts collected with older params: it needs "
+            "arch.name: sebulba with arch.max_lag > 0 (here every rollout is on-policy)"
+        )
     if arch.name != "sebulba":
         if config.env.id.startswith("envpool:"):
             raise ConfigError(

@@ -227,18 +227,28 @@ def truncation_aware_q_lambda(
     )
 
 
-def clipped_surrogate_loss(ratio, advantages, clip_eps, mask=None):
+def clipped_surrogate_loss(ratio, advantages, clip_eps, mask=None, weights=None):
     """PPO's clipped surrogate (Schulman et al. 2017), to be minimised:
 
-        -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))
+        -mean(w min(rho A, clip(rho, 1 - eps, 1 + eps) A))
 
     with rho = pi(a|s) / pi_old(a|s) the probability ratio [M] and A the advantages [M]: the
-    policy gains nothing from moving rho beyond 1 +- eps in the direction A rewards. The mean is
-    over the rows `mask` [M] sets (`masked_mean`)."""
+    policy gains nothing from moving rho beyond 1 +- eps in the direction A rewards. `weights` w
+    [M] (held as given; 1 without them) weight the rows: decoupled PPO's importance weights
+    (`truncated_importance_weights`). The mean is over the rows `mask` [M] sets (`masked_mean`)."""
     surrogate = jnp.minimum(
         ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
     )
+    if weights is not None:
+        surrogate = weights * surrogate
     return -masked_mean(surrogate, mask)
+
+
+def truncated_importance_weights(log_target, log_behaviour, max_weight: float = 1.0):
+    """min(max_weight, pi_target(a|s) / pi_behaviour(a|s)) from the two log-probs [M] of the taken
+    actions: the importance weights of a sample drawn by the behaviour policy, truncated above as
+    V-trace's rho-bar (Espeholt et al. 2018); no gradient flows through them."""
+    return jax.lax.stop_gradient(jnp.minimum(max_weight, jnp.exp(log_target - log_behaviour)))
 
 
 def clipped_value_loss(values, old_values, targets, clip_eps, clip: bool = True, mask=None):
@@ -269,6 +279,7 @@ def ppo_loss(
     vf_coef,
     clip_value_loss: bool = True,
     mask=None,
+    weights=None,
 ):
     """PPO's objective on one minibatch of M rows, from the current policy's log pi(a|s) and
     entropy H[pi(.|s)] and the current value V(s) of each row (any action distribution):
@@ -281,7 +292,9 @@ def ppo_loss(
     `clipped_value_loss` (0.5 mean((V - R)^2) without `clip_value_loss`). The advantages A are used
     as given (normalise them first if wanted: `normalize`). With `mask` [M] (bool or 0/1) every
     mean, the stats' too, is over the rows it sets (`masked_mean`): rows that are not the agent's
-    decisions (an envpool env's reset step) count for nothing.
+    decisions (an envpool env's reset step) count for nothing. `weights` [M] weight the rows of
+    the policy term (`clipped_surrogate_loss`; decoupled PPO: pi_old is then the proximal policy
+    and w = min(1, pi_old / pi_behaviour), whose mean the stats add as behaviour_weight).
 
     Args: log_prob, entropy, values, old_log_probs (log pi_old(a|s)), old_values (V_old),
     advantages, targets (R): [M]; clip_eps (eps), vf_clip_eps (eps_v), ent_coef, vf_coef: scalars
@@ -293,7 +306,7 @@ def ppo_loss(
     categorical actor-critic in fused kernels (tests/rl/test_losses_ppo.py ties the two)."""
     log_ratio = log_prob - old_log_probs
     ratio = jnp.exp(log_ratio)
-    policy_loss = clipped_surrogate_loss(ratio, advantages, clip_eps, mask)
+    policy_loss = clipped_surrogate_loss(ratio, advantages, clip_eps, mask, weights)
     value_loss = clipped_value_loss(values, old_values, targets, vf_clip_eps, clip_value_loss, mask)
     entropy = masked_mean(entropy, mask)
     total = policy_loss + vf_coef * value_loss - ent_coef * entropy
@@ -305,6 +318,8 @@ def ppo_loss(
         "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
         "clip_fraction": masked_mean(clipped, mask),
     }
+    if weights is not None:
+        stats["behaviour_weight"] = masked_mean(weights, mask)
     return total, stats
 
 

@@ -75,6 +75,14 @@ class VariantsConfig:
         "agent.recompute_advantages)",
     )
 
+    lag_correction: bool = hp(
+        False,
+        doc="decoupled PPO (Hilton et al. 2022) for rollouts collected with params up to "
+        "arch.max_lag updates old (arch sebulba): the ratio is clipped around the learner's "
+        "policy at the update's start instead of the behaviour policy, and each row's surrogate "
+        "is weighted by min(1, pi_learner(a|s) / pi_behaviour(a|s))",
+    )
+
     def validate(self):
         super().validate()
         if self.gae_horizon > self.num_steps:
@@ -109,6 +117,11 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
         return (
             "agent.minibatch_advantages computes the advantages inside the loss (the kernel takes "
             "them as inputs)"
+        )
+    if agent.lag_correction:
+        return (
+            "agent.lag_correction weights each row by pi_learner / pi_behaviour: the kernel takes "
+            "no weights"
         )
     if arch_config.autoreset_mode(config) == "next_step":
         return (
@@ -232,7 +245,8 @@ class SegmentBatch(NamedTuple):
     """What the minibatch loss of segment minibatches reads of a step: the network's inputs at s_t
     and final_obs_t, the action, the behaviour policy's log-prob and value (None where the value
     loss is unclipped), the scaled reward, the episode-end flags and the mask of the steps the
-    loss counts (None: all; `rl.collection.step_mask`); [segments, H, ...]."""
+    loss counts (None: all; `rl.collection.step_mask`) and with `agent.lag_correction` the
+    log-prob under the network at the update's start (None without); [segments, H, ...]."""
 
     obs: jax.Array
     final_obs: jax.Array
@@ -243,6 +257,7 @@ class SegmentBatch(NamedTuple):
     terminated: jax.Array
     truncated: jax.Array
     mask: jax.Array | None = None
+    proximal_log_prob: jax.Array | None = None
 
 
 def segments(x, horizon: int):
@@ -257,7 +272,12 @@ def segment_batch(s, hparams, net_params, traj) -> SegmentBatch:
     """The rollout `traj` [T, N, ...] (its observations what the network reads) as whole
     `agent.gae_horizon`-step segments of `SegmentBatch`, advantages left to the loss; `s` is PPO's
     `Setup` (agent, net)."""
-    value = s.net.apply(net_params, traj.obs)[1] if s.agent.clip_value_loss else None
+    value = proximal_log_prob = None
+    if s.agent.clip_value_loss or s.agent.lag_correction:
+        head, value = s.net.apply(net_params, traj.obs)
+        value = value if s.agent.clip_value_loss else None
+        if s.agent.lag_correction:
+            proximal_log_prob = proximal_log_probs(s, head, traj.action)
     reward = traj.reward * hparams["reward_scale"]
     data = SegmentBatch(
         traj.obs,
@@ -269,8 +289,17 @@ def segment_batch(s, hparams, net_params, traj) -> SegmentBatch:
         traj.terminated,
         traj.truncated,
         collection.step_mask(traj),
+        proximal_log_prob,
     )
     return jax.tree.map(lambda x: segments(x, s.agent.gae_horizon), data)
+
+
+def proximal_log_probs(s, head, action):
+    """log pi_prox(a|s) of the taken actions under the policy head's output `head` of the network
+    at the update's start (decoupled PPO's proximal policy, `agent.lag_correction`); `s` is PPO's
+    `Setup`."""
+    log_prob, _ = s.distribution.from_head(head).log_prob_entropy(action, s.backend)
+    return log_prob
 
 
 def segment_outputs(s, hparams, net_params, minibatch: SegmentBatch):

@@ -16,9 +16,12 @@ normalised per minibatch:
 Variants, picked once (`learning_pieces`): the gradient from the fused kernel
 `kernels.ppo_actor_critic_grads_flat`, minibatches of whole H-step segments whose loss computes
 their advantages (`agent.minibatch_advantages`, Brax's PPO; both in rl/ppo_variants.py), the
-batch recomputed before every epoch (`agent.recompute_advantages`), and observations normalised by
-the running statistics of every rollout so far, kept in the params as `{"network": ...,
-"obs_stats": {"mean", "var", "count"}}` (`agent.normalize_obs`).
+batch recomputed before every epoch (`agent.recompute_advantages`), decoupled PPO for rollouts
+collected with older params (`agent.lag_correction`, rl.sebulba's `arch.max_lag`: rho = pi /
+pi_prox, pi_prox the policy at the update's start, each row's surrogate weighted by
+min(1, pi_prox(a|s) / pi_behaviour(a|s))), and observations normalised by the running statistics
+of every rollout so far, kept in the params as `{"network": ..., "obs_stats": {"mean", "var",
+"count"}}` (`agent.normalize_obs`).
 
 Policies (`rl.networks`): categorical; for Box actions a Gaussian with a learned log-std or
 a tanh-squashed one (`agent.continuous_policy: tanh_gaussian`, Brax's), scored at the stored
@@ -228,22 +231,26 @@ def gae_cuts(agent: Config, truncated):
 
 
 class LearnBatch(NamedTuple):
-    """What the loss reads of a step: network input, action, behaviour log-prob and value, and
-    the mask of the steps that count (None: all; `Transition.reset_step`)."""
+    """What the loss reads of a step: network input, action, behaviour log-prob and value, the
+    mask of the steps that count (None: all; `Transition.reset_step`) and with
+    `agent.lag_correction` the log-prob under the network at the update's start (the proximal
+    policy; None without)."""
 
     obs: jax.Array
     action: jax.Array
     log_prob: jax.Array
     value: jax.Array
     mask: jax.Array | None = None
+    proximal_log_prob: jax.Array | None = None
 
 
 def learn_batch(s: Setup, hparams, net_params, traj: Transition):
     """(LearnBatch, advantages, targets), flattened to [num_envs * num_steps, ...], of a rollout
     whose observations are what the network reads: V(s_t) and V(final_obs_t) in a critic pass
     each, then truncation-aware GAE on the scaled rewards; the mask of the steps the loss counts
-    (`collection.step_mask`)."""
-    _, values = s.net.apply(net_params, traj.obs)
+    (`collection.step_mask`); with `agent.lag_correction` the proximal log-probs from the same
+    pass."""
+    head, values = s.net.apply(net_params, traj.obs)
     _, final_values = s.net.apply(net_params, traj.final_obs)
     advantages, targets = losses.truncation_aware_gae(
         traj.reward * hparams["reward_scale"],
@@ -256,9 +263,21 @@ def learn_batch(s: Setup, hparams, net_params, traj: Transition):
         backend=s.backend,
         deterministic=s.deterministic,
     )
-    batch = LearnBatch(traj.obs, traj.action, traj.log_prob, values, collection.step_mask(traj))
+    proximal = None
+    if s.agent.lag_correction:
+        proximal = ppo_variants.proximal_log_probs(s, head, traj.action)
+    mask = collection.step_mask(traj)
+    batch = LearnBatch(traj.obs, traj.action, traj.log_prob, values, mask, proximal)
     data = (batch, advantages, targets)
     return jax.tree.map(lambda x: x.reshape((s.agent.batch_size,) + x.shape[2:]), data)
+
+
+def keep_proximal(data, first):
+    """A recomputed (LearnBatch, advantages, targets) `data` with the proximal log-probs of the
+    update's `first` batch: decoupled PPO's proximal policy is the one the update started from,
+    for every epoch."""
+    batch, advantages, targets = data
+    return batch._replace(proximal_log_prob=first[0].proximal_log_prob), advantages, targets
 
 
 # ---------------------------------------------------------------- the minibatch loss
@@ -268,13 +287,21 @@ def ppo_objective(s, hparams, pi, values, batch, advantages, targets, mask=None)
     """(L, stats) = `losses.ppo_loss` of a minibatch from the current policy `pi` and values on it,
     `batch` holding the actions and the behaviour log-probs and values (any batch shape); the
     advantages normalised first with `agent.normalize_advantages`; means over the steps `mask`
-    sets (None: all). Recurrent PPO's too."""
+    sets (None: all). With the batch's proximal log-probs (`agent.lag_correction`, decoupled PPO)
+    the ratio is taken against them and the rows weighted by min(1, pi_prox / pi_behaviour)
+    (`losses.truncated_importance_weights`). Recurrent PPO's too."""
     log_prob, entropy = pi.log_prob_entropy(batch.action, s.backend)
     if s.agent.normalize_advantages:
         advantages = losses.normalize(advantages, mask=mask)
-    rows = (log_prob, entropy, values, batch.log_prob, batch.value, advantages, targets)
+    old_log_prob, weights = batch.log_prob, None
+    proximal = getattr(batch, "proximal_log_prob", None)
+    if proximal is not None:
+        old_log_prob = proximal
+        weights = losses.truncated_importance_weights(proximal, batch.log_prob)
+    rows = (log_prob, entropy, values, old_log_prob, batch.value, advantages, targets)
     coefficients = [hparams[name] for name in ("clip_eps", "vf_clip_eps", "ent_coef", "vf_coef")]
-    return losses.ppo_loss(*rows, *coefficients, s.agent.clip_value_loss, mask=mask)
+    options = dict(mask=mask, weights=weights)
+    return losses.ppo_loss(*rows, *coefficients, s.agent.clip_value_loss, **options)
 
 
 def minibatch_loss(s: Setup, hparams, net_params, minibatch):
@@ -322,7 +349,9 @@ def learn(s: Setup, grads_fn, batch_fn, hparams, params, opt_state, traj: Transi
     flat_params, unravel = ravel_pytree(net_params)
     epoch_batch = None
     if agent.recompute_advantages:  # each later epoch's batch from the network at its start
-        epoch_batch = lambda carry, _: learn_batch(s, hparams, unravel(carry[0]), traj)
+        epoch_batch = lambda carry, first: keep_proximal(
+            learn_batch(s, hparams, unravel(carry[0]), traj), first
+        )
     adam = optimizers.annealed_clipped_adam(
         agent, hparams["lr"], hparams["max_grad_norm"], eps=agent.adam_eps
     )
