@@ -25,9 +25,19 @@ from pathlib import Path
 CLEANRL_GAME = re.compile(r"global_step=(\d+), episodic_return=\[?([-+0-9.eE]+)\]?")
 
 
-def fusedrl_windows(run_dir: Path) -> tuple[dict[int, tuple[float, int]], int]:
-    """({window k (1-based): (mean score, games)}, last env step) of a fusedrl run directory."""
+def fusedrl_windows(run_dir: Path, window: int) -> tuple[dict[int, tuple[float, int]], int]:
+    """({window k (1-based): (mean score, games)}, last env step) of a fusedrl run directory of one
+    seed and setting whose log points are `window` env steps apart (SystemExit otherwise)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if len({(row.get("setting"), row.get("seed")) for row in rows}) > 1:
+        raise SystemExit(f"{run_dir}: several seeds or settings; give runs of one seed each")
+    for row in rows:
+        if row["step"] != (row["log_point"] + 1) * window:
+            raise SystemExit(
+                f"{run_dir}: log point {row['log_point']} ends at step {row['step']}, not "
+                f"{(row['log_point'] + 1) * window}: set --window to the run's env steps a log "
+                "point (agent.log_interval x agent.num_envs x agent.num_steps)"
+            )
     windows = {row["log_point"] + 1: (row["episode_return"], row["episodes"]) for row in rows}
     return windows, max(row["step"] for row in rows)
 
@@ -76,7 +86,7 @@ def main(argv=None) -> None:
     sources = []
     for path in args.sources:
         if path.is_dir():
-            sources.append((path.name, *fusedrl_windows(path)))
+            sources.append((path.name, *fusedrl_windows(path, args.window)))
         else:
             sources.append((path.name, *cleanrl_windows(path, args.window)))
     print(table(sources, args.window, points, args.frame_skip))

@@ -293,8 +293,9 @@ def ppo_loss(
     as given (normalise them first if wanted: `normalize`). With `mask` [M] (bool or 0/1) every
     mean, the stats' too, is over the rows it sets (`masked_mean`): rows that are not the agent's
     decisions (an envpool env's reset step) count for nothing. `weights` [M] weight the rows of
-    the policy term (`clipped_surrogate_loss`; decoupled PPO: pi_old is then the proximal policy
-    and w = min(1, pi_old / pi_behaviour), whose mean the stats add as behaviour_weight).
+    the policy term (`clipped_surrogate_loss`; decoupled PPO: pi_old is then the proximal policy,
+    rho and the stats measure against it, and w = min(w_max, pi_old / pi_behaviour), whose mean the
+    stats add as behaviour_weight).
 
     Args: log_prob, entropy, values, old_log_probs (log pi_old(a|s)), old_values (V_old),
     advantages, targets (R): [M]; clip_eps (eps), vf_clip_eps (eps_v), ent_coef, vf_coef: scalars
@@ -302,8 +303,9 @@ def ppo_loss(
     Returns: (L, stats), stats the scalars policy_loss, value_loss, entropy (mean H),
     approx_kl = mean(rho - 1 - log rho) and clip_fraction = mean(|rho - 1| > eps).
 
-    `kernels.ppo_actor_critic_grads_flat` computes the gradient of this objective for a two-MLP
-    categorical actor-critic in fused kernels (tests/rl/test_losses_ppo.py ties the two)."""
+    `kernels.ppo_actor_critic_grads_flat` computes the gradient of this objective (without
+    weights) for a two-MLP categorical actor-critic in fused kernels (tests/rl/test_losses_ppo.py
+    ties the two)."""
     log_ratio = log_prob - old_log_probs
     ratio = jnp.exp(log_ratio)
     policy_loss = clipped_surrogate_loss(ratio, advantages, clip_eps, mask, weights)

@@ -79,8 +79,17 @@ class VariantsConfig:
         False,
         doc="decoupled PPO (Hilton et al. 2022) for rollouts collected with params up to "
         "arch.max_lag updates old (arch sebulba): the ratio is clipped around the learner's "
-        "policy at the update's start instead of the behaviour policy, and each row's surrogate "
-        "is weighted by min(1, pi_learner(a|s) / pi_behaviour(a|s))",
+        "policy at the update's start (the proximal policy) instead of the behaviour policy, and "
+        "each row's surrogate is weighted by min(agent.lag_weight_max, pi_prox(a|s) / "
+        "pi_behaviour(a|s)); approx_kl and clip_fraction then measure against pi_prox",
+    )
+    lag_weight_max: float = hp(
+        100.0,
+        low=0.0,
+        low_open=True,
+        doc="with agent.lag_correction, the cap on each row's weight pi_prox / pi_behaviour (the "
+        "paper's objective has none; the cap guards against actions the behaviour policy rarely "
+        "took; 1 truncates as V-trace does, which biases the weights below 1)",
     )
 
     def validate(self):
@@ -92,6 +101,11 @@ class VariantsConfig:
             )
         if self.minibatch_advantages:
             check_segment_minibatches(self)
+        if not self.lag_correction and self.lag_weight_max != 100.0:
+            raise ConfigError(
+                f"agent.lag_weight_max ({self.lag_weight_max}) caps decoupled PPO's weights: it "
+                "needs agent.lag_correction: true"
+            )
         if not self.normalize_obs and self.obs_clip != OBS_CLIP:
             raise ConfigError(
                 f"agent.obs_clip ({self.obs_clip}) clips normalised observations: it needs "
@@ -120,7 +134,7 @@ def fused_update_unfit_reason(config, env=None, env_params=None) -> str | None:
         )
     if agent.lag_correction:
         return (
-            "agent.lag_correction weights each row by pi_learner / pi_behaviour: the kernel takes "
+            "agent.lag_correction weights each row by pi_prox / pi_behaviour: the kernel takes "
             "no weights"
         )
     if arch_config.autoreset_mode(config) == "next_step":
@@ -189,6 +203,7 @@ def fused_flat_grads(hparams, flat_params, unravel, minibatch, *, agent, backend
     `agent.normalize_advantages`."""
     trans, advantages, targets = minibatch
     assert trans.mask is None, "no mask in the fused kernel: fused_update_unfit_reason"
+    assert trans.proximal_log_prob is None, "no weights in the fused kernel: the same"
     if agent.normalize_advantages:
         advantages = losses.normalize(advantages)
     return kernels.ppo_actor_critic_grads_flat(

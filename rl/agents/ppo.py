@@ -19,9 +19,9 @@ their advantages (`agent.minibatch_advantages`, Brax's PPO; both in rl/ppo_varia
 batch recomputed before every epoch (`agent.recompute_advantages`), decoupled PPO for rollouts
 collected with older params (`agent.lag_correction`, rl.sebulba's `arch.max_lag`: rho = pi /
 pi_prox, pi_prox the policy at the update's start, each row's surrogate weighted by
-min(1, pi_prox(a|s) / pi_behaviour(a|s))), and observations normalised by the running statistics
-of every rollout so far, kept in the params as `{"network": ..., "obs_stats": {"mean", "var",
-"count"}}` (`agent.normalize_obs`).
+min(agent.lag_weight_max, pi_prox(a|s) / pi_behaviour(a|s))), and observations normalised by
+the running statistics of every rollout so far, kept in the params as `{"network": ...,
+"obs_stats": {"mean", "var", "count"}}` (`agent.normalize_obs`).
 
 Policies (`rl.networks`): categorical; for Box actions a Gaussian with a learned log-std or
 a tanh-squashed one (`agent.continuous_policy: tanh_gaussian`, Brax's), scored at the stored
@@ -288,8 +288,8 @@ def ppo_objective(s, hparams, pi, values, batch, advantages, targets, mask=None)
     `batch` holding the actions and the behaviour log-probs and values (any batch shape); the
     advantages normalised first with `agent.normalize_advantages`; means over the steps `mask`
     sets (None: all). With the batch's proximal log-probs (`agent.lag_correction`, decoupled PPO)
-    the ratio is taken against them and the rows weighted by min(1, pi_prox / pi_behaviour)
-    (`losses.truncated_importance_weights`). Recurrent PPO's too."""
+    the ratio is taken against them and the rows weighted by min(agent.lag_weight_max, pi_prox /
+    pi_behaviour) (`losses.truncated_importance_weights`). Recurrent PPO's too."""
     log_prob, entropy = pi.log_prob_entropy(batch.action, s.backend)
     if s.agent.normalize_advantages:
         advantages = losses.normalize(advantages, mask=mask)
@@ -297,7 +297,9 @@ def ppo_objective(s, hparams, pi, values, batch, advantages, targets, mask=None)
     proximal = getattr(batch, "proximal_log_prob", None)
     if proximal is not None:
         old_log_prob = proximal
-        weights = losses.truncated_importance_weights(proximal, batch.log_prob)
+        weights = losses.truncated_importance_weights(
+            proximal, batch.log_prob, s.agent.lag_weight_max
+        )
     rows = (log_prob, entropy, values, old_log_prob, batch.value, advantages, targets)
     coefficients = [hparams[name] for name in ("clip_eps", "vf_clip_eps", "ent_coef", "vf_coef")]
     options = dict(mask=mask, weights=weights)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import atari_scores
 
 
@@ -30,3 +32,5 @@ def test_windows_of_cleanrl_games_and_fusedrl_log_points(tmp_path, capsys):
     assert lines[0].startswith("| source | score to 0.00M frames")
     assert lines[2] == "| cleanrl.log | 3.00 (2) | 9.00 (1, to step 27) | - | 27 |"
     assert lines[3] == "| run | 0.00 (5) | 2.00 (5) | - | 30 |"
+    with pytest.raises(SystemExit, match="set --window"):
+        atari_scores.fusedrl_windows(run, window=20)

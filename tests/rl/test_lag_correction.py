@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 from test_sebulba import COUNTDOWN, SMALL
 
 from rl import losses, ppo_variants, sebulba
+from rl.agents import ppo
 from rl.config import build_config, hyperparams
 from rl.config_parsing import ConfigError
 from rl.sebulba_agents import make_pieces
 
 CARTPOLE = "gymnasium:CartPole-v1"
+KEY = jax.random.PRNGKey(3)
 
 
 def config(env=COUNTDOWN, arch=None, agent=None):
@@ -113,13 +115,71 @@ ONE_STEP = {"num_epochs": 1, "num_minibatches": 1}
 def test_a_lagged_rollouts_first_step_starts_at_ratio_one_with_the_correction():
     """Behaviour params some way from the learner's: the first (only) minibatch step's ratios
     are against the learner's own policy with the correction (approx_kl 0, nothing clipped),
-    against the behaviour policy without it; the weights are truncated at 1."""
+    against the behaviour policy without it."""
     corrected, _ = learned({**ONE_STEP, "lag_correction": True}, lag=0.3)
     plain, _ = learned(ONE_STEP, lag=0.3)
     assert float(corrected["approx_kl"]) < 1e-6 and float(corrected["clip_fraction"]) == 0.0
     assert float(plain["approx_kl"]) > 1e-3 and float(plain["clip_fraction"]) > 0.0
-    assert 0.0 < float(corrected["behaviour_weight"]) < 1.0
+    assert 0.0 < float(corrected["behaviour_weight"])
     assert "behaviour_weight" not in plain
+
+
+def decoupled_objective(s, hparams, net_params, batch, advantages, proximal, behaviour):
+    """Hilton et al.'s decoupled policy term written out in float64 NumPy from the network's
+    log-probs: -mean(w min(r A, clip(r, 1 - eps, 1 + eps) A)), r = pi / pi_prox, w = min(w_max,
+    pi_prox / pi_behaviour), A normalised."""
+    head, _ = s.net.apply(net_params, batch.obs)
+    log_prob, _ = s.distribution.from_head(head).log_prob_entropy(batch.action, "reference")
+    log_prob, proximal, behaviour, a = (
+        np.asarray(x, np.float64) for x in (log_prob, proximal, behaviour, advantages)
+    )
+    a = (a - a.mean()) / (a.std() + 1e-8)
+    r, w = (
+        np.exp(log_prob - proximal),
+        np.minimum(s.agent.lag_weight_max, np.exp(proximal - behaviour)),
+    )
+    eps = hparams["clip_eps"]
+    return -np.mean(w * np.minimum(r * a, np.clip(r, 1 - eps, 1 + eps) * a))
+
+
+@pytest.mark.parametrize("weight_max", [100.0, 1.0, 0.9])
+def test_the_loss_and_its_gradient_are_the_decoupled_objectives(weight_max):
+    """On a lagged batch, at params moved from the proximal ones: the minibatch loss's policy term
+    equals the written-out objective, and its gradient the gradient of that objective (autodiff
+    of the written-out term in JAX, plus the value and entropy terms, which the correction leaves
+    alone): the weights' direction and their reaching the gradient both count."""
+    agent = {**ONE_STEP, "lag_correction": True, "lag_weight_max": weight_max}
+    cfg = config(CARTPOLE, agent=agent)
+    s, pieces, hparams = ppo.make_setup(cfg), make_pieces(cfg), hyperparams(cfg.agent)
+    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros(4, np.float32))
+    behaviour = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(KEY, x.shape), params)
+    traj = rollout(pieces, hparams, behaviour, jax.random.PRNGKey(7))
+    batch, advantages, targets = ppo.learn_batch(s, hparams, params, traj)
+    proximal = ppo.policy(s, params, traj.obs).log_prob_entropy(traj.action, "reference")[0]
+    np.testing.assert_allclose(batch.proximal_log_prob, proximal.reshape(-1), atol=1e-6)
+    moved = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(KEY, x.shape), params)
+    data = (batch, advantages, targets)
+    _, stats = ppo.minibatch_loss(s, hparams, moved, data)
+    want = decoupled_objective(s, hparams, moved, batch, advantages, proximal.reshape(-1),
+                               traj.log_prob.reshape(-1))  # fmt: skip
+    np.testing.assert_allclose(stats["policy_loss"], want, rtol=1e-5, atol=1e-7)
+
+    def written_out(net_params):  # the same objective in JAX, the value and entropy terms kept
+        head, values = s.net.apply(net_params, batch.obs)
+        pi = s.distribution.from_head(head)
+        log_prob, entropy = pi.log_prob_entropy(batch.action, "reference")
+        a = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        r = jnp.exp(log_prob - batch.proximal_log_prob)
+        w = jnp.minimum(weight_max, jnp.exp(batch.proximal_log_prob - batch.log_prob))
+        eps = hparams["clip_eps"]
+        policy = -jnp.mean(w * jnp.minimum(r * a, jnp.clip(r, 1 - eps, 1 + eps) * a))
+        value = losses.clipped_value_loss(values, batch.value, targets, hparams["vf_clip_eps"])
+        return policy + hparams["vf_coef"] * value - hparams["ent_coef"] * jnp.mean(entropy)
+
+    got = jax.grad(lambda p: ppo.minibatch_loss(s, hparams, p, data)[0])(moved)
+    want = jax.grad(written_out)(moved)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -138,7 +198,8 @@ def test_the_correction_changes_nothing_on_an_on_policy_rollout(agent):
 
 
 def test_a_run_through_the_actor_learner_path_logs_its_weights():
-    cfg = config(arch={"max_lag": 1}, agent={"lag_correction": True, "total_steps": 512})
+    agent = {"lag_correction": True, "lag_weight_max": 1.0, "total_steps": 512}
+    cfg = config(arch={"max_lag": 1}, agent=agent)
     learner = sebulba.Learner(cfg)
     _, rows = learner.run(learner.init(), num_updates=8)
     weights = [row["behaviour_weight"] for row in rows]
@@ -150,6 +211,8 @@ def test_a_run_through_the_actor_learner_path_logs_its_weights():
 
 
 def test_configs_without_lagged_rollouts_are_refused():
+    with pytest.raises(ConfigError, match=r"agent.lag_weight_max .* agent.lag_correction: true"):
+        config(arch={"max_lag": 1}, agent={"lag_weight_max": 1.0})
     with pytest.raises(ConfigError, match=r"agent.lag_correction .* arch.max_lag > 0"):
         config(arch={"max_lag": 0}, agent={"lag_correction": True})
     anakin = {
