@@ -30,6 +30,7 @@ from rl import arch_config, collection, environment, losses, param_layout
 from rl.config_parsing import ConfigError, hp
 
 OBS_CLIP = 10.0  # agent.obs_clip's default
+LAG_WEIGHT_MAX = 100.0  # agent.lag_weight_max's default
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,6 @@ class VariantsConfig:
         "not the fused kernel); else computed before learning (or each epoch: "
         "agent.recompute_advantages)",
     )
-
     lag_correction: bool = hp(
         False,
         doc="decoupled PPO (Hilton et al. 2022) for rollouts collected with params up to "
@@ -84,7 +84,7 @@ class VariantsConfig:
         "pi_behaviour(a|s)); approx_kl and clip_fraction then measure against pi_prox",
     )
     lag_weight_max: float = hp(
-        100.0,
+        LAG_WEIGHT_MAX,
         low=0.0,
         low_open=True,
         doc="with agent.lag_correction, the cap on each row's weight pi_prox / pi_behaviour (the "
@@ -101,7 +101,7 @@ class VariantsConfig:
             )
         if self.minibatch_advantages:
             check_segment_minibatches(self)
-        if not self.lag_correction and self.lag_weight_max != 100.0:
+        if not self.lag_correction and self.lag_weight_max != LAG_WEIGHT_MAX:
             raise ConfigError(
                 f"agent.lag_weight_max ({self.lag_weight_max}) caps decoupled PPO's weights: it "
                 "needs agent.lag_correction: true"
