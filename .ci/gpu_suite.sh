@@ -24,8 +24,9 @@
 #   worker and seconds, written as it finishes; the busiest workers' totals are printed last.
 # On a machine without network, the packages it lacks come from wheels in .whl/ (installed into
 # /tmp/site first): here pytest-xdist, execnet, tensorboardX, protobuf, jax-triton, dm-haiku, jmp,
-# gymnasium, farama-notifications, jaxmarl and its needs, and ruff (its executable put on PATH for
-# tests/test_lint.py); the wandb tests skip without wandb.
+# gymnasium, farama-notifications, jaxmarl and its needs, Jumanji and its needs (esquilax, which
+# imports jax_tqdm and tqdm), and ruff (its executable put on PATH for tests/test_lint.py); the
+# wandb tests skip without wandb.
 cd "$(dirname "$0")/.."
 if [ -d .whl ]; then
   # (under a lock: two suites may start at once, one per GPU, sharing /tmp/site)
