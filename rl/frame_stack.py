@@ -6,9 +6,9 @@ H, W] on its device.
     stack = initial_stack(frames, depth)         # each env's first frame, depth times
     stack = push_frames(stack, frames, refill)   # after a step: its frames pushed in
 
-envpool's rule (tests/envs/test_envpool.py checks it against envpool's own stack_num): a new game's
-first frame fills its whole stack; every other frame, the one after a lost life included (an
-episodic-life end does not reset the game), shifts the oldest frame out and itself in.
+envpool's rule (tests/rl/test_frame_stack.py checks it against envpool's own stack_num): a new
+game's first frame fills its whole stack; every other frame, the one after a lost life included
+(an episodic-life end does not reset the game), shifts the oldest frame out and itself in.
 """
 
 from __future__ import annotations

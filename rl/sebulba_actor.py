@@ -108,9 +108,8 @@ class Actor:
     its obs, its agent record and (next-step resets) its reached obs are arrays on the actor's
     device, the rest NumPy arrays (`Learner.batch` joins both kinds; with several processes,
     jax.distributed, all NumPy arrays: the learner builds the batch from every process's host
-    data). With `arch.frame_stack:
-    device` envpool sends each step's newest frames alone and the actor stacks them there
-    (`rl.frame_stack`): the same observations as envpool's own stacks.
+    data). With `arch.frame_stack: device` envpool sends each step's newest frames alone and the
+    actor stacks them there (`rl.frame_stack`): the same observations as envpool's own stacks.
 
     The envs are `arch.env_groups` groups (rl.sebulba_envs.make_env_groups) that take turns: the
     actor acts for group g and starts its envs' step (`step_async`), then collects group g + 1's

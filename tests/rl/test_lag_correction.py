@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_sebulba import COUNTDOWN, SMALL
+from test_sebulba import config
 
 from rl import losses, ppo_variants, sebulba
 from rl.agents import ppo
@@ -25,11 +25,6 @@ from rl.sebulba_agents import make_pieces
 
 CARTPOLE = "gymnasium:CartPole-v1"
 KEY = jax.random.PRNGKey(3)
-
-
-def config(env=COUNTDOWN, arch=None, agent=None):
-    data = {"env": {"id": env}, "agent": {"name": "ppo", **SMALL, **(agent or {})}}
-    return build_config({**data, "arch": {"name": "sebulba", **(arch or {})}})
 
 
 # ---------------------------------------------------------------- the weighted surrogate
