@@ -62,9 +62,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl import sebulba  # noqa: E402
-from rl.arch_config import autoreset_mode  # noqa: E402
+from rl.arch_config import REPLAY_AGENTS, autoreset_mode  # noqa: E402
 from rl.config import load_config  # noqa: E402
 from rl.sebulba_actor import acting_program  # noqa: E402
+from rl.sebulba_agents import rollout_sizes  # noqa: E402
 from rl.sebulba_envs import make_vector_env  # noqa: E402
 from rl.sebulba_programs import local_copy  # noqa: E402
 
@@ -210,7 +211,8 @@ def actors_throughput(config, threads: int, seconds: float) -> dict:
     for actor, p in zip(actors, params):
         actor.warm_up(p)  # compile and warm up
         actor.rollout(p)
-    batch, counts, stop = config.agent.num_steps * per_actor, [0] * threads, threading.Event()
+    batch, counts = rollout_sizes(config).num_steps * per_actor, [0] * threads
+    stop = threading.Event()
     spent = [np.zeros(3) for _ in range(threads)]  # envs, acting, total seconds
 
     def work(i):
@@ -264,17 +266,18 @@ def learner_throughput(config, threads: int, seconds: float) -> dict:
         updates += 1
     jax.block_until_ready(params)
     wall = time.perf_counter() - start
-    return {"sps": updates * config.agent.batch_size / wall, "update_s": wall / updates}
+    return {"sps": updates * rollout_sizes(config).steps / wall, "update_s": wall / updates}
 
 
 def agent_throughput(config_path: str, envs: int, threads: int, seconds: float, overrides) -> dict:
     """The whole run's env steps/s (module docstring), stopped after `seconds`; a log point about
     every 4096 env steps."""
     probe = layout_config(config_path, envs, threads, overrides)
-    per_update = probe.agent.num_envs * probe.agent.num_steps
+    per_update = rollout_sizes(probe).steps
     log = max(1, 4096 // per_update)
     updates = 4096 - 4096 % log  # more than the run does in `seconds`
-    timing = [f"agent.total_steps={updates * per_update}", f"agent.log_interval={log}"]
+    log_interval = log * per_update if probe.agent.name in REPLAY_AGENTS else log  # env steps
+    timing = [f"agent.total_steps={updates * per_update}", f"agent.log_interval={log_interval}"]
     config = layout_config(config_path, envs, threads, [*overrides, *timing])
     learner = sebulba.Learner(config)
     state = learner.init()

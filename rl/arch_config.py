@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from rl.config_parsing import ConfigError, hp
 
-SEBULBA_AGENTS = ("ppo", "pqn")  # the agents rl.sebulba trains (rl.sebulba_agents)
+SEBULBA_AGENTS = ("ppo", "pqn", "sac")  # the agents rl.sebulba trains (rl.sebulba_agents)
+REPLAY_AGENTS = ("sac",)  # those of them learning from a replay buffer (`arch.rollout_steps`)
 HOST_ENV_PREFIXES = ("gymnasium:", "envpool:")  # the env ids it steps
 
 
@@ -72,6 +73,13 @@ class ArchConfig:
         "with (0: actors wait for every update, no overlap)",
     )
     queue_size: int = hp(1, low=1, doc="sebulba: rollouts each actor may have waiting")
+    rollout_steps: int = hp(
+        16,
+        low=1,
+        doc="sebulba, SAC: env steps each actor takes per rollout; the learner adds a rollout's "
+        "transitions to its replay buffer, then takes rollout_steps x agent.utd_ratio x "
+        "agent.num_envs gradient steps (PPO and PQN roll out agent.num_steps steps)",
+    )
     queue_timeout_s: float = hp(
         300.0,
         low=0.0,
@@ -102,11 +110,14 @@ class ArchConfig:
 
 def autoreset_mode(config) -> str:
     """ "same_step" or "next_step": when the actors' envs reset (`ArchConfig.autoreset`, "auto"
-    resolved by the env id); "same_step" for arch anakin (fusedrl's own envs)."""
+    resolved by the env id, and same_step for `REPLAY_AGENTS`, whose buffers store whole
+    transitions); "same_step" for arch anakin (fusedrl's own envs)."""
     if config.arch.name != "sebulba":
         return "same_step"
     if config.arch.autoreset != "auto":
         return config.arch.autoreset
+    if config.agent.name in REPLAY_AGENTS:
+        return "same_step"
     return "next_step" if config.env.id.startswith("envpool:") else "same_step"
 
 
@@ -167,10 +178,44 @@ def check_arch(config) -> None:
         )
     if arch.frame_stack == "device":
         check_device_frame_stack(config)
+    check_rollout_steps(config)
     if config.run.seeds != 1:
         raise ConfigError(
             f"run.seeds: arch sebulba trains one seed per run, got {config.run.seeds} (start one "
             "run per seed, with run.seed)"
+        )
+
+
+def check_rollout_steps(config) -> None:
+    """ConfigError unless the rollouts fit the agent: `arch.rollout_steps` is the replay agents'
+    (PPO and PQN roll out agent.num_steps), whose learner holds one replay buffer on one device,
+    stores whole transitions (same-step resets) and logs every agent.log_interval env steps, a
+    multiple of an update's rollout_steps x num_envs."""
+    arch, agent = config.arch, config.agent
+    default = next(f.default for f in dataclasses.fields(arch) if f.name == "rollout_steps")
+    if agent.name not in REPLAY_AGENTS:
+        if arch.rollout_steps != default:
+            raise ConfigError(
+                f"arch.rollout_steps sets the rollouts of {', '.join(REPLAY_AGENTS)}; "
+                f"{agent.name}'s rollouts are agent.num_steps ({agent.num_steps}) steps long"
+            )
+        return
+    if arch.autoreset == "next_step":
+        raise ConfigError(
+            f"arch.autoreset: next_step records reset steps that are not transitions; "
+            f"{agent.name}'s replay buffer stores whole ones: use same_step (or auto)"
+        )
+    if len(arch.learner_devices) != 1:
+        raise ConfigError(
+            f"arch.learner_devices: {agent.name} learns on one device, which holds its replay "
+            f"buffer; got {list(arch.learner_devices)}"
+        )
+    steps = arch.rollout_steps * agent.num_envs
+    if agent.log_interval % steps:
+        raise ConfigError(
+            f"agent.log_interval ({agent.log_interval} env steps) must be a multiple of an "
+            f"update's env steps, arch.rollout_steps x agent.num_envs ({arch.rollout_steps} x "
+            f"{agent.num_envs} = {steps})"
         )
 
 

@@ -1,6 +1,6 @@
 """The actor-learner architecture (Sebulba: Hessel et al. 2021, "Podracer architectures for scalable
-reinforcement learning"; Cleanba) for PPO and PQN on envs stepped outside JAX, gymnasium vector envs
-and envpool (rl.sebulba_envs): `arch.name: sebulba`.
+reinforcement learning"; Cleanba) for PPO, PQN and SAC on envs stepped outside JAX, gymnasium
+vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
 
     actor thread i (of arch.actor_threads)           learner (the calling thread)
     a vector env of num_envs / threads envs          for update u = first, first + 1, ...:
@@ -30,9 +30,12 @@ and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   `reset_step` set, and the losses, their means and PPO's advantage normalisation leave it out
   (no other step's advantage or target reads it: the chains stop at the episode end before it).
 * Acting and learning are the agent's own (rl.sebulba_agents: PPO's `learn` with its fused kernels
-  where they fit, PQN's Q(lambda) targets and minibatch epochs), compiled once before the actors
+  where they fit, PQN's Q(lambda) targets and minibatch epochs, SAC's gradient steps on the
+  replay buffer its learner keeps in the optimiser state's place), compiled once before the actors
   start; the batch is split on its env axis over the learner devices (jax.sharding; XLA reduces
-  the gradients). Params are never donated: actors read them.
+  the gradients; SAC learns on one device). Rollouts are `rollout_sizes(config).num_steps` steps
+  long (PPO's and PQN's agent.num_steps, SAC's arch.rollout_steps). Params are never donated:
+  actors read them.
 * Several hosts (jax.distributed, `rl train --coordinator ...`): every process runs its actor
   threads and a learner shard. agent.num_envs is the run's total: process p's actor i is the
   run's actor p * actor_threads + i (its block of the envs, its env seeds and key), and the update
@@ -76,6 +79,7 @@ from rl.arch_config import autoreset_mode
 from rl.config import hyperparams
 from rl.logging import publish
 from rl.sebulba_actor import Actor
+from rl.sebulba_agents import rollout_sizes
 from rl.sebulba_envs import greedy_episodes, make_vector_env
 from rl.sebulba_exchange import Exchange, StallError, Stopped
 from rl.sebulba_programs import (
@@ -102,15 +106,16 @@ __all__ = [
 
 
 class Learner:
-    """The learner of the actor-learner loop (PPO's or PQN's): `init()` (a fresh `LearnerState`),
-    `compile(state)` (its update, once per learning setup: `programs`), then `run(state)` trains
-    with the actor threads it starts (module docstring)."""
+    """The learner of the actor-learner loop (PPO's, PQN's or SAC's): `init()` (a fresh
+    `LearnerState`), `compile(state)` (its update, once per learning setup: `programs`), then
+    `run(state)` trains with the actor threads it starts (module docstring)."""
 
     def __init__(self, config):
         self.config, self.agent, self.arch = config, config.agent, config.arch
         self.actor_devices, _ = check_devices(config)
         self.programs = programs(config, learner_mesh_devices(config))
         self.pieces, self.policy = self.programs.pieces, self.programs.policy
+        self.sizes = rollout_sizes(config)
         self.hparams = self.replicated(hyperparams(config.agent))
         self.compile_seconds, self.greedy, self.eval_envs = 0.0, None, None
         # several processes (jax.distributed): process p steps the p-th block of agent.num_envs
@@ -141,7 +146,7 @@ class Learner:
         reward, flag = (jax.ShapeDtypeStruct(shape[:1], t) for t in (np.float32, np.bool_))
         reset_step = flag if autoreset_mode(self.config) == "next_step" else None
         steps = pieces.transition(obs, *record, reward, flag, flag, obs, reset_step=reset_step)
-        split, T = self.programs.split, self.agent.num_steps
+        split, T = self.programs.split, self.sizes.num_steps
         traj = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((T, *x.shape), x.dtype, sharding=split), steps
         )
@@ -176,14 +181,15 @@ class Learner:
         return threads
 
     def run(self, state, num_updates=None, should_stop=None, on_log_point=None):
-        """Train from `state` to update `num_updates` (default agent.num_updates), a log point every
-        agent.log_interval updates (published, and passed to `on_log_point(state, row)`), stopping
+        """Train from `state` to update `num_updates` (default the run's, `rollout_sizes`), a log
+        point every `rollout_sizes(config).log_interval` updates (published, and passed to
+        `on_log_point(state, row)`), stopping
         early after the update in progress once `should_stop()` is true (several processes: once
         it is true on any process at a vote, before the update that vote precedes, `take`).
         Returns (state, rows)."""
         self.compile(state)
         learn = self.programs.compiled["learn"]
-        last = self.agent.num_updates if num_updates is None else num_updates
+        last = self.sizes.num_updates if num_updates is None else num_updates
         first = int(state.updates)
         asked = lambda: bool(should_stop and should_stop())
         # with several processes, should_stop() is voted on before an update, never mid-wait
@@ -204,12 +210,12 @@ class Learner:
                 learned = learn(self.hparams, state.params, state.opt_state, traj, learn_key)
                 if self.processes > 1:  # no other collective (gloo on CPUs) may overlap it
                     jax.block_until_ready(learned)
-                step = state.step + self.agent.batch_size
+                step = state.step + self.sizes.steps
                 state = LearnerState(*learned[:2], key, step, state.updates + 1)
                 exchange.publish(local_copy(state.params), update + 1)
                 lags = [update - rollout.version for rollout in rollouts]
-                period.add(learned[2], lags, rollouts, self.agent.batch_size)
-                if (update + 1) % self.agent.log_interval == 0:
+                period.add(learned[2], lags, rollouts, self.sizes.steps)
+                if (update + 1) % self.sizes.log_interval == 0:
                     rows.append(self.log_point(state, period))
                     period = _Period()
                     failed = self.after_log_point(state, rows[-1], on_log_point)
@@ -341,7 +347,7 @@ class Learner:
         (process 0 with its error, the others with a RuntimeError naming it)."""
         row = {"step": int(state.step), **period.metrics(self.processes)}
         error = None
-        if self.agent.eval_envs:
+        if self.sizes.eval_envs:
             returns, lengths = [np.nan], [np.nan]
             if self.process == 0:
                 try:
@@ -361,7 +367,7 @@ class Learner:
                 raise error
             if values[0]:
                 raise RuntimeError(
-                    f"sebulba: process 0's greedy evaluation (agent.eval_envs) raised at step "
+                    f"sebulba: process 0's greedy evaluation raised at step "
                     f"{row['step']}, so process {self.process} stopped too; process 0's own "
                     "output (stderr) has the error"
                 )
@@ -370,8 +376,8 @@ class Learner:
 
     def evaluate(self, params):
         """(returns, lengths) of the greedy policy's first episode (game: `Scores`) in each of
-        `agent.eval_envs` fresh envs (a sync vector env, made once)."""
-        seeds = [self.config.run.seed + 10**6 + i for i in range(self.agent.eval_envs)]
+        `rollout_sizes(config).eval_envs` fresh envs (a sync vector env, made once)."""
+        seeds = [self.config.run.seed + 10**6 + i for i in range(self.sizes.eval_envs)]
         if self.greedy is None:
             self.greedy = jax.jit(self.pieces.greedy)
             self.eval_envs, obs = make_vector_env(self.config, seeds, "sync")

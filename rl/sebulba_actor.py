@@ -25,7 +25,7 @@ import numpy as np
 from rl.arch_config import autoreset_mode, device_stack_depth
 from rl.config import hyperparams
 from rl.frame_stack import initial_stack, push_frames
-from rl.sebulba_agents import Pieces
+from rl.sebulba_agents import Pieces, rollout_sizes
 from rl.sebulba_envs import Scores, make_env_groups, reached_obs
 from rl.sebulba_exchange import Exchange, Stopped
 
@@ -101,10 +101,10 @@ class _Group:
 
 class Actor:
     """One actor's envs and acting (its thread runs `run`): `rollout(params, step)` steps the envs
-    `agent.num_steps` times with the agent's `act` (`step`: env steps before the rollout) and
-    returns (the agent's Transition [T, envs, ...], the returns and the lengths of the episodes
-    that ended); `times` then says where its wall clock went (`Times`). The
-    observations go to the actor's device once, for the acting, and the rollout keeps them there:
+    `rollout_sizes(config).num_steps` times with the agent's `act` (`step`: env steps before the
+    rollout) and returns (the agent's Transition [T, envs, ...], the returns and the lengths of the
+    episodes that ended); `times` then says where its wall clock went (`Times`). The observations go
+    to the actor's device once, for the acting, and the rollout keeps them there:
     its obs, its agent record and (next-step resets) its reached obs are arrays on the actor's
     device, the rest NumPy arrays (`Learner.batch` joins both kinds; with several processes,
     jax.distributed, all NumPy arrays: the learner builds the batch from every process's host
@@ -125,6 +125,7 @@ class Actor:
 
     def __init__(self, pieces: Pieces, config, policy: Callable, seeds: list[int], key, device):
         self.pieces, self.config, self.device = pieces, config, device
+        self.sizes = rollout_sizes(config)
         self.policy = acting_program(policy, device)
         self.hparams = jax.device_put(hyperparams(config.agent), device)
         arch, dtype = config.arch, pieces.obs_dtype
@@ -165,7 +166,7 @@ class Actor:
         step = self.device_step(step)
         for group in self.groups:
             group.start_rollout()
-        for _ in range(self.config.agent.num_steps):
+        for _ in range(self.sizes.num_steps):
             for group in self.groups:
                 if group.record is not None:
                     waiting += self.collect(group)
@@ -212,7 +213,7 @@ class Actor:
             reset_step, group.ended = group.ended, terminated | truncated
             host.append(reset_step)
         if group.host is None:  # fresh arrays each rollout: the learner may hold the last ones
-            steps = self.config.agent.num_steps
+            steps = self.sizes.num_steps
             group.host = [np.empty((steps, *x.shape), x.dtype) for x in host]
         for column, x in zip(group.host, host):
             column[len(group.records)] = x
@@ -228,7 +229,7 @@ class Actor:
     def run(self, exchange: Exchange, index: int, first: int) -> None:
         """Rollouts first, first + 1, ... into `exchange` until it stops (rl.sebulba's docstring);
         an error is handed to the learner."""
-        name, batch = f"actor {index}", self.config.agent.batch_size
+        name, batch = f"actor {index}", self.sizes.steps
         try:
             for k in range(first, 2**62):
                 params, version = exchange.params_for(k - self.config.arch.max_lag, name)

@@ -1,6 +1,7 @@
 """What each agent the actor-learner architecture (rl.sebulba) trains brings to it, built from the
 agent's own module: how an actor acts, what a rollout step records, and the learner's update, which
-is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`).
+is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`, SAC's gradient
+steps on its replay buffer), and the sizes of a rollout and of the run (`rollout_sizes`).
 
     pieces = make_pieces(config)
     key, record, env_action = pieces.act(hparams, params, obs, key, step)   # an actor's step
@@ -13,18 +14,28 @@ is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`).
 * PQN: epsilon-greedy on Q, epsilon of the env steps before the rollout (`pqn.epsilon` at
   `step`, as the one-program PQN at the update's start), recording the action; the Q(lambda)
   targets come from the learner's params when it learns.
+* SAC: a sample of the squashed Gaussian (or categorical) policy, uniformly random actions while
+  the env steps before the rollout are fewer than `learning_starts`, recording the agent's action
+  (in [-1, 1]^|A| for a Box, mapped to the env's bounds for the env). The learner holds the
+  replay buffer and everything but the actor's params (the state it updates: `sac.State`, its
+  envs and key unused); an update adds the rollout's T x E transitions (s, a, r, s' = the
+  observation reached, before a reset, terminated) to the buffer, then, once `learning_starts`
+  transitions are stored, takes T x `gradient_steps` of SAC's own gradient steps
+  (`sac.make_gradient_step`: critics, actor, temperature, Polyak targets), so the ratio of
+  gradient steps to env steps is `utd_ratio`, as in the one-program SAC.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from rl import environment, exploration
-from rl.agents import ppo, pqn
-from rl.arch_config import SEBULBA_AGENTS
+from rl import actor_critic, buffers, collection, environment, exploration
+from rl.agents import ppo, pqn, sac
+from rl.arch_config import REPLAY_AGENTS, SEBULBA_AGENTS
 from rl.sebulba_envs import obs_dtype
 
 
@@ -43,10 +54,41 @@ class Pieces(NamedTuple):
     greedy: Callable  # (params, obs) -> the env's action, for evaluation
 
 
+class Sizes(NamedTuple):
+    """A run's rollouts and updates (`rollout_sizes`): `num_steps` steps per actor rollout,
+    `steps` env steps an update learns from (num_steps x agent.num_envs), `num_updates` in the
+    run, a log point every `log_interval` updates, `eval_envs` greedy episodes at each (0: none)."""
+
+    num_steps: int
+    steps: int
+    num_updates: int
+    log_interval: int
+    eval_envs: int
+
+
+def rollout_sizes(config) -> Sizes:
+    """`Sizes` of `config`: PPO's and PQN's from their own keys (agent.num_steps, num_updates,
+    log_interval in updates, eval_envs); a replay agent's from arch.rollout_steps and its env-step
+    keys (agent.total_steps, log_interval in env steps, eval_episodes)."""
+    agent = config.agent
+    if agent.name in REPLAY_AGENTS:
+        steps = config.arch.rollout_steps * agent.num_envs
+        return Sizes(
+            config.arch.rollout_steps,
+            steps,
+            agent.total_steps // steps,
+            agent.log_interval // steps,
+            agent.eval_episodes,
+        )
+    return Sizes(
+        agent.num_steps, agent.batch_size, agent.num_updates, agent.log_interval, agent.eval_envs
+    )
+
+
 def make_pieces(config) -> Pieces:
     """The pieces of `config.agent` (one of `SEBULBA_AGENTS`)."""
     assert config.agent.name in SEBULBA_AGENTS, config.agent.name  # rl.arch_config.check_arch
-    return {"ppo": ppo_pieces, "pqn": pqn_pieces}[config.agent.name](config)
+    return {"ppo": ppo_pieces, "pqn": pqn_pieces, "sac": sac_pieces}[config.agent.name](config)
 
 
 def ppo_pieces(config) -> Pieces:
@@ -113,3 +155,63 @@ def pqn_pieces(config) -> Pieces:
         learn,
         lambda params, obs: pqn.greedy_policy(apply, params)(obs),
     )
+
+
+def sac_pieces(config) -> Pieces:
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    sac.check_env(config, env, env_params)
+    learning = sac.make_learning(config, env, env_params)
+    variant = learning.variant
+    gradient_step = sac.make_gradient_step(agent, learning)
+    action_space = env.action_space(env_params)
+    updates_per_rollout = config.arch.rollout_steps * agent.gradient_steps
+
+    def init(key, hparams, obs):
+        actor_key, critic_key = jax.random.split(key)
+        state = sac.init_learning(
+            agent, learning, hparams, actor_key, critic_key, obs, envs=None, key=None
+        )
+        return state.params, state._replace(params=None)
+
+    def act(hparams, params, obs, key, step):
+        key, policy_key, random_key = jax.random.split(key, 3)
+        policy = variant.distribution.from_head(variant.actor.apply(params, obs))
+        action = policy.env_action(policy.sample(policy_key))
+        random_action = actor_critic.random_actions(action_space, random_key, obs.shape[0])
+        action = jnp.where(step < agent.learning_starts, random_action, action)
+        return key, (action,), environment.to_env_action(env, env_params, action)
+
+    def transition(obs, action, reward, terminated, truncated, final_obs, reset_step=None):
+        """The buffer's transition (rl.actor_critic.empty_buffer): a truncation is not stored
+        (it bootstraps from s' like any step), and there are no reset steps (same-step resets:
+        rl.arch_config.check_rollout_steps)."""
+        assert reset_step is None, "SAC's rollouts have no reset steps (same-step resets)"
+        return {
+            "obs": obs,
+            "action": action,
+            "reward": reward,
+            "next_obs": final_obs,
+            "terminated": terminated,
+        }
+
+    def learn(hparams, params, state: sac.State, traj, key):
+        items = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), traj)  # [T x E, ...]
+        state = state._replace(
+            params=params,
+            buffer=buffers.uniform_add(state.buffer, items),
+            step=state.step + items["reward"].shape[0],
+        )
+        started = state.step >= agent.learning_starts
+        keys = jax.random.split(key, updates_per_rollout)
+        step = partial(gradient_step, hparams)
+        unroll = min(agent.unroll, updates_per_rollout)
+        state, stats = collection.scan_when(started, step, state, keys, unroll=unroll)
+        stats = {**stats, "alpha": jnp.exp(state.log_alpha)}
+        return state.params, state._replace(params=None), jax.tree.map(jnp.mean, stats)
+
+    def greedy(params, obs):
+        return environment.to_env_action(env, env_params, sac.greedy_action(variant, params, obs))
+
+    space = env.observation_space(env_params)
+    return Pieces(space, obs_dtype(space), init, act, transition, learn, greedy)

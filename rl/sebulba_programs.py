@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rl.arch_config import autoreset_mode
+from rl.arch_config import REPLAY_AGENTS, autoreset_mode
 from rl.config_parsing import ConfigError
 from rl.programs import at_matmul_precision
 from rl.sebulba_agents import Pieces, make_pieces
@@ -51,6 +51,11 @@ def check_devices(config) -> tuple[list, list]:
                 f"arch.{key}: there is no device {missing[0]}; jax.local_devices() has "
                 f"{len(devices)}: " + ", ".join(map(str, devices))
             )
+    if processes > 1 and config.agent.name in REPLAY_AGENTS:
+        raise ConfigError(
+            f"{config.agent.name} learns in one process, which holds its replay buffer; this run "
+            f"has {processes} (jax.distributed): run it without --coordinator"
+        )
     if processes > 1:
         arch, envs = config.arch, config.agent.num_envs
         splits = (
@@ -114,6 +119,7 @@ def programs(config, learner_devices) -> Programs:
     ids = tuple(device.id for device in learner_devices)
     key = (config.agent, env, config.kernels, config.run.matmul_precision, ids)
     key += (autoreset_mode(config),)  # the rollout's columns and the gradient path depend on it
+    key += (config.arch.rollout_steps,)  # a replay agent's gradient steps an update
     if key in _PROGRAMS:
         return _PROGRAMS[key]
     pieces, precision = make_pieces(config), config.run.matmul_precision

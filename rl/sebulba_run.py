@@ -37,6 +37,7 @@ from rl.interrupts import StopSignalGuard, TrainingInterrupted
 from rl.logging import ProgressBar, RunLogger, sink
 from rl.run_dir import config_check, run_dir_lock, run_record, write_final, write_run_config
 from rl.sebulba import Learner, LearnerState, local_copy
+from rl.sebulba_agents import rollout_sizes
 from rl.summary import summarise
 from rl.train import smoke_log_points, wandb_sink
 
@@ -68,8 +69,9 @@ class _Run:
 
     def __init__(self, config, grid, run_dir: Path, learner: Learner, main: bool = True):
         self.config, self.grid, self.run_dir, self.learner = config, grid, run_dir, learner
-        agent, self.main = config.agent, main
-        self.total = smoke_log_points(agent.num_updates // agent.log_interval)
+        self.main = main
+        self.sizes = rollout_sizes(config)
+        self.total = smoke_log_points(self.sizes.num_updates // self.sizes.log_interval)
         self.checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
         self.logger = RunLogger(run_dir, grid, 1) if main else None
         self.guard = StopSignalGuard(
@@ -84,10 +86,11 @@ class _Run:
         config, learner, sinks = self.config, self.learner, [self.logger]
         state = self.restore(learner.init()) if resume else self.fresh(learner.init())
         if config.run.progress and self.main:
-            sinks.append(ProgressBar(config.agent.total_steps, label=f"ppo/{config.env.id}"))
+            label = f"{config.agent.name}/{config.env.id}"
+            sinks.append(ProgressBar(config.agent.total_steps, label=label))
         wandb = wandb_sink(config, self.grid, self.run_dir, resume) if self.main else None
         sinks = [fn for fn in sinks + [wandb] if fn is not None]  # process 0's (jax.distributed)
-        updates = self.total * config.agent.log_interval
+        updates = self.total * self.sizes.log_interval
         try:
             with self.guard, ExitStack() as stack:
                 for fn in sinks:

@@ -240,65 +240,70 @@ def make_optimizers(hparams):
     return clipped, clipped, optax.adam(hparams["alpha_lr"])
 
 
-# ---------------------------------------------------------------- the loop
+# ---------------------------------------------------------------- learning, without the envs
 
 
-def make_trainer(config) -> Trainer:
+class Learning(NamedTuple):
+    """What SAC's learning reads (`make_learning`): the networks and losses (`Variant`), and the
+    fused critic and actor setups (`rl.fused_critic`; None where the steps go through apply and
+    autodiff)."""
+
+    variant: Variant
+    fused: Any
+    fused_actor: Any
+
+
+def make_learning(config, env, env_params) -> Learning:
+    """The variant of the env's action space, with the twin critics as one flat vector and the
+    fused actor step where `rl.fused_critic.for_agent` says the kernels run them."""
     agent = config.agent
-    env, env_params = environment.make_env(config)
     variant = make_variant(agent, env, env_params)
-    actor = variant.actor
     fused = fused_critic.for_agent(config, env, env_params, variant.critic)
-    fused_actor = None
-    if fused is not None:  # the critics are a flat vector: the actor's loss reads them unraveled
-        critic_apply = partial(fused_critic.twin_q_values, fused)
-        _, actor_loss_fn = continuous_losses(actor.apply, critic_apply)
-        init_critic = lambda key, obs: fused_critic.init(fused, key, obs, variant.example_action)
-        variant = variant._replace(init_critic=init_critic, actor_loss=actor_loss_fn)
-        example_obs = jnp.zeros(env.observation_space(env_params).shape, jnp.float32)
-        fused_actor = fused_critic.squashed_gaussian_actor(fused, actor, example_obs)
+    if fused is None:
+        return Learning(variant, None, None)
+    # the critics are a flat vector: the actor's loss reads them unraveled
+    critic_apply = partial(fused_critic.twin_q_values, fused)
+    _, actor_loss_fn = continuous_losses(variant.actor.apply, critic_apply)
+    init_critic = lambda key, obs: fused_critic.init(fused, key, obs, variant.example_action)
+    variant = variant._replace(init_critic=init_critic, actor_loss=actor_loss_fn)
+    example_obs = jnp.zeros(env.observation_space(env_params).shape, jnp.float32)
+    return Learning(
+        variant, fused, fused_critic.squashed_gaussian_actor(fused, variant.actor, example_obs)
+    )
 
-    # ---------------------------------------------------------------- init
 
-    def init(key, hparams) -> State:
-        """Actor, twin critics and their target copy, log alpha, three optimiser states, an empty
-        buffer, the envs."""
-        key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
-        envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
-        params = actor.init(actor_key, envs.obs[0])
-        critic_params = variant.init_critic(critic_key, envs.obs[0])
-        log_alpha = jnp.log(hparams["init_alpha"]).astype(jnp.float32)
-        actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
-        opt_state = {
-            "actor": actor_opt.init(params),
-            "critic": critic_opt.init(critic_params),
-            "log_alpha": alpha_opt.init(log_alpha),
-        }
-        buffer = actor_critic.empty_buffer(envs.obs[0], variant.example_action, agent.buffer_size)
-        counters = jnp.int32(0), jnp.int32(0)
-        return State(
-            params, critic_params, critic_params, opt_state, log_alpha, buffer, envs, key, *counters
-        )
+def init_learning(
+    agent: Config, learning: Learning, hparams, actor_key, critic_key, obs, envs, key
+):
+    """A `State` before any step: the actor from `actor_key`, the twin critics from `critic_key`
+    and their target copy, log alpha = log init_alpha, the three optimiser states, an empty buffer
+    of `agent.buffer_size` transitions shaped like one observation `obs`; `envs` and `key` as
+    given (None where the envs are stepped elsewhere: rl.sebulba)."""
+    variant = learning.variant
+    params = variant.actor.init(actor_key, obs)
+    critic_params = variant.init_critic(critic_key, obs)
+    log_alpha = jnp.log(hparams["init_alpha"]).astype(jnp.float32)
+    actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
+    opt_state = {
+        "actor": actor_opt.init(params),
+        "critic": critic_opt.init(critic_params),
+        "log_alpha": alpha_opt.init(log_alpha),
+    }
+    buffer = actor_critic.empty_buffer(obs, variant.example_action, agent.buffer_size)
+    counters = jnp.int32(0), jnp.int32(0)
+    return State(
+        params, critic_params, critic_params, opt_state, log_alpha, buffer, envs, key, *counters
+    )
 
-    # ---------------------------------------------------------------- act
 
-    def act(state: State, totals, key):
-        """All envs take one step with a sample of the policy (in [-1, 1]^|A| for a Box), or
-        uniformly random actions before learning_starts; the transitions go to the buffer."""
-        act_key, env_key = jax.random.split(key)
-        policy_key, random_key = jax.random.split(act_key)
-        policy = variant.distribution.from_head(actor.apply(state.params, state.envs.obs))
-        action = policy.env_action(policy.sample(policy_key))
-        space = env.action_space(env_params)
-        random_action = actor_critic.random_actions(space, random_key, agent.num_envs)
-        action = jnp.where(state.step < agent.learning_starts, random_action, action)
-        return actor_critic.step_and_store(env, env_params, state, totals, action, env_key)
-
-    # ---------------------------------------------------------------- gradient step
+def make_gradient_step(agent: Config, learning: Learning) -> Callable:
+    """`gradient_step(hparams, state, key) -> (state, stats)`: on one uniformly sampled minibatch,
+    the critics, then the actor (against the new critics), then log alpha (if autotuned), then the
+    Polyak targets."""
+    variant, fused, fused_actor = learning
+    actor = variant.actor
 
     def gradient_step(hparams, state: State, key):
-        """On one uniformly sampled minibatch: the critics, then the actor (against the new
-        critics), then log alpha (if autotuned), then the Polyak targets."""
         actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
         sample_key, critic_key, actor_key = jax.random.split(key, 3)
         batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
@@ -365,6 +370,44 @@ def make_trainer(config) -> Trainer:
         stats = {"critic_loss": critic_loss, "actor_loss": actor_loss, "q_mean": q_mean}
         return state, {**stats, "entropy": entropy}
 
+    return gradient_step
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def make_trainer(config) -> Trainer:
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    learning = make_learning(config, env, env_params)
+    variant, actor = learning.variant, learning.variant.actor
+    gradient_step = make_gradient_step(agent, learning)
+
+    # ---------------------------------------------------------------- init
+
+    def init(key, hparams) -> State:
+        """Actor, twin critics and their target copy, log alpha, three optimiser states, an empty
+        buffer, the envs."""
+        key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
+        envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
+        return init_learning(
+            agent, learning, hparams, actor_key, critic_key, envs.obs[0], envs, key
+        )
+
+    # ---------------------------------------------------------------- act
+
+    def act(state: State, totals, key):
+        """All envs take one step with a sample of the policy (in [-1, 1]^|A| for a Box), or
+        uniformly random actions before learning_starts; the transitions go to the buffer."""
+        act_key, env_key = jax.random.split(key)
+        policy_key, random_key = jax.random.split(act_key)
+        policy = variant.distribution.from_head(actor.apply(state.params, state.envs.obs))
+        action = policy.env_action(policy.sample(policy_key))
+        space = env.action_space(env_params)
+        random_action = actor_critic.random_actions(space, random_key, agent.num_envs)
+        action = jnp.where(state.step < agent.learning_starts, random_action, action)
+        return actor_critic.step_and_store(env, env_params, state, totals, action, env_key)
+
     # ---------------------------------------------------------------- act, then train
 
     def act_then_train(hparams, carry, key):
@@ -372,10 +415,10 @@ def make_trainer(config) -> Trainer:
         gradient steps; their statistics [gradient_steps] read NaN before learning."""
         act_key, train_keys = actor_critic.phase_keys(key, agent.gradient_steps)
         state, totals = act(*carry, act_key)
-        learning = state.step >= agent.learning_starts
+        started = state.step >= agent.learning_starts
         step = partial(gradient_step, hparams)
         unroll = min(agent.unroll, agent.gradient_steps)
-        state, stats = collection.scan_when(learning, step, state, train_keys, unroll=unroll)
+        state, stats = collection.scan_when(started, step, state, train_keys, unroll=unroll)
         return (state, totals), stats
 
     # ---------------------------------------------------------------- log period
