@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from rl.config_parsing import ConfigError, hp
 
-SEBULBA_AGENTS = ("ppo", "pqn", "sac")  # the agents rl.sebulba trains (rl.sebulba_agents)
-REPLAY_AGENTS = ("sac",)  # those of them learning from a replay buffer (`arch.rollout_steps`)
+SEBULBA_AGENTS = ("ppo", "pqn", "sac", "td3")  # the agents rl.sebulba trains (rl.sebulba_agents)
+REPLAY_AGENTS = ("sac", "td3")  # those of them learning from a replay buffer (`arch.rollout_steps`)
 HOST_ENV_PREFIXES = ("gymnasium:", "envpool:")  # the env ids it steps
 
 
@@ -76,8 +76,8 @@ class ArchConfig:
     rollout_steps: int = hp(
         16,
         low=1,
-        doc="sebulba, SAC: env steps each actor takes per rollout; the learner adds a rollout's "
-        "transitions to its replay buffer, then takes rollout_steps x agent.utd_ratio x "
+        doc="sebulba, SAC and TD3: env steps each actor takes per rollout; the learner adds a "
+        "rollout's transitions to its replay buffer, then takes rollout_steps x agent.utd_ratio x "
         "agent.num_envs gradient steps (PPO and PQN roll out agent.num_steps steps)",
     )
     queue_timeout_s: float = hp(

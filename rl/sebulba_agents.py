@@ -1,7 +1,7 @@
 """What each agent the actor-learner architecture (rl.sebulba) trains brings to it, built from the
 agent's own module: how an actor acts, what a rollout step records, and the learner's update, which
-is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`, SAC's gradient
-steps on its replay buffer), and the sizes of a rollout and of the run (`rollout_sizes`).
+is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`, SAC's and TD3's
+gradient steps on a replay buffer), and the sizes of a rollout and of the run (`rollout_sizes`).
 
     pieces = make_pieces(config)
     key, record, env_action = pieces.act(hparams, params, obs, key, step)   # an actor's step
@@ -14,15 +14,17 @@ steps on its replay buffer), and the sizes of a rollout and of the run (`rollout
 * PQN: epsilon-greedy on Q, epsilon of the env steps before the rollout (`pqn.epsilon` at
   `step`, as the one-program PQN at the update's start), recording the action; the Q(lambda)
   targets come from the learner's params when it learns.
-* SAC: a sample of the squashed Gaussian (or categorical) policy, uniformly random actions while
+* SAC and TD3 (`replay_pieces`): the agent's exploring action (SAC: a sample of the squashed
+  Gaussian or categorical policy; TD3: clip(mu(s) + noise, -1, 1)), uniformly random actions while
   the env steps before the rollout are fewer than `learning_starts`, recording the agent's action
   (in [-1, 1]^|A| for a Box, mapped to the env's bounds for the env). The learner holds the
-  replay buffer and everything but the actor's params (the state it updates: `sac.State`, its
-  envs and key unused); an update adds the rollout's T x E transitions (s, a, r, s' = the
-  observation reached, before a reset, terminated) to the buffer, then, once `learning_starts`
-  transitions are stored, takes T x `gradient_steps` of SAC's own gradient steps
-  (`sac.make_gradient_step`: critics, actor, temperature, Polyak targets), so the ratio of
-  gradient steps to env steps is `utd_ratio`, as in the one-program SAC.
+  replay buffer and everything but the actor's params (the agent's own `State`, its envs and key
+  unused); an update adds the rollout's T x E transitions (s, a, r, s' = the observation reached,
+  before a reset, terminated) to the buffer, then, once `learning_starts` transitions are stored,
+  takes T x `gradient_steps` of the agent's own gradient steps (`sac.make_gradient_step`: critics,
+  actor, temperature, Polyak targets; `td3.make_gradient_step`: critics, and every
+  `policy_delay`-th step the actor and the targets), so the ratio of gradient steps to env steps
+  is `utd_ratio`, as in the one-program agents.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from rl import actor_critic, buffers, collection, environment, exploration
-from rl.agents import ppo, pqn, sac
+from rl.agents import ppo, pqn, sac, td3
 from rl.arch_config import REPLAY_AGENTS, SEBULBA_AGENTS
 from rl.sebulba_envs import obs_dtype
 
@@ -88,7 +90,8 @@ def rollout_sizes(config) -> Sizes:
 def make_pieces(config) -> Pieces:
     """The pieces of `config.agent` (one of `SEBULBA_AGENTS`)."""
     assert config.agent.name in SEBULBA_AGENTS, config.agent.name  # rl.arch_config.check_arch
-    return {"ppo": ppo_pieces, "pqn": pqn_pieces, "sac": sac_pieces}[config.agent.name](config)
+    makers = {"ppo": ppo_pieces, "pqn": pqn_pieces, "sac": sac_pieces, "td3": td3_pieces}
+    return makers[config.agent.name](config)
 
 
 def ppo_pieces(config) -> Pieces:
@@ -157,27 +160,36 @@ def pqn_pieces(config) -> Pieces:
     )
 
 
-def sac_pieces(config) -> Pieces:
+class ReplayAgent(NamedTuple):
+    """What `replay_pieces` reads of a replay agent (SAC, TD3), from its own module: `init(hparams,
+    actor_key, critic_key, obs)` its `State` before any step (envs and key None), `explore(hparams,
+    params, obs, key)` its exploring actions (in [-1, 1]^|A| for a Box), its `gradient_step(hparams,
+    state, key) -> (state, stats)`, `greedy(params, obs)`, its deterministic actions, and
+    `log_stats(state)`, what an update logs besides the gradient steps' mean stats."""
+
+    init: Callable
+    explore: Callable
+    gradient_step: Callable
+    greedy: Callable
+    log_stats: Callable
+
+
+def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
+    """The pieces of a replay agent (module docstring): actors explore, or act uniformly at random
+    before `learning_starts`; the learner stores each rollout in its buffer, then takes
+    arch.rollout_steps x gradient_steps gradient steps once `learning_starts` are stored."""
     agent = config.agent
-    env, env_params = environment.make_env(config)
-    sac.check_env(config, env, env_params)
-    learning = sac.make_learning(config, env, env_params)
-    variant = learning.variant
-    gradient_step = sac.make_gradient_step(agent, learning)
     action_space = env.action_space(env_params)
     updates_per_rollout = config.arch.rollout_steps * agent.gradient_steps
 
     def init(key, hparams, obs):
         actor_key, critic_key = jax.random.split(key)
-        state = sac.init_learning(
-            agent, learning, hparams, actor_key, critic_key, obs, envs=None, key=None
-        )
+        state = agent_parts.init(hparams, actor_key, critic_key, obs)
         return state.params, state._replace(params=None)
 
     def act(hparams, params, obs, key, step):
-        key, policy_key, random_key = jax.random.split(key, 3)
-        policy = variant.distribution.from_head(variant.actor.apply(params, obs))
-        action = policy.env_action(policy.sample(policy_key))
+        key, explore_key, random_key = jax.random.split(key, 3)
+        action = agent_parts.explore(hparams, params, obs, explore_key)
         random_action = actor_critic.random_actions(action_space, random_key, obs.shape[0])
         action = jnp.where(step < agent.learning_starts, random_action, action)
         return key, (action,), environment.to_env_action(env, env_params, action)
@@ -186,7 +198,7 @@ def sac_pieces(config) -> Pieces:
         """The buffer's transition (rl.actor_critic.empty_buffer): a truncation is not stored
         (it bootstraps from s' like any step), and there are no reset steps (same-step resets:
         rl.arch_config.check_rollout_steps)."""
-        assert reset_step is None, "SAC's rollouts have no reset steps (same-step resets)"
+        assert reset_step is None, "a replay agent's rollouts have no reset steps"
         return {
             "obs": obs,
             "action": action,
@@ -195,7 +207,7 @@ def sac_pieces(config) -> Pieces:
             "terminated": terminated,
         }
 
-    def learn(hparams, params, state: sac.State, traj, key):
+    def learn(hparams, params, state, traj, key):
         items = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), traj)  # [T x E, ...]
         state = state._replace(
             params=params,
@@ -204,14 +216,58 @@ def sac_pieces(config) -> Pieces:
         )
         started = state.step >= agent.learning_starts
         keys = jax.random.split(key, updates_per_rollout)
-        step = partial(gradient_step, hparams)
+        step = partial(agent_parts.gradient_step, hparams)
         unroll = min(agent.unroll, updates_per_rollout)
         state, stats = collection.scan_when(started, step, state, keys, unroll=unroll)
-        stats = {**stats, "alpha": jnp.exp(state.log_alpha)}
-        return state.params, state._replace(params=None), jax.tree.map(jnp.mean, stats)
+        # NaN-skipping: TD3's actor loss reads NaN between its delayed updates; all NaN (before
+        # learning_starts) stays NaN
+        stats = {**jax.tree.map(jnp.nanmean, stats), **agent_parts.log_stats(state)}
+        return state.params, state._replace(params=None), stats
 
     def greedy(params, obs):
-        return environment.to_env_action(env, env_params, sac.greedy_action(variant, params, obs))
+        return environment.to_env_action(env, env_params, agent_parts.greedy(params, obs))
 
     space = env.observation_space(env_params)
     return Pieces(space, obs_dtype(space), init, act, transition, learn, greedy)
+
+
+def sac_pieces(config) -> Pieces:
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    sac.check_env(config, env, env_params)
+    learning = sac.make_learning(config, env, env_params)
+    variant = learning.variant
+
+    def explore(hparams, params, obs, key):
+        policy = variant.distribution.from_head(variant.actor.apply(params, obs))
+        return policy.env_action(policy.sample(key))
+
+    parts = ReplayAgent(
+        lambda hparams, actor_key, critic_key, obs: sac.init_learning(
+            agent, learning, hparams, actor_key, critic_key, obs, envs=None, key=None
+        ),
+        explore,
+        sac.make_gradient_step(agent, learning),
+        partial(sac.greedy_action, variant),
+        lambda state: {"alpha": jnp.exp(state.log_alpha)},
+    )
+    return replay_pieces(config, env, env_params, parts)
+
+
+def td3_pieces(config) -> Pieces:
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    td3.check_env(config, env, env_params)
+    learning = td3.make_learning(config, env, env_params)
+    parts = ReplayAgent(
+        lambda hparams, actor_key, critic_key, obs: td3.init_learning(
+            agent, learning, hparams, actor_key, critic_key, obs, envs=None, key=None
+        ),
+        lambda hparams, params, obs, key: td3.exploration_action(
+            hparams, learning.actor, params, obs, key
+        ),
+        td3.make_gradient_step(agent, learning),
+        learning.actor.apply,
+        lambda state: {},
+    )
+    return replay_pieces(config, env, env_params, parts)

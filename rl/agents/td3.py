@@ -162,56 +162,68 @@ def actor_loss(actor, critic, actor_params, critic_params, batch):
     return losses.deterministic_policy_loss(q1)
 
 
-# ---------------------------------------------------------------- the loop
+# ---------------------------------------------------------------- learning, without the envs
 
 
-def make_trainer(config) -> Trainer:
-    agent = config.agent
-    env, env_params = environment.make_env(config)
-    actor, critic = make_networks(agent, env, env_params)
-    action_shape = env.action_space(env_params).shape
+class Learning(NamedTuple):
+    """What TD3's learning reads (`make_learning`): the networks, the critics' apply (on their flat
+    vector where fused), the fused critic and actor setups (`rl.fused_critic`; None where the
+    steps go through apply and autodiff) and the action's shape."""
+
+    actor: Any
+    critic: Any
+    critic_apply: Any
+    fused: Any
+    fused_actor: Any
+    action_shape: tuple
+
+
+def make_learning(config, env, env_params) -> Learning:
+    """The networks of `env`, with the twin critics as one flat vector and the fused actor step
+    where `rl.fused_critic.for_agent` says the kernels run them."""
+    actor, critic = make_networks(config.agent, env, env_params)
     fused = fused_critic.for_agent(config, env, env_params, critic)
     critic_apply = critic.apply if fused is None else partial(fused_critic.twin_q_values, fused)
     example_obs = jnp.zeros(env.observation_space(env_params).shape, jnp.float32)
     fused_actor = (
         None if fused is None else fused_critic.deterministic_actor(fused, actor, example_obs)
     )
+    action_shape = env.action_space(env_params).shape
+    return Learning(actor, critic, critic_apply, fused, fused_actor, action_shape)
 
-    # ---------------------------------------------------------------- init
 
-    def init(key, hparams) -> State:
-        """Actor, twin critics and their target copies, two optimiser states, an empty buffer, the
-        envs."""
-        key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
-        envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
-        example_action = jnp.zeros(action_shape, jnp.float32)
-        params = actor.init(actor_key, envs.obs[0])
-        init_critic = critic.init if fused is None else partial(fused_critic.init, fused)
-        critic_params = init_critic(critic_key, envs.obs[0], example_action)
-        tx = optimizer(hparams)
-        opt_state = {"actor": tx.init(params), "critic": tx.init(critic_params)}
-        buffer = actor_critic.empty_buffer(envs.obs[0], example_action, agent.buffer_size)
-        counters = jnp.int32(0), jnp.int32(0)
-        return State(
-            params, params, critic_params, critic_params, opt_state, buffer, envs, key, *counters
-        )
+def init_learning(
+    agent: Config, learning: Learning, hparams, actor_key, critic_key, obs, envs, key
+):
+    """A `State` before any step: the actor from `actor_key` and the twin critics from
+    `critic_key`, each with its target copy, two optimiser states, an empty buffer of
+    `agent.buffer_size` transitions shaped like one observation `obs`; `envs` and `key` as given
+    (None where the envs are stepped elsewhere: rl.sebulba)."""
+    example_action = jnp.zeros(learning.action_shape, jnp.float32)
+    params = learning.actor.init(actor_key, obs)
+    fused = learning.fused
+    init_critic = learning.critic.init if fused is None else partial(fused_critic.init, fused)
+    critic_params = init_critic(critic_key, obs, example_action)
+    tx = optimizer(hparams)
+    opt_state = {"actor": tx.init(params), "critic": tx.init(critic_params)}
+    buffer = actor_critic.empty_buffer(obs, example_action, agent.buffer_size)
+    counters = jnp.int32(0), jnp.int32(0)
+    return State(
+        params, params, critic_params, critic_params, opt_state, buffer, envs, key, *counters
+    )
 
-    # ---------------------------------------------------------------- act
 
-    def act(hparams, state: State, totals, key):
-        """All envs take one step with clip(mu(s) + N(0, exploration_noise^2), -1, 1), or uniformly
-        random actions before learning_starts; the transitions go to the buffer."""
-        act_key, env_key = jax.random.split(key)
-        noise_key, random_key = jax.random.split(act_key)
-        mean = actor.apply(state.params, state.envs.obs)
-        noise = hparams["exploration_noise"] * jax.random.normal(noise_key, mean.shape)
-        action = jnp.clip(mean + noise, -1.0, 1.0)
-        space = env.action_space(env_params)
-        random_action = actor_critic.random_actions(space, random_key, agent.num_envs)
-        action = jnp.where(state.step < agent.learning_starts, random_action, action)
-        return actor_critic.step_and_store(env, env_params, state, totals, action, env_key)
+def exploration_action(hparams, actor, params, obs, key):
+    """clip(mu(s) + N(0, exploration_noise^2), -1, 1) for a batch of observations."""
+    mean = actor.apply(params, obs)
+    noise = hparams["exploration_noise"] * jax.random.normal(key, mean.shape)
+    return jnp.clip(mean + noise, -1.0, 1.0)
 
-    # ---------------------------------------------------------------- gradient step
+
+def make_gradient_step(agent: Config, learning: Learning):
+    """`gradient_step(hparams, state, key) -> (state, stats)`: a critic step on a uniform
+    minibatch; every `policy_delay`-th step also the delayed update (else its loss reads NaN)."""
+    actor, critic, critic_apply, fused, fused_actor, _ = learning
 
     def delayed_update(hparams, state: State, batch):
         """The actor's step against the new critics, then Polyak steps of both targets."""
@@ -240,8 +252,6 @@ def make_trainer(config) -> Trainer:
         return state, loss
 
     def gradient_step(hparams, state: State, key):
-        """A critic step on a uniform minibatch; every `policy_delay`-th step also the delayed
-        update (else its loss reads NaN)."""
         sample_key, noise_key = jax.random.split(key)
         batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
         if fused is None:
@@ -280,6 +290,43 @@ def make_trainer(config) -> Trainer:
             batch,
         )
         return state, {"critic_loss": q_loss, "actor_loss": pi_loss, "q_mean": q_mean}
+
+    return gradient_step
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def make_trainer(config) -> Trainer:
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    learning = make_learning(config, env, env_params)
+    actor = learning.actor
+    gradient_step = make_gradient_step(agent, learning)
+
+    # ---------------------------------------------------------------- init
+
+    def init(key, hparams) -> State:
+        """Actor, twin critics and their target copies, two optimiser states, an empty buffer, the
+        envs."""
+        key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
+        envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
+        return init_learning(
+            agent, learning, hparams, actor_key, critic_key, envs.obs[0], envs, key
+        )
+
+    # ---------------------------------------------------------------- act
+
+    def act(hparams, state: State, totals, key):
+        """All envs take one step with clip(mu(s) + N(0, exploration_noise^2), -1, 1), or uniformly
+        random actions before learning_starts; the transitions go to the buffer."""
+        act_key, env_key = jax.random.split(key)
+        noise_key, random_key = jax.random.split(act_key)
+        action = exploration_action(hparams, actor, state.params, state.envs.obs, noise_key)
+        space = env.action_space(env_params)
+        random_action = actor_critic.random_actions(space, random_key, agent.num_envs)
+        action = jnp.where(state.step < agent.learning_starts, random_action, action)
+        return actor_critic.step_and_store(env, env_params, state, totals, action, env_key)
 
     # ---------------------------------------------------------------- act, then train
 

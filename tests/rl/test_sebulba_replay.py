@@ -1,9 +1,10 @@
-"""SAC through the actor-learner architecture (rl.sebulba): the configs it refuses before anything
-starts, actors that act uniformly at random before `learning_starts` and with the policy's sample
-after, a learner whose update stores the rollout's transitions in its replay buffer (a time limit
-kept apart from a termination, s' the observation reached) and then takes T x gradient_steps of
-SAC's own gradient steps, and `rl train` writing a run, stopping on Ctrl-C with a checkpoint that
-holds the buffer, resuming and `rl eval` playing it. The Pendulum learning check is marked slow."""
+"""SAC and TD3 through the actor-learner architecture (rl.sebulba): the configs it refuses before
+anything starts, actors that act uniformly at random before `learning_starts` and with the agent's
+exploring action after (SAC's policy sample, TD3's noisy mu), a learner whose update stores the
+rollout's transitions in its replay buffer (a time limit kept apart from a termination, s' the
+observation reached) and then takes T x gradient_steps of the agent's own gradient steps, and `rl
+train` writing a run, stopping on Ctrl-C with a checkpoint that holds the buffer, resuming and `rl
+eval` playing it. The Pendulum learning checks are marked slow."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import yaml
 from run_helpers import REPO, run_cli
 
 from rl import actor_critic, environment, sebulba
-from rl.agents import sac
+from rl.agents import sac, td3
 from rl.arch_config import autoreset_mode
 from rl.config import build_config, hyperparams, load_config
 from rl.config_parsing import ConfigError
@@ -220,6 +221,56 @@ def test_rl_train_stops_on_ctrl_c_with_the_buffer_checkpointed_and_resumes(tmp_p
     assert setting["episodes"] == 2 and -20.0 <= setting["mean"] <= 0.0
 
 
+def td3_config(**agent):
+    td3_agent = {**SMALL, "name": "td3", "policy_delay": 2, "exploration_noise": 0.3, **agent}
+    return config(agent=td3_agent)
+
+
+def test_td3_actors_act_at_random_before_learning_starts_and_with_noisy_mu_after():
+    cfg = td3_config()
+    pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
+    env, env_params = environment.make_env(cfg)
+    obs = np.array([[1.0, 0.5], [2.0, -0.5]], np.float32)
+    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
+    key = jax.random.PRNGKey(3)
+    _, noise_key, random_key = jax.random.split(key, 3)
+    actor, _ = td3.make_networks(cfg.agent, env, env_params)
+    mu = np.asarray(actor.apply(params, obs))
+    noisy = np.clip(mu + 0.3 * np.asarray(jax.random.normal(noise_key, mu.shape)), -1.0, 1.0)
+    uniform = np.asarray(actor_critic.random_actions(env.action_space(env_params), random_key, 2))
+    for step, want in ((31, uniform), (32, noisy)):
+        _, (action,), env_action = pieces.act(hparams, params, obs, key, np.int32(step))
+        np.testing.assert_allclose(action, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(env_action, 2.0 * want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pieces.greedy(params, obs), 2.0 * mu, rtol=1e-5, atol=1e-6)
+
+
+def test_td3_updates_its_actor_and_targets_every_policy_delay_critic_steps():
+    learner = sebulba.Learner(td3_config(learning_starts=24))
+    state, _ = learner.run(learner.init(), num_updates=2)
+    td3_state = state.opt_state
+    # the second update only: 32 stored >= 24, 8 steps x 2 envs x utd 2 = 32 critic steps
+    assert int(td3_state.updates) == 32 and int(td3_state.buffer.size) == 32
+    steps = lambda opt_state: {int(x) for x in jax.tree.leaves(opt_state) if np.ndim(x) == 0}
+    assert steps(td3_state.opt_state["critic"]) == {32}  # Adam's step counts
+    assert steps(td3_state.opt_state["actor"]) == {16}
+    for target, online in (
+        (td3_state.target_params, state.params),
+        (td3_state.target_critic_params, td3_state.critic_params),
+    ):
+        moved = jax.tree.map(lambda a, b: not np.allclose(a, b), target, online)
+        assert all(jax.tree.leaves(moved))  # Polyak targets trail the online networks
+
+
+def test_a_td3_run_logs_its_losses():
+    learner = sebulba.Learner(td3_config())
+    _, rows = learner.run(learner.init())
+    assert [row["step"] for row in rows] == [64, 128, 192, 256]
+    for row in rows[1:]:
+        for name in ("critic_loss", "actor_loss", "q_mean", "eval_return"):
+            assert np.isfinite(row[name]), (name, row)
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("mujoco") is None,
     reason='needs MuJoCo: pip install "gymnasium[mujoco]"',
@@ -251,5 +302,14 @@ def test_sac_through_the_actor_learner_path_balances_pendulum():
     """gymnasium's Pendulum-v1, configs/sac_sebulba_pendulum.yaml (20k steps): the greedy return
     at the last log point >= -250 (SAC balances it by then in the one-program runs)."""
     learner = sebulba.Learner(load_config(REPO / "configs" / "sac_sebulba_pendulum.yaml"))
+    _, rows = learner.run(learner.init())
+    assert rows[-1]["eval_return"] >= -250.0, [row["eval_return"] for row in rows]
+
+
+@pytest.mark.slow
+def test_td3_through_the_actor_learner_path_balances_pendulum():
+    """gymnasium's Pendulum-v1, configs/td3_sebulba_pendulum.yaml (20k steps): the greedy return
+    at the last log point >= -250."""
+    learner = sebulba.Learner(load_config(REPO / "configs" / "td3_sebulba_pendulum.yaml"))
     _, rows = learner.run(learner.init())
     assert rows[-1]["eval_return"] >= -250.0, [row["eval_return"] for row in rows]
