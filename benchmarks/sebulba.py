@@ -49,6 +49,7 @@ Extra arguments are config overrides (`agent.num_steps=64`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -242,7 +243,12 @@ def actors_throughput(config, threads: int, seconds: float) -> dict:
 
 
 def learner_throughput(config, threads: int, seconds: float) -> dict:
-    """Env steps/s of the learner alone on ready-made rollouts (module docstring)."""
+    """Env steps/s of the learner alone on ready-made rollouts (module docstring); a replay agent's
+    with its gradient steps from the first update (agent.learning_starts 0)."""
+    if config.agent.name in REPLAY_AGENTS:
+        config = dataclasses.replace(
+            config, agent=dataclasses.replace(config.agent, learning_starts=0)
+        )
     learner = sebulba.Learner(config)
     state = learner.init()
     learner.compile(state)
@@ -259,7 +265,8 @@ def learner_throughput(config, threads: int, seconds: float) -> dict:
         traj = learner.batch(rollouts)
         return learn(learner.hparams, params, opt_state, traj, key)[:2]
 
-    jax.block_until_ready(update(params, opt_state))  # warm up
+    params, opt_state = jax.block_until_ready(update(params, opt_state))  # warm up (a replay
+    # agent's opt_state is donated: the next update takes the one this returns)
     start, updates = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
         params, opt_state = update(params, opt_state)

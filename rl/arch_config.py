@@ -176,9 +176,9 @@ def check_arch(config) -> None:
             f"{agent.num_envs} / arch.actor_threads {arch.actor_threads}) must split evenly into "
             f"{arch.env_groups} groups"
         )
+    check_rollout_steps(config)
     if arch.frame_stack == "device":
         check_device_frame_stack(config)
-    check_rollout_steps(config)
     if config.run.seeds != 1:
         raise ConfigError(
             f"run.seeds: arch sebulba trains one seed per run, got {config.run.seeds} (start one "
@@ -204,6 +204,11 @@ def check_rollout_steps(config) -> None:
         raise ConfigError(
             f"arch.autoreset: next_step records reset steps that are not transitions; "
             f"{agent.name}'s replay buffer stores whole ones: use same_step (or auto)"
+        )
+    if arch.frame_stack == "device":
+        raise ConfigError(
+            f"arch.frame_stack: device follows envpool's next-step resets; {agent.name} resets "
+            "in the same step (its buffer stores whole transitions): use arch.frame_stack: envpool"
         )
     if len(arch.learner_devices) != 1:
         raise ConfigError(

@@ -1,6 +1,6 @@
 """The actor-learner architecture (Sebulba: Hessel et al. 2021, "Podracer architectures for scalable
-reinforcement learning"; Cleanba) for PPO, PQN and SAC on envs stepped outside JAX, gymnasium
-vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
+reinforcement learning"; Cleanba) for PPO, PQN, SAC and TD3 on envs stepped outside JAX,
+gymnasium vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
 
     actor thread i (of arch.actor_threads)           learner (the calling thread)
     a vector env of num_envs / threads envs          for update u = first, first + 1, ...:
@@ -30,11 +30,12 @@ vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   `reset_step` set, and the losses, their means and PPO's advantage normalisation leave it out
   (no other step's advantage or target reads it: the chains stop at the episode end before it).
 * Acting and learning are the agent's own (rl.sebulba_agents: PPO's `learn` with its fused kernels
-  where they fit, PQN's Q(lambda) targets and minibatch epochs, SAC's gradient steps on the
-  replay buffer its learner keeps in the optimiser state's place), compiled once before the actors
-  start; the batch is split on its env axis over the learner devices (jax.sharding; XLA reduces
-  the gradients; SAC learns on one device). Rollouts are `rollout_sizes(config).num_steps` steps
-  long (PPO's and PQN's agent.num_steps, SAC's arch.rollout_steps). Params are never donated:
+  where they fit, PQN's Q(lambda) targets and minibatch epochs, SAC's and TD3's gradient steps on
+  the replay buffer their learner keeps in the optimiser state's place), compiled once before the
+  actors start; the batch is split on its env axis over the learner devices (jax.sharding; XLA
+  reduces the gradients; SAC and TD3 learn on one device). Rollouts are
+  `rollout_sizes(config).num_steps` steps long (PPO's and PQN's agent.num_steps, SAC's and TD3's
+  arch.rollout_steps). Params are never donated:
   actors read them.
 * Several hosts (jax.distributed, `rl train --coordinator ...`): every process runs its actor
   threads and a learner shard. agent.num_envs is the run's total: process p's actor i is the
@@ -56,13 +57,15 @@ vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   evaluation, which every process waits for, stops every process at that log point if it raises.
   One process does not vote: it stops on `should_stop()` after the update in progress, or while
   it waits for a rollout.
-* Logging: every `agent.log_interval` updates a log point goes to the rl.logging sinks (`publish`):
-  the actors' finished episodes (games, for envpool's Atari: `rl.sebulba_envs.Scores`), the mean
-  loss stats, the lag (mean and max over actors and updates), the learner's share of time waiting
-  for rollouts, env steps per second, where the actors' time went (`actor_env_wait` and
-  `actor_act_wait`: their shares waiting for the envs' steps and for their acting's env actions,
-  rl.sebulba_actor.Times; the rest is their host work), and with `agent.eval_envs` the greedy
-  return of that many episodes.
+* Logging: every `rollout_sizes(config).log_interval` updates (PPO's and PQN's agent.log_interval;
+  SAC's and TD3's agent.log_interval counts env steps) a log point goes to the rl.logging sinks
+  (`publish`): the actors' finished episodes (games, for envpool's Atari:
+  `rl.sebulba_envs.Scores`), the mean loss stats (NaN-skipping for SAC and TD3, whose updates
+  before learning_starts take no gradient step), the lag (mean and max over actors and updates),
+  the learner's share of time waiting for rollouts, env steps per second, where the actors' time
+  went (`actor_env_wait` and `actor_act_wait`: their shares waiting for the envs' steps and for
+  their acting's env actions, rl.sebulba_actor.Times; the rest is their host work), and with
+  `agent.eval_envs` (SAC's and TD3's agent.eval_episodes) the greedy return of that many episodes.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.arch_config import autoreset_mode
+from rl.arch_config import REPLAY_AGENTS, autoreset_mode
 from rl.config import hyperparams
 from rl.logging import publish
 from rl.sebulba_actor import Actor
@@ -106,7 +109,7 @@ __all__ = [
 
 
 class Learner:
-    """The learner of the actor-learner loop (PPO's, PQN's or SAC's): `init()` (a fresh
+    """The learner of the actor-learner loop (PPO's, PQN's, SAC's or TD3's): `init()` (a fresh
     `LearnerState`), `compile(state)` (its update, once per learning setup: `programs`), then
     `run(state)` trains with the actor threads it starts (module docstring)."""
 
@@ -195,7 +198,8 @@ class Learner:
         # with several processes, should_stop() is voted on before an update, never mid-wait
         alone = should_stop if self.processes == 1 else None
         exchange = Exchange(local_copy(state.params), first, self.arch, alone)
-        threads, rows, period, join_s = [], [], _Period(), 10.0
+        new_period = lambda: _Period(skip_nan=self.agent.name in REPLAY_AGENTS)
+        threads, rows, period, join_s = [], [], new_period(), 10.0
         failed = None  # several processes: this process's log point failed, voted on next
         try:
             threads = self.start_actors(exchange, first)
@@ -217,7 +221,7 @@ class Learner:
                 period.add(learned[2], lags, rollouts, self.sizes.steps)
                 if (update + 1) % self.sizes.log_interval == 0:
                     rows.append(self.log_point(state, period))
-                    period = _Period()
+                    period = new_period()
                     failed = self.after_log_point(state, rows[-1], on_log_point)
                 if self.processes == 1:  # several processes voted before the update (`take`)
                     exchange.raise_failure()
@@ -389,9 +393,11 @@ class Learner:
 
 class _Period:
     """What the updates of one log period add up to: loss stats, lags, finished episodes, the
-    learner's time waiting for rollouts, and the period's wall clock."""
+    learner's time waiting for rollouts, and the period's wall clock. With `skip_nan` (the replay
+    agents, whose updates before `learning_starts` have NaN stats) the stats' means skip NaN."""
 
-    def __init__(self):
+    def __init__(self, skip_nan: bool = False):
+        self.skip_nan = skip_nan
         self.stats, self.lags, self.returns, self.lengths = [], [], [], []
         self.waited, self.steps, self.start = 0.0, 0, time.perf_counter()
         self.actor_times = np.zeros(3)  # Times summed over the period's rollouts
@@ -409,7 +415,7 @@ class _Period:
         """The period's log point (`Learner.log_point`); with several `processes`, episodes and
         lags summed over every process's actors (a collective: every process calls it)."""
         seconds = time.perf_counter() - self.start
-        stats = jax.tree.map(lambda *x: float(np.mean(x)), *self.stats)
+        stats = jax.tree.map(lambda *x: _mean(x, self.skip_nan), *self.stats)
         totals = np.asarray(
             [
                 len(self.returns),
@@ -440,6 +446,16 @@ class _Period:
             "actor_act_wait": self.actor_times[1] / max(self.actor_times[2], 1e-12),
             "sps": self.steps / seconds,
         }
+
+
+def _mean(values, skip_nan: bool) -> float:
+    """The mean of `values`, NaN-skipping with `skip_nan` (NaN where all are NaN)."""
+    values = np.asarray(values, np.float64)
+    if skip_nan:
+        values = values[~np.isnan(values)]
+        if not values.size:
+            return float("nan")
+    return float(np.mean(values))
 
 
 def train(config, state: LearnerState | None = None, **run):

@@ -95,7 +95,8 @@ def local_copy(tree):
 class Programs(NamedTuple):
     """A learning setup's jitted programs (`programs`): the agent's pieces (rl.sebulba_agents),
     `policy(hparams, params, obs, key, step)` (its `act`), `init(key, hparams) -> LearnerState`,
-    `learn(hparams, params, opt_state, traj, key) -> (params, opt_state, mean loss stats)`,
+    `learn(hparams, params, opt_state, traj, key) -> (params, opt_state, mean loss stats)` (a
+    replay agent's `opt_state`, which holds its buffer, donated: the one passed in is gone after),
     compiled once (`compiled`), and the shardings of the learner devices' mesh: params replicated,
     rollouts split on the env axis."""
 
@@ -133,11 +134,13 @@ def programs(config, learner_devices) -> Programs:
     mesh = Mesh(np.array(learner_devices), ("envs",))
     replicated = NamedSharding(mesh, PartitionSpec())
     jitted = lambda fn, **kw: jax.jit(at_matmul_precision(fn, precision), **kw)
+    # a replay agent's optimiser state holds its buffer: updated in place, not copied each update
+    donated = (2,) if config.agent.name in REPLAY_AGENTS else ()
     _PROGRAMS[key] = Programs(
         pieces,
         jitted(pieces.act),
         jitted(init, out_shardings=replicated),
-        jitted(pieces.learn, out_shardings=replicated),
+        jitted(pieces.learn, out_shardings=replicated, donate_argnums=donated),
         {},
         replicated,
         NamedSharding(mesh, PartitionSpec(None, "envs")),

@@ -126,7 +126,7 @@ def test_sebulba_settings_need_the_sebulba_arch_and_only_ppo_runs_on_it():
         build_config(
             {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}, "arch": {"max_lag": 2}}
         )
-    with pytest.raises(ConfigError, match=r"arch.name: sebulba trains ppo, pqn, sac, not 'dqn'"):
+    with pytest.raises(ConfigError, match=r"sebulba trains ppo, pqn, sac, td3, not 'dqn'"):
         build_config(
             {"env": {"id": "gymnasium:CartPole-v1"}, "agent": {"name": "dqn"}, "arch": "sebulba"}
         )

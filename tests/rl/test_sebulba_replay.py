@@ -87,6 +87,7 @@ def config(env=SLIDE, arch=None, agent=None, **sections):
     [
         ({"arch": {"autoreset": "next_step"}}, r"arch.autoreset: next_step .* use same_step"),
         ({"arch": {"learner_devices": [0, 1]}}, r"arch.learner_devices: sac learns on one device"),
+        ({"arch": {"frame_stack": "device"}}, r"arch.frame_stack: device follows .* sac resets"),
         (
             {"agent": {"log_interval": 40, "total_steps": 320}},
             r"agent.log_interval \(40 env steps\) .*\(8 x 2 = 16\)",
@@ -173,6 +174,7 @@ def test_an_update_stores_the_rollout_and_takes_t_times_gradient_steps_once_lear
     np.testing.assert_allclose(data["next_obs"][:, 1].reshape(8, 2), 2.0 * actions, rtol=1e-6)
     np.testing.assert_allclose(data["reward"].reshape(8, 2), -((2.0 * actions) ** 2), rtol=1e-5)
     second, rows = learner.run(first, num_updates=2)
+    assert first.opt_state.buffer.storage[0].is_deleted()  # donated: updated in place, no copy
     # 32 transitions >= learning_starts: 8 steps x 2 envs x utd 2 = 32 gradient steps
     assert int(second.opt_state.updates) == 32 and int(second.opt_state.buffer.size) == 32
     changed = jax.tree.map(lambda a, b: not np.allclose(a, b), second.params, first.params)
@@ -183,7 +185,7 @@ def test_a_run_logs_sacs_losses_and_the_lag_within_max_lag():
     learner = sebulba.Learner(config(arch={"max_lag": 1}))
     _, rows = learner.run(learner.init())
     assert [row["step"] for row in rows] == [64, 128, 192, 256]
-    for row in rows[1:]:  # the first log period holds the 32 random steps
+    for row in rows:  # the first period's means skip its first update, before learning_starts
         for name in ("critic_loss", "actor_loss", "q_mean", "entropy", "alpha", "eval_return"):
             assert np.isfinite(row[name]), (name, row)
     assert max(row["param_lag_max"] for row in rows) <= 1
@@ -266,7 +268,7 @@ def test_a_td3_run_logs_its_losses():
     learner = sebulba.Learner(td3_config())
     _, rows = learner.run(learner.init())
     assert [row["step"] for row in rows] == [64, 128, 192, 256]
-    for row in rows[1:]:
+    for row in rows:
         for name in ("critic_loss", "actor_loss", "q_mean", "eval_return"):
             assert np.isfinite(row[name]), (name, row)
 
