@@ -216,6 +216,12 @@ def check_rollout_steps(config) -> None:
             f"buffer; got {list(arch.learner_devices)}"
         )
     steps = arch.rollout_steps * agent.num_envs
+    if agent.buffer_size < steps:
+        raise ConfigError(
+            f"agent.buffer_size ({agent.buffer_size}) must hold an update's transitions, "
+            f"arch.rollout_steps x agent.num_envs ({arch.rollout_steps} x {agent.num_envs} = "
+            f"{steps})"
+        )
     if agent.log_interval % steps:
         raise ConfigError(
             f"agent.log_interval ({agent.log_interval} env steps) must be a multiple of an "

@@ -195,9 +195,9 @@ def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
         return key, (action,), environment.to_env_action(env, env_params, action)
 
     def transition(obs, action, reward, terminated, truncated, final_obs, reset_step=None):
-        """The buffer's transition (rl.actor_critic.empty_buffer): a truncation is not stored
-        (it bootstraps from s' like any step), and there are no reset steps (same-step resets:
-        rl.arch_config.check_rollout_steps)."""
+        """The buffer's transition (rl.actor_critic.empty_buffer): `truncated` is not stored (a
+        truncated step bootstraps from s' like any step that did not terminate), and there are no
+        reset steps (same-step resets: rl.arch_config.check_rollout_steps)."""
         assert reset_step is None, "a replay agent's rollouts have no reset steps"
         return {
             "obs": obs,

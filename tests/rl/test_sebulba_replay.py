@@ -88,6 +88,7 @@ def config(env=SLIDE, arch=None, agent=None, **sections):
         ({"arch": {"autoreset": "next_step"}}, r"arch.autoreset: next_step .* use same_step"),
         ({"arch": {"learner_devices": [0, 1]}}, r"arch.learner_devices: sac learns on one device"),
         ({"arch": {"frame_stack": "device"}}, r"arch.frame_stack: device follows .* sac resets"),
+        ({"agent": {"buffer_size": 8}}, r"agent.buffer_size \(8\) must hold .* = 16\)"),
         (
             {"agent": {"log_interval": 40, "total_steps": 320}},
             r"agent.log_interval \(40 env steps\) .*\(8 x 2 = 16\)",
