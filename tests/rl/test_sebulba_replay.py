@@ -131,24 +131,47 @@ def test_the_configs_load():
 # ---------------------------------------------------------------- acting
 
 
-def test_actors_act_at_random_before_learning_starts_and_with_the_policy_after():
-    cfg = config()
+def sac_sample(cfg, env, env_params, params, obs, key):
+    """SAC's exploring action: a sample of the squashed Gaussian."""
+    actor = sac.make_variant(cfg.agent, env, env_params).actor
+    policy = TanhGaussian.from_head(actor.apply(params, obs))
+    return np.asarray(policy.env_action(policy.sample(key)))
+
+
+def td3_noisy_mu(cfg, env, env_params, params, obs, key):
+    """TD3's exploring action: clip(mu(s) + N(0, 0.3^2), -1, 1)."""
+    actor, _ = td3.make_networks(cfg.agent, env, env_params)
+    mu = np.asarray(actor.apply(params, obs))
+    return np.clip(mu + 0.3 * np.asarray(jax.random.normal(key, mu.shape)), -1.0, 1.0)
+
+
+@pytest.mark.parametrize("agent, explored", [("sac", sac_sample), ("td3", td3_noisy_mu)])
+def test_actors_act_at_random_before_learning_starts_and_explore_after(agent, explored):
+    cfg = config(agent={"name": agent, "exploration_noise": 0.3} if agent == "td3" else None)
     pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
     env, env_params = environment.make_env(cfg)
     obs = np.array([[1.0, 0.5], [2.0, -0.5]], np.float32)
     params, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
     key = jax.random.PRNGKey(3)
-    _, policy_key, random_key = jax.random.split(key, 3)
-    actor = sac.make_variant(cfg.agent, env, env_params).actor
-    policy = TanhGaussian.from_head(actor.apply(params, obs))
-    sample = np.asarray(policy.env_action(policy.sample(policy_key)))
-    space = env.action_space(env_params)
-    uniform = np.asarray(actor_critic.random_actions(space, random_key, 2))
-    for step, want in ((31, uniform), (32, sample)):
+    _, explore_key, random_key = jax.random.split(key, 3)
+    explore = explored(cfg, env, env_params, params, obs, explore_key)
+    uniform = np.asarray(actor_critic.random_actions(env.action_space(env_params), random_key, 2))
+    for step, want in ((31, uniform), (32, explore)):
         _, (action,), env_action = pieces.act(hparams, params, obs, key, np.int32(step))
-        np.testing.assert_allclose(action, want, rtol=1e-6)
-        np.testing.assert_allclose(env_action, 2.0 * want, rtol=1e-5)  # onto Slide's [-2, 2]
-    assert not np.allclose(sample, uniform)
+        np.testing.assert_allclose(action, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(env_action, 2.0 * want, rtol=1e-5, atol=1e-6)  # onto [-2, 2]
+    assert not np.allclose(explore, uniform)
+
+
+def test_td3s_greedy_action_is_mu_on_the_envs_bounds():
+    cfg = td3_config()
+    pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
+    env, env_params = environment.make_env(cfg)
+    obs = np.array([[1.0, 0.5], [2.0, -0.5]], np.float32)
+    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
+    actor, _ = td3.make_networks(cfg.agent, env, env_params)
+    mu = np.asarray(actor.apply(params, obs))
+    np.testing.assert_allclose(pieces.greedy(params, obs), 2.0 * mu, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- learning
@@ -227,25 +250,6 @@ def test_rl_train_stops_on_ctrl_c_with_the_buffer_checkpointed_and_resumes(tmp_p
 def td3_config(**agent):
     td3_agent = {**SMALL, "name": "td3", "policy_delay": 2, "exploration_noise": 0.3, **agent}
     return config(agent=td3_agent)
-
-
-def test_td3_actors_act_at_random_before_learning_starts_and_with_noisy_mu_after():
-    cfg = td3_config()
-    pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
-    env, env_params = environment.make_env(cfg)
-    obs = np.array([[1.0, 0.5], [2.0, -0.5]], np.float32)
-    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
-    key = jax.random.PRNGKey(3)
-    _, noise_key, random_key = jax.random.split(key, 3)
-    actor, _ = td3.make_networks(cfg.agent, env, env_params)
-    mu = np.asarray(actor.apply(params, obs))
-    noisy = np.clip(mu + 0.3 * np.asarray(jax.random.normal(noise_key, mu.shape)), -1.0, 1.0)
-    uniform = np.asarray(actor_critic.random_actions(env.action_space(env_params), random_key, 2))
-    for step, want in ((31, uniform), (32, noisy)):
-        _, (action,), env_action = pieces.act(hparams, params, obs, key, np.int32(step))
-        np.testing.assert_allclose(action, want, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(env_action, 2.0 * want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(pieces.greedy(params, obs), 2.0 * mu, rtol=1e-5, atol=1e-6)
 
 
 def test_td3_updates_its_actor_and_targets_every_policy_delay_critic_steps():
