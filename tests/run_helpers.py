@@ -3,6 +3,7 @@ a tiny Q-learning config, `rl` invoked in-process or in a subprocess, and compar
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,9 +11,16 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+
+# tests of gymnasium's MuJoCo envs (the brax extra brings MuJoCo too) skip without it
+needs_mujoco = pytest.mark.skipif(
+    importlib.util.find_spec("mujoco") is None,
+    reason='needs MuJoCo: pip install "gymnasium[mujoco]"',
+)
 
 # XLA's own defaults of the options tests/conftest.py changes, as a jit's compiler_options: the
 # suite compiles at level 0 (on a CPU-only machine also without the CPU fusion emitters); a test

@@ -9,7 +9,6 @@ check (100k steps, about 40 s on 2 CPU cores) is marked slow. Skipped without th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
@@ -17,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 from flax import serialization
-from run_helpers import REPO, run_cli
+from run_helpers import REPO, needs_mujoco, run_cli
 
 from rl import observation_norm, sebulba, sebulba_envs
 from rl.agents import ppo
@@ -26,10 +25,6 @@ from rl.config_parsing import ConfigError
 from rl.sebulba_agents import make_pieces
 
 CONFIG = REPO / "configs" / "ppo_sebulba_halfcheetah.yaml"
-needs_mujoco = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco") is None,
-    reason='needs MuJoCo: pip install "gymnasium[mujoco]"',
-)
 
 # two updates of 2 threads x 2 envs x 16 steps, episodes cut at 16 steps (a gymnasium.make keyword)
 TINY = [

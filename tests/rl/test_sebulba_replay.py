@@ -8,7 +8,6 @@ eval` playing it. The Pendulum learning checks are marked slow."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import threading
@@ -19,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from run_helpers import REPO, run_cli
+from run_helpers import REPO, needs_mujoco, run_cli
 
 from rl import actor_critic, environment, sebulba
 from rl.agents import sac, td3
@@ -77,6 +76,11 @@ def config(env=SLIDE, arch=None, agent=None, **sections):
     data = {"env": {"id": env}, "agent": {**SMALL, **(agent or {})}}
     arch = {"name": "sebulba", "rollout_steps": 8, **(arch or {})}
     return build_config({**data, "arch": arch, **sections})
+
+
+def td3_config(**agent):
+    td3_agent = {**SMALL, "name": "td3", "policy_delay": 2, "exploration_noise": 0.3, **agent}
+    return config(agent=td3_agent)
 
 
 # ---------------------------------------------------------------- refused before anything starts
@@ -247,11 +251,6 @@ def test_rl_train_stops_on_ctrl_c_with_the_buffer_checkpointed_and_resumes(tmp_p
     assert setting["episodes"] == 2 and -20.0 <= setting["mean"] <= 0.0
 
 
-def td3_config(**agent):
-    td3_agent = {**SMALL, "name": "td3", "policy_delay": 2, "exploration_noise": 0.3, **agent}
-    return config(agent=td3_agent)
-
-
 def test_td3_updates_its_actor_and_targets_every_policy_delay_critic_steps():
     learner = sebulba.Learner(td3_config(learning_starts=24))
     state, _ = learner.run(learner.init(), num_updates=2)
@@ -278,10 +277,7 @@ def test_a_td3_run_logs_its_losses():
             assert np.isfinite(row[name]), (name, row)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("mujoco") is None,
-    reason='needs MuJoCo: pip install "gymnasium[mujoco]"',
-)
+@needs_mujoco
 def test_a_tiny_halfcheetah_run_writes_finite_losses(tmp_path, capsys):
     tiny = [
         "agent.total_steps=256",
