@@ -1,7 +1,8 @@
 """What each agent the actor-learner architecture (rl.sebulba) trains brings to it, built from the
 agent's own module: how an actor acts, what a rollout step records, and the learner's update, which
-is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`, SAC's and TD3's
-gradient steps on a replay buffer), and the sizes of a rollout and of the run (`rollout_sizes`).
+is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`, DQN's, SAC's and
+TD3's gradient steps on a replay buffer), and the sizes of a rollout and of the run
+(`rollout_sizes`).
 
     pieces = make_pieces(config)
     key, record, env_action = pieces.act(hparams, params, obs, key, step)   # an actor's step
@@ -14,18 +15,23 @@ gradient steps on a replay buffer), and the sizes of a rollout and of the run (`
 * PQN: epsilon-greedy on Q, epsilon of the env steps before the rollout (`pqn.epsilon` at
   `step`, as the one-program PQN at the update's start), recording the action; the Q(lambda)
   targets come from the learner's params when it learns.
-* SAC and TD3 (`replay_pieces`, from a `ReplayAgent` of the agent's own parts): the agent's
-  acting action after the env steps before the rollout (SAC: a sample of the squashed Gaussian or
+* DQN, SAC and TD3 (`replay_pieces`, from a `ReplayAgent` of the agent's own parts): the agent's
+  acting action after the env steps before the rollout (DQN: epsilon-greedy on Q with their
+  epsilon, from the first step as in its one program; SAC: a sample of the squashed Gaussian or
   categorical policy, TD3: clip(mu(s) + noise, -1, 1), each uniformly random while those steps are
   fewer than `learning_starts`), recording the agent's action (in [-1, 1]^|A| for a Box, mapped to
   the env's bounds for the env). The learner holds the replay buffer and everything but the
   actor's params (the agent's own state, its envs and key unused); an update adds the rollout's
   T x E transitions (s, a, r, s' = the observation reached, before a reset, terminated) to the
-  buffer, then takes the agent's own gradient steps (`sac.make_gradient_step`: critics, actor,
-  temperature, Polyak targets; `td3.make_gradient_step`: critics, and every `policy_delay`-th step
-  the actor and the targets) phase by phase, each phase's once the env steps stored by its end
-  reach `learning_starts`. SAC's and TD3's phase is the whole update, T x `gradient_steps`, so
-  gradient steps per env step are `utd_ratio`.
+  buffer, then takes the agent's own gradient steps (`dqn.make_gradient_step`: Adam on the TD
+  loss, the target synced every `target_update_interval` gradient steps;
+  `sac.make_gradient_step`: critics, actor, temperature, Polyak targets;
+  `td3.make_gradient_step`: critics, and every `policy_delay`-th step the actor and the targets)
+  phase by phase, each phase's once the env steps stored by its end reach `learning_starts`.
+  DQN's phases are its own, `gradient_steps` every `train_freq` env steps, so its gradient steps
+  and target syncs at each update's end are its one program's after as many env steps; SAC's and
+  TD3's phase is the whole update, T x `gradient_steps`, so gradient steps per env step are
+  `utd_ratio`.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from rl import actor_critic, buffers, collection, environment, exploration, replay
-from rl.agents import ppo, pqn, sac, td3
+from rl.agents import dqn, ppo, pqn, sac, td3
 from rl.arch_config import REPLAY_AGENTS, SEBULBA_AGENTS
 from rl.sebulba_envs import obs_dtype
 
@@ -91,7 +97,13 @@ def rollout_sizes(config) -> Sizes:
 def make_pieces(config) -> Pieces:
     """The pieces of `config.agent` (one of `SEBULBA_AGENTS`)."""
     assert config.agent.name in SEBULBA_AGENTS, config.agent.name  # rl.arch_config.check_arch
-    makers = {"ppo": ppo_pieces, "pqn": pqn_pieces, "sac": sac_pieces, "td3": td3_pieces}
+    makers = {
+        "dqn": dqn_pieces,
+        "ppo": ppo_pieces,
+        "pqn": pqn_pieces,
+        "sac": sac_pieces,
+        "td3": td3_pieces,
+    }
     return makers[config.agent.name](config)
 
 
@@ -162,7 +174,7 @@ def pqn_pieces(config) -> Pieces:
 
 
 class ReplayAgent(NamedTuple):
-    """What `replay_pieces` reads of a replay agent (SAC, TD3), from its own module:
+    """What `replay_pieces` reads of a replay agent (DQN, SAC, TD3), from its own module:
     `init(hparams, key, obs)`, its state before any step (envs and key None); `explore(hparams,
     params, obs, key, step) -> (key, action)`, its acting actions (in [-1, 1]^|A| for a Box) after
     `step` env steps and the actor's next key; its `gradient_step(hparams, state, key) -> (state,
@@ -260,6 +272,30 @@ def whole_update_phase(config) -> dict:
         "phase_env_steps": rollout_steps * agent.num_envs,
         "phase_gradient_steps": rollout_steps * agent.gradient_steps,
     }
+
+
+def dqn_pieces(config) -> Pieces:
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    dqn.check_env(config, env, env_params)
+    learning = dqn.make_learning(config, env, env_params)
+
+    def explore(hparams, params, obs, key, step):
+        key, act_key = jax.random.split(key)
+        return key, dqn.exploration_action(agent, learning, hparams, params, obs, act_key, step)
+
+    parts = ReplayAgent(
+        lambda hparams, key, obs: dqn.init_learning(
+            agent, learning, hparams, key, obs, envs=None, key=None
+        ),
+        explore,
+        dqn.make_gradient_step(agent, learning),
+        partial(dqn.greedy_action, learning.apply),
+        lambda hparams, state: {"epsilon": replay.epsilon(agent, hparams, state.step)},
+        phase_env_steps=agent.train_freq,
+        phase_gradient_steps=agent.gradient_steps,
+    )
+    return replay_pieces(config, env, env_params, parts)
 
 
 def sac_pieces(config) -> Pieces:
