@@ -191,15 +191,15 @@ def test_rl_train_stops_on_ctrl_c_with_the_buffer_checkpointed_and_resumes(tmp_p
 
 
 @pytest.mark.slow
-def test_dqn_through_the_actor_learner_path_balances_cartpole_on_most_of_3_seeds():
+def test_dqn_through_the_actor_learner_path_solves_cartpole_on_most_of_3_seeds():
     """gymnasium's CartPole-v1, configs/dqn_sebulba_cartpole.yaml (102k steps; 25 s a seed on 2
-    CPU cores, 50 s with the tests' XLA flags): the median greedy return of the last 10 log points
-    (the last 25.6k steps) >= 400 on at least 2 of seeds 0-2 (500 on each of seeds 0-7 when
-    measured; the greedy return swings after solving, as in the one program)."""
-    medians = []
+    CPU cores, 50 s with the tests' XLA flags): a greedy return >= 475 at some log point on at
+    least 2 of seeds 0-2 (16 of 16 runs of seeds 0-7 reached it, by 49k-84k steps; the greedy
+    return swings after, as in the one program: benchmarks/RESULTS.md)."""
+    best = []
     for seed in range(3):
         cfg = load_config(REPO / "configs" / "dqn_sebulba_cartpole.yaml", [f"run.seed={seed}"])
         learner = sebulba.Learner(cfg)
         _, rows = learner.run(learner.init())
-        medians.append(float(np.median([row["eval_return"] for row in rows[-10:]])))
-    assert sum(m >= 400.0 for m in medians) >= 2, medians
+        best.append(max(row["eval_return"] for row in rows))
+    assert sum(b >= 475.0 for b in best) >= 2, best
