@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from rl.config_parsing import ConfigError, hp
 
-SEBULBA_AGENTS = ("ppo", "pqn", "sac", "td3")  # the agents rl.sebulba trains (rl.sebulba_agents)
-REPLAY_AGENTS = ("sac", "td3")  # those of them learning from a replay buffer (`arch.rollout_steps`)
+SEBULBA_AGENTS = ("dqn", "ppo", "pqn", "sac", "td3")  # what rl.sebulba trains (rl.sebulba_agents)
+REPLAY_AGENTS = ("dqn", "sac", "td3")  # those learning from a replay buffer (`arch.rollout_steps`)
 HOST_ENV_PREFIXES = ("gymnasium:", "envpool:")  # the env ids it steps
 
 
@@ -76,9 +76,11 @@ class ArchConfig:
     rollout_steps: int = hp(
         16,
         low=1,
-        doc="sebulba, SAC and TD3: env steps each actor takes per rollout; the learner adds a "
+        doc="sebulba, DQN, SAC and TD3: env steps each actor takes per rollout; the learner adds a "
         "rollout's transitions to its replay buffer, then takes rollout_steps x agent.utd_ratio x "
-        "agent.num_envs gradient steps (PPO and PQN roll out agent.num_steps steps)",
+        "agent.num_envs gradient steps (SAC, TD3), or agent.gradient_steps for each "
+        "agent.train_freq of its rollout_steps x agent.num_envs env steps (DQN); PPO and PQN roll "
+        "out agent.num_steps steps",
     )
     queue_timeout_s: float = hp(
         300.0,
@@ -190,7 +192,8 @@ def check_rollout_steps(config) -> None:
     """ConfigError unless the rollouts fit the agent: `arch.rollout_steps` is the replay agents'
     (PPO and PQN roll out agent.num_steps), whose learner holds one replay buffer on one device,
     stores whole transitions (same-step resets) and logs every agent.log_interval env steps, a
-    multiple of an update's rollout_steps x num_envs."""
+    multiple of an update's rollout_steps x num_envs, which hold whole training phases of
+    agent.train_freq env steps where the agent has them (DQN)."""
     arch, agent = config.arch, config.agent
     default = next(f.default for f in dataclasses.fields(arch) if f.name == "rollout_steps")
     if agent.name not in REPLAY_AGENTS:
@@ -221,6 +224,13 @@ def check_rollout_steps(config) -> None:
             f"agent.buffer_size ({agent.buffer_size}) must hold an update's transitions, "
             f"arch.rollout_steps x agent.num_envs ({arch.rollout_steps} x {agent.num_envs} = "
             f"{steps})"
+        )
+    train_freq = getattr(agent, "train_freq", None)
+    if train_freq is not None and steps % train_freq:
+        raise ConfigError(
+            f"arch.rollout_steps x agent.num_envs ({arch.rollout_steps} x {agent.num_envs} = "
+            f"{steps} env steps an update) must be a multiple of agent.train_freq ({train_freq}): "
+            "an update takes agent.gradient_steps for each train_freq env steps it holds"
         )
     if agent.log_interval % steps:
         raise ConfigError(

@@ -1,6 +1,6 @@
 """The actor-learner architecture (Sebulba: Hessel et al. 2021, "Podracer architectures for scalable
-reinforcement learning"; Cleanba) for PPO, PQN, SAC and TD3 on envs stepped outside JAX,
-gymnasium vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
+reinforcement learning"; Cleanba) for PPO, PQN, DQN, SAC and TD3 on envs stepped outside
+JAX, gymnasium vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
 
     actor thread i (of arch.actor_threads)           learner (the calling thread)
     a vector env of num_envs / threads envs          for update u = first, first + 1, ...:
@@ -30,13 +30,12 @@ gymnasium vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   `reset_step` set, and the losses, their means and PPO's advantage normalisation leave it out
   (no other step's advantage or target reads it: the chains stop at the episode end before it).
 * Acting and learning are the agent's own (rl.sebulba_agents: PPO's `learn` with its fused kernels
-  where they fit, PQN's Q(lambda) targets and minibatch epochs, SAC's and TD3's gradient steps on
-  the replay buffer their learner keeps in the optimiser state's place), compiled once before the
-  actors start; the batch is split on its env axis over the learner devices (jax.sharding; XLA
-  reduces the gradients; SAC and TD3 learn on one device). Rollouts are
-  `rollout_sizes(config).num_steps` steps long (PPO's and PQN's agent.num_steps, SAC's and TD3's
-  arch.rollout_steps). Params are never donated:
-  actors read them.
+  where they fit, PQN's Q(lambda) targets and minibatch epochs, the replay agents' (DQN's, SAC's,
+  TD3's) gradient steps on the replay buffer their learner keeps in the optimiser state's place),
+  compiled once before the actors start; the batch is split on its env axis over the learner
+  devices (jax.sharding; XLA reduces the gradients; the replay agents learn on one device).
+  Rollouts are `rollout_sizes(config).num_steps` steps long (PPO's and PQN's agent.num_steps, the
+  replay agents' arch.rollout_steps). Params are never donated: actors read them.
 * Several hosts (jax.distributed, `rl train --coordinator ...`): every process runs its actor
   threads and a learner shard. agent.num_envs is the run's total: process p's actor i is the
   run's actor p * actor_threads + i (its block of the envs, its env seeds and key), and the update
@@ -58,14 +57,14 @@ gymnasium vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   One process does not vote: it stops on `should_stop()` after the update in progress, or while
   it waits for a rollout.
 * Logging: every `rollout_sizes(config).log_interval` updates (PPO's and PQN's agent.log_interval;
-  SAC's and TD3's agent.log_interval counts env steps) a log point goes to the rl.logging sinks
-  (`publish`): the actors' finished episodes (games, for envpool's Atari:
-  `rl.sebulba_envs.Scores`), the mean loss stats (NaN-skipping for SAC and TD3, whose updates
-  before learning_starts take no gradient step), the lag (mean and max over actors and updates),
-  the learner's share of time waiting for rollouts, env steps per second, where the actors' time
-  went (`actor_env_wait` and `actor_act_wait`: their shares waiting for the envs' steps and for
-  their acting's env actions, rl.sebulba_actor.Times; the rest is their host work), and with
-  `agent.eval_envs` (SAC's and TD3's agent.eval_episodes) the greedy return of that many episodes.
+  the replay agents' agent.log_interval counts env steps) a log point goes to the rl.logging sinks
+  (`publish`): the actors' finished episodes (games, for envpool's Atari: `rl.sebulba_envs.Scores`),
+  the mean loss stats (NaN-skipping for the replay agents, whose updates before learning_starts take
+  no gradient step), the lag (mean and max over actors and updates), the learner's share of time
+  waiting for rollouts, env steps per second, where the actors' time went (`actor_env_wait` and
+  `actor_act_wait`: their shares waiting for the envs' steps and for their acting's env actions,
+  rl.sebulba_actor.Times; the rest is their host work), and with `agent.eval_envs` (the replay
+  agents' agent.eval_episodes) the greedy return of that many episodes.
 """
 
 from __future__ import annotations
@@ -109,8 +108,8 @@ __all__ = [
 
 
 class Learner:
-    """The learner of the actor-learner loop (PPO's, PQN's, SAC's or TD3's): `init()` (a fresh
-    `LearnerState`), `compile(state)` (its update, once per learning setup: `programs`), then
+    """The learner of the actor-learner loop (PPO's, PQN's, DQN's, SAC's or TD3's): `init()` (a
+    fresh `LearnerState`), `compile(state)` (its update, once per learning setup: `programs`), then
     `run(state)` trains with the actor threads it starts (module docstring)."""
 
     def __init__(self, config):

@@ -1,7 +1,8 @@
 """What each agent the actor-learner architecture (rl.sebulba) trains brings to it, built from the
 agent's own module: how an actor acts, what a rollout step records, and the learner's update, which
-is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`, SAC's and TD3's
-gradient steps on a replay buffer), and the sizes of a rollout and of the run (`rollout_sizes`).
+is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`, DQN's, SAC's and
+TD3's gradient steps on a replay buffer), and the sizes of a rollout and of the run
+(`rollout_sizes`).
 
     pieces = make_pieces(config)
     key, record, env_action = pieces.act(hparams, params, obs, key, step)   # an actor's step
@@ -14,17 +15,23 @@ gradient steps on a replay buffer), and the sizes of a rollout and of the run (`
 * PQN: epsilon-greedy on Q, epsilon of the env steps before the rollout (`pqn.epsilon` at
   `step`, as the one-program PQN at the update's start), recording the action; the Q(lambda)
   targets come from the learner's params when it learns.
-* SAC and TD3 (`replay_pieces`): the agent's exploring action (SAC: a sample of the squashed
-  Gaussian or categorical policy; TD3: clip(mu(s) + noise, -1, 1)), uniformly random actions while
-  the env steps before the rollout are fewer than `learning_starts`, recording the agent's action
-  (in [-1, 1]^|A| for a Box, mapped to the env's bounds for the env). The learner holds the
-  replay buffer and everything but the actor's params (the agent's own `State`, its envs and key
-  unused); an update adds the rollout's T x E transitions (s, a, r, s' = the observation reached,
-  before a reset, terminated) to the buffer, then, once `learning_starts` transitions are stored,
-  takes T x `gradient_steps` of the agent's own gradient steps (`sac.make_gradient_step`: critics,
-  actor, temperature, Polyak targets; `td3.make_gradient_step`: critics, and every
-  `policy_delay`-th step the actor and the targets), so the ratio of gradient steps to env steps
-  is `utd_ratio`, as in the one-program agents.
+* DQN, SAC and TD3 (`replay_pieces`, from a `ReplayAgent` of the agent's own parts): the agent's
+  acting action after the env steps before the rollout (DQN: epsilon-greedy on Q with their
+  epsilon, from the first step as in its one program; SAC: a sample of the squashed Gaussian or
+  categorical policy, TD3: clip(mu(s) + noise, -1, 1), each uniformly random while those steps are
+  fewer than `learning_starts`), recording the agent's action (in [-1, 1]^|A| for a Box, mapped to
+  the env's bounds for the env). The learner holds the replay buffer and everything but the
+  actor's params (the agent's own state, its envs and key unused); an update adds the rollout's
+  T x E transitions (s, a, r, s' = the observation reached, before a reset, terminated) to the
+  buffer, then takes the agent's own gradient steps (`dqn.make_gradient_step`: Adam on the TD
+  loss, the target synced every `target_update_interval` gradient steps;
+  `sac.make_gradient_step`: critics, actor, temperature, Polyak targets;
+  `td3.make_gradient_step`: critics, and every `policy_delay`-th step the actor and the targets)
+  phase by phase, each phase's once the env steps stored by its end reach `learning_starts`.
+  DQN's phases are its own, `gradient_steps` every `train_freq` env steps, so its gradient steps
+  and target syncs at each update's end are its one program's after as many env steps; SAC's and
+  TD3's phase is the whole update, T x `gradient_steps`, so gradient steps per env step are
+  `utd_ratio`.
 """
 
 from __future__ import annotations
@@ -35,8 +42,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rl import actor_critic, buffers, collection, environment, exploration
-from rl.agents import ppo, pqn, sac, td3
+from rl import actor_critic, buffers, collection, environment, exploration, replay
+from rl.agents import dqn, ppo, pqn, sac, td3
 from rl.arch_config import REPLAY_AGENTS, SEBULBA_AGENTS
 from rl.sebulba_envs import obs_dtype
 
@@ -90,7 +97,13 @@ def rollout_sizes(config) -> Sizes:
 def make_pieces(config) -> Pieces:
     """The pieces of `config.agent` (one of `SEBULBA_AGENTS`)."""
     assert config.agent.name in SEBULBA_AGENTS, config.agent.name  # rl.arch_config.check_arch
-    makers = {"ppo": ppo_pieces, "pqn": pqn_pieces, "sac": sac_pieces, "td3": td3_pieces}
+    makers = {
+        "dqn": dqn_pieces,
+        "ppo": ppo_pieces,
+        "pqn": pqn_pieces,
+        "sac": sac_pieces,
+        "td3": td3_pieces,
+    }
     return makers[config.agent.name](config)
 
 
@@ -161,67 +174,72 @@ def pqn_pieces(config) -> Pieces:
 
 
 class ReplayAgent(NamedTuple):
-    """What `replay_pieces` reads of a replay agent (SAC, TD3), from its own module: `init(hparams,
-    actor_key, critic_key, obs)` its `State` before any step (envs and key None), `explore(hparams,
-    params, obs, key)` its exploring actions (in [-1, 1]^|A| for a Box), its `gradient_step(hparams,
-    state, key) -> (state, stats)`, `greedy(params, obs)`, its deterministic actions, and
-    `log_stats(state)`, what an update logs besides the gradient steps' mean stats."""
+    """What `replay_pieces` reads of a replay agent (DQN, SAC, TD3), from its own module:
+    `init(hparams, key, obs)`, its state before any step (envs and key None); `explore(hparams,
+    params, obs, key, step) -> (key, action)`, its acting actions (in [-1, 1]^|A| for a Box) after
+    `step` env steps and the actor's next key; its `gradient_step(hparams, state, key) -> (state,
+    stats)`; `greedy(params, obs)`, its deterministic actions; `log_stats(hparams, state)`, what
+    an update logs besides the gradient steps' mean stats; and its training phases: after every
+    `phase_env_steps` env steps (all envs counted) come `phase_gradient_steps` gradient steps,
+    once `learning_starts` env steps are stored."""
 
     init: Callable
     explore: Callable
     gradient_step: Callable
     greedy: Callable
     log_stats: Callable
+    phase_env_steps: int
+    phase_gradient_steps: int
 
 
 def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
-    """The pieces of a replay agent (module docstring): actors explore, or act uniformly at random
-    before `learning_starts`; the learner stores each rollout in its buffer, then takes
-    arch.rollout_steps x gradient_steps gradient steps once `learning_starts` are stored."""
+    """The pieces of a replay agent (module docstring): actors act with the agent's `explore`; the
+    learner stores each rollout's arch.rollout_steps x num_envs transitions in its buffer, then
+    takes the gradient steps of the training phases they hold, each phase's once the env steps
+    stored by its end reach `learning_starts` (rl.arch_config.check_rollout_steps: an update holds
+    whole phases)."""
     agent = config.agent
-    action_space = env.action_space(env_params)
-    updates_per_rollout = config.arch.rollout_steps * agent.gradient_steps
+    steps = config.arch.rollout_steps * agent.num_envs
+    phases, per_phase = steps // agent_parts.phase_env_steps, agent_parts.phase_gradient_steps
+    assert phases * agent_parts.phase_env_steps == steps, (steps, agent_parts.phase_env_steps)
 
     def init(key, hparams, obs):
-        actor_key, critic_key = jax.random.split(key)
-        state = agent_parts.init(hparams, actor_key, critic_key, obs)
+        state = agent_parts.init(hparams, key, obs)
         return state.params, state._replace(params=None)
 
     def act(hparams, params, obs, key, step):
-        key, explore_key, random_key = jax.random.split(key, 3)
-        action = agent_parts.explore(hparams, params, obs, explore_key)
-        random_action = actor_critic.random_actions(action_space, random_key, obs.shape[0])
-        action = jnp.where(step < agent.learning_starts, random_action, action)
+        key, action = agent_parts.explore(hparams, params, obs, key, step)
         return key, (action,), environment.to_env_action(env, env_params, action)
 
     def transition(obs, action, reward, terminated, truncated, final_obs, reset_step=None):
-        """The buffer's transition (rl.actor_critic.empty_buffer): `truncated` is not stored (a
+        """The buffer's transition (`rl.replay.transition`): `truncated` is not stored (a
         truncated step bootstraps from s' like any step that did not terminate), and there are no
         reset steps (same-step resets: rl.arch_config.check_rollout_steps)."""
         assert reset_step is None, "a replay agent's rollouts have no reset steps"
-        return {
-            "obs": obs,
-            "action": action,
-            "reward": reward,
-            "next_obs": final_obs,
-            "terminated": terminated,
-        }
+        return replay.transition(obs, action, reward, final_obs, terminated)
 
     def learn(hparams, params, state, traj, key):
         items = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), traj)  # [T x E, ...]
+        phase_ends = state.step + agent_parts.phase_env_steps * jnp.arange(1, phases + 1)
         state = state._replace(
             params=params,
             buffer=buffers.uniform_add(state.buffer, items),
             step=state.step + items["reward"].shape[0],
         )
-        started = state.step >= agent.learning_starts
-        keys = jax.random.split(key, updates_per_rollout)
+        keys = jax.random.split(key, phases * per_phase)
+        keys = keys.reshape(phases, per_phase, *keys.shape[1:])
         step = partial(agent_parts.gradient_step, hparams)
-        unroll = min(agent.unroll, updates_per_rollout)
-        state, stats = collection.scan_when(started, step, state, keys, unroll=unroll)
+        unroll = min(agent.unroll, per_phase)
+
+        def phase(state, xs):
+            end, phase_keys = xs
+            started = end >= agent.learning_starts
+            return collection.scan_when(started, step, state, phase_keys, unroll=unroll)
+
+        state, stats = jax.lax.scan(phase, state, (phase_ends, keys))
         # NaN-skipping: TD3's actor loss reads NaN between its delayed updates; all NaN (before
         # learning_starts) stays NaN
-        stats = {**jax.tree.map(jnp.nanmean, stats), **agent_parts.log_stats(state)}
+        stats = {**jax.tree.map(jnp.nanmean, stats), **agent_parts.log_stats(hparams, state)}
         return state.params, state._replace(params=None), stats
 
     def greedy(params, obs):
@@ -229,6 +247,55 @@ def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
 
     space = env.observation_space(env_params)
     return Pieces(space, obs_dtype(space), init, act, transition, learn, greedy)
+
+
+def uniform_before_learning_starts(agent, action_space, explore: Callable) -> Callable:
+    """`explore(hparams, params, obs, key) -> action` (SAC's, TD3's) as a `ReplayAgent.explore`:
+    uniformly random actions while the env steps before the rollout are fewer than
+    `agent.learning_starts`, explore's after."""
+
+    def explore_after_random(hparams, params, obs, key, step):
+        key, explore_key, random_key = jax.random.split(key, 3)
+        action = explore(hparams, params, obs, explore_key)
+        random_action = actor_critic.random_actions(action_space, random_key, obs.shape[0])
+        return key, jnp.where(step < agent.learning_starts, random_action, action)
+
+    return explore_after_random
+
+
+def whole_update_phase(config) -> dict:
+    """SAC's and TD3's training phases under rl.sebulba: one an update, of its rollout_steps x
+    num_envs env steps and rollout_steps x agent.gradient_steps gradient steps (utd_ratio
+    gradient steps per env step, gated on the env steps stored after the rollout)."""
+    rollout_steps, agent = config.arch.rollout_steps, config.agent
+    return {
+        "phase_env_steps": rollout_steps * agent.num_envs,
+        "phase_gradient_steps": rollout_steps * agent.gradient_steps,
+    }
+
+
+def dqn_pieces(config) -> Pieces:
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    dqn.check_env(config, env, env_params)
+    learning = dqn.make_learning(config, env, env_params)
+
+    def explore(hparams, params, obs, key, step):
+        key, act_key = jax.random.split(key)
+        return key, dqn.exploration_action(agent, learning, hparams, params, obs, act_key, step)
+
+    parts = ReplayAgent(
+        lambda hparams, key, obs: dqn.init_learning(
+            agent, learning, hparams, key, obs, envs=None, key=None
+        ),
+        explore,
+        dqn.make_gradient_step(agent, learning),
+        partial(dqn.greedy_action, learning.apply),
+        lambda hparams, state: {"epsilon": replay.epsilon(agent, hparams, state.step)},
+        phase_env_steps=agent.train_freq,
+        phase_gradient_steps=agent.gradient_steps,
+    )
+    return replay_pieces(config, env, env_params, parts)
 
 
 def sac_pieces(config) -> Pieces:
@@ -243,13 +310,14 @@ def sac_pieces(config) -> Pieces:
         return policy.env_action(policy.sample(key))
 
     parts = ReplayAgent(
-        lambda hparams, actor_key, critic_key, obs: sac.init_learning(
-            agent, learning, hparams, actor_key, critic_key, obs, envs=None, key=None
+        lambda hparams, key, obs: sac.init_learning(
+            agent, learning, hparams, *jax.random.split(key), obs, envs=None, key=None
         ),
-        explore,
+        uniform_before_learning_starts(agent, env.action_space(env_params), explore),
         sac.make_gradient_step(agent, learning),
         partial(sac.greedy_action, variant),
-        lambda state: {"alpha": jnp.exp(state.log_alpha)},
+        lambda hparams, state: {"alpha": jnp.exp(state.log_alpha)},
+        **whole_update_phase(config),
     )
     return replay_pieces(config, env, env_params, parts)
 
@@ -259,15 +327,17 @@ def td3_pieces(config) -> Pieces:
     env, env_params = environment.make_env(config)
     td3.check_env(config, env, env_params)
     learning = td3.make_learning(config, env, env_params)
+    explore = lambda hparams, params, obs, key: td3.exploration_action(
+        hparams, learning.actor, params, obs, key
+    )
     parts = ReplayAgent(
-        lambda hparams, actor_key, critic_key, obs: td3.init_learning(
-            agent, learning, hparams, actor_key, critic_key, obs, envs=None, key=None
+        lambda hparams, key, obs: td3.init_learning(
+            agent, learning, hparams, *jax.random.split(key), obs, envs=None, key=None
         ),
-        lambda hparams, params, obs, key: td3.exploration_action(
-            hparams, learning.actor, params, obs, key
-        ),
+        uniform_before_learning_starts(agent, env.action_space(env_params), explore),
         td3.make_gradient_step(agent, learning),
         learning.actor.apply,
-        lambda state: {},
+        lambda hparams, state: {},
+        **whole_update_phase(config),
     )
     return replay_pieces(config, env, env_params, parts)

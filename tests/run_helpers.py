@@ -1,14 +1,18 @@
 """Helpers shared by the run-directory tests (checkpoint, logging, eval, plot, failures, sharding):
-a tiny Q-learning config, `rl` invoked in-process or in a subprocess, and comparisons of runs."""
+a tiny Q-learning config, `rl` invoked in-process or in a subprocess, a run stopped by Ctrl-C,
+resumed and evaluated, and comparisons of runs."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -142,6 +146,32 @@ def subprocess_env(**extra) -> dict:
         )
     env.update(extra)
     return env
+
+
+def interrupted_resumed_and_evaluated(folder: Path, data: dict, capsys) -> tuple[list, dict]:
+    """`rl train` of the config `data` as run `folder`/demo, stopped by a SIGINT (Ctrl-C) once its
+    second log point is written (exit 130, naming --resume), resumed to its end with `rl train
+    --resume`, then `rl eval --episodes 2` of it: (the run's metrics.jsonl rows, eval's setting)."""
+    data = json.loads(json.dumps(data))
+    data["run"].update(output_dir=str(folder), name="demo", progress=False, checkpoint_every=100)
+    path, run_dir = folder / "config.yaml", folder / "demo"
+    path.write_text(yaml.safe_dump(data))
+
+    def interrupt_at_the_second_log_point():
+        metrics = run_dir / "metrics.jsonl"
+        while not metrics.is_file() or len(metrics.read_text().splitlines()) < 2:
+            time.sleep(0.02)
+        signal.raise_signal(signal.SIGINT)
+
+    threading.Thread(target=interrupt_at_the_second_log_point, daemon=True).start()
+    assert run_cli(["train", path]) == 130
+    assert "--resume" in capsys.readouterr().err
+    assert run_cli(["train", "--resume", run_dir]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    out = folder / "eval.json"
+    assert run_cli(["eval", run_dir, "--episodes", "2", "--json", out]) == 0
+    (setting,) = json.loads(out.read_text())["settings"]
+    return rows, setting
 
 
 # A subprocess running `rl` that signals itself when a log point reaches step `signal_at` (once):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -112,57 +113,57 @@ def apply_of(q_network: Network, fused):
     return q_network.apply if fused is None else partial(fused_q.q_values, fused)
 
 
-# ---------------------------------------------------------------- the loop
+# ---------------------------------------------------------------- learning, without the envs
 
 
-def make_trainer(config) -> Trainer:
-    agent = config.agent
-    env, env_params = environment.make_env(config)
+class Learning(NamedTuple):
+    """What DQN's acting and learning read (`make_learning`): the Q-network, its fused view
+    (`rl.fused_q`; None where acting and gradient steps go through apply and autodiff) and
+    `apply(params, obs) -> Q-values` (on the flat vector where fused)."""
+
+    q_network: Network
+    fused: Any
+    apply: Callable
+
+
+def make_learning(config, env, env_params) -> Learning:
+    """The Q-network of `env`, fused where `make_fused` says the kernels run it."""
     q_network = make_q_network(config, env, env_params)
     fused = make_fused(config, env, env_params, q_network)
-    apply = apply_of(q_network, fused)
-    loop = replay.loop_of(agent)
+    return Learning(q_network, fused, apply_of(q_network, fused))
 
-    # ---------------------------------------------------------------- init
 
-    def init(key, hparams) -> ReplayState:
-        """The Q-network, its target copy and Adam state, an empty uniform buffer, the envs."""
-        key, net_key, reset_key = jax.random.split(key, 3)
-        envs = replay.reset_envs(env, env_params, reset_key, agent.num_envs)
-        init_params = q_network.init if fused is None else partial(fused_q.init, fused)
-        params = init_params(net_key, envs.obs[0])
-        obs, flag = envs.obs[0], jnp.bool_(False)
-        example = replay.transition(obs, jnp.int32(0), jnp.float32(0.0), obs, flag)
-        buffer = buffers.uniform_init(example, agent.buffer_size)
-        return replay.initial_state(key, params, buffer, envs, hparams)
+def init_learning(agent: Config, learning: Learning, hparams, net_key, obs, envs, key):
+    """A `ReplayState` before any step: the Q-network from `net_key` (one flat vector where fused),
+    its target copy and Adam's state, an empty uniform buffer of `agent.buffer_size` transitions
+    shaped like one observation `obs`; `envs` and `key` as given (None where the envs are stepped
+    elsewhere: rl.sebulba)."""
+    fused = learning.fused
+    init_params = learning.q_network.init if fused is None else partial(fused_q.init, fused)
+    params = init_params(net_key, obs)
+    example = replay.transition(obs, jnp.int32(0), jnp.float32(0.0), obs, jnp.bool_(False))
+    buffer = buffers.uniform_init(example, agent.buffer_size)
+    return replay.initial_state(key, params, buffer, envs, hparams)
 
-    # ---------------------------------------------------------------- act
 
-    def act(hparams, carry, keys):
-        """All envs take one epsilon-greedy step (keys: the acting's, each env's); their
-        transitions (s, a, r, s' = info["final_obs"], terminated) go to the buffer."""
-        state, totals = carry
-        act_key, env_keys = keys
-        epsilon = replay.epsilon(agent, hparams, state.step)
-        if fused is None:
-            q_values = apply(state.params, state.envs.obs)
-            action = exploration.epsilon_greedy(act_key, q_values, epsilon)
-        else:
-            action = fused_q.epsilon_greedy(fused, state.params, state.envs.obs, act_key, epsilon)
-        envs, reward, terminated, _, info = replay.step_envs_with_keys(
-            env, env_params, state.envs, action, env_keys
-        )
-        stored = replay.transition(state.envs.obs, action, reward, info["final_obs"], terminated)
-        buffer = buffers.uniform_add(state.buffer, stored)
-        state = state._replace(envs=envs, buffer=buffer, step=state.step + agent.num_envs)
-        return (state, episodes.add_episodes(totals, info)), None
+def exploration_action(agent: Config, learning: Learning, hparams, params, obs, key, step):
+    """Epsilon-greedy actions [N] for observations `obs` [N, ...] after `step` env steps: a
+    uniformly random action with probability epsilon = `replay.epsilon(agent, hparams, step)`, else
+    argmax_a Q(obs, a) (`rl.exploration.epsilon_greedy`; one kernel launch where fused)."""
+    epsilon = replay.epsilon(agent, hparams, step)
+    if learning.fused is None:
+        return exploration.epsilon_greedy(key, learning.apply(params, obs), epsilon)
+    return fused_q.epsilon_greedy(learning.fused, params, obs, key, epsilon)
 
-    # ---------------------------------------------------------------- gradient step
+
+def make_gradient_step(agent: Config, learning: Learning):
+    """`gradient_step(hparams, state, key, active=True) -> (state, {"loss", "q_mean"})`: one Adam
+    step on a uniformly sampled batch; the target follows every `target_update_interval` gradient
+    steps (`replay.learn`). Fused, the step is skipped inside the optimiser's step where `active`
+    (a traced bool) is false."""
+    apply, fused = learning.apply, learning.fused
 
     def gradient_step(hparams, state: ReplayState, key, active=True):
-        """One Adam step on a uniformly sampled batch; the target follows every
-        `target_update_interval` gradient steps. Fused, the step is skipped inside the optimiser's
-        step where `active` (a traced bool) is false."""
         batch, _ = buffers.uniform_sample(state.buffer, key, agent.batch_size)
         if fused is None:
             loss_fn = partial(
@@ -187,6 +188,45 @@ def make_trainer(config) -> Trainer:
         state = replay.learn(state, grads, hparams, interval, sq_norm, backend, active)
         return state, stats
 
+    return gradient_step
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def make_trainer(config) -> Trainer:
+    agent = config.agent
+    env, env_params = environment.make_env(config)
+    learning = make_learning(config, env, env_params)
+    gradient_step = make_gradient_step(agent, learning)
+    loop = replay.loop_of(agent)
+
+    # ---------------------------------------------------------------- init
+
+    def init(key, hparams) -> ReplayState:
+        """The Q-network, its target copy and Adam state, an empty uniform buffer, the envs."""
+        key, net_key, reset_key = jax.random.split(key, 3)
+        envs = replay.reset_envs(env, env_params, reset_key, agent.num_envs)
+        return init_learning(agent, learning, hparams, net_key, envs.obs[0], envs, key)
+
+    # ---------------------------------------------------------------- act
+
+    def act(hparams, carry, keys):
+        """All envs take one epsilon-greedy step (keys: the acting's, each env's); their
+        transitions (s, a, r, s' = info["final_obs"], terminated) go to the buffer."""
+        state, totals = carry
+        act_key, env_keys = keys
+        action = exploration_action(
+            agent, learning, hparams, state.params, state.envs.obs, act_key, state.step
+        )
+        envs, reward, terminated, _, info = replay.step_envs_with_keys(
+            env, env_params, state.envs, action, env_keys
+        )
+        stored = replay.transition(state.envs.obs, action, reward, info["final_obs"], terminated)
+        buffer = buffers.uniform_add(state.buffer, stored)
+        state = state._replace(envs=envs, buffer=buffer, step=state.step + agent.num_envs)
+        return (state, episodes.add_episodes(totals, info)), None
+
     # ---------------------------------------------------------------- act, then train
 
     def act_then_train(hparams, carry, keys):
@@ -196,15 +236,15 @@ def make_trainer(config) -> Trainer:
         act_keys, learn_keys = (keys["act"][:, 0], keys["env"]), keys["learn"]
         act_step = partial(act, hparams)
         (state, totals), _ = jax.lax.scan(act_step, carry, act_keys, unroll=loop.act_unroll)
-        learning = state.step >= agent.learning_starts
+        started = state.step >= agent.learning_starts
         learn = partial(gradient_step, hparams)
-        if fused is None:
+        if learning.fused is None:
             state, stats = collection.scan_when(
-                learning, learn, state, learn_keys, unroll=loop.learn_unroll
+                started, learn, state, learn_keys, unroll=loop.learn_unroll
             )
         else:  # the gate inside the optimiser's step: no select of the params after the loop
             state, stats = collection.scan_gated(
-                learning, learn, state, learn_keys, unroll=loop.learn_unroll
+                started, learn, state, learn_keys, unroll=loop.learn_unroll
             )
         return (state, totals), stats
 
@@ -221,7 +261,7 @@ def make_trainer(config) -> Trainer:
         )
         metrics = replay.log_metrics(agent, hparams, state, totals, stats)
         if agent.eval_episodes:
-            policy = partial(greedy_action, apply, state.params)
+            policy = partial(greedy_action, learning.apply, state.params)
             metrics["eval_return"] = replay.eval_return(
                 env, env_params, policy, eval_key, agent.eval_episodes
             )

@@ -121,14 +121,18 @@ def test_configs_that_cannot_work_are_refused_when_loaded(change, message):
         config(**change)
 
 
-def test_sebulba_settings_need_the_sebulba_arch_and_only_ppo_runs_on_it():
+def test_sebulba_settings_need_the_sebulba_arch_and_only_its_agents_run_on_it():
     with pytest.raises(ConfigError, match=r"arch.max_lag is a setting of the actor-learner"):
         build_config(
             {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}, "arch": {"max_lag": 2}}
         )
-    with pytest.raises(ConfigError, match=r"sebulba trains ppo, pqn, sac, td3, not 'dqn'"):
+    with pytest.raises(ConfigError, match=r"sebulba trains dqn, ppo, pqn, sac, td3, not 'rainbow'"):
         build_config(
-            {"env": {"id": "gymnasium:CartPole-v1"}, "agent": {"name": "dqn"}, "arch": "sebulba"}
+            {
+                "env": {"id": "gymnasium:CartPole-v1"},
+                "agent": {"name": "rainbow"},
+                "arch": "sebulba",
+            }
         )
     assert (
         "arch"

@@ -9,16 +9,12 @@ eval` playing it. The Pendulum learning checks are marked slow."""
 from __future__ import annotations
 
 import json
-import signal
-import threading
-import time
 
 import gymnasium
 import jax
 import numpy as np
 import pytest
-import yaml
-from run_helpers import REPO, needs_mujoco, run_cli
+from run_helpers import REPO, interrupted_resumed_and_evaluated, needs_mujoco, run_cli
 
 from rl import actor_critic, environment, sebulba
 from rl.agents import sac, td3
@@ -225,29 +221,11 @@ def test_a_run_logs_sacs_losses_and_the_lag_within_max_lag():
 
 
 def test_rl_train_stops_on_ctrl_c_with_the_buffer_checkpointed_and_resumes(tmp_path, capsys):
-    path = tmp_path / "slide.yaml"
     data = config().to_dict()
-    data["run"].update(output_dir=str(tmp_path), name="demo", progress=False, checkpoint_every=100)
     data["agent"]["total_steps"] = 512
-    path.write_text(yaml.safe_dump(data))
-    run_dir = tmp_path / "demo"
-
-    def interrupt_at_the_second_log_point():
-        metrics = run_dir / "metrics.jsonl"
-        while not metrics.is_file() or len(metrics.read_text().splitlines()) < 2:
-            time.sleep(0.02)
-        signal.raise_signal(signal.SIGINT)
-
-    threading.Thread(target=interrupt_at_the_second_log_point, daemon=True).start()
-    assert run_cli(["train", path]) == 130
-    assert "--resume" in capsys.readouterr().err
-    assert run_cli(["train", "--resume", run_dir]) == 0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows, setting = interrupted_resumed_and_evaluated(tmp_path, data, capsys)
     assert [row["step"] for row in rows] == [64 * (i + 1) for i in range(8)]
     assert all(np.isfinite(row["critic_loss"]) for row in rows[1:])
-    out = tmp_path / "eval.json"
-    assert run_cli(["eval", run_dir, "--episodes", "2", "--json", out]) == 0
-    (setting,) = json.loads(out.read_text())["settings"]
     assert setting["episodes"] == 2 and -20.0 <= setting["mean"] <= 0.0
 
 
