@@ -99,8 +99,8 @@ def test_actors_act_epsilon_greedy_from_the_first_step_with_the_epsilon_of_their
     env, env_params = environment.make_env(cfg)
     obs = jax.random.normal(jax.random.PRNGKey(2), (512, 2)) * 3.0
     params, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
-    q_network = dqn.make_q_network(cfg, env, env_params)
-    greedy = np.argmax(np.asarray(q_network.apply(params, obs)), axis=-1)
+    q_values = dqn.make_learning(cfg, env, env_params).apply  # on the flat vector where fused
+    greedy = np.argmax(np.asarray(q_values(params, obs)), axis=-1)
     assert 0 < greedy.sum() < len(greedy)  # both actions greedy somewhere
     np.testing.assert_array_equal(pieces.greedy(params, obs), greedy)
     key = jax.random.PRNGKey(3)
