@@ -6,6 +6,7 @@ envs in actor threads and learns from their rollouts in the main thread (`rl.seb
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from rl.config_parsing import ConfigError, hp
@@ -227,10 +228,13 @@ def check_rollout_steps(config) -> None:
         )
     train_freq = getattr(agent, "train_freq", None)
     if train_freq is not None and steps % train_freq:
+        unit = train_freq // math.gcd(train_freq, agent.num_envs)  # rollout_steps that fit
+        fits = unit * -(-arch.rollout_steps // unit)
         raise ConfigError(
             f"arch.rollout_steps x agent.num_envs ({arch.rollout_steps} x {agent.num_envs} = "
             f"{steps} env steps an update) must be a multiple of agent.train_freq ({train_freq}): "
-            "an update takes agent.gradient_steps for each train_freq env steps it holds"
+            "an update takes agent.gradient_steps for each train_freq env steps it holds (e.g. "
+            f"arch.rollout_steps={fits})"
         )
     if agent.log_interval % steps:
         raise ConfigError(

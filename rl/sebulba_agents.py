@@ -28,8 +28,9 @@ TD3's gradient steps on a replay buffer), and the sizes of a rollout and of the 
   `sac.make_gradient_step`: critics, actor, temperature, Polyak targets;
   `td3.make_gradient_step`: critics, and every `policy_delay`-th step the actor and the targets)
   phase by phase, each phase's once the env steps stored by its end reach `learning_starts`.
-  DQN's phases are its own, `gradient_steps` every `train_freq` env steps, so its gradient steps
-  and target syncs at each update's end are its one program's after as many env steps; SAC's and
+  DQN's phases are its own, `gradient_steps` every `train_freq` env steps, so at each update's
+  end it has taken as many gradient steps and target syncs as its one program after as many env
+  steps (not the same batches: a phase samples the buffer holding the whole rollout); SAC's and
   TD3's phase is the whole update, T x `gradient_steps`, so gradient steps per env step are
   `utd_ratio`.
 """

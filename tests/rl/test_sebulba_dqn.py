@@ -2,7 +2,7 @@
 starts, actors that act epsilon-greedy from the first step with the epsilon of the env steps before
 the rollout, a learner whose update stores the rollout's transitions in its replay buffer (a time
 limit kept apart from a termination, s' the observation reached) and takes agent.gradient_steps for
-each agent.train_freq env steps of it once learning_starts are stored, the same gradient steps and
+each agent.train_freq env steps of it once learning_starts are stored, as many gradient steps and
 target syncs as the one-program DQN after as many env steps, and `rl train` writing a run, stopping
 on Ctrl-C with a checkpoint that holds the buffer, resuming and `rl eval` playing it. The CartPole
 learning check is marked slow."""
@@ -65,7 +65,7 @@ def config(env=FLIP, arch=None, agent=None, **sections):
 def test_an_update_of_part_of_a_training_phase_is_refused_when_loaded():
     message = (
         r"arch.rollout_steps x agent.num_envs \(12 x 2 = 24 env steps an update\) must be a "
-        r"multiple of agent.train_freq \(16\)"
+        r"multiple of agent.train_freq \(16\).*\(e.g. arch.rollout_steps=16\)"
     )
     with pytest.raises(ConfigError, match=message):
         config(arch={"rollout_steps": 12})
