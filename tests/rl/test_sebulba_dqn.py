@@ -4,8 +4,9 @@ the rollout, a learner whose update stores the rollout's transitions in its repl
 limit kept apart from a termination, s' the observation reached) and takes agent.gradient_steps for
 each agent.train_freq env steps of it once learning_starts are stored, as many gradient steps and
 target syncs as the one-program DQN after as many env steps, and `rl train` writing a run, stopping
-on Ctrl-C with a checkpoint that holds the buffer, resuming and `rl eval` playing it. The CartPole
-learning check is marked slow."""
+on Ctrl-C with a checkpoint that holds the buffer, resuming and `rl eval` playing it (also a run
+written through the fused kernels, evaluated where they do not run). The CartPole learning check is
+marked slow."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from run_helpers import REPO, interrupted_resumed_and_evaluated
+import yaml
+from run_helpers import REPO, interrupted_resumed_and_evaluated, run_cli
 from test_sebulba_replay import Slide
 
 from rl import environment, sebulba
@@ -188,6 +190,31 @@ def test_rl_train_stops_on_ctrl_c_with_the_buffer_checkpointed_and_resumes(tmp_p
     assert [row["step"] for row in rows] == [64 * (i + 1) for i in range(8)]
     assert all(np.isfinite(row["loss"]) for row in rows[1:])
     assert setting["episodes"] == 2 and -5.0 <= setting["mean"] <= 0.0
+
+
+def test_rl_eval_reads_a_run_written_through_the_kernels_on_the_reference_backend(
+    tmp_path, monkeypatch, capsys
+):
+    """Trained with FUSEDRL_KERNEL_BACKEND=interpret, the learner keeps the Q-network as one flat
+    vector (rl.fused_q), in its final params and checkpoints; rl eval on the reference backend,
+    whose learner builds a tree, reads them as stored (rl.run_dir.load_params) and plays the same
+    greedy policy from both."""
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    data = config(agent={"total_steps": 64, "log_interval": 32}).to_dict()
+    data["run"].update(output_dir=str(tmp_path), name="run", progress=False, checkpoint_every=1)
+    path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "interpret")
+    assert run_cli(["train", path]) == 0
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "reference")
+    capsys.readouterr()
+    assert run_cli(["eval", run_dir, "--episodes", "2"]) == 0
+    assert run_cli(["eval", run_dir, "--episodes", "2", "--checkpoint", "64"]) == 0
+    out = capsys.readouterr().out
+    returns = [line.split(" +- ")[0] for line in out.splitlines() if " +- " in line]
+    assert len(returns) == 2 and returns[0] == returns[1], out
+    assert "final_params.msgpack" in out and "checkpoints/64" in out, out
 
 
 @pytest.mark.slow
