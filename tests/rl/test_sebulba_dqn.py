@@ -167,6 +167,42 @@ def test_gradient_steps_and_target_syncs_follow_the_one_program_dqn_at_every_upd
     np.testing.assert_array_equal(metrics["gradient_steps"], counts)
 
 
+def _equations(jaxpr):
+    """Every equation of `jaxpr` and of the jaxprs inside it (scan bodies, branches)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    yield from _equations(sub)
+
+
+def test_the_fused_learner_gates_its_gradient_steps_inside_adams_step_as_the_one_program():
+    """With the fused Q-network (the interpreter), an update's training phases take their gradient
+    steps through `dqn.train_phase` as the one-program DQN does (`collection.scan_gated`): the gate
+    is inside Adam's step, so the update has no branch (`lax.cond`, scan_when's form on the CPU)
+    and no select of the flat params, target or Adam moments (its branchless form elsewhere)."""
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    cfg = config(kernels={"backend": "interpret"})
+    pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
+    obs = jnp.zeros((16, 2, 2), jnp.float32)  # a rollout [T, E, obs]
+    params, state = pieces.init(jax.random.PRNGKey(0), hparams, obs[0, 0])
+    assert params.ndim == 1  # one flat vector: fused
+    flag = jnp.zeros((16, 2), bool)
+    traj = pieces.transition(obs, flag.astype(jnp.int32), flag.astype(jnp.float32), flag, flag, obs)
+    jaxpr = jax.make_jaxpr(pieces.learn)(hparams, params, state, traj, jax.random.PRNGKey(1))
+    names = [eqn.primitive.name for eqn in _equations(jaxpr.jaxpr)]
+    assert "scan" in names and "cond" not in names
+    selects = [
+        eqn
+        for eqn in _equations(jaxpr.jaxpr)
+        if eqn.primitive.name == "select_n" and eqn.outvars[0].aval.shape == params.shape
+    ]
+    assert not selects
+
+
 def test_a_run_logs_dqns_losses_epsilon_and_the_lag_within_max_lag():
     learner = sebulba.Learner(config(arch={"actor_threads": 2, "max_lag": 1}))
     _, rows = learner.run(learner.init())
