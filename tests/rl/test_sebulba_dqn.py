@@ -19,7 +19,7 @@ import yaml
 from run_helpers import REPO, interrupted_resumed_and_evaluated, run_cli
 from test_sebulba_replay import Slide
 
-from rl import environment, sebulba
+from rl import environment, replay, sebulba
 from rl.agents import dqn
 from rl.config import build_config, hyperparams, load_config
 from rl.config_parsing import ConfigError
@@ -204,13 +204,27 @@ def test_the_fused_learner_gates_its_gradient_steps_inside_adams_step_as_the_one
 
 
 def test_a_run_logs_dqns_losses_epsilon_and_the_lag_within_max_lag():
-    learner = sebulba.Learner(config(arch={"actor_threads": 2, "max_lag": 1}))
+    """The losses are means over the log period; epsilon and the gradient steps so far are their
+    values at the log point, as the one-program DQN logs them (epsilon of the env steps so far:
+    1 - 0.96 step / 128, then 0.04)."""
+    cfg = config(arch={"actor_threads": 2, "max_lag": 1})
+    learner = sebulba.Learner(cfg)
     _, rows = learner.run(learner.init())
     assert [row["step"] for row in rows] == [64, 128, 192, 256]
     for row in rows:  # the first period's means skip its first update, before learning_starts
         for name in ("loss", "q_mean", "epsilon", "eval_return"):
             assert np.isfinite(row[name]), (name, row)
+    hparams = hyperparams(cfg.agent)
+    for row in rows:
+        want = replay.epsilon(cfg.agent, hparams, jnp.int32(row["step"]))
+        assert row["epsilon"] == pytest.approx(float(want), rel=1e-6), row
+    assert rows[0]["epsilon"] == pytest.approx(0.52)  # 1 - 0.96 * 64 / 128
     assert rows[-1]["epsilon"] == pytest.approx(0.04)  # decayed over 128 steps
+    one_program = build_config({"env": {"id": "CartPole-v1"}, "agent": SMALL})
+    _, metrics = jax.jit(dqn.make_train(one_program))(jax.random.PRNGKey(0))
+    logged = [row["gradient_steps"] for row in rows]
+    np.testing.assert_array_equal(logged, metrics["gradient_steps"])
+    np.testing.assert_allclose([row["epsilon"] for row in rows], metrics["epsilon"], rtol=1e-6)
     assert max(row["param_lag_max"] for row in rows) <= 1
     returns = [row["episode_return"] for row in rows if row["episodes"]]
     assert returns and all(-5.0 <= r <= 0.0 for r in returns)  # 3 or 5 steps of reward 0 or -1
