@@ -233,7 +233,10 @@ class Checkpoints:
 
     def restore(self, step: int, abstract_state, with_history: bool = True, check_meta=None):
         """(state, history, meta) of checkpoint `step`, placed like `abstract_state` (a tree of
-        ShapeDtypeStructs, with shardings where arrays should be sharded).
+        ShapeDtypeStructs, with shardings where arrays should be sharded); with `abstract_state`
+        None, the state as stored (nested dicts and lists of arrays, typed keys as their key data)
+        on this process's first device, without the signature's check (for reading one part of a
+        state this config does not build: rl.run_dir.load_params).
 
         Before reading any array: the files are checked against the manifest
         (CheckpointDamagedError), then `check_meta(meta)` (the caller's check, e.g. of the config:
@@ -253,12 +256,17 @@ class Checkpoints:
         problem = check_meta(meta) if check_meta is not None else None
         if problem is not None:
             raise CheckpointMismatchError(f"checkpoint {folder}: {problem}")
-        storage = abstract_for_storage(abstract_state)
-        if "state_signature" in meta:
-            difference = signature_difference(meta["state_signature"], state_signature(storage))
-            if difference is not None:
-                raise CheckpointMismatchError(self._mismatch_message(step, difference))
-        items = {"state": ocp.args.StandardRestore(storage), "meta": ocp.args.JsonRestore()}
+        if abstract_state is None:
+            first = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            items = {"state": ocp.args.StandardRestore(fallback_sharding=first)}
+        else:
+            storage = abstract_for_storage(abstract_state)
+            if "state_signature" in meta:
+                difference = signature_difference(meta["state_signature"], state_signature(storage))
+                if difference is not None:
+                    raise CheckpointMismatchError(self._mismatch_message(step, difference))
+            items = {"state": ocp.args.StandardRestore(storage)}
+        items["meta"] = ocp.args.JsonRestore()
         if with_history:
             items["history"] = ocp.args.StandardRestore()
         try:
@@ -271,11 +279,13 @@ class Checkpoints:
             if verified:
                 raise
             raise CheckpointDamagedError(f"orbax cannot read it: {_first_line(err)}") from None
-        state = restore_keys(restored["state"], abstract_state)
-        try:
-            check_matches(state, abstract_state)
-        except CheckpointMismatchError as err:
-            raise CheckpointMismatchError(self._mismatch_message(step, str(err))) from None
+        state = restored["state"]
+        if abstract_state is not None:
+            state = restore_keys(state, abstract_state)
+            try:
+                check_matches(state, abstract_state)
+            except CheckpointMismatchError as err:
+                raise CheckpointMismatchError(self._mismatch_message(step, str(err))) from None
         history = jax.tree.map(np.asarray, dict(restored["history"])) if with_history else None
         if with_history:
             check_history(history, meta)

@@ -4,7 +4,9 @@
 
 The run's config and params come from the run directory (rl.run_dir): the params from
 `RUN_DIR/final_params.msgpack`, or from the checkpoint at env step STEP, or (a run that was
-stopped before the end) from the newest checkpoint. The policy is the agent module's
+stopped before the end) from the newest checkpoint, as the files hold them (a run trained through
+the fused kernels, its params or critics flat vectors, evaluates where they do not run, and the
+other way: `rl.run_dir.load_params`). The policy is the agent module's
 `make_policy(config) -> policy(params, obs, key) -> action` (or, for a recurrent agent, a
 `rl.trainer.RecurrentPolicy` whose carry starts fresh each episode), which takes the raw env's
 observations and returns actions in the raw env's action space (`config.env.make()`: the env with

@@ -191,13 +191,15 @@ def scan_phases(phase: Callable, state: ReplayState, key, loop: Loop):
 def log_metrics(agent: ReplayLoopConfig, hparams, state: ReplayState, totals, stats) -> dict:
     """A log point's metrics: env steps, the episodes that ended (`rl.episodes.episode_metrics`),
     the mean of each gradient-step statistic over the steps taken (`nanmean`: NaN before
-    learning), epsilon and the gradient steps so far."""
+    learning), then `log_point_values`."""
     metrics = log_points.log_point_metrics(state.step, totals, stats, jnp.nanmean)
-    return {
-        **metrics,
-        "epsilon": epsilon(agent, hparams, state.step),
-        "gradient_steps": state.updates,
-    }
+    return {**metrics, **log_point_values(agent, hparams, state)}
+
+
+def log_point_values(agent: ReplayLoopConfig, hparams, state: ReplayState) -> dict:
+    """What a log point reads off the state at its end, not averaged over its period: epsilon
+    after `state.step` env steps and the gradient steps taken so far (`state.updates`)."""
+    return {"epsilon": epsilon(agent, hparams, state.step), "gradient_steps": state.updates}
 
 
 def eval_return(env, env_params, policy: Callable, key, num_episodes: int):

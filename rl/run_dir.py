@@ -10,6 +10,8 @@
     damaged_checkpoints/    checkpoints a resume found damaged, set aside
     .rl-train.lock          held (flock) by the `rl train` process writing the run
     final_params.msgpack    flax serialisation of the final params, leading axes [settings, seeds]
+                            (one flat vector per seed where the agent ran the fused kernels,
+                            rl.fused_q; `load_params` reads either)
     summary.json            what the CLI prints at the end (rl.summary)
 """
 
@@ -27,7 +29,13 @@ import numpy as np
 import yaml
 from flax import serialization
 
-from rl.checkpoint import CheckpointMismatchError, Checkpoints, abstract_like
+from rl.checkpoint import (
+    CheckpointMismatchError,
+    Checkpoints,
+    abstract_for_storage,
+    abstract_like,
+)
+from rl.checkpoint_integrity import signature_difference, state_signature
 from rl.config import Config, build_config
 from rl.config_parsing import ConfigError, read_yaml
 from rl.distributed import seed_mesh
@@ -230,7 +238,13 @@ def load_params(
     stopped before the end) from the newest checkpoint. ConfigError when there are none.
     `state_shapes`: the run's training state as ShapeDtypeStructs with those leading axes, which
     the files are read into; by default the one-program agent's (`rl.programs.make_programs`),
-    an actor-learner run's from its learner (rl.evaluate)."""
+    an actor-learner run's from its learner (rl.evaluate).
+
+    The params are read as the files hold them (`params_as_stored`): a run trained through the
+    fused kernels (rl.fused_q, rl.fused_critic: a kernel backend that runs Triton) keeps its
+    Q-network, or its critics, and their Adam moments as flat vectors, which the same config
+    builds as trees where the kernels do not run (or the other way): its checkpoints are then read
+    as stored (`params_only`) and only their params kept."""
     run_dir = Path(run_dir)
     if state_shapes is None:
         mesh = seed_mesh(jax.devices()[:1])
@@ -241,26 +255,93 @@ def load_params(
     )
     final = run_dir / FINAL_PARAMS_FILE
     if checkpoint is None and final.is_file():
-        target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_state.params)
-        return serialization.from_bytes(target, final.read_bytes()), str(final)
+        stored = serialization.msgpack_restore(final.read_bytes())
+        return params_as_stored(abstract_state.params, stored, str(final)), str(final)
     checkpoints = Checkpoints(run_dir, read_only=True)
     steps = checkpoints.steps()
-    if checkpoint is None:
-        restored = checkpoints.restore_latest(
-            abstract_state, with_history=False, check_meta=config_check(config, grid)
+    if checkpoint is not None and checkpoint not in steps:
+        raise ConfigError(
+            f"--checkpoint {checkpoint}: no such checkpoint in "
+            f"{str(checkpoints.directory)!r}; available steps: "
+            f"{', '.join(map(str, steps)) or 'none'}"
         )
+    check = config_check(config, grid)
+    as_stored = bool(steps) and params_only(
+        checkpoints, steps[-1] if checkpoint is None else checkpoint, abstract_state
+    )
+    target = None if as_stored else abstract_state
+    if checkpoint is None:
+        restored = checkpoints.restore_latest(target, with_history=False, check_meta=check)
         if restored is None:
             raise ConfigError(f"{str(run_dir)!r} has neither final_params.msgpack nor a checkpoint")
         step, state, _, _ = restored
     else:
-        if checkpoint not in steps:
-            raise ConfigError(
-                f"--checkpoint {checkpoint}: no such checkpoint in "
-                f"{str(checkpoints.directory)!r}; available steps: "
-                f"{', '.join(map(str, steps)) or 'none'}"
-            )
         step = checkpoint
-        state, _, _ = checkpoints.restore(
-            step, abstract_state, with_history=False, check_meta=config_check(config, grid)
+        state, _, _ = checkpoints.restore(step, target, with_history=False, check_meta=check)
+    source = str(checkpoints.directory / str(step))
+    if as_stored:
+        return params_as_stored(abstract_state.params, state["params"], source), source
+    return state.params, source
+
+
+def params_only(checkpoints: Checkpoints, step: int, abstract_state) -> bool:
+    """Whether checkpoint `step` is read as stored and only its params kept: the state it holds
+    differs from `abstract_state` (what this config builds) while its params fit (`_params_fit`),
+    as a run's does where it ran the fused kernels and this config, where they do not run, builds
+    its networks and their optimiser state as trees (or the other way). False where its metadata
+    cannot be read (the restore reports the damage) or records no signature."""
+    try:
+        stored = checkpoints.read_meta(step).get("state_signature")
+    except (OSError, ValueError):
+        return False
+    expected = state_signature(abstract_for_storage(abstract_state))
+    if stored is None or signature_difference(stored, expected) is None:
+        return False
+    return _params_fit(_params_part(stored), _params_part(expected))
+
+
+def _params_part(signature: dict[str, str]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{leaf path: (dtype, shape)} of the params' leaves (`state.params...`) of a state
+    signature (`rl.checkpoint_integrity.state_signature`: "float32[1, 2, 3]")."""
+    part = {}
+    for path, spec in signature.items():
+        if path == ".params" or path.startswith((".params.", ".params[")):
+            dtype, dims = spec.rstrip("]").split("[")
+            part[path] = dtype, tuple(int(d) for d in dims.split(",") if d.strip())
+    return part
+
+
+def _params_fit(stored: dict, expected: dict) -> bool:
+    """Whether params of these leaves ({path: (dtype, shape)}) hold the same numbers: the same
+    leaves, or, on one side, one vector [settings, seeds, size] (a fused network's, rl.fused_q)
+    of the dtype and per-seed size of the other side's leaves."""
+    if stored == expected:
+        return True
+    flat, tree = (stored, expected) if list(stored) == [".params"] else (expected, stored)
+    if list(flat) != [".params"] or not tree:
+        return False
+    (dtype, shape), leaves = flat[".params"], tree.values()
+    return (
+        len(shape) == 3
+        and all(d == dtype and s[:2] == shape[:2] for d, s in leaves)
+        and sum(int(np.prod(s[2:])) for _, s in leaves) == shape[2]
+    )
+
+
+def params_as_stored(target, stored, source: str):
+    """`stored`, params as a file holds them (read without a target: nested dicts and lists of
+    arrays), in the structure of `target` (the params this config builds, leading axes [settings,
+    seeds]); where one side is one vector [settings, seeds, size] and the other a tree of as many
+    numbers per seed (a run trained through the fused Q-network, rl.fused_q, evaluated where its
+    kernels do not run, or the other way), `stored` as it is: the agent's policy reads either
+    (`rl.fused_q.as_tree`). ConfigError naming `source` where the sizes differ."""
+    is_array = lambda x: isinstance(x, (np.ndarray, jax.Array, jax.ShapeDtypeStruct))
+    if is_array(stored) == is_array(target):
+        return serialization.from_state_dict(target, stored)
+    per_seed = lambda tree: sum(int(np.prod(x.shape[2:])) for x in jax.tree.leaves(tree))
+    if per_seed(stored) != per_seed(target):
+        raise ConfigError(
+            f"{source}: its params hold {per_seed(stored)} numbers per seed, the network this "
+            f"config builds {per_seed(target)}: it was written with another agent.network"
         )
-    return state.params, str(checkpoints.directory / str(step))
+    return jax.tree.map(np.asarray, stored)

@@ -64,7 +64,9 @@ JAX, gymnasium vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   waiting for rollouts, env steps per second, where the actors' time went (`actor_env_wait` and
   `actor_act_wait`: their shares waiting for the envs' steps and for their acting's env actions,
   rl.sebulba_actor.Times; the rest is their host work), and with `agent.eval_envs` (the replay
-  agents' agent.eval_episodes) the greedy return of that many episodes.
+  agents' agent.eval_episodes) the greedy return of that many episodes; and what the agent's one
+  program reads off its state at the log point rather than averaging over the period
+  (`Pieces.log_point`: DQN's epsilon and gradient steps so far, SAC's alpha, TD3's gradient steps).
 """
 
 from __future__ import annotations
@@ -349,6 +351,8 @@ class Learner:
         row every process gets. An evaluation that raises on process 0 stops every process here
         (process 0 with its error, the others with a RuntimeError naming it)."""
         row = {"step": int(state.step), **period.metrics(self.processes)}
+        values = self.pieces.log_point(self.hparams, state.opt_state)  # the agent's, at this point
+        row.update({name: np.asarray(value).item() for name, value in values.items()})
         error = None
         if self.sizes.eval_envs:
             returns, lengths = [np.nan], [np.nan]

@@ -9,6 +9,7 @@ TD3's gradient steps on a replay buffer), and the sizes of a rollout and of the 
     traj = pieces.transition(obs, *record, reward, terminated, truncated, final_obs,
                              reset_step=None)                             # [T, E, ...]
     params, opt_state, stats = pieces.learn(hparams, params, opt_state, traj, key)
+    values = pieces.log_point(hparams, opt_state)                          # at a log point
 
 * PPO: a sample of the policy, recording (action, log pi(action|obs)); Box actions mapped to the
   env's bounds.
@@ -28,7 +29,8 @@ TD3's gradient steps on a replay buffer), and the sizes of a rollout and of the 
   `sac.make_gradient_step`: critics, actor, temperature, Polyak targets;
   `td3.make_gradient_step`: critics, and every `policy_delay`-th step the actor and the targets)
   phase by phase, each phase's once the env steps stored by its end reach `learning_starts`.
-  DQN's phases are its own, `gradient_steps` every `train_freq` env steps, so at each update's
+  DQN's phases are its own (`dqn.train_phase`: with the fused Q-network the gate is inside Adam's
+  step, as in its one program), `gradient_steps` every `train_freq` env steps, so at each update's
   end it has taken as many gradient steps and target syncs as its one program after as many env
   steps (not the same batches: a phase samples the buffer holding the whole rollout); SAC's and
   TD3's phase is the whole update, T x `gradient_steps`, so gradient steps per env step are
@@ -52,7 +54,10 @@ from rl.sebulba_envs import obs_dtype
 class Pieces(NamedTuple):
     """An agent's pieces of the actor-learner loop (module docstring); functions of values,
     jitted by the caller. `obs_space` is the env's observation space, `obs_dtype` the dtype the
-    network reads, `stats` the learner's statistics besides the loss ones (PQN: epsilon)."""
+    network reads. `learn`'s stats are each update's means, which a log point averages over its
+    period; `log_point` gives what a log point reads off the optimiser state at its end instead,
+    as the agent's one program logs it (DQN: epsilon after the env steps so far and the gradient
+    steps so far, `replay.log_point_values`; SAC: alpha; TD3: the gradient steps so far)."""
 
     obs_space: Any
     obs_dtype: Any
@@ -62,6 +67,7 @@ class Pieces(NamedTuple):
     transition: Callable
     learn: Callable  # (hparams, params, opt_state, traj, key) -> (params, opt_state, mean stats)
     greedy: Callable  # (params, obs) -> the env's action, for evaluation
+    log_point: Callable = lambda hparams, opt_state: {}  # -> {name: value at a log point}
 
 
 class Sizes(NamedTuple):
@@ -178,17 +184,19 @@ class ReplayAgent(NamedTuple):
     """What `replay_pieces` reads of a replay agent (DQN, SAC, TD3), from its own module:
     `init(hparams, key, obs)`, its state before any step (envs and key None); `explore(hparams,
     params, obs, key, step) -> (key, action)`, its acting actions (in [-1, 1]^|A| for a Box) after
-    `step` env steps and the actor's next key; its `gradient_step(hparams, state, key) -> (state,
-    stats)`; `greedy(params, obs)`, its deterministic actions; `log_stats(hparams, state)`, what
-    an update logs besides the gradient steps' mean stats; and its training phases: after every
+    `step` env steps and the actor's next key; `train_phase(hparams, state, started, keys, unroll)
+    -> (state, stats)`, its gradient steps of one training phase (one per key) where the traced
+    bool `started` holds (`scan_when_phase` of its gradient step, DQN's `dqn.train_phase`);
+    `greedy(params, obs)`, its deterministic actions; `log_point(hparams, state)`, what a log point
+    reads off its state (`Pieces.log_point`); and its training phases: after every
     `phase_env_steps` env steps (all envs counted) come `phase_gradient_steps` gradient steps,
     once `learning_starts` env steps are stored."""
 
     init: Callable
     explore: Callable
-    gradient_step: Callable
+    train_phase: Callable
     greedy: Callable
-    log_stats: Callable
+    log_point: Callable
     phase_env_steps: int
     phase_gradient_steps: int
 
@@ -229,25 +237,36 @@ def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
         )
         keys = jax.random.split(key, phases * per_phase)
         keys = keys.reshape(phases, per_phase, *keys.shape[1:])
-        step = partial(agent_parts.gradient_step, hparams)
         unroll = min(agent.unroll, per_phase)
 
         def phase(state, xs):
             end, phase_keys = xs
             started = end >= agent.learning_starts
-            return collection.scan_when(started, step, state, phase_keys, unroll=unroll)
+            return agent_parts.train_phase(hparams, state, started, phase_keys, unroll)
 
         state, stats = jax.lax.scan(phase, state, (phase_ends, keys))
         # NaN-skipping: TD3's actor loss reads NaN between its delayed updates; all NaN (before
         # learning_starts) stays NaN
-        stats = {**jax.tree.map(jnp.nanmean, stats), **agent_parts.log_stats(hparams, state)}
-        return state.params, state._replace(params=None), stats
+        return state.params, state._replace(params=None), jax.tree.map(jnp.nanmean, stats)
 
     def greedy(params, obs):
         return environment.to_env_action(env, env_params, agent_parts.greedy(params, obs))
 
     space = env.observation_space(env_params)
-    return Pieces(space, obs_dtype(space), init, act, transition, learn, greedy)
+    return Pieces(
+        space, obs_dtype(space), init, act, transition, learn, greedy, agent_parts.log_point
+    )
+
+
+def scan_when_phase(gradient_step: Callable) -> Callable:
+    """A `ReplayAgent.train_phase` of `gradient_step(hparams, state, key) -> (state, stats)`: its
+    steps where `started` holds, else the state unchanged and NaN stats (`collection.scan_when`)."""
+
+    def train_phase(hparams, state, started, keys, unroll):
+        step = partial(gradient_step, hparams)
+        return collection.scan_when(started, step, state, keys, unroll=unroll)
+
+    return train_phase
 
 
 def uniform_before_learning_starts(agent, action_space, explore: Callable) -> Callable:
@@ -290,9 +309,9 @@ def dqn_pieces(config) -> Pieces:
             agent, learning, hparams, key, obs, envs=None, key=None
         ),
         explore,
-        dqn.make_gradient_step(agent, learning),
+        partial(dqn.train_phase, learning, dqn.make_gradient_step(agent, learning)),
         partial(dqn.greedy_action, learning.apply),
-        lambda hparams, state: {"epsilon": replay.epsilon(agent, hparams, state.step)},
+        partial(replay.log_point_values, agent),
         phase_env_steps=agent.train_freq,
         phase_gradient_steps=agent.gradient_steps,
     )
@@ -315,9 +334,9 @@ def sac_pieces(config) -> Pieces:
             agent, learning, hparams, *jax.random.split(key), obs, envs=None, key=None
         ),
         uniform_before_learning_starts(agent, env.action_space(env_params), explore),
-        sac.make_gradient_step(agent, learning),
+        scan_when_phase(sac.make_gradient_step(agent, learning)),
         partial(sac.greedy_action, variant),
-        lambda hparams, state: {"alpha": jnp.exp(state.log_alpha)},
+        lambda hparams, state: {"alpha": jnp.exp(state.log_alpha)},  # as sac's one program
         **whole_update_phase(config),
     )
     return replay_pieces(config, env, env_params, parts)
@@ -336,9 +355,9 @@ def td3_pieces(config) -> Pieces:
             agent, learning, hparams, *jax.random.split(key), obs, envs=None, key=None
         ),
         uniform_before_learning_starts(agent, env.action_space(env_params), explore),
-        td3.make_gradient_step(agent, learning),
+        scan_when_phase(td3.make_gradient_step(agent, learning)),
         learning.actor.apply,
-        lambda hparams, state: {},
+        lambda hparams, state: {"gradient_steps": state.updates},  # as td3's one program
         **whole_update_phase(config),
     )
     return replay_pieces(config, env, env_params, parts)

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from rl import environment
 from rl.arch_config import REPLAY_AGENTS, autoreset_mode
 from rl.config_parsing import ConfigError
 from rl.programs import at_matmul_precision
@@ -118,7 +119,9 @@ def programs(config, learner_devices) -> Programs:
     setup."""
     env = repr(sorted(config.to_dict()["env"].items()))
     ids = tuple(device.id for device in learner_devices)
-    key = (config.agent, env, config.kernels, config.run.matmul_precision, ids)
+    # the kernel backend as resolved: "auto" or FUSEDRL_KERNEL_BACKEND may name another one later
+    backend = environment.kernel_backend(config)
+    key = (config.agent, env, config.kernels, backend, config.run.matmul_precision, ids)
     key += (autoreset_mode(config),)  # the rollout's columns and the gradient path depend on it
     key += (config.arch.rollout_steps,)  # a replay agent's gradient steps an update
     if key in _PROGRAMS:

@@ -191,6 +191,17 @@ def make_gradient_step(agent: Config, learning: Learning):
     return gradient_step
 
 
+def train_phase(learning: Learning, gradient_step, hparams, state, started, keys, unroll: int):
+    """A training phase: `gradient_step`s (`make_gradient_step`'s), one per key of `keys`, taken
+    where the traced bool `started` holds (`learning_starts` env steps stored), else the state
+    unchanged and their statistics NaN. `collection.scan_when`, or, fused, `collection.scan_gated`:
+    the gate inside Adam's step, no select of the params, target and Adam moments after the phase.
+    Returns (state, statistics [len(keys)])."""
+    learn = partial(gradient_step, hparams)
+    scan = collection.scan_when if learning.fused is None else collection.scan_gated
+    return scan(started, learn, state, keys, unroll=unroll)
+
+
 # ---------------------------------------------------------------- the loop
 
 
@@ -237,15 +248,9 @@ def make_trainer(config) -> Trainer:
         act_step = partial(act, hparams)
         (state, totals), _ = jax.lax.scan(act_step, carry, act_keys, unroll=loop.act_unroll)
         started = state.step >= agent.learning_starts
-        learn = partial(gradient_step, hparams)
-        if learning.fused is None:
-            state, stats = collection.scan_when(
-                started, learn, state, learn_keys, unroll=loop.learn_unroll
-            )
-        else:  # the gate inside the optimiser's step: no select of the params after the loop
-            state, stats = collection.scan_gated(
-                started, learn, state, learn_keys, unroll=loop.learn_unroll
-            )
+        state, stats = train_phase(
+            learning, gradient_step, hparams, state, started, learn_keys, loop.learn_unroll
+        )
         return (state, totals), stats
 
     # ---------------------------------------------------------------- log period

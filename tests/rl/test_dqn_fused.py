@@ -1,7 +1,8 @@
 """DQN through the fused Q-network (rl.fused_q): its acting and its gradient equal the unfused
 agent's on the same params and keys, a short run on the interpreter learns, its params are one
-flat vector that rl eval's policy reads, and a network the kernels cannot hold keeps the unfused
-path. The kernels themselves: tests/kernels/test_q_grads.py."""
+flat vector that rl eval's policy reads, rl eval reads a run's final params and checkpoints whether
+they were written through the kernels or not on either backend, and a network the kernels cannot
+hold keeps the unfused path. The kernels themselves: tests/kernels/test_q_grads.py."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 from jax.flatten_util import ravel_pytree
-from run_helpers import FUSION_EMITTERS
+from run_helpers import FUSION_EMITTERS, run_cli
 
 from rl import environment, exploration, fused_q, replay
 from rl.agents import dqn
 from rl.config import build_config, hyperparams
+from rl.evaluate import evaluate
+from rl.run_dir import FINAL_PARAMS_FILE, load_params, load_run_config
 
 pytest.importorskip("triton")
 pytest.importorskip("torch")
@@ -153,3 +157,44 @@ def test_the_reference_backend_and_unfit_networks_keep_the_unfused_path():
         ),
     )
     assert "two tanh, relu or silu hidden layers" in reason
+
+
+@pytest.mark.parametrize(
+    "trained, evaluated", [("interpret", "reference"), ("reference", "interpret")]
+)
+def test_rl_eval_reads_a_run_written_through_the_kernels_or_not_on_either_backend(
+    tmp_path, monkeypatch, capsys, trained, evaluated
+):
+    """A run trained with FUSEDRL_KERNEL_BACKEND=interpret keeps its Q-network, target and Adam
+    moments as flat vectors; the same config.yaml (kernels.backend auto) builds them as trees on
+    the reference backend (and the other way round). rl eval reads the final params, a chosen
+    checkpoint and, without final_params.msgpack, the newest checkpoint as they are stored, and
+    plays the greedy policy of the same numbers."""
+    agent = dict(SMALL, total_steps=128, log_interval=64, train_freq=64, gradient_steps=1)
+    agent.update(learning_starts=64, batch_size=8, network={"hidden": [8, 8]}, eval_episodes=0)
+    data = {
+        "env": {"id": "CartPole-v1"},
+        "agent": agent,
+        "run": {"seed": 0, "seeds": 1, "checkpoint_every": 1, "progress": False},
+    }
+    data["run"].update(output_dir=str(tmp_path), name="run")
+    path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", trained)
+    assert run_cli(["train", path]) == 0
+    config, grid = load_run_config(run_dir)
+    kept, _ = load_params(run_dir, config, grid)
+    assert isinstance(kept, np.ndarray) == (trained == "interpret")  # flat where fused
+    want, _ = evaluate(config, kept, episodes=3)
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", evaluated)
+    capsys.readouterr()
+    for args in ([], ["--checkpoint", "128"]):
+        assert run_cli(["eval", run_dir, "--episodes", "3", *args]) == 0
+    (run_dir / FINAL_PARAMS_FILE).unlink()
+    assert run_cli(["eval", run_dir, "--episodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"{want.mean():.4g} +- {want.std():.4g}") == 3, out
+    assert "final_params.msgpack" in out and out.count("checkpoints/128") == 2, out
+    for checkpoint in (None, 64):
+        params, _ = load_params(run_dir, config, grid, checkpoint)
+        assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, kept)

@@ -1,8 +1,9 @@
 """TD3 and SAC through the fused twin critics (rl.fused_critic): the critic step's gradient (and
 the actor step's) equals the unfused agent's autodiff on the same params and batch, a short run
 through the kernel (the Triton interpreter) is the unfused run up to float rounding with its
-critics kept as one flat vector, and critics the kernel cannot hold (or a backend without Triton)
-keep the unfused path. The kernel itself: tests/kernels/test_twin_q_grads.py."""
+critics kept as one flat vector, rl eval reads the checkpoints of such a run where the kernels do
+not run, and critics the kernel cannot hold (or a backend without Triton) keep the unfused path.
+The kernel itself: tests/kernels/test_twin_q_grads.py."""
 
 from __future__ import annotations
 
@@ -184,3 +185,38 @@ def test_the_reference_backend_and_unfit_critics_keep_the_unfused_path():
         env.action_space(env_params),
     )
     assert "two tanh, relu or silu hidden layers" in reason
+
+
+def test_rl_eval_reads_the_checkpoints_of_a_run_with_flat_critics_on_the_reference_backend(
+    tmp_path, monkeypatch, capsys
+):
+    """A run trained with FUSEDRL_KERNEL_BACKEND=interpret keeps its critics, their target and
+    their Adam moments as flat vectors, which the same config.yaml (kernels.backend auto) builds as
+    trees on the reference backend; rl eval there reads a chosen checkpoint and, without
+    final_params.msgpack, the newest one for their actor params (a tree either way). TD3 (SAC keeps
+    its critics in the same rl.fused_critic vector); no gradient step (learning_starts after the
+    run): the checkpoints' layout is what counts."""
+    import yaml
+    from run_helpers import run_cli
+
+    agent = dict(SMALL, name="td3", learning_starts=64, network={"hidden": [16, 8]})
+    data = {
+        "env": {"id": "Pendulum-v1"},
+        "agent": agent,
+        "run": {"seed": 0, "seeds": 1, "checkpoint_every": 1, "progress": False},
+    }
+    data["run"].update(output_dir=str(tmp_path), name="run")
+    path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "interpret")
+    assert run_cli(["train", path]) == 0
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "reference")
+    capsys.readouterr()
+    assert run_cli(["eval", run_dir, "--episodes", "1"]) == 0
+    assert run_cli(["eval", run_dir, "--episodes", "1", "--checkpoint", "32"]) == 0
+    (run_dir / "final_params.msgpack").unlink()
+    assert run_cli(["eval", run_dir, "--episodes", "1"]) == 0
+    out = capsys.readouterr().out
+    returns = [line.split(" +- ")[0] for line in out.splitlines() if " +- " in line]
+    assert len(returns) == 3 and len(set(returns)) == 1, out  # the actor never changed
+    assert "checkpoints/32" in out and "checkpoints/48" in out, out

@@ -4,8 +4,9 @@ the rollout, a learner whose update stores the rollout's transitions in its repl
 limit kept apart from a termination, s' the observation reached) and takes agent.gradient_steps for
 each agent.train_freq env steps of it once learning_starts are stored, as many gradient steps and
 target syncs as the one-program DQN after as many env steps, and `rl train` writing a run, stopping
-on Ctrl-C with a checkpoint that holds the buffer, resuming and `rl eval` playing it. The CartPole
-learning check is marked slow."""
+on Ctrl-C with a checkpoint that holds the buffer, resuming and `rl eval` playing it (also a run
+written through the fused kernels, evaluated where they do not run). The CartPole learning check is
+marked slow."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from run_helpers import REPO, interrupted_resumed_and_evaluated
+import yaml
+from run_helpers import REPO, interrupted_resumed_and_evaluated, run_cli
 from test_sebulba_replay import Slide
 
-from rl import environment, sebulba
+from rl import environment, replay, sebulba
 from rl.agents import dqn
 from rl.config import build_config, hyperparams, load_config
 from rl.config_parsing import ConfigError
@@ -165,14 +167,64 @@ def test_gradient_steps_and_target_syncs_follow_the_one_program_dqn_at_every_upd
     np.testing.assert_array_equal(metrics["gradient_steps"], counts)
 
 
+def _equations(jaxpr):
+    """Every equation of `jaxpr` and of the jaxprs inside it (scan bodies, branches)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    yield from _equations(sub)
+
+
+def test_the_fused_learner_gates_its_gradient_steps_inside_adams_step_as_the_one_program():
+    """With the fused Q-network (the interpreter), an update's training phases take their gradient
+    steps through `dqn.train_phase` as the one-program DQN does (`collection.scan_gated`): the gate
+    is inside Adam's step, so the update has no branch (`lax.cond`, scan_when's form on the CPU)
+    and no select of the flat params, target or Adam moments (its branchless form elsewhere)."""
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    cfg = config(kernels={"backend": "interpret"})
+    pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
+    obs = jnp.zeros((16, 2, 2), jnp.float32)  # a rollout [T, E, obs]
+    params, state = pieces.init(jax.random.PRNGKey(0), hparams, obs[0, 0])
+    assert params.ndim == 1  # one flat vector: fused
+    flag = jnp.zeros((16, 2), bool)
+    traj = pieces.transition(obs, flag.astype(jnp.int32), flag.astype(jnp.float32), flag, flag, obs)
+    jaxpr = jax.make_jaxpr(pieces.learn)(hparams, params, state, traj, jax.random.PRNGKey(1))
+    names = [eqn.primitive.name for eqn in _equations(jaxpr.jaxpr)]
+    assert "scan" in names and "cond" not in names
+    selects = [
+        eqn
+        for eqn in _equations(jaxpr.jaxpr)
+        if eqn.primitive.name == "select_n" and eqn.outvars[0].aval.shape == params.shape
+    ]
+    assert not selects
+
+
 def test_a_run_logs_dqns_losses_epsilon_and_the_lag_within_max_lag():
-    learner = sebulba.Learner(config(arch={"actor_threads": 2, "max_lag": 1}))
+    """The losses are means over the log period; epsilon and the gradient steps so far are their
+    values at the log point, as the one-program DQN logs them (epsilon of the env steps so far:
+    1 - 0.96 step / 128, then 0.04)."""
+    cfg = config(arch={"actor_threads": 2, "max_lag": 1})
+    learner = sebulba.Learner(cfg)
     _, rows = learner.run(learner.init())
     assert [row["step"] for row in rows] == [64, 128, 192, 256]
     for row in rows:  # the first period's means skip its first update, before learning_starts
         for name in ("loss", "q_mean", "epsilon", "eval_return"):
             assert np.isfinite(row[name]), (name, row)
+    hparams = hyperparams(cfg.agent)
+    for row in rows:
+        want = replay.epsilon(cfg.agent, hparams, jnp.int32(row["step"]))
+        assert row["epsilon"] == pytest.approx(float(want), rel=1e-6), row
+    assert rows[0]["epsilon"] == pytest.approx(0.52)  # 1 - 0.96 * 64 / 128
     assert rows[-1]["epsilon"] == pytest.approx(0.04)  # decayed over 128 steps
+    one_program = build_config({"env": {"id": "CartPole-v1"}, "agent": SMALL})
+    _, metrics = jax.jit(dqn.make_train(one_program))(jax.random.PRNGKey(0))
+    logged = [row["gradient_steps"] for row in rows]
+    np.testing.assert_array_equal(logged, metrics["gradient_steps"])
+    np.testing.assert_allclose([row["epsilon"] for row in rows], metrics["epsilon"], rtol=1e-6)
     assert max(row["param_lag_max"] for row in rows) <= 1
     returns = [row["episode_return"] for row in rows if row["episodes"]]
     assert returns and all(-5.0 <= r <= 0.0 for r in returns)  # 3 or 5 steps of reward 0 or -1
@@ -188,6 +240,31 @@ def test_rl_train_stops_on_ctrl_c_with_the_buffer_checkpointed_and_resumes(tmp_p
     assert [row["step"] for row in rows] == [64 * (i + 1) for i in range(8)]
     assert all(np.isfinite(row["loss"]) for row in rows[1:])
     assert setting["episodes"] == 2 and -5.0 <= setting["mean"] <= 0.0
+
+
+def test_rl_eval_reads_a_run_written_through_the_kernels_on_the_reference_backend(
+    tmp_path, monkeypatch, capsys
+):
+    """Trained with FUSEDRL_KERNEL_BACKEND=interpret, the learner keeps the Q-network as one flat
+    vector (rl.fused_q), in its final params and checkpoints; rl eval on the reference backend,
+    whose learner builds a tree, reads them as stored (rl.run_dir.load_params) and plays the same
+    greedy policy from both."""
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    data = config(agent={"total_steps": 64, "log_interval": 32}).to_dict()
+    data["run"].update(output_dir=str(tmp_path), name="run", progress=False, checkpoint_every=1)
+    path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "interpret")
+    assert run_cli(["train", path]) == 0
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "reference")
+    capsys.readouterr()
+    assert run_cli(["eval", run_dir, "--episodes", "2"]) == 0
+    assert run_cli(["eval", run_dir, "--episodes", "2", "--checkpoint", "64"]) == 0
+    out = capsys.readouterr().out
+    returns = [line.split(" +- ")[0] for line in out.splitlines() if " +- " in line]
+    assert len(returns) == 2 and returns[0] == returns[1], out
+    assert "final_params.msgpack" in out and "checkpoints/64" in out, out
 
 
 @pytest.mark.slow

@@ -206,8 +206,11 @@ def test_an_update_stores_the_rollout_and_takes_t_times_gradient_steps_once_lear
 
 
 def test_a_run_logs_sacs_losses_and_the_lag_within_max_lag():
+    """The losses are means over the log period; alpha is its value at the log point, as the
+    one-program SAC logs it."""
     learner = sebulba.Learner(config(arch={"max_lag": 1}))
-    _, rows = learner.run(learner.init())
+    state, rows = learner.run(learner.init())
+    assert rows[-1]["alpha"] == pytest.approx(float(np.exp(state.opt_state.log_alpha)), rel=1e-6)
     assert [row["step"] for row in rows] == [64, 128, 192, 256]
     for row in rows:  # the first period's means skip its first update, before learning_starts
         for name in ("critic_loss", "actor_loss", "q_mean", "entropy", "alpha", "eval_return"):
@@ -247,9 +250,14 @@ def test_td3_updates_its_actor_and_targets_every_policy_delay_critic_steps():
 
 
 def test_a_td3_run_logs_its_losses():
+    """The losses are means over the log period; the gradient steps so far are their count at the
+    log point, as the one-program TD3 logs them: 32 an update of 16 env steps once 32 are stored
+    (learning_starts), so 3 x 32 at step 64."""
     learner = sebulba.Learner(td3_config())
-    _, rows = learner.run(learner.init())
+    state, rows = learner.run(learner.init())
     assert [row["step"] for row in rows] == [64, 128, 192, 256]
+    assert [row["gradient_steps"] for row in rows] == [96, 224, 352, 480]
+    assert rows[-1]["gradient_steps"] == int(state.opt_state.updates)
     for row in rows:
         for name in ("critic_loss", "actor_loss", "q_mean", "eval_return"):
             assert np.isfinite(row[name]), (name, row)
