@@ -116,12 +116,19 @@ NEURAL = {
 
 
 def write_config(folder: Path, data: dict | None = None, **run) -> Path:
+    """`folder / "config.yaml"` holding `data` (default TINY) with `run` set in its run section
+    (output_dir `folder / "runs"` unless given)."""
     data = json.loads(json.dumps(data or TINY))
     data["run"].update(run)
     data["run"].setdefault("output_dir", str(folder / "runs"))
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def run_here(folder: Path) -> dict:
+    """`write_config`'s run keys for a run directory `folder / "run"`."""
+    return {"output_dir": str(folder), "name": "run"}
 
 
 def run_cli(args: list[str], capsys=None) -> int:

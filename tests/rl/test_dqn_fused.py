@@ -10,9 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import yaml
 from jax.flatten_util import ravel_pytree
-from run_helpers import FUSION_EMITTERS, run_cli
+from run_helpers import FUSION_EMITTERS, run_cli, run_here, write_config
 
 from rl import environment, exploration, fused_q, replay
 from rl.agents import dqn
@@ -172,14 +171,9 @@ def test_rl_eval_reads_a_run_written_through_the_kernels_or_not_on_either_backen
     plays the greedy policy of the same numbers."""
     agent = dict(SMALL, total_steps=128, log_interval=64, train_freq=64, gradient_steps=1)
     agent.update(learning_starts=64, batch_size=8, network={"hidden": [8, 8]}, eval_episodes=0)
-    data = {
-        "env": {"id": "CartPole-v1"},
-        "agent": agent,
-        "run": {"seed": 0, "seeds": 1, "checkpoint_every": 1, "progress": False},
-    }
-    data["run"].update(output_dir=str(tmp_path), name="run")
-    path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
-    path.write_text(yaml.safe_dump(data))
+    data = {"env": {"id": "CartPole-v1"}, "agent": agent, "run": {"seed": 0, "seeds": 1}}
+    path = write_config(tmp_path, data, checkpoint_every=1, progress=False, **run_here(tmp_path))
+    run_dir = tmp_path / "run"
     monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", trained)
     assert run_cli(["train", path]) == 0
     config, grid = load_run_config(run_dir)

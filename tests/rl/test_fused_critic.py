@@ -196,18 +196,12 @@ def test_rl_eval_reads_the_checkpoints_of_a_run_with_flat_critics_on_the_referen
     final_params.msgpack, the newest one for their actor params (a tree either way). TD3 (SAC keeps
     its critics in the same rl.fused_critic vector); no gradient step (learning_starts after the
     run): the checkpoints' layout is what counts."""
-    import yaml
-    from run_helpers import run_cli
+    from run_helpers import run_cli, run_here, write_config
 
     agent = dict(SMALL, name="td3", learning_starts=64, network={"hidden": [16, 8]})
-    data = {
-        "env": {"id": "Pendulum-v1"},
-        "agent": agent,
-        "run": {"seed": 0, "seeds": 1, "checkpoint_every": 1, "progress": False},
-    }
-    data["run"].update(output_dir=str(tmp_path), name="run")
-    path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
-    path.write_text(yaml.safe_dump(data))
+    data = {"env": {"id": "Pendulum-v1"}, "agent": agent, "run": {"seed": 0, "seeds": 1}}
+    path = write_config(tmp_path, data, checkpoint_every=1, progress=False, **run_here(tmp_path))
+    run_dir = tmp_path / "run"
     monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "interpret")
     assert run_cli(["train", path]) == 0
     monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "reference")

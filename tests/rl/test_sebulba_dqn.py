@@ -15,8 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import yaml
-from run_helpers import REPO, interrupted_resumed_and_evaluated, run_cli
+from run_helpers import (
+    REPO,
+    interrupted_resumed_and_evaluated,
+    run_cli,
+    run_here,
+    write_config,
+)
 from test_sebulba_replay import Slide
 
 from rl import environment, replay, sebulba
@@ -252,9 +257,8 @@ def test_rl_eval_reads_a_run_written_through_the_kernels_on_the_reference_backen
     pytest.importorskip("triton")
     pytest.importorskip("torch")
     data = config(agent={"total_steps": 64, "log_interval": 32}).to_dict()
-    data["run"].update(output_dir=str(tmp_path), name="run", progress=False, checkpoint_every=1)
-    path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
-    path.write_text(yaml.safe_dump(data))
+    path = write_config(tmp_path, data, checkpoint_every=1, progress=False, **run_here(tmp_path))
+    run_dir = tmp_path / "run"
     monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "interpret")
     assert run_cli(["train", path]) == 0
     monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "reference")
