@@ -257,7 +257,7 @@ class Checkpoints:
         if problem is not None:
             raise CheckpointMismatchError(f"checkpoint {folder}: {problem}")
         if abstract_state is None:
-            first = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            first = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
             items = {"state": ocp.args.StandardRestore(fallback_sharding=first)}
         else:
             storage = abstract_for_storage(abstract_state)
@@ -300,9 +300,14 @@ class Checkpoints:
             "left as it is"
         )
 
-    def restore_latest(self, abstract_state, with_history: bool = True, warn=None, check_meta=None):
+    def restore_latest(
+        self, abstract_state, with_history: bool = True, warn=None, check_meta=None, target_of=None
+    ):
         """(step, state, history, meta) of the newest checkpoint that reads back correctly, or None
-        if there is none. A damaged checkpoint (`CheckpointDamagedError`, which covers what orbax
+        if there is none; `target_of(step)`, where given, is what to read checkpoint `step` into
+        (`restore`'s `abstract_state`, None: as stored) in place of `abstract_state`.
+
+        A damaged checkpoint (`CheckpointDamagedError`, which covers what orbax
         cannot read of one without a manifest) is reported through `warn` in one line and skipped
         (moved to `damaged_checkpoints/` by process 0 unless read-only); if every checkpoint was
         damaged, `warn` says the run starts over. A mismatch (`CheckpointMismatchError`) is not
@@ -311,7 +316,8 @@ class Checkpoints:
         steps = self.steps()
         for step in reversed(steps):
             try:
-                return (step, *self.restore(step, abstract_state, with_history, check_meta))
+                target = abstract_state if target_of is None else target_of(step)
+                return (step, *self.restore(step, target, with_history, check_meta))
             except CheckpointDamagedError as err:  # set it aside, fall back to an older one
                 moved = ""
                 if not self.read_only and jax.process_index() == 0:

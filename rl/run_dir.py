@@ -266,20 +266,24 @@ def load_params(
             f"{', '.join(map(str, steps)) or 'none'}"
         )
     check = config_check(config, grid)
-    as_stored = bool(steps) and params_only(
-        checkpoints, steps[-1] if checkpoint is None else checkpoint, abstract_state
+    # each checkpoint read into what it holds: a fallback past a damaged newest one decides anew
+    target_of = lambda step: (
+        None if params_only(checkpoints, step, abstract_state) else abstract_state
     )
-    target = None if as_stored else abstract_state
     if checkpoint is None:
-        restored = checkpoints.restore_latest(target, with_history=False, check_meta=check)
+        restored = checkpoints.restore_latest(
+            abstract_state, with_history=False, check_meta=check, target_of=target_of
+        )
         if restored is None:
             raise ConfigError(f"{str(run_dir)!r} has neither final_params.msgpack nor a checkpoint")
         step, state, _, _ = restored
     else:
         step = checkpoint
-        state, _, _ = checkpoints.restore(step, target, with_history=False, check_meta=check)
+        state, _, _ = checkpoints.restore(
+            step, target_of(step), with_history=False, check_meta=check
+        )
     source = str(checkpoints.directory / str(step))
-    if as_stored:
+    if target_of(step) is None:  # it was read as stored
         return params_as_stored(abstract_state.params, state["params"], source), source
     return state.params, source
 
@@ -315,6 +319,8 @@ def _params_fit(stored: dict, expected: dict) -> bool:
     """Whether params of these leaves ({path: (dtype, shape)}) hold the same numbers: the same
     leaves, or, on one side, one vector [settings, seeds, size] (a fused network's, rl.fused_q)
     of the dtype and per-seed size of the other side's leaves."""
+    if not stored or not expected:  # a state without params: nothing to read as stored
+        return False
     if stored == expected:
         return True
     flat, tree = (stored, expected) if list(stored) == [".params"] else (expected, stored)
@@ -334,14 +340,33 @@ def params_as_stored(target, stored, source: str):
     seeds]); where one side is one vector [settings, seeds, size] and the other a tree of as many
     numbers per seed (a run trained through the fused Q-network, rl.fused_q, evaluated where its
     kernels do not run, or the other way), `stored` as it is: the agent's policy reads either
-    (`rl.fused_q.as_tree`). ConfigError naming `source` where the sizes differ."""
+    (`rl.fused_q.as_tree`). ConfigError naming `source` where the shapes (both trees or both
+    vectors) or the numbers per seed differ."""
     is_array = lambda x: isinstance(x, (np.ndarray, jax.Array, jax.ShapeDtypeStruct))
     if is_array(stored) == is_array(target):
+        stored_shapes, built_shapes = _leaf_shapes(stored), _leaf_shapes(target)
+        if stored_shapes != built_shapes:
+            differ = sorted(set(stored_shapes.items()) ^ set(built_shapes.items()))[0][0]
+            where = differ or "the params"
+            stored_shape = stored_shapes.get(differ, "absent")
+            built_shape = built_shapes.get(differ, "absent")
+            raise ConfigError(
+                f"{source}: its params differ from the ones this config builds at {where} "
+                f"({stored_shape} stored, {built_shape} built): was the run's agent.network or "
+                "env changed in config.yaml?"
+            )
         return serialization.from_state_dict(target, stored)
     per_seed = lambda tree: sum(int(np.prod(x.shape[2:])) for x in jax.tree.leaves(tree))
     if per_seed(stored) != per_seed(target):
         raise ConfigError(
             f"{source}: its params hold {per_seed(stored)} numbers per seed, the network this "
-            f"config builds {per_seed(target)}: it was written with another agent.network"
+            f"config builds {per_seed(target)}: was the run's agent.network or env changed in "
+            "config.yaml?"
         )
     return jax.tree.map(np.asarray, stored)
+
+
+def _leaf_shapes(params) -> dict[str, tuple[int, ...]]:
+    """{leaf path: shape} of a params tree, or of one array (path "")."""
+    leaves = jax.tree_util.tree_flatten_with_path(serialization.to_state_dict(params))[0]
+    return {jax.tree_util.keystr(path): tuple(np.shape(leaf)) for path, leaf in leaves}

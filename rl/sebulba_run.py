@@ -163,8 +163,7 @@ class _Run:
         (which, with several processes, first learns whether any of them failed: `save`)."""
         failure = None
         try:
-            for name, value in row.items():
-                self.history.setdefault(name, []).append(value)
+            append_log_point(self.history, row)
             if self.logger is not None:
                 self.logger.flush()
         except BaseException as error:  # a full disk, a second Ctrl-C
@@ -226,3 +225,13 @@ class _Run:
         if self.main:
             write_final(self.run_dir, batched(local_copy(state.params)), summary)
         return summary
+
+
+def append_log_point(history: dict[str, list], row: dict) -> None:
+    """Adds a log point's `row` {name: value} to `history` {name: [value per log point]}. A name
+    the earlier log points lack (a metric the agent logs since a newer version, in a run resumed
+    from an older checkpoint) starts with NaN for each of them, so every list keeps one entry per
+    log point, as a checkpoint's history must."""
+    points = len(history.get("step", ()))
+    for name, value in row.items():
+        history.setdefault(name, [np.nan] * points).append(value)

@@ -4,9 +4,11 @@ episodes, agrees with the greedy evaluation done during training; a GIF of one e
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
+import yaml
 from run_helpers import run_cli, trained_run
 
 import envs
@@ -87,6 +89,22 @@ def test_eval_bad_input_is_one_line_exit_2(tmp_path_factory, capsys, args, messa
     assert run_cli(["eval", run_dir, *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rl: error:") and message in err and err.count("\n") == 1
+
+
+def test_eval_of_params_the_config_no_longer_builds_is_one_error(
+    tmp_path_factory, tmp_path, capsys
+):
+    """config.yaml edited after the run (a larger grid: another Q-table): one line naming the file
+    and where the params differ, exit 2."""
+    run_dir = shutil.copytree(trained_run(tmp_path_factory), tmp_path / "run")
+    data = yaml.safe_load((run_dir / "config.yaml").read_text())
+    data["env"]["params"]["size"] = 6
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    assert run_cli(["eval", run_dir]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rl: error:") and err.count("\n") == 1, err
+    assert "final_params.msgpack: its params differ" in err and "config.yaml?" in err, err
 
 
 def test_eval_of_a_missing_run_dir(tmp_path, capsys):

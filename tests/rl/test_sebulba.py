@@ -27,6 +27,7 @@ from rl.config import build_config, hyperparams, load_config
 from rl.config_parsing import ConfigError
 from rl.sebulba_agents import make_pieces
 from rl.sebulba_exchange import Exchange, StallError, Stopped
+from rl.sebulba_run import append_log_point
 
 # ---------------------------------------------------------------- a toy gymnasium env
 
@@ -430,3 +431,12 @@ def test_a_learner_split_over_two_devices_learns_what_one_device_learns():
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["devices"] == 2 and result["placed"] == [[True, 2]]  # replicated on both
     assert result["max_difference"] < 1e-5
+
+
+def test_a_metric_new_since_a_resumed_checkpoint_starts_with_nan_for_the_earlier_log_points():
+    """A run resumed from a checkpoint written before its agent logged a metric: the history keeps
+    one entry per log point (what the next checkpoint's check reads), NaN before the metric."""
+    history = {"step": [64, 128], "loss": [1.0, 2.0]}
+    append_log_point(history, {"step": 192, "loss": 3.0, "gradient_steps": 5})
+    assert history["step"] == [64, 128, 192] and history["loss"] == [1.0, 2.0, 3.0]
+    assert np.isnan(history["gradient_steps"][:2]).all() and history["gradient_steps"][2] == 5

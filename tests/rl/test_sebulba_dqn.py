@@ -269,6 +269,12 @@ def test_rl_eval_reads_a_run_written_through_the_kernels_on_the_reference_backen
     returns = [line.split(" +- ")[0] for line in out.splitlines() if " +- " in line]
     assert len(returns) == 2 and returns[0] == returns[1], out
     assert "final_params.msgpack" in out and "checkpoints/64" in out, out
+    # the newest checkpoint damaged and no final params: the older one, read as it is stored
+    (run_dir / "final_params.msgpack").unlink()
+    (run_dir / "checkpoints" / "64" / "meta" / "metadata").write_text("garbage")
+    assert run_cli(["eval", run_dir, "--episodes", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "checkpoints/32" in captured.out and "damaged" in captured.err, captured
 
 
 @pytest.mark.slow
