@@ -131,6 +131,21 @@ def run_here(folder: Path) -> dict:
     return {"output_dir": str(folder), "name": "run"}
 
 
+def trained_on(tmp_path: Path, monkeypatch, data: dict, backend: str, then: str) -> Path:
+    """The run directory of `data` trained (a checkpoint every log point) in `tmp_path / "run"`
+    with FUSEDRL_KERNEL_BACKEND=`backend`, which is `then` afterwards (for the evaluation)."""
+    path = write_config(tmp_path, data, checkpoint_every=1, progress=False, **run_here(tmp_path))
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", backend)
+    assert run_cli(["train", path]) == 0
+    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", then)
+    return tmp_path / "run"
+
+
+def printed_returns(out: str) -> list[str]:
+    """The mean returns `rl eval` printed, one per setting and call, as printed."""
+    return [line.split(" +- ")[0] for line in out.splitlines() if " +- " in line]
+
+
 def run_cli(args: list[str], capsys=None) -> int:
     """`rl ARGS` in this process (the interface `rl.cli.main` keeps for tests)."""
     from rl.cli import main

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
-from run_helpers import FUSION_EMITTERS, run_cli, run_here, write_config
+from run_helpers import FUSION_EMITTERS, run_cli, trained_on
 
 from rl import environment, exploration, fused_q, replay
 from rl.agents import dqn
@@ -172,10 +172,7 @@ def test_rl_eval_reads_a_run_written_through_the_kernels_or_not_on_either_backen
     agent = dict(SMALL, total_steps=128, log_interval=64, train_freq=64, gradient_steps=1)
     agent.update(learning_starts=64, batch_size=8, network={"hidden": [8, 8]}, eval_episodes=0)
     data = {"env": {"id": "CartPole-v1"}, "agent": agent, "run": {"seed": 0, "seeds": 1}}
-    path = write_config(tmp_path, data, checkpoint_every=1, progress=False, **run_here(tmp_path))
-    run_dir = tmp_path / "run"
-    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", trained)
-    assert run_cli(["train", path]) == 0
+    run_dir = trained_on(tmp_path, monkeypatch, data, trained, then=trained)
     config, grid = load_run_config(run_dir)
     kept, _ = load_params(run_dir, config, grid)
     assert isinstance(kept, np.ndarray) == (trained == "interpret")  # flat where fused

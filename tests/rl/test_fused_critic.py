@@ -196,21 +196,17 @@ def test_rl_eval_reads_the_checkpoints_of_a_run_with_flat_critics_on_the_referen
     final_params.msgpack, the newest one for their actor params (a tree either way). TD3 (SAC keeps
     its critics in the same rl.fused_critic vector); no gradient step (learning_starts after the
     run): the checkpoints' layout is what counts."""
-    from run_helpers import run_cli, run_here, write_config
+    from run_helpers import printed_returns, run_cli, trained_on
 
     agent = dict(SMALL, name="td3", learning_starts=64, network={"hidden": [16, 8]})
     data = {"env": {"id": "Pendulum-v1"}, "agent": agent, "run": {"seed": 0, "seeds": 1}}
-    path = write_config(tmp_path, data, checkpoint_every=1, progress=False, **run_here(tmp_path))
-    run_dir = tmp_path / "run"
-    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "interpret")
-    assert run_cli(["train", path]) == 0
-    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "reference")
+    run_dir = trained_on(tmp_path, monkeypatch, data, "interpret", then="reference")
     capsys.readouterr()
     assert run_cli(["eval", run_dir, "--episodes", "1"]) == 0
     assert run_cli(["eval", run_dir, "--episodes", "1", "--checkpoint", "32"]) == 0
     (run_dir / "final_params.msgpack").unlink()
     assert run_cli(["eval", run_dir, "--episodes", "1"]) == 0
     out = capsys.readouterr().out
-    returns = [line.split(" +- ")[0] for line in out.splitlines() if " +- " in line]
+    returns = printed_returns(out)
     assert len(returns) == 3 and len(set(returns)) == 1, out  # the actor never changed
     assert "checkpoints/32" in out and "checkpoints/48" in out, out

@@ -18,9 +18,9 @@ import pytest
 from run_helpers import (
     REPO,
     interrupted_resumed_and_evaluated,
+    printed_returns,
     run_cli,
-    run_here,
-    write_config,
+    trained_on,
 )
 from test_sebulba_replay import Slide
 
@@ -257,16 +257,12 @@ def test_rl_eval_reads_a_run_written_through_the_kernels_on_the_reference_backen
     pytest.importorskip("triton")
     pytest.importorskip("torch")
     data = config(agent={"total_steps": 64, "log_interval": 32}).to_dict()
-    path = write_config(tmp_path, data, checkpoint_every=1, progress=False, **run_here(tmp_path))
-    run_dir = tmp_path / "run"
-    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "interpret")
-    assert run_cli(["train", path]) == 0
-    monkeypatch.setenv("FUSEDRL_KERNEL_BACKEND", "reference")
+    run_dir = trained_on(tmp_path, monkeypatch, data, "interpret", then="reference")
     capsys.readouterr()
     assert run_cli(["eval", run_dir, "--episodes", "2"]) == 0
     assert run_cli(["eval", run_dir, "--episodes", "2", "--checkpoint", "64"]) == 0
     out = capsys.readouterr().out
-    returns = [line.split(" +- ")[0] for line in out.splitlines() if " +- " in line]
+    returns = printed_returns(out)
     assert len(returns) == 2 and returns[0] == returns[1], out
     assert "final_params.msgpack" in out and "checkpoints/64" in out, out
     # the newest checkpoint damaged and no final params: the older one, read as it is stored
