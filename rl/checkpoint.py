@@ -211,6 +211,13 @@ class Checkpoints:
         except BaseException as err:  # re-raised by wait() in the caller's thread
             self._write_failure = _write_error(err, self.directory / str(step))
 
+    def written_within(self, seconds: float) -> bool:
+        """Whether the checkpoint being written (if any) is done within `seconds`."""
+        if self._finishing is not None:
+            self._finishing.join(seconds)
+            return not self._finishing.is_alive()
+        return True
+
     def wait(self) -> None:
         """Block until the checkpoint being written is finalised and its manifest recorded. A
         failed write raises OSError naming the checkpoint (the disk's error where orbax reports

@@ -152,17 +152,25 @@ def summary_lines(summary: dict) -> list[str]:
         if rate is not None
         else "no env steps trained in this process"
     )
-    lines = [
-        f"compile {summary['compile_seconds']:.2f} s, train {summary['train_seconds']:.2f} s, "
-        f"{speed}"
-    ]
+    compiled = (
+        "programs loaded from the compilation cache"
+        if summary.get("programs_from_cache")
+        else "compile"
+    )
+    times = f"{compiled} {summary['compile_seconds']:.2f} s, train {summary['train_seconds']:.2f} s"
+    if summary.get("process_seconds") is not None and summary.get("startup_seconds") is not None:
+        times = (
+            f"process {summary['process_seconds']:.2f} s: start-up "
+            f"{summary['startup_seconds']:.2f} s, {times}"
+        )
+    lines = [f"{times}, {speed}"]
     metric = summary["metric"]
     label = METRIC_LABELS.get(metric, "")
     lines.append(f"final {metric}{label} ({summary['metric_description']}):")
     for row in summary["settings"]:
         finished = sum(v is not None for v in row["per_seed"])
         seeds = (
-            f"{row['seeds']} seeds"
+            f"{row['seeds']} seed{'s' if row['seeds'] != 1 else ''}"
             if finished == row["seeds"]
             else f"{finished} of {row['seeds']} seeds have a value"
         )

@@ -1,6 +1,8 @@
-"""Log points: a run is `num_log_points` log periods, each of whose metrics reach the host sinks
-(`rl.logging.emit`) as it ends; an on-policy log period is a scan over updates; a log point's
-metrics are the env steps, the episodes that ended and the mean of each update statistic."""
+"""Log points: a run is `num_log_points` log periods, each ending in a log point's metrics; an
+on-policy log period is a scan over updates; a log point's metrics are the env steps, the episodes
+that ended and the mean of each update statistic. The programs hold no host callback (so JAX's
+persistent compilation cache can keep them): the runner (rl.train) calls one log point at a time
+and sends its metrics to the host sinks (`rl.logging.publish`)."""
 
 from __future__ import annotations
 
@@ -10,17 +12,17 @@ import jax
 import jax.numpy as jnp
 
 from rl.episodes import EpisodeTotals, episode_metrics, no_episodes
-from rl.logging import emit
 
 
 def scan_log_points(log_period: Callable, state, num_log_points: int):
-    """`lax.scan` of `log_period(state) -> (state, metrics)` over `num_log_points` log points, each
-    log point's metrics sent to the host sinks (`rl.logging.emit`). Returns (state, stacked
-    metrics)."""
+    """`lax.scan` of `log_period(state) -> (state, metrics)` over `num_log_points` log points
+    (`metrics` must hold "step"). Returns (state, metrics stacked over the log points)."""
 
     def body(state, _):
         state, metrics = log_period(state)
-        return state, emit(metrics)
+        if "step" not in metrics:
+            raise ValueError(f"log point metrics must include 'step', got {sorted(metrics)}")
+        return state, {name: jnp.asarray(value) for name, value in metrics.items()}
 
     return jax.lax.scan(body, state, None, length=num_log_points)
 

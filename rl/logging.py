@@ -1,13 +1,9 @@
-"""Streaming log points from inside compiled training loops to the host.
+"""Log points on the host: the sinks that receive them (the run's files, the progress bar,
+Weights & Biases) and what feeds them.
 
-Agents call `emit(metrics)` once per log point inside their `lax.scan` (host loops, such as the
-actor-learner path's learner, call `publish`). The call reaches the host
-through `jax.pure_callback` with `vmap_method="broadcast_all"`, so under `vmap` (seeds, sweep
-settings) it is ONE host call per log point carrying the whole batch, not one call per seed. On the
-host every registered sink receives `{name: np.ndarray}` whose leading axes are the vmapped axes.
-
-`emit` returns the metrics with "step" routed through the host call; return those metrics from the
-scan (as every agent does): the data dependency keeps XLA from dropping the callback.
+The host loops (rl.train's, the actor-learner path's) call `publish(metrics)` once per log point
+with the metrics of every training instance; every sink registered with `sink(fn)` receives
+`{name: np.ndarray}` whose leading axes are the run's batch axes ([settings, seeds], or [seeds]).
 """
 
 from __future__ import annotations
@@ -18,33 +14,14 @@ import time
 from contextlib import contextmanager
 from typing import Callable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 _SINKS: list[Callable[[dict], None]] = []
 _LOCK = threading.Lock()
 
 
-def emit(metrics: dict) -> dict:
-    """Send one log point (a dict of scalars per training instance, must include "step") to the host
-    sinks; returns `metrics` with its "step" now depending on the host call."""
-    if "step" not in metrics:
-        raise ValueError(f"emit: metrics must include 'step', got keys {sorted(metrics)}")
-    metrics = {k: jnp.asarray(v) for k, v in metrics.items()}
-
-    def deliver(values):
-        publish(values)
-        return np.asarray(values["step"])
-
-    step_spec = jax.ShapeDtypeStruct(metrics["step"].shape, metrics["step"].dtype)
-    step = jax.pure_callback(deliver, step_spec, metrics, vmap_method="broadcast_all")
-    return {**metrics, "step": step}
-
-
 def publish(values: dict) -> None:
-    """Send one log point computed on the host (`{name: array}`, e.g. by the actor-learner loop of
-    rl.sebulba) to every registered sink, as `emit` does from inside a compiled program."""
+    """Send one log point (`{name: array}`, "step" among them) to every registered sink."""
     values = {k: np.asarray(v) for k, v in values.items()}
     with _LOCK:
         sinks = list(_SINKS)

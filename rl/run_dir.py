@@ -120,6 +120,7 @@ RESUMABLE_KEYS = (
     "run.checkpoint_every",
     "run.keep_checkpoints",
     "run.wandb",
+    "run.compilation_cache",
 )
 
 

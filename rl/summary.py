@@ -9,6 +9,7 @@ last log point where it is finite.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -60,6 +61,19 @@ def setting_label(setting: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in setting.items())
 
 
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux: /proc/self/stat and /proc/uptime), or None where
+    that cannot be read."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            # the fields after the command name (which may hold spaces) in parentheses
+            fields = stat.read().rsplit(")", 1)[1].split()
+            started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+            return float(uptime.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def summarise(
     config: Config,
     grid: list[dict],
@@ -67,9 +81,14 @@ def summarise(
     compile_seconds: float,
     train_seconds: float,
     steps_trained: int | None = None,
+    programs_from_cache: bool = False,
+    process_start: float | None = None,
 ) -> dict:
     """The run's summary (summary.json): per setting, the final value of `metric` (see
-    SUMMARY_METRICS) across seeds, with its spread and per-seed values.
+    SUMMARY_METRICS) across seeds, with its spread and per-seed values, and the times: the
+    process's so far (`process_seconds`, from `process_start`, its age when the run began to
+    compile), of the compile (or of loading the programs from the compilation cache, when
+    `programs_from_cache`) and of training.
 
     `steps_trained`: env steps per seed trained in this process (default: the whole run); when it
     is 0 (a resumed run that was already complete) the speed is None."""
@@ -91,7 +110,10 @@ def summarise(
         "env": config.env.id,
         "metric": metric,
         "metric_description": SUMMARY_METRICS[metric],
+        "process_seconds": process_seconds(),
+        "startup_seconds": process_start,
         "compile_seconds": compile_seconds,
+        "programs_from_cache": programs_from_cache,
         "train_seconds": train_seconds,
         "env_steps_trained": int(steps),
         "env_steps_per_second": total_steps / train_seconds

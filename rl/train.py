@@ -7,17 +7,23 @@ and write the run directory.
     final_state, metrics = train_many(config)       # leading axes: [settings, seeds, ...]
 
 `run_training` (what `rl train` runs) compiles the agent's Trainer as two programs, `init` and
-`run` over a chunk of `run.checkpoint_every` log points (rl.programs), and loops over chunks on the
-host: after each chunk it checks that the metrics and params are finite (rl.divergence), flushes
-the logs and saves a checkpoint (rl.checkpoint). Chunked runs equal one long run exactly (the
-Trainer contract), so a run resumed from a checkpoint ends with the same params as one that was
-never stopped. What it writes, and where, is rl.run_dir's.
+one log point of `run` (rl.programs), through JAX's persistent compilation cache
+(rl.compile_cache: a second run of the same config loads them instead of compiling), and calls
+the log point's program once per log point from the host: each call returns its metrics, which go
+to the logs and the progress bar, and the next call is queued before they are read, so the device
+does not wait for the host. Every `run.checkpoint_every` log points it checks that the metrics and
+params are finite (rl.divergence) and saves a checkpoint (rl.checkpoint). The training program is
+the same for every log point of every run of a config, whatever its total_steps, log_interval and
+checkpoint_every, so a run compiles it once. Chunked runs equal one long run exactly (the Trainer
+contract), so a run resumed from a checkpoint ends with the same params as one that was never
+stopped. What it writes, and where, is rl.run_dir's.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
@@ -26,12 +32,13 @@ import jax
 import numpy as np
 
 from rl.checkpoint import Checkpoints
+from rl.compile_cache import compilation_cache
 from rl.config import Config
 from rl.config_parsing import ConfigError
 from rl.distributed import is_main_process, to_host
 from rl.divergence import NonFiniteError, find_non_finite, finite_per_instance
 from rl.interrupts import StopSignalGuard, TrainingInterrupted, call_interruptibly
-from rl.logging import ProgressBar, RunLogger, sink
+from rl.logging import ProgressBar, RunLogger, publish, sink
 from rl.programs import build_program, make_programs, run_mesh
 from rl.run_dir import (
     config_check,
@@ -40,7 +47,7 @@ from rl.run_dir import (
     write_final,
     write_run_config,
 )
-from rl.summary import summarise
+from rl.summary import process_seconds, summarise
 
 
 def train_many(config: Config, grid: list[dict] | None = None):
@@ -85,6 +92,9 @@ def run_training(
         return run.finish()
 
 
+# a wait on the host longer than this is announced on stderr, so that it is not taken for a hang
+STALL_SECONDS = 2.0
+
 SMOKE_ENV_VAR = "FUSEDRL_SMOKE_LOG_POINTS"
 SMOKE_SEEDS_ENV_VAR = "FUSEDRL_SMOKE_SEEDS"
 
@@ -126,21 +136,60 @@ def wandb_sink(config: Config, grid: list[dict], run_dir: Path, resume: bool):
     return WandbLogger(settings, run_dir, config.to_dict(), grid, resume=resume)
 
 
-def chunk_sizes(done: int, total: int, every: int) -> set[int]:
-    """The distinct chunk lengths (in log points) of a run from log point `done` to `total` in
-    chunks of `every`: each is one compiled program."""
-    return {min(every, total - start) for start in range(done, total, every)}
-
-
-def compiling_message(programs: int, seeds: int, settings: int) -> str:
-    """The line printed before the first compile, so that the wait is not mistaken for a hang."""
+def compiling_message(seeds: int, settings: int, cache) -> str:
+    """The line printed before the programs compile, so that the wait is not mistaken for a
+    hang."""
     instances = f"{seeds} seed{'s' if seeds != 1 else ''}" + (
         f" x {settings} settings" if settings > 1 else ""
     )
-    return (
-        f"compiling {programs} programs for {instances} (the first wait is XLA compilation; "
-        "progress starts once steps run) ..."
+    where = (
+        f"; compiled programs are kept in {cache.directory}" if cache.directory is not None else ""
     )
+    return (
+        f"compiling the training program for {instances} (XLA compilation; progress starts "
+        f"once steps run{where}) ..."
+    )
+
+
+def compiled_message(seconds: float, cache) -> str:
+    """What the compile turned out to be: a compile, or programs loaded from the cache."""
+    if cache.hits and not cache.misses:
+        return f"loaded the compiled programs from the cache in {seconds:.1f} s; training"
+    return f"compiled in {seconds:.1f} s; training"
+
+
+def log_points_per_call(total: int, every: int) -> int:
+    """How many log points one call of the training program runs (the last call of a chunk runs
+    fewer, masked: see rl.programs.run_masked)."""
+    import os
+
+    override = os.environ.get("FUSEDRL_LOG_POINTS_PER_CALL")
+    return min(int(override), every, total) if override else 1
+
+
+def compile_together(lowered: list):
+    """The compiled executables of `lowered` (jax `Lowered` programs), compiled in threads of
+    their own at once (XLA releases the GIL while it compiles)."""
+    results = [None] * len(lowered)
+
+    def compile_one(index):
+        try:
+            results[index] = ("ok", lowered[index].compile())
+        except BaseException as err:  # re-raised in the calling thread
+            results[index] = ("error", err)
+
+    threads = [
+        threading.Thread(target=compile_one, args=(i,), name=f"rl-compile-{i}", daemon=True)
+        for i in range(len(lowered))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for status, value in results:
+        if status == "error":
+            raise value
+    return [value for _, value in results]
 
 
 class _ChunkedRun:
@@ -150,28 +199,32 @@ class _ChunkedRun:
 
     def __init__(self, config: Config, grid: list[dict], run_dir: Path, programs, main: bool):
         self.config, self.grid, self.run_dir, self.main = config, grid, run_dir, main
-        trainer, self.init, self.chunk, self.keys, self.hparams = programs
+        trainer, self.init, chunk, self.keys, self.hparams = programs
         self.total = smoke_log_points(trainer.num_log_points)
         self.every = config.run.checkpoint_every or self.total
+        # the one training program: up to `per_call` log points, its input state donated
+        self.per_call = log_points_per_call(self.total, self.every)
+        self.log_point = chunk(self.per_call, donate=True, masked=True)
         self.checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
         self.logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
         # a WandbLogger when run.wandb.project is set (made in train: it knows `resume`)
         self.wandb = None
         self.guard = StopSignalGuard(
-            "stopping after the current chunk and saving a checkpoint "
+            "stopping after the current log point and saving a checkpoint "
             "(the same signal again stops without saving)"
         )
-        self.compiled_chunks: dict = {}
+        self.compiled_init = self.compiled_log_point = None
+        self.cache, self.startup_seconds = None, None
         self.state, self.done, self.history, self.checkpoint_step = None, 0, None, None
         self.compile_seconds = self.train_seconds = 0.0
         self.steps_start = self.last_step = 0
 
     def train(self, resume: bool) -> None:
-        """Every remaining chunk, each checkpointed; Ctrl-C, SIGTERM and divergence raise (see
-        run_training)."""
+        """Every remaining log point, checkpointed every `run.checkpoint_every`; Ctrl-C, SIGTERM
+        and divergence raise (see run_training)."""
         bar, immediate = None, False
         try:
-            with self.guard:
+            with self.guard, compilation_cache(self.config.run.compilation_cache) as self.cache:
                 self.start(resume)
                 if self.config.run.progress and self.main:
                     bar = ProgressBar(
@@ -184,6 +237,8 @@ class _ChunkedRun:
                 with _sinks([s for s in (self.logger, bar, self.wandb) if s is not None]):
                     while self.done < self.total:
                         self.advance()
+                if not self.checkpoints.written_within(STALL_SECONDS):
+                    self.say("writing the last checkpoint ...")
                 self.checkpoints.wait()
         except KeyboardInterrupt:
             kept = self.kept("last checkpoint", "no checkpoint was saved")
@@ -192,7 +247,7 @@ class _ChunkedRun:
                 f"continue with: rl train --resume {self.run_dir}",
                 self.guard.signal_number,
             )
-            error.immediate = immediate = True  # the chunk still computes in a worker thread
+            error.immediate = immediate = True  # a log point still computes on the device
             raise error from None
         finally:
             if bar is not None:
@@ -206,33 +261,37 @@ class _ChunkedRun:
 
     def say(self, message: str) -> None:
         """One progress line on stderr from the main process, when `run.progress` is on (with it
-        off, stderr holds only errors and the resume line)."""
+        off, stderr holds only errors, warnings and the resume line)."""
         if self.main and self.config.run.progress:
             print(f"rl: {message}", file=sys.stderr, flush=True)
 
-    def start(self, resume: bool) -> None:
-        """Compile `init`; then restore the newest good checkpoint (`resume`) or initialise."""
-        self.say(
-            compiling_message(
-                len(chunk_sizes(0, self.total, self.every)) + 1,
-                self.config.run.seeds,
-                len(self.grid),
-            )
-        )
+    def compile(self) -> None:
+        """Trace, lower and compile `init` and the log point's program (or load them from the
+        compilation cache), the two compiles at once."""
+        self.say(compiling_message(self.config.run.seeds, len(self.grid), self.cache))
+        self.startup_seconds = process_seconds()
         start = time.perf_counter()
-        compiled_init = call_interruptibly(
-            lambda: self.init.lower(self.keys, self.hparams).compile(), block=False
-        )
+
+        def lower_and_compile():
+            abstract_state = jax.eval_shape(self.init, self.keys, self.hparams)
+            lowered = [
+                self.init.trace(self.keys, self.hparams).lower(),
+                self.log_point.trace(abstract_state, self.hparams, np.int32(1)).lower(),
+            ]
+            return abstract_state, compile_together(lowered)
+
+        abstract_state, compiled = call_interruptibly(lower_and_compile, block=False)
+        self.abstract_state = abstract_state
+        self.compiled_init, self.compiled_log_point = compiled
         self.compile_seconds += time.perf_counter() - start
-        shapes = jax.eval_shape(self.init, self.keys, self.hparams)
-        abstract_state = jax.tree.map(
-            lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-            shapes,
-            compiled_init.output_shardings,
-        )
+        self.say(compiled_message(self.compile_seconds, self.cache))
+
+    def start(self, resume: bool) -> None:
+        """Compile; then restore the newest good checkpoint (`resume`) or initialise."""
+        self.compile()
         restored = (
             self.checkpoints.restore_latest(
-                abstract_state, check_meta=config_check(self.config, self.grid)
+                self.abstract_state, check_meta=config_check(self.config, self.grid)
             )
             if resume
             else None
@@ -248,7 +307,7 @@ class _ChunkedRun:
                 file=sys.stderr,
             )
         else:
-            self.state = call_interruptibly(compiled_init, self.keys, self.hparams)
+            self.state = call_interruptibly(self.compiled_init, self.keys, self.hparams)
         if self.logger is not None:
             self.logger.open(history)
         self.steps_start = self.last_step = (
@@ -256,8 +315,8 @@ class _ChunkedRun:
         )
 
     def advance(self) -> None:
-        """One turn of the host loop: stop if Ctrl-C or SIGTERM came, else compile the next chunk's
-        program (then come back, to check for a signal during the compile), else run and save it."""
+        """One turn of the host loop: stop if Ctrl-C or SIGTERM came, else run the log points up
+        to the next checkpoint (fewer if a signal comes) and save them."""
         if self.guard.requested:
             where = (
                 f"checkpoint {self.checkpoints.directory / str(self.checkpoint_step)} kept"
@@ -270,17 +329,8 @@ class _ChunkedRun:
                 f"continue with: rl train --resume {self.run_dir}",
                 self.guard.signal_number,
             )
-        size = min(self.every, self.total - self.done)
-        if size not in self.compiled_chunks:
-            start = time.perf_counter()
-            self.compiled_chunks[size] = call_interruptibly(
-                lambda: self.chunk(size).lower(self.state, self.hparams).compile(), block=False
-            )
-            self.compile_seconds += time.perf_counter() - start
-            if len(self.compiled_chunks) == 1:
-                self.say(f"compiled in {self.compile_seconds:.1f} s; training")
-            return
-        state, metrics = self.run_chunk(size)
+        state, metrics = self.run_chunk(min(self.every, self.total - self.done))
+        size = np.asarray(metrics["step"]).shape[2]
         step = self.check_finite(state, metrics)
         self.save(state, metrics, size, step)
         if self.guard.requested and self.done < self.total:
@@ -293,18 +343,32 @@ class _ChunkedRun:
             )
 
     def run_chunk(self, size: int):
-        """(state, host metrics) after the next `size` log points; logs every log point."""
+        """(state, host metrics [settings, seeds, log points]) after at most `size` log points,
+        each published to the sinks as it arrives; fewer when Ctrl-C or SIGTERM comes (the log
+        point in flight finishes). The next log point is queued before the last one's metrics
+        are read, so the device keeps working while the host logs."""
         if self.logger is not None:
             self.logger.mark_start()
         start = time.perf_counter()
-        state, metrics = call_interruptibly(self.compiled_chunks[size], self.state, self.hparams)
+        program, hparams = self.compiled_log_point, self.hparams
+        count = min(self.per_call, size)
+        state, metrics = program(self.state, hparams, np.int32(count))
+        queued, points = count, []
+        while True:
+            following = None
+            if queued < size and not self.guard.requested:
+                following_count = min(self.per_call, size - queued)
+                following = program(state, hparams, np.int32(following_count))  # takes `state`
+                queued += following_count
+            values = call_interruptibly(to_host, metrics)  # [settings, seeds, per_call, ...]
+            for t in range(count):
+                points.append({name: np.asarray(value)[:, :, t] for name, value in values.items()})
+                publish(points[-1])
+            if following is None:
+                break
+            (state, metrics), count = following, following_count
         self.train_seconds += time.perf_counter() - start
-        metrics = to_host(metrics)
-        # the agent did not stream every log point
-        if self.logger is not None and self.logger.received < self.done + size:
-            for t in range(self.logger.received - self.done, size):
-                self.logger({k: np.asarray(v)[..., t] for k, v in metrics.items()})
-        return state, metrics
+        return state, {k: np.stack([p[k] for p in points], axis=2) for k in points[0]}
 
     def check_finite(self, state, metrics: dict) -> int:
         """The env step reached by the chunk; NonFiniteError if its metrics or params diverged."""
@@ -363,6 +427,8 @@ class _ChunkedRun:
             self.compile_seconds,
             self.train_seconds,
             steps_trained=self.last_step - self.steps_start,
+            programs_from_cache=bool(self.cache.hits and not self.cache.misses),
+            process_start=self.startup_seconds,
         )
         if self.main:
             write_final(self.run_dir, params, summary)

@@ -64,7 +64,11 @@ if _cpu_only():
 # that another test, worker or `rl` subprocess compiled already (the same XLA module with the same
 # options and flags) is loaded instead of compiled again. Tests still trace and lower every program
 # and run every step. The size limit turns on JAX's file lock, so no process reads a half-written
-# entry. A cache folder already in the environment is kept (and not removed).
+# entry. A cache folder already in the environment is kept (and not removed). The runs the tests
+# train (`rl train`, rl.train.run_training) keep their programs in the same folder
+# (FUSEDRL_COMPILATION_CACHE; rl.compile_cache gives them a subfolder of their own), so whether a
+# run compiles or loads its programs depends on the tests before it: tests of the cache itself
+# name their own folder.
 if _cpu_only() and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     import tempfile
 
@@ -73,6 +77,8 @@ if _cpu_only() and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 else:
     _CACHE_DIR = None
+if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    os.environ.setdefault("FUSEDRL_COMPILATION_CACHE", os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -93,6 +93,7 @@ def fault_env(cache: Path | None = None) -> dict:
     extra = {}
     if cache is not None:
         extra = {
+            "FUSEDRL_COMPILATION_CACHE": str(cache),
             "JAX_COMPILATION_CACHE_DIR": str(cache),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",

@@ -1,6 +1,6 @@
-"""Logs of a run: metrics streamed from inside the compiled loop (one host call per log point for
-all seeds and settings), written as JSONL, CSV and TensorBoard event files that TensorBoard's own
-event reader reads back with the same values."""
+"""Logs of a run: metrics published by the host loop (one call per log point for all seeds and
+settings), written as JSONL, CSV and TensorBoard event files that TensorBoard's own event reader
+reads back with the same values."""
 
 from __future__ import annotations
 
@@ -68,37 +68,38 @@ def test_tensorboard_event_reader_reads_the_metrics_back(tmp_path_factory):
     assert len(rates) == len(rows) and all(v > 0 for v in rates.values())
 
 
-def test_emit_is_one_host_call_per_log_point_for_all_seeds_and_settings():
+def test_the_runner_publishes_each_log_point_once_for_all_seeds_and_settings(tmp_path):
     from rl.config import build_config
-    from rl.train import train_many
+    from rl.train import run_training
 
-    config = build_config({**TINY, "run": {"seeds": 3}})
+    config = build_config({**TINY, "run": {"seeds": 3, "progress": False, "checkpoint_every": 3}})
     calls = []
     with sink(lambda values: calls.append({k: np.asarray(v) for k, v in values.items()})):
-        _, metrics = train_many(config, [{"lr": 0.1}, {"lr": 0.5}])
-        jax.block_until_ready(metrics)
+        (tmp_path / "run").mkdir()
+        run_training(config, [{"lr": 0.1}, {"lr": 0.5}], tmp_path / "run")
     assert len(calls) == TINY["agent"]["total_steps"] // TINY["agent"]["log_interval"]
     assert all(call["step"].shape == (2, 3) for call in calls)
-    streamed = np.stack([call["episode_length"] for call in calls], axis=-1)
-    np.testing.assert_array_equal(streamed, np.asarray(metrics["episode_length"]))
+    rows = jsonl_rows(tmp_path / "run")
+    for row in rows:
+        call = calls[row["log_point"]]
+        assert row["episode_length"] == pytest.approx(
+            float(call["episode_length"][row["setting"], row["seed"]]), nan_ok=True
+        )
 
 
-def test_a_run_of_one_setting_streams_seed_batches_that_sinks_read_as_one_setting():
-    """With one setting the program runs without the settings vmap
-    (`rl.programs.vmap_over_settings`): each log point reaches the host as [seeds]; `run_batch`
-    gives it the settings axis back, and the program's outputs keep [settings, seeds]."""
+def test_run_batch_gives_a_batch_of_seeds_its_settings_axis():
+    """The actor-learner loop publishes [seeds]; `run_batch` gives it the settings axis back; a
+    one-setting run of the one-program path keeps [settings, seeds] in its outputs."""
     from rl.config import build_config
     from rl.logging import run_batch
     from rl.train import train_many
 
     config = build_config({**TINY, "run": {"seeds": 3}})
-    calls = []
-    with sink(lambda values: calls.append({k: np.asarray(v) for k, v in values.items()})):
-        _, metrics = jax.block_until_ready(train_many(config))
-    assert all(call["step"].shape == (3,) for call in calls)
+    _, metrics = jax.block_until_ready(train_many(config))
     assert np.asarray(metrics["step"]).shape[:2] == (1, 3)
-    streamed = np.stack([run_batch(call)["episode_length"] for call in calls], axis=-1)
-    np.testing.assert_array_equal(streamed, np.asarray(metrics["episode_length"]))
+    batch = run_batch({"step": np.arange(3), "loss": np.ones(3)})
+    assert batch["step"].shape == (1, 3) and batch["loss"].shape == (1, 3)
+    assert run_batch({"step": np.zeros((2, 3))})["step"].shape == (2, 3)
     assert run_batch({"step": np.int32(5)}) is None
 
 
