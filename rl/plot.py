@@ -150,3 +150,112 @@ def plot_runs(run_dirs, output=None, metric: str | None = None, warn=None) -> Pa
     finally:
         plt.close(figure)
     return output
+
+
+# ---------------------------------------------------------------- rl compare's figures
+
+AGGREGATE_TITLES = {
+    "iqm": "IQM",
+    "median": "median of env means",
+    "run_median": "median of runs",
+    "mean": "mean",
+    "optimality_gap": "optimality gap",
+}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    try:
+        figure.tight_layout()
+        figure.savefig(path, format="png")
+    finally:
+        plt.close(figure)
+    return path
+
+
+def plot_comparison(
+    folder, score_label: str, intervals: dict, profiles: dict, iqm_curves: dict, note: str
+) -> list[Path]:
+    """`rl compare --plot FOLDER` (rl.compare): three PNGs in `folder` (created if missing).
+
+    `aggregates.png`: per aggregate (a panel each), each group's point estimate and interval, from
+    `intervals` {group: {aggregate: rl.evaluation.Interval}}. `profile.png`: each group's
+    performance profile (fraction of runs scoring above tau, with its band), from `profiles`
+    {group: rl.evaluation.Profile}. `iqm_curve.png`: each group's IQM against env steps with its
+    band, from `iqm_curves` {group: (steps, iqm, low, high)}. `score_label` names the score on the
+    axes, `note` (the intervals' resamples) goes under the titles. Returns the paths written."""
+    plt = _pyplot()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    groups = list(intervals) or list(iqm_curves)
+    colors = {g: f"C{i % 10}" for i, g in enumerate(dict.fromkeys(groups + list(iqm_curves)))}
+    written = []
+
+    names = list(next(iter(intervals.values()))) if intervals else []
+    figure, axes = plt.subplots(
+        1,
+        max(1, len(names)),
+        figsize=(3.2 * max(1, len(names)), 0.6 * len(groups) + 1.8),
+        dpi=110,
+        squeeze=False,
+    )
+    for ax, name in zip(axes[0], names):
+        for row, group in enumerate(groups):
+            interval = intervals[group][name]
+            ax.barh(
+                row,
+                interval.high - interval.low,
+                left=interval.low,
+                height=0.6,
+                color=colors[group],
+                alpha=0.45,
+                label=group,
+            )
+            ax.plot([interval.point] * 2, [row - 0.3, row + 0.3], color="black", linewidth=1.5)
+        ax.set_yticks(range(len(groups)))
+        ax.set_yticklabels(groups if ax is axes[0][0] else [""] * len(groups), fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(AGGREGATE_TITLES.get(name, name), fontsize=10)
+        ax.set_xlabel(score_label, fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    figure.suptitle(
+        f"95% stratified-bootstrap intervals ({note}); bar: interval, line: estimate", fontsize=9
+    )
+    written.append(_save(figure, folder / "aggregates.png"))
+
+    figure, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for group, profile in profiles.items():
+        ax.plot(profile.taus, profile.fraction, color=colors[group], label=group)
+        ax.fill_between(
+            profile.taus, profile.low, profile.high, color=colors[group], alpha=0.25, linewidth=0
+        )
+    ax.set_xlabel(f"{score_label} (tau)")
+    ax.set_ylabel("fraction of runs with score > tau")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"performance profile, 95% bands ({note})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    written.append(_save(figure, folder / "profile.png"))
+
+    figure, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for group, (steps, iqm, low, high) in iqm_curves.items():
+        ax.plot(steps, iqm, color=colors[group], label=group)
+        ax.fill_between(steps, low, high, color=colors[group], alpha=0.25, linewidth=0)
+    ax.set_xlabel("env steps per run")
+    ax.set_ylabel(f"IQM of {score_label}")
+    ax.set_title("IQM over runs with its 95% stratified-bootstrap band", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    written.append(_save(figure, folder / "iqm_curve.png"))
+    return written
