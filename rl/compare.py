@@ -32,7 +32,6 @@ import itertools
 import json
 import math
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,8 +42,6 @@ from rl.config_parsing import ConfigError
 from rl.plot import curves, default_metric, read_metrics
 
 MIN_RUNS = 3
-CURVE_REPS = 5_000
-PROFILE_POINTS = 101
 
 
 @dataclass
@@ -366,58 +363,6 @@ def comparison_lines(result: Comparison, reps: int, seed: int) -> list[str]:
     return lines
 
 
-def iqm_curves(result: Comparison, reps: int, seed: int) -> dict:
-    """{group: (steps [T], iqm [T], low [T], high [T])} over the log points every unit of the
-    group has (normalised like the scores; NaN runs left out at each point)."""
-    out = {}
-    for group in result.groups:
-        steps = sorted(set.intersection(*(set(u.steps.tolist()) for u in group.units)))
-        rows = []
-        for step in steps:
-            tasks: dict[str, list] = {}
-            for unit in group.units:
-                values = unit.values[:, int(np.flatnonzero(unit.steps == step)[0])]
-                if result.bounds is not None:
-                    low, high = result.bounds[unit.env]
-                    values = (values - low) / (high - low)
-                tasks.setdefault(unit.env, []).append(values[np.isfinite(values)])
-            scores = [np.concatenate(v) for v in tasks.values()]
-            if all(s.size for s in scores):
-                found = evaluation.bootstrap_intervals(scores, ["iqm"], reps=reps, seed=seed)
-                rows.append((step, *found["iqm"]))
-        if rows:
-            out[group.label] = tuple(np.array(column) for column in zip(*rows))
-    return out
-
-
-def profiles(result: Comparison, reps: int, seed: int) -> dict:
-    """{group: rl.evaluation.Profile} at PROFILE_POINTS thresholds spanning every score."""
-    scored = [g for g in result.groups if g.label in result.intervals]
-    every = np.concatenate([s for g in scored for s in g.scores.values()] or [np.zeros(1)])
-    taus = np.linspace(every.min(), every.max(), PROFILE_POINTS)
-    return {
-        g.label: evaluation.performance_profile(list(g.scores.values()), taus, reps=reps, seed=seed)
-        for g in scored
-    }
-
-
-def write_figures(result: Comparison, folder, reps: int, seed: int) -> list[Path]:
-    """`--plot FOLDER`: the three PNGs of the module docstring; returns their paths."""
-    from rl.plot import plot_comparison
-
-    few = min(reps, CURVE_REPS)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return plot_comparison(
-            folder,
-            ("normalised " if result.bounds else "") + result.metric,
-            result.intervals,
-            profiles(result, few, seed),
-            iqm_curves(result, few, seed),
-            note=f"{reps:,} resamples; bands {few:,}",
-        )
-
-
 def compare_command(args) -> int:
     """`rl compare` (rl.cli): print the table, write the figures with --plot."""
     from rl.cli_output import EXIT_BAD_INPUT, EXIT_FAILED, error
@@ -433,7 +378,9 @@ def compare_command(args) -> int:
         )
         print("\n".join(comparison_lines(result, args.reps, args.seed)))
         if args.plot is not None:
-            written = write_figures(result, args.plot, args.reps, args.seed)
+            from rl.plot import comparison_figures
+
+            written = comparison_figures(result, args.plot, args.reps, args.seed)
             print(f"wrote {', '.join(map(str, written))}")
     except ConfigError as err:
         return error(str(err), EXIT_BAD_INPUT)

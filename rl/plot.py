@@ -1,4 +1,4 @@
-"""Learning curves of run directories as a PNG.
+"""Learning curves of run directories as a PNG, and the figures of `rl compare` (at the end).
 
     rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric eval_return]
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rl import evaluation
 from rl.config_parsing import ConfigError
 
 INTERVAL = (25.0, 75.0)
@@ -154,6 +155,9 @@ def plot_runs(run_dirs, output=None, metric: str | None = None, warn=None) -> Pa
 
 # ---------------------------------------------------------------- rl compare's figures
 
+CURVE_REPS = 5_000  # resamples of each band point
+PROFILE_POINTS = 101
+
 AGGREGATE_TITLES = {
     "iqm": "IQM",
     "median": "median of env means",
@@ -259,3 +263,54 @@ def plot_comparison(
     ax.legend(fontsize=8)
     written.append(_save(figure, folder / "iqm_curve.png"))
     return written
+
+
+def iqm_curves(result, reps: int, seed: int) -> dict:
+    """{group: (steps [T], iqm [T], low [T], high [T])} over the log points every unit of the
+    group has (normalised like the scores; NaN runs left out at each point)."""
+    out = {}
+    for group in result.groups:
+        steps = sorted(set.intersection(*(set(u.steps.tolist()) for u in group.units)))
+        rows = []
+        for step in steps:
+            tasks: dict[str, list] = {}
+            for unit in group.units:
+                values = unit.values[:, int(np.flatnonzero(unit.steps == step)[0])]
+                if result.bounds is not None:
+                    low, high = result.bounds[unit.env]
+                    values = (values - low) / (high - low)
+                tasks.setdefault(unit.env, []).append(values[np.isfinite(values)])
+            scores = [np.concatenate(v) for v in tasks.values()]
+            if all(s.size for s in scores):
+                found = evaluation.bootstrap_intervals(scores, ["iqm"], reps=reps, seed=seed)
+                rows.append((step, *found["iqm"]))
+        if rows:
+            out[group.label] = tuple(np.array(column) for column in zip(*rows))
+    return out
+
+
+def profiles(result, reps: int, seed: int) -> dict:
+    """{group: rl.evaluation.Profile} at PROFILE_POINTS thresholds spanning every score."""
+    scored = [g for g in result.groups if g.label in result.intervals]
+    every = np.concatenate([s for g in scored for s in g.scores.values()] or [np.zeros(1)])
+    taus = np.linspace(every.min(), every.max(), PROFILE_POINTS)
+    return {
+        g.label: evaluation.performance_profile(list(g.scores.values()), taus, reps=reps, seed=seed)
+        for g in scored
+    }
+
+
+def comparison_figures(result, folder, reps: int, seed: int) -> list[Path]:
+    """`rl compare --plot FOLDER`: `plot_comparison` of the Comparison `result` (rl.compare),
+    the intervals from `reps` resamples, the bands from min(reps, CURVE_REPS); returns the paths."""
+    few = min(reps, CURVE_REPS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return plot_comparison(
+            folder,
+            ("normalised " if result.bounds else "") + result.metric,
+            result.intervals,
+            profiles(result, few, seed),
+            iqm_curves(result, few, seed),
+            note=f"{reps:,} resamples; bands {few:,}",
+        )
