@@ -332,15 +332,15 @@ def comparison_lines(result: Comparison, reps: int, seed: int) -> list[str]:
     where = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
     scale = "normalised " if result.bounds else ""
     lines = [
-        f"{scale}{result.metric} at {where} on {', '.join(envs)}; 95% stratified-bootstrap "
-        f"intervals over runs ({reps:,} resamples, seed {seed})"
+        f"{scale}{result.metric} at {where} on {', '.join(envs)}",
+        f"95% stratified-bootstrap intervals over runs ({reps:,} resamples, seed {seed})",
     ]
     found = [list(result.intervals.get(g.label, {}).values()) for g in result.groups]
     decimals = _decimals([v for cells in found for cell in cells for v in cell])
     cells = [[_cell(c, decimals) for c in row] if row else ["n/a"] * 4 for row in found]
-    width = max(len(c) for row in cells for c in row)
-    label_width = max([len("group")] + [len(g.label) for g in result.groups])
     median = "median of runs" if len(envs) == 1 else "median of env means"
+    width = max([len(c) for row in cells for c in row] + [len(median) + 9])
+    label_width = max([len("group")] + [len(g.label) for g in result.groups])
     header = f"{'group':<{label_width}}  {'runs':>4}  {'IQM [95% CI]':<{width}}  "
     header += f"{median + ' [95% CI]':<{width}}"
     lines.append(header + ("  optimality gap [95% CI]" if result.bounds else ""))
@@ -351,10 +351,8 @@ def comparison_lines(result: Comparison, reps: int, seed: int) -> list[str]:
         lines.append((line + (f"  {row[3]}" if result.bounds else "")).rstrip())
     if result.bounds:
         spans = ", ".join(f"{env} {lo:g}..{hi:g}" for env, (lo, hi) in result.bounds.items())
-        lines.append(
-            f"scores normalised per env, (x - low) / (high - low): {spans}; optimality gap: "
-            "the mean shortfall of min(score, 1) below 1"
-        )
+        lines.append(f"scores normalised per env, (x - low) / (high - low): {spans}")
+        lines.append("optimality gap: the mean shortfall of min(normalised score, 1) below 1")
     if result.improvements:
         lines.append("probability of improvement, P(a run of A beats a run of B) [95% CI]:")
         for a, b, poi in result.improvements:

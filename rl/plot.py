@@ -188,7 +188,13 @@ def _save(figure, path: Path) -> Path:
 
 
 def plot_comparison(
-    folder, score_label: str, intervals: dict, profiles: dict, iqm_curves: dict, note: str
+    folder,
+    score_label: str,
+    intervals: dict,
+    profiles: dict,
+    iqm_curves: dict,
+    reps: int,
+    band_reps: int,
 ) -> list[Path]:
     """`rl compare --plot FOLDER` (rl.compare): three PNGs in `folder` (created if missing).
 
@@ -197,7 +203,8 @@ def plot_comparison(
     performance profile (fraction of runs scoring above tau, with its band), from `profiles`
     {group: rl.evaluation.Profile}. `iqm_curve.png`: each group's IQM against env steps with its
     band, from `iqm_curves` {group: (steps, iqm, low, high)}. `score_label` names the score on the
-    axes, `note` (the intervals' resamples) goes under the titles. Returns the paths written."""
+    axes; `reps` and `band_reps`, the resamples of the intervals and of the bands, go in the titles.
+    Returns the paths written."""
     plt = _pyplot()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -229,12 +236,16 @@ def plot_comparison(
         ax.set_yticks(range(len(groups)))
         ax.set_yticklabels(groups if ax is axes[0][0] else [""] * len(groups), fontsize=8)
         ax.invert_yaxis()
+        ends = [v for group in groups for v in intervals[group][name]]
+        pad = 0.08 * ((max(ends) - min(ends)) or abs(max(ends)) or 1.0)
+        ax.set_xlim(min(ends) - pad, max(ends) + pad)  # a zero-width interval stays in view
         ax.set_title(AGGREGATE_TITLES.get(name, name), fontsize=10)
         ax.set_xlabel(score_label, fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="best")
     figure.suptitle(
-        f"95% stratified-bootstrap intervals ({note}); bar: interval, line: estimate", fontsize=9
+        f"95% stratified-bootstrap intervals ({reps:,} resamples); bar: interval, line: estimate",
+        fontsize=9,
     )
     written.append(_save(figure, folder / "aggregates.png"))
 
@@ -247,7 +258,7 @@ def plot_comparison(
     ax.set_xlabel(f"{score_label} (tau)")
     ax.set_ylabel("fraction of runs with score > tau")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"performance profile, 95% bands ({note})", fontsize=10)
+    ax.set_title(f"performance profile with 95% bands ({band_reps:,} resamples)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     written.append(_save(figure, folder / "profile.png"))
@@ -258,7 +269,7 @@ def plot_comparison(
         ax.fill_between(steps, low, high, color=colors[group], alpha=0.25, linewidth=0)
     ax.set_xlabel("env steps per run")
     ax.set_ylabel(f"IQM of {score_label}")
-    ax.set_title("IQM over runs with its 95% stratified-bootstrap band", fontsize=10)
+    ax.set_title(f"IQM over runs with its 95% band ({band_reps:,} resamples)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     written.append(_save(figure, folder / "iqm_curve.png"))
@@ -312,5 +323,6 @@ def comparison_figures(result, folder, reps: int, seed: int) -> list[Path]:
             result.intervals,
             profiles(result, few, seed),
             iqm_curves(result, few, seed),
-            note=f"{reps:,} resamples; bands {few:,}",
+            reps=reps,
+            band_reps=few,
         )

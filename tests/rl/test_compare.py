@@ -70,9 +70,10 @@ def test_the_table_of_two_groups(two_runs, capsys):
     out, err = capsys.readouterr()
     assert err == ""
     lines = out.splitlines()
-    assert lines[0].startswith("eval_return at step 4000 on CartPole-v1; 95% stratified-bootstrap")
-    assert "IQM [95% CI]" in lines[1] and "median of runs [95% CI]" in lines[1]
-    for line, run_dir in zip(lines[2:4], (a, b)):
+    assert lines[0] == "eval_return at step 4000 on CartPole-v1"
+    assert lines[1] == "95% stratified-bootstrap intervals over runs (2,000 resamples, seed 0)"
+    assert "IQM [95% CI]" in lines[2] and "median of runs [95% CI]" in lines[2]
+    for line, run_dir in zip(lines[3:5], (a, b)):
         name, runs, iqm, low, high = re.match(
             r"(\w+)\s+(\d+)\s+([\d.]+) \[([\d.]+), ([\d.]+)\]", line
         ).groups()
