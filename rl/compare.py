@@ -53,6 +53,7 @@ class Unit:
     env: str  # env id, with its params where they differ between the units compared
     env_key: str  # the whole env section (JSON): the task
     config_key: str  # config without run and env sections, the setting merged in (JSON)
+    seed: object  # run.seed: the first seed's PRNG seed
     steps: np.ndarray  # [log points]
     values: np.ndarray  # [seeds, log points]
 
@@ -95,6 +96,9 @@ def _flat(tree, prefix: str = "") -> dict:
 def read_units(run_dirs, metric: str | None, warn) -> tuple[str, list[Unit]]:
     """(the metric compared, one Unit per sweep setting of each run directory)."""
     run_dirs = [Path(d) for d in run_dirs]
+    if len({d.resolve() for d in run_dirs}) < len(run_dirs):
+        twice = [str(d) for d in run_dirs if sum(e.resolve() == d.resolve() for e in run_dirs) > 1]
+        raise ConfigError(f"run directory {twice[0]!r} is given twice: its runs would count twice")
     rows = [read_metrics(d, warn) for d in run_dirs]
     if metric is None:
         chosen = {d: default_metric([r]) for d, r in zip(run_dirs, rows)}
@@ -125,6 +129,7 @@ def read_units(run_dirs, metric: str | None, warn) -> tuple[str, list[Unit]]:
                     label=", ".join(f"{k}={v}" for k, v in hyper.items()),
                     env=str((saved.get("env") or {}).get("id", "?")),
                     env_key=json.dumps(saved.get("env"), sort_keys=True),
+                    seed=(saved.get("run") or {}).get("seed"),
                     config_key=json.dumps(config, sort_keys=True, default=str),
                     steps=steps,
                     values=values,
@@ -272,6 +277,15 @@ def compare(
             previous = group.scores.get(unit.env, np.zeros(0))
             group.scores[unit.env] = np.concatenate([previous, values[np.isfinite(values)]])
             group.steps[unit.env] = int(unit.steps[j])
+    for group in groups:
+        seen: dict = {}
+        for unit in group.units:
+            other = seen.setdefault((unit.env_key, unit.config_key, json.dumps(unit.seed)), unit)
+            if other is not unit:
+                warn(
+                    f"{other.run_dir} and {unit.run_dir} ran one config from one run.seed "
+                    f"({unit.seed}): their runs are likely the same ones, counted twice"
+                )
     if excluded:
         warn(f"NaN scores left out: {'; '.join(excluded)}")
     few = [

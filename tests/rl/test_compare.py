@@ -229,3 +229,18 @@ def test_bad_run_directories(tmp_path, capsys):
     assert "config.yaml" in err and err.count("\n") == 1
     assert run_cli(["compare", tmp_path / "bare", "--reps", "0"]) == 2
     assert "--reps" in capsys.readouterr().err
+
+
+def test_the_same_runs_are_not_counted_twice_unnoticed(two_runs, tmp_path, capsys):
+    import shutil
+
+    a, b = two_runs
+    assert run_cli(["compare", a, b, a]) == 2
+    err = capsys.readouterr().err
+    assert f"run directory '{a}' is given twice" in err and err.count("\n") == 1
+    copy = tmp_path / "copy" / "a"
+    shutil.copytree(a, copy)
+    assert run_cli(["compare", a, copy, b, "--reps", "500"]) == 0
+    out, err = capsys.readouterr()
+    assert f"{a} and {copy} ran one config from one run.seed (0)" in err
+    assert re.search(r"\na\s+32 ", out)  # one name: the directories pool
