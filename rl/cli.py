@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--normalize",
         metavar="LOW,HIGH|REF.yaml",
-        help="scores to (x - low) / (high - low): one pair, or a YAML file {env id: [low, high]}",
+        help="scores to (x - low) / (high - low): one pair, or a YAML file {env id: [low, high]} "
+        "(a negative LOW: --normalize=-500,0)",
     )
     compare.add_argument("--plot", metavar="DIR", help="write the figures as PNGs into DIR")
     compare.add_argument(
