@@ -6,10 +6,13 @@
     rl train --resume RUN_DIR   continue a stopped run from its newest good checkpoint
     rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif] [--json eval.json]
     rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric eval_return]
+    rl compare RUN_DIR [RUN_DIR ...] [--by name|config] [--metric eval_return] [--at STEPS]
+               [--normalize LOW,HIGH|REF.yaml] [--plot DIR]   IQM, median, optimality gap with
+                                the 95% stratified-bootstrap intervals, probability of improvement
 
 This module holds the parser, `main` and the commands that read runs and the package (`rl eval`,
-`rl plot`, `rl configs`); `rl train` is `rl.cli_train`, and what the commands print (exit statuses,
-errors, the end-of-run summary) `rl.cli_output`.
+`rl plot`, `rl configs`); `rl train` is `rl.cli_train`, `rl compare` `rl.compare`, and what the
+commands print (exit statuses, errors, the end-of-run summary) `rl.cli_output`.
 
 Bad input (missing or unparsable file, unknown key, wrong type, value out of range, unknown env or
 agent, a run directory that cannot be created or is in use by another `rl train`, a `--resume` of a
@@ -132,6 +135,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="metric to plot (default: the one the end-of-run summary reports, eval_return where "
         "the runs evaluate, else episode_return)",
     )
+
+    compare = commands.add_parser(
+        "compare",
+        help="compare groups of runs: IQM, median, optimality gap with 95%% bootstrap intervals, "
+        "probability of improvement",
+    )
+    compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    compare.add_argument(
+        "--by",
+        choices=("name", "config"),
+        default="name",
+        help="group runs by run directory name and sweep setting (default) or by config",
+    )
+    compare.add_argument(
+        "--metric", help="metric compared (default: eval_return where every run has it)"
+    )
+    compare.add_argument(
+        "--at", type=int, metavar="STEPS", help="compare at this env step (default: the last)"
+    )
+    compare.add_argument(
+        "--normalize",
+        metavar="LOW,HIGH|REF.yaml",
+        help="scores to (x - low) / (high - low): one pair, or a YAML file {env id: [low, high]} "
+        "(a negative LOW: --normalize=-500,0)",
+    )
+    compare.add_argument("--plot", metavar="DIR", help="write the figures as PNGs into DIR")
+    compare.add_argument(
+        "--reps", type=int, default=50_000, help="bootstrap resamples (default 50000)"
+    )
+    compare.add_argument("--seed", type=int, default=0, help="seed of the resampling")
     return parser
 
 
@@ -174,6 +207,10 @@ def run_command(argv=None) -> int:
         return eval_command(args)
     if args.command == "plot":
         return plot_command(args)
+    if args.command == "compare":
+        from rl.compare import compare_command
+
+        return compare_command(args)
     if args.command == "configs":
         return configs_command()
     return EXIT_BAD_INPUT

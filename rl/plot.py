@@ -1,4 +1,4 @@
-"""Learning curves of run directories as a PNG.
+"""Learning curves of run directories as a PNG, and the figures of `rl compare` (at the end).
 
     rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric eval_return]
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rl import evaluation
 from rl.config_parsing import ConfigError
 
 INTERVAL = (25.0, 75.0)
@@ -150,3 +151,178 @@ def plot_runs(run_dirs, output=None, metric: str | None = None, warn=None) -> Pa
     finally:
         plt.close(figure)
     return output
+
+
+# ---------------------------------------------------------------- rl compare's figures
+
+CURVE_REPS = 5_000  # resamples of each band point
+PROFILE_POINTS = 101
+
+AGGREGATE_TITLES = {
+    "iqm": "IQM",
+    "median": "median of env means",
+    "run_median": "median of runs",
+    "mean": "mean",
+    "optimality_gap": "optimality gap",
+}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    try:
+        figure.tight_layout()
+        figure.savefig(path, format="png")
+    finally:
+        plt.close(figure)
+    return path
+
+
+def plot_comparison(
+    folder,
+    score_label: str,
+    intervals: dict,
+    profiles: dict,
+    iqm_curves: dict,
+    reps: int,
+    band_reps: int,
+) -> list[Path]:
+    """`rl compare --plot FOLDER` (rl.compare): three PNGs in `folder` (created if missing).
+
+    `aggregates.png`: per aggregate (a panel each), each group's point estimate and interval, from
+    `intervals` {group: {aggregate: rl.evaluation.Interval}}. `profile.png`: each group's
+    performance profile (fraction of runs scoring above tau, with its band), from `profiles`
+    {group: rl.evaluation.Profile}. `iqm_curve.png`: each group's IQM against env steps with its
+    band, from `iqm_curves` {group: (steps, iqm, low, high)}. `score_label` names the score on the
+    axes; `reps` and `band_reps`, the resamples of the intervals and of the bands, go in the titles.
+    Returns the paths written."""
+    plt = _pyplot()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    groups = list(intervals) or list(iqm_curves)
+    colors = {g: f"C{i % 10}" for i, g in enumerate(dict.fromkeys(groups + list(iqm_curves)))}
+    written = []
+
+    names = list(next(iter(intervals.values()))) if intervals else []
+    figure, axes = plt.subplots(
+        1,
+        max(1, len(names)),
+        figsize=(3.2 * max(1, len(names)), 0.6 * len(groups) + 1.8),
+        dpi=110,
+        squeeze=False,
+    )
+    for ax, name in zip(axes[0], names):
+        for row, group in enumerate(groups):
+            interval = intervals[group][name]
+            ax.barh(
+                row,
+                interval.high - interval.low,
+                left=interval.low,
+                height=0.6,
+                color=colors[group],
+                alpha=0.45,
+                label=group,
+            )
+            ax.plot([interval.point] * 2, [row - 0.3, row + 0.3], color="black", linewidth=1.5)
+        ax.set_yticks(range(len(groups)))
+        ax.set_yticklabels(groups if ax is axes[0][0] else [""] * len(groups), fontsize=8)
+        ax.invert_yaxis()
+        ends = [v for group in groups for v in intervals[group][name]]
+        pad = 0.08 * ((max(ends) - min(ends)) or abs(max(ends)) or 1.0)
+        ax.set_xlim(min(ends) - pad, max(ends) + pad)  # a zero-width interval stays in view
+        ax.set_title(AGGREGATE_TITLES.get(name, name), fontsize=10)
+        ax.set_xlabel(score_label, fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    figure.suptitle(
+        f"95% stratified-bootstrap intervals ({reps:,} resamples); bar: interval, line: estimate",
+        fontsize=9,
+    )
+    written.append(_save(figure, folder / "aggregates.png"))
+
+    figure, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for group, profile in profiles.items():
+        ax.plot(profile.taus, profile.fraction, color=colors[group], label=group)
+        ax.fill_between(
+            profile.taus, profile.low, profile.high, color=colors[group], alpha=0.25, linewidth=0
+        )
+    ax.set_xlabel(f"{score_label} (tau)")
+    ax.set_ylabel("fraction of runs with score > tau")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"performance profile with 95% bands ({band_reps:,} resamples)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    written.append(_save(figure, folder / "profile.png"))
+
+    figure, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for group, (steps, iqm, low, high) in iqm_curves.items():
+        ax.plot(steps, iqm, color=colors[group], label=group)
+        ax.fill_between(steps, low, high, color=colors[group], alpha=0.25, linewidth=0)
+    ax.set_xlabel("env steps per run")
+    ax.set_ylabel(f"IQM of {score_label}")
+    ax.set_title(f"IQM over runs with its 95% band ({band_reps:,} resamples)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    written.append(_save(figure, folder / "iqm_curve.png"))
+    return written
+
+
+def iqm_curves(result, reps: int, seed: int) -> dict:
+    """{group: (steps [T], iqm [T], low [T], high [T])} over the log points every unit of the
+    group has (normalised like the scores; NaN runs left out at each point)."""
+    out = {}
+    for group in result.groups:
+        steps = sorted(set.intersection(*(set(u.steps.tolist()) for u in group.units)))
+        rows = []
+        for step in steps:
+            tasks: dict[str, list] = {}
+            for unit in group.units:
+                values = unit.values[:, int(np.flatnonzero(unit.steps == step)[0])]
+                if result.bounds is not None:
+                    low, high = result.bounds[unit.env]
+                    values = (values - low) / (high - low)
+                tasks.setdefault(unit.env, []).append(values[np.isfinite(values)])
+            scores = [np.concatenate(v) for v in tasks.values()]
+            if all(s.size for s in scores):
+                found = evaluation.bootstrap_intervals(scores, ["iqm"], reps=reps, seed=seed)
+                rows.append((step, *found["iqm"]))
+        if rows:
+            out[group.label] = tuple(np.array(column) for column in zip(*rows))
+    return out
+
+
+def profiles(result, reps: int, seed: int) -> dict:
+    """{group: rl.evaluation.Profile} at PROFILE_POINTS thresholds spanning every score."""
+    scored = [g for g in result.groups if g.label in result.intervals]
+    every = np.concatenate([s for g in scored for s in g.scores.values()] or [np.zeros(1)])
+    taus = np.linspace(every.min(), every.max(), PROFILE_POINTS)
+    return {
+        g.label: evaluation.performance_profile(list(g.scores.values()), taus, reps=reps, seed=seed)
+        for g in scored
+    }
+
+
+def comparison_figures(result, folder, reps: int, seed: int) -> list[Path]:
+    """`rl compare --plot FOLDER`: `plot_comparison` of the Comparison `result` (rl.compare),
+    the intervals from `reps` resamples, the bands from min(reps, CURVE_REPS); returns the paths."""
+    few = min(reps, CURVE_REPS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return plot_comparison(
+            folder,
+            ("normalised " if result.bounds else "") + result.metric,
+            result.intervals,
+            profiles(result, few, seed),
+            iqm_curves(result, few, seed),
+            reps=reps,
+            band_reps=few,
+        )
