@@ -99,7 +99,9 @@ class CheckedFileCache:
         except FileNotFoundError:
             return None
         except OSError as err:
-            self.stats.warn(f"compilation cache entry {path} cannot be read ({err.strerror})")
+            self.stats.warn(
+                f"compilation cache {self._path} cannot be read ({err.strerror}); compiling instead"
+            )
             return None
         digest, value = (
             data[len(_MAGIC) : len(_MAGIC) + _DIGEST_BYTES],
@@ -107,7 +109,7 @@ class CheckedFileCache:
         )
         if not data.startswith(_MAGIC) or hashlib.sha256(value).digest() != digest:
             self.stats.warn(
-                f"compilation cache entry {path.name} in {self._path} is damaged; compiling "
+                f"compilation cache {self._path} holds a damaged entry; compiling that program "
                 "again and replacing it"
             )
             try:

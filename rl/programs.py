@@ -131,7 +131,8 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     else:
         raise ValueError(f"shard must be 'seeds' or 'envs', got {shard!r}")
     init = jax.jit(
-        at_matmul_precision(init_many, config.run.matmul_precision), out_shardings=state_sharding
+        named(at_matmul_precision(init_many, config.run.matmul_precision), "init"),
+        out_shardings=state_sharding,
     )
     chunks = {}
 
@@ -146,13 +147,24 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
                 in_axes = (0, None), (0, 0)
             run_many = vmap_over_settings(jax.vmap(run_one, in_axes=in_axes[0]), in_axes[1])
             chunks[key] = jax.jit(
-                at_matmul_precision(run_many, config.run.matmul_precision),
+                named(at_matmul_precision(run_many, config.run.matmul_precision), "log_points"),
                 out_shardings=(state_sharding, metrics_sharding),
                 donate_argnums=(0,) if donate else (),
             )
         return chunks[key]
 
     return trainer, init, chunk, keys, hparams
+
+
+def named(fn, name: str):
+    """`fn` under the name `name` (what `jax.jit` calls its program in logs and events)."""
+
+    @functools.wraps(fn)
+    def renamed(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    renamed.__name__ = renamed.__qualname__ = name
+    return renamed
 
 
 def run_masked(run, length: int, state, hparams, count):
