@@ -16,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 
+from rl.tensorboard_events import EventFile
+
 _SINKS: list[Callable[[dict], None]] = []
 _LOCK = threading.Lock()
 
@@ -139,8 +141,8 @@ class RunLogger:
     settings, measured between consecutive log points) and `wall_time` (seconds since the run
     started). Rows are buffered and the files flushed at most every `flush_seconds` (and by
     `flush()`, which the runner calls before each checkpoint), so the host work stays bounded
-    however often log points arrive. Event files are written synchronously with tensorboardX's
-    protobufs (no TensorFlow, no writer threads).
+    however often log points arrive. Event files are written synchronously by
+    rl.tensorboard_events (no TensorFlow, tensorboardX or protobuf import, no writer threads).
     """
 
     def __init__(self, run_dir, grid: list[dict], num_seeds: int, flush_seconds: float = 2.0):
@@ -172,7 +174,6 @@ class RunLogger:
         """Create the files, or (resuming) rewrite them from a checkpoint's `history` so they hold
         exactly the restored log points (rows a killed process wrote after its checkpoint go
         away)."""
-        _prefetch_tensorboardx()
         self._jsonl = open(self.run_dir / "metrics.jsonl", "w")
         self._csv = open(self.run_dir / "metrics.csv", "w")
         if history is None or not history.get("seed"):
@@ -270,8 +271,6 @@ class RunLogger:
         import json
 
         rows, self.pending = self.pending, []
-        if rows:
-            _TBX_IMPORT.join()
         for row, tensorboard in rows:
             self._jsonl.write(json.dumps(row) + "\n")
             self._csv.write(
@@ -295,35 +294,21 @@ class RunLogger:
     def _event_writer(self, setting: int, seed: int):
         key = (setting, seed)
         if key not in self.tb:
-            from tensorboardX.event_file_writer import EventsWriter
-            from tensorboardX.proto import event_pb2
-
             folder = self.run_dir / "tensorboard" / f"setting_{setting}" / f"seed_{seed}"
             folder.mkdir(parents=True, exist_ok=True)
-            writer = EventsWriter(str(folder / "events"), self.tb_suffix)
+            writer = EventFile(folder, self.tb_suffix)
             if self.purge_step is not None:  # TensorBoard drops the killed process's later events
-                writer.write_event(
-                    event_pb2.Event(
-                        wall_time=time.time(),
-                        step=self.purge_step,
-                        session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
-                    )
-                )
+                writer.session_start(self.purge_step)
             self.tb[key] = writer
         return self.tb[key]
 
     def _write_event(self, row: dict) -> None:
-        from tensorboardX.proto import event_pb2, summary_pb2
-
-        values = [
-            summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+        values = {
+            k: v
             for k, v in row.items()
             if k not in ("setting", "seed", "log_point", "step", "wall_time") and v is not None
-        ]
-        event = event_pb2.Event(
-            wall_time=time.time(), step=int(row["step"]), summary=summary_pb2.Summary(value=values)
-        )
-        self._event_writer(row["setting"], row["seed"]).write_event(event)
+        }
+        self._event_writer(row["setting"], row["seed"]).scalars(int(row["step"]), values)
 
     def close(self) -> None:
         """Flush and close every file; after a failed write (already raised) the files are closed
@@ -339,22 +324,6 @@ class RunLogger:
                 if self.write_error is None:
                     raise
         self._jsonl = self._csv = None
-
-
-def _import_tensorboardx() -> None:
-    import tensorboardX.event_file_writer  # noqa: F401
-    import tensorboardX.proto.event_pb2  # noqa: F401
-
-
-# Importing tensorboardX imports torch when torch is installed (seconds): do it in the background,
-# while the training program compiles.
-_TBX_IMPORT = threading.Thread(target=_import_tensorboardx, daemon=True)
-
-
-def _prefetch_tensorboardx() -> None:
-    with _LOCK:
-        if _TBX_IMPORT.ident is None:
-            _TBX_IMPORT.start()
 
 
 def _python_number(value):
