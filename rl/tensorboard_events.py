@@ -6,7 +6,7 @@ length, data, uint32 masked CRC-32C of the data` (little-endian; masked(c) = ((c
 events written here are encoded by hand in protobuf's wire format:
 
     Event   { double wall_time = 1; int64 step = 2; string file_version = 3;
-              Summary summary = 5; SessionLog session_log = 6; }
+              Summary summary = 5; SessionLog session_log = 7; }
     Summary { repeated Value value = 1; }     Value { string tag = 1; float simple_value = 2; }
     SessionLog { enum status = 1; }           (START = 1)
 
@@ -89,7 +89,7 @@ def encode_event(
         )
         event += _bytes_field(5, values)
     if session_start:
-        event += _bytes_field(6, _field(1, 0) + _varint(1))
+        event += _bytes_field(7, _field(1, 0) + _varint(1))
     return event
 
 
