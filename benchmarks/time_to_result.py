@@ -99,7 +99,7 @@ PRESETS = {
         "agent.reward_scale=0.1",
         "agent.network.hidden=[256,256]",
         "agent.eval_envs=0",
-        "agent.log_interval=15",
+        "agent.log_interval=61",
     ],
 }
 
