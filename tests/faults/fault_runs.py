@@ -21,7 +21,7 @@ from rl.checkpoint_integrity import FILES_MANIFEST
 # The exit status of a run each signal stops (-9: killed).
 EXIT_STATUS = {"SIGKILL": -9, "SIGINT": 130, "SIGTERM": 143}
 # The tabular family's log points (tests/run_helpers.py's TINY: 20 of 1000 env steps, a checkpoint
-# every 4); a signal at or before step 16000 leaves a later chunk to stop before.
+# every 4); a signal at or before step 17000 leaves later log points to stop before.
 TABULAR_LOG_POINTS = list(range(1000, 20_001, 1000))
 TABULAR_BEFORE_LAST_CHUNK = TABULAR_LOG_POINTS[:17]
 
