@@ -10,6 +10,7 @@ kernel bodies and string annotations, which are not evaluated.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable
 
@@ -60,3 +61,45 @@ else:
     tl = _MissingLanguage()
 
 __all__ = ["MISSING_MESSAGE", "import_error", "tl", "triton"]
+
+
+class _TargetOnlyDriver:
+    """Triton's active driver while jax-triton compiles kernels: it answers the compile's question
+    (`get_current_target`: CUDA at the GPU's compute capability, as JAX reports it) without
+    Triton's own CUDA driver, whose construction imports torch (seconds, where torch is
+    installed). Anything else is asked of Triton's own driver."""
+
+    def __init__(self, capability: int):
+        self.capability = capability
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", self.capability, 32)
+
+    def __getattr__(self, name: str):
+        from triton.runtime import driver
+
+        return getattr(driver.default, name)
+
+
+@contextlib.contextmanager
+def compile_without_torch(device):
+    """While the block runs (lowering programs with Triton kernels for `device`, a JAX CUDA
+    device), Triton asks `_TargetOnlyDriver` for its target instead of making its own driver,
+    where Triton has made none yet; Triton's state is as before afterwards. Elsewhere (no Triton,
+    another platform, a driver already made, a Triton without this driver registry) the block
+    runs unchanged."""
+    capability = getattr(device, "compute_capability", None)
+    registry = None
+    if import_error() is None and device.platform == "gpu" and capability:
+        from triton.runtime import driver as registry
+    if registry is None or getattr(registry, "_active", 1) is not None:
+        yield
+        return
+    major, minor = str(capability).split(".")[:2]
+    registry._active = _TargetOnlyDriver(int(major) * 10 + int(minor))
+    try:
+        yield
+    finally:
+        registry._active = None

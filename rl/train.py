@@ -31,6 +31,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from kernels.launch import compile_without_torch
 from rl.checkpoint import Checkpoints
 from rl.compile_cache import compilation_cache
 from rl.config import Config
@@ -274,10 +275,11 @@ class _ChunkedRun:
 
         def lower_and_compile():
             abstract_state = jax.eval_shape(self.init, self.keys, self.hparams)
-            lowered = [
-                self.init.trace(self.keys, self.hparams).lower(),
-                self.log_point.trace(abstract_state, self.hparams, np.int32(1)).lower(),
-            ]
+            with compile_without_torch(jax.devices()[0]):
+                lowered = [
+                    self.init.trace(self.keys, self.hparams).lower(),
+                    self.log_point.trace(abstract_state, self.hparams, np.int32(1)).lower(),
+                ]
             return abstract_state, compile_together(lowered)
 
         abstract_state, compiled = call_interruptibly(lower_and_compile, block=False)

@@ -295,3 +295,25 @@ def test_shape_helpers():
     x2, restore2 = L.rows_2d(jnp.zeros((2, 3, 4)), lead=0)
     assert x2.shape == (6, 4) and restore2(x2).shape == (2, 3, 4)
     assert [L.next_power_of_2(n) for n in (1, 2, 3, 17)] == [1, 2, 4, 32]
+
+
+def test_lowering_asks_a_target_only_triton_driver_and_puts_triton_back():
+    """rl.train lowers its programs under `compile_without_torch`: Triton's target comes from the
+    device's compute capability (no torch import through Triton's CUDA driver), and Triton has no
+    active driver afterwards, as before. Elsewhere the block changes nothing."""
+    pytest.importorskip("triton")
+    from triton.runtime import driver
+
+    from kernels.launch import compile_without_torch
+
+    class Hopper:
+        platform, compute_capability = "gpu", "9.0"
+
+    if driver._active is not None:
+        pytest.skip("Triton's driver is already made in this process")
+    with compile_without_torch(Hopper()):
+        target = driver.active.get_current_target()
+        assert (target.backend, target.arch, target.warp_size) == ("cuda", 90, 32)
+    assert driver._active is None
+    with compile_without_torch(jax.devices("cpu")[0]):
+        assert driver._active is None
