@@ -157,11 +157,21 @@ def _manager(directory: Path, keep: int | None = None, read_only: bool = False):
 
 
 class Checkpoints:
-    """Save and restore a run's checkpoints (see the module docstring)."""
+    """Save and restore a run's checkpoints (see the module docstring).
 
-    def __init__(self, run_dir, keep: int | None = 3, read_only: bool = False):
+    Symbolic links in `checkpoints/` (a step folder or a temporary one that is a link, as a shared
+    run directory may hold) are never read, written or deleted through: a writer moves each link
+    itself to `damaged_checkpoints/` with one warning, a reader (`read_only`) skips it with one."""
+
+    def __init__(self, run_dir, keep: int | None = 3, read_only: bool = False, warn=None):
         self.directory = checkpoint_dir(run_dir)
         self.read_only = read_only
+        self.warn = warn or (lambda message: print(f"rl: warning: {message}", file=sys.stderr))
+        if self.directory.is_symlink():
+            from rl.run_files import link_error
+
+            raise link_error(self.directory)
+        self._linked = self._set_aside_links()
         # the thread that waits for the checkpoint being written and records its files manifest
         self._finishing: threading.Thread | None = None
         self._write_failure: BaseException | None = None
@@ -176,7 +186,31 @@ class Checkpoints:
         if self._manager is None:
             return []
         self._manager.reload()
-        return sorted(self._manager.all_steps())
+        return sorted(step for step in self._manager.all_steps() if step not in self._linked)
+
+    def _set_aside_links(self) -> set[int]:
+        """The steps (folder names) of `checkpoints/` that are symbolic links: moved (the links
+        themselves) to `damaged_checkpoints/` by a writer (process 0), each with one warning, so
+        that nothing reads, overwrites or deletes through them; skipped with a warning by a
+        reader."""
+        if not self.directory.is_dir():
+            return set()
+        linked = set()
+        for entry in sorted(self.directory.iterdir()):
+            if not entry.is_symlink():
+                continue
+            if entry.name.isdigit():
+                linked.add(int(entry.name))
+            target = os.readlink(entry)
+            if self.read_only:
+                self.warn(f"checkpoint {entry} is a symbolic link (to {target!r}): skipped")
+            elif jax.process_index() == 0:
+                moved = _set_aside_path(self.directory, entry)
+                self.warn(
+                    f"checkpoint {entry} is a symbolic link (to {target!r}); the link was moved "
+                    f"to {moved}"
+                )
+        return linked
 
     def save(self, step: int, state, history: dict, meta: dict) -> None:
         """Start writing a checkpoint (asynchronously: arrays are copied off the device before this
@@ -226,10 +260,14 @@ class Checkpoints:
         """The JSON metadata of checkpoint `step` (no array is read)."""
         import orbax.checkpoint as ocp
 
+        check_folder(self.directory / str(int(step)))
         restored = self._manager.restore(
             int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore())
         )
-        return dict(restored["meta"])
+        meta = restored["meta"]
+        if not isinstance(meta, dict):
+            raise CheckpointDamagedError(f"its metadata is {type(meta).__name__}, not a mapping")
+        return dict(meta)
 
     def restore(self, step: int, abstract_state, with_history: bool = True, check_meta=None):
         """(state, history, meta) of checkpoint `step`, placed like `abstract_state` (a tree of
@@ -246,10 +284,13 @@ class Checkpoints:
         import orbax.checkpoint as ocp
 
         folder = self.directory / str(step)
+        check_folder(folder)
         verified = verify_files(folder)
         try:
             meta = self.read_meta(step)
-        except (OSError, ValueError) as err:  # also json's JSONDecodeError
+        except CheckpointDamagedError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as err:  # also json's JSONDecodeError
             raise CheckpointDamagedError(
                 f"its metadata cannot be read: {_first_line(err)}"
             ) from None
@@ -332,15 +373,7 @@ class Checkpoints:
 
     def _set_aside(self, step: int) -> Path:
         """Move a damaged checkpoint out of the way (so a resumed run can write that step again)."""
-        import shutil
-
-        target = self.directory.parent / "damaged_checkpoints" / str(step)
-        suffix = 0
-        while target.exists():
-            suffix += 1
-            target = target.with_name(f"{step}.{suffix}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(self.directory / str(step)), str(target))
+        target = _set_aside_path(self.directory, self.directory / str(step))
         self._manager.reload()
         return target
 
@@ -351,6 +384,35 @@ class Checkpoints:
                 self.wait()
             finally:
                 self._manager.close()
+
+
+def _set_aside_path(directory: Path, entry: Path) -> Path:
+    """Move `entry` of `directory` (checkpoints/) into `damaged_checkpoints/` beside it, under a
+    free name; a symbolic link is moved as the link (its target stays where it is)."""
+    target = directory.parent / "damaged_checkpoints" / entry.name
+    suffix = 0
+    while target.exists() or target.is_symlink():
+        suffix += 1
+        target = target.with_name(f"{entry.name}.{suffix}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(entry, target)
+    return target
+
+
+def check_folder(folder: Path) -> None:
+    """CheckpointDamagedError for a checkpoint folder fusedrl cannot have written whole: a symbolic
+    link, one holding a symbolic link, or one without its `meta/` item."""
+    if folder.is_symlink():
+        raise CheckpointDamagedError(f"it is a symbolic link (to {os.readlink(folder)!r})")
+    if not folder.is_dir():
+        raise CheckpointDamagedError("it is not a folder")
+    for parent, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(parent, name)):
+                inner = os.path.relpath(os.path.join(parent, name), folder)
+                raise CheckpointDamagedError(f"it holds a symbolic link, {inner}")
+    if not (folder / "meta").is_dir():
+        raise CheckpointDamagedError("its meta/ folder is missing")
 
 
 def _first_line(err: BaseException) -> str:
