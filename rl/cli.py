@@ -208,8 +208,11 @@ def eval_command(args) -> int:
     except CheckpointMismatchError as err:
         return error(str(err), EXIT_BAD_INPUT)
     except OSError as err:
+        # a file the command writes, or one of the run's it reads (a checkpoint deleted meanwhile)
+        written = {str(p) for p in (args.render, args.json) if p is not None}
+        verb = "write" if err.filename is None or str(err.filename) in written else "read"
         return error(
-            f"cannot write {err.filename or args.render or args.json}: {err.strerror or err}",
+            f"cannot {verb} {err.filename or args.render or args.json}: {err.strerror or err}",
             EXIT_FAILED,
         )
     print_evaluation(result)
