@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="multi-process run: address of process 0 (jax.distributed), or 'auto'",
     )
+    train.add_argument(
+        "--coordinator-bind",
+        metavar="HOST:PORT",
+        help="multi-process run: where process 0 listens (default: the --coordinator address "
+        "itself; 0.0.0.0:PORT for every interface)",
+    )
     train.add_argument("--num-processes", type=int, help="multi-process run: number of processes")
     train.add_argument("--process-id", type=int, help="multi-process run: this process's index")
 

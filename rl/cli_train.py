@@ -134,7 +134,9 @@ def train_command(args) -> int:
     from rl.checkpoint import CheckpointMismatchError
 
     try:
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        distributed.initialize(
+            args.coordinator, args.num_processes, args.process_id, args.coordinator_bind
+        )
         if args.resume:
             config, grid, run_dir = resolve_resume(args)
             finished = completed_summary(run_dir)
