@@ -21,7 +21,7 @@ from rl.cli_output import (
     print_summary,
 )
 from rl.config import Config, load_config, parse_sweep
-from rl.config_parsing import ConfigError
+from rl.config_parsing import ConfigError, quoted_override
 
 
 def resolve_train_config(args) -> tuple[Config, list[dict]]:
@@ -29,10 +29,11 @@ def resolve_train_config(args) -> tuple[Config, list[dict]]:
     overrides = list(args.overrides)
     if args.seeds is not None:
         overrides.append(f"run.seeds={args.seeds}")
+    # names are strings as given: `--name null` is the name "null", not YAML's None
     if args.output_dir is not None:
-        overrides.append(f"run.output_dir={args.output_dir}")
+        overrides.append(quoted_override("run.output_dir", args.output_dir))
     if args.name is not None:
-        overrides.append(f"run.name={args.name}")
+        overrides.append(quoted_override("run.name", args.name))
     if args.no_progress:
         overrides.append("run.progress=false")
     from rl.train import smoke_seeds
