@@ -29,15 +29,18 @@ PARAM_COPIES = 4
 
 def check_log_points(agent) -> None:
     """ConfigError naming agent.log_interval where the run would have more than MAX_LOG_POINTS log
-    points (counted as total_steps // log_interval, an upper bound for agents that log every
-    `log_interval` updates)."""
+    points: total_steps // log_interval, or num_updates // log_interval for the agents that log
+    every `log_interval` updates."""
     total, interval = getattr(agent, "total_steps", None), getattr(agent, "log_interval", None)
     if not isinstance(total, int) or not isinstance(interval, int) or interval < 1:
         return
-    points = total // interval
+    updates = getattr(agent, "num_updates", None)  # agents that log every `log_interval` updates
+    counted = updates if isinstance(updates, int) else total
+    points = counted // interval
     if points > MAX_LOG_POINTS:
+        per = f"{updates:,} updates of" if isinstance(updates, int) else ""
         raise ConfigError(
-            f"agent.log_interval: {interval:,} gives up to {points:,} log points for "
+            f"agent.log_interval: {interval:,} gives {points:,} log points for {per} "
             f"agent.total_steps {total:,}, more than the {MAX_LOG_POINTS:,} a run can log; raise "
             "agent.log_interval"
         )
