@@ -55,6 +55,11 @@ def make_run_dir(config: Config, exist_ok: bool = False) -> Path:
     path = Path(config.run.output_dir) / name
     if path.exists() and not exist_ok:
         raise ConfigError(f"run directory {str(path)!r} already exists; choose another run.name")
+    if path.exists() and exist_ok:  # a multi-process run: every process makes it
+        from rl.distributed import is_main_process
+        from rl.run_dir import check_shared_run_dir
+
+        check_shared_run_dir(path, is_main_process())
     try:
         path.mkdir(parents=True, exist_ok=exist_ok)
     except OSError as err:
@@ -174,17 +179,25 @@ def train_command(args) -> int:
         return error(str(err), EXIT_BAD_INPUT)
     from rl.divergence import NonFiniteError
     from rl.interrupts import TrainingInterrupted
+    from rl.run_dir import removed_if_start_fails
     from rl.train import run_training
 
     try:
-        if config.arch.name == "sebulba":
-            from rl.sebulba_run import run_training as run_sebulba
+        # a new run's directory (made by this one process) goes if the run fails to start
+        with removed_if_start_fails(run_dir, made=not args.resume and not multi_process):
+            if config.arch.name == "sebulba":
+                from rl.sebulba_run import run_training as run_sebulba
 
-            summary = run_sebulba(config, grid, run_dir, resume=bool(args.resume))
-        else:
-            summary = run_training(
-                config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard
-            )
+                summary = run_sebulba(config, grid, run_dir, resume=bool(args.resume))
+            else:
+                summary = run_training(
+                    config,
+                    grid,
+                    run_dir,
+                    resume=bool(args.resume),
+                    devices=devices,
+                    shard=args.shard,
+                )
     except (CheckpointMismatchError, ConfigError) as err:  # e.g. the run directory is in use
         return error(str(err), EXIT_BAD_INPUT)
     except NonFiniteError as err:

@@ -295,7 +295,24 @@ def check_recurrence(agent, module) -> None:
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
     """Read, override and validate a config file, given by path or by a packaged config's name."""
-    return build_config(apply_overrides(read_yaml(find_config(path)), list(overrides)))
+    found = find_config(path)
+    return build_from_file(apply_overrides(read_yaml(found), list(overrides)), found)
+
+
+def build_from_file(data: Mapping, path) -> Config:
+    """`build_config(data)` of a file's mapping, where a value of a type no check expected (a
+    crafted file: a list where the env wants a number, ...) is one ConfigError naming the file,
+    not a traceback from deep inside an env or agent."""
+    try:
+        return build_config(data)
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError, OverflowError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        detail = str(err).splitlines()[0] if str(err) else ""
+        raise ConfigError(
+            f"config file {str(path)!r} cannot be used: {type(err).__name__}"
+            + (f": {detail[:200]}" if detail else "")
+        ) from None
 
 
 # ---------------------------------------------------------------- sweeps and traced hyperparameters

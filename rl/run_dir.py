@@ -38,7 +38,7 @@ from rl.checkpoint import (
     abstract_like,
 )
 from rl.checkpoint_integrity import signature_difference, state_signature
-from rl.config import Config, build_config
+from rl.config import Config, build_from_file
 from rl.config_parsing import ConfigError, read_yaml
 from rl.distributed import seed_mesh
 from rl.programs import make_programs
@@ -96,6 +96,48 @@ def run_dir_lock(run_dir):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def holds_checkpoints(run_dir) -> bool:
+    """Whether `RUN_DIR/checkpoints/` holds a checkpoint step folder (finalised or not)."""
+    folder = Path(run_dir) / "checkpoints"
+    return folder.is_dir() and any(entry.name[:1].isdigit() for entry in folder.iterdir())
+
+
+def check_shared_run_dir(run_dir, first_process: bool) -> None:
+    """For a multi-process run, whose processes all make its new directory: ConfigError where
+    `run_dir` already holds a run, as a one-process run refuses an existing directory: a finished
+    one (summary.json, final_params.msgpack), checkpoints, or, seen by process 0 (which writes it
+    later), a config.yaml."""
+    run_dir = Path(run_dir)
+    held = [name for name in (SUMMARY_FILE, FINAL_PARAMS_FILE) if (run_dir / name).exists()]
+    held += ["checkpoints"] if holds_checkpoints(run_dir) else []
+    held += [CONFIG_FILE] if first_process and (run_dir / CONFIG_FILE).exists() else []
+    if held:
+        raise ConfigError(
+            f"run directory {str(run_dir)!r} already holds a run ({', '.join(held)}); choose "
+            "another run.name, or continue that run with --resume"
+        )
+
+
+@contextlib.contextmanager
+def removed_if_start_fails(run_dir, made: bool):
+    """Remove `run_dir` (made by this process, `made`) when the block fails before any checkpoint
+    was written, so a failed start leaves no half-made run directory; not after Ctrl-C or SIGTERM
+    (the message offers --resume), a divergence (its metrics show it) or a write error (the fault
+    table: what was written stays)."""
+    from rl.divergence import NonFiniteError
+    from rl.interrupts import TrainingInterrupted
+
+    try:
+        yield
+    except Exception as err:
+        kept = (TrainingInterrupted, NonFiniteError, RunDirInUseError, OSError)
+        if made and not isinstance(err, kept) and not holds_checkpoints(run_dir):
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
 def write_run_config(run_dir: Path, config: Config, grid: list[dict]) -> None:
     """`config.yaml`: the resolved config with the sweep grid under `sweep`."""
     write_atomic(
@@ -113,7 +155,7 @@ def load_run_config(run_dir) -> tuple[Config, list[dict]]:
         raise ConfigError(f"{str(path)!r} does not exist: is {str(run_dir)!r} a run directory?")
     data = read_yaml(check_inside(run_dir, path, "the run's config"))
     grid = data.pop("sweep", None) or [{}]
-    config = build_config(data)
+    config = build_from_file(data, path)
     return config, saved_grid(grid, config, path)
 
 
