@@ -256,7 +256,8 @@ def check_resume_config(run_dir, config: Config, grid: list[dict]) -> None:
     """Before anything compiles for `rl train --resume`: CheckpointMismatchError if the newest
     checkpoint whose metadata reads was written with another config than the run's config.yaml
     now holds (`config_check`). Reads only metadata; damaged checkpoints are left to the restore."""
-    checkpoints = Checkpoints(run_dir, read_only=True)
+    # (a linked step is reported once, by the run that moves it aside)
+    checkpoints = Checkpoints(run_dir, read_only=True, warn=lambda message: None)
     check = config_check(config, grid)
     for step in reversed(checkpoints.steps()):
         try:
