@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 from rl.config_parsing import ConfigError
@@ -97,7 +97,10 @@ def write_atomic(path, data: bytes | str) -> None:
     path = Path(path)
     if isinstance(data, str):
         data = data.encode()
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # a new name (O_EXCL: never an existing file or link), with the permissions open() gives
+    temporary = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    fd = os.open(temporary, flags, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
