@@ -46,8 +46,11 @@ from rl.checkpoint_integrity import (
     CheckpointDamagedError,
     CheckpointError,
     CheckpointMismatchError,
+    check_folder,
     check_history,
     check_matches,
+    set_aside,
+    set_aside_links,
     signature_difference,
     state_signature,
     verify_files,
@@ -171,7 +174,7 @@ class Checkpoints:
             from rl.run_files import link_error
 
             raise link_error(self.directory)
-        self._linked = self._set_aside_links()
+        self._linked = set_aside_links(self.directory, read_only, self.warn)
         # the thread that waits for the checkpoint being written and records its files manifest
         self._finishing: threading.Thread | None = None
         self._write_failure: BaseException | None = None
@@ -187,30 +190,6 @@ class Checkpoints:
             return []
         self._manager.reload()
         return sorted(step for step in self._manager.all_steps() if step not in self._linked)
-
-    def _set_aside_links(self) -> set[int]:
-        """The steps (folder names) of `checkpoints/` that are symbolic links: moved (the links
-        themselves) to `damaged_checkpoints/` by a writer (process 0), each with one warning, so
-        that nothing reads, overwrites or deletes through them; skipped with a warning by a
-        reader."""
-        if not self.directory.is_dir():
-            return set()
-        linked = set()
-        for entry in sorted(self.directory.iterdir()):
-            if not entry.is_symlink():
-                continue
-            if entry.name.isdigit():
-                linked.add(int(entry.name))
-            target = os.readlink(entry)
-            if self.read_only:
-                self.warn(f"checkpoint {entry} is a symbolic link (to {target!r}): skipped")
-            elif jax.process_index() == 0:
-                moved = _set_aside_path(self.directory, entry)
-                self.warn(
-                    f"checkpoint {entry} is a symbolic link (to {target!r}); the link was moved "
-                    f"to {moved}"
-                )
-        return linked
 
     def save(self, step: int, state, history: dict, meta: dict) -> None:
         """Start writing a checkpoint (asynchronously: arrays are copied off the device before this
@@ -373,7 +352,7 @@ class Checkpoints:
 
     def _set_aside(self, step: int) -> Path:
         """Move a damaged checkpoint out of the way (so a resumed run can write that step again)."""
-        target = _set_aside_path(self.directory, self.directory / str(step))
+        target = set_aside(self.directory, self.directory / str(step))
         self._manager.reload()
         return target
 
@@ -384,35 +363,6 @@ class Checkpoints:
                 self.wait()
             finally:
                 self._manager.close()
-
-
-def _set_aside_path(directory: Path, entry: Path) -> Path:
-    """Move `entry` of `directory` (checkpoints/) into `damaged_checkpoints/` beside it, under a
-    free name; a symbolic link is moved as the link (its target stays where it is)."""
-    target = directory.parent / "damaged_checkpoints" / entry.name
-    suffix = 0
-    while target.exists() or target.is_symlink():
-        suffix += 1
-        target = target.with_name(f"{entry.name}.{suffix}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(entry, target)
-    return target
-
-
-def check_folder(folder: Path) -> None:
-    """CheckpointDamagedError for a checkpoint folder fusedrl cannot have written whole: a symbolic
-    link, one holding a symbolic link, or one without its `meta/` item."""
-    if folder.is_symlink():
-        raise CheckpointDamagedError(f"it is a symbolic link (to {os.readlink(folder)!r})")
-    if not folder.is_dir():
-        raise CheckpointDamagedError("it is not a folder")
-    for parent, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            if os.path.islink(os.path.join(parent, name)):
-                inner = os.path.relpath(os.path.join(parent, name), folder)
-                raise CheckpointDamagedError(f"it holds a symbolic link, {inner}")
-    if not (folder / "meta").is_dir():
-        raise CheckpointDamagedError("its meta/ folder is missing")
 
 
 def _first_line(err: BaseException) -> str:

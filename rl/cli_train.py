@@ -57,7 +57,7 @@ def make_run_dir(config: Config, exist_ok: bool = False) -> Path:
         raise ConfigError(f"run directory {str(path)!r} already exists; choose another run.name")
     if path.exists() and exist_ok:  # a multi-process run: every process makes it
         from rl.distributed import is_main_process
-        from rl.run_dir import check_shared_run_dir
+        from rl.run_files import check_shared_run_dir
 
         check_shared_run_dir(path, is_main_process())
     try:
@@ -179,12 +179,14 @@ def train_command(args) -> int:
         return error(str(err), EXIT_BAD_INPUT)
     from rl.divergence import NonFiniteError
     from rl.interrupts import TrainingInterrupted
-    from rl.run_dir import removed_if_start_fails
+    from rl.run_dir import RunDirInUseError
+    from rl.run_files import removed_if_start_fails
     from rl.train import run_training
 
     try:
         # a new run's directory (made by this one process) goes if the run fails to start
-        with removed_if_start_fails(run_dir, made=not args.resume and not multi_process):
+        kept = (TrainingInterrupted, NonFiniteError, RunDirInUseError, OSError)
+        with removed_if_start_fails(run_dir, not args.resume and not multi_process, kept):
             if config.arch.name == "sebulba":
                 from rl.sebulba_run import run_training as run_sebulba
 

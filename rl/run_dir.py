@@ -42,7 +42,14 @@ from rl.config import Config, build_from_file
 from rl.config_parsing import ConfigError, read_yaml
 from rl.distributed import seed_mesh
 from rl.programs import make_programs
-from rl.run_files import check_inside, check_run_dir, open_no_follow, write_atomic
+from rl.run_files import (
+    check_inside,
+    check_run_dir,
+    open_no_follow,
+    read_final_params,
+    saved_grid,
+    write_atomic,
+)
 
 CONFIG_FILE = "config.yaml"
 FINAL_PARAMS_FILE = "final_params.msgpack"
@@ -96,48 +103,6 @@ def run_dir_lock(run_dir):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def holds_checkpoints(run_dir) -> bool:
-    """Whether `RUN_DIR/checkpoints/` holds a checkpoint step folder (finalised or not)."""
-    folder = Path(run_dir) / "checkpoints"
-    return folder.is_dir() and any(entry.name[:1].isdigit() for entry in folder.iterdir())
-
-
-def check_shared_run_dir(run_dir, first_process: bool) -> None:
-    """For a multi-process run, whose processes all make its new directory: ConfigError where
-    `run_dir` already holds a run, as a one-process run refuses an existing directory: a finished
-    one (summary.json, final_params.msgpack), checkpoints, or, seen by process 0 (which writes it
-    later), a config.yaml."""
-    run_dir = Path(run_dir)
-    held = [name for name in (SUMMARY_FILE, FINAL_PARAMS_FILE) if (run_dir / name).exists()]
-    held += ["checkpoints"] if holds_checkpoints(run_dir) else []
-    held += [CONFIG_FILE] if first_process and (run_dir / CONFIG_FILE).exists() else []
-    if held:
-        raise ConfigError(
-            f"run directory {str(run_dir)!r} already holds a run ({', '.join(held)}); choose "
-            "another run.name, or continue that run with --resume"
-        )
-
-
-@contextlib.contextmanager
-def removed_if_start_fails(run_dir, made: bool):
-    """Remove `run_dir` (made by this process, `made`) when the block fails before any checkpoint
-    was written, so a failed start leaves no half-made run directory; not after Ctrl-C or SIGTERM
-    (the message offers --resume), a divergence (its metrics show it) or a write error (the fault
-    table: what was written stays)."""
-    from rl.divergence import NonFiniteError
-    from rl.interrupts import TrainingInterrupted
-
-    try:
-        yield
-    except Exception as err:
-        kept = (TrainingInterrupted, NonFiniteError, RunDirInUseError, OSError)
-        if made and not isinstance(err, kept) and not holds_checkpoints(run_dir):
-            import shutil
-
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-
-
 def write_run_config(run_dir: Path, config: Config, grid: list[dict]) -> None:
     """`config.yaml`: the resolved config with the sweep grid under `sweep`."""
     write_atomic(
@@ -157,27 +122,6 @@ def load_run_config(run_dir) -> tuple[Config, list[dict]]:
     grid = data.pop("sweep", None) or [{}]
     config = build_from_file(data, path)
     return config, saved_grid(grid, config, path)
-
-
-def saved_grid(grid, config: Config, path) -> list[dict]:
-    """The `sweep` of a run's config.yaml as a list of settings ({sweepable agent key: number}),
-    or ConfigError naming the file."""
-    from rl.config import sweepable
-
-    names = sweepable(config.agent)
-    if not isinstance(grid, list) or not all(
-        isinstance(setting, dict)
-        and all(
-            key in names and isinstance(value, (int, float)) and not isinstance(value, bool)
-            for key, value in setting.items()
-        )
-        for setting in grid
-    ):
-        raise ConfigError(
-            f"{str(path)!r}: its sweep must be a list of settings of the agent's sweepable keys "
-            f"({', '.join(names)}) to numbers"
-        )
-    return [dict(setting) for setting in grid]
 
 
 # Keys of a run's config that --resume may find changed: where and how the run is written and
@@ -362,28 +306,6 @@ def load_params(
     if target_of(step) is None:  # it was read as stored
         return params_as_stored(abstract_state.params, state["params"], source), source
     return state.params, source
-
-
-def read_final_params(run_dir):
-    """The params `final_params.msgpack` holds, as stored (nested dicts of arrays); ConfigError
-    naming the file where it leaves the run directory or is not a msgpack of arrays."""
-    path = check_inside(run_dir, Path(run_dir) / FINAL_PARAMS_FILE, "the final params")
-    try:
-        stored = serialization.msgpack_restore(path.read_bytes())
-    except OSError as err:
-        raise ConfigError(f"{str(path)!r} cannot be read: {err.strerror or err}") from None
-    except Exception as err:  # msgpack's and flax's errors for bytes that are not params
-        raise ConfigError(
-            f"{str(path)!r} is not a params file fusedrl wrote ({type(err).__name__}); "
-            "evaluate a checkpoint instead (--checkpoint STEP)"
-        ) from None
-    leaves = jax.tree.leaves(stored)
-    if not leaves or not all(isinstance(leaf, np.ndarray) for leaf in leaves):
-        raise ConfigError(
-            f"{str(path)!r} is not a params file fusedrl wrote (it holds no arrays, or other "
-            "values than arrays); evaluate a checkpoint instead (--checkpoint STEP)"
-        )
-    return stored
 
 
 def params_only(checkpoints: Checkpoints, step: int, abstract_state) -> bool:

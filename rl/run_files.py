@@ -13,7 +13,11 @@ through one:
   folders (checkpoints/, tensorboard/, ...) are links, in one line naming the link.
 
 Reads refuse a link that leaves the run directory (`check_inside`): a run's config.yaml that points
-at another file is not read.
+at another file is not read. A new run's directory goes when the run fails to start
+(`removed_if_start_fails`), and a multi-process run refuses one that holds a run
+(`check_shared_run_dir`). What a run's files hold is checked as they are read: the sweep of its
+config.yaml (`saved_grid`), its final params (`read_final_params`), each a ConfigError naming the
+file.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 from pathlib import Path
 
 from rl.config_parsing import ConfigError
@@ -124,3 +129,87 @@ def check_inside(run_dir, path, what: str | None = None) -> Path:
                 f"{str(target)!r}, outside the run directory: not read"
             )
     return path
+
+
+def saved_grid(grid, config, path) -> list[dict]:
+    """The `sweep` of a run's config.yaml as a list of settings ({sweepable agent key: number}),
+    or ConfigError naming the file."""
+    from rl.config import sweepable
+
+    names = sweepable(config.agent)
+    if not isinstance(grid, list) or not all(
+        isinstance(setting, dict)
+        and all(
+            key in names and isinstance(value, (int, float)) and not isinstance(value, bool)
+            for key, value in setting.items()
+        )
+        for setting in grid
+    ):
+        raise ConfigError(
+            f"{str(path)!r}: its sweep must be a list of settings of the agent's sweepable keys "
+            f"({', '.join(names)}) to numbers"
+        )
+    return [dict(setting) for setting in grid]
+
+
+def read_final_params(run_dir):
+    """The params `final_params.msgpack` holds, as stored (nested dicts of arrays); ConfigError
+    naming the file where it leaves the run directory or is not a msgpack of arrays."""
+    import jax
+    import numpy as np
+    from flax import serialization
+
+    path = check_inside(run_dir, Path(run_dir) / "final_params.msgpack", "the final params")
+    try:
+        stored = serialization.msgpack_restore(path.read_bytes())
+    except OSError as err:
+        raise ConfigError(f"{str(path)!r} cannot be read: {err.strerror or err}") from None
+    except Exception as err:  # msgpack's and flax's errors for bytes that are not params
+        raise ConfigError(
+            f"{str(path)!r} is not a params file fusedrl wrote ({type(err).__name__}); "
+            "evaluate a checkpoint instead (--checkpoint STEP)"
+        ) from None
+    leaves = jax.tree.leaves(stored)
+    if not leaves or not all(isinstance(leaf, np.ndarray) for leaf in leaves):
+        raise ConfigError(
+            f"{str(path)!r} is not a params file fusedrl wrote (it holds no arrays, or other "
+            "values than arrays); evaluate a checkpoint instead (--checkpoint STEP)"
+        )
+    return stored
+
+
+def holds_checkpoints(run_dir) -> bool:
+    """Whether `RUN_DIR/checkpoints/` holds a checkpoint step folder (finalised or not)."""
+    folder = Path(run_dir) / "checkpoints"
+    return folder.is_dir() and any(entry.name[:1].isdigit() for entry in folder.iterdir())
+
+
+def check_shared_run_dir(run_dir, first_process: bool) -> None:
+    """For a multi-process run, whose processes all make its new directory: ConfigError where
+    `run_dir` already holds a run, as a one-process run refuses an existing directory: a finished
+    one (summary.json, final_params.msgpack), checkpoints, or, seen by process 0 (which writes it
+    later), a config.yaml."""
+    run_dir = Path(run_dir)
+    held = [name for name in ("summary.json", "final_params.msgpack") if (run_dir / name).exists()]
+    held += ["checkpoints"] if holds_checkpoints(run_dir) else []
+    held += ["config.yaml"] if first_process and (run_dir / "config.yaml").exists() else []
+    if held:
+        raise ConfigError(
+            f"run directory {str(run_dir)!r} already holds a run ({', '.join(held)}); choose "
+            "another run.name, or continue that run with --resume"
+        )
+
+
+@contextlib.contextmanager
+def removed_if_start_fails(run_dir, made: bool, kept: tuple[type[BaseException], ...] = ()):
+    """Remove `run_dir` (made by this process, `made`) when the block fails before any checkpoint
+    was written, so a failed start leaves no half-made run directory; not for the errors `kept`
+    (`rl train`'s: Ctrl-C or SIGTERM, whose message offers --resume; a divergence, whose metrics
+    show it; a write error, after which what was written stays; a directory another process holds).
+    """
+    try:
+        yield
+    except Exception as err:
+        if made and not isinstance(err, kept) and not holds_checkpoints(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
