@@ -521,6 +521,20 @@ class FromGymnasium(Env):
         return f"from_gymnasium({self.name!r})"
 
 
+def check_gymnasium_id(env_id: str) -> str:
+    """`env_id`, a gymnasium id, or ValueError for the `module:id` form: gymnasium.make would import
+    `module` (any module on sys.path, the current folder's included) before looking up the id, and
+    ids come from configs, which are data. To use an env from your own module, import the module
+    (registering its ids) in your own code, or pass `from_gymnasium` the env or a factory."""
+    if ":" in env_id:
+        raise ValueError(
+            f"gymnasium id {env_id!r}: the 'module:id' form imports a module named by data, so "
+            "fusedrl does not take it; import your module in your own code (registering its "
+            "ids) and give the id alone, or pass from_gymnasium an env or a factory"
+        )
+    return env_id
+
+
 def from_gymnasium(
     id_or_env: str | gymnasium.Env | Callable[[], gymnasium.Env], **make_kwargs
 ) -> tuple[FromGymnasium, FromGymnasiumParams]:
@@ -532,7 +546,7 @@ def from_gymnasium(
     and action spaces are supported.
     """
     if isinstance(id_or_env, str):
-        env_id = id_or_env
+        env_id = check_gymnasium_id(id_or_env)
 
         def factory():
             return gymnasium.make(env_id, **make_kwargs)

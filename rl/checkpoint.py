@@ -46,8 +46,11 @@ from rl.checkpoint_integrity import (
     CheckpointDamagedError,
     CheckpointError,
     CheckpointMismatchError,
+    check_folder,
     check_history,
     check_matches,
+    set_aside,
+    set_aside_links,
     signature_difference,
     state_signature,
     verify_files,
@@ -157,11 +160,21 @@ def _manager(directory: Path, keep: int | None = None, read_only: bool = False):
 
 
 class Checkpoints:
-    """Save and restore a run's checkpoints (see the module docstring)."""
+    """Save and restore a run's checkpoints (see the module docstring).
 
-    def __init__(self, run_dir, keep: int | None = 3, read_only: bool = False):
+    Symbolic links in `checkpoints/` (a step folder or a temporary one that is a link, as a shared
+    run directory may hold) are never read, written or deleted through: a writer moves each link
+    itself to `damaged_checkpoints/` with one warning, a reader (`read_only`) skips it with one."""
+
+    def __init__(self, run_dir, keep: int | None = 3, read_only: bool = False, warn=None):
         self.directory = checkpoint_dir(run_dir)
         self.read_only = read_only
+        self.warn = warn or (lambda message: print(f"rl: warning: {message}", file=sys.stderr))
+        if self.directory.is_symlink():
+            from rl.run_files import link_error
+
+            raise link_error(self.directory)
+        self._linked = set_aside_links(self.directory, read_only, self.warn)
         # the thread that waits for the checkpoint being written and records its files manifest
         self._finishing: threading.Thread | None = None
         self._write_failure: BaseException | None = None
@@ -176,7 +189,7 @@ class Checkpoints:
         if self._manager is None:
             return []
         self._manager.reload()
-        return sorted(self._manager.all_steps())
+        return sorted(step for step in self._manager.all_steps() if step not in self._linked)
 
     def save(self, step: int, state, history: dict, meta: dict) -> None:
         """Start writing a checkpoint (asynchronously: arrays are copied off the device before this
@@ -233,10 +246,14 @@ class Checkpoints:
         """The JSON metadata of checkpoint `step` (no array is read)."""
         import orbax.checkpoint as ocp
 
+        check_folder(self.directory / str(int(step)))
         restored = self._manager.restore(
             int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore())
         )
-        return dict(restored["meta"])
+        meta = restored["meta"]
+        if not isinstance(meta, dict):
+            raise CheckpointDamagedError(f"its metadata is {type(meta).__name__}, not a mapping")
+        return dict(meta)
 
     def restore(self, step: int, abstract_state, with_history: bool = True, check_meta=None):
         """(state, history, meta) of checkpoint `step`, placed like `abstract_state` (a tree of
@@ -253,10 +270,13 @@ class Checkpoints:
         import orbax.checkpoint as ocp
 
         folder = self.directory / str(step)
+        check_folder(folder)
         verified = verify_files(folder)
         try:
             meta = self.read_meta(step)
-        except (OSError, ValueError) as err:  # also json's JSONDecodeError
+        except CheckpointDamagedError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as err:  # also json's JSONDecodeError
             raise CheckpointDamagedError(
                 f"its metadata cannot be read: {_first_line(err)}"
             ) from None
@@ -339,15 +359,7 @@ class Checkpoints:
 
     def _set_aside(self, step: int) -> Path:
         """Move a damaged checkpoint out of the way (so a resumed run can write that step again)."""
-        import shutil
-
-        target = self.directory.parent / "damaged_checkpoints" / str(step)
-        suffix = 0
-        while target.exists():
-            suffix += 1
-            target = target.with_name(f"{step}.{suffix}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(self.directory / str(step)), str(target))
+        target = set_aside(self.directory, self.directory / str(step))
         self._manager.reload()
         return target
 

@@ -1,6 +1,8 @@
 """What makes a checkpoint trustworthy before any array is read: the errors that tell a damaged
 checkpoint from one that does not fit the run, the state signature a checkpoint's meta records, and
-the files manifest (every file's size and CRC-32) written once orbax has finalised a checkpoint.
+the files manifest (every file's size and CRC-32) written once orbax has finalised a checkpoint,
+and the folders no checkpoint fusedrl wrote can be (a symbolic link, one holding a link, one
+without its meta/ item: `check_folder`; links in checkpoints/ set aside: `set_aside_links`).
 """
 
 from __future__ import annotations
@@ -101,6 +103,59 @@ def verify_files(folder: Path) -> bool:
         if _crc32(path) != crc:
             raise CheckpointDamagedError(f"{name} has other bytes than when written (CRC-32)")
     return True
+
+
+def set_aside(directory: Path, entry: Path) -> Path:
+    """Move `entry` of `directory` (checkpoints/) into `damaged_checkpoints/` beside it, under a
+    free name; a symbolic link is moved as the link (its target stays where it is)."""
+    target = directory.parent / "damaged_checkpoints" / entry.name
+    suffix = 0
+    while target.exists() or target.is_symlink():
+        suffix += 1
+        target = target.with_name(f"{entry.name}.{suffix}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(entry, target)
+    return target
+
+
+def check_folder(folder: Path) -> None:
+    """CheckpointDamagedError for a checkpoint folder fusedrl cannot have written whole: a symbolic
+    link, one holding a symbolic link, or one without its `meta/` item."""
+    if folder.is_symlink():
+        raise CheckpointDamagedError(f"it is a symbolic link (to {os.readlink(folder)!r})")
+    if not folder.is_dir():
+        raise CheckpointDamagedError("it is not a folder")
+    for parent, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(parent, name)):
+                inner = os.path.relpath(os.path.join(parent, name), folder)
+                raise CheckpointDamagedError(f"it holds a symbolic link, {inner}")
+    if not (folder / "meta").is_dir():
+        raise CheckpointDamagedError("its meta/ folder is missing")
+
+
+def set_aside_links(directory: Path, read_only: bool, warn) -> set[int]:
+    """The steps (folder names) of `directory` (a run's checkpoints/) that are symbolic links: moved
+    (the links themselves) to `damaged_checkpoints/` by a writer (process 0), each with one `warn`,
+    so that nothing reads, overwrites or deletes through them; skipped with one by a reader."""
+    if not directory.is_dir():
+        return set()
+    linked = set()
+    for entry in sorted(directory.iterdir()):
+        if not entry.is_symlink():
+            continue
+        if entry.name.isdigit():
+            linked.add(int(entry.name))
+        target = os.readlink(entry)
+        if read_only:
+            warn(f"checkpoint {entry} is a symbolic link (to {target!r}): skipped")
+        elif jax.process_index() == 0:
+            moved = set_aside(directory, entry)
+            warn(
+                f"checkpoint {entry} is a symbolic link (to {target!r}); the link was moved "
+                f"to {moved}"
+            )
+    return linked
 
 
 def check_matches(tree, abstract_tree) -> None:

@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="multi-process run: address of process 0 (jax.distributed), or 'auto'",
     )
+    train.add_argument(
+        "--coordinator-bind",
+        metavar="HOST:PORT",
+        help="multi-process run: where process 0 listens (default: the --coordinator address "
+        "itself; 0.0.0.0:PORT for every interface)",
+    )
     train.add_argument("--num-processes", type=int, help="multi-process run: number of processes")
     train.add_argument("--process-id", type=int, help="multi-process run: this process's index")
 
@@ -245,8 +251,11 @@ def eval_command(args) -> int:
     except CheckpointMismatchError as err:
         return error(str(err), EXIT_BAD_INPUT)
     except OSError as err:
+        # a file the command writes, or one of the run's it reads (a checkpoint deleted meanwhile)
+        written = {str(p) for p in (args.render, args.json) if p is not None}
+        verb = "write" if err.filename is None or str(err.filename) in written else "read"
         return error(
-            f"cannot write {err.filename or args.render or args.json}: {err.strerror or err}",
+            f"cannot {verb} {err.filename or args.render or args.json}: {err.strerror or err}",
             EXIT_FAILED,
         )
     print_evaluation(result)

@@ -188,10 +188,13 @@ def completed_summary(run_dir: Path) -> dict | None:
     path = Path(run_dir) / "summary.json"
     if not (path.is_file() and (Path(run_dir) / "final_params.msgpack").is_file()):
         return None
+    if path.is_symlink():  # not read: `rl train` refuses the run directory in one line
+        return None
     try:
-        return json.loads(path.read_text())
+        summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return summary if isinstance(summary, dict) else {}
 
 
 def print_complete(summary: dict, run_dir: Path) -> None:
@@ -201,7 +204,12 @@ def print_complete(summary: dict, run_dir: Path) -> None:
         f"(evaluate it with: rl eval {run_dir})"
     )
     if "metric" in summary:  # summaries written before the metric was named are not repeated
-        for line in summary_lines(summary)[1:]:
+        try:
+            lines = summary_lines(summary)[1:]
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            print(f"rl: warning: {Path(run_dir) / 'summary.json'} cannot be read", file=sys.stderr)
+            return
+        for line in lines:
             print(line)
 
 

@@ -21,7 +21,7 @@ from rl.cli_output import (
     print_summary,
 )
 from rl.config import Config, load_config, parse_sweep
-from rl.config_parsing import ConfigError
+from rl.config_parsing import ConfigError, quoted_override
 
 
 def resolve_train_config(args) -> tuple[Config, list[dict]]:
@@ -29,10 +29,11 @@ def resolve_train_config(args) -> tuple[Config, list[dict]]:
     overrides = list(args.overrides)
     if args.seeds is not None:
         overrides.append(f"run.seeds={args.seeds}")
+    # names are strings as given: `--name null` is the name "null", not YAML's None
     if args.output_dir is not None:
-        overrides.append(f"run.output_dir={args.output_dir}")
+        overrides.append(quoted_override("run.output_dir", args.output_dir))
     if args.name is not None:
-        overrides.append(f"run.name={args.name}")
+        overrides.append(quoted_override("run.name", args.name))
     if args.no_progress:
         overrides.append("run.progress=false")
     from rl.train import smoke_seeds
@@ -54,6 +55,11 @@ def make_run_dir(config: Config, exist_ok: bool = False) -> Path:
     path = Path(config.run.output_dir) / name
     if path.exists() and not exist_ok:
         raise ConfigError(f"run directory {str(path)!r} already exists; choose another run.name")
+    if path.exists() and exist_ok:  # a multi-process run: every process makes it
+        from rl.distributed import is_main_process
+        from rl.run_files import check_shared_run_dir
+
+        check_shared_run_dir(path, is_main_process())
     try:
         path.mkdir(parents=True, exist_ok=exist_ok)
     except OSError as err:
@@ -134,7 +140,9 @@ def train_command(args) -> int:
     from rl.checkpoint import CheckpointMismatchError
 
     try:
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        distributed.initialize(
+            args.coordinator, args.num_processes, args.process_id, args.coordinator_bind
+        )
         if args.resume:
             config, grid, run_dir = resolve_resume(args)
             finished = completed_summary(run_dir)
@@ -171,17 +179,27 @@ def train_command(args) -> int:
         return error(str(err), EXIT_BAD_INPUT)
     from rl.divergence import NonFiniteError
     from rl.interrupts import TrainingInterrupted
+    from rl.run_dir import RunDirInUseError
+    from rl.run_files import removed_if_start_fails
     from rl.train import run_training
 
     try:
-        if config.arch.name == "sebulba":
-            from rl.sebulba_run import run_training as run_sebulba
+        # a new run's directory (made by this one process) goes if the run fails to start
+        kept = (TrainingInterrupted, NonFiniteError, RunDirInUseError, OSError)
+        with removed_if_start_fails(run_dir, not args.resume and not multi_process, kept):
+            if config.arch.name == "sebulba":
+                from rl.sebulba_run import run_training as run_sebulba
 
-            summary = run_sebulba(config, grid, run_dir, resume=bool(args.resume))
-        else:
-            summary = run_training(
-                config, grid, run_dir, resume=bool(args.resume), devices=devices, shard=args.shard
-            )
+                summary = run_sebulba(config, grid, run_dir, resume=bool(args.resume))
+            else:
+                summary = run_training(
+                    config,
+                    grid,
+                    run_dir,
+                    resume=bool(args.resume),
+                    devices=devices,
+                    shard=args.shard,
+                )
     except (CheckpointMismatchError, ConfigError) as err:  # e.g. the run directory is in use
         return error(str(err), EXIT_BAD_INPUT)
     except NonFiniteError as err:

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import yaml
 
 from rl.arch_config import ArchConfig, check_arch
+from rl.config_limits import check_log_points, check_memory, processes
 from rl.config_parsing import (
     ConfigError,
     apply_overrides,
@@ -103,9 +104,15 @@ class WandbConfig:
             )
 
 
+# PRNGKey takes 32-bit seeds (a larger one is cut to its low bits: two seeds would be one)
+MAX_SEED = 2**32 - 1
+# bytes in a file name on Linux, macOS and Windows filesystems
+NAME_MAX = 255
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    seed: int = hp(0, low=0, doc="base seed; seed i of a run uses PRNGKey(seed + i)")
+    seed: int = hp(0, low=0, high=MAX_SEED, doc="base seed; seed i of a run uses PRNGKey(seed + i)")
     seeds: int = hp(1, low=1, doc="independent seeds trained at once (vmapped)")
     output_dir: str = hp("runs", doc="parent folder of run directories")
     name: typing.Optional[str] = hp(None, doc="run directory name (default: <agent>-<env>-<time>)")
@@ -132,12 +139,29 @@ class RunConfig:
 
     def validate(self):
         """run.name is one directory name inside run.output_dir (no path separators, not . or
-        ..)."""
+        .., no control characters, at most NAME_MAX bytes); run.output_dir holds no control
+        characters; the seeds' PRNG seeds fit in 32 bits."""
         if self.name is not None and (
             self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name
         ):
             raise ConfigError(
                 f"run.name: {self.name!r} must be a plain directory name (no '/', not '.' or '..')"
+            )
+        for key, text in (("run.name", self.name), ("run.output_dir", self.output_dir)):
+            if text is not None and not all(c.isprintable() or c == " " for c in text):
+                raise ConfigError(
+                    f"{key}: {text[:80]!r} holds control characters (a newline, NUL, escape ...); "
+                    "choose a name of printable characters"
+                )
+        if self.name is not None and len(self.name.encode(errors="replace")) > NAME_MAX:
+            raise ConfigError(
+                f"run.name: {len(self.name.encode(errors='replace'))} bytes long, more than the "
+                f"{NAME_MAX} a file name can have; choose a shorter name"
+            )
+        if self.seed + self.seeds - 1 > MAX_SEED:
+            raise ConfigError(
+                f"run.seed: seeds {self.seed} to {self.seed + self.seeds - 1} go past {MAX_SEED} "
+                "(PRNG seeds are 32-bit); lower run.seed or run.seeds"
             )
 
 
@@ -214,6 +238,8 @@ def build_config(data: Mapping) -> Config:
     arch = build_dataclass(ArchConfig, {"name": arch} if isinstance(arch, str) else arch, "arch")
     config = Config(env=env, agent=agent, run=run, kernels=kernels, arch=arch)
     check_arch(config)
+    check_log_points(agent)
+    check_memory(config, *env_and_params, processes=processes())
     check_compatible = getattr(module, "check_env", None)
     if callable(check_compatible):
         check_compatible(config, *env_and_params)
@@ -275,7 +301,24 @@ def check_recurrence(agent, module) -> None:
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
     """Read, override and validate a config file, given by path or by a packaged config's name."""
-    return build_config(apply_overrides(read_yaml(find_config(path)), list(overrides)))
+    found = find_config(path)
+    return build_from_file(apply_overrides(read_yaml(found), list(overrides)), found)
+
+
+def build_from_file(data: Mapping, path) -> Config:
+    """`build_config(data)` of a file's mapping, where a value of a type no check expected (a
+    crafted file: a list where the env wants a number, ...) is one ConfigError naming the file,
+    not a traceback from deep inside an env or agent."""
+    try:
+        return build_config(data)
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError, OverflowError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        detail = str(err).splitlines()[0] if str(err) else ""
+        raise ConfigError(
+            f"config file {str(path)!r} cannot be used: {type(err).__name__}"
+            + (f": {detail[:200]}" if detail else "")
+        ) from None
 
 
 # ---------------------------------------------------------------- sweeps and traced hyperparameters

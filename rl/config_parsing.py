@@ -61,13 +61,78 @@ def plain(value):
     return value
 
 
+# What a config may hold: a config is a few hundred lines; aliases (`*name`) are bounded both in
+# number and in what they expand to, so a "billion laughs" file fails at once instead of growing
+# in memory wherever the config is copied or compared.
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_ALIASES = 100
+MAX_YAML_NODES = 100_000
+
+
+class _YamlTooLarge(Exception):
+    pass
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that stops at MAX_YAML_ALIASES aliases."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise _YamlTooLarge(f"more than {MAX_YAML_ALIASES} aliases (*name)")
+        return super().compose_node(parent, index)
+
+
+def _expanded_size(value, memo: dict, active: set) -> int:
+    """Nodes of `value` with every alias expanded (shared lists and mappings counted each time they
+    appear, computed once); _YamlTooLarge past MAX_YAML_NODES or for a value that holds itself."""
+    if not isinstance(value, (dict, list)):
+        return 1
+    key = id(value)
+    if key in memo:
+        return memo[key]
+    if key in active:
+        raise _YamlTooLarge("a value that holds itself (a recursive alias)")
+    active.add(key)
+    items = value.values() if isinstance(value, dict) else value
+    total = 1 + sum(_expanded_size(item, memo, active) for item in items)
+    active.discard(key)
+    if total > MAX_YAML_NODES:
+        raise _YamlTooLarge(f"more than {MAX_YAML_NODES:,} values once its aliases are expanded")
+    memo[key] = total
+    return total
+
+
+def load_yaml(text: str, where: str):
+    """`text` parsed as YAML (safe: plain values only), or ConfigError naming `where` for a text
+    that is not YAML or holds more than the limits above allow."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{where} is larger than {MAX_YAML_BYTES:,} bytes: not read")
+    try:
+        data = yaml.load(text, Loader=BoundedLoader)
+        _expanded_size(data, {}, set())
+    except _YamlTooLarge as err:
+        raise ConfigError(f"{where} cannot be used: it holds {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{where} cannot be used: it is nested too deeply") from None
+    return data
+
+
 def read_yaml(path: str | Path) -> dict:
-    """The mapping in a YAML file; ConfigError if it is missing, unreadable or not a mapping."""
+    """The mapping in a YAML file; ConfigError if it is missing, unreadable, larger than the limits
+    of `load_yaml` or not a mapping."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
+        data = load_yaml(raw.decode(), f"config file {str(path)!r}")
     except yaml.YAMLError as err:
         raise ConfigError(
             f"config file {str(path)!r} cannot be parsed: {yaml_error_text(err)}"
@@ -98,6 +163,15 @@ def yaml_error_text(err: yaml.YAMLError) -> str:
     )
 
 
+def quoted_override(key: str, value: str) -> str:
+    """`key="value"`: an override that sets `key` to the string `value` as it is (a YAML
+    double-quoted scalar), where `key=value` would read `null`, `~`, `#x` or `[1]` as YAML."""
+    escaped = "".join(
+        c if c.isprintable() and c not in '"\\' else f"\\U{ord(c):08x}" for c in value
+    )
+    return f'{key}="{escaped}"'
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (["a", "b", "c"], value parsed as YAML)."""
     if "=" not in text:
@@ -107,7 +181,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw, f"override {key.strip()}") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return parts, value

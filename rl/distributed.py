@@ -118,16 +118,41 @@ def is_main_process() -> bool:
     return jax.process_index() == 0
 
 
-def initialize(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
+def bind_address(coordinator: str) -> str:
+    """Where process 0's coordinator service listens for `--coordinator HOST:PORT`: HOST:PORT
+    itself, `localhost` as 127.0.0.1 (JAX's own default, `[::]:PORT`, is every interface of the
+    machine, and the service has no authentication). ConfigError unless it reads HOST:PORT."""
+    host, colon, port = coordinator.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--coordinator: expected HOST:PORT or 'auto', got {coordinator!r}")
+    if host.lower() == "localhost":
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+def initialize(
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    bind: str | None = None,
+) -> None:
     """`jax.distributed.initialize` for a multi-process run (before any other JAX call).
 
     `coordinator="auto"` lets JAX detect the cluster (SLURM, TPU pods, MPI); otherwise all three
-    arguments are required. CPU processes use gloo for their collectives.
+    arguments are required. CPU processes use gloo for their collectives. Process 0's coordinator
+    listens on `bind` (`--coordinator-bind HOST:PORT`), by default on the coordinator's own address
+    (`bind_address`), not on every interface.
     """
     if coordinator is None:
-        if num_processes is not None or process_id is not None:
-            raise ConfigError("--num-processes and --process-id need --coordinator HOST:PORT")
+        if num_processes is not None or process_id is not None or bind is not None:
+            raise ConfigError(
+                "--num-processes, --process-id and --coordinator-bind need --coordinator HOST:PORT"
+            )
         return
+    if bind is not None:
+        bind_address(bind)  # checked like the coordinator's address
+    if coordinator != "auto":
+        bind_address(coordinator)
     if coordinator != "auto" and (num_processes is None or process_id is None):
         raise ConfigError("--coordinator HOST:PORT needs --num-processes and --process-id")
     if num_processes is not None and num_processes < 1:
@@ -139,6 +164,11 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
     except Exception:  # older jaxlib without gloo: single-host CPU still works
         pass
     if coordinator == "auto":
-        jax.distributed.initialize()
+        jax.distributed.initialize(coordinator_bind_address=bind)
     else:
-        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+        jax.distributed.initialize(
+            coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            coordinator_bind_address=bind or bind_address(coordinator),
+        )

@@ -174,8 +174,10 @@ class RunLogger:
         """Create the files, or (resuming) rewrite them from a checkpoint's `history` so they hold
         exactly the restored log points (rows a killed process wrote after its checkpoint go
         away)."""
-        self._jsonl = open(self.run_dir / "metrics.jsonl", "w")
-        self._csv = open(self.run_dir / "metrics.csv", "w")
+        from rl.run_files import open_no_follow  # a planted link is an error, not a target
+
+        self._jsonl = open_no_follow(self.run_dir / "metrics.jsonl")
+        self._csv = open_no_follow(self.run_dir / "metrics.csv")
         if history is None or not history.get("seed"):
             return
         seed_metrics = history["seed"]

@@ -14,6 +14,7 @@ episodes, `episode_return`; with several runs, `eval_return` only if every run h
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 
 from rl import evaluation
 from rl.config_parsing import ConfigError
+from rl.run_files import write_atomic
 
 INTERVAL = (25.0, 75.0)
 
@@ -37,9 +39,12 @@ def read_metrics(run_dir, warn=None) -> list[dict]:
     """The rows of `RUN_DIR/metrics.jsonl`. Lines that are not a JSON object (a line cut short by a
     full disk, or edited) are skipped and reported in one `warn` call; ConfigError if the file is
     missing or no line can be read."""
+    from rl.run_files import check_inside
+
     path = Path(run_dir) / "metrics.jsonl"
     if not Path(run_dir).is_dir():
         raise ConfigError(f"run directory {str(run_dir)!r} does not exist")
+    check_inside(run_dir, path, "the run's metrics")
     if not path.is_file():
         raise ConfigError(f"{str(path)!r} does not exist: is {str(run_dir)!r} a run directory?")
     try:
@@ -54,7 +59,7 @@ def read_metrics(run_dir, warn=None) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError:
             row = None
-        if isinstance(row, dict) and "seed" in row and "step" in row:
+        if _is_row(row):
             rows.append(row)
         else:
             bad.append(number)
@@ -67,6 +72,21 @@ def read_metrics(run_dir, warn=None) -> list[dict]:
             f"{', ...' if len(bad) > 5 else ''})"
         )
     return rows
+
+
+def _is_row(row) -> bool:
+    """Whether a parsed metrics.jsonl line is a row rl train writes: integer `seed` and `setting`,
+    a number `step`, and every other value a number or null."""
+    if not isinstance(row, dict) or "seed" not in row or "step" not in row:
+        return False
+    integer = lambda v: isinstance(v, int) and not isinstance(v, bool)
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    return (
+        integer(row["seed"])
+        and integer(row.get("setting", 0))
+        and number(row["step"])
+        and all(number(v) or v is None for v in row.values())
+    )
 
 
 def curves(rows: list[dict], metric: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -100,14 +120,23 @@ def curves(rows: list[dict], metric: str) -> dict[int, tuple[np.ndarray, np.ndar
 
 def _setting_labels(run_dir) -> list[str]:
     """Labels of a run's sweep settings from its config.yaml ("" for a run without a sweep)."""
-    import yaml
+    from rl.config_parsing import read_yaml
+    from rl.run_files import check_inside
 
     try:
-        saved = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        saved = read_yaml(check_inside(run_dir, Path(run_dir) / "config.yaml", "the run's config"))
+    except ConfigError:
         return []
     grid = saved.get("sweep") or [{}]
+    if not isinstance(grid, list) or not all(isinstance(setting, dict) for setting in grid):
+        return []
     return [", ".join(f"{k}={v}" for k, v in setting.items()) for setting in grid]
+
+
+def _plain_text(label: str) -> str:
+    """`label` shown as it is by matplotlib: a `$` would start mathtext (and a stray one stops the
+    plot), control characters are dropped."""
+    return "".join(c for c in label if c.isprintable()).replace("$", r"\$")
 
 
 def plot_runs(run_dirs, output=None, metric: str | None = None, warn=None) -> Path:
@@ -136,20 +165,22 @@ def plot_runs(run_dirs, output=None, metric: str | None = None, warn=None) -> Pa
             if setting < len(labels) and labels[setting]:
                 label += f" [{labels[setting]}]"
             label += f" ({values.shape[0]} seeds)"
-            (line,) = axes.plot(steps, median, label=label)
+            (line,) = axes.plot(steps, median, label=_plain_text(label))
             axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.25, linewidth=0)
     axes.set_xlabel("env steps per seed")
-    axes.set_ylabel(metric)
-    axes.set_title(
-        f"{metric}: median over seeds, {INTERVAL[0]:g}-{INTERVAL[1]:g}th percentile band"
-    )
+    axes.set_ylabel(_plain_text(metric))
+    band = f"{INTERVAL[0]:g}-{INTERVAL[1]:g}th percentile band"
+    axes.set_title(f"{_plain_text(metric)}: median over seeds, {band}")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
+    image = io.BytesIO()
     try:
-        figure.savefig(output, format="png")
+        figure.savefig(image, format="png")
     finally:
         plt.close(figure)
+    # a new file renamed into place: a link planted at the name is replaced, not written through
+    write_atomic(output, image.getvalue())
     return output
 
 

@@ -27,8 +27,11 @@ from rl.trainer import vmap_sequentially_on_cpu
 
 
 def seed_keys(config: Config) -> jax.Array:
-    """PRNGKey(seed + i) for each of the run's seeds: seed i trains exactly as it would alone."""
-    return jnp.stack([jax.random.PRNGKey(config.run.seed + i) for i in range(config.run.seeds)])
+    """PRNGKey(seed + i) for each of the run's seeds: seed i trains exactly as it would alone.
+    One vmapped call on the seeds as uint32 (rl.config.RunConfig keeps them below 2**32), the
+    same keys as a call per seed, in time that does not grow with the seeds."""
+    seeds = config.run.seed + np.arange(config.run.seeds, dtype=np.uint64)
+    return jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds.astype(np.uint32)))
 
 
 def stacked_hyperparams(config: Config, grid: list[dict]) -> dict:

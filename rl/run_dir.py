@@ -30,16 +30,26 @@ import yaml
 from flax import serialization
 
 from rl.checkpoint import (
+    CheckpointDamagedError,
+    CheckpointError,
     CheckpointMismatchError,
     Checkpoints,
     abstract_for_storage,
     abstract_like,
 )
 from rl.checkpoint_integrity import signature_difference, state_signature
-from rl.config import Config, build_config
+from rl.config import Config, build_from_file
 from rl.config_parsing import ConfigError, read_yaml
 from rl.distributed import seed_mesh
 from rl.programs import make_programs
+from rl.run_files import (
+    check_inside,
+    check_run_dir,
+    open_no_follow,
+    read_final_params,
+    saved_grid,
+    write_atomic,
+)
 
 CONFIG_FILE = "config.yaml"
 FINAL_PARAMS_FILE = "final_params.msgpack"
@@ -56,14 +66,16 @@ def run_dir_lock(run_dir):
     """Hold an exclusive lock on `RUN_DIR/LOCK_FILE` (flock; released by the OS when the process
     ends, however it ends) while the block runs; RunDirInUseError at once if another process holds
     it. Where flock is missing (Windows) the block runs unlocked, and where the filesystem refuses
-    it, unlocked after a warning."""
+    it, unlocked after a warning. First, ConfigError where the run directory holds a symbolic link
+    where fusedrl writes (rl.run_files.check_run_dir)."""
+    check_run_dir(run_dir)
     try:
         import fcntl
     except ImportError:
         yield
         return
     path = Path(run_dir) / LOCK_FILE
-    with open(path, "a+") as lock:
+    with open_no_follow(path, "r+", truncate=False) as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -93,8 +105,8 @@ def run_dir_lock(run_dir):
 
 def write_run_config(run_dir: Path, config: Config, grid: list[dict]) -> None:
     """`config.yaml`: the resolved config with the sweep grid under `sweep`."""
-    (Path(run_dir) / CONFIG_FILE).write_text(
-        yaml.safe_dump(run_record(config, grid), sort_keys=False)
+    write_atomic(
+        Path(run_dir) / CONFIG_FILE, yaml.safe_dump(run_record(config, grid), sort_keys=False)
     )
 
 
@@ -106,9 +118,10 @@ def load_run_config(run_dir) -> tuple[Config, list[dict]]:
         raise ConfigError(f"run directory {str(run_dir)!r} does not exist")
     if not path.is_file():
         raise ConfigError(f"{str(path)!r} does not exist: is {str(run_dir)!r} a run directory?")
-    data = read_yaml(path)
+    data = read_yaml(check_inside(run_dir, path, "the run's config"))
     grid = data.pop("sweep", None) or [{}]
-    return build_config(data), [dict(setting) for setting in grid]
+    config = build_from_file(data, path)
+    return config, saved_grid(grid, config, path)
 
 
 # Keys of a run's config that --resume may find changed: where and how the run is written and
@@ -188,12 +201,13 @@ def check_resume_config(run_dir, config: Config, grid: list[dict]) -> None:
     """Before anything compiles for `rl train --resume`: CheckpointMismatchError if the newest
     checkpoint whose metadata reads was written with another config than the run's config.yaml
     now holds (`config_check`). Reads only metadata; damaged checkpoints are left to the restore."""
-    checkpoints = Checkpoints(run_dir, read_only=True)
+    # (a linked step is reported once, by the run that moves it aside)
+    checkpoints = Checkpoints(run_dir, read_only=True, warn=lambda message: None)
     check = config_check(config, grid)
     for step in reversed(checkpoints.steps()):
         try:
             meta = checkpoints.read_meta(step)
-        except (OSError, ValueError):  # damaged: the restore reports and skips it
+        except (OSError, ValueError, KeyError, CheckpointError):  # damaged: the restore says so
             continue
         problem = check(meta)
         if problem is not None:
@@ -207,7 +221,7 @@ def write_metrics_jsonl(path: Path, metrics: dict, grid: list[dict]) -> None:
     """One JSON object per (setting, seed, log point) with every scalar metric."""
     arrays = {k: np.asarray(v) for k, v in metrics.items()}
     num_settings, num_seeds, num_points = arrays["step"].shape[:3]
-    with open(path, "w") as f:
+    with open_no_follow(path, "w") as f:
         for s in range(num_settings):
             for seed in range(num_seeds):
                 for t in range(num_points):
@@ -227,8 +241,8 @@ def write_final(run_dir: Path, params, summary: dict) -> None:
     """`final_params.msgpack` (the host params, leading axes [settings, seeds]) and
     `summary.json`."""
     run_dir = Path(run_dir)
-    (run_dir / FINAL_PARAMS_FILE).write_bytes(serialization.msgpack_serialize(params))
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    write_atomic(run_dir / FINAL_PARAMS_FILE, serialization.msgpack_serialize(params))
+    write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
 
 
 def load_params(
@@ -256,7 +270,7 @@ def load_params(
     )
     final = run_dir / FINAL_PARAMS_FILE
     if checkpoint is None and final.is_file():
-        stored = serialization.msgpack_restore(final.read_bytes())
+        stored = read_final_params(run_dir)
         return params_as_stored(abstract_state.params, stored, str(final)), str(final)
     checkpoints = Checkpoints(run_dir, read_only=True)
     steps = checkpoints.steps()
@@ -280,9 +294,15 @@ def load_params(
         step, state, _, _ = restored
     else:
         step = checkpoint
-        state, _, _ = checkpoints.restore(
-            step, target_of(step), with_history=False, check_meta=check
-        )
+        try:
+            state, _, _ = checkpoints.restore(
+                step, target_of(step), with_history=False, check_meta=check
+            )
+        except CheckpointDamagedError as err:
+            raise ConfigError(
+                f"checkpoint {checkpoints.directory / str(step)} is damaged ({err}); choose "
+                "another --checkpoint"
+            ) from None
     source = str(checkpoints.directory / str(step))
     if target_of(step) is None:  # it was read as stored
         return params_as_stored(abstract_state.params, state["params"], source), source
@@ -297,7 +317,7 @@ def params_only(checkpoints: Checkpoints, step: int, abstract_state) -> bool:
     cannot be read (the restore reports the damage) or records no signature."""
     try:
         stored = checkpoints.read_meta(step).get("state_signature")
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError, CheckpointError):
         return False
     expected = state_signature(abstract_for_storage(abstract_state))
     if stored is None or signature_difference(stored, expected) is None:

@@ -51,6 +51,10 @@ def make_vector_env(
     import gymnasium
     from gymnasium.vector import AutoresetMode
 
+    from envs.gymnasium import check_gymnasium_id
+
+    check_gymnasium_id(env_id)  # no 'module:id': it would import a module named by the config
+
     autoreset_modes = {"same_step": AutoresetMode.SAME_STEP, "next_step": AutoresetMode.NEXT_STEP}
     vector_kwargs = {"autoreset_mode": autoreset_modes[autoreset]}
     if mode == "async":  # fresh worker processes: no fork of this multithreaded one

@@ -15,6 +15,7 @@ TensorBoard's own reader reads them back (tests/rl/test_logging.py checks the va
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -111,7 +112,8 @@ class EventFile:
     def __init__(self, folder, suffix: str = ""):
         name = f"events.out.tfevents.{time.time():.0f}.{socket.gethostname()}{suffix}"
         self.path = Path(folder) / name
-        self._file = open(self.path, "ab")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+        self._file = os.fdopen(os.open(self.path, flags, 0o644), "ab")  # never through a link
         self._file.write(record(encode_event(time.time(), 0, file_version="brain.Event:2")))
 
     def scalars(self, step: int, values: dict) -> None:

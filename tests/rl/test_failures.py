@@ -186,14 +186,26 @@ def test_run_directory_that_cannot_be_created(tmp_path, capsys):
 @pytest.mark.skipif(
     not Path("/dev/full").exists(), reason="needs /dev/full (Linux) to simulate a full disk"
 )
-def test_full_disk_is_one_clear_line(tmp_path, tmp_path_factory, capsys):
+def test_full_disk_is_one_clear_line(tmp_path, tmp_path_factory, capsys, monkeypatch):
+    import rl.run_files
+
     run_dir = tmp_path / "copy"
     shutil.copytree(trained_run(tmp_path_factory), run_dir)
     (
         run_dir / "summary.json"
     ).unlink()  # not complete: --resume goes on (a complete run is left alone)
-    (run_dir / "metrics.jsonl").unlink()
-    (run_dir / "metrics.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
+    # metrics.jsonl opened onto /dev/full (every write: ENOSPC); a link to it in the run directory
+    # is refused (tests/security)
+    opened = rl.run_files.open_no_follow
+    monkeypatch.setattr(
+        rl.run_files,
+        "open_no_follow",
+        lambda path, *args, **kwargs: (
+            open("/dev/full", "w")
+            if Path(path).name == "metrics.jsonl"
+            else opened(path, *args, **kwargs)
+        ),
+    )
     capsys.readouterr()
     assert run_cli(["train", "--resume", run_dir]) == 1
     lines = capsys.readouterr().err.splitlines()
