@@ -400,10 +400,13 @@ def test_train_and_eval_leave_the_kernels_process_wide_backend_alone(tmp_path, c
     assert kernels.get_backend() == before
 
 
-def test_progress_says_compilation_first_and_never_shows_0_steps_per_second(tmp_path, capsys):
+def test_progress_names_the_run_directory_then_compilation_never_0_steps_per_second(tmp_path, capsys):
     config_path = write_config(tmp_path, {**TINY, "run": {**TINY["run"], "progress": True}})
     assert run_cli(["train", config_path, "--output-dir", tmp_path / "runs", "--name", "bar"]) == 0
     err = capsys.readouterr().err
+    # the run directory first, before the wait for the compile (the summary repeats it)
+    assert err.splitlines()[0] == f"rl: run directory: {tmp_path / 'runs' / 'bar'}"
+    err = err.split("\n", 1)[1]
     # one program initialises, one runs a log point (or both load from the compilation cache)
     assert err.startswith("rl: compiling the training program for 3 seeds (XLA compilation")
     assert err.splitlines()[1].startswith(
