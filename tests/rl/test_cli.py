@@ -400,7 +400,7 @@ def test_train_and_eval_leave_the_kernels_process_wide_backend_alone(tmp_path, c
     assert kernels.get_backend() == before
 
 
-def test_progress_names_the_run_directory_then_compilation_never_0_steps_per_second(tmp_path, capsys):
+def test_progress_names_the_run_directory_then_the_compile_never_0_steps_per_s(tmp_path, capsys):
     config_path = write_config(tmp_path, {**TINY, "run": {**TINY["run"], "progress": True}})
     assert run_cli(["train", config_path, "--output-dir", tmp_path / "runs", "--name", "bar"]) == 0
     err = capsys.readouterr().err
