@@ -137,5 +137,5 @@ def import_extra(module: str, extra: str, user: str):
     except ImportError as error:
         raise MissingExtraError(
             f"{user} needs the {module!r} package, which does not import: "
-            f'pip install "fusedrl[{extra}]" ({error})'
+            f'pip install -e ".[{extra}]" in the fusedrl clone ({error})'
         ) from error

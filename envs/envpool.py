@@ -5,7 +5,7 @@ threads outside JAX, so its envs are not pure functions and never enter a compil
     env, params = envs.make("envpool:Breakout-v5", episodic_life=True, reward_clip=True)
     vector = envs.envpool.VectorEnv("Breakout-v5", num_envs=8, seed=0, episodic_life=True)
 
-Needs the `envpool` extra (`pip install "fusedrl[envpool]"`); without it `make`, `ids` and
+Needs the `envpool` extra (`pip install -e ".[envpool]"` in the clone); without it `make`, `ids` and
 `VectorEnv` raise `envs.core.MissingExtraError` naming the extra. envpool is imported on first use.
 
 The mapping:

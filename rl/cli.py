@@ -199,6 +199,10 @@ def run_command(argv=None) -> int:
         args.overrides = list(getattr(args, "overrides", [])) + extras
     if extras and args.command != "train":
         parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    try:
+        check_run_dir_arguments(args)
+    except ConfigError as err:
+        return error(str(err), EXIT_BAD_INPUT)
     if args.command == "train":
         if (args.devices or args.coordinator) and "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
             # Sharded runs gather each log point's metric scalars to device 0 for the host call (on
@@ -220,6 +224,27 @@ def run_command(argv=None) -> int:
     if args.command == "configs":
         return configs_command()
     return EXIT_BAD_INPUT
+
+
+def check_run_dir_arguments(args) -> None:
+    """ConfigError for a RUN_DIR argument (`rl train --resume`, `rl eval`, `rl plot`, `rl compare`)
+    that is a file: it says so, and names the file's folder when that is a run directory (a path
+    to its config.yaml or metrics.jsonl given for the run)."""
+    given = {
+        "train": [args.resume] if getattr(args, "resume", None) else [],
+        "eval": [getattr(args, "run_dir", None)],
+        "plot": getattr(args, "run_dirs", []),
+        "compare": getattr(args, "run_dirs", []),
+    }.get(args.command, [])
+    for path in [Path(p) for p in given if p is not None]:
+        if path.is_file():
+            folder = path.parent
+            hint = (
+                f"; its folder {str(folder)!r} is one"
+                if (folder / "config.yaml").is_file()
+                else " (rl train writes one per run: runs/<agent>-<env>-<time>/)"
+            )
+            raise ConfigError(f"{str(path)!r} is a file, not a run directory{hint}")
 
 
 # ---------------------------------------------------------------- rl eval, rl configs and rl plot

@@ -10,7 +10,9 @@ import json
 import logging
 import math
 import os
+import re
 import sys
+import warnings
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
@@ -96,15 +98,49 @@ class _OrbaxTaskFilter(logging.Filter):
         return not any(f"{os.sep}orbax{os.sep}" in file for file in files)
 
 
+# terminal escape sequences (gymnasium's logger colours its warnings yellow: ESC[33m ... ESC[0m)
+ANSI_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# the packages whose warnings are rl's own, shown without a source location
+OWN_PACKAGES = ("rl", "envs", "kernels")
+
+
+def warning_line(message, category, filename: str, lineno: int) -> str:
+    """A Python warning as one line, `rl: warning: ...`: its text without terminal colour codes
+    or gymnasium's `WARN: ` prefix, its lines joined; a library's warning (not rl's, envs' or
+    kernels') names its category and where it was raised, `gymnasium/spaces/box.py:231`."""
+    text = " ".join(ANSI_ESCAPES.sub("", str(message)).split()).removeprefix("WARN: ")
+    parts = Path(filename).parts
+    inside = parts[parts.index("site-packages") + 1 :] if "site-packages" in parts else ()
+    root = Path(__file__).resolve().parents[1]
+    try:
+        own = Path(filename).resolve().relative_to(root).parts[0] in OWN_PACKAGES
+    except (ValueError, IndexError):
+        own = False
+    if own:
+        return f"rl: warning: {text}"
+    where = "/".join(inside) if inside else Path(filename).name
+    return f"rl: warning: {text} ({category.__name__}, {where}:{lineno})"
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """warnings.showwarning while an `rl` command runs: `warning_line` on stderr (or `file`)."""
+    stream = sys.stderr if file is None else file
+    try:
+        stream.write(warning_line(message, category, filename, lineno) + "\n")
+    except (OSError, ValueError):  # a closed stream: as Python's own showwarning, drop it
+        pass
+
+
 @contextlib.contextmanager
 def command_output(restore: bool = True):
     """While an `rl` command runs (its entry point enters this; everything comes back on exit):
     sys.stdout and sys.stderr as ReaderGoneStreams, and the echoes of a failed checkpoint write or
     read left out (the command reports such a failure itself in one line): sys.excepthook and
     sys.unraisablehook skip `_is_loop_closed_echo`, the asyncio logger `_OrbaxTaskFilter`'s
-    records. `restore=False` (the `rl` executable) keeps them for the rest of the process, whose
-    shutdown collects the last of orbax's tasks and flushes the streams."""
-    saved = sys.stdout, sys.stderr, sys.excepthook, sys.unraisablehook
+    records; Python warnings (gymnasium's, coloured for a terminal, among them) as one clean line
+    each (`warning_line`). `restore=False` (the `rl` executable) keeps them for the rest of the
+    process, whose shutdown collects the last of orbax's tasks and flushes the streams."""
+    saved = sys.stdout, sys.stderr, sys.excepthook, sys.unraisablehook, warnings.showwarning
     asyncio_logger, orbax_tasks = logging.getLogger("asyncio"), _OrbaxTaskFilter()
     excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
 
@@ -118,13 +154,15 @@ def command_output(restore: bool = True):
 
     sys.stdout, sys.stderr = ReaderGoneStream(sys.stdout), ReaderGoneStream(sys.stderr)
     sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+    warnings.showwarning = _show_warning
     asyncio_logger.addFilter(orbax_tasks)
     try:
         yield
     finally:
         gc.collect()  # orbax's abandoned tasks are reported when collected: while still filtered
         if restore:
-            sys.stdout, sys.stderr, sys.excepthook, sys.unraisablehook = saved
+            sys.stdout, sys.stderr, sys.excepthook, sys.unraisablehook = saved[:4]
+            warnings.showwarning = saved[4]
             asyncio_logger.removeFilter(orbax_tasks)
 
 

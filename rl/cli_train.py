@@ -175,6 +175,9 @@ def train_command(args) -> int:
         if not args.resume:
             # every process of a multi-process run makes it
             run_dir = make_run_dir(config, exist_ok=multi_process)
+            if config.run.progress and distributed.is_main_process():
+                # where to point `rl plot` or TensorBoard while it trains (the summary repeats it)
+                print(f"rl: run directory: {run_dir}", file=sys.stderr, flush=True)
     except (ConfigError, CheckpointMismatchError) as err:
         return error(str(err), EXIT_BAD_INPUT)
     from rl.divergence import NonFiniteError

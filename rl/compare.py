@@ -272,7 +272,8 @@ def compare(
             if missing:
                 excluded.append(
                     f"{unit.run_dir}{f' [{unit.label}]' if unit.label else ''}: {missing} of "
-                    f"{values.size} runs have no {metric} at step {int(unit.steps[j])}"
+                    f"{values.size} run{'s' if values.size != 1 else ''} "
+                    f"{'has' if missing == 1 else 'have'} no {metric} at step {int(unit.steps[j])}"
                 )
             previous = group.scores.get(unit.env, np.zeros(0))
             group.scores[unit.env] = np.concatenate([previous, values[np.isfinite(values)]])

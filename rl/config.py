@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -66,11 +67,12 @@ class EnvConfig:
             env, params = envs.make(self.id, **dict(self.params))
         except envs.MissingExtraError as err:
             raise ConfigError(f"env.id: {err}") from None
-        except ValueError as err:
+        except (ValueError, TypeError) as err:  # TypeError: gymnasium.make's unknown keyword
             # (listing the registered ids imports every adapter's library; no gymnasium id is one)
             gymnasium = self.id.startswith("gymnasium:")
             known = self.id in envs.REGISTRY or (not gymnasium and self.id in envs.registered_ids())
-            raise ConfigError(f"{'env.params' if known else 'env.id'}: {err}") from None
+            key = "env.params" if known or isinstance(err, TypeError) else "env.id"
+            raise ConfigError(f"{key}: {err}") from None
         if self.observe is not None:
             try:
                 env = envs.MaskObservation(env, self.observe)
@@ -240,6 +242,9 @@ def build_config(data: Mapping) -> Config:
     check_arch(config)
     check_log_points(agent)
     check_memory(config, *env_and_params, processes=processes())
+    message = host_env_warning(config)
+    if message is not None:
+        warnings.warn(message, HostEnvWarning, stacklevel=2)
     check_compatible = getattr(module, "check_env", None)
     if callable(check_compatible):
         check_compatible(config, *env_and_params)
@@ -250,6 +255,31 @@ def build_config(data: Mapping) -> Config:
         made_env, env_params = env_and_params
         network.check_obs_space(made_env.observation_space(env_params))
     return config
+
+
+class HostEnvWarning(UserWarning):
+    """A gymnasium env inside the one compiled program (`arch: anakin`): every step a host call."""
+
+
+def host_env_warning(config: Config) -> str | None:
+    """What to say when a `gymnasium:<id>` env trains under `arch: anakin`, where every env step is
+    a callback from the compiled program to the host (on CartPole about 25x slower than the
+    built-in JAX env): the built-in env of the same id where there is one, and the actor-learner
+    layout, `arch: sebulba`, whose actor threads step gymnasium's envs. None for any other run."""
+    if config.arch.name != "anakin" or not config.env.id.startswith("gymnasium:"):
+        return None
+    import envs
+    from rl.arch_config import SEBULBA_AGENTS
+
+    gym_id = config.env.id.removeprefix("gymnasium:")
+    builtin = f"the built-in env.id={gym_id}, or " if gym_id in envs.REGISTRY else ""
+    agents = "" if config.agent.name in SEBULBA_AGENTS else f" (for {', '.join(SEBULBA_AGENTS)})"
+    return (
+        f"env.id: {config.env.id} under arch anakin calls back to the host for every env step "
+        f"(on CartPole about 25x slower than a JAX env); use {builtin}arch.name=sebulba "
+        f"run.seeds=1{agents}: actor threads step gymnasium's envs (e.g. rl train "
+        "ppo_sebulba_cartpole)"
+    )
 
 
 def check_multi_agent(agent, module, env_id: str, env) -> None:

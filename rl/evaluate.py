@@ -249,11 +249,13 @@ def evaluation_lines(result: dict) -> list[str]:
     ]
     for row in result["settings"]:
         where = f"{row['label']}: " if row["label"] else ""
+        episodes, seeds = row["episodes"], row["seeds"]
         lines.append(
             f"  {where}{_fmt(row['mean'])} +- {_fmt(row['std'])} "
             f"(median {_fmt(row['median'])}, min {_fmt(row['min'])}, max {_fmt(row['max'])}; "
             f"std of the seed means {_fmt(row['seed_mean_std'])}) "
-            f"over {row['episodes']} episodes x {row['seeds']} seeds, "
+            f"over {episodes} episode{'s' if episodes != 1 else ''} x "
+            f"{seeds} seed{'s' if seeds != 1 else ''}, "
             f"mean length {_fmt(row['length_mean'])}"
         )
     if "render" in result:

@@ -1,6 +1,10 @@
 """Ctrl-C (SIGINT) or SIGTERM during a run: the first one stops the runner after the chunk in
 progress (which is checkpointed), a second one stops it at once. The exit status is 128 + the
 signal's number (130 for Ctrl-C, 143 for SIGTERM), as a shell reports a process the signal ended.
+Signals within `COALESCE_SECONDS` of the first count as that one: GNU `timeout -s INT 60 rl train
+...` sends its signal to the process and then again to its process group (which holds it), and a
+terminal's Ctrl-C reaches every process of the foreground group, so one stop request often arrives
+twice within microseconds.
 
 A compiled program with host callbacks can hold the main thread inside XLA until the whole chunk
 is done, so the runner calls its programs through `call_interruptibly` (in a worker thread, the
@@ -12,6 +16,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 
 import jax
 
@@ -53,18 +58,25 @@ def call_interruptibly(fn, *args, block: bool = True):
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# a stop signal this soon after the first is the same request delivered twice (GNU timeout sends
+# it to the process and to its group), not a second Ctrl-C; a person pressing Ctrl-C again takes
+# longer
+COALESCE_SECONDS = 1.0
 
 
 class StopSignalGuard:
     """While entered (in the main thread): the first SIGINT (Ctrl-C) or SIGTERM prints `message`
     and sets `requested` (and `signal_number`), which the runner reads to stop after the chunk in
     progress (saving a checkpoint); a second one raises KeyboardInterrupt, keeping the checkpoints
-    already written. The previous handlers come back on exit."""
+    already written, unless it comes within `coalesce_seconds` of the first (then it is the first
+    one's copy and is ignored). The previous handlers come back on exit."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, coalesce_seconds: float = COALESCE_SECONDS):
         self.requested = False
         self.signal_number = int(signal.SIGINT)
         self.message = message
+        self.coalesce_seconds = coalesce_seconds
+        self.first_at = None  # time.monotonic() of the first signal
         self.previous = {}
 
     def __enter__(self):
@@ -73,9 +85,12 @@ class StopSignalGuard:
         return self
 
     def _handle(self, signum, frame):
+        now = time.monotonic()
         if self.requested:
+            if now - self.first_at < self.coalesce_seconds:
+                return  # the first signal's copy (sent to the process and to its group)
             raise KeyboardInterrupt
-        self.requested, self.signal_number = True, int(signum)
+        self.requested, self.signal_number, self.first_at = True, int(signum), now
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         print(f"\nrl: {name}: {self.message}", file=sys.stderr, flush=True)
 

@@ -164,7 +164,7 @@ def plot_runs(run_dirs, output=None, metric: str | None = None, warn=None) -> Pa
             label = run_dir.name
             if setting < len(labels) and labels[setting]:
                 label += f" [{labels[setting]}]"
-            label += f" ({values.shape[0]} seeds)"
+            label += f" ({values.shape[0]} seed{'s' if values.shape[0] != 1 else ''})"
             (line,) = axes.plot(steps, median, label=_plain_text(label))
             axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.25, linewidth=0)
     axes.set_xlabel("env steps per seed")

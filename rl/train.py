@@ -212,7 +212,7 @@ class _ChunkedRun:
         self.wandb = None
         self.guard = StopSignalGuard(
             "stopping after the current log point and saving a checkpoint "
-            "(the same signal again stops without saving)"
+            "(the same signal again, a second or more later, stops without saving)"
         )
         self.compiled_init = self.compiled_log_point = None
         self.cache, self.startup_seconds = None, None

@@ -282,3 +282,23 @@ def trained_run(tmp_path_factory) -> Path:
         assert run_cli(["train", write_config(folder), "--name", "tiny"]) == 0
         _TRAINED["run"] = folder / "runs" / "tiny"
     return _TRAINED["run"]
+
+
+def central_differences(f, args, eps: float = 1e-6) -> list:
+    """The gradient of the scalar `f(*args)` with respect to each of `args`, by float64 central
+    differences: an oracle for an op's gradient that shares nothing with JAX's autodiff or with the
+    op's own backward pass (`f` a float64 NumPy function; cost 2 calls of `f` per element)."""
+    import numpy as np
+
+    args = [np.array(a, np.float64) for a in args]
+    grads = []
+    for i, arg in enumerate(args):
+        grad = np.zeros_like(arg)
+        for index in np.ndindex(arg.shape):
+            for sign in (1.0, -1.0):
+                shifted = list(args)
+                shifted[i] = arg.copy()
+                shifted[i][index] += sign * eps
+                grad[index] += sign * f(*shifted) / (2 * eps)
+        grads.append(grad)
+    return grads

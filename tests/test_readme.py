@@ -12,6 +12,13 @@ line is `# README test: skip (reason)` is not run; the reason must say why (a be
 several devices or hosts, a fresh virtual environment, or the CI command itself). The "Writing an
 agent" example runs with its final call shortened (2 log points of 20 updates, 2 seeds).
 
+Every other block runs on the base install, or says in its first line which extras it needs,
+`# needs the gymnax extra: pip install -e ".[gymnax]"`, and is skipped where they are missing. A
+block that declares none runs as on the base install: the extras' libraries (EXTRAS) cannot be
+imported while it runs and the interpret kernel backend is unavailable, so a block that needs an
+extra without saying so fails here (`test_blocks_that_use_an_extra_declare_it` also reads each
+block for the extras' ids and config names).
+
 The blocks of SLOW_BLOCKS run only with `-m slow` (.ci/gpu_suite.sh's default run leaves them out
 too): each repeats, at a cost of tens of CPU seconds, what a default test runs (named beside it);
 the default suite still loads every `rl train` command of theirs and traces its program
@@ -89,27 +96,54 @@ def readme_params(language: str) -> list:
     ]
 
 
-# The optional libraries a block may use (an extra each; CI installs them all through `test`):
-# the module to import, and what in a block's text names it.
-EXTRA_MARKERS = {
-    "gymnax": ("gymnax:", "minatar"),
-    "brax": ("brax:", "_brax_"),
-    "craftax": ("craftax:", "_craftax_"),
-    "jumanji": ("jumanji:",),
-    "wandb": ("run.wandb",),
+# The pip extras a block may need (CI installs them all through `test`; the GPU machine carries
+# none): the modules each brings, which the base install cannot import, and what in a block's text
+# shows it is used (an env id's prefix, a packaged config's name, a key or a backend).
+EXTRAS = {
+    "gymnax": (("gymnax",), ("gymnax:", "minatar")),
+    "brax": (("brax", "mujoco"), ("brax:", "_brax_")),
+    "craftax": (("craftax",), ("craftax:", "_craftax_")),
+    "jumanji": (("jumanji",), ("jumanji:",)),
+    "jaxmarl": (("jaxmarl",), ("jaxmarl:", "_mpe_", "_smax_", "_overcooked_")),
+    "envpool": (("envpool",), ("envpool:", "_atari_")),
+    "wandb": (("wandb",), ("run.wandb",)),
+    "tensorboard": (("tensorboard",), ("tensorboard --logdir",)),
+    "interpret": (("torch",), ('"interpret"', "backend=interpret")),
 }
+# a block's first line naming the extras it needs, as the install command
+NEEDS = re.compile(r'^# needs the .+?: pip install -e "\.\[([a-z,]+)\]"')
 
 
-def missing_extras(code: str) -> list[str]:
-    """The optional libraries `code` uses that do not import here (e.g. on the GPU machine, which
-    carries none)."""
+def used_extras(code: str) -> list[str]:
+    """The extras whose ids, config names, keys or backends `code` names."""
+    return [name for name, (_, marks) in EXTRAS.items() if any(mark in code for mark in marks)]
+
+
+def declared_extras(code: str) -> list[str]:
+    """The extras a block's first line says it needs (`NEEDS`), else []."""
+    match = NEEDS.match(code)
+    return match.group(1).split(",") if match else []
+
+
+def uninstalled(extras: list[str]) -> list[str]:
+    """The extras of `extras` whose modules do not import here."""
     import importlib.util
 
     return [
         name
-        for name, marks in EXTRA_MARKERS.items()
-        if any(mark in code for mark in marks) and importlib.util.find_spec(name) is None
+        for name in extras
+        if any(importlib.util.find_spec(module) is None for module in EXTRAS[name][0])
     ]
+
+
+def missing_extras(code: str) -> list[str]:
+    """The extras `code` uses (`used_extras`) that are not installed here."""
+    return uninstalled(used_extras(code))
+
+
+def base_install_modules() -> list[str]:
+    """The modules the extras bring: unimportable while a block that declares no extra runs."""
+    return [module for modules, _ in EXTRAS.values() for module in modules]
 
 
 def mujoco_cannot_render() -> bool:
@@ -146,6 +180,22 @@ def test_the_skipped_blocks_are_few_and_say_why():
     assert all(line.endswith(")") and len(line) > len(SKIP) + 10 for line in skipped), skipped
 
 
+def test_blocks_that_use_an_extra_declare_it():
+    """Each block that is run names, in its first line, every extra it uses (and only known
+    extras); the others run on the base install (test_python_block_runs, test_bash_block_runs)."""
+    for language in ("python", "bash"):
+        for line, code in readme_blocks(language):
+            if is_skipped(code):
+                continue
+            declared = declared_extras(code)
+            assert set(declared) <= set(EXTRAS), (line, declared)
+            undeclared = set(used_extras(code)) - set(declared)
+            assert not undeclared, (
+                f"README.md {language} block at line {line} uses the extras {sorted(undeclared)}: "
+                f'its first line must say so, # needs the ... extra: pip install -e ".[...]"'
+            )
+
+
 def test_the_slow_blocks_name_one_runnable_block_each():
     blocks = [code for language in ("python", "bash") for _, code in readme_blocks(language)]
     for line in SLOW_BLOCKS:
@@ -179,14 +229,32 @@ def test_the_agent_example_is_one_python_block():
     assert sum(AGENT_CALL in code for _, code in readme_blocks("python")) == 1, AGENT_CALL
 
 
+def as_on_the_base_install(monkeypatch) -> None:
+    """Until the test ends: the extras' modules cannot be imported (None in sys.modules; the
+    adapters in envs/ import their library at each use) and the interpret backend is unavailable
+    (its check is cached)."""
+    import kernels.launch
+
+    for module in base_install_modules():
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setattr(
+        kernels.launch,
+        "interpret_unavailable_reason",
+        lambda: 'the base install has no torch: pip install -e ".[interpret]"',
+    )
+
+
 @pytest.mark.parametrize("line, code", readme_params("python"))
 def test_python_block_runs(line, code, tmp_path, monkeypatch):
     import envs
 
     if is_skipped(code):
         pytest.skip(code.splitlines()[0])
-    if missing_extras(code):
-        pytest.skip(f"needs the optional libraries {missing_extras(code)}, not installed here")
+    if uninstalled(declared_extras(code)):
+        missing = uninstalled(declared_extras(code))
+        pytest.skip(f"needs the extras {missing}, not installed here")
+    if not declared_extras(code):
+        as_on_the_base_install(monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(envs, "REGISTRY", dict(envs.REGISTRY))  # a block may register an env
     is_agent = AGENT_CALL in code
@@ -267,17 +335,26 @@ def shell(tmp_path_factory):
     # commands name checkout paths (configs/*.yaml also resolve by name)
     for folder in ("configs", "benchmarks"):
         (work / folder).symlink_to(REPO / folder)
-    return work, env
+    # first on PYTHONPATH for a block that declares no extra: the extras' modules unimportable in
+    # every Python process it starts, as on the base install
+    base = root / "base-install"
+    base.mkdir()
+    (base / "sitecustomize.py").write_text(
+        f"import sys\nfor name in {base_install_modules()!r}:\n    sys.modules[name] = None\n"
+    )
+    return work, env, base
 
 
 @pytest.mark.parametrize("line, code", readme_params("bash"))
 def test_bash_block_runs(line, code, shell):
     if is_skipped(code):
         pytest.skip(code.splitlines()[0])
-    if missing_extras(code):
-        missing = missing_extras(code)
-        pytest.skip(f"needs the optional libraries {missing} (their extras), not installed here")
-    work, env = shell
+    if uninstalled(declared_extras(code)):
+        missing = uninstalled(declared_extras(code))
+        pytest.skip(f"needs the extras {missing}, not installed here")
+    work, env, base = shell
+    if not declared_extras(code):
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(base), env["PYTHONPATH"]])}
     done = subprocess.run(
         ["bash", "-e", "-c", runnable_shell(code)],
         cwd=work,

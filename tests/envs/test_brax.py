@@ -242,7 +242,7 @@ def test_missing_extra_names_it(hide_package):
         ImportError,
         match=(
             r"brax:ant needs the \'brax.envs\' package, which does not import: "
-            r'pip install "fusedrl\[brax\]"'
+            r'pip install -e "\.\[brax\]" in the fusedrl clone'
         ),
     ):
         envs.make("brax:ant", backend="mjx")
@@ -250,7 +250,7 @@ def test_missing_extra_names_it(hide_package):
     from rl.config import build_config
     from rl.config_parsing import ConfigError
 
-    with pytest.raises(ConfigError, match=r'env.id: .*pip install "fusedrl\[brax\]"'):
+    with pytest.raises(ConfigError, match=r'env.id: .*pip install -e "\.\[brax\]"'):
         build_config({"env": {"id": "brax:ant"}, "agent": {"name": "ppo"}})
 
 

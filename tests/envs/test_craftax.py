@@ -220,7 +220,7 @@ def test_texture_cache_is_built_once_and_a_truncated_one_is_rebuilt(tmp_path):
 
 def test_missing_extra_names_it(hide_package):
     hide_package("craftax")
-    with pytest.raises(ImportError, match=r'pip install "fusedrl\[craftax\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[craftax\]"'):
         envs.make("craftax:Craftax-Symbolic-v1")
     assert not any(i.startswith("craftax:") for i in envs.registered_ids())
 

@@ -21,17 +21,21 @@ def test_a_missing_envpool_gives_one_error_naming_the_extra(monkeypatch):
     from rl.config_parsing import ConfigError
 
     monkeypatch.setitem(sys.modules, "envpool", None)  # `import envpool` fails as if not installed
-    with pytest.raises(MissingExtraError, match=r'pip install "fusedrl\[envpool\]"'):
+    with pytest.raises(
+        MissingExtraError, match=r'pip install -e "\.\[envpool\]" in the fusedrl clone'
+    ):
         envs.make("envpool:Breakout-v5")
     from envs.envpool import VectorEnv
 
-    with pytest.raises(MissingExtraError, match=r'pip install "fusedrl\[envpool\]"'):
+    with pytest.raises(
+        MissingExtraError, match=r'pip install -e "\.\[envpool\]" in the fusedrl clone'
+    ):
         VectorEnv("Breakout-v5", 2, 0)
     data = {"env": {"id": "envpool:Breakout-v5"}, "agent": {"name": "ppo"}, "arch": "sebulba"}
     with pytest.raises(
         ConfigError,
         match=r"^env.id: envpool:<id> needs the .envpool. package, .*"
-        r'pip install "fusedrl\[envpool\]"',
+        r'pip install -e "\.\[envpool\]" in the fusedrl clone',
     ):
         build_config(data)
 

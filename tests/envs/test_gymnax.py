@@ -299,13 +299,15 @@ def test_a_missing_gymnax_gives_one_error_naming_the_extra(monkeypatch):
     monkeypatch.setitem(
         sys.modules, "gymnax", None
     )  # `import gymnax` now fails as if not installed
-    with pytest.raises(MissingExtraError, match=r'pip install "fusedrl\[gymnax\]"'):
+    with pytest.raises(
+        MissingExtraError, match=r'pip install -e "\.\[gymnax\]" in the fusedrl clone'
+    ):
         envs.make("gymnax:Breakout-MinAtar")
     assert isinstance(MissingExtraError("x"), ImportError)
     assert not any(i.startswith("gymnax:") for i in envs.registered_ids())
     with pytest.raises(
         ConfigError,
-        match=r'^env.id: gymnax:<id> needs the .gymnax. package, .*pip install "fusedrl\[gymnax\]"',
+        match=r'^env.id: gymnax:<id> needs the .gymnax. package, .*pip install -e "\.\[gymnax\]"',
     ):
         build_config({"env": {"id": "gymnax:Breakout-MinAtar"}, "agent": {"name": "ppo"}})
 

@@ -432,7 +432,8 @@ def test_missing_extra_names_it(hide_package):
     hide_package("jaxmarl")
     with pytest.raises(
         envs.MissingExtraError,
-        match=r"jaxmarl:SMAX needs the 'jaxmarl' package.*pip install \"fusedrl\[jaxmarl\]\"",
+        match=r"jaxmarl:SMAX needs the 'jaxmarl' package.*"
+        r"pip install -e \"\.\[jaxmarl\]\" in the fusedrl clone",
     ):
         envs.make("jaxmarl:SMAX", scenario="3m")
     assert not any(i.startswith("jaxmarl:") for i in envs.registered_ids())

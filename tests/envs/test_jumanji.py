@@ -196,7 +196,7 @@ def test_missing_extra_names_it(hide_package):
         ImportError,
         match=(
             r"jumanji:Snake-v1 needs the \'jumanji\' package, which does not import: "
-            r'pip install "fusedrl\[jumanji\]"'
+            r'pip install -e "\.\[jumanji\]" in the fusedrl clone'
         ),
     ):
         envs.make("jumanji:Snake-v1")

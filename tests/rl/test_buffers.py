@@ -203,6 +203,27 @@ def test_prioritized_sampling_frequencies_match_exact_probabilities(alpha):
     assert result.pvalue > 1e-3, (counts[:10], exact * counts.sum())
 
 
+def test_prioritized_sampling_draws_one_target_in_each_stratum():
+    """Target k of a batch of B is uniform in the k-th of B equal segments of the total mass, so
+    item k of the batch is an item whose mass bracket [cumsum before it, cumsum to it) meets the
+    k-th segment: with equal priorities (each segment exactly 4 items) item k is one of items
+    4k..4k+3, and with unequal ones its bracket meets segment k. Plain uniform targets put two
+    in one segment and none in another in almost every batch."""
+    batch_size = 16
+    rng = np.random.default_rng(0)
+    for priorities in (np.ones(4 * batch_size), rng.uniform(0.1, 3.0, 50)):
+        buf = filled_prioritized(priorities, alpha=1.0, capacity=64)
+        _, idx, _ = sample_counts(buf, num_batches=50, batch_size=batch_size)
+        idx = np.asarray(idx)  # [batches, B]
+        upper = np.cumsum(priorities) / np.sum(priorities) * batch_size  # in segment units
+        lower = upper - priorities / np.sum(priorities) * batch_size
+        stratum = np.arange(batch_size)
+        # (float32 sums: a bracket may end a hair past its segment's edge)
+        assert np.all(lower[idx] <= stratum + 1 + 1e-4) and np.all(upper[idx] >= stratum - 1e-4)
+        if len(priorities) == 4 * batch_size:  # equal: exactly the 4 items of segment k
+            np.testing.assert_array_equal(idx // 4, np.broadcast_to(stratum, idx.shape))
+
+
 def test_importance_weights_are_normalised_inverse_probabilities():
     priorities = np.array([1.0, 2.0, 4.0, 8.0], np.float64)
     buf = filled_prioritized(priorities, alpha=1.0)
@@ -561,7 +582,11 @@ def _bits(a):
 def test_stored_items_come_back_bit_for_bit(leaves, seed):
     """Any mix of dtypes and shapes, with random bit patterns (so float NaN payloads, infinities,
     subnormals, signed zeros and the extremes of every int type), written to a buffer by one jitted
-    add and read back by another jitted call: every leaf returns bit for bit."""
+    add and read back by another jitted call: every leaf returns bit for bit. Both compile with
+    XLA's CPU fusion emitters (`FUSION_EMITTERS`), as runs do: the older emitters this suite
+    otherwise uses (tests/conftest.py) move a bfloat16 array (a slice, a concatenation, an update
+    slice: a wide leaf's own block) through float32 and canonicalise its NaNs (0x7F8C, a
+    signalling NaN, comes back 0x7FC0), so a draw holding such a NaN failed by chance."""
     rng = np.random.default_rng(seed)
     items = {}
     for i, (dtype, shape) in enumerate(leaves):
@@ -576,10 +601,35 @@ def test_stored_items_come_back_bit_for_bit(leaves, seed):
             x = raw.view(jnp.dtype(dtype))
         items[f"leaf{i}"] = jnp.asarray(x)
     buf = buffers.uniform_init(jax.tree.map(lambda x: x[0], items), 5)
-    buf = jax.jit(buffers.uniform_add)(buf, items)
-    back = jax.jit(lambda b: jax.tree.map(lambda x: x[:3], b.data))(buf)
+    buf = jax.jit(buffers.uniform_add, compiler_options=FUSION_EMITTERS)(buf, items)
+    read = jax.jit(
+        lambda b: jax.tree.map(lambda x: x[:3], b.data), compiler_options=FUSION_EMITTERS
+    )
+    back = read(buf)
     for name, x in items.items():
         assert back[name].dtype == x.dtype and back[name].shape == x.shape
+        np.testing.assert_array_equal(_bits(back[name]), _bits(x))
+
+
+@pytest.mark.parametrize("size", [2, 40], ids=["narrow", "wide"])  # the uint32 block, its own
+def test_float_nan_payloads_come_back_bit_for_bit(size):
+    """Signalling and quiet NaNs with payloads, of either sign, in half-width floats: stored and
+    read back as their bits (compiled as test_stored_items_come_back_bit_for_bit says)."""
+    patterns = {
+        "bfloat16": [0x7F8C, 0x7FC1, 0xFF81, 0x7F81, 0x7F80],
+        "float16": [0x7C01, 0x7D00, 0xFE01, 0x7E00, 0x7C00],
+    }
+    items = {
+        name: jnp.asarray(np.repeat(np.array(bits, np.uint16)[:, None], size, 1).view(name))
+        for name, bits in patterns.items()
+    }
+    buf = buffers.uniform_init(jax.tree.map(lambda x: x[0], items), 8)
+    buf = jax.jit(buffers.uniform_add, compiler_options=FUSION_EMITTERS)(buf, items)
+    read = jax.jit(
+        lambda b: jax.tree.map(lambda x: x[:5], b.data), compiler_options=FUSION_EMITTERS
+    )
+    back = read(buf)
+    for name, x in items.items():
         np.testing.assert_array_equal(_bits(back[name]), _bits(x))
 
 

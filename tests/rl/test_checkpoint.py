@@ -331,3 +331,24 @@ def test_config_difference_names_the_first_changed_key_and_ignores_where_a_run_i
     assert config_difference(saved, {**same_run, "agent": {"network": {"hidden": [64, 64]}}}) == (
         "agent.lr is not set in config.yaml, 0.001 when the checkpoint was written"
     )
+
+
+@pytest.mark.parametrize("points", [2, 4], ids=["short", "long"])
+def test_a_history_of_another_length_than_its_meta_says_is_damage(points, tmp_path):
+    """A checkpoint's metric history must hold exactly the log points its meta records: one cut
+    short, or one too long, is damage (skipped on --resume, with one warning), never a history
+    that --resume would continue with log points missing."""
+    from rl.checkpoint_integrity import CheckpointDamagedError, check_history
+
+    history = {"seed": {"step": np.zeros((1, 2, points)), "loss": np.zeros((1, 2, 3))}}
+    with pytest.raises(CheckpointDamagedError, match=f"'step' has {points} log points, the meta"):
+        check_history(history, {"log_points": 3})
+    check_history({"seed": {"step": np.zeros((1, 2, 3))}}, {"log_points": 3})
+    # through a checkpoint written with it
+    state = {"params": np.zeros((1, 2, 3), np.float32)}
+    checkpoints = Checkpoints(tmp_path)
+    checkpoints.save(30, state, {"seed": {"step": np.zeros((1, 2, points))}}, {"log_points": 3})
+    checkpoints.close()
+    warnings = []
+    assert Checkpoints(tmp_path).restore_latest(abstract_like(state), warn=warnings.append) is None
+    assert "30 is damaged (history of 'step' has" in warnings[0] and len(warnings) == 2

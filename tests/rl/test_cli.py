@@ -400,10 +400,13 @@ def test_train_and_eval_leave_the_kernels_process_wide_backend_alone(tmp_path, c
     assert kernels.get_backend() == before
 
 
-def test_progress_says_compilation_first_and_never_shows_0_steps_per_second(tmp_path, capsys):
+def test_progress_names_the_run_directory_then_the_compile_never_0_steps_per_s(tmp_path, capsys):
     config_path = write_config(tmp_path, {**TINY, "run": {**TINY["run"], "progress": True}})
     assert run_cli(["train", config_path, "--output-dir", tmp_path / "runs", "--name", "bar"]) == 0
     err = capsys.readouterr().err
+    # the run directory first, before the wait for the compile (the summary repeats it)
+    assert err.splitlines()[0] == f"rl: run directory: {tmp_path / 'runs' / 'bar'}"
+    err = err.split("\n", 1)[1]
     # one program initialises, one runs a log point (or both load from the compilation cache)
     assert err.startswith("rl: compiling the training program for 3 seeds (XLA compilation")
     assert err.splitlines()[1].startswith(
@@ -448,3 +451,60 @@ def test_smoke_seeds_caps_the_seeds_and_names_a_bad_value(monkeypatch):
         match="environment variable FUSEDRL_SMOKE_SEEDS: expected a positive integer, got 'two'",
     ):
         resolve_train_config(args)
+
+
+def test_warnings_are_one_clean_line_without_colour_codes(capsys):
+    """gymnasium colours its warnings for a terminal (ESC[33m ... ESC[0m); while an `rl` command
+    runs, every Python warning is one line, `rl: warning: ...`, without escape sequences."""
+    import warnings
+
+    import gymnasium
+
+    from rl.cli_output import command_output
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with command_output():
+            low, high = np.full(2, 0.1), np.full(2, 1.1)  # float64 bounds of a float32 Box
+            gymnasium.spaces.Box(low=low, high=high, dtype=np.float32)
+            warnings.warn("a warning\nover two lines")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and not any("\x1b" in line for line in lines), lines
+    assert lines[0].startswith("rl: warning: Box low's precision lowered by casting to float32")
+    assert lines[0].endswith(")") and "gymnasium/spaces/box.py:" in lines[0]
+    assert lines[2].startswith("rl: warning: a warning over two lines (UserWarning, test_cli.py:")
+
+
+@pytest.mark.parametrize(
+    "command", [["train", "--resume"], ["eval"], ["plot"], ["compare", "RUN"]], ids=str
+)
+def test_a_file_given_as_run_directory_is_named_a_file(command, tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "tiny"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("{}")
+    afile = tmp_path / "afile.txt"
+    afile.write_text("")
+    for path, hint in (
+        (afile, " (rl train writes one per run: runs/<agent>-<env>-<time>/)"),
+        (run_dir / "config.yaml", f"; its folder {str(run_dir)!r} is one"),
+    ):
+        argv = [run_dir if arg == "RUN" else arg for arg in command] + [path]
+        assert run_cli(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == (
+            f"rl: error: {str(path)!r} is a file, not a run directory{hint}\n"
+        )
+
+
+def test_counts_of_one_are_singular():
+    """'1 seed', '1 episode': rl train's summary and rl eval's lines."""
+    from rl.cli_output import summary_lines
+    from rl.evaluate import evaluation_lines
+
+    summary = _summary_of({"step": [[[100, 200]]], "episode_return": [[[1.0, 2.0]]]})
+    assert summary_lines(summary)[2].endswith("; 1 seed)")
+    row = {"label": "", "mean": 2.0, "std": 0.0, "median": 2.0, "min": 2.0, "max": 2.0}
+    row.update(seed_mean_std=0.0, episodes=1, seeds=1, length_mean=9.0)
+    result = {"agent": "ppo", "env": "CartPole-v1", "params": "final params", "metric": "return"}
+    result.update(metric_description="greedy return", settings=[row])
+    assert "over 1 episode x 1 seed, mean length 9" in evaluation_lines(result)[2]

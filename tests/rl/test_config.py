@@ -283,3 +283,46 @@ def test_sweep_key_given_twice():
     agent = build_config(base()).agent
     with pytest.raises(ConfigError, match=r"agent\.lr is given twice"):
         parse_sweep(["agent.lr=0.1", "lr=0.2"], agent)
+
+
+def test_a_gymnasium_env_under_anakin_warns_naming_the_builtin_env_and_sebulba(capsys):
+    """Each step of a gymnasium env inside the compiled program is a host callback: the config
+    warns once, naming the built-in JAX env of that id and the actor-learner layout."""
+    import warnings
+
+    from rl.cli_output import command_output
+    from rl.config import HostEnvWarning
+
+    data = {"env": {"id": "gymnasium:CartPole-v1"}, "agent": {"name": "ppo"}}
+    with pytest.warns(HostEnvWarning) as caught:
+        build_config(data)
+    (message,) = [str(w.message) for w in caught]
+    assert "the built-in env.id=CartPole-v1" in message and "arch.name=sebulba" in message
+    # no built-in env of that id; an agent the actor threads do not train: the agents they do
+    data = {"env": {"id": "gymnasium:FrozenLake-v1"}, "agent": {"name": "qlearning"}}
+    with pytest.warns(HostEnvWarning, match=r"use arch.name=sebulba run.seeds=1 \(for dqn, ppo"):
+        build_config(data)
+    # through an rl command: one line on stderr
+    with warnings.catch_warnings(), command_output():
+        warnings.simplefilter("always")
+        load_config("ppo_sebulba_cartpole", ["arch.name=anakin", "run.seeds=2"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("rl: warning: env.id: gymnasium:CartPole-v1 under arch anakin calls")
+    assert line.endswith("(e.g. rl train ppo_sebulba_cartpole)")
+
+
+def test_no_host_env_warning_for_a_jax_env_or_under_sebulba():
+    import warnings
+
+    from rl.config import HostEnvWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HostEnvWarning)
+        build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}})
+        load_config("ppo_sebulba_cartpole")
+
+
+def test_gymnasium_make_refusing_a_keyword_names_env_params():
+    data = {"env": {"id": "gymnasium:FrozenLake-v1", "params": {"size": 5}}}
+    with pytest.raises(ConfigError, match=r"^env.params: .*unexpected keyword argument 'size'"):
+        build_config({**data, "agent": {"name": "qlearning"}})

@@ -171,6 +171,52 @@ def test_ctrl_c_saves_a_checkpoint_exits_cleanly_and_resumes_exactly(
     assert metric_rows(run_dir) == metric_rows(reference)
 
 
+# GNU `timeout -s INT 60 rl train ...` sends SIGINT to the process and then to its process group:
+# the one stop request arrives twice, back to back
+SIGINT_TWICE_AT_ONCE = """
+import os, signal, sys
+import numpy as np
+from rl import logging as rl_logging
+from rl.cli import main
+
+sent = []
+
+def send(values):
+    if not sent and int(np.max(values["step"])) >= 13_000:
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGINT)
+        os.killpg(os.getpgrp(), signal.SIGINT)  # a group of its own (start_new_session)
+
+with rl_logging.sink(send):
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_two_signals_at_once_count_as_one_and_save_a_checkpoint(tmp_path, tmp_path_factory):
+    import subprocess
+
+    from run_helpers import REPO, subprocess_env
+
+    reference = trained_run(tmp_path_factory)
+    config = write_config(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", SIGINT_TWICE_AT_ONCE, "train", str(config), "--name", "timeout"],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert "interrupted without saving" not in done.stderr and "Traceback" not in done.stderr
+    run_dir = tmp_path / "runs" / "timeout"
+    stopped = Checkpoints(run_dir, read_only=True).steps()[-1]
+    assert stopped in (13_000, 14_000) and f"interrupted at step {stopped}" in done.stderr
+    assert run_cli(["train", "--resume", run_dir]) == 0
+    jax.tree.map(np.testing.assert_array_equal, final_params(run_dir), final_params(reference))
+
+
 # ------------------------------------------------------------ unwritable and full run directories
 
 
@@ -267,12 +313,14 @@ import os, signal, sys, time
 import numpy as np
 from rl import logging as rl_logging
 from rl.cli import main
+from rl.interrupts import COALESCE_SECONDS
 
 def send(values):
     step = int(np.max(values["step"]))
     if step in (6000, 7000):  # both inside the chunk of log points 5..8
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.5)  # let the main thread's handler run before the next one
+        # past the window in which a second signal is the first one's copy (GNU timeout's)
+        time.sleep(COALESCE_SECONDS + 0.2)
 
 with rl_logging.sink(send):
     sys.exit(main(sys.argv[1:]))

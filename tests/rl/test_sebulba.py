@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from functools import partial
+from pathlib import Path
 
 import gymnasium
 import jax
@@ -31,14 +32,19 @@ from rl.sebulba_run import append_log_point
 
 # ---------------------------------------------------------------- a toy gymnasium env
 
-FAULT = {"at": None, "sleep": 0.0}  # what Countdown instances made from now on do at step `at`
+# what Countdown instances made from now on do at step `at`: raise, sleep `sleep` seconds, or (with
+# `release`, a threading.Event) wait until the test sets it; `woke` (a path) is written once a
+# sleep or wait ends. STEPS counts every Countdown step taken.
+FAULT = {"at": None, "sleep": 0.0, "release": None, "woke": None}
+STEPS = [0]
 
 
 class Countdown(gymnasium.Env):
     """obs [t] (steps into the episode), reward 1 a step; even-numbered episodes (counted from the
     last seeded reset) terminate at t = 3, odd ones would at t = 7 but registration's TimeLimit
     truncates them at t = 5. At its
-    FAULT["at"]-th step an instance raises (or, with FAULT["sleep"], sleeps that long once)."""
+    FAULT["at"]-th step an instance raises (or, with FAULT["sleep"], sleeps that long once; with
+    FAULT["release"], waits until it is set, a minute at most)."""
 
     observation_space = gymnasium.spaces.Box(0.0, 10.0, (1,), np.float32)
     action_space = gymnasium.spaces.Discrete(2)
@@ -53,10 +59,16 @@ class Countdown(gymnasium.Env):
 
     def step(self, action):
         self.steps += 1
+        STEPS[0] += 1
         if self.steps == self.fault["at"]:
-            if not self.fault["sleep"]:
+            if self.fault["release"] is not None:
+                self.fault["release"].wait(timeout=60)
+            elif not self.fault["sleep"]:
                 raise RuntimeError(f"boom at step {self.steps}")
-            time.sleep(self.fault["sleep"])
+            else:
+                time.sleep(self.fault["sleep"])
+            if self.fault["woke"]:
+                Path(self.fault["woke"]).write_text("")
         self.t += 1
         end = 3 if self.episode % 2 == 0 else 7
         return np.array([self.t], np.float32), 1.0, self.t == end, False, {}
@@ -93,9 +105,11 @@ def learner():
 
 @pytest.fixture
 def fault(monkeypatch):
-    def set_fault(at, sleep=0.0):
+    def set_fault(at, sleep=0.0, release=None, woke=None):
         monkeypatch.setitem(FAULT, "at", at)
         monkeypatch.setitem(FAULT, "sleep", sleep)
+        monkeypatch.setitem(FAULT, "release", release)
+        monkeypatch.setitem(FAULT, "woke", woke)
 
     return set_fault
 
@@ -186,23 +200,32 @@ def actor_threads() -> list[str]:
 
 
 def test_an_actor_that_raises_stops_the_whole_run_with_its_error(learner, fault):
+    """The run stops with the actor's error, long before its 2048 env steps, and no actor thread
+    is left (the other actor stopped too)."""
     learner, state = learner
     fault(at=40)
-    start = time.perf_counter()
+    before = STEPS[0]
     with pytest.raises(RuntimeError, match="boom at step 40"):
         learner.run(state)
-    assert time.perf_counter() - start < 30
     assert actor_threads() == []
+    # 2 actors x 2 envs: about 4 x 40 steps, plus a rollout collected ahead (arch.max_lag 1)
+    assert STEPS[0] - before < 512
 
 
-def test_a_stalled_actor_stops_the_run_after_the_queue_timeout(learner, fault):
+def test_a_stalled_actor_stops_the_run_after_the_queue_timeout(learner, fault, tmp_path):
+    """An env step that does not return until the test releases it (or a minute passes): the
+    learner's wait for that actor's rollout times out and the run stops with a StallError while the
+    env is still stalled, without waiting for it."""
     _, state = learner
-    fault(at=20, sleep=6.0)  # seconds: room for a loaded 2-core machine before the env wakes
+    release, woke = threading.Event(), tmp_path / "woke"
+    fault(at=20, release=release, woke=woke)
     stalling = sebulba.Learner(config(arch={"queue_timeout_s": 0.5}))
-    start = time.perf_counter()
-    with pytest.raises(StallError, match=r"for a rollout of actor \d: the actor stalled"):
-        stalling.run(state)
-    assert time.perf_counter() - start < 5.9  # before the env wakes up
+    try:
+        with pytest.raises(StallError, match=r"for a rollout of actor \d: the actor stalled"):
+            stalling.run(state)
+        assert not woke.exists()  # the env is still in its step
+    finally:
+        release.set()
 
 
 @pytest.mark.parametrize("max_lag", [0, 2])
