@@ -120,7 +120,12 @@ def load_run_config(run_dir) -> tuple[Config, list[dict]]:
         raise ConfigError(f"{str(path)!r} does not exist: is {str(run_dir)!r} a run directory?")
     data = read_yaml(check_inside(run_dir, path, "the run's config"))
     grid = data.pop("sweep", None) or [{}]
-    config = build_from_file(data, path)
+    try:
+        config = build_from_file(data, path)
+    except ConfigError as err:  # the saved file is the culprit: name it
+        if str(path) in str(err):
+            raise
+        raise ConfigError(f"{str(path)!r}: {err}") from None
     return config, saved_grid(grid, config, path)
 
 
