@@ -104,13 +104,27 @@ ANSI_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 OWN_PACKAGES = ("rl", "envs", "kernels")
 
 
+def _import_path(filename: str) -> tuple[str, ...]:
+    """`filename`'s parts below the sys.path entry it is imported from (`gymnasium/spaces/box.py`;
+    the shortest such path), or () when no entry holds it."""
+    path = Path(filename).resolve()
+    found = ()
+    for entry in sys.path:
+        try:
+            parts = path.relative_to(Path(entry or ".").resolve()).parts
+        except (ValueError, OSError):
+            continue
+        if not found or len(parts) < len(found):
+            found = parts
+    return found
+
+
 def warning_line(message, category, filename: str, lineno: int) -> str:
     """A Python warning as one line, `rl: warning: ...`: its text without terminal colour codes
     or gymnasium's `WARN: ` prefix, its lines joined; a library's warning (not rl's, envs' or
     kernels') names its category and where it was raised, `gymnasium/spaces/box.py:231`."""
     text = " ".join(ANSI_ESCAPES.sub("", str(message)).split()).removeprefix("WARN: ")
-    parts = Path(filename).parts
-    inside = parts[parts.index("site-packages") + 1 :] if "site-packages" in parts else ()
+    inside = _import_path(filename)
     root = Path(__file__).resolve().parents[1]
     try:
         own = Path(filename).resolve().relative_to(root).parts[0] in OWN_PACKAGES

@@ -119,6 +119,7 @@ def test_auto_resets_are_same_step_resets_and_the_sizes_come_from_env_steps():
     assert sizes == (8, 16, 20, 4, 2)  # 320 / 16 updates, a log point every 64 / 16
 
 
+@needs_mujoco  # gymnasium's HalfCheetah-v5 is made to read its spaces
 def test_the_configs_load():
     pendulum = load_config(REPO / "configs" / "sac_sebulba_pendulum.yaml")
     assert (pendulum.agent.name, pendulum.env.id) == ("sac", "gymnasium:Pendulum-v1")
