@@ -103,8 +103,7 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     `init(keys, hparams) -> state` and `chunk(num_log_points, donate=False)(state, hparams) ->
     (state, metrics)` are jitted with explicit output shardings (`donate=True`: the input state's
     buffers are reused for the output's, and the input state is gone after the call); every
-    output has leading axes [settings, seeds]. `chunk(n, masked=True)(state, hparams, count)`
-    runs the first `count` <= n of its n log points (`run_masked`).
+    output has leading axes [settings, seeds].
     `shard="seeds"`: the seed axis is split over the mesh. `shard="envs"` (one large agent): the
     state under the agent's `rl.state.Envs` (observations, env states) is split on its env axis;
     params, optimiser state and the rest are replicated, and XLA's SPMD partitioner inserts the
@@ -139,16 +138,11 @@ def make_programs(config: Config, grid: list[dict], mesh, shard: str = "seeds"):
     )
     chunks = {}
 
-    def chunk(num_log_points: int, donate: bool = False, masked: bool = False):
-        key = (num_log_points, donate, masked)
+    def chunk(num_log_points: int, donate: bool = False):
+        key = (num_log_points, donate)
         if key not in chunks:
-            if masked:
-                run_one = functools.partial(run_masked, trainer.run, num_log_points)
-                in_axes = (0, None, None), (0, 0, None)
-            else:
-                run_one = lambda state, hp: trainer.run(state, hp, num_log_points)
-                in_axes = (0, None), (0, 0)
-            run_many = vmap_over_settings(jax.vmap(run_one, in_axes=in_axes[0]), in_axes[1])
+            run_one = lambda state, hp: trainer.run(state, hp, num_log_points)
+            run_many = vmap_over_settings(jax.vmap(run_one, in_axes=(0, None)), (0, 0))
             chunks[key] = jax.jit(
                 named(at_matmul_precision(run_many, config.run.matmul_precision), "log_points"),
                 out_shardings=(state_sharding, metrics_sharding),
@@ -168,21 +162,6 @@ def named(fn, name: str):
 
     renamed.__name__ = renamed.__qualname__ = name
     return renamed
-
-
-def run_masked(run, length: int, state, hparams, count):
-    """`run(state, hparams, count)` for a traced `count` <= `length`: a scan over `length` log
-    points of which the first `count` run and the rest leave the state as it is, their metrics
-    zero. Returns (state, metrics [length, ...]): one program for any count, such as a run's last
-    chunk, shorter than the others."""
-    shapes = jax.eval_shape(lambda state: run(state, hparams, 1)[1], state)
-
-    def log_point(state, index):
-        skip = lambda state: (state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
-        return jax.lax.cond(index < count, lambda state: run(state, hparams, 1), skip, state)
-
-    state, metrics = jax.lax.scan(log_point, state, jnp.arange(length))
-    return state, jax.tree.map(lambda x: x[:, 0], metrics)
 
 
 def env_sharding(abstract_state, mesh, num_envs: int):

@@ -159,15 +159,6 @@ def compiled_message(seconds: float, cache) -> str:
     return f"compiled in {seconds:.1f} s; training"
 
 
-def log_points_per_call(total: int, every: int) -> int:
-    """How many log points one call of the training program runs (the last call of a chunk runs
-    fewer, masked: see rl.programs.run_masked)."""
-    import os
-
-    override = os.environ.get("FUSEDRL_LOG_POINTS_PER_CALL")
-    return min(int(override), every, total) if override else 1
-
-
 def compile_together(lowered: list):
     """The compiled executables of `lowered` (jax `Lowered` programs), compiled in threads of
     their own at once (XLA releases the GIL while it compiles)."""
@@ -203,9 +194,8 @@ class _ChunkedRun:
         trainer, self.init, chunk, self.keys, self.hparams = programs
         self.total = smoke_log_points(trainer.num_log_points)
         self.every = config.run.checkpoint_every or self.total
-        # the one training program: up to `per_call` log points, its input state donated
-        self.per_call = log_points_per_call(self.total, self.every)
-        self.log_point = chunk(self.per_call, donate=True, masked=True)
+        # the one training program: a log point, its input state donated to its output
+        self.log_point = chunk(1, donate=True)
         self.checkpoints = Checkpoints(run_dir, keep=config.run.keep_checkpoints)
         self.logger = RunLogger(run_dir, grid, config.run.seeds) if main else None
         # a WandbLogger when run.wandb.project is set (made in train: it knows `resume`)
@@ -214,7 +204,7 @@ class _ChunkedRun:
             "stopping after the current log point and saving a checkpoint "
             "(the same signal again, a second or more later, stops without saving)"
         )
-        self.compiled_init = self.compiled_log_point = None
+        self.compiled_init = self.compiled_log_point = self.abstract_state = None
         self.cache, self.startup_seconds = None, None
         self.state, self.done, self.history, self.checkpoint_step = None, 0, None, None
         self.compile_seconds = self.train_seconds = 0.0
@@ -278,7 +268,7 @@ class _ChunkedRun:
             with compile_without_torch(jax.devices()[0]):
                 lowered = [
                     self.init.trace(self.keys, self.hparams).lower(),
-                    self.log_point.trace(abstract_state, self.hparams, np.int32(1)).lower(),
+                    self.log_point.trace(abstract_state, self.hparams).lower(),
                 ]
             return abstract_state, compile_together(lowered)
 
@@ -353,22 +343,19 @@ class _ChunkedRun:
             self.logger.mark_start()
         start = time.perf_counter()
         program, hparams = self.compiled_log_point, self.hparams
-        count = min(self.per_call, size)
-        state, metrics = program(self.state, hparams, np.int32(count))
-        queued, points = count, []
+        state, metrics = program(self.state, hparams)
+        queued, points = 1, []
         while True:
             following = None
             if queued < size and not self.guard.requested:
-                following_count = min(self.per_call, size - queued)
-                following = program(state, hparams, np.int32(following_count))  # takes `state`
-                queued += following_count
-            values = call_interruptibly(to_host, metrics)  # [settings, seeds, per_call, ...]
-            for t in range(count):
-                points.append({name: np.asarray(value)[:, :, t] for name, value in values.items()})
-                publish(points[-1])
+                following = program(state, hparams)  # `state` is donated to it
+                queued += 1
+            values = call_interruptibly(to_host, metrics)  # [settings, seeds, 1, ...]
+            points.append({name: np.asarray(value)[:, :, 0] for name, value in values.items()})
+            publish(points[-1])
             if following is None:
                 break
-            (state, metrics), count = following, following_count
+            state, metrics = following
         self.train_seconds += time.perf_counter() - start
         return state, {k: np.stack([p[k] for p in points], axis=2) for k in points[0]}
 
