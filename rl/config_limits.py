@@ -128,6 +128,36 @@ def check_memory(config, env, env_params, memory: int | None = None, processes: 
     )
 
 
+def check_device_memory(config, settings: int, devices, shard: str = "seeds") -> None:
+    """ConfigError naming the key that dominates where `state_estimate` for the seeds x `settings`
+    one device of `devices` holds (the seeds split over them with `shard="seeds"`, all of them
+    with `shard="envs"`) exceeds the memory that device reports (`memory_stats()["bytes_limit"]`;
+    nothing is checked where a device reports none, such as the CPU)."""
+    try:
+        stats = devices[0].memory_stats() or {}
+    except Exception:  # a backend without memory statistics
+        return
+    limit = stats.get("bytes_limit")
+    if not limit:
+        return
+    try:
+        parts = state_estimate(config, *config.env.make())
+    except Exception:
+        return
+    seeds = -(-config.run.seeds // len(devices)) if shard == "seeds" else config.run.seeds
+    instances = seeds * max(settings, 1)
+    total = instances * sum(parts.values())
+    if total <= limit:
+        return
+    key = max(parts, key=parts.get)
+    raise ConfigError(
+        f"{key}: the training state needs about {_bytes(total)} on each device ({instances} "
+        f"seed{'s' if instances != 1 else ''} and settings x {_bytes(sum(parts.values()))}), more "
+        f"than the {_bytes(limit)} {devices[0].device_kind} makes available; lower {key} or "
+        "run.seeds, or spread the seeds over more devices (--devices)"
+    )
+
+
 def processes() -> int:
     """The processes of a multi-process run this one belongs to (after rl.distributed.initialize),
     read without starting JAX's backend (a config is built before the first JAX computation); 1

@@ -35,6 +35,7 @@ from kernels.launch import compile_without_torch
 from rl.checkpoint import Checkpoints
 from rl.compile_cache import compilation_cache
 from rl.config import Config
+from rl.config_limits import check_device_memory
 from rl.config_parsing import ConfigError
 from rl.distributed import is_main_process, to_host
 from rl.divergence import NonFiniteError, find_non_finite, finite_per_instance
@@ -87,7 +88,9 @@ def run_training(
     with run_dir_lock(run_dir) if main else nullcontext():
         if main and not resume:
             write_run_config(run_dir, config, grid)
-        programs = make_programs(config, grid, run_mesh(config, devices, shard), shard)
+        mesh = run_mesh(config, devices, shard)
+        check_device_memory(config, len(grid), list(mesh.devices.flat), shard)
+        programs = make_programs(config, grid, mesh, shard)
         run = _ChunkedRun(config, grid, run_dir, programs, main)
         run.train(resume)
         return run.finish()

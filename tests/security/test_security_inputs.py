@@ -290,3 +290,26 @@ def test_a_read_failure_in_eval_says_read(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(rl.evaluate, "evaluate_run", gone)
     assert run_cli(["eval", tmp_path]) == 1
     assert capsys.readouterr().err.startswith("rl: error: cannot read ")
+
+
+class _Device:
+    """A device reporting `bytes_limit` of memory, as a GPU's `memory_stats()` does."""
+
+    device_kind = "a small GPU"
+
+    def __init__(self, limit):
+        self.limit = limit
+
+    def memory_stats(self):
+        return None if self.limit is None else {"bytes_limit": self.limit}
+
+
+def test_a_state_beyond_the_device_memory_is_refused_before_anything_runs():
+    from rl.config import load_config
+    from rl.config_limits import check_device_memory
+
+    config = load_config("dqn_cartpole", ["run.seeds=64", "agent.buffer_size=100000"])
+    with pytest.raises(ConfigError, match=r"agent.buffer_size: .* on each device .* small GPU"):
+        check_device_memory(config, 1, [_Device(100 << 20)])
+    check_device_memory(config, 1, [_Device(100 << 20)] * 8)  # 8 seeds a device fit
+    check_device_memory(config, 1, [_Device(None)])  # the CPU reports no limit: nothing checked
