@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
@@ -164,27 +164,9 @@ def compiled_message(seconds: float, cache) -> str:
 
 def compile_together(lowered: list):
     """The compiled executables of `lowered` (jax `Lowered` programs), compiled in threads of
-    their own at once (XLA releases the GIL while it compiles)."""
-    results = [None] * len(lowered)
-
-    def compile_one(index):
-        try:
-            results[index] = ("ok", lowered[index].compile())
-        except BaseException as err:  # re-raised in the calling thread
-            results[index] = ("error", err)
-
-    threads = [
-        threading.Thread(target=compile_one, args=(i,), name=f"rl-compile-{i}", daemon=True)
-        for i in range(len(lowered))
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for status, value in results:
-        if status == "error":
-            raise value
-    return [value for _, value in results]
+    their own at once (XLA releases the GIL while it compiles); a compile's error is raised."""
+    with ThreadPoolExecutor(max_workers=len(lowered), thread_name_prefix="rl-compile") as pool:
+        return list(pool.map(lambda program: program.compile(), lowered))
 
 
 class _ChunkedRun:
