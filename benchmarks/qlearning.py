@@ -15,11 +15,11 @@ runs (fresh seeds each, synchronised with `block_until_ready`) and reports media
     without the time spent waiting for the core.
 
 Scenarios (the whole training program is timed: epsilon-greedy acting, env steps, TD updates, the
-greedy evaluation and the host callback that streams metrics at every log point):
+greedy evaluation at every log point):
 
   * `config`: the config as `rl train` runs it (default: 20,000 steps, a log point every 1,000);
   * `long`: a long run, `--long-steps` steps with a log point every `--long-interval`, where the
-    fixed cost of a log point (host callback + greedy evaluation) is amortised: the per-step rate.
+    fixed cost of a log point (the greedy evaluation) is amortised: the per-step rate.
 
 The per-log-point overhead printed last is
 (config time - config steps x long per-step time) / points.

@@ -4,9 +4,9 @@ A run's training state and metrics have leading axes [settings, seeds, ...]. Wit
 `all`), the runner builds a one-axis mesh named "seeds" over N devices and places every array with
 `NamedSharding(mesh, P(None, "seeds"))`: each device holds `seeds / N` seeds of every setting. The
 agent's program is unchanged (`jit` of the vmapped trainer); XLA's SPMD partitioner splits it, and
-since seeds are independent no collective runs inside the training step. The per-log-point host call
-(`rl.logging.emit`) gathers the small metric scalars to device 0, so the host still receives one
-call per log point carrying every seed.
+since seeds are independent no collective runs inside the training step. After each log point the
+runner (rl.train) fetches the small metric scalars of every seed to the host (`to_host`), so the
+sinks receive one call per log point carrying every seed.
 
 `--shard envs` (one large agent) splits the env axis instead: the mesh axis is named "envs", the
 state under the agent's `rl.state.Envs` is placed with `P(None, None, "envs")` and the

@@ -6,8 +6,8 @@ Signals within `COALESCE_SECONDS` of the first count as that one: GNU `timeout -
 terminal's Ctrl-C reaches every process of the foreground group, so one stop request often arrives
 twice within microseconds.
 
-A compiled program with host callbacks can hold the main thread inside XLA until the whole chunk
-is done, so the runner calls its programs through `call_interruptibly` (in a worker thread, the
+Waiting on a compiled program (a compile, a log point's results) holds the calling thread inside
+XLA until it is done, so the runner waits through `call_interruptibly` (in a worker thread, the
 main thread waiting in short joins) and Python's SIGINT handler runs at once.
 """
 

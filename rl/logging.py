@@ -259,7 +259,7 @@ class RunLogger:
 
     def flush(self) -> None:
         """Write the buffered rows to every file and flush them. A write that failed while a log
-        point arrived (inside the compiled program's host callback) is raised here, on the host."""
+        point arrived is raised here (again, for every later flush)."""
         if self.write_error is not None:
             raise self.write_error
         try:
