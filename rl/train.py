@@ -380,6 +380,8 @@ class _ChunkedRun:
             "env": self.config.env.id,
             "config": run_record(self.config, self.grid),
         }
+        if not self.checkpoints.written_within(STALL_SECONDS):  # the one before is still writing
+            self.say(f"writing checkpoint {self.checkpoint_step} before the next one ...")
         self.checkpoints.save(step, state, {"seed": self.history, "host": host_history}, meta)
         self.checkpoint_step = step
 
