@@ -206,11 +206,20 @@ def _jax_cache(cache):
                 jax.config.update("jax_compilation_cache_dir", str(cache._path))
                 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
                 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-                with jax_cache._cache_initialized_mutex:
-                    jax_cache._cache = cache
-                    jax_cache._cache_initialized = True
+                _install(jax_cache, cache)
             yield
         finally:
             jax_cache.reset_cache()
             for name, value in previous.items():
                 jax.config.update(name, value)
+
+
+def _install(jax_cache, cache) -> None:
+    """Make `cache` the persistent cache JAX reads and writes (its module's `_cache`). A JAX whose
+    module keeps it elsewhere uses its own file cache in the same folder instead (no digests)."""
+    mutex = getattr(jax_cache, "_cache_initialized_mutex", None)
+    if mutex is None or not hasattr(jax_cache, "_cache"):
+        return
+    with mutex:
+        jax_cache._cache = cache
+        jax_cache._cache_initialized = True
