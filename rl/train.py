@@ -249,13 +249,11 @@ class _ChunkedRun:
         start = time.perf_counter()
 
         def lower_and_compile():
-            abstract_state = jax.eval_shape(self.init, self.keys, self.hparams)
             with compile_without_torch(jax.devices()[0]):
-                lowered = [
-                    self.init.trace(self.keys, self.hparams).lower(),
-                    self.log_point.trace(abstract_state, self.hparams).lower(),
-                ]
-            return abstract_state, compile_together(lowered)
+                init = self.init.trace(self.keys, self.hparams).lower()
+                abstract_state = init.out_info  # shapes, dtypes and shardings of the state
+                log_point = self.log_point.trace(abstract_state, self.hparams).lower()
+            return abstract_state, compile_together([init, log_point])
 
         abstract_state, compiled = call_interruptibly(lower_and_compile, block=False)
         self.abstract_state = abstract_state
