@@ -11,7 +11,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from run_helpers import TINY, final_params, run_cli, run_signalled, subprocess_env, write_config
+from run_helpers import TINY, final_params, run_signalled, subprocess_env, write_config
 
 from rl import compile_cache
 from rl.compile_cache import CacheStats, CheckedFileCache, compilation_cache
@@ -72,16 +72,42 @@ def test_a_second_run_and_a_resume_load_every_program_from_the_cache(tmp_path, c
     assert not run_training(config, [{}], off)["programs_from_cache"]
     for run_dir in (second, off):  # bit-identical whichever way the programs came
         jax.tree.map(np.testing.assert_array_equal, final_params(run_dir), final_params(first))
-    # a resume (a run stopped by Ctrl-C, in a process of its own) loads them too
-    config_path = write_config(tmp_path, compilation_cache=str(cache), progress=True)
+    # in processes of their own (their programs lower alike: the same environment): a whole run
+    # fills a cache, a run stopped by Ctrl-C and its resume load from it and end where it ended
+    config_path = write_config(
+        tmp_path, compilation_cache=str(tmp_path / "cli-cache"), progress=True
+    )
+    whole = run_subprocess(["train", config_path, "--name", "whole"])
+    assert "rl: compiled in" in whole.stderr
     stopped = run_signalled(["train", config_path, "--name", "cut"], 9_000, "SIGINT")
     assert stopped.returncode == 130, stopped.stderr[-2000:]
     assert "loaded the compiled programs from the cache" in stopped.stderr
-    resumed = tmp_path / "runs" / "cut"
-    capsys.readouterr()
-    assert run_cli(["train", "--resume", resumed]) == 0
-    assert "loaded the compiled programs from the cache" in capsys.readouterr().err
-    jax.tree.map(np.testing.assert_array_equal, final_params(resumed), final_params(first))
+    resumed = run_subprocess(["train", "--resume", tmp_path / "runs" / "cut"])
+    assert "loaded the compiled programs from the cache" in resumed.stderr
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        final_params(tmp_path / "runs" / "cut"),
+        final_params(tmp_path / "runs" / "whole"),
+    )
+
+
+def run_subprocess(args):
+    """`rl ARGS` in a process of its own, which must succeed."""
+    import subprocess
+    import sys
+
+    from run_helpers import REPO
+
+    done = subprocess.run(
+        [sys.executable, "-m", "rl.cli", *map(str, args)],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
 
 
 def test_damaged_entries_give_one_warning_and_are_replaced(tmp_path, capsys):
@@ -173,25 +199,9 @@ def test_jax_settings_come_back_after_the_block(tmp_path):
     assert stats.misses == 1 and list(stats.directory.glob("*-cache"))
 
 
-@pytest.mark.slow  # the resume above already loads its programs in a process of its own
+@pytest.mark.slow  # the test above already runs rl train in processes of their own
 def test_the_cli_run_in_a_subprocess_loads_its_programs_the_second_time(tmp_path):
-    import subprocess
-    import sys
-
-    from run_helpers import REPO
-
     config = write_config(tmp_path, compilation_cache=str(tmp_path / "cache"), progress=True)
-    errs = []
-    for name in ("one", "two"):
-        done = subprocess.run(
-            [sys.executable, "-m", "rl.cli", "train", str(config), "--name", name],
-            cwd=REPO,
-            env=subprocess_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        errs.append(done.stderr)
+    errs = [run_subprocess(["train", config, "--name", name]).stderr for name in ("one", "two")]
     assert "rl: compiled in" in errs[0]
     assert "rl: loaded the compiled programs from the cache" in errs[1]
