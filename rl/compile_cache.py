@@ -37,8 +37,13 @@ _DIGEST_BYTES = 32
 _LOCK = threading.RLock()  # one run's cache at a time within a process
 
 
-def cache_directory(setting: str) -> Path | None:
-    """The cache directory `setting` names (see the module docstring), or None for "off"."""
+def cache_directory(setting: str | bool) -> Path | None:
+    """The cache directory `setting` names (see the module docstring), or None for "off". YAML
+    reads an unquoted `off` as false (and `on` as true): false is "off", true is "auto"."""
+    if setting is True:
+        setting = "auto"
+    if setting is False:
+        return None
     if setting == "auto":
         setting = os.environ.get(ENV_VAR, "").strip() or "auto"
     if setting == "off":
@@ -70,6 +75,7 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     warnings: list[str] = field(default_factory=list)
+    files: "CheckedFileCache | None" = None  # the entries' folder (None when off)
 
     def warn(self, message: str) -> None:
         """Print `message` as one warning line on stderr, once per distinct message."""
@@ -179,7 +185,8 @@ def compilation_cache(setting: str = "auto"):
             yield stats
         return
     stats.directory = folder
-    with _jax_cache(CheckedFileCache(folder, stats)):
+    stats.files = CheckedFileCache(folder, stats)
+    with _jax_cache(stats.files):
         yield stats
 
 

@@ -125,11 +125,11 @@ class RunConfig:
         default_factory=WandbConfig,
         metadata=dict(doc="Weights & Biases logging: {project, entity, mode}"),
     )
-    compilation_cache: str = hp(
+    compilation_cache: typing.Union[str, bool] = hp(
         "auto",
         doc="where compiled programs are kept for the next run of the same config: auto (the "
-        "environment variable FUSEDRL_COMPILATION_CACHE, else ~/.cache/fusedrl/jax), off, or a "
-        "directory",
+        "environment variable FUSEDRL_COMPILATION_CACHE, else ~/.cache/fusedrl/jax), off (YAML's "
+        "false), or a directory",
     )
     matmul_precision: str = hp(
         "default",

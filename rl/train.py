@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, nullcontext
@@ -32,6 +33,7 @@ import jax
 import numpy as np
 
 from kernels.launch import compile_without_torch
+from rl import program_cache
 from rl.checkpoint import Checkpoints
 from rl.compile_cache import compilation_cache
 from rl.config import Config
@@ -91,7 +93,7 @@ def run_training(
         mesh = run_mesh(config, devices, shard)
         check_device_memory(config, len(grid), list(mesh.devices.flat), shard)
         programs = make_programs(config, grid, mesh, shard)
-        run = _ChunkedRun(config, grid, run_dir, programs, main)
+        run = _ChunkedRun(config, grid, run_dir, programs, main, (list(mesh.devices.flat), shard))
         run.train(resume)
         return run.finish()
 
@@ -174,8 +176,11 @@ class _ChunkedRun:
     points, `history` (per-seed metrics so far, [settings, seeds, log points]), `last_step` (env
     steps per seed so far) and the newest checkpoint written or restored (`checkpoint_step`)."""
 
-    def __init__(self, config: Config, grid: list[dict], run_dir: Path, programs, main: bool):
+    def __init__(
+        self, config: Config, grid: list[dict], run_dir: Path, programs, main: bool, placement
+    ):
         self.config, self.grid, self.run_dir, self.main = config, grid, run_dir, main
+        self.devices, self.shard = placement  # the mesh's devices, and the axis split over them
         trainer, self.init, chunk, self.keys, self.hparams = programs
         self.total = smoke_log_points(trainer.num_log_points)
         self.every = config.run.checkpoint_every or self.total
@@ -190,6 +195,7 @@ class _ChunkedRun:
             "(the same signal again, a second or more later, stops without saving)"
         )
         self.compiled_init = self.compiled_log_point = self.abstract_state = None
+        self.storing = None  # the thread that keeps the compiled programs (rl.program_cache)
         self.cache, self.startup_seconds = None, None
         self.state, self.done, self.history, self.checkpoint_step = None, 0, None, None
         self.compile_seconds = self.train_seconds = 0.0
@@ -230,6 +236,8 @@ class _ChunkedRun:
                 bar.close()
             if self.logger is not None:
                 self.logger.close()
+            if self.storing is not None and not immediate:
+                self.storing.join()
             if not immediate:  # a second signal: leave without waiting for W&B or a write
                 if self.wandb is not None:
                     self.wandb.close()
@@ -248,16 +256,34 @@ class _ChunkedRun:
         self.startup_seconds = process_seconds()
         start = time.perf_counter()
 
+        files = self.cache.files if program_cache.kept_on(self.devices[0]) else None
+        key = (
+            program_cache.program_key(run_record(self.config, self.grid), self.devices, self.shard)
+            if files is not None
+            else None
+        )
+
         def lower_and_compile():
+            loaded = program_cache.load(files, key) if files is not None else None
+            if loaded is not None:
+                return loaded
             with compile_without_torch(jax.devices()[0]):
                 init = self.init.trace(self.keys, self.hparams).lower()
-                abstract_state = init.out_info  # shapes, dtypes and shardings of the state
-                log_point = self.log_point.trace(abstract_state, self.hparams).lower()
-            return abstract_state, compile_together([init, log_point])
+                log_point = self.log_point.trace(init.out_info, self.hparams).lower()
+            compiled = compile_together([init, log_point])
+            if files is not None:
+                self.storing = threading.Thread(
+                    target=program_cache.store,
+                    args=(files, key, [init, log_point], compiled),
+                    name="rl-store",
+                )
+                self.storing.start()
+            return compiled
 
-        abstract_state, compiled = call_interruptibly(lower_and_compile, block=False)
-        self.abstract_state = abstract_state
+        compiled = call_interruptibly(lower_and_compile, block=False)
         self.compiled_init, self.compiled_log_point = compiled
+        # shapes, dtypes and shardings of the state
+        self.abstract_state = self.compiled_init.out_info
         self.compile_seconds += time.perf_counter() - start
         self.say(compiled_message(self.compile_seconds, self.cache))
 

@@ -16,6 +16,7 @@ from run_helpers import TINY, final_params, run_signalled, subprocess_env, write
 from rl import compile_cache
 from rl.compile_cache import CacheStats, CheckedFileCache, compilation_cache
 from rl.config import build_config
+from rl.config_parsing import apply_overrides
 from rl.train import run_training
 
 
@@ -188,6 +189,16 @@ def test_the_setting_and_the_environment_variable(tmp_path, monkeypatch):
     assert compile_cache.cache_directory(str(tmp_path / "c")) == tmp_path / "c"
     monkeypatch.setenv(compile_cache.ENV_VAR, str(tmp_path / "env"))
     assert compile_cache.cache_directory("auto") == tmp_path / "env"
+
+
+@pytest.mark.parametrize("word, off", [("off", True), ("false", True), ("on", False)])
+def test_yaml_reads_an_unquoted_off_as_false_and_that_is_off(tmp_path, monkeypatch, word, off):
+    monkeypatch.delenv(compile_cache.ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    data = json.loads(json.dumps(TINY))
+    config = build_config(apply_overrides(data, [f"run.compilation_cache={word}"]))
+    expected = None if off else tmp_path / "fusedrl" / "jax"
+    assert compile_cache.cache_directory(config.run.compilation_cache) == expected
 
 
 def test_jax_settings_come_back_after_the_block(tmp_path):
