@@ -1,5 +1,5 @@
-"""What a run's compile time goes into, per packaged config: building the agent, tracing and lowering
-`init` and the log point's program, the size of each program (StableHLO ops), compiling each, and
+"""What a run's compile time goes into, per packaged config: building the agent, tracing and
+lowering `init` and the log point's program, the size of each program (StableHLO ops), compiling each, and
 the part of the log point's program that the greedy evaluation adds (the same config compiled with
 its evaluation turned off).
 

@@ -23,6 +23,7 @@ from rl import buffers, environment, episodes, layers, networks
 from rl.agent_configs import NetworkConfig, ReplayActorCriticConfig
 from rl.rollout import greedy_episodes
 from rl.state import Envs
+from rl.unrolling import unroll_of
 
 
 def actor_and_twin_critic(config: NetworkConfig, obs_space, policy_head, num_actions=None):
@@ -112,7 +113,7 @@ def scan_phases(phase: Callable, state, key, agent: ReplayActorCriticConfig):
     max(1, unroll // gradient_steps) phases (a phase's gradient scan unrolls min(unroll,
     gradient_steps) steps): the same computation. Returns (state, totals, stats [phases, ...])."""
     num_phases = agent.log_interval // agent.num_envs
-    unroll = min(max(1, agent.unroll // agent.gradient_steps), num_phases)
+    unroll = min(max(1, unroll_of(agent) // agent.gradient_steps), num_phases)
     (state, totals), stats = jax.lax.scan(
         phase, (state, episodes.no_episodes()), jax.random.split(key, num_phases), unroll=unroll
     )

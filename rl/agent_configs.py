@@ -9,6 +9,7 @@ work.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,8 @@ from rl.layers import ACTIVATIONS, BACKENDS, INITS
 
 UNROLL_DOC = (
     "loop trips (speed only, the same computation): a phase's env and gradient loops unroll "
-    "min(unroll, n); the loop over phases max(1, unroll // max(env_iterations, gradient_steps))"
+    "min(unroll, n); the loop over phases max(1, unroll // max(env_iterations, gradient_steps)); "
+    "auto: rl.unrolling's measured choice for the device and the run's size"
 )
 
 
@@ -124,7 +126,7 @@ class ReplayLoopConfig:
         low=0,
         doc="greedy episodes per log point, on separate eval envs (0: none, no eval_return)",
     )
-    unroll: int = hp(1, low=1, doc=UNROLL_DOC)
+    unroll: typing.Union[int, str] = hp("auto", low=1, doc=UNROLL_DOC)
 
     def validate(self):
         """The step counts nest: num_envs | train_freq | log_interval | total_steps; one step of the
@@ -187,7 +189,7 @@ class ReplayActorCriticConfig:
     eval_episodes: int = hp(
         8, low=0, doc="deterministic evaluation episodes per log point (0: none)"
     )
-    unroll: int = hp(1, low=1, doc=UNROLL_DOC)
+    unroll: typing.Union[int, str] = hp("auto", low=1, doc=UNROLL_DOC)
 
     @property
     def gradient_steps(self) -> int:
@@ -238,11 +240,11 @@ class OnPolicyLoopConfig:
     eval_envs: int = hp(
         0, low=0, doc="greedy evaluation episodes at each log point (0: no evaluation)"
     )
-    unroll: int = hp(
-        1,
+    unroll: typing.Union[int, str] = hp(
+        "auto",
         low=1,
         doc="iterations per loop trip of the rollout and minibatch scans (speed only: fewer loop "
-        "trips on the GPU)",
+        "trips on the GPU); auto: rl.unrolling's measured choice for the device and the run's size",
     )
 
     @property

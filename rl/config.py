@@ -44,6 +44,7 @@ from rl.config_parsing import (
     read_yaml,
     suggest,
 )
+from rl.unrolling import resolve_unroll
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,7 @@ def build_config(data: Mapping) -> Config:
     check_recurrence(agent, module)
     check_multi_agent(agent, module, env.id, env_and_params[0])
     run = build_dataclass(RunConfig, data.get("run") or {}, "run")
+    agent = resolve_unroll(agent, name, run.seeds, default_platform())
     kernels = build_dataclass(KernelsConfig, data.get("kernels") or {}, "kernels")
     arch = data.get("arch") or {}
     arch = build_dataclass(ArchConfig, {"name": arch} if isinstance(arch, str) else arch, "arch")
@@ -255,6 +257,14 @@ def build_config(data: Mapping) -> Config:
         made_env, env_params = env_and_params
         network.check_obs_space(made_env.observation_space(env_params))
     return config
+
+
+def default_platform() -> str:
+    """The platform of JAX's default device ("cpu", "cuda", ...): what `agent.unroll: auto`
+    resolves for."""
+    import jax
+
+    return jax.devices()[0].platform
 
 
 class HostEnvWarning(UserWarning):

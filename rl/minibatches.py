@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from rl.optimizers import annealed_clipped_adam, flat_step
+from rl.unrolling import unroll_of
 
 
 def minibatch_epochs(
@@ -62,7 +63,7 @@ def adam_epochs(agent, hparams, loss: Callable, params, opt_state, batch, key):
         grads, stats = jax.grad(loss, has_aux=True)(unravel(flat_params), minibatch)
         return flat_step(adam, flat_params, opt_state, ravel_pytree(grads)[0]), stats
 
-    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)
+    epochs = (agent.num_epochs, agent.num_minibatches, unroll_of(agent))
     (flat_params, opt_state), stats = minibatch_epochs(
         minibatch_step, (flat_params, opt_state), batch, key, *epochs
     )

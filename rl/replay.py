@@ -25,6 +25,7 @@ from rl import environment, episodes, exploration, log_points, optimizers
 from rl.agent_configs import ReplayLoopConfig
 from rl.rollout import greedy_episodes
 from rl.state import Envs, ReplayState
+from rl.unrolling import unroll_of
 
 
 class Loop(NamedTuple):
@@ -44,13 +45,13 @@ def loop_of(agent: ReplayLoopConfig) -> Loop:
     """The `Loop` of `agent`'s settings."""
     env_iterations = agent.train_freq // agent.num_envs
     num_phases = agent.log_interval // agent.train_freq
-    phase_unroll = max(1, agent.unroll // max(env_iterations, agent.gradient_steps))
+    phase_unroll = max(1, unroll_of(agent) // max(env_iterations, agent.gradient_steps))
     return Loop(
         env_iterations,
         agent.gradient_steps,
         num_phases,
-        min(agent.unroll, env_iterations),
-        min(agent.unroll, agent.gradient_steps),
+        min(unroll_of(agent), env_iterations),
+        min(unroll_of(agent), agent.gradient_steps),
         min(phase_unroll, num_phases),
     )
 

@@ -49,6 +49,7 @@ from rl import actor_critic, buffers, collection, environment, exploration, repl
 from rl.agents import dqn, ppo, pqn, sac, td3
 from rl.arch_config import REPLAY_AGENTS, SEBULBA_AGENTS
 from rl.sebulba_envs import obs_dtype
+from rl.unrolling import unroll_of
 
 
 class Pieces(NamedTuple):
@@ -237,7 +238,7 @@ def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
         )
         keys = jax.random.split(key, phases * per_phase)
         keys = keys.reshape(phases, per_phase, *keys.shape[1:])
-        unroll = min(agent.unroll, per_phase)
+        unroll = min(unroll_of(agent), per_phase)
 
         def phase(state, xs):
             end, phase_keys = xs

@@ -48,6 +48,7 @@ from rl.optimizers import annealed_clipped_adam
 from rl.rollout import greedy_episodes
 from rl.state import Envs, OnPolicyState
 from rl.trainer import Trainer, train_from_trainer
+from rl.unrolling import unroll_of
 
 MULTI_AGENT = True
 
@@ -258,7 +259,7 @@ def rollout(s: Setup, params, envs: Envs, key, shaping):
     keys = rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
     carry = (params, envs.obs, envs.state, episodes.no_episodes((s.agent.num_envs,)))
     (_, seen, env_state, ended), traj = scan_packed_outputs(
-        env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps)
+        env_step, carry, keys, unroll=min(unroll_of(s.agent), s.agent.num_steps)
     )
     return Envs(seen, env_state), traj, ended
 

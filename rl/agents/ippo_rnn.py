@@ -53,6 +53,7 @@ from rl.optimizers import annealed_clipped_adam
 from rl.rollout import greedy_episodes
 from rl.state import Envs, OnPolicyState
 from rl.trainer import RecurrentPolicy, Trainer, train_from_trainer
+from rl.unrolling import unroll_of
 
 MULTI_AGENT = True
 RECURRENT = True  # takes a recurrent torso (rl.config.check_recurrence)
@@ -223,7 +224,7 @@ def rollout(s: Setup, params, envs: Envs, key, shaping):
     keys = rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
     carry = (envs.obs, envs.memory, envs.state, episodes.no_episodes((s.agent.num_envs,)))
     (seen, memory, env_state, ended), traj = scan_packed_outputs(
-        env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps)
+        env_step, carry, keys, unroll=min(unroll_of(s.agent), s.agent.num_steps)
     )
     return Envs(seen, env_state, memory), traj, ended
 

@@ -59,6 +59,7 @@ from rl.config_parsing import ConfigError, hp
 from rl.rollout import greedy_episodes
 from rl.state import Envs, OnPolicyState
 from rl.trainer import Trainer, train_from_trainer
+from rl.unrolling import unroll_of
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def rollout(s: Setup, params, envs: Envs, key):
     keys = collection.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
     carry = (params, envs.obs, envs.state, episodes.no_episodes((s.agent.num_envs,)))
     (_, obs, env_state, ended), traj = collection.scan_packed_outputs(
-        env_step, carry, keys, unroll=min(s.agent.unroll, s.agent.num_steps)
+        env_step, carry, keys, unroll=min(unroll_of(s.agent), s.agent.num_steps)
     )
     return Envs(obs, env_state), traj, ended
 
@@ -363,7 +364,7 @@ def learn(s: Setup, grads_fn, batch_fn, hparams, params, opt_state, traj: Transi
         grads, sq_norm, stats = grads_fn(hparams, flat_params, unravel, minibatch)
         return optimizers.flat_step(adam, flat_params, opt_state, grads, sq_norm), stats
 
-    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll, epoch_batch)
+    epochs = (agent.num_epochs, agent.num_minibatches, unroll_of(agent), epoch_batch)
     (flat_params, opt_state), stats = minibatches.minibatch_epochs(
         minibatch_step, (flat_params, opt_state), batch, key, *epochs
     )

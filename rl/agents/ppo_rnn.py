@@ -54,6 +54,7 @@ from rl.losses import truncation_aware_gae
 from rl.rollout import greedy_episodes
 from rl.state import Envs, OnPolicyState
 from rl.trainer import RecurrentPolicy, Trainer, train_from_trainer
+from rl.unrolling import unroll_of
 
 RECURRENT = True  # takes a recurrent torso (rl.config.check_recurrence)
 EPISODE_INFO = ("episode_done", "episode_return", "episode_length")
@@ -210,7 +211,7 @@ def rollout(s: Setup, params, envs: Envs, key):
 
     keys = collection.rollout_keys(key, s.agent.num_steps, s.agent.num_envs)
     loop_state = (envs.obs, envs.memory.reset, envs.memory.carry, envs.state)
-    unroll = min(s.agent.unroll, s.agent.num_steps)
+    unroll = min(unroll_of(s.agent), s.agent.num_steps)
     (obs, done, carry, env_state), traj = jax.lax.scan(env_step, loop_state, keys, unroll=unroll)
     return Envs(obs, env_state, Memory(carry, done)), traj
 

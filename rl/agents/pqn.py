@@ -43,6 +43,7 @@ from rl.minibatches import minibatch_epochs
 from rl.rollout import greedy_episodes
 from rl.state import Envs, OnPolicyState
 from rl.trainer import Trainer, train_from_trainer
+from rl.unrolling import unroll_of
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def learn(agent: Config, hparams, loss, params, opt_state, batch, key):
         params = optax.apply_updates(params, updates)
         return (params, opt_state), {"loss": loss_value, "q_mean": q_mean}
 
-    epochs = (agent.num_epochs, agent.num_minibatches, agent.unroll)  # minibatch_epochs' shape
+    epochs = (agent.num_epochs, agent.num_minibatches, unroll_of(agent))  # minibatch_epochs' shape
     (params, opt_state), stats = minibatch_epochs(
         minibatch_step, (params, opt_state), batch, key, *epochs
     )
@@ -240,7 +241,7 @@ def make_trainer(config) -> Trainer:
             )
 
         keys = rollout_keys(key, agent.num_steps, agent.num_envs)
-        return jax.lax.scan(env_step, envs, keys, unroll=min(agent.unroll, agent.num_steps))
+        return jax.lax.scan(env_step, envs, keys, unroll=min(unroll_of(agent), agent.num_steps))
 
     # ---------------------------------------------------------------- one update
 

@@ -49,6 +49,7 @@ from rl.config_parsing import ConfigError, hp
 from rl.log_points import scan_log_points
 from rl.state import Envs, OnPolicyState
 from rl.trainer import Trainer, train_from_trainer
+from rl.unrolling import unroll_of
 
 MULTI_AGENT = True
 TEAM_REWARDS = ("sum", "mean")
@@ -267,7 +268,7 @@ def make_trainer(config) -> Trainer:
             )
 
         keys = rollout_keys(key, agent.num_steps, agent.num_envs)
-        return jax.lax.scan(env_step, envs, keys, unroll=min(agent.unroll, agent.num_steps))
+        return jax.lax.scan(env_step, envs, keys, unroll=min(unroll_of(agent), agent.num_steps))
 
     # ---------------------------------------------------------------- one update
 

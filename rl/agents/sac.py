@@ -68,6 +68,7 @@ from rl.log_points import log_point_metrics, scan_log_points
 from rl.networks import Categorical, TanhGaussian
 from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer
+from rl.unrolling import unroll_of
 
 
 @dataclass(frozen=True)
@@ -417,7 +418,7 @@ def make_trainer(config) -> Trainer:
         state, totals = act(*carry, act_key)
         started = state.step >= agent.learning_starts
         step = partial(gradient_step, hparams)
-        unroll = min(agent.unroll, agent.gradient_steps)
+        unroll = min(unroll_of(agent), agent.gradient_steps)
         state, stats = collection.scan_when(started, step, state, train_keys, unroll=unroll)
         return (state, totals), stats
 

@@ -53,6 +53,7 @@ from rl.config_parsing import hp
 from rl.log_points import log_point_metrics, scan_log_points
 from rl.state import Envs
 from rl.trainer import Trainer, train_from_trainer
+from rl.unrolling import unroll_of
 
 
 @dataclass(frozen=True)
@@ -340,7 +341,7 @@ def make_trainer(config) -> Trainer:
             partial(gradient_step, hparams),
             state,
             train_keys,
-            unroll=min(agent.unroll, agent.gradient_steps),
+            unroll=min(unroll_of(agent), agent.gradient_steps),
         )
         return (state, totals), stats
 

@@ -1,0 +1,60 @@
+"""`agent.unroll: auto`: the loop unroll that gives the least compile plus training time for a
+run's size on the device in use, from a rule measured per agent.
+
+Unrolling a `lax.scan` U times makes XLA compile U copies of its body (compile time grows about
+linearly in U) and saves loop trips on the GPU (the training program runs faster). It pays when
+the run trains long enough for the time saved to exceed the extra compile:
+
+    unroll U  iff  platform is a GPU  and  total env steps over all seeds >= BREAK_EVEN[agent]
+
+where BREAK_EVEN = (compile(U) - compile(1)) / (train seconds saved per env step at U), measured
+on one H200 with the time-to-result presets (`benchmarks/time_to_result.py`, PureJaxRL's DQN and
+purejaxql's PQN CartPole settings; `benchmarks/RESULTS.md`, "Time to result"). On the CPU a loop
+trip costs next to nothing and unrolling only adds compile time: auto is 1 there, and for the
+agents without a measured rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rl.config_parsing import ConfigError
+
+GPU_PLATFORMS = ("cuda", "rocm", "gpu")
+
+# agent: (U, env steps over all seeds from which U pays), one H200 (see the module docstring)
+BREAK_EVEN = {}
+
+
+def auto_unroll(agent_name: str, platform: str, env_steps: int) -> int:
+    """The unroll `auto` stands for: U for `agent_name` on a GPU when the run's `env_steps` (per
+    seed times seeds) reach its break-even, else 1."""
+    rule = BREAK_EVEN.get(agent_name)
+    if platform not in GPU_PLATFORMS or rule is None:
+        return 1
+    unroll, break_even = rule
+    return unroll if env_steps >= break_even else 1
+
+
+def resolve_unroll(agent, agent_name: str, seeds: int, platform: str):
+    """`agent` (an agent's Config) with `unroll: auto` replaced by `auto_unroll`'s choice; a
+    config without `unroll`, or with a number, as it is. ConfigError for any other string."""
+    unroll = getattr(agent, "unroll", None)
+    if unroll is None or isinstance(unroll, int):
+        return agent
+    if unroll != "auto":
+        raise ConfigError(f"agent.unroll: expected a positive integer or auto, got {unroll!r}")
+    env_steps = int(getattr(agent, "total_steps", 0)) * seeds
+    return dataclasses.replace(agent, unroll=auto_unroll(agent_name, platform, env_steps))
+
+
+def unroll_of(agent) -> int:
+    """`agent.unroll` as a number: `auto` (left in a Config built in Python, not by
+    rl.config.build_config, which resolves it for the run's seeds) resolved for one seed on JAX's
+    default device. The agent's name is its Config's module's (`rl.agents.dqn` -> dqn)."""
+    if isinstance(agent.unroll, int):
+        return agent.unroll
+    import jax
+
+    name = type(agent).__module__.rpartition(".")[2]
+    return resolve_unroll(agent, name, 1, jax.devices()[0].platform).unroll
