@@ -1,7 +1,7 @@
 """What a run's compile time goes into, per packaged config: building the agent, tracing and
-lowering `init` and the log point's program, the size of each program (StableHLO ops), compiling each, and
-the part of the log point's program that the greedy evaluation adds (the same config compiled with
-its evaluation turned off).
+lowering `init` and the log point's program, the size of each program (StableHLO ops), compiling
+each, and the part of the log point's program that the greedy evaluation adds (the same config
+compiled with its evaluation turned off).
 
     python benchmarks/compile_profile.py ppo_cartpole dqn_cartpole pqn_cartpole [--json out.json]
     python benchmarks/compile_profile.py ppo_cartpole --override agent.unroll=8
@@ -42,9 +42,7 @@ def profile(config_name: str, seeds: int, overrides: list[str], evaluate: bool) 
     config = load_config(config_name, [f"run.seeds={seeds}", *overrides])
     eval_key = next((k for k in EVAL_KEYS if getattr(config.agent, k, 0)), None)
     if not evaluate and eval_key is not None:
-        config = load_config(
-            config_name, [f"run.seeds={seeds}", *overrides, f"agent.{eval_key}=0"]
-        )
+        config = load_config(config_name, [f"run.seeds={seeds}", *overrides, f"agent.{eval_key}=0"])
     with compilation_cache("off"):
         start = time.perf_counter()
         trainer, init, chunk, keys, hparams = make_programs(
