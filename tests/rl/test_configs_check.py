@@ -1,0 +1,156 @@
+"""benchmarks/configs_check.py, the check of each packaged config against its promise: it reads a
+seed's final result from its run, refuses the tuning seeds, trains anakin seeds in one program and
+sebulba seeds one process each, judges pass or fail, and rewrites only its own table in
+RESULTS.md. One real check trains a tiny config end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import configs_check as check
+from rl.config_parsing import ConfigError
+from rl.promise import parse_promise
+
+
+def test_a_seeds_final_result_is_its_last_finite_value():
+    rows = [
+        {"setting": 0, "seed": 0, "log_point": 0, "eval_return": 10.0},
+        {"setting": 0, "seed": 0, "log_point": 1, "eval_return": 30.0},
+        {"setting": 0, "seed": 1, "log_point": 0, "eval_return": 20.0},
+        {"setting": 0, "seed": 1, "log_point": 1, "eval_return": float("nan")},
+        {"setting": 0, "seed": 2, "log_point": 0},
+        {"setting": 1, "seed": 0, "log_point": 1, "eval_return": 99.0},
+    ]
+    finals = check.final_per_seed(rows, "eval_return")
+    assert finals[:2].tolist() == [30.0, 20.0] and math.isnan(finals[2])
+
+
+def test_checks_refuse_the_tuning_seeds():
+    assert check.check_seed_start(10_000) == 10_000
+    with pytest.raises(ConfigError, match="--seed-start: 9999 is in the tuning range"):
+        check.check_seed_start(9_999)
+    assert check.main(["--configs", "qlearning_gridworld", "--seed-start", "0", "--dry-run"]) == 2
+
+
+def test_anakin_seeds_train_in_one_program_and_sebulba_seeds_one_process_each(tmp_path):
+    promises = check.load_promises(["ppo_cartpole", "ppo_sebulba_cartpole"])
+    (one,) = check.train_commands("ppo_cartpole", promises["ppo_cartpole"][0], 8, 10_000, tmp_path)
+    assert one[one.index("--seeds") + 1] == "8" and "run.seed=10000" in one
+    each = check.train_commands(
+        "ppo_sebulba_cartpole", promises["ppo_sebulba_cartpole"][0], 3, 10_000, tmp_path
+    )
+    assert [c[c.index("--seeds") + 1] for c in each] == ["1", "1", "1"]
+    assert [c[-1] for c in each] == ["run.seed=10000", "run.seed=10001", "run.seed=10002"]
+    assert len({c[c.index("--name") + 1] for c in each}) == 3
+
+
+def test_the_cpu_subset_holds_the_promises_whose_cpu_check_fits():
+    promises = {
+        "quick": ({}, parse_promise({"seeds": 4, "median": 1, "spread": 0, "cpu_seconds": 10})),
+        "slow": ({}, parse_promise({"seeds": 4, "median": 1, "spread": 0, "cpu_seconds": 1000})),
+        "gpu": ({}, parse_promise({"seeds": 4, "median": 1, "spread": 0})),
+        "none": ({}, None),
+    }
+    assert check.select("cpu", promises, None) == ["quick"]
+    assert check.select("all", promises, None) == ["quick", "slow", "gpu"]
+    assert check.select("cpu", promises, 100) == []  # 100 seeds x 10 s is over the limit
+    assert check.select("gpu, none", promises, None) == ["gpu", "none"]
+
+
+def test_an_extra_is_named_for_env_libraries():
+    assert check.needed_module("CartPole-v1") is None
+    assert check.needed_module("jaxmarl:MPE_simple_spread_v3") == ("jaxmarl", "jaxmarl")
+    assert check.needed_module("gymnasium:HalfCheetah-v5") == ("mujoco", "gymnasium[mujoco]")
+    assert check.needed_module("gymnasium:CartPole-v1") is None
+
+
+def test_the_check_reports_the_iqm_interval_and_the_verdict():
+    promise = parse_promise({"seeds": 4, "at_least": 475, "share": 0.75})
+    kept = check.summarise_check(promise, [500, 500, 480, 100], reps=2000)
+    assert kept["kept"] and kept["share"] == 0.75 and kept["iqm"][0] == 490.0
+    assert kept["iqm"][1] <= 490.0 <= kept["iqm"][2]
+    missed = check.summarise_check(promise, [500, 470, 480, 100], reps=2000)
+    assert not missed["kept"] and missed["broken"] == ["50% of seeds >= 475, promised 75%"]
+
+
+def _record(name, device, date, kept=True):
+    return {
+        "config": name,
+        "device": device,
+        "machine": "2-core CPU" if device == "cpu" else "1 x NVIDIA H200",
+        "date": date,
+        "versions": "jax 0.10.2, commit abc1234",
+        "seeds": [10_000, 10_003],
+        "metric": "eval_return",
+        "seconds": 61.0,
+        "iqm": [500.0, 480.0, 500.0],
+        "median": 500.0,
+        "share": 1.0 if kept else 0.5,
+        "at_least": 475.0,
+        "kept": kept,
+        "broken": [] if kept else ["50% of seeds >= 475, promised 75%"],
+    }
+
+
+def test_records_keep_the_latest_check_per_device_and_the_table_shows_both_times():
+    records = check.merge({}, [_record("a", "cpu", "2026-12-01")])
+    records = check.merge(records, [_record("a", "gpu", "2026-12-02", kept=False)])
+    records = check.merge(records, [_record("a", "cpu", "2026-12-02")])
+    assert set(records["a"]) == {"cpu", "gpu"} and records["a"]["cpu"]["date"] == "2026-12-02"
+    promise = parse_promise({"seeds": 4, "at_least": 475, "share": 0.75, "cpu_seconds": 30})
+    row = check.table_row("a", promise, records["a"], "pending (GPU)")
+    assert "**missed**: 50% of seeds >= 475" in row  # the GPU check wins the tie: its result shows
+    assert row.count("61 s (4 seeds)") == 2
+    assert "pending (GPU)" in check.table_row("a", promise, {}, "pending (GPU)")
+
+
+def test_only_the_checks_table_is_rewritten():
+    text = (
+        "# Results\n\n### Other\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+        f"{check.HEADING}\n\nSome words.\n\n| old |\n|---|\n| row |\n\nAfter.\n\n| keep |\n"
+    )
+    new = check.replace_table(text, "| new |\n|---|")
+    assert "| old |" not in new and "| row |" not in new and "| new |\n|---|\n\nAfter." in new
+    assert "| 1 | 2 |" in new and "| keep |" in new
+    with pytest.raises(ValueError, match="no heading"):
+        check.replace_table("# Results\n", "| new |")
+
+
+def test_a_real_check_trains_on_the_check_seeds_and_judges(tmp_path, monkeypatch):
+    """qlearning_gridworld at 4 seeds from 10,000, cut to 2,000 steps through a promise that holds
+    and one that cannot."""
+    data, _ = check.load_promises(["qlearning_gridworld"])["qlearning_gridworld"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    monkeypatch.setattr(
+        check,
+        "train_commands",
+        lambda *a: [[*cmd, "agent.total_steps=2000"] for cmd in TRAIN_COMMANDS(*a)],
+    )
+    easy = parse_promise({"seeds": 4, "median": -1, "spread": 0})
+    record = check.run_check("qlearning_gridworld", data, easy, 4, 10_000, tmp_path, "cpu", env)
+    assert record["kept"] and record["seeds"] == [10_000, 10_003] and len(record["finals"]) == 4
+    config = (tmp_path / "qlearning_gridworld-10000" / "config.yaml").read_text()
+    assert "seed: 10000" in config and "seeds: 4" in config
+    impossible = parse_promise({"seeds": 4, "at_least": 2, "share": 1.0})
+    assert not check.run_check(
+        "qlearning_gridworld", data, impossible, 4, 10_000, tmp_path / "b", "cpu", env
+    )["kept"]
+    json.dumps(record)  # a record is plain JSON
+
+
+TRAIN_COMMANDS = check.train_commands
+
+
+def test_the_script_runs_alone():
+    done = subprocess.run(
+        [sys.executable, str(check.REPO / "benchmarks" / "configs_check.py"), "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and "--seeds" in done.stdout
