@@ -51,7 +51,7 @@ from rl.promise import (  # noqa: E402
 
 RECORDS = REPO / "benchmarks" / "configs_check.json"
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
-HEADING = "### Packaged configs: promise and check"
+HEADING = "## Packaged configs: promise and check"
 # env id prefix -> (module to import, the extra that brings it)
 LIBRARIES = {
     "gymnax:": ("gymnax", "gymnax"),
@@ -322,11 +322,27 @@ def time_text(record: dict | None) -> str:
     )
 
 
+def rejudged(record: dict, promise: Promise) -> dict:
+    """`record` judged again against `promise` as the config states it now (a promise restated
+    after its check is shown against the check's per-seed results)."""
+    verdict = judge(promise, [np.nan if v is None else v for v in record["finals"]])
+    return {
+        **record,
+        "kept": verdict.kept,
+        "broken": list(verdict.broken),
+        "share": verdict.share,
+        "median": verdict.median,
+        "at_least": promise.at_least,
+    }
+
+
 def table_row(name: str, promise: Promise | None, by_device: dict, pending: str) -> str:
-    """One row of the table: the promise, the latest check, and each device's time."""
+    """One row of the table: the promise, the latest check (judged against the promise as it
+    stands), and each device's time."""
     if promise is None:
         return f"| `{name}` | no promise stated | | | | | |"
     record = latest(by_device)
+    record = None if record is None else rejudged(record, promise)
     stated = (
         f"{promise_text(promise)}; CPU {seconds_text(promise.cpu_seconds)} a seed, "
         f"GPU {seconds_text(promise.gpu_seconds)}"

@@ -119,7 +119,7 @@ def judge(promise: Promise, finals) -> Verdict:
     if promise.median is not None:
         floor = promise.median - promise.spread
         if not median >= floor:  # NaN (no seed has a result) breaks it too
-            broken.append(f"median {median:.1f} < {floor:g} (promised {promise_text(promise)})")
+            broken.append(f"median {median:.1f} < {floor:g}")
     missing = values.size - finite.size
     if missing:
         broken.append(f"{missing} seed(s) without a result")

@@ -95,6 +95,7 @@ def _record(name, device, date, kept=True):
         "at_least": 475.0,
         "kept": kept,
         "broken": [] if kept else ["50% of seeds >= 475, promised 75%"],
+        "finals": [500.0, 500.0, 480.0, 490.0] if kept else [500.0, 400.0, 480.0, 100.0],
     }
 
 
@@ -108,6 +109,16 @@ def test_records_keep_the_latest_check_per_device_and_the_table_shows_both_times
     assert "**missed**: 50% of seeds >= 475" in row  # the GPU check wins the tie: its result shows
     assert row.count("61 s (4 seeds)") == 2
     assert "pending (GPU)" in check.table_row("a", promise, {}, "pending (GPU)")
+
+
+def test_the_table_judges_a_check_against_the_promise_as_it_stands():
+    """A promise restated after its check (here: 50% of seeds instead of 75%) shows as kept by
+    the same per-seed results, and a stricter one as missed."""
+    record = _record("a", "cpu", "2026-12-02", kept=False)  # 2 of 4 seeds >= 475
+    lenient = parse_promise({"seeds": 4, "at_least": 475, "share": 0.5})
+    assert "| kept |" in check.table_row("a", lenient, {"cpu": record}, "")
+    strict = parse_promise({"seeds": 4, "at_least": 475, "share": 0.5, "median": 500, "spread": 5})
+    assert "**missed**: median 440.0 < 495" in check.table_row("a", strict, {"cpu": record}, "")
 
 
 def test_only_the_checks_table_is_rewritten():
