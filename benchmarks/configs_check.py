@@ -286,9 +286,9 @@ def merge(records: dict, new: list[dict]) -> dict:
 
 
 def seconds_text(seconds: float | None) -> str:
-    """`38 s`, `4.5 min`, `2.1 h`; `-` for None."""
+    """`38 s`, `4.5 min`, `2.1 h`; `not stated` for None."""
     if seconds is None:
-        return "-"
+        return "not stated"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
@@ -340,41 +340,47 @@ def table_row(name: str, promise: Promise | None, by_device: dict, pending: str)
     """One row of the table: the promise, the latest check (judged against the promise as it
     stands), and each device's time."""
     if promise is None:
-        return f"| `{name}` | no promise stated | | | | | |"
+        return f"| `{name}` | no promise stated | | | | |"
     record = latest(by_device)
     record = None if record is None else rejudged(record, promise)
     stated = (
-        f"{promise_text(promise)}; CPU {seconds_text(promise.cpu_seconds)} a seed, "
-        f"GPU {seconds_text(promise.gpu_seconds)}"
+        f"{promise_text(promise)} ({METRIC_NAMES[promise.metric]}); "
+        f"CPU, 1 seed: {seconds_text(promise.cpu_seconds)}; "
+        f"GPU: {seconds_text(promise.gpu_seconds)}"
     )
     times = [time_text(by_device.get(device)) for device in ("cpu", "gpu")]
     if record is None:
-        return f"| `{name}` | {stated} | {pending} | | | {times[0]} | {times[1]} |"
+        return f"| `{name}` | {stated} | {pending} | | {times[0]} | {times[1]} |"
     seeds = f"{record['seeds'][0]}-{record['seeds'][1]}"
     where = f"{record['machine']}, {record['date']}, {record['versions']}"
     verdict = VERDICTS[record["kept"]].replace("MISSED", "**missed**") + "; ".join(record["broken"])
     return (
         f"| `{name}` | {stated} | {seeds}: {result_text(record)} ({where}) | {verdict} | "
-        f"{record['metric']} | {times[0]} | {times[1]} |"
+        f"{times[0]} | {times[1]} |"
     )
 
 
-def pending_text(data: dict) -> str:
-    """Why a config has no check yet: its extra, or GPU-sized."""
+def pending_text(data: dict, promise: Promise | None) -> str:
+    """Why a config has no check yet: not run yet (on the CPU where it states a CPU time, else on
+    a GPU), with the extra its env needs."""
+    where = "CPU or GPU" if promise is not None and promise.cpu_seconds is not None else "GPU"
     extra = needed_module(str(data.get("env", {}).get("id", "")))
-    return "pending (GPU)" if extra is None else f"pending (GPU; the `{extra[1]}` extra)"
+    return f"pending ({where})" if extra is None else f"pending ({where}; the `{extra[1]}` extra)"
+
+
+METRIC_NAMES = {"eval_return": "greedy", "episode_return": "training episodes"}
 
 
 def render_table(promises: dict, records: dict) -> str:
     """The markdown table of every packaged config's promise and latest check."""
     lines = [
         "| config | promise at the budget; time (CPU: `--seeds 1`, 2-core; GPU: the promise's "
-        "seeds, one H200) | check: seeds, result (machine, date, versions) | promise | metric | "
+        "seeds, one H200) | check: seeds, result (machine, date, versions) | promise | "
         "CPU time of the check | GPU time of the check |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|",
     ]
     for name, (data, promise) in promises.items():
-        lines.append(table_row(name, promise, records.get(name, {}), pending_text(data)))
+        lines.append(table_row(name, promise, records.get(name, {}), pending_text(data, promise)))
     return "\n".join(lines)
 
 
