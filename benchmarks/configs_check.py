@@ -13,11 +13,12 @@ compilation counted, the compilation cache off).
 `--seeds N` (default: the promise's seeds) trains N seeds in one program (`rl train --seeds N`,
 seeds vmapped) for `arch: anakin` configs; `arch: sebulba` configs train one seed a process, so
 their N seeds are N processes one after the other. `--device cpu` hides any GPU
-(JAX_PLATFORMS=cpu); `auto` takes jax's default backend. Each check is recorded under its device
-in `benchmarks/configs_check.json` (the latest result per config and device) and in
+(JAX_PLATFORMS=cpu); `auto` takes jax's default backend. Each check is recorded under its device in
+`benchmarks/configs_check.json` (the latest result per config and device) and in
 `--out/configs_check.json`; the table "Packaged configs: promise and check" of
-`benchmarks/RESULTS.md` is rewritten from the records and the configs' promises. A config whose
-env library is not installed is skipped with a line naming its extra.
+`benchmarks/RESULTS.md`, and the configs table of README.md, are rewritten from the records and the
+configs' promises. A config whose env library is not installed is skipped with a line naming its
+extra.
 """
 
 from __future__ import annotations
@@ -396,6 +397,92 @@ def replace_table(text: str, table: str) -> str:
     return text[: match.start()] + table + text[match.end() :]
 
 
+README = REPO / "README.md"
+README_HEADER = (
+    "| config | agent, env | seeds x env steps | promise at the budget | check on seeds 10,000 up "
+    "| CPU time, 1 seed | GPU time |"
+)
+DEFAULT_NOTE = "rl.promise;"
+TEN_MINUTES = 600.0
+
+
+def promise_note(path: Path) -> str | None:
+    """The comment on a config file's `promise:` line (where the promised figures come from), or
+    None when it has none or only the generic one."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("promise:") and "#" in line:
+            note = line.split("#", 1)[1].strip()
+            return None if note.startswith(DEFAULT_NOTE) else note
+    return None
+
+
+def steps_text(steps: int) -> str:
+    """`102k`, `1.97M`: env steps in short."""
+    return f"{steps / 1e6:.3g}M" if steps >= 1e6 else f"{steps / 1e3:.3g}k"
+
+
+def check_text(promise: Promise, by_device: dict, pending: str) -> str:
+    """The README's check cell: the verdict of the latest check with its seeds, machine and time."""
+    record = latest(by_device)
+    if record is None:
+        return pending
+    record = rejudged(record, promise)
+    verdict = {True: "kept", False: "**missed**", None: "measured"}[record["kept"]]
+    seeds = record["seeds"][1] - record["seeds"][0] + 1
+    where = "2-core CPU" if record["device"] == "cpu" else record["machine"]
+    return (
+        f"{verdict}: {result_text(record)} ({seeds} seeds, {where}, "
+        f"{seconds_text(record['seconds'])}, {record['date']})"
+    )
+
+
+def readme_row(names: list[str], agent: str, promises: dict, records: dict) -> str:
+    """One row of the README's configs table for `names` (one config, or several that share one
+    promise), its `agent, env` cell kept."""
+    data, promise = promises[names[0]]
+    path = packaged_configs()[names[0]]
+    run = data.get("run") if isinstance(data.get("run"), dict) else {}
+    shipped = f"{run.get('seeds', 1)} x {steps_text(int(data['agent']['total_steps']))}"
+    stated = promise_text(promise)
+    if promise.pending is None:
+        stated += f" ({METRIC_NAMES[promise.metric]})"
+        note = promise_note(path)
+        stated += f"; {note}" if note else ""
+    cpu = promise.cpu_seconds
+    cpu_cell = "not measured" if cpu is None else seconds_text(cpu)
+    if cpu is not None and cpu > TEN_MINUTES:
+        cpu_cell += " (over 10 min)"
+    gpu_cell = (
+        "not measured yet" if promise.gpu_seconds is None else seconds_text(promise.gpu_seconds)
+    )
+    by_device = records.get(names[0], {})
+    check = check_text(promise, by_device, pending_text(data, promise))
+    first = ", ".join(f"`{name}`" for name in names)
+    return f"| {first} | {agent} | {shipped} | {stated} | {check} | {cpu_cell} | {gpu_cell} |"
+
+
+def update_readme(text: str, promises: dict, records: dict) -> str:
+    """`text` (README.md) with its configs table rewritten from the promises and the checks: each
+    row keeps its configs and its `agent, env` cell; a config with no row gets one. ValueError
+    when the table is missing."""
+    start = text.find(README_HEADER)
+    if start < 0:
+        raise ValueError("README.md has no configs table (its header row changed?)")
+    end = text.find("\n\n", start)
+    rows = text[start:end].splitlines()[2:]
+    groups = []
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        groups.append((re.findall(r"`([a-z0-9_]+)`", cells[0]), cells[1]))
+    listed = {name for names, _ in groups for name in names}
+    for name, (data, _) in promises.items():
+        if name not in listed:
+            groups.append(([name], f"{data['agent']['name']}, {data['env']['id']}"))
+    lines = [README_HEADER, "|---|---|---|---|---|---|---|"]
+    lines += [readme_row(names, agent, promises, records) for names, agent in groups]
+    return text[:start] + "\n".join(lines) + text[end:]
+
+
 def load_records(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -442,7 +529,11 @@ def main(argv=None) -> int:
     records = merge(load_records(RECORDS), new)
     write_records(RECORDS, records)
     RESULTS.write_text(replace_table(RESULTS.read_text(), render_table(promises, records)))
-    print(f"configs_check: wrote {RECORDS.relative_to(REPO)} and the table in {RESULTS.name}")
+    README.write_text(update_readme(README.read_text(), promises, records))
+    print(
+        f"configs_check: wrote {RECORDS.relative_to(REPO)} and the configs tables of "
+        f"{RESULTS.name} and {README.name}"
+    )
     return 0 if all(r["kept"] is not False for r in new) else 1
 
 

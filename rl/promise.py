@@ -130,12 +130,13 @@ def judge(promise: Promise, finals) -> Verdict:
 
 def promise_text(promise: Promise) -> str:
     """The promised result in words: `>= 475 in >= 50% of 16 seeds; median 500 (-25)`."""
+    seeds = f"{promise.seeds} seed{'s' if promise.seeds != 1 else ''}"
     parts = []
     if promise.at_least is not None:
-        parts.append(f">= {promise.at_least:g} in >= {promise.share:.0%} of {promise.seeds} seeds")
+        parts.append(f">= {promise.at_least:g} in >= {promise.share:.0%} of {seeds}")
     if promise.median is not None:
-        parts.append(f"median {promise.median:g} (-{promise.spread:g}) over {promise.seeds} seeds")
-    return "; ".join(parts) or f"no result stated yet ({promise.pending})"
+        parts.append(f"median {promise.median:g} (-{promise.spread:g}) over {seeds}")
+    return "; ".join(parts) or f"no result stated yet: {promise.pending}"
 
 
 def expected_seconds(promise: Promise, device: str, seeds: int) -> float | None:

@@ -165,3 +165,29 @@ def test_the_script_runs_alone():
         text=True,
     )
     assert done.returncode == 0 and "--seeds" in done.stdout
+
+
+def test_the_readme_configs_table_states_every_promise_and_is_up_to_date():
+    """Every packaged config has a row in the README's configs table stating its promise, and the
+    table is what configs_check writes from the promises and the records (rerun
+    `python benchmarks/configs_check.py --table` after changing either)."""
+    text = check.README.read_text()
+    promises = check.load_promises()
+    records = check.load_records(check.RECORDS)
+    assert check.update_readme(text, promises, records) == text
+    rows = {}
+    for line in text[text.index(check.README_HEADER) :].split("\n\n")[0].splitlines()[2:]:
+        for name in line.split("|")[1].replace("`", "").split(","):
+            rows[name.strip()] = line
+    assert set(rows) == set(promises)
+    for name, (_, promise) in promises.items():
+        assert check.promise_text(promise) in rows[name], name
+
+
+def test_a_config_missing_from_the_readme_table_gets_a_row():
+    text = check.README.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `sac_cartpole` |"))
+    updated = check.update_readme(
+        text.replace(row + "\n", ""), check.load_promises(), check.load_records(check.RECORDS)
+    )
+    assert "| `sac_cartpole` | sac, CartPole-v1 |" in updated
