@@ -38,6 +38,10 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# The training runs get the environment this script was started with; this process itself stays
+# off the accelerators (an env library imported here could otherwise take a GPU's memory).
+TRAIN_ENV = dict(os.environ)
+os.environ["JAX_PLATFORMS"] = "cpu"
 
 from rl.config_parsing import ConfigError, packaged_configs, read_yaml  # noqa: E402
 from rl.evaluation import bootstrap_intervals  # noqa: E402
@@ -200,13 +204,25 @@ def summarise_check(promise: Promise, finals, reps: int = 20_000) -> dict:
     }
 
 
-def machine(device: str) -> str:
-    """The machine in words: `2-core AMD EPYC 7B13` or `1 x NVIDIA H200`."""
-    if device == "gpu":
-        import jax
+PROBE = (
+    "import jax; d = jax.devices(); print(jax.default_backend(), len(d), d[0].device_kind, sep='|')"
+)
 
-        kinds = [d.device_kind for d in jax.devices()]
-        return f"{len(kinds)} x {kinds[0]}" if kinds else "GPU"
+
+def probe(env: dict) -> tuple[str, str]:
+    """(`cpu` or `gpu`, the machine in words: `2-core Intel Xeon` or `1 x NVIDIA H200`) of what
+    the training runs will see with `env`, asked of jax in a process of its own."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True
+    )
+    backend, count, kind = done.stdout.strip().splitlines()[-1].split("|")
+    if backend == "cpu":
+        return "cpu", cpu_name()
+    return "gpu", f"{count} x {kind}"
+
+
+def cpu_name() -> str:
+    """`2-core Intel(R) Xeon(R) Processor`: the cores and the model of this machine's CPU."""
     model = platform.processor() or "CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -234,22 +250,26 @@ def versions() -> str:
     return f"jax {jax.__version__}, commit {commit}"
 
 
-def resolve_device(device: str) -> str:
-    """`cpu` or `gpu`: `auto` is jax's default backend here."""
-    if device != "auto":
-        return device
-    import jax
-
-    return "cpu" if jax.default_backend() == "cpu" else "gpu"
+def train_env(device: str) -> dict:
+    """The environment of the training runs: as this script was started, with JAX_PLATFORMS=cpu
+    for `--device cpu`."""
+    return dict(TRAIN_ENV, **({"JAX_PLATFORMS": "cpu"} if device == "cpu" else {}))
 
 
-def run_check(name, data, promise, seeds, start, out, device, env) -> dict:
-    """Train config `name` on `seeds` seeds from `start` and judge it: the record of the check."""
+def run_check(name, data, promise, seeds, start, out, where, env, timeout=None) -> dict:
+    """Train config `name` on `seeds` seeds from `start` and judge it: the record of the check.
+    `where`: (device, machine) as `probe` gives them. RuntimeError naming the config when a run
+    fails or takes over `timeout` seconds."""
     commands = train_commands(name, data, seeds, start, out)
     seconds, finals = [], []
     for command in commands:
         began = time.perf_counter()
-        done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+        try:
+            done = subprocess.run(
+                command, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{name}: stopped after --timeout {timeout:g} s") from None
         seconds.append(time.perf_counter() - began)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -258,8 +278,8 @@ def run_check(name, data, promise, seeds, start, out, device, env) -> dict:
         finals.extend(read_finals(run_dir, promise.metric))
     return {
         "config": name,
-        "device": device,
-        "machine": machine(device),
+        "device": where[0],
+        "machine": where[1],
         "date": datetime.date.today().isoformat(),
         "versions": versions(),
         "seeds": [start, start + seeds - 1],
@@ -506,6 +526,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--table", action="store_true", help="only rewrite the RESULTS.md table")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--timeout", type=float, help="seconds a training process may take")
     parser.add_argument(
         "--no-results", action="store_true", help="leave RESULTS.md and the records"
     )
@@ -514,18 +535,20 @@ def main(argv=None) -> int:
         start = check_seed_start(args.seed_start)
         promises = load_promises()
         new: list[dict] = []
+        failed: list[str] = []
         if args.merge:
             for path in args.merge:
                 new.extend(
                     r for by_device in load_records(path).values() for r in by_device.values()
                 )
         elif not args.table:
-            new = check_configs(args, promises, start)
+            new, failed = check_configs(args, promises, start)
     except (ConfigError, RuntimeError) as err:
         print(f"configs_check: {err}", file=sys.stderr)
         return 2
+    status = 0 if not failed and all(r["kept"] is not False for r in new) else 1
     if args.dry_run or args.no_results:
-        return 0 if all(r["kept"] is not False for r in new) else 1
+        return status
     records = merge(load_records(RECORDS), new)
     write_records(RECORDS, records)
     RESULTS.write_text(replace_table(RESULTS.read_text(), render_table(promises, records)))
@@ -534,17 +557,20 @@ def main(argv=None) -> int:
         f"configs_check: wrote {RECORDS.relative_to(REPO)} and the configs tables of "
         f"{RESULTS.name} and {README.name}"
     )
-    return 0 if all(r["kept"] is not False for r in new) else 1
+    return status
 
 
-def check_configs(args, promises: dict, start: int) -> list[dict]:
-    """Run the checks `args` asks for; print one line per config; the records."""
+def check_configs(args, promises: dict, start: int) -> tuple[list[dict], list[str]]:
+    """Run the checks `args` asks for; print one line per config; the records, and the configs
+    whose training failed or was stopped."""
     if args.out is None and not args.dry_run:
         raise ConfigError("--out: required to train (the run directories go there)")
-    device = resolve_device(args.device)
-    env = dict(os.environ, **({"JAX_PLATFORMS": "cpu"} if device == "cpu" else {}))
+    env = train_env(args.device)
+    where = None if args.dry_run else probe(env)
+    if where is not None and args.device == "gpu" and where[0] != "gpu":
+        raise ConfigError("--device gpu: jax sees no GPU here")
     names = select(args.configs, promises, args.seeds)
-    new = []
+    new, failed = [], []
     for name in names:
         data, promise = promises[name]
         if promise is None:
@@ -561,7 +587,14 @@ def check_configs(args, promises: dict, start: int) -> list[dict]:
                 print(" ".join(command))
             continue
         args.out.mkdir(parents=True, exist_ok=True)
-        record = run_check(name, data, promise, seeds, start, args.out, device, env)
+        try:
+            record = run_check(
+                name, data, promise, seeds, start, args.out, where, env, args.timeout
+            )
+        except RuntimeError as err:  # the next config still runs; the exit status says it
+            print(f"{name}: FAILED: {err}", flush=True)
+            failed.append(name)
+            continue
         new.append(record)
         write_records(
             args.out / "configs_check.json",
@@ -573,7 +606,9 @@ def check_configs(args, promises: dict, start: int) -> list[dict]:
             f"{seconds_text(record['seconds'])} on {record['machine']}",
             flush=True,
         )
-    return new
+    if failed:
+        print(f"configs_check: failed or stopped: {', '.join(failed)}", file=sys.stderr)
+    return new, failed
 
 
 if __name__ == "__main__":

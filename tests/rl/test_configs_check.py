@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -137,21 +136,27 @@ def test_a_real_check_trains_on_the_check_seeds_and_judges(tmp_path, monkeypatch
     """qlearning_gridworld at 4 seeds from 10,000, cut to 2,000 steps through a promise that holds
     and one that cannot."""
     data, _ = check.load_promises(["qlearning_gridworld"])["qlearning_gridworld"]
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = check.train_env("cpu")
+    where = check.probe(env)
+    assert where[0] == "cpu" and "core" in where[1]
     monkeypatch.setattr(
         check,
         "train_commands",
         lambda *a: [[*cmd, "agent.total_steps=2000"] for cmd in TRAIN_COMMANDS(*a)],
     )
     easy = parse_promise({"seeds": 4, "median": -1, "spread": 0})
-    record = check.run_check("qlearning_gridworld", data, easy, 4, 10_000, tmp_path, "cpu", env)
+    record = check.run_check("qlearning_gridworld", data, easy, 4, 10_000, tmp_path, where, env)
     assert record["kept"] and record["seeds"] == [10_000, 10_003] and len(record["finals"]) == 4
     config = (tmp_path / "qlearning_gridworld-10000" / "config.yaml").read_text()
     assert "seed: 10000" in config and "seeds: 4" in config
     impossible = parse_promise({"seeds": 4, "at_least": 2, "share": 1.0})
     assert not check.run_check(
-        "qlearning_gridworld", data, impossible, 4, 10_000, tmp_path / "b", "cpu", env
+        "qlearning_gridworld", data, impossible, 4, 10_000, tmp_path / "b", where, env
     )["kept"]
+    with pytest.raises(RuntimeError, match="qlearning_gridworld: stopped after --timeout 0.01 s"):
+        check.run_check(
+            "qlearning_gridworld", data, easy, 4, 10_000, tmp_path / "c", where, env, 0.01
+        )
     json.dumps(record)  # a record is plain JSON
 
 
