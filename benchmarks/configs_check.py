@@ -116,9 +116,14 @@ def load_promises(names=None) -> dict[str, tuple[dict, Promise | None]]:
 def select(spec: str, promises: dict, seeds: int | None) -> list[str]:
     """The configs `--configs` names: `all` (every config with a promise), `cpu` (those with a
     promised CPU time whose check of `seeds` (default: the promise's) takes at most
-    CPU_SUBSET_SECONDS by it), or a comma-separated list of names."""
+    CPU_SUBSET_SECONDS by it), or a comma-separated list of names (ConfigError naming an unknown
+    one)."""
     if spec not in ("all", "cpu"):
-        return [name.strip() for name in spec.split(",") if name.strip()]
+        names = [name.strip() for name in spec.split(",") if name.strip()]
+        unknown = [name for name in names if name not in promises]
+        if unknown:
+            raise ConfigError(f"--configs: {unknown[0]!r} is not a packaged config (rl configs)")
+        return names
     chosen = []
     for name, (_, promise) in promises.items():
         if promise is None:

@@ -60,6 +60,8 @@ def test_the_cpu_subset_holds_the_promises_whose_cpu_check_fits():
     assert check.select("all", promises, None) == ["quick", "slow", "gpu"]
     assert check.select("cpu", promises, 100) == []  # 100 seeds x 10 s is over the limit
     assert check.select("gpu, none", promises, None) == ["gpu", "none"]
+    with pytest.raises(ConfigError, match="--configs: 'gpux' is not a packaged config"):
+        check.select("gpu,gpux", promises, None)
 
 
 def test_an_extra_is_named_for_env_libraries():
