@@ -198,3 +198,13 @@ def test_a_config_missing_from_the_readme_table_gets_a_row():
         text.replace(row + "\n", ""), check.load_promises(), check.load_records(check.RECORDS)
     )
     assert "| `sac_cartpole` | sac, CartPole-v1 |" in updated
+
+
+def test_the_shipped_cpu_time_comes_from_a_check_of_as_many_seeds_or_an_upper_bound():
+    promise = parse_promise({"seeds": 4, "median": 1, "spread": 0, "cpu_seconds": 100})
+    eight = {"seeds": [10_000, 10_007], "seconds": 300.0}
+    assert check.shipped_cpu_seconds(promise, 8, eight) == 300.0
+    assert check.shipped_cpu_seconds(promise, 16, eight) == 1600.0
+    assert check.shipped_cpu_seconds(promise, 16, None) == 1600.0
+    no_time = parse_promise({"seeds": 4, "median": 1, "spread": 0})
+    assert check.shipped_cpu_seconds(no_time, 16, None) is None
