@@ -555,6 +555,8 @@ def main(argv=None) -> int:
         failed: list[str] = []
         if args.merge:
             for path in args.merge:
+                if not path.is_file():
+                    raise ConfigError(f"--merge: {str(path)!r} is not a file")
                 new.extend(
                     r for by_device in load_records(path).values() for r in by_device.values()
                 )

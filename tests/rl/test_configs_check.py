@@ -37,6 +37,11 @@ def test_checks_refuse_the_tuning_seeds():
     assert check.main(["--configs", "qlearning_gridworld", "--seed-start", "0", "--dry-run"]) == 2
 
 
+def test_merging_a_records_file_that_is_not_there_is_an_error(tmp_path, capsys):
+    assert check.main(["--merge", str(tmp_path / "none.json")]) == 2
+    assert "--merge: " in capsys.readouterr().err
+
+
 def test_anakin_seeds_train_in_one_program_and_sebulba_seeds_one_process_each(tmp_path):
     promises = check.load_promises(["ppo_cartpole", "ppo_sebulba_cartpole"])
     (one,) = check.train_commands("ppo_cartpole", promises["ppo_cartpole"][0], 8, 10_000, tmp_path)
