@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from benchmarks import configs_check as check
+from benchmarks import configs_tables as tables
 from rl.config_parsing import ConfigError
 from rl.promise import parse_promise
 
@@ -70,10 +71,10 @@ def test_the_cpu_subset_holds_the_promises_whose_cpu_check_fits():
 
 
 def test_an_extra_is_named_for_env_libraries():
-    assert check.needed_module("CartPole-v1") is None
-    assert check.needed_module("jaxmarl:MPE_simple_spread_v3") == ("jaxmarl", "jaxmarl")
-    assert check.needed_module("gymnasium:HalfCheetah-v5") == ("mujoco", "gymnasium[mujoco]")
-    assert check.needed_module("gymnasium:CartPole-v1") is None
+    assert tables.needed_module("CartPole-v1") is None
+    assert tables.needed_module("jaxmarl:MPE_simple_spread_v3") == ("jaxmarl", "jaxmarl")
+    assert tables.needed_module("gymnasium:HalfCheetah-v5") == ("mujoco", "gymnasium[mujoco]")
+    assert tables.needed_module("gymnasium:CartPole-v1") is None
 
 
 def test_the_check_reports_the_iqm_interval_and_the_verdict():
@@ -111,10 +112,10 @@ def test_records_keep_the_latest_check_per_device_and_the_table_shows_both_times
     records = check.merge(records, [_record("a", "cpu", "2026-12-02")])
     assert set(records["a"]) == {"cpu", "gpu"} and records["a"]["cpu"]["date"] == "2026-12-02"
     promise = parse_promise({"seeds": 4, "at_least": 475, "share": 0.75, "cpu_seconds": 30})
-    row = check.table_row("a", promise, records["a"], "pending (GPU)")
+    row = tables.table_row("a", promise, records["a"], "pending (GPU)")
     assert "**missed**: 50% of seeds >= 475" in row  # the GPU check wins the tie: its result shows
     assert row.count("61 s (4 seeds)") == 2
-    assert "pending (GPU)" in check.table_row("a", promise, {}, "pending (GPU)")
+    assert "pending (GPU)" in tables.table_row("a", promise, {}, "pending (GPU)")
 
 
 def test_the_table_judges_a_check_against_the_promise_as_it_stands():
@@ -122,21 +123,21 @@ def test_the_table_judges_a_check_against_the_promise_as_it_stands():
     the same per-seed results, and a stricter one as missed."""
     record = _record("a", "cpu", "2026-12-02", kept=False)  # 2 of 4 seeds >= 475
     lenient = parse_promise({"seeds": 4, "at_least": 475, "share": 0.5})
-    assert "| kept |" in check.table_row("a", lenient, {"cpu": record}, "")
+    assert "| kept |" in tables.table_row("a", lenient, {"cpu": record}, "")
     strict = parse_promise({"seeds": 4, "at_least": 475, "share": 0.5, "median": 500, "spread": 5})
-    assert "**missed**: median 440.0 < 495" in check.table_row("a", strict, {"cpu": record}, "")
+    assert "**missed**: median 440.0 < 495" in tables.table_row("a", strict, {"cpu": record}, "")
 
 
 def test_only_the_checks_table_is_rewritten():
     text = (
         "# Results\n\n### Other\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
-        f"{check.HEADING}\n\nSome words.\n\n| old |\n|---|\n| row |\n\nAfter.\n\n| keep |\n"
+        f"{tables.HEADING}\n\nSome words.\n\n| old |\n|---|\n| row |\n\nAfter.\n\n| keep |\n"
     )
-    new = check.replace_table(text, "| new |\n|---|")
+    new = tables.replace_table(text, "| new |\n|---|")
     assert "| old |" not in new and "| row |" not in new and "| new |\n|---|\n\nAfter." in new
     assert "| 1 | 2 |" in new and "| keep |" in new
     with pytest.raises(ValueError, match="no heading"):
-        check.replace_table("# Results\n", "| new |")
+        tables.replace_table("# Results\n", "| new |")
 
 
 def test_a_real_check_trains_on_the_check_seeds_and_judges(tmp_path, monkeypatch):
@@ -183,23 +184,23 @@ def test_the_readme_configs_table_states_every_promise_and_is_up_to_date():
     """Every packaged config has a row in the README's configs table stating its promise, and the
     table is what configs_check writes from the promises and the records (rerun
     `python benchmarks/configs_check.py --table` after changing either)."""
-    text = check.README.read_text()
+    text = tables.README.read_text()
     promises = check.load_promises()
     records = check.load_records(check.RECORDS)
-    assert check.update_readme(text, promises, records) == text
+    assert tables.update_readme(text, promises, records) == text
     rows = {}
-    for line in text[text.index(check.README_HEADER) :].split("\n\n")[0].splitlines()[2:]:
+    for line in text[text.index(tables.README_HEADER) :].split("\n\n")[0].splitlines()[2:]:
         for name in line.split("|")[1].replace("`", "").split(","):
             rows[name.strip()] = line
     assert set(rows) == set(promises)
     for name, (_, promise) in promises.items():
-        assert check.promise_text(promise) in rows[name], name
+        assert tables.promise_text(promise) in rows[name], name
 
 
 def test_a_config_missing_from_the_readme_table_gets_a_row():
-    text = check.README.read_text()
+    text = tables.README.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| `sac_cartpole` |"))
-    updated = check.update_readme(
+    updated = tables.update_readme(
         text.replace(row + "\n", ""), check.load_promises(), check.load_records(check.RECORDS)
     )
     assert "| `sac_cartpole` | sac, CartPole-v1 |" in updated
@@ -208,8 +209,8 @@ def test_a_config_missing_from_the_readme_table_gets_a_row():
 def test_the_shipped_cpu_time_comes_from_a_check_of_as_many_seeds_or_an_upper_bound():
     promise = parse_promise({"seeds": 4, "median": 1, "spread": 0, "cpu_seconds": 100})
     eight = {"seeds": [10_000, 10_007], "seconds": 300.0}
-    assert check.shipped_cpu_seconds(promise, 8, eight) == 300.0
-    assert check.shipped_cpu_seconds(promise, 16, eight) == 1600.0
-    assert check.shipped_cpu_seconds(promise, 16, None) == 1600.0
+    assert tables.shipped_cpu_seconds(promise, 8, eight) == 300.0
+    assert tables.shipped_cpu_seconds(promise, 16, eight) == 1600.0
+    assert tables.shipped_cpu_seconds(promise, 16, None) == 1600.0
     no_time = parse_promise({"seeds": 4, "median": 1, "spread": 0})
-    assert check.shipped_cpu_seconds(no_time, 16, None) is None
+    assert tables.shipped_cpu_seconds(no_time, 16, None) is None
