@@ -6,8 +6,8 @@ compilation counted, the compilation cache off).
 
     python benchmarks/configs_check.py --configs cpu --out /tmp/check           # the cheap ones
     python benchmarks/configs_check.py --configs ppo_cartpole,dqn_cartpole --seeds 8 --out /tmp/c
-    python benchmarks/configs_check.py --configs all --out $OUT/check            # on a GPU machine
-    python benchmarks/configs_check.py --merge $OUT/check/configs_check.json     # back here
+    python benchmarks/configs_check.py --configs all --device gpu --out DIR    # on a GPU machine
+    python benchmarks/configs_check.py --merge DIR/configs_check.json               # back here
     python benchmarks/configs_check.py --table                   # rewrite the two tables only
 
 `--seeds N` (default: the promise's seeds) trains N seeds in one program (`rl train --seeds N`,
