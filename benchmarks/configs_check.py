@@ -37,14 +37,12 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-# The training runs get the environment this script was started with; this process itself stays
-# off the accelerators (an env library imported here could otherwise take a GPU's memory).
+# The training runs get the environment this script was started with; run as a script, its own
+# process stays off the accelerators (an env library imported here could otherwise take a GPU's
+# memory).
 TRAIN_ENV = dict(os.environ)
-os.environ["JAX_PLATFORMS"] = "cpu"
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from configs_tables import (  # noqa: E402
+from benchmarks.configs_tables import (  # noqa: E402
     README,
     VERDICTS,
     needed_module,
@@ -54,7 +52,6 @@ from configs_tables import (  # noqa: E402
     seconds_text,
     update_readme,
 )
-
 from rl.config_parsing import ConfigError, packaged_configs, read_yaml  # noqa: E402
 from rl.evaluation import bootstrap_intervals  # noqa: E402
 from rl.promise import (  # noqa: E402
@@ -411,4 +408,5 @@ def check_configs(args, promises: dict, start: int) -> tuple[list[dict], list[st
 
 
 if __name__ == "__main__":
+    os.environ["JAX_PLATFORMS"] = "cpu"  # this process only: the runs get TRAIN_ENV
     sys.exit(main())
