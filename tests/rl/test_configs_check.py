@@ -214,3 +214,17 @@ def test_the_shipped_cpu_time_comes_from_a_check_of_as_many_seeds_or_an_upper_bo
     assert tables.shipped_cpu_seconds(promise, 16, None) == 1600.0
     no_time = parse_promise({"seeds": 4, "median": 1, "spread": 0})
     assert tables.shipped_cpu_seconds(no_time, 16, None) is None
+
+
+def test_importing_the_script_leaves_the_process_alone():
+    """Imported (as by this test session), the script changes no environment variable and puts
+    no folder ahead of the packages (benchmarks/envs.py would shadow `envs`)."""
+    code = (
+        "import os; before = dict(os.environ); from benchmarks import configs_check; import envs; "
+        "print(dict(os.environ) == before, envs.__file__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=check.REPO, capture_output=True, text=True, check=True
+    )
+    same, envs_file = done.stdout.split()
+    assert same == "True" and envs_file.endswith("envs/__init__.py")
