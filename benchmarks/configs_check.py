@@ -279,7 +279,7 @@ def run_check(name, data, promise, seeds, start, out, where, env, timeout=None) 
         "env_steps": int(data["agent"]["total_steps"]),
         "seconds": round(float(sum(seconds)), 1),
         "processes": len(commands),
-        "command": " ".join(["rl", *commands[0][3:]])
+        "command": " ".join(["rl", *commands[0][3:]]).replace(str(out), "DIR")
         + (" (one process a seed)" if len(commands) > 1 else ""),
         **summarise_check(promise, finals),
     }
