@@ -1,6 +1,6 @@
 """Typed, frozen experiment configs loaded from YAML, with `dotted.key=value` overrides.
 
-A config file has five sections; only `env` and `agent` are required:
+A config file has six sections; only `env` and `agent` are required:
 
     env:     {id: GridWorld, params: {size: 5}}      # envs.make(id, **params); `observe: positions`
                                                      # (or a list of indices) masks the observation
@@ -8,6 +8,7 @@ A config file has five sections; only `env` and `agent` are required:
     run:     {seed: 0, seeds: 30, output_dir: runs}  # RunConfig
     kernels: {backend: auto, deterministic: false}   # KernelsConfig
     arch:    {name: sebulba, actor_threads: 2}       # ArchConfig (default: anakin)
+    promise: {seeds: 16, at_least: 475, share: 0.8}  # rl.promise: validated, not used to train
 
 Every agent declares its hyperparameters as a frozen dataclass whose fields carry validation
 metadata (`hp(default, low=..., high=..., sweep=True)`). Loading checks every key and value before
@@ -207,9 +208,10 @@ class Config:
 
 def build_config(data: Mapping) -> Config:
     """A validated Config from a nested mapping (a parsed YAML file with overrides applied)."""
+    from rl.promise import parse_promise
     from rl.registry import get_agent_module, registered_agents
 
-    known = ("env", "agent", "run", "kernels", "arch")
+    known = ("env", "agent", "run", "kernels", "arch", "promise")
     for key in data:
         if key not in known:
             raise ConfigError(
@@ -218,6 +220,8 @@ def build_config(data: Mapping) -> Config:
     for required in ("env", "agent"):
         if required not in data:
             raise ConfigError(f"missing section '{required}'")
+    if data.get("promise") is not None:  # checked here, used by benchmarks/configs_check.py only
+        parse_promise(data["promise"])
     env = build_dataclass(EnvConfig, data["env"], "env")
     if not isinstance(env.params, Mapping):
         raise ConfigError(f"env.params: expected a mapping, got {env.params!r}")

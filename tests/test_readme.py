@@ -1,16 +1,17 @@
 """Every code block of the README runs, so the README cannot rot.
 
-Each Python block runs on its own, as if pasted into a fresh interpreter: in a new module of its
-own (its `__name__` names that module, which `importlib` finds, as `__main__` is found in an
-interpreter), from an empty directory, so a block that uses a name must define or import it
-itself. Bash blocks run with `bash -e` from an empty directory (one per pytest-xdist worker: under
-`--dist loadgroup` the blocks spread over workers in any order, so each block must stand alone,
-using only runs it makes itself), with `rl` on the PATH, `pip install ... &&` prefixes dropped (the
-test runs in the installed environment) and FUSEDRL_SMOKE_LOG_POINTS=1 FUSEDRL_SMOKE_SEEDS=2, so
-each `rl train` stops after its first log point and trains at most 2 seeds. A block whose first
-line is `# README test: skip (reason)` is not run; the reason must say why (a benchmark, a server,
-several devices or hosts, a fresh virtual environment, or the CI command itself). The "Writing an
-agent" example runs with its final call shortened (2 log points of 20 updates, 2 seeds).
+Each Python block runs on its own in a fresh interpreter (a script of its own, `python
+readme_block_lineN.py`), from an empty directory, so a block that uses a name must define or import
+it itself, and nothing a block before it imported or set (a kernel backend, a registered env)
+carries over. Bash blocks run with `bash -e` from an empty directory (one per pytest-xdist worker:
+under `--dist loadgroup` the blocks spread over workers in any order, so each block must stand
+alone, using only runs it makes itself), with `rl` on the PATH, `pip install ... &&` prefixes
+dropped (the test runs in the installed environment) and FUSEDRL_SMOKE_LOG_POINTS=1
+FUSEDRL_SMOKE_SEEDS=2, so each `rl train` stops after its first log point and trains at most 2
+seeds. A block whose first line is `# README test: skip (reason)` is not run; the reason must say
+why (a benchmark, a server, several devices or hosts, a fresh virtual environment, or the CI command
+itself). The "Writing an agent" example runs with its final call shortened (2 log points of 20
+updates, 2 seeds).
 
 Every other block runs on the base install, or says in its first line which extras it needs,
 `# needs the gymnax extra: pip install -e ".[gymnax]"`, and is skipped where they are missing. A
@@ -31,10 +32,8 @@ import os
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,64 +210,66 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert command in ci, f".ci/run must run the README's test command {command!r}"
 
 
-def run_alone(line: int, code: str) -> dict:
-    """Run one block in a fresh module of its own (registered while it runs, so that the block can
-    name its own module, e.g. to register an env class by module and name); its namespace."""
-    module = types.ModuleType(f"readme_block_line{line}")
-    sys.modules[module.__name__] = module
-    try:
-        exec(compile(code, f"README.md, block at line {line}", "exec"), module.__dict__)
-    except Exception as err:
-        pytest.fail(f"README.md python block at line {line} fails: {type(err).__name__}: {err}")
-    finally:
-        del sys.modules[module.__name__]
-    return module.__dict__
+def run_alone(line: int, code: str, cwd: Path, base_install: bool) -> None:
+    """Run one block as a script in a fresh interpreter, from `cwd`, with this checkout first on
+    its path; with `base_install`, the extras' modules cannot be imported in it (a sitecustomize
+    that sets them to None in sys.modules, as the bash blocks have it). Fails the test with the
+    block's line and the end of its traceback."""
+    script = cwd / f"readme_block_line{line}.py"
+    script.write_text(code)
+    paths = [str(REPO), os.environ.get("PYTHONPATH", "")]
+    if base_install:
+        site = cwd / "base-install"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(
+            f"import sys\nfor name in {base_install_modules()!r}:\n    sys.modules[name] = None\n"
+        )
+        paths.insert(0, str(site))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), MPLBACKEND="Agg")
+    done = subprocess.run(
+        [sys.executable, script.name], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    if done.returncode != 0:
+        pytest.fail(f"README.md python block at line {line} fails:\n{done.stderr[-3000:]}")
+
+
+# run after the Writing-an-agent example, in its interpreter: its shortened call trained 2 log
+# points of 20 updates of 8 envs x 16 steps, and episodes ended with finite returns
+AGENT_CHECK = """
+import numpy as _np
+_np.testing.assert_array_equal(_np.asarray(metrics["step"])[0], [20 * 8 * 16, 2 * 20 * 8 * 16])
+assert _np.all(_np.asarray(metrics["episodes"]) > 0)
+assert _np.all(_np.isfinite(_np.asarray(metrics["episode_return"])))
+"""
 
 
 def test_the_agent_example_is_one_python_block():
     assert sum(AGENT_CALL in code for _, code in readme_blocks("python")) == 1, AGENT_CALL
 
 
-def as_on_the_base_install(monkeypatch) -> None:
-    """Until the test ends: the extras' modules cannot be imported (None in sys.modules; the
-    adapters in envs/ import their library at each use) and the interpret backend is unavailable
-    (its check is cached)."""
-    import kernels.launch
-
-    for module in base_install_modules():
-        monkeypatch.setitem(sys.modules, module, None)
-    monkeypatch.setattr(
-        kernels.launch,
-        "interpret_unavailable_reason",
-        lambda: 'the base install has no torch: pip install -e ".[interpret]"',
-    )
-
-
 @pytest.mark.parametrize("line, code", readme_params("python"))
-def test_python_block_runs(line, code, tmp_path, monkeypatch):
-    import envs
-
+def test_python_block_runs(line, code, tmp_path):
+    """Each Python block runs alone in a fresh interpreter from an empty directory: on the base
+    install unless its first line names the extras it needs (skipped where they are missing)."""
     if is_skipped(code):
         pytest.skip(code.splitlines()[0])
     if uninstalled(declared_extras(code)):
         missing = uninstalled(declared_extras(code))
         pytest.skip(f"needs the extras {missing}, not installed here")
-    if not declared_extras(code):
-        as_on_the_base_install(monkeypatch)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(envs, "REGISTRY", dict(envs.REGISTRY))  # a block may register an env
-    is_agent = AGENT_CALL in code
-    namespace = run_alone(line, without_brax_rendering(code.replace(AGENT_CALL, SHORT_AGENT_CALL)))
-    if is_agent:  # the Writing-an-agent example
-        metrics = namespace["metrics"]
-        np.testing.assert_array_equal(
-            np.asarray(metrics["step"])[0], [20 * 8 * 16, 2 * 20 * 8 * 16]
-        )
-        assert np.all(np.asarray(metrics["episodes"]) > 0) and np.all(
-            np.isfinite(np.asarray(metrics["episode_return"]))
-        )
+    if AGENT_CALL in code:  # the Writing-an-agent example, shortened and checked
+        code = code.replace(AGENT_CALL, SHORT_AGENT_CALL) + AGENT_CHECK
+    run_alone(line, without_brax_rendering(code), tmp_path, not declared_extras(code))
     if "episode.gif" in code:
         assert (tmp_path / "episode.gif").is_file()
+
+
+def test_a_block_runs_without_the_names_of_the_blocks_before_it(tmp_path):
+    """The fresh interpreter is what makes a block stand alone: a name defined by an earlier block
+    is unknown, and a block using an extra's module fails where it declares none."""
+    with pytest.raises(pytest.fail.Exception, match="NameError: name 'env' is not defined"):
+        run_alone(1, "env.reset()\n", tmp_path, base_install=True)
+    with pytest.raises(pytest.fail.Exception, match="ModuleNotFoundError|ImportError"):
+        run_alone(2, "import gymnax\n", tmp_path, base_install=True)
 
 
 SLOW_TRAIN_COMMANDS = [
