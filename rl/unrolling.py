@@ -5,13 +5,16 @@ Unrolling a `lax.scan` U times makes XLA compile U copies of its body (compile t
 linearly in U) and saves loop trips on the GPU (the training program runs faster). It pays when
 the run trains long enough for the time saved to exceed the extra compile:
 
-    unroll U  iff  platform is a GPU  and  total env steps over all seeds >= BREAK_EVEN[agent]
+    unroll U  iff  platform is a GPU  and  agent.total_steps (per seed) >= BREAK_EVEN[agent]
 
 where BREAK_EVEN = (compile(U) - compile(1)) / (train seconds saved per env step at U), measured
-on one H200 with the time-to-result presets (`benchmarks/time_to_result.py`, PureJaxRL's DQN and
-purejaxql's PQN CartPole settings; `benchmarks/RESULTS.md`, "Time to result"). On the CPU a loop
-trip costs next to nothing and unrolling only adds compile time: auto is 1 there, and for the
-agents without a measured rule.
+at 1 seed on one H200 with the time-to-result presets (`benchmarks/time_to_result.py`). More seeds
+in one program make each step dearer and the saving larger, so the 1-seed break-even is the
+cautious one: auto never unrolls a run that unrolling would slow. DQN at PureJaxRL's CartPole
+settings (500k steps): unroll 8 compiled in 20.8 s against 12.1 s and trained in 2.1 s against
+3.3 s, a break-even of 8.7 s / (1.2 s / 500k steps) = 3.6M steps. On the CPU a loop trip costs
+next to nothing and unrolling only adds compile time: auto is 1 there, and for the agents without
+a measured rule.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ from rl.config_parsing import ConfigError
 
 GPU_PLATFORMS = ("cuda", "rocm", "gpu")
 
-# agent: (U, env steps over all seeds from which U pays), one H200 (see the module docstring)
-BREAK_EVEN = {}
+# agent: (U, env steps per seed from which U pays), one H200 (see the module docstring)
+BREAK_EVEN = {"dqn": (8, 3_600_000)}
 
 
 def auto_unroll(agent_name: str, platform: str, env_steps: int) -> int:
-    """The unroll `auto` stands for: U for `agent_name` on a GPU when the run's `env_steps` (per
-    seed times seeds) reach its break-even, else 1."""
+    """The unroll `auto` stands for: U for `agent_name` on a GPU when the run's `env_steps` per
+    seed reach its break-even, else 1."""
     rule = BREAK_EVEN.get(agent_name)
     if platform not in GPU_PLATFORMS or rule is None:
         return 1
@@ -36,7 +39,7 @@ def auto_unroll(agent_name: str, platform: str, env_steps: int) -> int:
     return unroll if env_steps >= break_even else 1
 
 
-def resolve_unroll(agent, agent_name: str, seeds: int, platform: str):
+def resolve_unroll(agent, agent_name: str, platform: str):
     """`agent` (an agent's Config) with `unroll: auto` replaced by `auto_unroll`'s choice; a
     config without `unroll`, or with a number, as it is. ConfigError for any other string."""
     unroll = getattr(agent, "unroll", None)
@@ -44,17 +47,17 @@ def resolve_unroll(agent, agent_name: str, seeds: int, platform: str):
         return agent
     if unroll != "auto":
         raise ConfigError(f"agent.unroll: expected a positive integer or auto, got {unroll!r}")
-    env_steps = int(getattr(agent, "total_steps", 0)) * seeds
+    env_steps = int(getattr(agent, "total_steps", 0))
     return dataclasses.replace(agent, unroll=auto_unroll(agent_name, platform, env_steps))
 
 
 def unroll_of(agent) -> int:
     """`agent.unroll` as a number: `auto` (left in a Config built in Python, not by
-    rl.config.build_config, which resolves it for the run's seeds) resolved for one seed on JAX's
-    default device. The agent's name is its Config's module's (`rl.agents.dqn` -> dqn)."""
+    rl.config.build_config, which resolves it) resolved for JAX's default device. The agent's
+    name is its Config's module's (`rl.agents.dqn` -> dqn)."""
     if isinstance(agent.unroll, int):
         return agent.unroll
     import jax
 
     name = type(agent).__module__.rpartition(".")[2]
-    return resolve_unroll(agent, name, 1, jax.devices()[0].platform).unroll
+    return resolve_unroll(agent, name, jax.devices()[0].platform).unroll
