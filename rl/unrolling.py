@@ -5,7 +5,8 @@ Unrolling a `lax.scan` U times makes XLA compile U copies of its body (compile t
 linearly in U) and saves loop trips on the GPU (the training program runs faster). It pays when
 the run trains long enough for the time saved to exceed the extra compile:
 
-    unroll U  iff  platform is a GPU  and  agent.total_steps (per seed) >= BREAK_EVEN[agent]
+    unroll U  iff  platform is a GPU  and  the network is an MLP
+              and  agent.total_steps (per seed) >= BREAK_EVEN[agent]
 
 where BREAK_EVEN = (compile(U) - compile(1)) / (train seconds saved per env step at U), measured
 at 1 seed on one H200 with the time-to-result presets (`benchmarks/time_to_result.py`). More seeds
@@ -14,7 +15,8 @@ cautious one: auto never unrolls a run that unrolling would slow. DQN at PureJax
 settings (500k steps): unroll 8 compiled in 20.8 s against 12.1 s and trained in 2.1 s against
 3.3 s, a break-even of 8.7 s / (1.2 s / 500k steps) = 3.6M steps. On the CPU a loop trip costs
 next to nothing and unrolling only adds compile time: auto is 1 there, and for the agents without
-a measured rule.
+a measured rule. A conv net's unrolled loop compiles for minutes (MinAtar Freeway at unroll 8 did
+not finish compiling in 200 s on an H100; README, PQN), so auto keeps 1 for any other torso.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def resolve_unroll(agent, agent_name: str, platform: str):
         return agent
     if unroll != "auto":
         raise ConfigError(f"agent.unroll: expected a positive integer or auto, got {unroll!r}")
+    network = getattr(agent, "network", None)
+    if getattr(network, "torso", "mlp") != "mlp":
+        return dataclasses.replace(agent, unroll=1)
     env_steps = int(getattr(agent, "total_steps", 0))
     return dataclasses.replace(agent, unroll=auto_unroll(agent_name, platform, env_steps))
 

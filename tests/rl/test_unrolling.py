@@ -27,6 +27,11 @@ def test_auto_unrolls_on_a_gpu_from_the_break_even(monkeypatch):
     assert unrolling.resolve_unroll(short, "dqn", "cuda").unroll == 1
     assert unrolling.resolve_unroll(long, "dqn", "cuda").unroll == 8
     assert unrolling.resolve_unroll(long, "dqn", "cpu").unroll == 1
+    conv = dqn.Config(
+        total_steps=5_000_000, network=load_config("dqn_minatar_breakout").agent.network
+    )
+    assert conv.network.torso != "mlp"
+    assert unrolling.resolve_unroll(conv, "dqn", "cuda").unroll == 1  # conv nets stay rolled
 
 
 def test_numbers_pass_and_other_words_are_one_error():
