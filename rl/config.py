@@ -177,6 +177,17 @@ class KernelsConfig:
         doc="fixed-order kernels (C51 projection without atomic adds, scan look-back "
         "in one order): bitwise-reproducible runs on the GPU, a little slower",
     )
+    precision: str = hp(
+        "float32",
+        choices=("float32", "tf32", "bf16"),
+        doc="matmul precision of the fused MLP kernels (DQN, SAC, TD3, PPO gradients; DQN and "
+        "Rainbow acting): float32 = float32 operands, products at run.matmul_precision (TF32 on "
+        "Ampere/Hopper GPUs at its default, full float32 at highest); tf32 = TF32 products "
+        "whatever run.matmul_precision; bf16 = bfloat16 weights and activations in the kernels' "
+        "matmuls, float32 accumulation, params and optimiser state float32. XLA's own matmuls "
+        "(autodiff paths, the reference backend) keep run.matmul_precision. Never chosen "
+        "automatically",
+    )
 
 
 @dataclass(frozen=True)
