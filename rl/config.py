@@ -6,7 +6,7 @@ A config file has five sections; only `env` and `agent` are required:
                                                      # (or a list of indices) masks the observation
     agent:   {name: qlearning, lr: 0.1, ...}         # fields of rl.agents.<name>.Config
     run:     {seed: 0, seeds: 30, output_dir: runs}  # RunConfig
-    kernels: {backend: auto, deterministic: false}   # KernelsConfig
+    kernels: {backend: auto, deterministic: false, precision: float32}   # KernelsConfig
     arch:    {name: sebulba, actor_threads: 2}       # ArchConfig (default: anakin)
 
 Every agent declares its hyperparameters as a frozen dataclass whose fields carry validation
