@@ -674,7 +674,9 @@ def _interpret_device_calls() -> Iterator[None]:
         original = JITFunction.__call__
         original_patch = interpreter._patch_lang_tensor
         builder = interpreter.InterpreterBuilder
-        original_builder = {name: getattr(builder, name) for name in _BFLOAT16_METHODS}
+        original_builder = {  # a method a Triton version lacks is left alone
+            name: getattr(builder, name) for name in _BFLOAT16_METHODS if hasattr(builder, name)
+        }
         JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted(self)(*args, **kwargs)
         interpreter._patch_lang_tensor = _with_scalar_index(original_patch)
         for name, method in original_builder.items():
