@@ -34,23 +34,19 @@ REFERENCE_ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.s
 PRECISIONS = ("tf32", "ieee", "bf16")
 
 
-def check_precision(dot_precision: str, precisions=PRECISIONS) -> str:
-    """`dot_precision` after checking it is one of `precisions` (an op that does not hold bf16
-    passes its own); ValueError naming the argument otherwise."""
-    if dot_precision not in precisions:
-        raise ValueError(f"dot_precision must be one of {tuple(precisions)}, got {dot_precision!r}")
+def check_precision(dot_precision: str) -> str:
+    """`dot_precision` after checking it is one of `PRECISIONS`; ValueError naming the argument
+    otherwise."""
+    if dot_precision not in PRECISIONS:
+        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     return dot_precision
 
 
-def _dot_operand(x, dot_precision: str):
-    """A matmul operand as the kernels feed it to `tl.dot`: rounded to bfloat16 for "bf16"."""
-    return x.astype(jnp.bfloat16) if dot_precision == "bf16" else x
-
-
 def _plain_dot(a, b, dot_precision: str):
+    """a [..., K] @ b [K, N] at `dot_precision` (`reference_dot`'s forward)."""
     if dot_precision == "bf16":
         return jax.lax.dot_general(
-            _dot_operand(a, "bf16"), _dot_operand(b, "bf16"),
+            a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
             (((a.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32,
         )  # fmt: skip
     precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
@@ -67,8 +63,8 @@ def reference_dot(a, b, dot_precision: str):
         "tf32":  float32 at the default precision: XLA's TF32 products on an Ampere/Hopper GPU, full
                  float32 on the CPU (where the interpreter's "tf32" dot is full float32 too)
 
-    The result is float32 whatever the operands' dtype; for float64 operands (the tests' oracle)
-    "tf32" and "ieee" stay float64."""
+    The result is float32 for "bf16" and the operands' dtype otherwise (float64 operands, the
+    tests' oracle, stay float64 at "ieee")."""
     return _plain_dot(a, b, dot_precision)
 
 
