@@ -1,8 +1,11 @@
-"""What one program of the fused PPO gradient kernels holds on an H100, without a GPU.
+"""What one program of the fused PPO gradient kernels (or the Q-learning and twin-critic ones)
+holds on an H100, without a GPU.
 
     python benchmarks/kernel_resources.py                          # PureJaxRL's CartPole sizes
     python benchmarks/kernel_resources.py --obs 16 --hidden 128 128 --actions 16 --warps 8 \\
         --block 32
+    python benchmarks/kernel_resources.py --op q_grads --hidden 256 256 --precision bf16 \\
+        --warps 8 --block 64                                       # DQN's gradient, 256 wide
 
 Compiles `kernels.ppo_grads`'s actor and critic kernels ahead of time for sm_90 with the installed
 Triton and its bundled ptxas (`triton.compile` with a CUDA target needs no GPU), reads each cubin's
@@ -127,6 +130,32 @@ def compile_both(
     }
 
 
+Q_INTS = ("M", "S", "P", "D", "H1", "H2", "A", *OFFSETS)
+TWIN_OFFSETS = tuple(f"o{i}_{n}" for i in (1, 2) for n in ("w1", "b1", "w2", "b2", "w3", "b3"))
+
+
+def compile_q_ops(
+    op: str, sizes: tuple, warps: int, block: int, stages: int = 3, precision: str = "tf32",
+    activation: str = "relu",
+) -> dict:  # fmt: skip
+    """{op: compiled} for `kernels.q_grads` (op "q_grads": sizes (obs_dim, (h1, h2), actions),
+    double-Q, Huber) or `kernels.twin_q_grads` (op "twin_q_grads": sizes (obs_dim + action_dim,
+    (h1, h2), unused)), padded as the ops pad them, with `block` rows a program."""
+    from kernels import q_grads, twin_q_grads
+
+    inputs, (h1, h2), actions = sizes
+    common = dict(
+        DP=padded(inputs), H1P=padded(h1), H2P=padded(h2), BLOCK=block,
+        ACT=ACTIVATION_CODES[activation], PRECISION=precision,
+    )  # fmt: skip
+    if op == "q_grads":
+        constexprs = {**common, "AP": padded(actions), "DOUBLE_Q": True, "HUBER": True}
+        return {op: compile_sm90(q_grads._q_grads_kernel, constexprs, Q_INTS, warps, stages)}
+    constexprs = {**common, "OP": twin_q_grads.OUT_PAD}
+    ints = ("M", "S", "P", "D", "A", "H1", "H2", *TWIN_OFFSETS)
+    return {op: compile_sm90(twin_q_grads._twin_q_grads_kernel, constexprs, ints, warps, stages)}
+
+
 def cubin_resources(cubin: bytes) -> dict:
     """Registers per thread and stack bytes of a cubin, from Triton's bundled cuobjdump."""
     import triton
@@ -144,6 +173,12 @@ def cubin_resources(cubin: bytes) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--op",
+        choices=("ppo", "q_grads", "twin_q_grads"),
+        default="ppo",
+        help="the kernels compiled (twin_q_grads: --obs is obs_dim + action_dim)",
+    )
     parser.add_argument("--obs", type=int, default=4)
     parser.add_argument("--hidden", type=int, nargs=2, default=(64, 64))
     parser.add_argument("--actions", type=int, default=2)
@@ -167,14 +202,15 @@ def main(argv=None) -> None:
         "programs/SM by registers, shared, warps | fit |"
     )
     print("|---|---|---|---|---|---|")
-    compiled_kernels = compile_both(
-        (args.obs, tuple(args.hidden), args.actions),
-        args.warps,
-        args.block,
-        args.stages,
-        args.precision,
-        args.activation,
-    )
+    sizes = (args.obs, tuple(args.hidden), args.actions)
+    if args.op == "ppo":
+        compiled_kernels = compile_both(
+            sizes, args.warps, args.block, args.stages, args.precision, args.activation
+        )
+    else:
+        compiled_kernels = compile_q_ops(
+            args.op, sizes, args.warps, args.block, args.stages, args.precision, args.activation
+        )
     for name, compiled in compiled_kernels.items():
         res = cubin_resources(compiled.asm["cubin"])
         shared = compiled.metadata.shared

@@ -29,13 +29,68 @@ ACTIVATION_CODES = {"tanh": 0, "relu": 1, "silu": 2}
 REFERENCE_ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.silu}
 
 
-def reference_mlp(layers, x, activation: str, precision):
+# the kernels' matmul precisions (`matmul`): float32 operands with TF32 or full float32 products,
+# or bfloat16 operands; every one accumulates in float32
+PRECISIONS = ("tf32", "ieee", "bf16")
+
+
+def check_precision(dot_precision: str) -> str:
+    """`dot_precision` after checking it is one of `PRECISIONS`; ValueError naming the argument
+    otherwise."""
+    if dot_precision not in PRECISIONS:
+        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    return dot_precision
+
+
+def _plain_dot(a, b, dot_precision: str):
+    """a [..., K] @ b [K, N] at `dot_precision` (`reference_dot`'s forward)."""
+    if dot_precision == "bf16":
+        return jax.lax.dot_general(
+            a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+            (((a.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32,
+        )  # fmt: skip
+    precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
+    return jnp.dot(a, b, precision=precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def reference_dot(a, b, dot_precision: str):
+    """a @ b (a [..., K], b [K, N]) with the kernels' numerics (`matmul`), in plain JAX:
+
+        "bf16":  bf16(a) @ bf16(b), products exact and summed in float32; the backward the same,
+                 da = bf16(g) @ bf16(b)^T, db = bf16(a)^T @ bf16(g), as the kernels' backprop
+        "ieee":  float32 at Precision.HIGHEST
+        "tf32":  float32 at the default precision: XLA's TF32 products on an Ampere/Hopper GPU, full
+                 float32 on the CPU (where the interpreter's "tf32" dot is full float32 too)
+
+    The result is float32 for "bf16" and the operands' dtype otherwise (float64 operands, the
+    tests' oracle, stay float64 at "ieee")."""
+    return _plain_dot(a, b, dot_precision)
+
+
+def _reference_dot_fwd(a, b, dot_precision):
+    return _plain_dot(a, b, dot_precision), (a, b)
+
+
+def _reference_dot_bwd(dot_precision, saved, g):
+    a, b = saved
+    a2 = a.reshape(-1, a.shape[-1])
+    g2 = g.reshape(-1, g.shape[-1])
+    da = _plain_dot(g2, b.T, dot_precision).reshape(a.shape)
+    db = _plain_dot(a2.T, g2, dot_precision)
+    return da.astype(a.dtype), db.astype(b.dtype)
+
+
+reference_dot.defvjp(_reference_dot_fwd, _reference_dot_bwd)
+
+
+def reference_mlp(layers, x, activation: str, dot_precision: str):
     """The module docstring's MLP in plain JAX, out = f(f(x W1 + b1) W2 + b2) W3 + b3, from
-    `layers` (w1, b1, w2, b2, w3, b3), its matmuls at `precision` (a `jax.lax.Precision` or
-    None): the ops' references."""
+    `layers` (w1, b1, w2, b2, w3, b3), its matmuls `reference_dot` at `dot_precision` (one of
+    `PRECISIONS`): the ops' references."""
     f = REFERENCE_ACTIVATIONS[activation]
     w1, b1, w2, b2, w3, b3 = layers
-    dot = functools.partial(jnp.dot, precision=precision)
+    dot = functools.partial(reference_dot, dot_precision=dot_precision)
     return dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3
 
 
@@ -164,10 +219,21 @@ def activation_grad(s, ACT: tl.constexpr):
 
 
 @triton.jit
+def matmul(a, b, PRECISION: tl.constexpr):
+    """a @ b accumulated in float32, its products at PRECISION (`PRECISIONS`): "bf16" rounds both
+    operands to bfloat16 (to nearest even) for the tensor cores' bf16 x bf16 -> f32 dot; "tf32"
+    and "ieee" are `tl.dot`'s input precisions on float32 operands."""
+    if PRECISION == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
 def torso(x, w1, b1, w2, b2, ACT: tl.constexpr, PRECISION: tl.constexpr):
     """(s1, s2): what the two hidden layers keep (`saved`); `output(s2, ACT)` is the features."""
-    s1 = saved(tl.dot(x, w1, input_precision=PRECISION) + b1[None, :], ACT)
-    s2 = saved(tl.dot(output(s1, ACT), w2, input_precision=PRECISION) + b2[None, :], ACT)
+    s1 = saved(matmul(x, w1, PRECISION) + b1[None, :], ACT)
+    s2 = saved(matmul(output(s1, ACT), w2, PRECISION) + b2[None, :], ACT)
     return s1, s2
 
 
@@ -196,13 +262,13 @@ def backprop(
     (benchmarks/RESULTS.md, "Tried and did not pay", times the hoisted-transpose variant)."""
     h1 = output(s1, ACT)
     h2 = output(s2, ACT)
-    g_w3 += tl.dot(tl.trans(h2), d_out, input_precision=PRECISION)
+    g_w3 += matmul(tl.trans(h2), d_out, PRECISION)
     g_b3 += tl.sum(d_out, axis=0)
-    d_z2 = tl.dot(d_out, tl.trans(w3), input_precision=PRECISION) * activation_grad(s2, ACT)
-    g_w2 += tl.dot(tl.trans(h1), d_z2, input_precision=PRECISION)
+    d_z2 = matmul(d_out, tl.trans(w3), PRECISION) * activation_grad(s2, ACT)
+    g_w2 += matmul(tl.trans(h1), d_z2, PRECISION)
     g_b2 += tl.sum(d_z2, axis=0)
-    d_z1 = tl.dot(d_z2, tl.trans(w2), input_precision=PRECISION) * activation_grad(s1, ACT)
-    g_w1 += tl.dot(tl.trans(x), d_z1, input_precision=PRECISION)
+    d_z1 = matmul(d_z2, tl.trans(w2), PRECISION) * activation_grad(s1, ACT)
+    g_w1 += matmul(tl.trans(x), d_z1, PRECISION)
     g_b1 += tl.sum(d_z1, axis=0)
     return g_w1, g_b1, g_w2, g_b2, g_w3, g_b3
 

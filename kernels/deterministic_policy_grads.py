@@ -23,8 +23,9 @@ holds one network's weights at a time (the actor's are read again for its backwa
 
 Backends: "reference" is `jax.value_and_grad` of the same loss in plain JAX; "triton" and
 "interpret" run the kernel. `dot_precision="tf32"` (the default: what XLA does for float32 matmuls
-on the GPU) or "ieee" (the reference then uses Precision.HIGHEST). The op is not itself
-differentiable (it is the gradient).
+on the GPU), "ieee" (the reference then uses Precision.HIGHEST) or "bf16" (operands rounded to
+bfloat16, products summed in float32: `_mlp_tiles.matmul`); the reference computes its matmuls the
+same way (`_mlp_tiles.reference_dot`). The op is not itself differentiable (it is the gradient).
 """
 
 from __future__ import annotations
@@ -39,12 +40,15 @@ import numpy as np
 from kernels import q_grads, twin_q_grads
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
+    PRECISIONS,  # noqa: F401  (re-exported: the op's dot precisions)
     activate,
     activation_grad,
     backprop,
+    check_precision,
     load_matrix,
     load_mlp,
     load_vector,
+    matmul,
     output,
     padded,
     reference_mlp,
@@ -65,7 +69,6 @@ __all__ = [
 ]
 
 ACTIVATIONS = ("tanh", "relu", "silu")
-PRECISIONS = ("tf32", "ieee")
 NUM_WARPS = 8
 # rows per program at most (`kernels.q_grads._block_rows`' rule otherwise): at rejax's Pendulum
 # sizes (64 x 64, 64 seeds x 256 rows) 32 measured fastest on an H200 (benchmarks/RESULTS.md, "The
@@ -136,7 +139,7 @@ def _policy_grads_kernel(
         actor, off_w1, off_b1, off_w2, off_b2, off_w3, off_b3, D, H1, H2, A, DP, H1P, H2P, AP
     )
     s1, s2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
-    mu = activate(tl.dot(output(s2, ACT), w3, input_precision=PRECISION) + b3[None, :], 0)  # tanh
+    mu = activate(matmul(output(s2, ACT), w3, PRECISION) + b3[None, :], 0)  # tanh
     # the critic Q1 on [s, mu(s)]: its first layer's weight split into the rows read by s and by a
     v1_obs = load_matrix(critic + off_v1, D, H1, DP, H1P)
     v1_act = load_matrix(critic + off_v1 + D * H1, A, H1, AP, H1P)
@@ -145,21 +148,17 @@ def _policy_grads_kernel(
     c2 = load_vector(critic + off_c2, H2, H2P)
     v3 = load_matrix(critic + off_v3, H2, 1, H2P, OP)
     c3 = load_vector(critic + off_c3, 1, OP)
-    z1 = (
-        tl.dot(x, v1_obs, input_precision=PRECISION)
-        + tl.dot(mu, v1_act, input_precision=PRECISION)
-        + c1[None, :]
-    )
+    z1 = matmul(x, v1_obs, PRECISION) + matmul(mu, v1_act, PRECISION) + c1[None, :]
     q_s1 = saved(z1, ACT)
-    q_s2 = saved(tl.dot(output(q_s1, ACT), v2, input_precision=PRECISION) + c2[None, :], ACT)
-    q = tl.sum(tl.dot(output(q_s2, ACT), v3, input_precision=PRECISION) + c3[None, :], axis=1)
+    q_s2 = saved(matmul(output(q_s1, ACT), v2, PRECISION) + c2[None, :], ACT)
+    q = tl.sum(matmul(output(q_s2, ACT), v3, PRECISION) + c3[None, :], axis=1)
     # back through the critic to its action input: dL/dQ1 = -1/M on the block's real rows
     out_cols = tl.arange(0, OP)
     d_q = tl.where(ok, -inv_m, 0.0)
     d_out = tl.where(out_cols[None, :] == 0, d_q[:, None], 0.0)
-    d_z2 = tl.dot(d_out, tl.trans(v3), input_precision=PRECISION) * activation_grad(q_s2, ACT)
-    d_z1 = tl.dot(d_z2, tl.trans(v2), input_precision=PRECISION) * activation_grad(q_s1, ACT)
-    d_mu = tl.dot(d_z1, tl.trans(v1_act), input_precision=PRECISION)
+    d_z2 = matmul(d_out, tl.trans(v3), PRECISION) * activation_grad(q_s2, ACT)
+    d_z1 = matmul(d_z2, tl.trans(v2), PRECISION) * activation_grad(q_s1, ACT)
+    d_mu = matmul(d_z1, tl.trans(v1_act), PRECISION)
     d_pre = d_mu * (1.0 - mu * mu)
     # the actor's backward (its weights read again: the critic's were on chip in between)
     w1, b1, w2, b2, w3, b3 = load_mlp(
@@ -204,13 +203,12 @@ def deterministic_policy_loss(
     dot_precision: str = "tf32",
 ):
     """L = -mean Q1(s, mu(s)) of the module docstring, in plain JAX, on the flat vectors."""
-    precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
     mu = jnp.tanh(
-        reference_mlp(q_grads.unflatten(actor_params, actor_layout), obs, activation, precision)
+        reference_mlp(q_grads.unflatten(actor_params, actor_layout), obs, activation, dot_precision)
     )
     critic_1 = twin_q_grads.unflatten(critic_params, critic_layout)[0]
     x = jnp.concatenate([obs, mu], axis=-1)
-    return -jnp.mean(reference_mlp(critic_1, x, activation, precision)[..., 0])
+    return -jnp.mean(reference_mlp(critic_1, x, activation, dot_precision)[..., 0])
 
 
 def deterministic_policy_grads_reference(
@@ -338,8 +336,7 @@ def deterministic_policy_grads_flat(
     critic_layout = twin_q_grads.check_layout(critic_layout)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if dot_precision not in PRECISIONS:
-        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    check_precision(dot_precision)
     obs = jnp.asarray(obs)
     actor_params, critic_params = jnp.asarray(actor_params), jnp.asarray(critic_params)
     check_float_array("obs", obs)

@@ -665,20 +665,29 @@ _MISSING = object()
 def _interpret_device_calls() -> Iterator[None]:
     """Routes calls of ``@triton.jit`` helpers (``tl.min``, combine functions, our own helpers)
     made from an interpreted kernel to their interpreter twins, for the duration of one launch, and
-    leaves ``triton.language`` as it found it."""
+    leaves ``triton.language`` as it found it; for that launch the interpreter also rounds float32
+    to bfloat16 and multiplies bfloat16 tiles as the GPU does (`_BFLOAT16_METHODS`)."""
     from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
 
     with _interpreter_lock, _restoring_triton_language():
         original = JITFunction.__call__
         original_patch = interpreter._patch_lang_tensor
+        builder = interpreter.InterpreterBuilder
+        original_builder = {  # a method a Triton version lacks is left alone
+            name: getattr(builder, name) for name in _BFLOAT16_METHODS if hasattr(builder, name)
+        }
         JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted(self)(*args, **kwargs)
         interpreter._patch_lang_tensor = _with_scalar_index(original_patch)
+        for name, method in original_builder.items():
+            setattr(builder, name, _BFLOAT16_METHODS[name](method))
         try:
             yield
         finally:
             JITFunction.__call__ = original
             interpreter._patch_lang_tensor = original_patch
+            for name, method in original_builder.items():
+                setattr(builder, name, method)
 
 
 def _with_scalar_index(patch_lang_tensor):
@@ -693,6 +702,67 @@ def _with_scalar_index(patch_lang_tensor):
         tensor.__index__ = lambda self: int(np.asarray(self.handle.data).reshape(-1)[0])
 
     return patch
+
+
+def _bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16, to nearest even (NaN stays NaN), as the uint16 bit
+    patterns the interpreter keeps bfloat16 tensors in."""
+    import ml_dtypes  # a dependency of jax
+
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def _bfloat16_values(bits: np.ndarray) -> np.ndarray:
+    """The float32 values of bfloat16 bit patterns (exact)."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def _rounding_to_bfloat16(convert):
+    """A builder conversion (``create_fp_trunc`` / ``create_fp_to_fp``) whose float32 -> bfloat16
+    case rounds to nearest even, as the GPU's ``cvt.rn.bf16.f32`` does. Triton 3.6-3.9's
+    interpreter truncates there (``create_fp_trunc``) or rounds without carrying into the exponent
+    (``create_fp_to_fp``), so a bf16 kernel would round differently under the interpreter."""
+
+    def patched(self, src, dst_type, *rest):
+        from triton.runtime.interpreter import TensorHandle
+
+        if src.dtype.scalar == _tl_dtype("float32") and dst_type.scalar == _tl_dtype("bfloat16"):
+            return TensorHandle(_bfloat16_bits(src.data), dst_type.scalar)
+        return convert(self, src, dst_type, *rest)
+
+    return patched
+
+
+def _bfloat16_dot(create_dot):
+    """The builder's ``create_dot`` with bfloat16 operands read as their float32 values (exact) and
+    multiplied in float32: Triton 3.9's interpreter multiplies their uint16 bit patterns as
+    integers. The products of two bfloat16 values are exact in float32, so this is the tensor
+    cores' bf16 x bf16 -> f32 dot up to the order of the sum."""
+
+    def patched(self, a, b, *rest):
+        from triton.runtime.interpreter import TensorHandle
+
+        bf16, f32 = _tl_dtype("bfloat16"), _tl_dtype("float32")
+        as_f32 = lambda t: (
+            TensorHandle(_bfloat16_values(t.data), f32) if t.dtype.scalar == bf16 else t
+        )
+        return create_dot(self, as_f32(a), as_f32(b), *rest)
+
+    return patched
+
+
+def _tl_dtype(name: str):
+    import triton.language as tl
+
+    return getattr(tl, name)
+
+
+# the interpreter builder's methods replaced for one launch (see `_interpret_device_calls`)
+_BFLOAT16_METHODS = {
+    "create_fp_trunc": _rounding_to_bfloat16,
+    "create_fp_to_fp": _rounding_to_bfloat16,
+    "create_dot": _bfloat16_dot,
+}
 
 
 def _interpret_call(kernel, args, out_shapes, grid, zeroed_outputs, constexprs, aliases=None):

@@ -42,8 +42,10 @@ gradient").
 
 Backends: "reference" is `jax.value_and_grad` of the same loss in plain JAX; "triton" and
 "interpret" run the kernels. `dot_precision="tf32"` (default: what XLA does by default for float32
-matmuls on the GPU) or "ieee" (full float32 products; the reference then uses Precision.HIGHEST).
-The op is not itself differentiable (it is the gradient).
+matmuls on the GPU), "ieee" (full float32 products; the reference then uses Precision.HIGHEST) or
+"bf16" (operands rounded to bfloat16, products summed in float32: `_mlp_tiles.matmul`); the
+reference computes its matmuls the same way (`_mlp_tiles.reference_dot`). The op is not itself
+differentiable (it is the gradient).
 """
 
 from __future__ import annotations
@@ -58,8 +60,11 @@ import numpy as np
 
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
+    PRECISIONS,  # noqa: F401  (re-exported: the op's dot precisions)
     backprop,
+    check_precision,
     load_mlp,
+    matmul,
     output,
     padded,
     reference_mlp,
@@ -93,7 +98,6 @@ __all__ = [
 # f(0) = 0 for each: padded hidden units then stay 0 and their gradients are exactly 0, which the
 # kernels' unmasked sums of squared gradients rely on
 ACTIVATIONS = ("tanh", "relu")
-PRECISIONS = ("tf32", "ieee")
 # largest padded sizes one program holds on chip: observation features, hidden widths, actions
 LIMITS = {"obs_dim": 64, "hidden": 128, "actions": 64}
 # shared memory one program may use on the GPUs measured (H100 and H200: 227 KB); with tf32 products
@@ -193,7 +197,7 @@ def _actor_grads_kernel(
             other=0.0,
         )
         h1, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
-        logits = tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
+        logits = matmul(output(h2, ACT), w3, PRECISION) + b3[None, :]
         logits = tl.where(a_ok[None, :], logits, -float("inf"))
         top = tl.max(logits, axis=1)
         e = tl.exp(logits - top[:, None])
@@ -334,7 +338,7 @@ def _critic_grads_kernel(
         )
         h1, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
         value = tl.sum(
-            tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :], axis=1
+            matmul(output(h2, ACT), w3, PRECISION) + b3[None, :], axis=1
         )  # padded columns are 0
         target = tl.load(target_ptr + row, mask=ok, other=0.0)
         error = value - target
@@ -768,11 +772,10 @@ def ppo_actor_critic_grads_reference(
 ):
     """Plain JAX: `jax.value_and_grad` of the loss in the module docstring
     (same signature and outputs)."""
-    precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
 
     def loss(actor, critic):
-        logits = reference_mlp(actor, obs, activation, precision)
-        value = reference_mlp(critic, obs, activation, precision)[..., 0]
+        logits = reference_mlp(actor, obs, activation, dot_precision)
+        value = reference_mlp(critic, obs, activation, dot_precision)[..., 0]
         log_p = jax.nn.log_softmax(logits)
         log_prob = jnp.take_along_axis(log_p, actions[..., None].astype(jnp.int32), axis=-1)[..., 0]
         entropy = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
@@ -887,8 +890,7 @@ def _float_shape(name: str, x) -> tuple[int, ...]:
 def _check_options(activation: str, dot_precision: str) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if dot_precision not in PRECISIONS:
-        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    check_precision(dot_precision)
 
 
 def _check_fits(name: str, dot_precision: str, layout: FlatLayout, op: str) -> None:

@@ -17,8 +17,8 @@ each at DQN's sizes on the GPU, on every env step; here one launch, one program 
 of `BLOCK_M` rows holding the weights on chip.
 
 Backends: "reference" is the plain-JAX forward and select; "triton" and "interpret" run the kernel.
-`dot_precision` as in `kernels.q_grads` ("tf32" default, or "ieee"). Not differentiable (its output
-is an integer action).
+`dot_precision` as in `kernels.q_grads` ("tf32" default, "ieee" or "bf16"). Not differentiable (its
+output is an integer action).
 """
 
 from __future__ import annotations
@@ -29,12 +29,21 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels._mlp_tiles import ACTIVATION_CODES, load_mlp, output, padded, reference_mlp, torso
+from kernels._mlp_tiles import (
+    ACTIVATION_CODES,
+    check_precision,
+    load_mlp,
+    matmul,
+    output,
+    padded,
+    reference_mlp,
+    torso,
+)
 from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend
 from kernels.q_grads import (
     ACTIVATIONS,
-    PRECISIONS,
+    PRECISIONS,  # noqa: F401  (re-exported: the op's dot precisions)
     QLayout,
     check_layout,
     unfit_reason,
@@ -106,7 +115,7 @@ def _q_act_kernel(
         AP,
     )
     _, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
-    q = tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
+    q = matmul(output(h2, ACT), w3, PRECISION) + b3[None, :]
     greedy = tl.argmax(tl.where(a_cols[None, :] < A, q, -float("inf")), axis=1)
     u = tl.load(uniforms_ptr + row * 2, mask=ok, other=1.0)
     v = tl.load(uniforms_ptr + row * 2 + 1, mask=ok, other=0.0)
@@ -119,8 +128,7 @@ def q_epsilon_greedy_reference(
     obs, params, uniforms, epsilon, layout: QLayout, *, activation="relu", dot_precision="tf32"
 ):
     """The module docstring's actions [N] int32, in plain JAX."""
-    precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
-    q = reference_mlp(unflatten(params, layout), obs, activation, precision)
+    q = reference_mlp(unflatten(params, layout), obs, activation, dot_precision)
     random_action = jnp.minimum(
         jnp.floor(uniforms[..., 1] * layout.actions).astype(jnp.int32), layout.actions - 1
     )
@@ -193,8 +201,7 @@ def q_epsilon_greedy(
     layout = check_layout(layout)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if dot_precision not in PRECISIONS:
-        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    check_precision(dot_precision)
     obs, params = jnp.asarray(obs), jnp.asarray(params)
     uniforms, epsilon = jnp.asarray(uniforms), jnp.asarray(epsilon, jnp.float32)
     check_float_array("obs", obs)

@@ -30,8 +30,10 @@ network's weights at a time (target, then online), so the shared memory of one M
 
 Backends: "reference" is `jax.value_and_grad` of the same loss in plain JAX; "triton" and
 "interpret" run the kernel. `dot_precision="tf32"` (the default: what XLA does for float32 matmuls
-on the GPU) or "ieee" (full float32 products; the reference then uses Precision.HIGHEST). The op is
-not itself differentiable (it is the gradient).
+on the GPU), "ieee" (full float32 products; the reference then uses Precision.HIGHEST) or "bf16"
+(operands rounded to bfloat16, products summed in float32: `_mlp_tiles.matmul`); the reference
+computes its matmuls the same way (`_mlp_tiles.reference_dot`). The op is not itself differentiable
+(it is the gradient).
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ import numpy as np
 
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
+    PRECISIONS,  # noqa: F401  (re-exported: the op's dot precisions)
     backprop,
     check_flat_layout,
+    check_precision,
     load_mlp,
+    matmul,
     output,
     padded,
     reference_mlp,
@@ -69,7 +74,6 @@ __all__ = [
 ]
 
 ACTIVATIONS = ("tanh", "relu", "silu")
-PRECISIONS = ("tf32", "ieee")
 LOSSES = ("huber", "mse")
 # largest padded sizes one program holds on chip: observation features, hidden widths, actions
 LIMITS = {"obs_dim": 64, "hidden": 128, "actions": 64}
@@ -157,7 +161,7 @@ def _q_grads_kernel(
         AP,
     )
     _, t_h2 = torso(next_x, w1, b1, w2, b2, ACT, PRECISION)
-    q_next_target = tl.dot(output(t_h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
+    q_next_target = matmul(output(t_h2, ACT), w3, PRECISION) + b3[None, :]
     w1, b1, w2, b2, w3, b3 = load_mlp(
         params_ptr + b.to(tl.int64) * P,
         off_w1,
@@ -177,7 +181,7 @@ def _q_grads_kernel(
     )
     if DOUBLE_Q:
         _, o_h2 = torso(next_x, w1, b1, w2, b2, ACT, PRECISION)
-        selector = tl.dot(output(o_h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
+        selector = matmul(output(o_h2, ACT), w3, PRECISION) + b3[None, :]
     else:
         selector = q_next_target
     best = tl.argmax(tl.where(a_ok[None, :], selector, -float("inf")), axis=1)
@@ -188,7 +192,7 @@ def _q_grads_kernel(
     # the online network on s, its TD error and the backward
     x = tl.load(obs_ptr + row[:, None] * D + d_cols[None, :], mask=x_mask, other=0.0)
     h1, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
-    q = tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :]
+    q = matmul(output(h2, ACT), w3, PRECISION) + b3[None, :]
     action = tl.load(action_ptr + row, mask=ok, other=0)
     taken = a_cols[None, :] == action[:, None]
     q_taken = tl.sum(tl.where(taken, q, 0.0), axis=1)
@@ -305,8 +309,7 @@ def q_learning_loss(
     dot_precision: str = "tf32",
 ):
     """(L, mean Q(s, a)) of the module docstring, in plain JAX, on flat params [size]."""
-    precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
-    q_fn = lambda p, x: reference_mlp(unflatten(p, layout), x, activation, precision)
+    q_fn = lambda p, x: reference_mlp(unflatten(p, layout), x, activation, dot_precision)
     q_next_target = q_fn(target_params, next_obs)
     selector = q_fn(params, next_obs) if double_q else q_next_target
     best = jnp.argmax(selector, axis=-1)
@@ -492,8 +495,7 @@ def q_learning_grads_flat(
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if dot_precision not in PRECISIONS:
-        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    check_precision(dot_precision)
     obs, next_obs = jnp.asarray(obs), jnp.asarray(next_obs)
     params, target_params = jnp.asarray(params), jnp.asarray(target_params)
     _check(obs, actions, rewards, discounts, next_obs, params, target_params, layout)

@@ -27,8 +27,8 @@ matmuls and a product a noisy stream, the dueling combination, the softmax, the 
 argmax); Rainbow acts on every env step. Here one program per seed and block of `BLOCK_M` rows.
 
 Backends: "reference" is the plain-JAX formula; "triton" and "interpret" run the kernel.
-`dot_precision` "tf32" (default) or "ieee" as in `kernels.q_grads`. Not differentiable (its output
-is an integer action).
+`dot_precision` "tf32" (default), "ieee" or "bf16" as in `kernels.q_grads`. Not differentiable (its
+output is an integer action).
 """
 
 from __future__ import annotations
@@ -42,16 +42,20 @@ import jax.numpy as jnp
 
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
+    PRECISIONS,  # noqa: F401  (re-exported: the op's dot precisions)
     REFERENCE_ACTIVATIONS,
+    check_precision,
     load_matrix,
     load_vector,
+    matmul,
     output,
     padded,
+    reference_dot,
     torso,
 )
 from kernels._triton import tl, triton
 from kernels.launch import cdiv, check_float_array, fold_vmap, launch, resolve_backend
-from kernels.q_grads import ACTIVATIONS, PRECISIONS
+from kernels.q_grads import ACTIVATIONS
 
 __all__ = [
     "NoisyLinear",
@@ -198,7 +202,7 @@ def _rainbow_act_kernel(
         H2P,
         ZP,
     )
-    value = tl.dot(h, w, input_precision=PRECISION) + bias[None, :]
+    value = matmul(h, w, PRECISION) + bias[None, :]
     # the advantages' mean, from the mean of their weights
     a_e_in = load_vector(a_e_in_ptr + b * H2, H2, H2P)
     az = A * Z
@@ -216,7 +220,7 @@ def _rainbow_act_kernel(
         )  # fmt: skip
         mean_w += w
         mean_b += bias
-    base = value - (tl.dot(h, mean_w, input_precision=PRECISION) + mean_b[None, :]) / A
+    base = value - (matmul(h, mean_w, PRECISION) + mean_b[None, :]) / A
     # each action's expected return, the running argmax
     support = tl.load(support_ptr + b * Z + z_cols, mask=z_cols < Z, other=0.0)
     best_q = tl.full((BLOCK,), -float("inf"), tl.float32)
@@ -226,7 +230,7 @@ def _rainbow_act_kernel(
             a_w_mu_ptr, a_w_sigma_ptr, a_b_mu_ptr, a_b_sigma_ptr, a_e_in, a_e_out_ptr, a * Z,
             H2, Z, az, H2P, ZP,
         )  # fmt: skip
-        logits = base + tl.dot(h, w, input_precision=PRECISION) + bias[None, :]
+        logits = base + matmul(h, w, PRECISION) + bias[None, :]
         logits = tl.where(z_cols[None, :] < Z, logits, -float("inf"))
         shifted = logits - tl.max(logits, axis=1)[:, None]
         weights = tl.exp(shifted)
@@ -245,9 +249,9 @@ def _rainbow_act_kernel(
 # ---------------------------------------------------------------- reference and launch
 
 
-def _noisy(h, layer: NoisyLinear, precision):
+def _noisy(h, layer: NoisyLinear, dot_precision: str):
     w = layer.w_mu + layer.w_sigma * (layer.e_in[:, None] * layer.e_out[None, :])
-    return jnp.dot(h, w, precision=precision) + layer.b_mu + layer.b_sigma * layer.e_out
+    return reference_dot(h, w, dot_precision) + layer.b_mu + layer.b_sigma * layer.e_out
 
 
 def rainbow_q_values(
@@ -261,13 +265,13 @@ def rainbow_q_values(
     dot_precision="tf32",
 ):
     """Q(s, a) [N, A] of the module docstring, in plain JAX."""
-    precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
     f = REFERENCE_ACTIVATIONS[activation]
     w1, b1, w2, b2 = torso
-    h = f(jnp.dot(f(jnp.dot(obs, w1, precision=precision) + b1), w2, precision=precision) + b2)
+    dot = functools.partial(reference_dot, dot_precision=dot_precision)
+    h = f(dot(f(dot(obs, w1) + b1), w2) + b2)
     z = support.shape[-1]
-    v = _noisy(h, value, precision)[:, None, :]
-    adv = _noisy(h, advantage, precision).reshape(h.shape[0], -1, z)
+    v = _noisy(h, value, dot_precision)[:, None, :]
+    adv = _noisy(h, advantage, dot_precision).reshape(h.shape[0], -1, z)
     logits = v + adv - adv.mean(axis=1, keepdims=True)
     return jnp.sum(jax.nn.softmax(logits, axis=-1) * support, axis=-1)
 
@@ -426,8 +430,7 @@ def rainbow_epsilon_greedy(
     seed's rows then go into one launch."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if dot_precision not in PRECISIONS:
-        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    check_precision(dot_precision)
     obs = jnp.asarray(obs)
     torso = tuple(jnp.asarray(x) for x in torso)
     value = NoisyLinear(*(jnp.asarray(x) for x in value))

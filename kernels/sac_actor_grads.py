@@ -31,8 +31,10 @@ XLA kernels); here one launch does it. A seed's minibatch is spread over several
 holds one network's weights at a time (reading the actor's and the critics' twice).
 
 Backends: "reference" is `jax.value_and_grad` of the same loss in plain JAX; "triton" and
-"interpret" run the kernel. `dot_precision="tf32"` (the default) or "ieee". The op is not itself
-differentiable (it is the gradient).
+"interpret" run the kernel. `dot_precision="tf32"` (the default), "ieee" or "bf16" (operands rounded
+to bfloat16, products summed in float32: `_mlp_tiles.matmul`); the reference computes its matmuls
+the same way (`_mlp_tiles.reference_dot`). The selection of the two heads' columns stays an exact
+"ieee" dot. The op is not itself differentiable (it is the gradient).
 """
 
 from __future__ import annotations
@@ -48,14 +50,18 @@ import numpy as np
 from kernels import q_grads, twin_q_grads
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
+    PRECISIONS,  # noqa: F401  (re-exported: the op's dot precisions)
     activate,
     activation_grad,
     backprop,
     check_flat_layout,
+    check_precision,
     load_matrix,
     load_vector,
+    matmul,
     output,
     padded,
+    reference_dot,
     saved,
     store_matrix,
     store_vector,
@@ -76,7 +82,6 @@ __all__ = [
 ]
 
 ACTIVATIONS = ("tanh", "relu", "silu")
-PRECISIONS = ("tf32", "ieee")
 NUM_WARPS = 8
 # rows per program at most (`kernels.q_grads._block_rows`' rule otherwise): at rejax's Pendulum
 # sizes (64 x 64, 64 seeds x 256 rows) 32 measured fastest on an H200 (benchmarks/RESULTS.md, "The
@@ -123,14 +128,10 @@ def _critic_forward(
     c2 = load_vector(critic + o_c2, H2, H2P)
     v3 = load_matrix(critic + o_v3, H2, 1, H2P, OP)
     c3 = load_vector(critic + o_c3, 1, OP)
-    z1 = (
-        tl.dot(x, v1_obs, input_precision=PRECISION)
-        + tl.dot(a, v1_act, input_precision=PRECISION)
-        + c1[None, :]
-    )
+    z1 = matmul(x, v1_obs, PRECISION) + matmul(a, v1_act, PRECISION) + c1[None, :]
     s1 = saved(z1, ACT)
-    s2 = saved(tl.dot(output(s1, ACT), v2, input_precision=PRECISION) + c2[None, :], ACT)
-    q = tl.sum(tl.dot(output(s2, ACT), v3, input_precision=PRECISION) + c3[None, :], axis=1)
+    s2 = saved(matmul(output(s1, ACT), v2, PRECISION) + c2[None, :], ACT)
+    q = tl.sum(matmul(output(s2, ACT), v3, PRECISION) + c3[None, :], axis=1)
     return q, s1, s2, v1_act, v2, v3
 
 
@@ -147,9 +148,9 @@ def _critic_action_grad(
     )  # fmt: skip
     out_cols = tl.arange(0, OP)
     d_out = tl.where(out_cols[None, :] == 0, d_q[:, None], 0.0)
-    d_z2 = tl.dot(d_out, tl.trans(v3), input_precision=PRECISION) * activation_grad(s2, ACT)
-    d_z1 = tl.dot(d_z2, tl.trans(v2), input_precision=PRECISION) * activation_grad(s1, ACT)
-    return tl.dot(d_z1, tl.trans(v1_act), input_precision=PRECISION)
+    d_z2 = matmul(d_out, tl.trans(v3), PRECISION) * activation_grad(s2, ACT)
+    d_z1 = matmul(d_z2, tl.trans(v2), PRECISION) * activation_grad(s1, ACT)
+    return matmul(d_z1, tl.trans(v1_act), PRECISION)
 
 
 @triton.jit
@@ -230,7 +231,7 @@ def _sac_actor_kernel(
     b2 = load_vector(actor + off_b2, H2, H2P)
     s1, s2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
     w_heads, b_heads = _load_heads(actor, off_wm, off_bm, off_wr, off_br, H2, A, H2P, OP)
-    heads = tl.dot(output(s2, ACT), w_heads, input_precision=PRECISION) + b_heads[None, :]
+    heads = matmul(output(s2, ACT), w_heads, PRECISION) + b_heads[None, :]
     # move the heads' columns into per-action tiles: [BLOCK, OP] -> [BLOCK, AP] by a 0/1 matmul
     h_rows = tl.arange(0, OP)
     pick_mean = ((h_rows[:, None] == a_cols[None, :]) & a_ok).to(tl.float32)
@@ -389,8 +390,7 @@ def sac_actor_loss(
     dot_precision: str = "tf32",
 ):
     """(L, H) of the module docstring, in plain JAX, on the flat vectors."""
-    precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
-    dot = functools.partial(jnp.dot, precision=precision)
+    dot = functools.partial(reference_dot, dot_precision=dot_precision)
     f = _activation(activation)
     w1, b1, w2, b2, wm, bm, wr, br = unflatten(actor_params, actor_layout)
     h = f(dot(f(dot(obs, w1) + b1), w2) + b2)
@@ -522,8 +522,7 @@ def sac_actor_grads_flat(
     critic_layout = twin_q_grads.check_layout(critic_layout)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if dot_precision not in PRECISIONS:
-        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    check_precision(dot_precision)
     lo, hi = (float(v) for v in log_std_bounds)
     if not lo < hi:
         raise ValueError(

@@ -25,8 +25,10 @@ partial gradients are summed afterwards.
 
 Backends: "reference" is `jax.value_and_grad` of the same loss in plain JAX; "triton" and
 "interpret" run the kernel. `dot_precision="tf32"` (the default: what XLA does for float32 matmuls
-on the GPU) or "ieee" (full float32 products; the reference then uses Precision.HIGHEST). The op is
-not itself differentiable (it is the gradient).
+on the GPU), "ieee" (full float32 products; the reference then uses Precision.HIGHEST) or "bf16"
+(operands rounded to bfloat16, products summed in float32: `_mlp_tiles.matmul`); the reference
+computes its matmuls the same way (`_mlp_tiles.reference_dot`). The op is not itself differentiable
+(it is the gradient).
 """
 
 from __future__ import annotations
@@ -42,11 +44,15 @@ import numpy as np
 from kernels import q_grads
 from kernels._mlp_tiles import (
     ACTIVATION_CODES,
+    PRECISIONS,  # noqa: F401  (re-exported: the op's dot precisions)
     backprop,
     check_flat_layout,
+    check_precision,
     load_mlp,
+    matmul,
     output,
     padded,
+    reference_dot,
     store_grads,
     summed_partials,
     torso,
@@ -64,7 +70,6 @@ __all__ = [
 ]
 
 ACTIVATIONS = ("tanh", "relu", "silu")
-PRECISIONS = ("tf32", "ieee")
 # largest padded sizes one program holds on chip: observation + action features, hidden widths
 LIMITS = {"input_dim": 64, "hidden": 128}
 NUM_WARPS = 8
@@ -108,7 +113,7 @@ def _critic_value(
         ptr, o_w1, o_b1, o_w2, o_b2, o_w3, o_b3, IN, H1, H2, 1, DP, H1P, H2P, OP
     )
     _, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
-    return tl.sum(tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :], axis=1)
+    return tl.sum(matmul(output(h2, ACT), w3, PRECISION) + b3[None, :], axis=1)
 
 
 @triton.jit
@@ -124,7 +129,7 @@ def _critic_grads(
         params, o_w1, o_b1, o_w2, o_b2, o_w3, o_b3, IN, H1, H2, 1, DP, H1P, H2P, OP
     )
     h1, h2 = torso(x, w1, b1, w2, b2, ACT, PRECISION)
-    q = tl.sum(tl.dot(output(h2, ACT), w3, input_precision=PRECISION) + b3[None, :], axis=1)
+    q = tl.sum(matmul(output(h2, ACT), w3, PRECISION) + b3[None, :], axis=1)
     err = tl.where(ok, q - y, 0.0)
     out_cols = tl.arange(0, OP)
     d_out = tl.where(out_cols[None, :] == 0, (inv_m * err)[:, None], 0.0)
@@ -281,10 +286,10 @@ def unflatten(params, layout: TwinQLayout):
 # ---------------------------------------------------------------- reference
 
 
-def _critic(layers, obs, action, activation: str, precision):
+def _critic(layers, obs, action, activation: str, dot_precision: str):
     f = {"tanh": jnp.tanh, "relu": jax.nn.relu, "silu": jax.nn.silu}[activation]
     w1, b1, w2, b2, w3, b3 = layers
-    dot = functools.partial(jnp.dot, precision=precision)
+    dot = functools.partial(reference_dot, dot_precision=dot_precision)
     x = jnp.concatenate([obs, action], axis=-1)
     return (dot(f(dot(f(dot(x, w1) + b1), w2) + b2), w3) + b3)[..., 0]
 
@@ -305,9 +310,8 @@ def twin_q_loss(
     dot_precision: str = "tf32",
 ):
     """(L, mean Q1(s, a)) of the module docstring, in plain JAX, on flat params [size]."""
-    precision = jax.lax.Precision.HIGHEST if dot_precision == "ieee" else None
     critics = lambda p, s, a: [
-        _critic(c, s, a, activation, precision) for c in unflatten(p, layout)
+        _critic(c, s, a, activation, dot_precision) for c in unflatten(p, layout)
     ]
     next_value = jnp.minimum(*critics(target_params, next_obs, next_actions)) + next_bonus
     target = jax.lax.stop_gradient(rewards + discounts * next_value)
@@ -478,8 +482,7 @@ def twin_q_grads_flat(
     layout = check_layout(layout)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if dot_precision not in PRECISIONS:
-        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    check_precision(dot_precision)
     arrays = [
         jnp.asarray(x)
         for x in (obs, actions, rewards, discounts, next_obs, next_actions, next_bonus)

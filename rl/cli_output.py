@@ -216,6 +216,11 @@ def summary_lines(summary: dict) -> list[str]:
             f"{summary['startup_seconds']:.2f} s, {times}"
         )
     lines = [f"{times}, {speed}"]
+    if summary.get("kernels_precision", "float32") != "float32":  # float32 is the default
+        lines.append(
+            f"kernels.precision {summary['kernels_precision']}: the fused MLP kernels' matmuls at "
+            f"{summary.get('kernels_dot_precision')}"
+        )
     metric = summary["metric"]
     label = METRIC_LABELS.get(metric, "")
     lines.append(f"final {metric}{label} ({summary['metric_description']}):")

@@ -6,7 +6,7 @@ A config file has six sections; only `env` and `agent` are required:
                                                      # (or a list of indices) masks the observation
     agent:   {name: qlearning, lr: 0.1, ...}         # fields of rl.agents.<name>.Config
     run:     {seed: 0, seeds: 30, output_dir: runs}  # RunConfig
-    kernels: {backend: auto, deterministic: false}   # KernelsConfig
+    kernels: {backend: auto, deterministic: false, precision: float32}   # KernelsConfig
     arch:    {name: sebulba, actor_threads: 2}       # ArchConfig (default: anakin)
     promise: {seeds: 16, at_least: 475, share: 0.8}  # rl.promise: validated, not used to train
 
@@ -178,6 +178,17 @@ class KernelsConfig:
         False,
         doc="fixed-order kernels (C51 projection without atomic adds, scan look-back "
         "in one order): bitwise-reproducible runs on the GPU, a little slower",
+    )
+    precision: str = hp(
+        "float32",
+        choices=("float32", "tf32", "bf16"),
+        doc="matmul precision of the fused MLP kernels (DQN, SAC, TD3, PPO gradients; DQN and "
+        "Rainbow acting): float32 = float32 operands, products at run.matmul_precision (TF32 on "
+        "Ampere/Hopper GPUs at its default, full float32 at highest); tf32 = TF32 products "
+        "whatever run.matmul_precision; bf16 = bfloat16 weights and activations in the kernels' "
+        "matmuls, float32 accumulation, params and optimiser state float32. XLA's own matmuls "
+        "(autodiff paths, the reference backend) keep run.matmul_precision. Never chosen "
+        "automatically",
     )
 
 

@@ -107,6 +107,18 @@ def check_policy_env(config, env, env_params) -> None:
         )
 
 
+def kernel_precision(config) -> str:
+    """The fused MLP kernels' matmul precision (their `dot_precision=`) for
+    `config.kernels.precision`: "bf16" and "tf32" as named; "float32" gives float32 operands whose
+    products follow `run.matmul_precision`, as XLA's float32 matmuls in the same program do: "ieee"
+    (full float32) at "highest", else "tf32" (the tensor cores' TF32, full float32 on the CPU).
+    Fixed when the agent is built and passed down as a value, like `kernel_backend`."""
+    precision = config.kernels.precision
+    if precision in ("bf16", "tf32"):
+        return precision
+    return "ieee" if config.run.matmul_precision == "highest" else "tf32"
+
+
 def kernel_backend(config) -> str:
     """The kernel backend the agent passes to every kernels op, fixed when the agent is built:
     `config.kernels.backend` resolved by `kernels.resolve_backend` (a named backend that cannot run

@@ -38,6 +38,7 @@ class FusedTwinQ(NamedTuple):
     layout: TwinQLayout
     activation: str
     backend: str
+    precision: str = "tf32"  # the kernels' dot_precision (`rl.environment.kernel_precision`)
 
 
 def unfit_reason(network_config, obs_space, action_space) -> str | None:
@@ -80,10 +81,14 @@ def _zero_params(network: Network, example_obs, example_action):
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def make(network: Network, network_config, example_obs, example_action, backend: str):
+def make(
+    network: Network, network_config, example_obs, example_action, backend: str,
+    precision: str = "tf32",
+):  # fmt: skip
     """The fused view of the twin critics `network` (two MLPs of two hidden layers and one output,
     as `unfit_reason` checks): its flat layout, taken from the shapes of its params (the six dense
-    layers in creation order: critic 1's torso and head, then critic 2's)."""
+    layers in creation order: critic 1's torso and head, then critic 2's); the kernels run on
+    `backend` with matmuls at `precision` (their `dot_precision`)."""
     tree = _zero_params(network, example_obs, example_action)
     _, unravel = ravel_pytree(tree)
     dense = param_layout.dense_layers(tree)
@@ -97,7 +102,7 @@ def make(network: Network, network_config, example_obs, example_action, backend:
         sum(x.size for x in jax.tree.leaves(tree)),
     )
     kernels.twin_q_grads.check_layout(layout)
-    return FusedTwinQ(network, unravel, layout, network_config.activation, backend)
+    return FusedTwinQ(network, unravel, layout, network_config.activation, backend, precision)
 
 
 def init(fused: FusedTwinQ, key, obs, action):
@@ -119,7 +124,7 @@ def critic_grads(fused: FusedTwinQ, flat_params, target_params, batch, discounts
     return kernels.twin_q_grads_flat(
         batch["obs"], batch["action"], batch["reward"], discounts, batch["next_obs"],
         next_action, next_bonus, flat_params, target_params, fused.layout,
-        activation=fused.activation, backend=fused.backend,
+        activation=fused.activation, dot_precision=fused.precision, backend=fused.backend,
     )  # fmt: skip
 
 
@@ -133,7 +138,8 @@ def for_agent(config, env, env_params, critic: Network):
         return None
     example_obs = jnp.zeros(obs_space.shape, jnp.float32)
     example_action = jnp.zeros(action_space.shape, jnp.float32)
-    return make(critic, agent.network, example_obs, example_action, backend)
+    precision = environment.kernel_precision(config)
+    return make(critic, agent.network, example_obs, example_action, backend, precision)
 
 
 class FusedActor(NamedTuple):
@@ -199,7 +205,7 @@ def deterministic_policy_grads(fused: FusedTwinQ, actor: FusedActor, actor_param
     vector."""
     grads, sq_norm, stats = kernels.deterministic_policy_grads_flat(
         obs, ravel_pytree(actor_params)[0], critic_params, actor.layout, fused.layout,
-        activation=fused.activation, backend=fused.backend,
+        activation=fused.activation, dot_precision=fused.precision, backend=fused.backend,
     )  # fmt: skip
     return actor.unravel(grads), sq_norm, stats
 
@@ -211,6 +217,7 @@ def sac_actor_grads(fused: FusedTwinQ, actor: FusedActor, actor_params, critic_p
     `kernels.sac_actor_grads_flat` on the raveled actor params and the critics' flat vector."""
     grads, sq_norm, stats = kernels.sac_actor_grads_flat(
         obs, eps, alpha, ravel_pytree(actor_params)[0], critic_params, actor.layout, fused.layout,
-        log_std_bounds=log_std_bounds, activation=fused.activation, backend=fused.backend,
+        log_std_bounds=log_std_bounds, activation=fused.activation,
+        dot_precision=fused.precision, backend=fused.backend,
     )  # fmt: skip
     return actor.unravel(grads), sq_norm, stats

@@ -35,6 +35,7 @@ class FusedQ(NamedTuple):
     layout: QLayout
     activation: str
     backend: str
+    precision: str = "tf32"  # the kernels' dot_precision (`rl.environment.kernel_precision`)
 
 
 def unfit_reason(network_config, obs_space, action_space) -> str | None:
@@ -83,9 +84,12 @@ def as_tree(network: Network, example_obs, params):
     return params
 
 
-def make(network: Network, network_config, example_obs, backend: str) -> FusedQ:
+def make(
+    network: Network, network_config, example_obs, backend: str, precision: str = "tf32"
+) -> FusedQ:
     """The fused view of `network` (a two-hidden-layer MLP with a linear head of one Q-value per
-    action, as `unfit_reason` checks): its flat layout, taken from the shapes of its params."""
+    action, as `unfit_reason` checks): its flat layout, taken from the shapes of its params; the
+    kernels run on `backend` with matmuls at `precision` (their `dot_precision`)."""
     tree = _zero_params(network, example_obs)
     _, unravel = ravel_pytree(tree)
     (w1, _), (w2, _), (w3, _) = param_layout.dense_layers(tree)
@@ -97,7 +101,7 @@ def make(network: Network, network_config, example_obs, backend: str) -> FusedQ:
         w3.shape[1],
         sum(x.size for x in jax.tree.leaves(tree)),
     )
-    return FusedQ(network, unravel, layout, network_config.activation, backend)
+    return FusedQ(network, unravel, layout, network_config.activation, backend, precision)
 
 
 def init(fused: FusedQ, key, obs):
@@ -116,7 +120,7 @@ def epsilon_greedy(fused: FusedQ, flat_params, obs, key, epsilon):
     uniforms = jax.random.uniform(key, obs.shape[:-1] + (2,))
     return kernels.q_epsilon_greedy(
         obs, flat_params, uniforms, epsilon, fused.layout,
-        activation=fused.activation, backend=fused.backend,
+        activation=fused.activation, dot_precision=fused.precision, backend=fused.backend,
     )  # fmt: skip
 
 
@@ -126,6 +130,6 @@ def q_learning_grads(fused: FusedQ, flat_params, target_params, batch, discounts
     `kernels.q_learning_grads_flat`; `options`: loss, double_q."""
     return kernels.q_learning_grads_flat(
         batch["obs"], batch["action"], batch["reward"], discounts, batch["next_obs"],
-        flat_params, target_params, fused.layout,
-        activation=fused.activation, backend=fused.backend, **options,
+        flat_params, target_params, fused.layout, activation=fused.activation,
+        dot_precision=fused.precision, backend=fused.backend, **options,
     )  # fmt: skip

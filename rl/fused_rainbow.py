@@ -50,12 +50,6 @@ def unfit_reason(agent, obs_space, action_space, precision: str = "tf32") -> str
     )
 
 
-def dot_precision(matmul_precision: str) -> str:
-    """The kernel's matmul precision for a run's `run.matmul_precision`: full float32 products
-    ("ieee") where the run asks for "highest", else TF32 (what XLA does by default on the GPU)."""
-    return "ieee" if matmul_precision == "highest" else "tf32"
-
-
 def runs_fused(agent, obs_space, action_space, backend: str, precision: str = "tf32") -> bool:
     """Whether Rainbow acts through the kernel: `agent.fused_acting` on, a kernel backend that runs
     the Triton source (triton, interpret) and a network that fits at matmul `precision`

@@ -194,10 +194,13 @@ def fused_layout(params) -> kernels.ppo_grads.FlatLayout:
     )
 
 
-def fused_flat_grads(hparams, flat_params, unravel, minibatch, *, agent, backend: str):
+def fused_flat_grads(
+    hparams, flat_params, unravel, minibatch, *, agent, backend: str, dot_precision: str = "tf32"
+):
     """(gradient, ||gradient||^2, stats) of PPO's minibatch loss with respect to the flat parameter
     vector `flat_params` (`unravel` gives its tree: the categorical actor-critic of two separate
-    two-layer torsos, laid out as `fused_layout` says) from the fused kernel on `backend`: the
+    two-layer torsos, laid out as `fused_layout` says) from the fused kernel on `backend`, its
+    matmuls at `dot_precision` (`rl.environment.kernel_precision`): the
     numbers of jax.grad (up to float rounding), computed on the vector itself. `minibatch` is
     (`rl.agents.ppo.LearnBatch`, advantages, targets); the advantages are normalised first with
     `agent.normalize_advantages`."""
@@ -221,6 +224,7 @@ def fused_flat_grads(hparams, flat_params, unravel, minibatch, *, agent, backend
         hparams["vf_coef"],
         activation=agent.network.activation,
         clip_value_loss=agent.clip_value_loss,
+        dot_precision=dot_precision,
         backend=backend,
     )
 

@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from rl.config import Config
+from rl.environment import kernel_precision
 
 # What the end-of-run summary reports, best first.
 SUMMARY_METRICS = {
@@ -91,7 +92,10 @@ def summarise(
     `programs_from_cache`) and of training.
 
     `steps_trained`: env steps per seed trained in this process (default: the whole run); when it
-    is 0 (a resumed run that was already complete) the speed is None."""
+    is 0 (a resumed run that was already complete) the speed is None. `kernels_precision` is the
+    run's `kernels.precision` and `kernels_dot_precision` the matmul precision it gives the fused
+    MLP kernels ("ieee", "tf32" or "bf16": `rl.environment.kernel_precision`), where the agent
+    runs them."""
     metric = summary_metric(metrics)
     finals = final_values(metrics, metric)
     steps = config.agent.total_steps if steps_trained is None else steps_trained
@@ -119,5 +123,7 @@ def summarise(
         "env_steps_per_second": total_steps / train_seconds
         if train_seconds > 0 and steps > 0
         else None,
+        "kernels_precision": config.kernels.precision,
+        "kernels_dot_precision": kernel_precision(config),
         "settings": settings,
     }

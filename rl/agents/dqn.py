@@ -105,7 +105,8 @@ def make_fused(config, env, env_params, q_network: Network):
     if not fused_q.runs_fused(agent.network, obs_space, action_space, backend, agent.fused_network):
         return None
     example = jnp.zeros(obs_space.shape, jnp.float32)
-    return fused_q.make(q_network, agent.network, example, backend)
+    precision = environment.kernel_precision(config)
+    return fused_q.make(q_network, agent.network, example, backend, precision)
 
 
 def apply_of(q_network: Network, fused):

@@ -135,6 +135,7 @@ class Setup(NamedTuple):
     distribution: type  # networks.Categorical, Gaussian or TanhGaussian, from the head's output
     backend: str  # kernel backend (`environment.kernel_backend`), or "auto"
     deterministic: bool = False  # kernels.deterministic: fixed-order GAE scan
+    dot_precision: str = "tf32"  # the fused kernel's matmuls (`environment.kernel_precision`)
 
 
 def make_setup(config) -> Setup:
@@ -143,7 +144,10 @@ def make_setup(config) -> Setup:
     backend = environment.kernel_backend(config)
     reset, step = environment.batched(env)
     agent, deterministic = config.agent, config.kernels.deterministic
-    return Setup(agent, env, env_params, reset, step, net, distribution, backend, deterministic)
+    precision = environment.kernel_precision(config)
+    return Setup(
+        agent, env, env_params, reset, step, net, distribution, backend, deterministic, precision
+    )
 
 
 def policy(s: Setup, params, obs) -> networks.Distribution:
@@ -394,7 +398,12 @@ def greedy_action(s: Setup, params, obs):
 def learning_pieces(config, s: Setup):
     """(grads_fn, batch_fn) of `learn`: the minibatch gradient and the batch it reads."""
     if ppo_variants.fused_update_fits(config, s.env, s.env_params, s.backend):
-        grads_fn = partial(ppo_variants.fused_flat_grads, agent=s.agent, backend=s.backend)
+        grads_fn = partial(
+            ppo_variants.fused_flat_grads,
+            agent=s.agent,
+            backend=s.backend,
+            dot_precision=s.dot_precision,
+        )
     else:
         loss = segment_minibatch_loss if s.agent.minibatch_advantages else minibatch_loss
         grads_fn = partial(autodiff_grads, partial(loss, s))

@@ -137,7 +137,7 @@ class Setup(NamedTuple):
     backend: str
     deterministic: bool = False  # kernels.deterministic: the fixed-order projection
     fused_acting: bool = False  # acting through kernels.rainbow_epsilon_greedy (rl.fused_rainbow)
-    dot_precision: str = "tf32"  # the kernel's matmuls (fused_rainbow.dot_precision)
+    dot_precision: str = "tf32"  # the kernel's matmuls (environment.kernel_precision)
 
 
 def make_network(config, env, env_params) -> layers.Network:
@@ -166,7 +166,7 @@ def make_support(agent):
 def make_setup(config) -> Setup:
     env, env_params = environment.make_env(config)
     agent, backend = config.agent, environment.kernel_backend(config)
-    precision = fused_rainbow.dot_precision(config.run.matmul_precision)
+    precision = environment.kernel_precision(config)
     obs_space, action_space = env.observation_space(env_params), env.action_space(env_params)
     return Setup(
         env,
