@@ -394,6 +394,7 @@ def test_train_and_eval_leave_the_kernels_process_wide_backend_alone(tmp_path, c
     assert yaml.safe_load((out / "interp" / "config.yaml").read_text())["kernels"] == {
         "backend": "interpret",
         "deterministic": False,
+        "precision": "float32",
     }
     assert kernels.get_backend() == before
     assert run_cli(["eval", out / "interp", "--episodes", "2"]) == 0
