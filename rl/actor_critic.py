@@ -19,21 +19,58 @@ import jax.numpy as jnp
 import optax
 
 from envs.spaces import Box
-from rl import buffers, environment, episodes, layers, networks
-from rl.agent_configs import NetworkConfig, ReplayActorCriticConfig
+from rl import batch_renorm, buffers, environment, episodes, layers, networks
+from rl.agent_configs import ActorCriticNetworkConfig, ReplayActorCriticConfig
 from rl.rollout import greedy_episodes
 from rl.state import Envs
 from rl.unrolling import unroll_of
 
 
-def actor_and_twin_critic(config: NetworkConfig, obs_space, policy_head, num_actions=None):
+def actor_and_twin_critic(
+    config: ActorCriticNetworkConfig, obs_space, policy_head, num_actions=None
+):
     """(actor, critic) networks on `config`'s backend: actor(params, obs) = `policy_head` on a torso
-    of the observations; critic the twin Q-networks (`networks.twin_q`), each torso reading
-    concat(obs, action) (`num_actions` None) or the observations with one Q per action."""
+    of the observations (`config.actor`); critic the twin Q-networks (`networks.twin_q`,
+    `config.critic`), each torso reading concat(obs, action) (`num_actions` None) or the
+    observations with one Q per action. With `config.batch_renorm` the critic is a
+    `rl.batch_renorm.StatefulNetwork` (its running statistics beside its params)."""
     build = lambda fn: layers.build(fn, config.backend, config.init)
-    actor = networks.with_head(networks.make_torso(config, obs_space), policy_head)
-    critic = networks.twin_q(networks.make_torso(config), num_actions=num_actions)
-    return build(actor), build(critic)
+    actor = networks.with_head(networks.make_torso(config.actor, obs_space), policy_head)
+    return build(actor), twin_critic(config, num_actions)
+
+
+def twin_critic(config: ActorCriticNetworkConfig, num_actions=None):
+    """The twin critics of `actor_and_twin_critic`: a `Network`, or with `config.batch_renorm` a
+    `StatefulNetwork`."""
+    fn = networks.twin_q(networks.make_torso(config.critic), num_actions=num_actions)
+    if config.batch_renorm:
+        return batch_renorm.build(fn, config.backend, config.init)
+    return layers.build(fn, config.backend, config.init)
+
+
+def joint_twin_critic(config: ActorCriticNetworkConfig) -> batch_renorm.StatefulNetwork:
+    """The twin critics reading concat(obs, action) as a `StatefulNetwork` whatever
+    `config.batch_renorm` (without it, no statistics: {}), for `joint_q_values`."""
+    fn = networks.twin_q(networks.make_torso(config.critic))
+    return batch_renorm.build(fn, config.backend, config.init)
+
+
+def joint_q_values(critic, params, stats, batch, next_action):
+    """CrossQ's joint pass: the twin critics (a `StatefulNetwork`) in training mode on the
+    concatenated batch [(s, a); (s', a')], so their batch statistics are those of the mixture of
+    both. Returns ((q1, q2) at (s, a), (q1', q2') at (s', a') held fixed, the updated statistics).
+    """
+    obs = jnp.concatenate([batch["obs"], batch["next_obs"]])
+    action = jnp.concatenate([batch["action"], next_action.astype(batch["action"].dtype)])
+    (q1, q2), stats = critic.apply(params, stats, obs, action, training=True)
+    size = batch["obs"].shape[0]
+    next_q = jax.lax.stop_gradient((q1[size:], q2[size:]))
+    return (q1[:size], q2[:size]), next_q, stats
+
+
+def eval_q_values(critic, params, stats, obs, action):
+    """(q1, q2) of a `StatefulNetwork`'s twin critics by their running statistics."""
+    return critic.apply(params, stats, obs, action)[0]
 
 
 def reset_envs(env, env_params, key, num_envs: int) -> Envs:

@@ -10,7 +10,7 @@ work.
 from __future__ import annotations
 
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rl.cnn import CNN_LAYERS, cnn_output_shape
@@ -84,6 +84,81 @@ def network_config(**defaults) -> Any:
     return field(
         default_factory=lambda: NetworkConfig(**defaults),
         metadata=dict(doc="torso and backend (NetworkConfig)"),
+    )
+
+
+ACTOR_CRITIC_TORSOS = ("mlp", "simbav2")
+
+
+@dataclass(frozen=True)
+class ActorCriticNetworkConfig(NetworkConfig):
+    """`agent.network` of the replay actor-critics (SAC, TD3): `NetworkConfig`'s keys, the
+    critics' own widths, SimbaV2's torso (`rl.simbav2`) and CrossQ's batch renormalisation
+    (`rl.batch_renorm`)."""
+
+    torso: str = hp(
+        "mlp",
+        choices=ACTOR_CRITIC_TORSOS,
+        doc="observation encoder: mlp, or simbav2 (hyperspherical residual blocks, rl.simbav2: "
+        "hidden lists one width per block, all equal)",
+    )
+    critic_hidden: tuple[int, ...] = hp(
+        (), doc="hidden widths of the critics' torsos (empty: the same as hidden)"
+    )
+    batch_renorm: bool = hp(
+        False,
+        doc="batch renormalisation on the critics' input and after each hidden layer (CrossQ, "
+        "rl.batch_renorm; needs agent.target_networks: false)",
+    )
+    renorm_momentum: float = hp(
+        0.99, low=0.0, high=1.0, high_open=True, doc="momentum of the running statistics"
+    )
+    renorm_warmup: int = hp(
+        100_000, low=0, doc="training passes of plain batch normalisation before renormalising"
+    )
+
+    @property
+    def actor(self) -> ActorCriticNetworkConfig:
+        """The settings of the actor's torso: `hidden`, no batch renormalisation."""
+        return replace(self, batch_renorm=False)
+
+    @property
+    def critic(self) -> ActorCriticNetworkConfig:
+        """The settings of the critics' torsos: `critic_hidden` (if given) as the widths."""
+        return replace(self, hidden=tuple(self.critic_hidden or self.hidden))
+
+    def validate(self):
+        super().validate()
+        if any(width < 1 for width in self.critic_hidden):
+            raise ConfigError(
+                f"agent.network.critic_hidden must list positive widths, got "
+                f"{list(self.critic_hidden)}"
+            )
+        if self.batch_renorm and self.torso != "mlp":
+            raise ConfigError(
+                f"agent.network.batch_renorm renormalises an mlp torso's layers, not "
+                f"{self.torso!r}: set agent.network.torso: mlp or agent.network.batch_renorm: false"
+            )
+        if self.torso == "simbav2":
+            for key in ("hidden", "critic_hidden"):
+                widths = getattr(self, key)
+                if len(set(widths)) > 1:
+                    raise ConfigError(
+                        f"agent.network.{key}: simbav2 stacks residual blocks of one width, one "
+                        f"entry per block; got {list(widths)}"
+                    )
+            if self.layer_norm:
+                raise ConfigError(
+                    "agent.network.layer_norm: simbav2 normalises onto the hypersphere already; "
+                    "set it to false"
+                )
+
+
+def actor_critic_network_config(**defaults) -> Any:
+    """A dataclass field holding an `ActorCriticNetworkConfig` with an agent's own defaults."""
+    return field(
+        default_factory=lambda: ActorCriticNetworkConfig(**defaults),
+        metadata=dict(doc="torsos and backend (ActorCriticNetworkConfig)"),
     )
 
 
@@ -190,6 +265,14 @@ class ReplayActorCriticConfig:
         8, low=0, doc="deterministic evaluation episodes per log point (0: none)"
     )
     unroll: typing.Union[int, str] = hp("auto", low=1, doc=UNROLL_DOC)
+    target_networks: bool = hp(
+        True,
+        doc="bootstrap from Polyak-averaged target critics (and target actor: TD3); false: from "
+        "the online critics in one joint pass over (s, a) and (s', a') (CrossQ)",
+    )
+    adam_b1: float = hp(
+        0.9, low=0.0, high=1.0, high_open=True, doc="Adam's first-moment decay (CrossQ: 0.5)"
+    )
 
     @property
     def gradient_steps(self) -> int:
@@ -202,6 +285,12 @@ class ReplayActorCriticConfig:
         return self.total_steps // self.log_interval
 
     def validate(self):
+        network = getattr(self, "network", None)
+        if getattr(network, "batch_renorm", False) and self.target_networks:
+            raise ConfigError(
+                "agent.network.batch_renorm needs agent.target_networks: false (CrossQ: the "
+                "critics' batch statistics come from one joint pass over (s, a) and (s', a'))"
+            )
         if (
             abs(self.utd_ratio * self.num_envs - self.gradient_steps) > 1e-9
             or self.gradient_steps < 1

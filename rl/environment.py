@@ -58,18 +58,18 @@ def batched(env):
 
 
 def check_bounded_actions(config, env, env_params, discrete_ok: bool = False) -> None:
-    """ConfigError unless observations are a flat Box (read by an mlp torso) and actions a bounded
-    Box (or Discrete, if `discrete_ok`)."""
+    """ConfigError unless observations are a flat Box (read by an mlp or simbav2 torso) and actions
+    a bounded Box (or Discrete, if `discrete_ok`)."""
     action_space, obs_space = env.action_space(env_params), env.observation_space(env_params)
     name = config.agent.name
     if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
         raise ConfigError(
             f"env.id: {name} needs vector (Box) observations; {config.env.id} has {obs_space}"
         )
-    if config.agent.network.torso != "mlp":
+    if config.agent.network.torso not in ("mlp", "simbav2"):
         raise ConfigError(
-            f"agent.network.torso: {name} supports only the mlp torso (its critics read "
-            f"concat(obs, action)); got {config.agent.network.torso!r}"
+            f"agent.network.torso: {name} supports only the mlp and simbav2 torsos (its critics "
+            f"read concat(obs, action)); got {config.agent.network.torso!r}"
         )
     if isinstance(action_space, Discrete) and discrete_ok:
         return

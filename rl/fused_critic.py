@@ -45,8 +45,11 @@ def unfit_reason(network_config, obs_space, action_space) -> str | None:
     """Why the fused kernel cannot run these critics, or None: it needs a flat Box observation,
     Box actions, an MLP torso of two tanh, relu or silu hidden layers without LayerNorm, and sizes
     within `kernels.twin_q_grads.LIMITS`."""
+    network_config = getattr(network_config, "critic", network_config)  # the critics' widths
     if not isinstance(action_space, Box):
         return "the fused twin critics need Box actions"
+    if getattr(network_config, "batch_renorm", False):
+        return "the fused twin critics hold plain MLPs, not batch renormalisation (CrossQ)"
     if not isinstance(obs_space, Box) or len(obs_space.shape) != 1:
         return f"the fused twin critics need a flat Box observation, got {obs_space}"
     if (
@@ -130,10 +133,14 @@ def critic_grads(fused: FusedTwinQ, flat_params, target_params, batch, discounts
 
 def for_agent(config, env, env_params, critic: Network):
     """The fused view of an agent's twin critics when `agent.fused_network` is on, the kernel
-    backend runs Triton and the critics fit (`runs_fused`); else None."""
+    backend runs Triton, the agent bootstraps from target critics and the critics fit
+    (`runs_fused`); else None (SimbaV2's and CrossQ's critics: the network's apply and autodiff).
+    """
     agent = config.agent
     obs_space, action_space = env.observation_space(env_params), env.action_space(env_params)
     backend = environment.kernel_backend(config)
+    if not agent.target_networks:  # the kernel bootstraps from target critics; CrossQ has none
+        return None
     if not runs_fused(agent.network, obs_space, action_space, backend, agent.fused_network):
         return None
     example_obs = jnp.zeros(obs_space.shape, jnp.float32)

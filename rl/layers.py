@@ -1,12 +1,13 @@
 """The `Layers` interface networks are written against, its two backends, and `build`.
 
 A network is written ONCE as a plain function `fn(layers, *inputs)` against the tiny `Layers`
-interface (`dense`, `conv`, `noisy_dense`, `layer_norm`, `param`): `FlaxLayers` inside a Flax linen
-module, `HaikuLayers` inside a Haiku transform; `build` picks one and returns the `Network`, a pair
-of pure functions (`init`, `apply`). Both create the same parameters with the same initialisers, so
-an agent never sees which one it runs on (`agent.network.backend: flax | haiku` in a config). Also
-here: the building blocks every torso shares (activations, `mlp`, the observation preprocessing of
-the torsos).
+interface (`dense`, `conv`, `noisy_dense`, `layer_norm`, `param`; `state`, `set_state`,
+`unique_name` and `training` for the layers that keep running statistics, `rl.batch_renorm`):
+`FlaxLayers` inside a Flax linen module, `HaikuLayers` inside a Haiku transform; `build` picks one
+and returns the `Network`, a pair of pure functions (`init`, `apply`). Both create the same
+parameters with the same initialisers, so an agent never sees which one it runs on
+(`agent.network.backend: flax | haiku` in a config). Also here: the building blocks every torso
+shares (activations, `mlp`, the observation preprocessing of the torsos).
 
     net = layers.build(networks.with_head(torso, networks.q_head(2)), backend="flax")
     params = net.init(key, obs)                  # obs: one observation or a batch
@@ -111,14 +112,37 @@ class NoiseSource:
         return noisy_layer_noise(self.noise_key, self.index - 1, fan_in, features)
 
 
-class FlaxLayers:
-    """`Layers` on Flax linen: called inside a compact module."""
+def unique_name(counts: dict, prefix: str) -> str:
+    """`prefix` followed by how many names of that prefix `counts` has handed out (then one
+    more): the names of a network's parameters and running statistics, in call order."""
+    counts[prefix] = counts.get(prefix, -1) + 1
+    return f"{prefix}{counts[prefix]}"
 
-    def __init__(self, module, init: str = "orthogonal", noise_key=None):
+
+class FlaxLayers:
+    """`Layers` on Flax linen: called inside a compact module. `training`: whether layers with
+    running statistics normalise by the batch and update them (`rl.batch_renorm`)."""
+
+    def __init__(self, module, init: str = "orthogonal", noise_key=None, training: bool = False):
         self.module = module
         self.init = init
         self.noisy_count = 0
         self.noise = NoiseSource(noise_key)
+        self.training = training
+        self.names, self.variables = {}, {}
+
+    def unique_name(self, prefix: str) -> str:
+        return unique_name(self.names, prefix)
+
+    def state(self, name: str, initial):
+        """The running statistic `name` (a "batch_stats" variable; `initial` before any update)."""
+        self.variables[name] = self.module.variable("batch_stats", name, lambda: initial)
+        return self.variables[name].value
+
+    def set_state(self, name: str, value):
+        """Replace the running statistic `name` (not while the params are being initialised)."""
+        if not self.module.is_initializing():
+            self.variables[name].value = value
 
     def _kernel(self, scale: float):
         import flax.linen as nn
@@ -181,12 +205,29 @@ class FlaxLayers:
 
 
 class HaikuLayers:
-    """`Layers` on Haiku: called inside `hk.transform`."""
+    """`Layers` on Haiku: called inside `hk.transform` (`hk.transform_with_state` where layers
+    keep running statistics)."""
 
-    def __init__(self, init: str = "orthogonal", noise_key=None):
+    def __init__(self, init: str = "orthogonal", noise_key=None, training: bool = False):
         self.init = init
         self.noisy_count = 0
         self.noise = NoiseSource(noise_key)
+        self.training = training
+        self.names = {}
+
+    def unique_name(self, prefix: str) -> str:
+        return unique_name(self.names, prefix)
+
+    def state(self, name: str, initial):
+        import haiku as hk
+
+        return hk.get_state(name, initial.shape, initial.dtype, init=lambda *_: initial)
+
+    def set_state(self, name: str, value):
+        import haiku as hk
+
+        if not hk.running_init():
+            hk.set_state(name, value)
 
     def _kernel(self, scale: float):
         import haiku as hk

@@ -38,8 +38,9 @@ import numpy as np
 
 import kernels
 from envs.spaces import Box
-from rl import losses
+from rl import losses, simbav2
 from rl.agent_configs import TORSOS, NetworkConfig
+from rl.batch_renorm import renorm_mlp
 from rl.cnn import CNN_LAYERS, cnn, cnn_output_shape, image_input
 from rl.layers import (
     Network,
@@ -66,7 +67,22 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
          -> the `hidden` layers, `config.activation` (and `layer_norm`) on every layer; needs
          `obs_space`, a Box of images (ValueError otherwise).
     gru, lstm: a `RecurrentTorso`, called as `torso(layers, carry, obs, reset) -> (carry,
-    features)`. Each call of `torso` creates a new set of layers (two calls: two torsos)."""
+    features)`.
+    simbav2: the observations (as for mlp) -> SimbaV2's hyperspherical embedding and residual
+         blocks (`rl.simbav2.torso`; the replay actor-critics' `ActorCriticNetworkConfig`).
+    mlp with `batch_renorm` (`ActorCriticNetworkConfig`): CrossQ's torso, batch renormalisation on
+         the input and after each hidden activation (`rl.batch_renorm.renorm_mlp`; built with
+         `rl.batch_renorm.build`, which keeps the running statistics).
+    Each call of `torso` creates a new set of layers (two calls: two torsos)."""
+    n = None if obs_space is None else num_discrete_obs(obs_space)
+    features = lambda obs: flatten_obs(preprocess_obs(obs, n), obs_space)
+    if config.torso == "simbav2":
+        return lambda layers, obs: simbav2.torso(layers, features(obs), config.hidden)
+    if getattr(config, "batch_renorm", False):
+        momentum, warmup = config.renorm_momentum, config.renorm_warmup
+        return lambda layers, obs: renorm_mlp(
+            layers, features(obs), config.hidden, config.activation, momentum, warmup
+        )
     if config.torso not in TORSOS:
         raise ValueError(f"unknown torso {config.torso!r}; known: {', '.join(TORSOS)}")
     if config.torso in CNN_LAYERS:
@@ -80,7 +96,6 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
             config.activation,
             layer_norm=config.layer_norm,
         )
-    n = None if obs_space is None else num_discrete_obs(obs_space)
     if config.recurrent:
         return RecurrentTorso(
             config.torso,
@@ -92,7 +107,7 @@ def make_torso(config: NetworkConfig, obs_space=None) -> Callable:
         )
     return lambda layers, obs: mlp(
         layers,
-        flatten_obs(preprocess_obs(obs, n), obs_space),
+        features(obs),
         config.hidden,
         config.activation,
         layer_norm=config.layer_norm,

@@ -38,10 +38,13 @@ def clip_by_global_norm(max_norm) -> optax.GradientTransformationExtraArgs:
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
 
 
-def clipped_adam(learning_rate, max_grad_norm, eps: float = 1e-8):
-    """Adam (step size `learning_rate`: a value or a schedule of the update count) on gradients
-    clipped to global norm `max_grad_norm`: g <- g min(1, max_grad_norm / ||g||)."""
-    return optax.chain(clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=eps))
+def clipped_adam(learning_rate, max_grad_norm, eps: float = 1e-8, b1: float = 0.9):
+    """Adam (step size `learning_rate`: a value or a schedule of the update count; first-moment
+    decay `b1`) on gradients clipped to global norm `max_grad_norm`:
+    g <- g min(1, max_grad_norm / ||g||)."""
+    return optax.chain(
+        clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, b1=b1, eps=eps)
+    )
 
 
 def annealed_clipped_adam(agent: OnPolicyLoopConfig, lr, max_grad_norm, eps: float = 1e-5):

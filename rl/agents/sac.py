@@ -36,6 +36,15 @@ the bonus -alpha log pi(a'|s') drawn here), losses and backward are one `kernels
 launch, and Adam and the Polyak target update the vector in one fused step each; the actor's step
 (its forward, the sample and its log-probability, both critics' forwards and their backward to
 the action, its backward) is one `kernels.sac_actor_grads_flat` launch on the raveled actor params.
+
+CrossQ (Bhatt et al. 2024; `agent.target_networks: false`, with `agent.network.batch_renorm`, as
+`configs/crossq_pendulum.yaml`): no target critics; one pass of the online critics in training mode
+over the concatenated batch [(s, a); (s', a')], a' ~ pi(s'), gives Q(s, a) and, held fixed,
+V(s') = min(Q1, Q2)(s', a') - alpha log pi(a'|s') (`actor_critic.joint_q_values`), so the critics'
+batch statistics are those of both; the running statistics are `State.critic_stats`, and the
+actor's loss reads the critics by them. With `agent.policy_delay` k > 1 the actor and temperature
+step every k-th critic step (CrossQ: 3). SimbaV2 (`agent.network.torso: simbav2`, `rl.simbav2`):
+after each actor and critic step the hyperspherical weights are projected back onto the sphere.
 """
 
 from __future__ import annotations
@@ -60,8 +69,13 @@ from rl import (
     losses,
     networks,
     optimizers,
+    simbav2,
 )
-from rl.agent_configs import NetworkConfig, ReplayActorCriticConfig, network_config
+from rl.agent_configs import (
+    ActorCriticNetworkConfig,
+    ReplayActorCriticConfig,
+    actor_critic_network_config,
+)
 from rl.config_parsing import ConfigError, hp
 from rl.layers import Network
 from rl.log_points import log_point_metrics, scan_log_points
@@ -85,7 +99,10 @@ class Config(ReplayActorCriticConfig):
     target_entropy_scale: float = hp(
         1.0, sweep=True, doc="target entropy = -scale*|A| (continuous) or scale*log|A| (discrete)"
     )
-    network: NetworkConfig = network_config(hidden=(256, 256), activation="relu")
+    policy_delay: int = hp(1, low=1, doc="critic steps per actor and temperature step (CrossQ: 3)")
+    network: ActorCriticNetworkConfig = actor_critic_network_config(
+        hidden=(256, 256), activation="relu"
+    )
     log_std_min: float = hp(-5.0, doc="lower bound of the policy's log-std (continuous)")
     log_std_max: float = hp(2.0, doc="upper bound of the policy's log-std (continuous)")
     fused_network: bool = hp(
@@ -93,8 +110,8 @@ class Config(ReplayActorCriticConfig):
         doc="take the critic and actor steps through the fused kernels, the twin critics as one "
         "flat parameter vector (rl.fused_critic), when the actions are continuous, the kernel "
         "backend is triton/interpret (auto: on a GPU) and the networks fit them (MLPs of two "
-        "tanh, relu or silu hidden layers within kernels.twin_q_grads.LIMITS); else the "
-        "network's apply and autodiff",
+        "tanh, relu or silu hidden layers within kernels.twin_q_grads.LIMITS, with target "
+        "critics: not SimbaV2's or CrossQ's); else the network's apply and autodiff",
     )
 
     def validate(self):
@@ -107,18 +124,27 @@ class Config(ReplayActorCriticConfig):
 
 
 def check_env(config, env, env_params) -> None:
-    """SAC needs Box observations and bounded Box (or Discrete) actions."""
+    """SAC needs Box observations and bounded Box (or Discrete) actions; CrossQ's joint pass
+    (agent.target_networks: false) Box actions."""
     environment.check_bounded_actions(config, env, env_params, discrete_ok=True)
+    if not config.agent.target_networks and not isinstance(env.action_space(env_params), Box):
+        raise ConfigError(
+            f"agent.target_networks: false (CrossQ) needs Box actions; {config.env.id} has "
+            "discrete ones: set agent.target_networks: true"
+        )
 
 
 class State(NamedTuple):
-    """SAC's training state: the actor (`params`, what `make_policy` reads), the twin critics and
-    their target copy, the optimiser states {"actor", "critic", "log_alpha"}, log alpha, the replay
-    buffer, the envs, the PRNG key, env steps and gradient steps so far."""
+    """SAC's training state: the actor (`params`, what `make_policy` reads), the twin critics, their
+    target copy (None without target networks: CrossQ) and their running statistics (batch
+    renormalisation's, `rl.batch_renorm`; {} for critics without), the optimiser states {"actor",
+    "critic", "log_alpha"}, log alpha, the replay buffer, the envs, the PRNG key, env steps and
+    gradient steps so far."""
 
     params: Any
     critic_params: Any
     target_critic_params: Any
+    critic_stats: Any
     opt_state: dict
     log_alpha: jax.Array
     buffer: buffers.UniformBuffer
@@ -192,6 +218,50 @@ def discrete_losses(actor, critic):
     return critic_loss, actor_loss
 
 
+def without_stats(critic_loss, actor_loss):
+    """A pair of losses of critics without running statistics, in the signatures the loop calls:
+    `critic_loss(critic_params, critic_stats, actor_params, target_params, alpha, batch, key,
+    gamma) -> (L_Q, (mean Q1, critic_stats))` and `actor_loss(actor_params, critic_params,
+    critic_stats, alpha, batch, key) -> (L_pi, H)`; the statistics ({}) pass through."""
+
+    def critic(critic_params, critic_stats, *args):
+        loss, q_mean = critic_loss(critic_params, *args)
+        return loss, (q_mean, critic_stats)
+
+    def actor(actor_params, critic_params, critic_stats, *args):
+        return actor_loss(actor_params, critic_params, *args)
+
+    return critic, actor
+
+
+def joint_losses(actor, critic):
+    """CrossQ's pair, in `without_stats`'s signatures (`critic` a `StatefulNetwork`; the target
+    params are unused): y = r + gamma (1 - terminated) (min(Q1, Q2)(s', a') - alpha log pi(a'|s'))
+    from the joint pass (`actor_critic.joint_q_values`), which returns the updated statistics; the
+    actor's loss reads the critics by their running statistics."""
+
+    def critic_loss(critic_params, critic_stats, actor_params, _, alpha, batch, key, gamma):
+        next_action, bonus = next_action_and_bonus(
+            actor, actor_params, alpha, batch["next_obs"], key
+        )
+        (q1, q2), next_q, stats = actor_critic.joint_q_values(
+            critic, critic_params, critic_stats, batch, next_action
+        )
+        target = losses.q_learning_target(
+            batch["reward"],
+            losses.episode_discount(gamma, batch["terminated"]),
+            jnp.minimum(*next_q) + bonus,
+        )
+        return losses.twin_q_loss(q1, q2, target), (jnp.mean(q1), stats)
+
+    def actor_loss(actor_params, critic_params, critic_stats, alpha, batch, key):
+        values = partial(actor_critic.eval_q_values, critic, stats=critic_stats)
+        _, loss = continuous_losses(actor, lambda p, o, a: values(p, obs=o, action=a))
+        return loss(actor_params, critic_params, alpha, batch, key)
+
+    return critic_loss, actor_loss
+
+
 # ---------------------------------------------------------------- continuous or discrete
 
 
@@ -199,33 +269,44 @@ class Variant(NamedTuple):
     """What SAC's loop reads off the env's action space (`make_variant`)."""
 
     actor: Network  # (mean, log_std) of the pre-tanh Gaussian, or logits
-    critic: Network  # the twin critics
+    critic: Any  # the twin critics: a Network, or a StatefulNetwork (CrossQ)
     distribution: type  # TanhGaussian or Categorical
-    init_critic: Callable  # (key, obs) -> twin critic params
+    init_critic: Callable  # (key, obs) -> (twin critic params, their running statistics)
     example_action: Any  # one action, for shapes
-    critic_loss: Callable  # from continuous_losses or discrete_losses
+    critic_loss: Callable  # `without_stats`'s signature: continuous, discrete or joint losses
     actor_loss: Callable  # from the same
     entropy_unit: float  # target entropy / target_entropy_scale: -|A|, or log|A|
+    project: Callable  # params -> params after an optimiser step (SimbaV2's sphere; else as is)
 
 
 def make_variant(agent: Config, env, env_params) -> Variant:
-    """A squashed Gaussian policy and critics reading concat(obs, action) for Box actions; a
-    categorical policy and critics with one Q per action for Discrete ones."""
+    """A squashed Gaussian policy and critics reading concat(obs, action) for Box actions (with
+    CrossQ's joint losses and critics keeping running statistics where there are no target
+    networks); a categorical policy and critics with one Q per action for Discrete ones."""
     space, obs_space = env.action_space(env_params), env.observation_space(env_params)
+    project = simbav2.project if agent.network.torso == "simbav2" else (lambda params: params)
     if isinstance(space, Box):
         action_dim = int(np.prod(space.shape))
         head = networks.squashed_gaussian_head(action_dim, agent.log_std_min, agent.log_std_max)
         actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head)
         example = np.zeros(space.shape, np.float32)
-        init_critic = lambda key, obs: critic.init(key, obs, example)
-        pair = continuous_losses(actor.apply, critic.apply)
-        return Variant(actor, critic, TanhGaussian, init_critic, example, *pair, -action_dim)
+        if not agent.target_networks:
+            critic = actor_critic.joint_twin_critic(agent.network)
+            init_critic = lambda key, obs: critic.init(key, obs, example)
+            pair = joint_losses(actor.apply, critic)
+        else:
+            init_critic = lambda key, obs: (critic.init(key, obs, example), {})
+            pair = without_stats(*continuous_losses(actor.apply, critic.apply))
+        return Variant(
+            actor, critic, TanhGaussian, init_critic, example, *pair, -action_dim, project
+        )
     num_actions = int(space.n)
     head = networks.categorical_policy_head(num_actions)
     actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head, num_actions)
-    pair = discrete_losses(actor.apply, critic.apply)
+    pair = without_stats(*discrete_losses(actor.apply, critic.apply))
     unit = math.log(num_actions)
-    return Variant(actor, critic, Categorical, critic.init, np.int32(0), *pair, unit)
+    init_critic = lambda key, obs: (critic.init(key, obs), {})
+    return Variant(actor, critic, Categorical, init_critic, np.int32(0), *pair, unit, project)
 
 
 def greedy_action(variant: Variant, params, obs):
@@ -234,10 +315,10 @@ def greedy_action(variant: Variant, params, obs):
     return policy.env_action(policy.mode())
 
 
-def make_optimizers(hparams):
-    """(actor, critic, log alpha) optimisers: Adam on clipped gradients for the networks, plain
-    Adam for log alpha."""
-    clipped = optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
+def make_optimizers(hparams, b1: float = 0.9):
+    """(actor, critic, log alpha) optimisers: Adam (first-moment decay `b1`) on clipped gradients
+    for the networks, plain Adam for log alpha."""
+    clipped = optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"], b1=b1)
     return clipped, clipped, optax.adam(hparams["alpha_lr"])
 
 
@@ -264,8 +345,11 @@ def make_learning(config, env, env_params) -> Learning:
         return Learning(variant, None, None)
     # the critics are a flat vector: the actor's loss reads them unraveled
     critic_apply = partial(fused_critic.twin_q_values, fused)
-    _, actor_loss_fn = continuous_losses(variant.actor.apply, critic_apply)
-    init_critic = lambda key, obs: fused_critic.init(fused, key, obs, variant.example_action)
+    _, actor_loss_fn = without_stats(*continuous_losses(variant.actor.apply, critic_apply))
+    init_critic = lambda key, obs: (
+        fused_critic.init(fused, key, obs, variant.example_action),
+        {},
+    )
     variant = variant._replace(init_critic=init_critic, actor_loss=actor_loss_fn)
     example_obs = jnp.zeros(env.observation_space(env_params).shape, jnp.float32)
     return Learning(
@@ -277,14 +361,15 @@ def init_learning(
     agent: Config, learning: Learning, hparams, actor_key, critic_key, obs, envs, key
 ):
     """A `State` before any step: the actor from `actor_key`, the twin critics from `critic_key`
-    and their target copy, log alpha = log init_alpha, the three optimiser states, an empty buffer
-    of `agent.buffer_size` transitions shaped like one observation `obs`; `envs` and `key` as
-    given (None where the envs are stepped elsewhere: rl.sebulba)."""
+    (with their running statistics) and their target copy (None without target networks), log
+    alpha = log init_alpha, the three optimiser states, an empty buffer of `agent.buffer_size`
+    transitions shaped like one observation `obs`; `envs` and `key` as given (None where the envs
+    are stepped elsewhere: rl.sebulba)."""
     variant = learning.variant
     params = variant.actor.init(actor_key, obs)
-    critic_params = variant.init_critic(critic_key, obs)
+    critic_params, critic_stats = variant.init_critic(critic_key, obs)
     log_alpha = jnp.log(hparams["init_alpha"]).astype(jnp.float32)
-    actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
+    actor_opt, critic_opt, alpha_opt = make_optimizers(hparams, agent.adam_b1)
     opt_state = {
         "actor": actor_opt.init(params),
         "critic": critic_opt.init(critic_params),
@@ -292,27 +377,72 @@ def init_learning(
     }
     buffer = actor_critic.empty_buffer(obs, variant.example_action, agent.buffer_size)
     counters = jnp.int32(0), jnp.int32(0)
+    target = critic_params if agent.target_networks else None
     return State(
-        params, critic_params, critic_params, opt_state, log_alpha, buffer, envs, key, *counters
+        params,
+        critic_params,
+        target,
+        critic_stats,
+        opt_state,
+        log_alpha,
+        buffer,
+        envs,
+        key,
+        *counters,
     )
 
 
 def make_gradient_step(agent: Config, learning: Learning) -> Callable:
     """`gradient_step(hparams, state, key) -> (state, stats)`: on one uniformly sampled minibatch,
-    the critics, then the actor (against the new critics), then log alpha (if autotuned), then the
-    Polyak targets."""
+    the critics; then, every `policy_delay`-th step (else their statistics read NaN), the actor
+    (against the new critics) and log alpha (if autotuned); then the Polyak targets (if any)."""
     variant, fused, fused_actor = learning
     actor = variant.actor
 
+    def actor_and_temperature(hparams, state: State, batch, alpha, key):
+        """The actor's step against the critics of `state`, then log alpha's: (state, (L_pi, H))."""
+        actor_opt, _, alpha_opt = make_optimizers(hparams, agent.adam_b1)
+        if fused_actor is None:
+            (actor_loss, entropy), grads = jax.value_and_grad(variant.actor_loss, has_aux=True)(
+                state.params, state.critic_params, state.critic_stats, alpha, batch, key
+            )
+            sq_norm = None
+        else:  # the same draws as TanhGaussian.squashed_sample(key)
+            eps = jax.random.normal(key, batch["action"].shape)
+            grads, sq_norm, stats = fused_critic.sac_actor_grads(
+                fused, fused_actor, state.params, state.critic_params, batch["obs"], eps, alpha,
+                (agent.log_std_min, agent.log_std_max),
+            )  # fmt: skip
+            actor_loss, entropy = stats["loss"], stats["entropy"]
+        params, actor_state = actor_critic.optimizer_step(
+            actor_opt, grads, state.opt_state["actor"], state.params, sq_norm
+        )
+        # the temperature, toward the target entropy
+        log_alpha, alpha_state = state.log_alpha, state.opt_state["log_alpha"]
+        if agent.autotune_alpha:
+            entropy_target = hparams["target_entropy_scale"] * variant.entropy_unit
+            grad = jax.grad(losses.temperature_loss)(log_alpha, entropy, entropy_target)
+            log_alpha, alpha_state = actor_critic.optimizer_step(
+                alpha_opt, grad, alpha_state, log_alpha
+            )
+        opt_state = {**state.opt_state, "actor": actor_state, "log_alpha": alpha_state}
+        state = state._replace(
+            params=variant.project(params), log_alpha=log_alpha, opt_state=opt_state
+        )
+        return state, (actor_loss, entropy)
+
     def gradient_step(hparams, state: State, key):
-        actor_opt, critic_opt, alpha_opt = make_optimizers(hparams)
+        _, critic_opt, _ = make_optimizers(hparams, agent.adam_b1)
         sample_key, critic_key, actor_key = jax.random.split(key, 3)
         batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
         alpha = jnp.exp(state.log_alpha)
         # the critics, toward y = r + gamma (1 - terminated) V(s')
         if fused is None:
-            (critic_loss, q_mean), grads = jax.value_and_grad(variant.critic_loss, has_aux=True)(
+            (critic_loss, (q_mean, critic_stats)), grads = jax.value_and_grad(
+                variant.critic_loss, has_aux=True
+            )(
                 state.critic_params,
+                state.critic_stats,
                 state.params,
                 state.target_critic_params,
                 alpha,
@@ -329,45 +459,33 @@ def make_gradient_step(agent: Config, learning: Learning) -> Callable:
                 fused, state.critic_params, state.target_critic_params, batch,
                 losses.episode_discount(hparams["gamma"], batch["terminated"]), next_action, bonus,
             )  # fmt: skip
-            critic_loss, q_mean = stats["loss"], stats["q_mean"]
+            critic_loss, q_mean, critic_stats = stats["loss"], stats["q_mean"], state.critic_stats
         critic_params, critic_state = actor_critic.optimizer_step(
             critic_opt, grads, state.opt_state["critic"], state.critic_params, sq_norm
         )
-        # the actor, against the new critics
-        if fused_actor is None:
-            (actor_loss, entropy), grads = jax.value_and_grad(variant.actor_loss, has_aux=True)(
-                state.params, critic_params, alpha, batch, actor_key
-            )
-            sq_norm = None
-        else:  # the same draws as TanhGaussian.squashed_sample(actor_key)
-            eps = jax.random.normal(actor_key, batch["action"].shape)
-            grads, sq_norm, stats = fused_critic.sac_actor_grads(
-                fused, fused_actor, state.params, critic_params, batch["obs"], eps, alpha,
-                (agent.log_std_min, agent.log_std_max),
-            )  # fmt: skip
-            actor_loss, entropy = stats["loss"], stats["entropy"]
-        params, actor_state = actor_critic.optimizer_step(
-            actor_opt, grads, state.opt_state["actor"], state.params, sq_norm
-        )
-        # the temperature, toward the target entropy
-        log_alpha, alpha_state = state.log_alpha, state.opt_state["log_alpha"]
-        if agent.autotune_alpha:
-            entropy_target = hparams["target_entropy_scale"] * variant.entropy_unit
-            grad = jax.grad(losses.temperature_loss)(log_alpha, entropy, entropy_target)
-            log_alpha, alpha_state = actor_critic.optimizer_step(
-                alpha_opt, grad, alpha_state, log_alpha
-            )
-        # the Polyak targets
         state = state._replace(
-            params=params,
-            critic_params=critic_params,
-            target_critic_params=optimizers.polyak(
-                state.target_critic_params, critic_params, hparams["tau"]
-            ),
-            log_alpha=log_alpha,
-            opt_state={"actor": actor_state, "critic": critic_state, "log_alpha": alpha_state},
+            critic_params=variant.project(critic_params),
+            critic_stats=critic_stats,
+            opt_state={**state.opt_state, "critic": critic_state},
             updates=state.updates + 1,
         )
+        # the actor and the temperature, against the new critics
+        delayed = partial(actor_and_temperature, hparams)
+        if agent.policy_delay == 1:
+            state, (actor_loss, entropy) = delayed(state, batch, alpha, actor_key)
+        else:
+            skip = lambda state, *_: (state, (jnp.float32(jnp.nan), jnp.float32(jnp.nan)))
+            due = state.updates % agent.policy_delay == 0
+            state, (actor_loss, entropy) = collection.cond(
+                due, delayed, skip, state, batch, alpha, actor_key
+            )
+        # the Polyak targets
+        if agent.target_networks:
+            state = state._replace(
+                target_critic_params=optimizers.polyak(
+                    state.target_critic_params, state.critic_params, hparams["tau"]
+                )
+            )
         stats = {"critic_loss": critic_loss, "actor_loss": actor_loss, "q_mean": q_mean}
         return state, {**stats, "entropy": entropy}
 

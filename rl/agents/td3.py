@@ -26,13 +26,21 @@ step each; the actor's step (its forward, Q1's forward and backward to the actio
 one `kernels.deterministic_policy_grads_flat` launch on the raveled actor params. Off the CPU the
 delayed update runs every gradient step and is kept every `policy_delay`-th (`collection.cond`: no
 host round trip).
+
+CrossQ (`agent.target_networks: false`, with `agent.network.batch_renorm`): no target actor or
+critics; a' = clip(mu(s') + clip(eps, -c, c), -1, 1) from the online actor, and one pass of the
+online critics in training mode over [(s, a); (s', a')] gives Q(s, a) and, held fixed,
+min(Q1, Q2)(s', a') (`actor_critic.joint_q_values`); the running statistics are
+`State.critic_stats`, and the actor's loss reads Q1 by them. SimbaV2 (`agent.network.torso:
+simbav2`, `rl.simbav2`): after each actor and critic step the hyperspherical weights are projected
+back onto the sphere.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +55,13 @@ from rl import (
     losses,
     networks,
     optimizers,
+    simbav2,
 )
-from rl.agent_configs import NetworkConfig, ReplayActorCriticConfig, network_config
+from rl.agent_configs import (
+    ActorCriticNetworkConfig,
+    ReplayActorCriticConfig,
+    actor_critic_network_config,
+)
 from rl.config_parsing import hp
 from rl.log_points import log_point_metrics, scan_log_points
 from rl.state import Envs
@@ -73,13 +86,16 @@ class Config(ReplayActorCriticConfig):
         0.5, low=0.0, sweep=True, doc="the smoothing noise is clipped to [-noise_clip, noise_clip]"
     )
     policy_delay: int = hp(2, low=1, doc="critic steps per actor and target update")
-    network: NetworkConfig = network_config(hidden=(256, 256), activation="relu")
+    network: ActorCriticNetworkConfig = actor_critic_network_config(
+        hidden=(256, 256), activation="relu"
+    )
     fused_network: bool = hp(
         True,
         doc="take the critic and actor steps through the fused kernels, the twin critics as one "
         "flat parameter vector (rl.fused_critic), when the kernel backend is triton/interpret "
         "(auto: on a GPU) and the networks fit them (MLPs of two tanh, relu or silu hidden "
-        "layers within kernels.twin_q_grads.LIMITS); else the network's apply and autodiff",
+        "layers within kernels.twin_q_grads.LIMITS, with target networks: not SimbaV2's or "
+        "CrossQ's); else the network's apply and autodiff",
     )
 
 
@@ -90,13 +106,16 @@ def check_env(config, env, env_params) -> None:
 
 class State(NamedTuple):
     """TD3's training state: the actor mu (`params`, what `make_policy` reads) and the twin
-    critics, each with its target copy; the optimiser states {"actor", "critic"}; the replay
-    buffer; the envs; the PRNG key; env steps and gradient steps so far."""
+    critics, each with its target copy (None without target networks: CrossQ); the critics'
+    running statistics (batch renormalisation's, `rl.batch_renorm`; {} for critics without); the
+    optimiser states {"actor", "critic"}; the replay buffer; the envs; the PRNG key; env steps and
+    gradient steps so far."""
 
     params: Any
     target_params: Any
     critic_params: Any
     target_critic_params: Any
+    critic_stats: Any
     opt_state: dict
     buffer: buffers.UniformBuffer
     envs: Envs
@@ -124,9 +143,9 @@ def make_policy(config):
     )
 
 
-def optimizer(hparams):
-    """Adam on clipped gradients, for the actor and for the critics."""
-    return optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"])
+def optimizer(hparams, b1: float = 0.9):
+    """Adam (first-moment decay `b1`) on clipped gradients, for the actor and for the critics."""
+    return optimizers.clipped_adam(hparams["lr"], hparams["max_grad_norm"], b1=b1)
 
 
 # ---------------------------------------------------------------- losses of one minibatch
@@ -163,54 +182,108 @@ def actor_loss(actor, critic, actor_params, critic_params, batch):
     return losses.deterministic_policy_loss(q1)
 
 
+def joint_critic_loss(
+    actor, critic, critic_params, critic_stats, actor_params, batch, key, hparams
+):
+    """CrossQ's ((L_Q, (mean Q1, critic_stats'))): the smoothed target action of the online actor,
+    y = r + gamma (1 - terminated) min(Q1, Q2)(s', a') from the joint pass
+    (`actor_critic.joint_q_values`; `critic` a `StatefulNetwork`)."""
+    next_action = target_action(actor, actor_params, batch, key, hparams)
+    (q1, q2), next_q, stats = actor_critic.joint_q_values(
+        critic, critic_params, critic_stats, batch, next_action
+    )
+    target = losses.q_learning_target(
+        batch["reward"],
+        losses.episode_discount(hparams["gamma"], batch["terminated"]),
+        jnp.minimum(*next_q),
+    )
+    return losses.twin_q_loss(q1, q2, target), (jnp.mean(q1), stats)
+
+
 # ---------------------------------------------------------------- learning, without the envs
 
 
 class Learning(NamedTuple):
-    """What TD3's learning reads (`make_learning`): the networks, the critics' apply (on their flat
-    vector where fused), the fused critic and actor setups (`rl.fused_critic`; None where the
-    steps go through apply and autodiff) and the action's shape."""
+    """What TD3's learning reads (`make_learning`): the networks; the critics' init `(key, obs,
+    action) -> (params, stats)`, their values `(params, stats, obs, action) -> (q1, q2)` (on their
+    flat vector where fused; by the running statistics for CrossQ) and their loss `(params, stats,
+    target actor params, target critic params, batch, key, hparams) -> (L_Q, (mean Q1, stats))`
+    (target losses or CrossQ's joint one); the fused critic and actor setups (`rl.fused_critic`;
+    None where the steps go through apply and autodiff); the action's shape; and the projection
+    after an optimiser step (SimbaV2's sphere, else the identity)."""
 
     actor: Any
     critic: Any
-    critic_apply: Any
+    init_critic: Callable
+    critic_values: Callable
+    critic_loss: Callable
     fused: Any
     fused_actor: Any
     action_shape: tuple
+    project: Callable
 
 
 def make_learning(config, env, env_params) -> Learning:
     """The networks of `env`, with the twin critics as one flat vector and the fused actor step
-    where `rl.fused_critic.for_agent` says the kernels run them."""
-    actor, critic = make_networks(config.agent, env, env_params)
+    where `rl.fused_critic.for_agent` says the kernels run them, or CrossQ's critics keeping
+    running statistics where there are no target networks."""
+    agent = config.agent
+    actor, critic = make_networks(agent, env, env_params)
+    action_shape = env.action_space(env_params).shape
+    project = simbav2.project if agent.network.torso == "simbav2" else (lambda params: params)
+    if not agent.target_networks:
+        critic = actor_critic.joint_twin_critic(agent.network)
+        values = partial(actor_critic.eval_q_values, critic)
+        loss = lambda params, stats, actor_params, _, *rest: joint_critic_loss(
+            actor.apply, critic, params, stats, actor_params, *rest
+        )
+        return Learning(actor, critic, critic.init, values, loss, None, None, action_shape, project)
     fused = fused_critic.for_agent(config, env, env_params, critic)
-    critic_apply = critic.apply if fused is None else partial(fused_critic.twin_q_values, fused)
+    apply = critic.apply if fused is None else partial(fused_critic.twin_q_values, fused)
+    values = lambda params, stats, obs, action: apply(params, obs, action)
+    init = critic.init if fused is None else partial(fused_critic.init, fused)
+
+    def loss(params, stats, *args):
+        value, q_mean = critic_loss(actor.apply, critic.apply, params, *args)
+        return value, (q_mean, stats)
+
     example_obs = jnp.zeros(env.observation_space(env_params).shape, jnp.float32)
     fused_actor = (
         None if fused is None else fused_critic.deterministic_actor(fused, actor, example_obs)
     )
-    action_shape = env.action_space(env_params).shape
-    return Learning(actor, critic, critic_apply, fused, fused_actor, action_shape)
+    init_critic = lambda key, obs, action: (init(key, obs, action), {})
+    return Learning(
+        actor, critic, init_critic, values, loss, fused, fused_actor, action_shape, project
+    )
 
 
 def init_learning(
     agent: Config, learning: Learning, hparams, actor_key, critic_key, obs, envs, key
 ):
     """A `State` before any step: the actor from `actor_key` and the twin critics from
-    `critic_key`, each with its target copy, two optimiser states, an empty buffer of
-    `agent.buffer_size` transitions shaped like one observation `obs`; `envs` and `key` as given
-    (None where the envs are stepped elsewhere: rl.sebulba)."""
+    `critic_key` (with their running statistics), each with its target copy (None without target
+    networks), two optimiser states, an empty buffer of `agent.buffer_size` transitions shaped like
+    one observation `obs`; `envs` and `key` as given (None where the envs are stepped elsewhere:
+    rl.sebulba)."""
     example_action = jnp.zeros(learning.action_shape, jnp.float32)
     params = learning.actor.init(actor_key, obs)
-    fused = learning.fused
-    init_critic = learning.critic.init if fused is None else partial(fused_critic.init, fused)
-    critic_params = init_critic(critic_key, obs, example_action)
-    tx = optimizer(hparams)
+    critic_params, critic_stats = learning.init_critic(critic_key, obs, example_action)
+    tx = optimizer(hparams, agent.adam_b1)
     opt_state = {"actor": tx.init(params), "critic": tx.init(critic_params)}
     buffer = actor_critic.empty_buffer(obs, example_action, agent.buffer_size)
     counters = jnp.int32(0), jnp.int32(0)
+    targets = (params, critic_params) if agent.target_networks else (None, None)
     return State(
-        params, params, critic_params, critic_params, opt_state, buffer, envs, key, *counters
+        params,
+        targets[0],
+        critic_params,
+        targets[1],
+        critic_stats,
+        opt_state,
+        buffer,
+        envs,
+        key,
+        *counters,
     )
 
 
@@ -224,12 +297,16 @@ def exploration_action(hparams, actor, params, obs, key):
 def make_gradient_step(agent: Config, learning: Learning):
     """`gradient_step(hparams, state, key) -> (state, stats)`: a critic step on a uniform
     minibatch; every `policy_delay`-th step also the delayed update (else its loss reads NaN)."""
-    actor, critic, critic_apply, fused, fused_actor, _ = learning
+    actor, fused, fused_actor, project = (
+        learning.actor, learning.fused, learning.fused_actor, learning.project,
+    )  # fmt: skip
 
     def delayed_update(hparams, state: State, batch):
-        """The actor's step against the new critics, then Polyak steps of both targets."""
+        """The actor's step against the new critics, then Polyak steps of both targets (if any)."""
         if fused_actor is None:
-            loss, grads = jax.value_and_grad(partial(actor_loss, actor.apply, critic_apply))(
+            values = partial(learning.critic_values, stats=state.critic_stats)
+            critic = lambda params, obs, action: values(params, obs=obs, action=action)
+            loss, grads = jax.value_and_grad(partial(actor_loss, actor.apply, critic))(
                 state.params, state.critic_params, batch
             )
             sq_norm = None
@@ -239,27 +316,33 @@ def make_gradient_step(agent: Config, learning: Learning):
             )
             loss = stats["loss"]
         params, actor_opt_state = actor_critic.optimizer_step(
-            optimizer(hparams), grads, state.opt_state["actor"], state.params, sq_norm
-        )
-        tau = hparams["tau"]
+            optimizer(hparams, agent.adam_b1), grads, state.opt_state["actor"], state.params,
+            sq_norm,
+        )  # fmt: skip
         state = state._replace(
-            params=params,
-            target_params=optimizers.polyak(state.target_params, params, tau),
-            target_critic_params=optimizers.polyak(
-                state.target_critic_params, state.critic_params, tau
-            ),
-            opt_state={**state.opt_state, "actor": actor_opt_state},
+            params=project(params), opt_state={**state.opt_state, "actor": actor_opt_state}
         )
+        if agent.target_networks:
+            tau = hparams["tau"]
+            state = state._replace(
+                target_params=optimizers.polyak(state.target_params, state.params, tau),
+                target_critic_params=optimizers.polyak(
+                    state.target_critic_params, state.critic_params, tau
+                ),
+            )
         return state, loss
 
     def gradient_step(hparams, state: State, key):
         sample_key, noise_key = jax.random.split(key)
         batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
         if fused is None:
-            loss_fn = partial(critic_loss, actor.apply, critic.apply)
-            (q_loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            target_actor = state.target_params if agent.target_networks else state.params
+            (q_loss, (q_mean, critic_stats)), grads = jax.value_and_grad(
+                learning.critic_loss, has_aux=True
+            )(
                 state.critic_params,
-                state.target_params,
+                state.critic_stats,
+                target_actor,
                 state.target_critic_params,
                 batch,
                 noise_key,
@@ -273,12 +356,14 @@ def make_gradient_step(agent: Config, learning: Learning):
                 losses.episode_discount(hparams["gamma"], batch["terminated"]),
                 next_action, jnp.zeros_like(batch["reward"]),
             )  # fmt: skip
-            q_loss, q_mean = stats["loss"], stats["q_mean"]
+            q_loss, q_mean, critic_stats = stats["loss"], stats["q_mean"], state.critic_stats
         critic_params, critic_opt_state = actor_critic.optimizer_step(
-            optimizer(hparams), grads, state.opt_state["critic"], state.critic_params, sq_norm
-        )
+            optimizer(hparams, agent.adam_b1), grads, state.opt_state["critic"],
+            state.critic_params, sq_norm,
+        )  # fmt: skip
         state = state._replace(
-            critic_params=critic_params,
+            critic_params=project(critic_params),
+            critic_stats=critic_stats,
             opt_state={**state.opt_state, "critic": critic_opt_state},
             updates=state.updates + 1,
         )
