@@ -128,6 +128,7 @@ def fusedrl_run(preset: list[str], seeds: int, cache: Path, out: Path, extra: li
         "startup": summary["startup_seconds"],
         "compile": summary["compile_seconds"],
         "from_cache": summary["programs_from_cache"],
+        "whole_programs": summary.get("whole_programs"),  # loaded, stored, or why not
         "train": summary["train_seconds"],
         "first_step": summary["startup_seconds"] + summary["compile_seconds"],
         "result": summary["settings"][0]["median"],

@@ -120,15 +120,12 @@ def library_versions() -> dict:
     return versions
 
 
-def serialise(compiled: list) -> bytes | None:
-    """The bytes of the compiled programs `compiled` (jax `Compiled`), or None when JAX cannot
-    serialise one of them (the run then keeps only JAX's own cache entries)."""
+def serialise(compiled: list) -> bytes:
+    """The bytes of the compiled programs `compiled` (jax `Compiled`); raises what JAX raises for
+    a program it cannot serialise."""
     from jax.experimental import serialize_executable
 
-    try:
-        return pickle.dumps([serialize_executable.serialize(program) for program in compiled])
-    except Exception:  # noqa: BLE001 - e.g. an op XLA cannot serialise: keep JAX's entries only
-        return None
+    return pickle.dumps([serialize_executable.serialize(program) for program in compiled])
 
 
 def deserialise(data: bytes) -> list:
@@ -180,14 +177,21 @@ def load(files, key: str) -> list | None:
         return None
 
 
-def store(files, key: str, lowered: list, compiled: list) -> None:
-    """Keep `compiled` (the compiles of `lowered`) under `key` in `files`: nothing when JAX cannot
-    serialise them, or when a program calls a custom-call target that a fresh process would not
-    have bound before it runs the program (`loadable_targets`)."""
-    if all(loadable_targets(custom_call_targets(program)) for program in lowered):
+def store(files, key: str, lowered: list, compiled: list) -> str:
+    """Keep `compiled` (the compiles of `lowered`) under `key` in `files`, and say what happened:
+    "stored", or why not: a program calls a custom-call target that a fresh process would not have
+    bound before it runs the program (`loadable_targets`), or JAX cannot serialise it (the run
+    then keeps only JAX's own entries)."""
+    targets = set().union(*(custom_call_targets(program) for program in lowered))
+    if not loadable_targets(targets):
+        unbound = sorted(t for t in targets if not loadable_targets({t}))
+        return f"not kept: calls {', '.join(unbound)}"
+    try:
         data = serialise(compiled)
-        if data is not None:
-            files.put(key, data)
+    except Exception as err:  # noqa: BLE001 - e.g. an op XLA cannot serialise
+        return f"not kept: {type(err).__name__}: {str(err)[:200]}"
+    files.put(key, data)
+    return "stored"
 
 
 def custom_call_targets(lowered) -> set[str]:

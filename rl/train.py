@@ -196,6 +196,8 @@ class _ChunkedRun:
         )
         self.compiled_init = self.compiled_log_point = self.abstract_state = None
         self.storing = None  # the thread that keeps the compiled programs (rl.program_cache)
+        # what became of the whole compiled programs: loaded, stored, or why not (None: no cache)
+        self.whole_programs = None
         self.cache, self.startup_seconds = None, None
         self.state, self.done, self.history, self.checkpoint_step = None, 0, None, None
         self.compile_seconds = self.train_seconds = 0.0
@@ -257,6 +259,8 @@ class _ChunkedRun:
         start = time.perf_counter()
 
         files = self.cache.files if program_cache.kept_on(self.devices[0]) else None
+        if self.cache.files is not None and files is None:
+            self.whole_programs = f"not kept on {self.devices[0].platform}"
         key = (
             program_cache.program_key(run_record(self.config, self.grid), self.devices, self.shard)
             if files is not None
@@ -266,17 +270,20 @@ class _ChunkedRun:
         def lower_and_compile():
             loaded = program_cache.load(files, key) if files is not None else None
             if loaded is not None:
+                self.whole_programs = "loaded"
                 return loaded
             with compile_without_torch(jax.devices()[0]):
                 init = self.init.trace(self.keys, self.hparams).lower()
                 log_point = self.log_point.trace(init.out_info, self.hparams).lower()
             compiled = compile_together([init, log_point])
             if files is not None:
-                self.storing = threading.Thread(
-                    target=program_cache.store,
-                    args=(files, key, [init, log_point], compiled),
-                    name="rl-store",
-                )
+
+                def store():
+                    self.whole_programs = program_cache.store(
+                        files, key, [init, log_point], compiled
+                    )
+
+                self.storing = threading.Thread(target=store, name="rl-store")
                 self.storing.start()
             return compiled
 
@@ -430,6 +437,7 @@ class _ChunkedRun:
             programs_from_cache=bool(self.cache.hits and not self.cache.misses),
             process_start=self.startup_seconds,
         )
+        summary["whole_programs"] = self.whole_programs
         if self.main:
             write_final(self.run_dir, params, summary)
         return summary

@@ -216,3 +216,25 @@ def test_the_cli_run_in_a_subprocess_loads_its_programs_the_second_time(tmp_path
     errs = [run_subprocess(["train", config, "--name", name]).stderr for name in ("one", "two")]
     assert "rl: compiled in" in errs[0]
     assert "rl: loaded the compiled programs from the cache" in errs[1]
+
+
+def test_the_summary_says_what_became_of_the_whole_programs(tmp_path):
+    cache = tmp_path / "cache"
+    config, first = tiny(tmp_path, "first", cache)
+    outcome = run_training(config, [{}], first)["whole_programs"]
+    config, second = tiny(tmp_path, "second", cache)
+    again = run_training(config, [{}], second)["whole_programs"]
+    platform = jax.devices()[0].platform
+    if compile_cache_keeps_whole_programs(platform):
+        assert outcome == "stored" or outcome.startswith("not kept: "), outcome
+        assert again == ("loaded" if outcome == "stored" else outcome)
+    else:
+        assert outcome == again == f"not kept on {platform}"
+    config, off = tiny(tmp_path, "off", "off")
+    assert run_training(config, [{}], off)["whole_programs"] is None
+
+
+def compile_cache_keeps_whole_programs(platform: str) -> bool:
+    from rl.program_cache import PLATFORMS
+
+    return platform in PLATFORMS

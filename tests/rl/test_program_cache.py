@@ -96,7 +96,8 @@ def kept_program(tmp_path):
     files = CheckedFileCache(tmp_path, stats)
     lowered = jax.jit(lambda x: jnp.cumsum(x * 3.0)).lower(np.ones(5, np.float32))
     compiled = lowered.compile()
-    program_cache.store(files, "program-test", [lowered], [compiled])
+    outcome = program_cache.store(files, "program-test", [lowered], [compiled])
+    assert outcome == "stored" or outcome.startswith("not kept: "), outcome
     return files, "program-test", compiled
 
 
@@ -145,6 +146,9 @@ def test_programs_with_unbound_targets_are_not_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(program_cache, "custom_call_targets", lambda lowered: {"unknown_kernel"})
     files, key, _ = kept_program(tmp_path)
     assert not files.entry(key).exists() and files.stats.misses == 0
+    lowered = jax.jit(jnp.sin).lower(1.0)
+    outcome = program_cache.store(files, key, [lowered], [lowered.compile()])
+    assert outcome == "not kept: calls unknown_kernel"
 
 
 def test_whole_programs_are_kept_on_gpus_only():
