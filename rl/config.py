@@ -251,7 +251,7 @@ def build_config(data: Mapping) -> Config:
     check_recurrence(agent, module)
     check_multi_agent(agent, module, env.id, env_and_params[0])
     run = build_dataclass(RunConfig, data.get("run") or {}, "run")
-    agent = resolve_unroll(agent, name, default_platform())
+    agent = resolve_unroll(agent, name, default_platform(), run.seeds)
     kernels = build_dataclass(KernelsConfig, data.get("kernels") or {}, "kernels")
     arch = data.get("arch") or {}
     arch = build_dataclass(ArchConfig, {"name": arch} if isinstance(arch, str) else arch, "arch")

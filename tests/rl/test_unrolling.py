@@ -13,20 +13,25 @@ from rl.config_parsing import ConfigError
 
 
 def test_auto_is_one_on_the_cpu_and_without_a_rule(monkeypatch):
-    monkeypatch.setattr(unrolling, "BREAK_EVEN", {"dqn": (8, 1_000_000)})
+    monkeypatch.setattr(unrolling, "BREAK_EVEN", {"dqn": (8, {1: 1_000_000})})
     assert unrolling.auto_unroll("dqn", "cpu", 10**9) == 1
     assert unrolling.auto_unroll("ppo", "cuda", 10**9) == 1
 
 
 def test_auto_unrolls_on_a_gpu_from_the_break_even(monkeypatch):
     assert unrolling.BREAK_EVEN["dqn"][0] > 1  # the measured rule
-    monkeypatch.setattr(unrolling, "BREAK_EVEN", {"dqn": (8, 1_000_000)})
+    monkeypatch.setattr(unrolling, "BREAK_EVEN", {"dqn": (8, {1: 1_000_000, 64: 2_000_000})})
     assert unrolling.auto_unroll("dqn", "cuda", 999_999) == 1
     assert unrolling.auto_unroll("dqn", "cuda", 1_000_000) == 8
-    short, long = dqn.Config(total_steps=500_000), dqn.Config(total_steps=2_000_000)
+    assert unrolling.auto_unroll("dqn", "cuda", 1_000_000, seeds=2) == 1  # the 64-seed rule
+    assert unrolling.auto_unroll("dqn", "cuda", 2_000_000, seeds=64) == 8
+    assert unrolling.auto_unroll("dqn", "cuda", 10**9, seeds=65) == 1  # beyond what was measured
+    monkeypatch.undo()
+    short, long = dqn.Config(total_steps=500_000), dqn.Config(total_steps=4_000_000)
     assert unrolling.resolve_unroll(short, "dqn", "cuda").unroll == 1
     assert unrolling.resolve_unroll(long, "dqn", "cuda").unroll == 8
     assert unrolling.resolve_unroll(long, "dqn", "cpu").unroll == 1
+    assert unrolling.resolve_unroll(long, "dqn", "cuda", seeds=16).unroll == 1  # 64-seed rule
     conv = dqn.Config(
         total_steps=5_000_000, network=load_config("dqn_minatar_breakout").agent.network
     )
