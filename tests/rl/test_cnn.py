@@ -161,8 +161,16 @@ def test_cnn_torsos_need_images_large_enough():
             "Acrobot-v1",
             r"^agent.network.torso: torso 'cnn_minatar' needs image observations",
         ),
-        ("sac", "Pendulum-v1", r"^agent.network.torso: sac supports only the mlp torso"),
-        ("td3", "Pendulum-v1", r"^agent.network.torso: td3 supports only the mlp torso"),
+        (
+            "sac",
+            "Pendulum-v1",
+            r"^agent.network.torso: 'cnn_minatar' is not one of \['mlp', 'simbav2'\]",
+        ),
+        (
+            "td3",
+            "Pendulum-v1",
+            r"^agent.network.torso: 'cnn_minatar' is not one of \['mlp', 'simbav2'\]",
+        ),
     ],
 )
 def test_configs_with_a_cnn_torso_on_vector_observations_fail_naming_the_key(agent, env, message):

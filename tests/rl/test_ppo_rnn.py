@@ -344,9 +344,7 @@ def test_bad_config_names_the_key(agent, key, message):
         make_config(env=env, **agent)
 
 
-@pytest.mark.parametrize(
-    "name, env_id", [("ppo", "CartPole-v1"), ("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")]
-)
+@pytest.mark.parametrize("name, env_id", [("ppo", "CartPole-v1"), ("dqn", "CartPole-v1")])
 def test_a_recurrent_torso_given_to_a_feedforward_agent_is_refused(name, env_id):
     with pytest.raises(
         ConfigError,
@@ -355,3 +353,13 @@ def test_a_recurrent_torso_given_to_a_feedforward_agent_is_refused(name, env_id)
         + "' cannot carry a hidden state.*ppo_rnn",
     ):
         build_config({"env": {"id": env_id}, "agent": {"name": name, "network": {"torso": "gru"}}})
+
+
+@pytest.mark.parametrize("name", ["sac", "td3"])
+def test_a_recurrent_torso_given_to_an_actor_critic_agent_lists_its_torsos(name):
+    with pytest.raises(
+        ConfigError, match=r"^agent\.network\.torso: 'gru' is not one of \['mlp', 'simbav2'\]"
+    ):
+        build_config(
+            {"env": {"id": "Pendulum-v1"}, "agent": {"name": name, "network": {"torso": "gru"}}}
+        )
