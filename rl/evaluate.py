@@ -43,7 +43,7 @@ import envs
 from envs.multi_agent import is_multi_agent
 from rl.config import Config
 from rl.config_parsing import ConfigError
-from rl.programs import at_matmul_precision
+from rl.precision import at_matmul_precision
 from rl.registry import get_agent_module
 from rl.run_dir import load_params, load_run_config
 from rl.summary import setting_label, spread

@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rl.config import Config, hyperparams
 from rl.config_parsing import ConfigError
 from rl.distributed import put_replicated, replicated, seed_mesh, seed_sharding, select_devices
+from rl.precision import at_matmul_precision
 from rl.registry import get_agent_module
 from rl.state import is_envs
 from rl.trainer import vmap_sequentially_on_cpu
@@ -42,23 +43,6 @@ def stacked_hyperparams(config: Config, grid: list[dict]) -> dict:
         name: jnp.asarray([setting.get(name, float(value)) for setting in grid], jnp.float32)
         for name, value in base.items()
     }
-
-
-def at_matmul_precision(fn, precision: str):
-    """`fn` traced under `jax.default_matmul_precision(precision)` (`run.matmul_precision`): every
-    float32 dot it traces without an explicit precision gets that one; "default" leaves `fn` as it
-    is (the platform's choice: TF32 on Ampere/Hopper GPUs, a 10-bit mantissa; full float32 on the
-    CPU, where the setting changes nothing). A context manager entered while tracing, so the
-    precision is part of the compiled program and no process-wide setting changes."""
-    if precision == "default":
-        return fn
-
-    @functools.wraps(fn)
-    def traced_at_precision(*args, **kwargs):
-        with jax.default_matmul_precision(precision):
-            return fn(*args, **kwargs)
-
-    return traced_at_precision
 
 
 def vmap_over_settings(fn, in_axes):

@@ -57,8 +57,8 @@ JAX, gymnasium vector envs and envpool (rl.sebulba_envs): `arch.name: sebulba`.
   One process does not vote: it stops on `should_stop()` after the update in progress, or while
   it waits for a rollout.
 * Logging: every `rollout_sizes(config).log_interval` updates (PPO's and PQN's agent.log_interval;
-  the replay agents' agent.log_interval counts env steps) a log point goes to the rl.logging sinks
-  (`publish`): the actors' finished episodes (games, for envpool's Atari: `rl.sebulba_envs.Scores`),
+  the replay agents' agent.log_interval counts env steps) a log point (`on_log_point`, which
+  the run sends to the rl.logging sinks): the actors' finished episodes (games, for envpool's Atari: `rl.sebulba_envs.Scores`),
   the mean loss stats (NaN-skipping for the replay agents, whose updates before learning_starts take
   no gradient step), the lag (mean and max over actors and updates), the learner's share of time
   waiting for rollouts, env steps per second, where the actors' time went (`actor_env_wait` and
@@ -81,7 +81,6 @@ import numpy as np
 
 from rl.arch_config import REPLAY_AGENTS, autoreset_mode
 from rl.config import hyperparams
-from rl.logging import publish
 from rl.sebulba_actor import Actor
 from rl.sebulba_agents import rollout_sizes
 from rl.sebulba_envs import greedy_episodes, make_vector_env
@@ -300,12 +299,10 @@ class Learner:
         return STOP in votes
 
     def after_log_point(self, state: LearnerState, row: dict, on_log_point) -> BaseException | None:
-        """The log point `row` published to the rl.logging sinks, then `on_log_point(state, row)`
-        (a run's checkpoint). One process: their errors raise. Several processes: the error is
+        """`on_log_point(state, row)` after the log point `row` (a run's sinks and checkpoint). One process: their errors raise. Several processes: the error is
         returned, for this process to vote FAILED before the next update (`take`) or after the
         last one (`run`), so that no other process waits for it in a collective."""
         try:
-            publish({k: np.asarray([v]) for k, v in row.items()})  # a run of one seed
             if on_log_point is not None:
                 on_log_point(state, row)
         except BaseException as error:  # a sink's or a checkpoint's error, a second Ctrl-C

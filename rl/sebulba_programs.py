@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rl import environment
 from rl.arch_config import REPLAY_AGENTS, autoreset_mode
 from rl.config_parsing import ConfigError
-from rl.programs import at_matmul_precision
+from rl.precision import at_matmul_precision
 from rl.sebulba_agents import Pieces, make_pieces
 
 __all__ = [

@@ -34,7 +34,7 @@ from rl.checkpoint import Checkpoints, abstract_like
 from rl.config_parsing import ConfigError
 from rl.distributed import is_main_process
 from rl.interrupts import StopSignalGuard, TrainingInterrupted
-from rl.logging import ProgressBar, RunLogger, sink
+from rl.logging import ProgressBar, RunLogger, publish, sink
 from rl.run_dir import config_check, run_dir_lock, run_record, write_final, write_run_config
 from rl.sebulba import Learner, LearnerState, local_copy
 from rl.sebulba_agents import rollout_sizes
@@ -159,10 +159,12 @@ class _Run:
         )
 
     def log_point(self, state: LearnerState, row: dict) -> None:
-        """After each log point: the history, the files flushed, a checkpoint when one is due
+        """After each log point: the row sent to the rl.logging sinks, the history, the files
+        flushed, a checkpoint when one is due
         (which, with several processes, first learns whether any of them failed: `save`)."""
         failure = None
         try:
+            publish({k: np.asarray([v]) for k, v in row.items()})  # a run of one seed
             append_log_point(self.history, row)
             if self.logger is not None:
                 self.logger.flush()

@@ -15,7 +15,8 @@ import pytest
 from rl import layers
 from rl.config import build_config
 from rl.config_parsing import ConfigError
-from rl.programs import at_matmul_precision, make_programs, run_mesh
+from rl.precision import at_matmul_precision
+from rl.programs import make_programs, run_mesh
 
 DQN = dict(
     name="dqn",

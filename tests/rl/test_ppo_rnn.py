@@ -15,7 +15,7 @@ from rl import episodes
 from rl.agents import ppo_rnn
 from rl.config import build_config, hyperparams, parse_sweep
 from rl.config_parsing import ConfigError
-from rl.programs import at_matmul_precision
+from rl.precision import at_matmul_precision
 from rl.train import train_many
 from rl.trainer import RecurrentPolicy
 
@@ -185,7 +185,7 @@ def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rol
 def test_ppo_rnn_learns_masked_cartpole(backend, cell, total_steps):
     """CartPole with the velocities hidden, the shipped config's settings (no annealing), 16k steps
     (GRU) or 49k (LSTM, which learns more slowly), 8 seeds in one program, at full float32 matmul
-    precision (`rl.programs.at_matmul_precision`, as `run.matmul_precision: highest`; a no-op on the
+    precision (`rl.precision.at_matmul_precision`, as `run.matmul_precision: highest`; a no-op on the
     CPU): with a GPU's TF32 default the LSTM learns more slowly at this budget, which is not what
     this checks. Over the seeds (medians, because single seeds' curves follow the platform's and the
     batch size's matmul rounding), the best training return of the second half of the run is at
