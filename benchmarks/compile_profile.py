@@ -35,9 +35,9 @@ def profile(config_name: str, seeds: int, overrides: list[str], evaluate: bool) 
     """Seconds to build, trace+lower and compile `init` and the log point, and their op counts."""
     import jax
 
-    from rl.compile_cache import compilation_cache
     from rl.config import load_config
-    from rl.programs import make_programs, run_mesh
+    from rl.run.compile_cache import compilation_cache
+    from rl.run.programs import make_programs, run_mesh
 
     config = load_config(config_name, [f"run.seeds={seeds}", *overrides])
     eval_key = next((k for k in EVAL_KEYS if getattr(config.agent, k, 0)), None)

@@ -1,7 +1,7 @@
-"""Check each packaged config against its promise (rl.promise): train it on seeds set apart for
-checking (10,000 up, never tuned on) with `rl train`, compare the seeds' final results with the
-promise, and report the IQM with its 95% stratified-bootstrap interval (rl.evaluation), whether the
-promise was kept, and the wall clock as a user waits for it (process start to the summary,
+"""Check each packaged config against its promise (rl.config.promise): train it on seeds set apart
+for checking (10,000 up, never tuned on) with `rl train`, compare the seeds' final results with the
+promise, and report the IQM with its 95% stratified-bootstrap interval (rl.cli.evaluation), whether
+the promise was kept, and the wall clock as a user waits for it (process start to the summary,
 compilation counted, the compilation cache off).
 
     python benchmarks/configs_check.py --configs cpu --out /tmp/check           # the cheap ones
@@ -52,9 +52,9 @@ from benchmarks.configs_tables import (  # noqa: E402
     seconds_text,
     update_readme,
 )
-from rl.config_parsing import ConfigError, packaged_configs, read_yaml  # noqa: E402
-from rl.evaluation import bootstrap_intervals  # noqa: E402
-from rl.promise import (  # noqa: E402
+from rl.cli.evaluation import bootstrap_intervals  # noqa: E402
+from rl.config.parsing import ConfigError, packaged_configs, read_yaml  # noqa: E402
+from rl.config.promise import (  # noqa: E402
     CHECK_SEEDS_FROM,
     Promise,
     expected_seconds,
@@ -137,7 +137,7 @@ def train_commands(name: str, data: dict, seeds: int, start: int, out: Path) -> 
     directories under `out`: one for an anakin config (seeds vmapped), one per seed for sebulba."""
     arch = data.get("arch") or {}
     arch = arch if isinstance(arch, str) else arch.get("name", "anakin")
-    base = [sys.executable, "-m", "rl.cli", "train", name, "--no-progress"]
+    base = [sys.executable, "-m", "rl.cli.main", "train", name, "--no-progress"]
     common = ["--output-dir", str(out), 'run.compilation_cache="off"']
     if arch == "sebulba":
         return [
@@ -180,7 +180,7 @@ def read_finals(run_dir: Path, metric: str) -> np.ndarray:
 
 def summarise_check(promise: Promise, finals, reps: int = 20_000) -> dict:
     """The check's figures: IQM with its 95% bootstrap interval over the finite finals, the
-    promise's verdict (rl.promise.judge), the share and median, per-seed values."""
+    promise's verdict (rl.config.promise.judge), the share and median, per-seed values."""
     finals = np.asarray(finals, np.float64)
     verdict = judge(promise, finals)
     finite = finals[np.isfinite(finals)]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rl.config_parsing import packaged_configs
-from rl.promise import Promise, expected_seconds, judge, promise_text
+from rl.config.parsing import packaged_configs
+from rl.config.promise import Promise, expected_seconds, judge, promise_text
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -158,7 +158,7 @@ README_HEADER = (
     "| config | agent, env | seeds x env steps | promise at the budget | check on seeds 10,000 up "
     "| CPU time, 1 seed | GPU time |"
 )
-DEFAULT_NOTE = "rl.promise;"
+DEFAULT_NOTE = "rl.config.promise;"
 TEN_MINUTES = 600.0
 
 

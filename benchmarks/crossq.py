@@ -59,7 +59,7 @@ def run_fusedrl(seeds: int, first_seed: int, steps: int, critic: str) -> dict:
     eval_return and the wall clock of the whole process."""
     with tempfile.TemporaryDirectory() as out:
         command = [
-            sys.executable, "-m", "rl.cli", "train", "crossq_pendulum", "--seeds", str(seeds),
+            sys.executable, "-m", "rl.cli.main", "train", "crossq_pendulum", "--seeds", str(seeds),
             "--output-dir", out, "--name", "run", "--no-progress", f"run.seed={first_seed}",
             f"agent.total_steps={steps}", f"agent.network.critic_hidden=[{critic}]",
         ]  # fmt: skip

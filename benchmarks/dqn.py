@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl.config import load_config  # noqa: E402
-from rl.programs import build_program  # noqa: E402
+from rl.run.programs import build_program  # noqa: E402
 
 BUDGETS = {
     "dqn": (20_000, 40_000, 60_000, 80_000, 100_000),

@@ -1,10 +1,10 @@
-"""The stratified bootstrap of rl.evaluation: how long 50,000 resamples of 100 runs x 10 tasks take
-for the four aggregates (IQM, median, mean, optimality gap) together.
+"""The stratified bootstrap of rl.cli.evaluation: how long 50,000 resamples of 100 runs x 10 tasks
+take for the four aggregates (IQM, median, mean, optimality gap) together.
 
     python benchmarks/evaluation.py [--reps 50000] [--runs 100] [--tasks 10] [--calls 7]
 
 Scores are drawn once (a normal per task around its own mean); each call is a whole
-`rl.evaluation.bootstrap_intervals` (pooling, resampling, the four aggregates, the percentile
+`rl.cli.evaluation.bootstrap_intervals` (pooling, resampling, the four aggregates, the percentile
 intervals), timed on the wall clock after one warm-up call. Prints each call's time, the median
 and the range, with the load average (the target, issue 69: < 1 s on the 2-core CPU).
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rl.evaluation import AGGREGATES, bootstrap_intervals  # noqa: E402
+from rl.cli.evaluation import AGGREGATES, bootstrap_intervals  # noqa: E402
 
 
 def main() -> None:

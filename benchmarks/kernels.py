@@ -743,13 +743,13 @@ def actor_cases(args) -> list[Case]:
 def adam_cases(args) -> list[Case]:
     """The optimiser step on flat vectors (`kernels.adam_step`: gradients clipped to a global norm
     given by the gradient kernels, Adam, the target's Polyak step) vs XLA (the same formula in
-    plain JAX) and vs the agents' path without the kernel (`rl.optimizers.flat_step` of optax's
+    plain JAX) and vs the agents' path without the kernel (`rl.core.optimizers.flat_step` of optax's
     clipped Adam, then `periodic_polyak`), vmapped over the seeds, at DQN's CartPole Q-network
     (10,934 params: 120 x 84) and a 256 x 256 MLP's size (70,000), 1 and 64 seeds.
 
     Bytes: params, grads, mu, nu and target read, four of them written."""
     from kernels.adam import adam_step
-    from rl.optimizers import clipped_adam, flat_step, periodic_polyak
+    from rl.core.optimizers import clipped_adam, flat_step, periodic_polyak
 
     shapes = (
         [(1, 300), (2, 1500)] if args.small else [(1, 10934), (64, 10934), (1, 70000), (64, 70000)]

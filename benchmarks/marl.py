@@ -5,12 +5,12 @@ seeds, compilation apart, for a side-by-side with JaxMARL's baselines at the sam
     python benchmarks/marl.py --config configs/pqn_vdn_mpe_spread.yaml --seeds 1,64 \\
         agent.total_steps=1000000 --json out.json
 
-For each seed count: the whole training program (`rl.programs.build_program`, the config's own log
-points and in-program evaluation) compiled ahead of time, then `--repeats` timed calls (the first
-is the timing when `--repeats 1`; no warm-up call, as a training run has none). The team return is
-the config's `episode_return` metric (the mean over agents of each agent's undiscounted episode
-return, `envs.multi_agent.TeamEpisodeStatistics`) averaged over the last 5% of log points, per
-seed; `eval_return` (greedy episodes) the same where the config evaluates.
+For each seed count: the whole training program (`rl.run.programs.build_program`, the config's own
+log points and in-program evaluation) compiled ahead of time, then `--repeats` timed calls (the
+first is the timing when `--repeats 1`; no warm-up call, as a training run has none). The team
+return is the config's `episode_return` metric (the mean over agents of each agent's undiscounted
+episode return, `envs.multi_agent.TeamEpisodeStatistics`) averaged over the last 5% of log points,
+per seed; `eval_return` (greedy episodes) the same where the config evaluates.
 """
 
 from __future__ import annotations

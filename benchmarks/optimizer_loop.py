@@ -6,7 +6,7 @@ the counts from that step's gradient, gated by a traced bool (the phase's "learn
 
 Compared, in one process on the default device:
 
-    optax     `rl.optimizers.flat_step` of `clipped_adam`, then `periodic_polyak`
+    optax     `rl.core.optimizers.flat_step` of `clipped_adam`, then `periodic_polyak`
     adam_step `kernels.adam_step` with the target and the gate (`active`) inside the step, on the
               automatic backend choice (a GPU: the Triton launch, or XLA's fused loop below
               `kernels.adam.AUTO_TRITON_MIN_ELEMENTS`; a CPU: plain JAX)
@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
-from rl import optimizers  # noqa: E402
+from rl.core import optimizers
 
 LR, MAX_NORM, TAU, TARGET_INTERVAL = 1e-3, 10.0, 1.0, 50
 

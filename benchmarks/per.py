@@ -37,8 +37,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.dqn import compiled_program, machine  # noqa: E402
-from rl import buffers, packing  # noqa: E402
 from rl.config import load_config  # noqa: E402
+from rl.core import packing
+from rl.replay import buffers
 
 PER_ONLY = [
     "agent.noisy=false",

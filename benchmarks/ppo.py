@@ -41,9 +41,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl.config import KernelsConfig, build_config  # noqa: E402
-from rl.config_parsing import apply_overrides, build_dataclass, read_yaml  # noqa: E402
-from rl.programs import build_program  # noqa: E402
-from rl.run_dir import write_metrics_jsonl  # noqa: E402
+from rl.config.parsing import apply_overrides, build_dataclass, read_yaml  # noqa: E402
+from rl.run.programs import build_program  # noqa: E402
+from rl.run.run_dir import write_metrics_jsonl  # noqa: E402
 
 PUREJAXRL = dict(
     name="ppo",

@@ -30,7 +30,7 @@ from jax.profiler import ProfileData
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ppo import load, with_kernel_backend  # noqa: E402
-from rl.programs import build_program  # noqa: E402
+from rl.run.programs import build_program  # noqa: E402
 
 
 def busy_time_ns(intervals: list[tuple[int, int]]) -> int:

@@ -6,12 +6,12 @@
         agent.total_steps=1000000
 
 For each device count D it builds the same programs `rl train --devices D` runs
-(rl.programs.make_programs: init, and `run` over a chunk of `--log-points` log points, jitted with
-NamedSharding over a "seeds" mesh), compiles them (compile time reported apart), runs one warm-up
-chunk, then times `--repeats` chunks, each continuing from the previous state (so caches are not
-flattered by replaying the same inputs), synchronising the devices after each. It reports the median
-env steps per second summed over all seeds, and the speed-up against the first device count measured
-in the same run.
+(rl.run.programs.make_programs: init, and `run` over a chunk of `--log-points` log points, jitted
+with NamedSharding over a "seeds" mesh), compiles them (compile time reported apart), runs one
+warm-up chunk, then times `--repeats` chunks, each continuing from the previous state (so caches are
+not flattered by replaying the same inputs), synchronising the devices after each. It reports the
+median env steps per second summed over all seeds, and the speed-up against the first device count
+measured in the same run.
 
 Weak scaling (default): `--seeds-per-device` seeds on each device, so the work grows with D. Strong
 scaling: `--seeds N` fixes the total (N must be a multiple of every D). `--shard envs --seeds 1`
@@ -65,8 +65,8 @@ def measure(
     import numpy as np
 
     from rl.config import load_config
-    from rl.distributed import seed_mesh, select_devices
-    from rl.programs import make_programs
+    from rl.run.distributed import seed_mesh, select_devices
+    from rl.run.programs import make_programs
 
     config = load_config(config_path, [*overrides, f"run.seeds={seeds}", "run.progress=false"])
     mesh = seed_mesh(select_devices(devices, seeds if shard == "seeds" else None), axis=shard)

@@ -9,7 +9,7 @@ arch.actor_threads), or several in turn (`--layouts 8x2,64x4`), it measures, eac
 after its compile and warm-up:
 
 * random: env steps/s of `--threads` Python threads, each stepping its own vector env of envs /
-  threads envs (the actors' vector envs: envpool or gymnasium, rl.sebulba_envs.make_vector_env,
+  threads envs (the actors' vector envs: envpool or gymnasium, rl.sebulba.host_envs.make_vector_env,
   resetting as arch.autoreset says; envpool stacking its frames as env.params say, whatever
   arch.frame_stack) with uniformly random actions: what the envs give without acting or
   learning;
@@ -24,18 +24,19 @@ after its compile and warm-up:
   env.params.stack_num > 1, one frame of each stack, what `arch.frame_stack: device` sends);
   `program_us`, the acting program on observations already there until its env action is on
   the host; `act_us`, the actor's act as it runs (host observations, which the call sends);
-* actors: env steps/s of the actor threads alone (rl.sebulba.Actor, as a run's actors), each
+* actors: env steps/s of the actor threads alone (rl.sebulba.learner.Actor, as a run's actors), each
   rolling out with the initial params without waiting for a learner: the actors' ceiling, with
   their shares of time waiting for their envs and acting, and an act's mean milliseconds;
 * learner: env steps/s of the learner alone: its updates on ready-made rollouts (one actor
   rollout per actor thread, made before the clock starts) taken in as the run takes its rollouts
   in (`Learner.batch`), dispatched one after another and waited for at the end: the learner's
   ceiling, its host side included;
-* agent: env steps/s of the whole run (rl.sebulba.Learner.run, stopped after `--seconds`): the
+* agent: env steps/s of the whole run (rl.sebulba.learner.Learner.run, stopped after `--seconds`):
+the
   median over its log points after the first two (at least three are needed), its overall rate
   (all its steps over the run's wall clock, the actors' start included), the learner's share of
   time waiting for rollouts, the actors' shares of time waiting for their envs and for their
-  acting (rl.sebulba_actor.Times; the rest is their host work) and the mean parameter lag;
+  acting (rl.sebulba.actor.Times; the rest is their host work) and the mean parameter lag;
   compile_s is 0 where an earlier measurement of the process compiled the same update.
 
 random, raw and learner run once per layout, actors and agent once per `--env-groups` value
@@ -62,13 +63,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rl import sebulba  # noqa: E402
-from rl.arch_config import REPLAY_AGENTS, autoreset_mode  # noqa: E402
 from rl.config import load_config  # noqa: E402
-from rl.sebulba_actor import acting_program  # noqa: E402
-from rl.sebulba_agents import rollout_sizes  # noqa: E402
-from rl.sebulba_envs import make_vector_env  # noqa: E402
-from rl.sebulba_programs import local_copy  # noqa: E402
+from rl.config.arch import REPLAY_AGENTS, autoreset_mode  # noqa: E402
+from rl.sebulba import learner as sebulba
+from rl.sebulba.actor import acting_program  # noqa: E402
+from rl.sebulba.host_envs import make_vector_env  # noqa: E402
+from rl.sebulba.pieces import rollout_sizes  # noqa: E402
+from rl.sebulba.programs import local_copy  # noqa: E402
 
 MEASURES = ("random", "raw", "act", "actors", "learner", "agent")
 
@@ -144,7 +145,7 @@ def stepping_rate(pools: list, spaces: list, seconds: float) -> dict:
 
 
 def make_actors(learner: sebulba.Learner, config, threads: int) -> list:
-    """`threads` actors as a run's (rl.sebulba.Actor), each on its share of the envs."""
+    """`threads` actors as a run's (rl.sebulba.learner.Actor), each on its share of the envs."""
     per_actor = config.agent.num_envs // threads
     return [
         sebulba.Actor(
@@ -203,7 +204,7 @@ def act_parts(config, threads: int, repeats: int = 200) -> dict:
 
 def actors_throughput(config, threads: int, seconds: float) -> dict:
     """Env steps/s of the actor threads alone, rolling out with the initial params, their shares
-    of time waiting for their envs and acting (rl.sebulba_actor.Times), and the mean act's
+    of time waiting for their envs and acting (rl.sebulba.actor.Times), and the mean act's
     milliseconds (one group's envs)."""
     learner = sebulba.Learner(config)
     state = learner.init()

@@ -118,7 +118,7 @@ def fusedrl_run(preset: list[str], seeds: int, cache: Path, out: Path, extra: li
     """One `rl train` process at `seeds` seeds with the compilation cache `cache`: its wall time
     and its summary's split."""
     name = f"ttr-{time.time_ns()}"
-    command = [sys.executable, "-m", "rl.cli", "train", *preset, "--seeds", str(seeds)]
+    command = [sys.executable, "-m", "rl.cli.main", "train", *preset, "--seeds", str(seeds)]
     command += ["--no-progress", "--output-dir", str(out), "--name", name, *extra]
     env = {**os.environ, "FUSEDRL_COMPILATION_CACHE": str(cache)}
     seconds, _ = timed(command, env)

@@ -1,6 +1,6 @@
 """envpool's batched C++ envs (Atari through the ALE, classic control, ...) for the actor-learner
-architecture (`arch.name: sebulba`, rl/sebulba.py): envpool steps a whole batch of envs on its own
-threads outside JAX, so its envs are not pure functions and never enter a compiled program.
+architecture (`arch.name: sebulba`, rl/sebulba/learner.py): envpool steps a whole batch of envs on
+its own threads outside JAX, so its envs are not pure functions and never enter a compiled program.
 
     env, params = envs.make("envpool:Breakout-v5", episodic_life=True, reward_clip=True)
     vector = envs.envpool.VectorEnv("Breakout-v5", num_envs=8, seed=0, episodic_life=True)

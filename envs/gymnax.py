@@ -21,7 +21,7 @@ The mapping (gymnax >= 1.0, whose `step` returns `terminated` and `truncated` ap
     `final_observation` entries are dropped, its other entries (`discount`, ...) kept. Observations
     keep gymnax's dtype.
   * `reset_env` / `step_env` are gymnax's (the transition without auto-reset), for code that steps
-    an episode by hand (rl.evaluate).
+    an episode by hand (rl.cli.evaluate).
   * params are gymnax's `EnvParams` pytree, passed through unchanged: vmap over any field that
     gymnax reads as an array (`max_steps_in_episode`, MemoryChain's `memory_length`, ...). Keyword
     arguments of `make` are fields of `EnvParams` or, for what fixes shapes (MemoryChain's

@@ -14,12 +14,12 @@ target step (tau, sync in {0, 1}):
     target' = tau params' + (1 - tau) target     if sync, else target
     c'      = t
 
-That is `optax.chain(rl.optimizers.clip_by_global_norm(max_norm), optax.adam(lr, b1, b2, eps))`
-(its clip with the norm given, `grad_sq_norm`) followed by `rl.optimizers.periodic_polyak(target,
-params', tau, sync)`; `adam_step` returns (params', mu', nu', target', c'). With `active` false
-(per seed) the step is skipped and everything comes back as it was: the gate of a training phase
-that runs every time but counts only once learning has started, inside the launch rather than as
-a select of every vector after it.
+That is `optax.chain(rl.core.optimizers.clip_by_global_norm(max_norm), optax.adam(lr, b1, b2, eps))`
+(its clip with the norm given, `grad_sq_norm`) followed by
+`rl.core.optimizers.periodic_polyak(target, params', tau, sync)`; `adam_step` returns (params', mu',
+nu', target', c'). With `active` false (per seed) the step is skipped and everything comes back as
+it was: the gate of a training phase that runs every time but counts only once learning has started,
+inside the launch rather than as a select of every vector after it.
 
 Why a kernel: on the GPU an agent's optimiser step is otherwise several small XLA kernels (the
 norm's reduction, Adam's moments and update, the target's Polyak step, one or more per parameter

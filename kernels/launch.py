@@ -94,7 +94,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels._triton import compile_without_torch  # noqa: F401  (rl.train lowers under it)
+from kernels._triton import compile_without_torch  # noqa: F401  (rl.run.train lowers under it)
 from kernels._triton import import_error as triton_import_error
 
 BACKENDS: tuple[str, ...] = ("triton", "reference", "interpret")

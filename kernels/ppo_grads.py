@@ -413,8 +413,8 @@ class FlatLayout(NamedTuple):
     floats: `actor` and `critic` hold the offsets of (w1, b1, w2, b2, w3, b3), each array row-major
     (weights [in, out]) and contiguous, with obs_dim D, hidden widths (H1, H2) and A actions; the
     critic's head has one output. `jax.flatten_util.ravel_pytree`'s vector of the network's params
-    is such a vector (`rl.param_layout.leaf_offsets` gives the offsets). A layout is static (Python
-    ints, fixed at trace time): close over it, do not pass it through `jit` or `vmap` as an
+    is such a vector (`rl.nn.param_layout.leaf_offsets` gives the offsets). A layout is static
+    (Python ints, fixed at trace time): close over it, do not pass it through `jit` or `vmap` as an
     argument."""
 
     actor: tuple[int, int, int, int, int, int]
@@ -734,8 +734,8 @@ def ppo_objective(
     with rho = exp(log pi(a|s) - log pi_old(a|s)); stats: policy_loss, value_loss, entropy,
     approx_kl = mean(rho - 1 - log rho), clip_fraction = mean(|rho - 1| > eps). The fused kernels
     compute the gradient of this function: the kernels' own plain-JAX statement of the objective
-    `rl.losses.ppo_loss` defines (kernels import nothing from rl; tests/rl/test_losses_ppo.py ties
-    the two)."""
+    `rl.core.losses.ppo_loss` defines (kernels import nothing from rl; tests/rl/test_losses_ppo.py
+    ties the two)."""
     log_ratio = log_prob - old_log_probs
     ratio = jnp.exp(log_ratio)
     policy_loss = clipped_surrogate_loss(ratio, advantages, clip_eps)
@@ -924,7 +924,7 @@ def ppo_actor_critic_grads_flat(
     Returns (grads [size] laid out like params, ||grads||^2, stats). The kernels read the weights
     from the vector and write the gradient into one in place, and their programs' sums of squares
     give the squared norm (when one program covers a seed's minibatch), so that an optimiser on the
-    flat vector (`rl.optimizers.flat_step`) needs no slicing, concatenation or norm pass."""
+    flat vector (`rl.core.optimizers.flat_step`) needs no slicing, concatenation or norm pass."""
     _check_options(activation, dot_precision)
     layout = check_layout(layout)
     params = check_float_array("params", params, ndim=1)

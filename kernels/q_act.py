@@ -9,8 +9,8 @@ observations s with two uniforms (u, v) in [0, 1)^2 and a probability epsilon:
     action = min(floor(A v), A - 1)   if u < epsilon   (a uniformly random action)
              argmax_a Q(s, a)          otherwise         (first index on ties)
 
-which is `rl.exploration.epsilon_greedy` given the same uniforms, so an agent acting through this op
-draws the same random stream as one acting through XLA. Epsilon 0 is the greedy policy.
+which is `rl.core.exploration.epsilon_greedy` given the same uniforms, so an agent acting through
+this op draws the same random stream as one acting through XLA. Epsilon 0 is the greedy policy.
 
 Why a kernel: acting is three small matmuls, the argmax and the select, ~6 XLA kernels of ~1.3 us
 each at DQN's sizes on the GPU, on every env step; here one launch, one program per seed and block

@@ -4,7 +4,7 @@ seeds and envs.
 
 The network (the default of `rl.agents.rainbow`): a torso of two hidden layers (activation f = tanh,
 relu or silu), h = f(f(s W1 + b1) W2 + b2), then two factorised-noisy linear streams (Fortunato et
-al. 2018) over Z atoms, each with its noise vectors given (`rl.layers.noisy_layer_noise`: the
+al. 2018) over Z atoms, each with its noise vectors given (`rl.nn.layers.noisy_layer_noise`: the
 f(e) = sign(e) sqrt(|e|) values):
 
     noisy(h) = h (W_mu + W_sigma * (e_in e_out^T)) + b_mu + b_sigma * e_out
@@ -18,9 +18,9 @@ and per row with two uniforms (u, v) in [0, 1)^2 and a probability epsilon,
     action = min(floor(|A| v), |A| - 1)   if u < epsilon   (a uniformly random action)
              argmax_a Q(s, a)              otherwise         (first index on ties; a NaN Q wins)
 
-which is `rl.exploration.epsilon_greedy` given the same uniforms. The kernel forms each stream's
-noisy weights on its tiles (no [in, out] noise matrix in memory) and the advantages' mean from the
-mean of their weights, (1/|A|) sum_b A_b = h mean_b(W_b) + mean_b(b_b).
+which is `rl.core.exploration.epsilon_greedy` given the same uniforms. The kernel forms each
+stream's noisy weights on its tiles (no [in, out] noise matrix in memory) and the advantages' mean
+from the mean of their weights, (1/|A|) sum_b A_b = h mean_b(W_b) + mean_b(b_b).
 
 Why a kernel: XLA runs this forward as about a dozen kernels an env step (two torso matmuls, two
 matmuls and a product a noisy stream, the dueling combination, the softmax, the expectation and the

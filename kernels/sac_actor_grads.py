@@ -3,7 +3,7 @@ parameter vectors.
 
 The actor is an MLP with two hidden layers (activation f = tanh, relu or silu) and two linear
 heads on its features h: the mean mu = h Wm + bm and the raw log-std r = h Wr + br, bounded
-smoothly, log_std = lo + (hi - lo) (tanh(r) + 1) / 2 (`rl.networks.squashed_gaussian_head`); its
+smoothly, log_std = lo + (hi - lo) (tanh(r) + 1) / 2 (`rl.nn.networks.squashed_gaussian_head`); its
 eight arrays (w1, b1, w2, b2, Wm, bm, Wr, br) are read from one flat vector at the offsets a
 `SacActorLayout` gives. The critics are the twin critics of a `kernels.twin_q_grads.TwinQLayout`
 (same activation and widths). For a minibatch of M observations s with standard normal draws eps

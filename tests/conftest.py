@@ -65,9 +65,9 @@ if _cpu_only():
 # options and flags) is loaded instead of compiled again. Tests still trace and lower every program
 # and run every step. The size limit turns on JAX's file lock, so no process reads a half-written
 # entry. A cache folder already in the environment is kept (and not removed). The runs the tests
-# train (`rl train`, rl.train.run_training) keep their programs in the same folder
-# (FUSEDRL_COMPILATION_CACHE; rl.compile_cache gives them a subfolder of their own), so whether a
-# run compiles or loads its programs depends on the tests before it: tests of the cache itself
+# train (`rl train`, rl.run.train.run_training) keep their programs in the same folder
+# (FUSEDRL_COMPILATION_CACHE; rl.run.compile_cache gives them a subfolder of their own), so whether
+# a run compiles or loads its programs depends on the tests before it: tests of the cache itself
 # name their own folder.
 if _cpu_only() and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     import tempfile

@@ -147,8 +147,8 @@ def printed_returns(out: str) -> list[str]:
 
 
 def run_cli(args: list[str], capsys=None) -> int:
-    """`rl ARGS` in this process (the interface `rl.cli.main` keeps for tests)."""
-    from rl.cli import main
+    """`rl ARGS` in this process (the interface `rl.cli.main.main` keeps for tests)."""
+    from rl.cli.main import main
 
     return main([str(a) for a in args])
 
@@ -203,7 +203,7 @@ SIGNAL_SELF = textwrap.dedent(
     import os, signal, sys
     import numpy as np
     from rl import logging as rl_logging
-    from rl.cli import main
+    from rl.cli.main import main
 
     signal_at, signal_name, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     sent = []

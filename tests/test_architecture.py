@@ -3,7 +3,10 @@ included, so a cycle cannot hide in a function body):
 
 1. `envs` and `kernels` import nothing from `rl`, and neither imports the other;
 2. the modules of `rl` import each other without a cycle;
-3. no module in `rl` sets the kernels' process-wide backend (`kernels.set_backend`,
+3. the packages of `rl` form layers, lowest first (`RL_LAYERS`): a module imports only from its own
+   package or from the packages below it, and `rl/` holds no module outside them but its
+   `__init__`;
+4. no module in `rl` sets the kernels' process-wide backend (`kernels.set_backend`,
    `kernels.use_backend`): the backend travels as a value (`backend=`).
 """
 
@@ -17,6 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("rl", "envs", "kernels")
 GLOBAL_BACKEND_SETTERS = ("set_backend", "use_backend")
+RL_LAYERS = ("config", "core", "nn", "replay", "fused", "agents", "sebulba", "run", "cli")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -119,6 +123,36 @@ def layering_violations(graph: dict[str, set[str]]) -> list[str]:
     )
 
 
+def rl_layer(module: str) -> int | None:
+    """The index in `RL_LAYERS` of the package holding `module` (rl.<package>...), None for `rl`
+    itself and for a module outside the packages."""
+    parts = module.split(".")
+    if parts[0] != "rl" or len(parts) < 2 or parts[1] not in RL_LAYERS:
+        return None
+    return RL_LAYERS.index(parts[1])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`a imports b` for every import in `rl` from a package above the importer's, and for every
+    module of `rl` outside the layers (other than `rl` itself)."""
+    found = []
+    for name, deps in graph.items():
+        if top(name) != "rl" or name == "rl":
+            continue
+        layer = rl_layer(name)
+        if layer is None:
+            found.append(f"{name} is in no layer")
+            continue
+        for dep in deps:
+            if (
+                top(dep) == "rl"
+                and dep != "rl"
+                and (rl_layer(dep) is None or rl_layer(dep) > layer)
+            ):
+                found.append(f"{name} imports {dep}")
+    return sorted(found)
+
+
 def backend_setters(modules: dict[str, tuple[Path, ast.Module]], package: str = "rl") -> list[str]:
     """Calls of set_backend / use_backend (as a name or any attribute, e.g. kernels.set_backend,
     kernels.launch.use_backend) in the modules of `package`, and imports of those names."""
@@ -155,7 +189,9 @@ def modules():
 
 def test_every_package_is_parsed(modules):
     assert {top(name) for name in modules} == set(PACKAGES)
-    assert {"rl.train", "rl.agents.qlearning", "envs.wrappers", "kernels.launch"} <= set(modules)
+    assert {"rl.run.train", "rl.agents.qlearning", "envs.wrappers", "kernels.launch"} <= set(
+        modules
+    )
 
 
 def test_envs_and_kernels_import_nothing_from_rl_nor_each_other(modules):
@@ -172,8 +208,16 @@ def test_rl_modules_import_each_other_without_a_cycle(modules):
     assert (
         sum(map(len, rl_graph.values())) > 20
     )  # the graph was really read (imports inside functions too)
-    assert "rl.wandb_logger" in rl_graph["rl.train"]  # an import inside a function counts
+    assert "rl.run.wandb_logger" in rl_graph["rl.run.train"]  # an import inside a function counts
     assert find_cycle(rl_graph) is None, " -> ".join(find_cycle(rl_graph))
+
+
+def test_rl_packages_import_only_their_own_layer_and_those_below(modules):
+    graph = import_graph(modules)
+    assert all((REPO / "rl" / package / "__init__.py").exists() for package in RL_LAYERS), (
+        "every layer is a package"
+    )
+    assert upward_imports(graph) == []
 
 
 def test_no_module_in_rl_sets_the_kernels_process_wide_backend(modules):
@@ -205,7 +249,7 @@ def test_the_checks_fail_on_violations(tmp_path):
                 "from kernels.launch import use_backend\n\n"
                 "with use_backend('interpret'):\n    pass\n"
             ),
-            "envs/__init__.py": "def make():\n    from rl.environment import make_env\n",
+            "envs/__init__.py": "def make():\n    from rl.core.environment import make_env\n",
             "envs/x.py": "from . import wrappers\nimport kernels.launch\n",
             "envs/wrappers.py": "",
             "kernels/__init__.py": "",
@@ -222,6 +266,10 @@ def test_the_checks_fail_on_violations(tmp_path):
     cycle = find_cycle(
         {k: {d for d in v if top(d) == "rl"} for k, v in graph.items() if top(k) == "rl"}
     )
+    assert upward_imports(graph) == [f"rl.{m} is in no layer" for m in "abcd"]
+    assert upward_imports({"rl.core.x": {"rl.nn.y", "rl.config.z"}, "rl.nn.y": {"rl.core.x"}}) == [
+        "rl.core.x imports rl.nn.y"
+    ]
     assert cycle is not None and set(cycle) == {"rl.a", "rl.b", "rl.c"}
     assert layering_violations(graph) == [
         "envs imports rl",

@@ -290,9 +290,9 @@ def test_slow_blocks_rl_train_commands_load_and_trace(line, command, monkeypatch
 
     import jax
 
-    from rl.cli import build_parser
-    from rl.cli_train import resolve_train_config
-    from rl.programs import make_programs, run_mesh
+    from rl.cli.main import build_parser
+    from rl.cli.train import resolve_train_config
+    from rl.run.programs import make_programs, run_mesh
 
     if missing_extras(command):
         pytest.skip(f"needs the optional libraries {missing_extras(command)}, not installed here")
@@ -317,7 +317,7 @@ def shell(tmp_path_factory):
     bin_dir.mkdir()
     rl = bin_dir / "rl"
     # the console script, from this checkout
-    rl.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m rl.cli "$@"\n')
+    rl.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m rl.cli.main "$@"\n')
     rl.chmod(0o755)
     work = root / "work"
     work.mkdir()

@@ -8,15 +8,15 @@ it):
     a*   = argmax_a Q_target(s', a)      (DQN)   or   argmax_a Q_online(s', a)   (double-Q),
     loss = mean_batch huber(Q_online(s, a) - y)   (or the squared error),
 
-minimised by Adam on gradients clipped to a global norm. The loop (`rl.agent_configs.
-ReplayLoopConfig`, `rl.replay`): `num_envs` envs step together with epsilon-greedy actions
+minimised by Adam on gradients clipped to a global norm. The loop (`rl.config.loops.
+ReplayLoopConfig`, `rl.replay.loop`): `num_envs` envs step together with epsilon-greedy actions
 (epsilon decays linearly over `epsilon_decay_steps` env steps) into a uniform replay buffer; every
 `train_freq` env steps come `gradient_steps` gradient steps once `learning_starts` steps are
 stored; the target network follows the online one every `target_update_interval` gradient steps.
 At each log point `eval_episodes` greedy episodes run on separate eval envs inside the compiled
 program ("eval_return"; none if 0).
 
-With `fused_network` on a Triton kernel backend (`rl.fused_q`), the online and target params are
+With `fused_network` on a Triton kernel backend (`rl.fused.q`), the online and target params are
 one flat vector each: acting is one kernel launch, a gradient step's loss and backward another, and
 Adam with the target's step one more (`kernels.adam_step`). Off the CPU, and always when fused,
 the training phase runs its gradient steps every phase and keeps their results only once
@@ -33,23 +33,18 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rl import (
-    buffers,
-    collection,
-    environment,
-    episodes,
-    exploration,
-    fused_q,
-    losses,
-    networks,
-    replay,
-)
-from rl.agent_configs import NetworkConfig, ReplayLoopConfig, network_config
-from rl.config_parsing import hp
-from rl.layers import Network
-from rl.log_points import scan_log_points
-from rl.state import ReplayState
-from rl.trainer import Trainer, train_from_trainer
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.loops import ReplayLoopConfig
+from rl.config.parsing import hp
+from rl.core import collection, environment, episodes, exploration, losses
+from rl.core.log_points import scan_log_points
+from rl.core.state import ReplayState
+from rl.fused import q as fused_q
+from rl.nn import networks
+from rl.nn.layers import Network
+from rl.nn.network_config import NetworkConfig, network_config
+from rl.replay import buffers
+from rl.replay import loop as replay
 
 
 @dataclass(frozen=True)
@@ -61,7 +56,7 @@ class Config(ReplayLoopConfig):
     fused_network: bool = hp(
         True,
         doc="act and take gradient steps through the fused Q-network kernels on one flat parameter "
-        "vector (rl.fused_q) when the kernel backend is triton/interpret (auto: on a GPU) and the "
+        "vector (rl.fused.q) when the kernel backend is triton/interpret (auto: on a GPU) and the "
         "network fits them (an MLP of two tanh, relu or silu hidden layers within "
         "kernels.q_grads.LIMITS); else the network's apply and autodiff (PureJaxRL's DQN "
         "settings on one H200: 1.6x faster at 1 seed, 1.25x at 64; benchmarks/RESULTS.md)",
@@ -97,7 +92,7 @@ def greedy_action(apply, params, obs):
 
 
 def make_fused(config, env, env_params, q_network: Network):
-    """The fused view of the Q-network (`rl.fused_q`) when `agent.fused_network` is on, the kernel
+    """The fused view of the Q-network (`rl.fused.q`) when `agent.fused_network` is on, the kernel
     backend runs Triton and the network fits; else None."""
     agent, obs_space = config.agent, env.observation_space(env_params)
     backend = environment.kernel_backend(config)
@@ -119,7 +114,7 @@ def apply_of(q_network: Network, fused):
 
 class Learning(NamedTuple):
     """What DQN's acting and learning read (`make_learning`): the Q-network, its fused view
-    (`rl.fused_q`; None where acting and gradient steps go through apply and autodiff) and
+    (`rl.fused.q`; None where acting and gradient steps go through apply and autodiff) and
     `apply(params, obs) -> Q-values` (on the flat vector where fused)."""
 
     q_network: Network
@@ -150,7 +145,7 @@ def init_learning(agent: Config, learning: Learning, hparams, net_key, obs, envs
 def exploration_action(agent: Config, learning: Learning, hparams, params, obs, key, step):
     """Epsilon-greedy actions [N] for observations `obs` [N, ...] after `step` env steps: a
     uniformly random action with probability epsilon = `replay.epsilon(agent, hparams, step)`, else
-    argmax_a Q(obs, a) (`rl.exploration.epsilon_greedy`; one kernel launch where fused)."""
+    argmax_a Q(obs, a) (`rl.core.exploration.epsilon_greedy`; one kernel launch where fused)."""
     epsilon = replay.epsilon(agent, hparams, step)
     if learning.fused is None:
         return exploration.epsilon_greedy(key, learning.apply(params, obs), epsilon)

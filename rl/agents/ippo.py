@@ -36,25 +36,27 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from rl import agent_configs, environment, episodes, layers, losses, multi_agent, networks
-from rl.agent_configs import NetworkConfig, network_config
 from rl.agents import ppo
-from rl.collection import rollout_keys, scan_packed_outputs
-from rl.config_parsing import ConfigError, hp
-from rl.log_points import log_point_metrics, scan_log_points, scan_updates
-from rl.minibatches import adam_epochs
-from rl.multi_agent import learning_reward, shaping_weight
-from rl.optimizers import annealed_clipped_adam
-from rl.rollout import greedy_episodes
-from rl.state import Envs, OnPolicyState
-from rl.trainer import Trainer, train_from_trainer
-from rl.unrolling import unroll_of
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.loops import PPOLoopConfig
+from rl.config.parsing import ConfigError, hp
+from rl.config.unrolling import unroll_of
+from rl.core import environment, episodes, losses
+from rl.core.collection import rollout_keys, scan_packed_outputs
+from rl.core.log_points import log_point_metrics, scan_log_points, scan_updates
+from rl.core.minibatches import adam_epochs
+from rl.core.optimizers import annealed_clipped_adam
+from rl.core.rollout import greedy_episodes
+from rl.core.state import Envs, OnPolicyState
+from rl.nn import layers, multi_agent, networks
+from rl.nn.multi_agent import learning_reward, shaping_weight
+from rl.nn.network_config import NetworkConfig, network_config
 
 MULTI_AGENT = True
 
 
 @dataclass(frozen=True)
-class Config(agent_configs.PPOLoopConfig):
+class Config(PPOLoopConfig):
     """IPPO's settings: PPOLoopConfig's (defaults: JaxMARL's ippo_ff_mpe) and the team's."""
 
     name: str = "ippo"

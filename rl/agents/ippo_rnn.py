@@ -41,19 +41,21 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from rl import agent_configs, environment, episodes, minibatches, multi_agent, networks
 from rl.agents import ippo, ppo, ppo_rnn
 from rl.agents.ippo import Observation
-from rl.collection import rollout_keys, scan_packed_outputs
-from rl.config_parsing import ConfigError, hp
-from rl.layers import Network, build, mlp
-from rl.log_points import log_point_metrics, scan_log_points, scan_updates
-from rl.networks import Categorical
-from rl.optimizers import annealed_clipped_adam
-from rl.rollout import greedy_episodes
-from rl.state import Envs, OnPolicyState
-from rl.trainer import RecurrentPolicy, Trainer, train_from_trainer
-from rl.unrolling import unroll_of
+from rl.agents.trainer import RecurrentPolicy, Trainer, train_from_trainer
+from rl.config.parsing import ConfigError, hp
+from rl.config.unrolling import unroll_of
+from rl.core import environment, episodes, minibatches
+from rl.core.collection import rollout_keys, scan_packed_outputs
+from rl.core.log_points import log_point_metrics, scan_log_points, scan_updates
+from rl.core.optimizers import annealed_clipped_adam
+from rl.core.rollout import greedy_episodes
+from rl.core.state import Envs, OnPolicyState
+from rl.nn import multi_agent, networks
+from rl.nn.layers import Network, build, mlp
+from rl.nn.network_config import NetworkConfig, network_config
+from rl.nn.networks import Categorical
 
 MULTI_AGENT = True
 RECURRENT = True  # takes a recurrent torso (rl.config.check_recurrence)
@@ -65,7 +67,7 @@ class Config(ippo.Config, ppo_rnn.Config):
     (`num_minibatches` divides `num_envs`); the network's defaults are JaxMARL's ippo_rnn's."""
 
     name: str = "ippo_rnn"
-    network: agent_configs.NetworkConfig = agent_configs.network_config(
+    network: NetworkConfig = network_config(
         torso="gru", hidden=(128,), recurrent_hidden=128, activation="relu"
     )
     head_hidden: tuple[int, ...] = hp(

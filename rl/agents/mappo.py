@@ -24,10 +24,11 @@ from functools import partial
 import numpy as np
 
 from envs.spaces import Box
-from rl import environment, multi_agent
 from rl.agents import ippo
-from rl.config_parsing import ConfigError
-from rl.trainer import Trainer, train_from_trainer
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.parsing import ConfigError
+from rl.core import environment
+from rl.nn import multi_agent
 
 MULTI_AGENT = True
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl import environment
 from rl.agents import ippo_rnn, mappo
-from rl.trainer import RecurrentPolicy, Trainer, train_from_trainer
+from rl.agents.trainer import RecurrentPolicy, Trainer, train_from_trainer
+from rl.core import environment
 
 MULTI_AGENT = True
 RECURRENT = True  # takes a recurrent torso (rl.config.check_recurrence)

@@ -15,7 +15,7 @@ normalised per minibatch:
 
 Variants, picked once (`learning_pieces`): the gradient from the fused kernel
 `kernels.ppo_actor_critic_grads_flat`, minibatches of whole H-step segments whose loss computes
-their advantages (`agent.minibatch_advantages`, Brax's PPO; both in rl/ppo_variants.py), the
+their advantages (`agent.minibatch_advantages`, Brax's PPO; both in rl/agents/ppo_variants.py), the
 batch recomputed before every epoch (`agent.recompute_advantages`), decoupled PPO for rollouts
 collected with older params (`agent.lag_correction`, rl.sebulba's `arch.max_lag`: rho = pi /
 pi_prox, pi_prox the policy at the update's start, each row's surrogate weighted by
@@ -23,7 +23,7 @@ min(agent.lag_weight_max, pi_prox(a|s) / pi_behaviour(a|s))), and observations n
 the running statistics of every rollout so far, kept in the params as `{"network": ...,
 "obs_stats": {"mean", "var", "count"}}` (`agent.normalize_obs`).
 
-Policies (`rl.networks`): categorical; for Box actions a Gaussian with a learned log-std or
+Policies (`rl.nn.networks`): categorical; for Box actions a Gaussian with a learned log-std or
 a tanh-squashed one (`agent.continuous_policy: tanh_gaussian`, Brax's), scored at the stored
 pre-squash sample u; the env receives L + (clip(a, -1, 1) + 1) (H - L) / 2, a = u or tanh(u).
 """
@@ -40,30 +40,29 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from rl import (
-    agent_configs,
+from rl.agents import ppo_variants
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.loops import PPOLoopConfig
+from rl.config.parsing import ConfigError, hp
+from rl.config.unrolling import unroll_of
+from rl.core import (
     collection,
     environment,
     episodes,
-    layers,
     log_points,
     losses,
     minibatches,
-    networks,
     observation_norm,
     optimizers,
-    ppo_variants,
 )
-from rl.agent_configs import NetworkConfig, network_config
-from rl.config_parsing import ConfigError, hp
-from rl.rollout import greedy_episodes
-from rl.state import Envs, OnPolicyState
-from rl.trainer import Trainer, train_from_trainer
-from rl.unrolling import unroll_of
+from rl.core.rollout import greedy_episodes
+from rl.core.state import Envs, OnPolicyState
+from rl.nn import layers, networks
+from rl.nn.network_config import NetworkConfig, network_config
 
 
 @dataclass(frozen=True)
-class Config(ppo_variants.VariantsConfig, agent_configs.PPOLoopConfig):
+class Config(ppo_variants.VariantsConfig, PPOLoopConfig):
     """PPO's settings: PPOLoopConfig's, the variants' (`ppo_variants.VariantsConfig`), and more."""
 
     name: str = "ppo"
@@ -183,8 +182,8 @@ def init_state(s: Setup, key, hparams) -> OnPolicyState:
 class Transition(NamedTuple):
     """One rollout step as acting records it (values come afterwards, in one batch). `reset_step`
     is set where the step only reset its env (envs that reset in the step after an episode's end,
-    rl.sebulba's envpool actors): the loss leaves those rows out; None where every step is the
-    agent's (same-step auto-reset, as fusedrl's own envs)."""
+    rl.sebulba's envpool actors): the loss leaves those rows out; None where every step is
+    the agent's (same-step auto-reset, as fusedrl's own envs)."""
 
     obs: jax.Array
     action: jax.Array
@@ -337,8 +336,8 @@ def autodiff_grads(loss, hparams, flat_params, unravel, minibatch):
 
 def learn(s: Setup, grads_fn, batch_fn, hparams, params, opt_state, traj: Transition, key):
     """(params, opt_state, stats) after learning from the rollout `traj` [T, num_envs] (raw
-    observations; rl.sebulba's actors' too): its observations merged into the statistics (with
-    `agent.normalize_obs`; a reset step's left out, `collection.step_mask`), the batch
+    observations; rl.sebulba's actors' too): its observations merged into the statistics
+    (with `agent.normalize_obs`; a reset step's left out, `collection.step_mask`), the batch
     `batch_fn(hparams, net_params, traj)`, then epochs of minibatch steps along
     `grads_fn(hparams, flat_params, unravel, minibatch) -> (gradient, squared norm or None,
     stats)`."""

@@ -22,8 +22,8 @@ and value step t. One update:
 
 Discrete actions (categorical) and bounded Box actions (diagonal Gaussian in [-1, 1]^d, as PPO).
 Separate actor and critic torsos (two cells, the carry a pair) unless `shared_network`. The greedy
-policy (evaluation, `make_policy`, a `rl.trainer.RecurrentPolicy`) starts every episode from the
-initial state and takes the argmax / the mean. The sweepable hyperparameters are PPO's.
+policy (evaluation, `make_policy`, a `rl.agents.trainer.RecurrentPolicy`) starts every episode from
+the initial state and takes the argmax / the mean. The sweepable hyperparameters are PPO's.
 """
 
 from __future__ import annotations
@@ -36,32 +36,24 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from rl import (
-    agent_configs,
-    collection,
-    environment,
-    episodes,
-    layers,
-    log_points,
-    minibatches,
-    networks,
-    optimizers,
-)
-from rl.agent_configs import NetworkConfig, network_config
 from rl.agents import ppo
-from rl.config_parsing import ConfigError
-from rl.losses import truncation_aware_gae
-from rl.rollout import greedy_episodes
-from rl.state import Envs, OnPolicyState
-from rl.trainer import RecurrentPolicy, Trainer, train_from_trainer
-from rl.unrolling import unroll_of
+from rl.agents.trainer import RecurrentPolicy, Trainer, train_from_trainer
+from rl.config.loops import PPOLoopConfig
+from rl.config.parsing import ConfigError
+from rl.config.unrolling import unroll_of
+from rl.core import collection, environment, episodes, log_points, minibatches, optimizers
+from rl.core.losses import truncation_aware_gae
+from rl.core.rollout import greedy_episodes
+from rl.core.state import Envs, OnPolicyState
+from rl.nn import layers, networks
+from rl.nn.network_config import RECURRENT_TORSOS, NetworkConfig, network_config
 
 RECURRENT = True  # takes a recurrent torso (rl.config.check_recurrence)
 EPISODE_INFO = ("episode_done", "episode_return", "episode_length")
 
 
 @dataclass(frozen=True)
-class Config(agent_configs.PPOLoopConfig):
+class Config(PPOLoopConfig):
     name: str = "ppo_rnn"
     network: NetworkConfig = network_config(
         torso="gru", hidden=(128,), recurrent_hidden=128, activation="relu"
@@ -71,7 +63,7 @@ class Config(agent_configs.PPOLoopConfig):
         if not self.network.recurrent:
             raise ConfigError(
                 f"agent.network.torso: {self.name} needs a recurrent torso "
-                f"({' or '.join(agent_configs.RECURRENT_TORSOS)}), got {self.network.torso!r}; "
+                f"({' or '.join(RECURRENT_TORSOS)}), got {self.network.torso!r}; "
                 f"for a feedforward torso use agent {self.name.removesuffix('_rnn')}"
             )
         if self.num_envs % self.num_minibatches:

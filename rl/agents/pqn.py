@@ -2,7 +2,7 @@
 parallel envs with Q(lambda) targets, no replay buffer and no target network; LayerNorm in the
 Q-network keeps the bootstrapped targets stable. Compiled end to end.
 
-One update (`rl.agent_configs.OnPolicyLoopConfig`):
+One update (`rl.config.loops.OnPolicyLoopConfig`):
 
     rollout   num_envs envs step num_steps times, epsilon-greedy on Q (epsilon decays linearly from
               epsilon_start to epsilon_end over the first epsilon_decay_fraction of the run)
@@ -33,21 +33,23 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rl import agent_configs, environment, episodes, exploration, losses, networks, optimizers
-from rl.agent_configs import NetworkConfig, network_config
-from rl.collection import rollout_keys, step_mask
-from rl.config_parsing import hp
-from rl.layers import Network
-from rl.log_points import log_point_metrics, scan_log_points, scan_updates
-from rl.minibatches import minibatch_epochs
-from rl.rollout import greedy_episodes
-from rl.state import Envs, OnPolicyState
-from rl.trainer import Trainer, train_from_trainer
-from rl.unrolling import unroll_of
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.loops import OnPolicyLoopConfig
+from rl.config.parsing import hp
+from rl.config.unrolling import unroll_of
+from rl.core import environment, episodes, exploration, losses, optimizers
+from rl.core.collection import rollout_keys, step_mask
+from rl.core.log_points import log_point_metrics, scan_log_points, scan_updates
+from rl.core.minibatches import minibatch_epochs
+from rl.core.rollout import greedy_episodes
+from rl.core.state import Envs, OnPolicyState
+from rl.nn import networks
+from rl.nn.layers import Network
+from rl.nn.network_config import NetworkConfig, network_config
 
 
 @dataclass(frozen=True)
-class Config(agent_configs.OnPolicyLoopConfig):
+class Config(OnPolicyLoopConfig):
     name: str = "pqn"
     lr: float = hp(
         1e-4, low=0.0, low_open=True, sweep=True, doc="Adam step size (annealed to 0 if anneal_lr)"
@@ -73,8 +75,8 @@ check_env = environment.check_discrete_actions
 
 class Transition(NamedTuple):
     """One rollout step; `reset_step` is set where the step only reset its env (envs that reset
-    in the step after an episode's end, rl.sebulba's envpool actors): the loss leaves those rows
-    out (None: every step is the agent's)."""
+    in the step after an episode's end, rl.sebulba's envpool actors): the loss leaves those
+    rows out (None: every step is the agent's)."""
 
     obs: jax.Array
     action: jax.Array
@@ -165,12 +167,12 @@ def init_opt_state(agent: Config, hparams, params):
 def learn_rollout(
     agent: Config, apply, hparams, params, opt_state, traj: Transition, key, **kernel
 ):
-    """One update's learning from the rollout `traj` [T, num_envs] (rl.sebulba's actors' too): the
-    Q(lambda) targets under `params` (`q_lambda_targets`, `kernel` its backend and deterministic),
-    held fixed, then `learn` on the flattened (obs, action, target) batch. Returns (params,
-    opt_state, mean stats {"loss", "q_mean"}). A reset step (`Transition.reset_step`) counts for
-    nothing; its target is meaningless, but no other step's reads it (it follows an episode end,
-    where the Q(lambda) chain stops)."""
+    """One update's learning from the rollout `traj` [T, num_envs] (rl.sebulba's actors'
+    too): the Q(lambda) targets under `params` (`q_lambda_targets`, `kernel` its backend and
+    deterministic), held fixed, then `learn` on the flattened (obs, action, target) batch. Returns
+    (params, opt_state, mean stats {"loss", "q_mean"}). A reset step (`Transition.reset_step`)
+    counts for nothing; its target is meaningless, but no other step's reads it (it follows an
+    episode end, where the Q(lambda) chain stops)."""
     targets = jax.lax.stop_gradient(q_lambda_targets(apply, params, traj, hparams, **kernel))
     flat = lambda x: x.reshape((agent.batch_size,) + x.shape[2:])
     batch = jax.tree.map(flat, (traj.obs, traj.action, targets, step_mask(traj)))
@@ -189,7 +191,7 @@ def log_period(agent: Config, env, env_params, update, greedy, state):
     stats)`, then the log point's metrics: env steps, the mean return and length of the episodes
     that ended, the mean of each update statistic (loss, mean Q, epsilon) and (eval_envs > 0) the
     mean return and length of greedy episodes of the policy `greedy(params)`
-    (`rl.rollout.greedy_episodes`). Returns (state, metrics)."""
+    (`rl.core.rollout.greedy_episodes`). Returns (state, metrics)."""
     state, totals, stats = scan_updates(update, state, agent.log_interval)
     metrics = log_point_metrics(state.step, totals, stats)
     if agent.eval_envs:

@@ -1,11 +1,11 @@
 """Value decomposition with PQN (PQN-VDN and PQN-QMIX, as JaxMARL's PQN-VDN baselines train them):
 one Q-network shared by every agent (its observation, and with `agent_id` a one-hot of its index,
 in; one Q-value per action out; LayerNorm in the torso), a mixer that makes the team's value of
-the agents' (`rl.mixers`: vdn, Q_tot = sum_i Q_i; qmix, QMIX's monotonic mixer on the global
+the agents' (`rl.nn.mixers`: vdn, Q_tot = sum_i Q_i; qmix, QMIX's monotonic mixer on the global
 state), trained PQN-style: Q(lambda) targets on the team reward from many parallel envs, no replay
 buffer, no target network. Compiled end to end; a multi-agent agent (`MULTI_AGENT`).
 
-One update (`rl.agent_configs.OnPolicyLoopConfig`), agents i = 1..A:
+One update (`rl.config.loops.OnPolicyLoopConfig`), agents i = 1..A:
 
     rollout   num_envs envs step num_steps times; each agent acts epsilon-greedily on its own
               Q_i among its available actions (`exploration.masked_epsilon_greedy`; epsilon as in
@@ -42,14 +42,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.spaces import Box
-from rl import environment, episodes, exploration, layers, losses, mixers, networks
 from rl.agents import pqn
-from rl.collection import rollout_keys
-from rl.config_parsing import ConfigError, hp
-from rl.log_points import scan_log_points
-from rl.state import Envs, OnPolicyState
-from rl.trainer import Trainer, train_from_trainer
-from rl.unrolling import unroll_of
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.parsing import ConfigError, hp
+from rl.config.unrolling import unroll_of
+from rl.core import environment, episodes, exploration, losses
+from rl.core.collection import rollout_keys
+from rl.core.log_points import scan_log_points
+from rl.core.state import Envs, OnPolicyState
+from rl.nn import layers, mixers, networks
 
 MULTI_AGENT = True
 TEAM_REWARDS = ("sum", "mean")

@@ -28,11 +28,11 @@ import jax
 import jax.numpy as jnp
 
 from envs.spaces import Discrete
-from rl import environment, episodes, exploration, log_points
-from rl.config_parsing import ConfigError, hp
-from rl.rollout import greedy_episodes
-from rl.state import Envs
-from rl.trainer import Trainer, train_from_trainer
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.parsing import ConfigError, hp
+from rl.core import environment, episodes, exploration, log_points
+from rl.core.rollout import greedy_episodes
+from rl.core.state import Envs
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def check_env(config, env, env_params) -> None:
 
 
 class QLearningState(NamedTuple):
-    """The training state, with `rl.state`'s field names: the table and the one training env
+    """The training state, with `rl.core.state`'s field names: the table and the one training env
     (its leaves have no env axis: one env steps, and `--shard envs` has no num_envs to split)."""
 
     params: jax.Array  # the Q-table [num_states, num_actions]

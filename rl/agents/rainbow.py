@@ -31,14 +31,14 @@ or argmax_a Q_target(s_boot, a), and discount d = gamma^(L+1) (1 - terminated):
 The batch loss is mean_i w_i loss_i with PER's importance weights w (1 for uniform replay); sampled
 items get priority_i + per_eps. Noisy layers draw independent noise for acting (once per step,
 shared by the envs), for the online net, the online next-state net and the target net; greedy
-evaluation uses the noise-free mean network. The loop is DQN's (`rl.replay`: phases of `train_freq`
-env steps then `gradient_steps` gradient steps, eval at log points, a log period's keys split at
-once by `replay.period_keys`); each env's window of its last n steps travels with the env as
-`state.envs.memory`, its steps packed into `rl.packing` blocks [envs, n, width] (`window_layout`),
-so that an env step appends to it with one concatenation per block (one block, or two where the
-observations are large narrow-dtype images), whatever the number of fields. With `fused_acting` on
-a Triton kernel backend, acting is one launch (`rl.fused_rainbow`): the same noise, the same actions
-up to float rounding (off by default: slower at rainbow_cartpole's shapes).
+evaluation uses the noise-free mean network. The loop is DQN's (`rl.replay.loop`: phases of
+`train_freq` env steps then `gradient_steps` gradient steps, eval at log points, a log period's keys
+split at once by `replay.period_keys`); each env's window of its last n steps travels with the env
+as `state.envs.memory`, its steps packed into `rl.core.packing` blocks [envs, n, width]
+(`window_layout`), so that an env step appends to it with one concatenation per block (one block, or
+two where the observations are large narrow-dtype images), whatever the number of fields. With
+`fused_acting` on a Triton kernel backend, acting is one launch (`rl.fused.rainbow`): the same
+noise, the same actions up to float rounding (off by default: slower at rainbow_cartpole's shapes).
 """
 
 from __future__ import annotations
@@ -51,24 +51,17 @@ import jax
 import jax.numpy as jnp
 
 import kernels
-from rl import (
-    buffers,
-    collection,
-    environment,
-    episodes,
-    exploration,
-    fused_rainbow,
-    layers,
-    losses,
-    networks,
-    packing,
-    replay,
-)
-from rl.agent_configs import NetworkConfig, ReplayLoopConfig, network_config
-from rl.config_parsing import ConfigError, hp
-from rl.log_points import scan_log_points
-from rl.state import ReplayState
-from rl.trainer import Trainer, train_from_trainer
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.loops import ReplayLoopConfig
+from rl.config.parsing import ConfigError, hp
+from rl.core import collection, environment, episodes, exploration, losses, packing
+from rl.core.log_points import scan_log_points
+from rl.core.state import ReplayState
+from rl.fused import rainbow as fused_rainbow
+from rl.nn import layers, networks
+from rl.nn.network_config import NetworkConfig, network_config
+from rl.replay import buffers
+from rl.replay import loop as replay
 
 
 @dataclass(frozen=True)
@@ -104,7 +97,7 @@ class Config(ReplayLoopConfig):
     head_hidden: int = hp(0, low=0, doc="hidden units of each head stream (0: linear streams)")
     fused_acting: bool = hp(
         False,
-        doc="act through one kernel launch (rl.fused_rainbow: the torso, the noisy dueling C51 "
+        doc="act through one kernel launch (rl.fused.rainbow: the torso, the noisy dueling C51 "
         "head, the softmax expectation and the epsilon-greedy choice) when the kernel backend is "
         "triton/interpret (auto: on a GPU) and the network fits it (an MLP of two tanh, relu or "
         "silu hidden layers, every head component on, no head_hidden, sizes within "
@@ -136,7 +129,7 @@ class Setup(NamedTuple):
     agent: Config
     backend: str
     deterministic: bool = False  # kernels.deterministic: the fixed-order projection
-    fused_acting: bool = False  # acting through kernels.rainbow_epsilon_greedy (rl.fused_rainbow)
+    fused_acting: bool = False  # acting through kernels.rainbow_epsilon_greedy (rl.fused.rainbow)
     dot_precision: str = "tf32"  # the kernel's matmuls (environment.kernel_precision)
 
 

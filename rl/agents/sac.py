@@ -5,7 +5,7 @@ temperature tuning, compiled end to end; continuous (tanh-squashed Gaussian) and
 Every phase the `num_envs` envs take one step (uniformly random actions for the first
 `learning_starts` env steps), the transitions (s, a, r, s' = info["final_obs"], terminated) go to
 a uniform replay buffer, and then `utd_ratio * num_envs` gradient steps follow, each on a fresh
-minibatch (`rl.agent_configs.ReplayActorCriticConfig`, pieces from `rl.actor_critic`). With
+minibatch (`rl.config.loops.ReplayActorCriticConfig`, pieces from `rl.agents.actor_critic`). With
 alpha = exp(log_alpha) and Q = min(Q1, Q2):
 
     critic:  y = r + gamma (1 - terminated) V(s'),
@@ -30,7 +30,7 @@ target_entropy_scale log|A| (`losses.soft_value_discrete`, `losses.sac_actor_los
 Sweepable hyperparameters (lr, alpha_lr, gamma, tau, init_alpha, target_entropy_scale,
 max_grad_norm) are read from `hparams` inside the compiled program.
 
-With continuous actions and `fused_network` on a Triton kernel backend (`rl.fused_critic`), the
+With continuous actions and `fused_network` on a Triton kernel backend (`rl.fused.critic`), the
 twin critics and their target are one flat vector each: a critic step's targets (on a' ~ pi(s') and
 the bonus -alpha log pi(a'|s') drawn here), losses and backward are one `kernels.twin_q_grads_flat`
 launch, and Adam and the Polyak target update the vector in one fused step each; the actor's step
@@ -43,7 +43,7 @@ over the concatenated batch [(s, a); (s', a')], a' ~ pi(s'), gives Q(s, a) and, 
 V(s') = min(Q1, Q2)(s', a') - alpha log pi(a'|s') (`actor_critic.joint_q_values`), so the critics'
 batch statistics are those of both; the running statistics are `State.critic_stats`, and the
 actor's loss reads the critics by them. With `agent.policy_delay` k > 1 the actor and temperature
-step every k-th critic step (CrossQ: 3). SimbaV2 (`agent.network.torso: simbav2`, `rl.simbav2`):
+step every k-th critic step (CrossQ: 3). SimbaV2 (`agent.network.torso: simbav2`, `rl.nn.simbav2`):
 after each actor and critic step the hyperspherical weights are projected back onto the sphere.
 """
 
@@ -60,29 +60,20 @@ import numpy as np
 import optax
 
 from envs.spaces import Box
-from rl import (
-    actor_critic,
-    buffers,
-    collection,
-    environment,
-    fused_critic,
-    losses,
-    networks,
-    optimizers,
-    simbav2,
-)
-from rl.agent_configs import (
-    ActorCriticNetworkConfig,
-    ReplayActorCriticConfig,
-    actor_critic_network_config,
-)
-from rl.config_parsing import ConfigError, hp
-from rl.layers import Network
-from rl.log_points import log_point_metrics, scan_log_points
-from rl.networks import Categorical, TanhGaussian
-from rl.state import Envs
-from rl.trainer import Trainer, train_from_trainer
-from rl.unrolling import unroll_of
+from rl.agents import actor_critic
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.loops import ReplayActorCriticConfig
+from rl.config.parsing import ConfigError, hp
+from rl.config.unrolling import unroll_of
+from rl.core import collection, environment, losses, optimizers
+from rl.core.log_points import log_point_metrics, scan_log_points
+from rl.core.state import Envs
+from rl.fused import critic as fused_critic
+from rl.nn import networks, simbav2
+from rl.nn.layers import Network
+from rl.nn.network_config import ActorCriticNetworkConfig, actor_critic_network_config
+from rl.nn.networks import Categorical, TanhGaussian
+from rl.replay import buffers
 
 
 @dataclass(frozen=True)
@@ -108,7 +99,7 @@ class Config(ReplayActorCriticConfig):
     fused_network: bool = hp(
         True,
         doc="take the critic and actor steps through the fused kernels, the twin critics as one "
-        "flat parameter vector (rl.fused_critic), when the actions are continuous, the kernel "
+        "flat parameter vector (rl.fused.critic), when the actions are continuous, the kernel "
         "backend is triton/interpret (auto: on a GPU) and the networks fit them (MLPs of two "
         "tanh, relu or silu hidden layers within kernels.twin_q_grads.LIMITS, with target "
         "critics: not SimbaV2's or CrossQ's); else the network's apply and autodiff",
@@ -137,7 +128,7 @@ def check_env(config, env, env_params) -> None:
 class State(NamedTuple):
     """SAC's training state: the actor (`params`, what `make_policy` reads), the twin critics, their
     target copy (None without target networks: CrossQ) and their running statistics (batch
-    renormalisation's, `rl.batch_renorm`; {} for critics without), the optimiser states {"actor",
+    renormalisation's, `rl.nn.batch_renorm`; {} for critics without), the optimiser states {"actor",
     "critic", "log_alpha"}, log alpha, the replay buffer, the envs, the PRNG key, env steps and
     gradient steps so far."""
 
@@ -327,7 +318,7 @@ def make_optimizers(hparams, b1: float = 0.9):
 
 class Learning(NamedTuple):
     """What SAC's learning reads (`make_learning`): the networks and losses (`Variant`), and the
-    fused critic and actor setups (`rl.fused_critic`; None where the steps go through apply and
+    fused critic and actor setups (`rl.fused.critic`; None where the steps go through apply and
     autodiff)."""
 
     variant: Variant
@@ -337,7 +328,7 @@ class Learning(NamedTuple):
 
 def make_learning(config, env, env_params) -> Learning:
     """The variant of the env's action space, with the twin critics as one flat vector and the
-    fused actor step where `rl.fused_critic.for_agent` says the kernels run them."""
+    fused actor step where `rl.fused.critic.for_agent` says the kernels run them."""
     agent = config.agent
     variant = make_variant(agent, env, env_params)
     fused = fused_critic.for_agent(config, env, env_params, variant.critic)

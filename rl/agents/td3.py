@@ -1,11 +1,11 @@
 """TD3 (Fujimoto et al. 2018, "Addressing Function Approximation Error in Actor-Critic Methods"),
 compiled end to end; continuous actions.
 
-The loop (`rl.agent_configs.ReplayActorCriticConfig`, pieces from `rl.actor_critic`): `num_envs`
-envs take one step with the exploration policy a = clip(mu(s) + N(0, exploration_noise^2), -1, 1)
-(uniformly random actions for the first `learning_starts` env steps), the transitions (s, a, r,
-s' = info["final_obs"], terminated) go to a uniform replay buffer, and `utd_ratio * num_envs`
-gradient steps follow. Each gradient step, on a fresh minibatch:
+The loop (`rl.config.loops.ReplayActorCriticConfig`, pieces from `rl.agents.actor_critic`):
+`num_envs` envs take one step with the exploration policy a = clip(mu(s) + N(0,
+exploration_noise^2), -1, 1) (uniformly random actions for the first `learning_starts` env steps),
+the transitions (s, a, r, s' = info["final_obs"], terminated) go to a uniform replay buffer, and
+`utd_ratio * num_envs` gradient steps follow. Each gradient step, on a fresh minibatch:
 
     target:  a' = clip(mu'(s') + clip(eps, -c, c), -1, 1),  eps ~ N(0, policy_noise^2)  (smoothing)
              y  = r + gamma (1 - terminated) min(Q1', Q2')(s', a')              (clipped double Q)
@@ -19,7 +19,7 @@ reached before any auto-reset. Actions live in [-1, 1]^d; `environment.make_env`
 the env's bounds. Sweepable: lr, gamma, tau, max_grad_norm, exploration_noise, policy_noise,
 noise_clip.
 
-With `fused_network` on a Triton kernel backend (`rl.fused_critic`), the twin critics and their
+With `fused_network` on a Triton kernel backend (`rl.fused.critic`), the twin critics and their
 target are one flat vector each: a critic step's targets, losses and backward are one
 `kernels.twin_q_grads_flat` launch, and Adam and the Polyak target update the vector in one fused
 step each; the actor's step (its forward, Q1's forward and backward to the action, its backward) is
@@ -32,8 +32,8 @@ critics; a' = clip(mu(s') + clip(eps, -c, c), -1, 1) from the online actor, and 
 online critics in training mode over [(s, a); (s', a')] gives Q(s, a) and, held fixed,
 min(Q1, Q2)(s', a') (`actor_critic.joint_q_values`); the running statistics are
 `State.critic_stats`, and the actor's loss reads Q1 by them. SimbaV2 (`agent.network.torso:
-simbav2`, `rl.simbav2`): after each actor and critic step the hyperspherical weights are projected
-back onto the sphere.
+simbav2`, `rl.nn.simbav2`): after each actor and critic step the hyperspherical weights are
+projected back onto the sphere.
 """
 
 from __future__ import annotations
@@ -46,27 +46,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl import (
-    actor_critic,
-    buffers,
-    collection,
-    environment,
-    fused_critic,
-    losses,
-    networks,
-    optimizers,
-    simbav2,
-)
-from rl.agent_configs import (
-    ActorCriticNetworkConfig,
-    ReplayActorCriticConfig,
-    actor_critic_network_config,
-)
-from rl.config_parsing import hp
-from rl.log_points import log_point_metrics, scan_log_points
-from rl.state import Envs
-from rl.trainer import Trainer, train_from_trainer
-from rl.unrolling import unroll_of
+from rl.agents import actor_critic
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.loops import ReplayActorCriticConfig
+from rl.config.parsing import hp
+from rl.config.unrolling import unroll_of
+from rl.core import collection, environment, losses, optimizers
+from rl.core.log_points import log_point_metrics, scan_log_points
+from rl.core.state import Envs
+from rl.fused import critic as fused_critic
+from rl.nn import networks, simbav2
+from rl.nn.network_config import ActorCriticNetworkConfig, actor_critic_network_config
+from rl.replay import buffers
 
 
 @dataclass(frozen=True)
@@ -92,7 +83,7 @@ class Config(ReplayActorCriticConfig):
     fused_network: bool = hp(
         True,
         doc="take the critic and actor steps through the fused kernels, the twin critics as one "
-        "flat parameter vector (rl.fused_critic), when the kernel backend is triton/interpret "
+        "flat parameter vector (rl.fused.critic), when the kernel backend is triton/interpret "
         "(auto: on a GPU) and the networks fit them (MLPs of two tanh, relu or silu hidden "
         "layers within kernels.twin_q_grads.LIMITS, with target networks: not SimbaV2's or "
         "CrossQ's); else the network's apply and autodiff",
@@ -107,7 +98,7 @@ def check_env(config, env, env_params) -> None:
 class State(NamedTuple):
     """TD3's training state: the actor mu (`params`, what `make_policy` reads) and the twin
     critics, each with its target copy (None without target networks: CrossQ); the critics'
-    running statistics (batch renormalisation's, `rl.batch_renorm`; {} for critics without); the
+    running statistics (batch renormalisation's, `rl.nn.batch_renorm`; {} for critics without); the
     optimiser states {"actor", "critic"}; the replay buffer; the envs; the PRNG key; env steps and
     gradient steps so far."""
 
@@ -208,7 +199,7 @@ class Learning(NamedTuple):
     action) -> (params, stats)`, their values `(params, stats, obs, action) -> (q1, q2)` (on their
     flat vector where fused; by the running statistics for CrossQ) and their loss `(params, stats,
     target actor params, target critic params, batch, key, hparams) -> (L_Q, (mean Q1, stats))`
-    (target losses or CrossQ's joint one); the fused critic and actor setups (`rl.fused_critic`;
+    (target losses or CrossQ's joint one); the fused critic and actor setups (`rl.fused.critic`;
     None where the steps go through apply and autodiff); the action's shape; and the projection
     after an optimiser step (SimbaV2's sphere, else the identity)."""
 
@@ -225,7 +216,7 @@ class Learning(NamedTuple):
 
 def make_learning(config, env, env_params) -> Learning:
     """The networks of `env`, with the twin critics as one flat vector and the fused actor step
-    where `rl.fused_critic.for_agent` says the kernels run them, or CrossQ's critics keeping
+    where `rl.fused.critic.for_agent` says the kernels run them, or CrossQ's critics keeping
     running statistics where there are no target networks."""
     agent = config.agent
     actor, critic = make_networks(agent, env, env_params)

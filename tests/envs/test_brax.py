@@ -248,7 +248,7 @@ def test_missing_extra_names_it(hide_package):
         envs.make("brax:ant", backend="mjx")
     assert not any(i.startswith("brax:") for i in envs.registered_ids())
     from rl.config import build_config
-    from rl.config_parsing import ConfigError
+    from rl.config.parsing import ConfigError
 
     with pytest.raises(ConfigError, match=r'env.id: .*pip install -e "\.\[brax\]"'):
         build_config({"env": {"id": "brax:ant"}, "agent": {"name": "ppo"}})
@@ -289,7 +289,7 @@ def test_one_update_from_the_config(config, overrides, tmp_path):
     """The shipped config trains for one update on the CPU
     (tiny sizes; the spring backend to compile fast)."""
     from rl.config import load_config
-    from rl.train import train_many
+    from rl.run.train import train_many
 
     config = load_config(
         config,

@@ -286,7 +286,7 @@ def test_import_envs_loads_no_outside_env_library():
     from pathlib import Path
 
     code = (
-        "import sys, envs, envs.brax, envs.craftax, envs.jumanji, rl.train; "
+        "import sys, envs, envs.brax, envs.craftax, envs.jumanji, rl.run.train; "
         "print(sorted({'brax', 'craftax', 'jumanji', 'mujoco'} & set(sys.modules)))"
     )
     result = subprocess.run(

@@ -237,7 +237,7 @@ def test_missing_extra_names_it(hide_package):
 def test_one_update_from_the_config(env_id, tmp_path):
     """configs/ppo_craftax_symbolic.yaml trains for one update on the CPU (tiny sizes)."""
     from rl.config import load_config
-    from rl.train import train_many
+    from rl.run.train import train_many
 
     overrides = [
         "agent.total_steps=32",

@@ -18,7 +18,7 @@ OPTIONS = dict(episodic_life=True, reward_clip=True, img_height=44, img_width=44
 
 def test_a_missing_envpool_gives_one_error_naming_the_extra(monkeypatch):
     from rl.config import build_config
-    from rl.config_parsing import ConfigError
+    from rl.config.parsing import ConfigError
 
     monkeypatch.setitem(sys.modules, "envpool", None)  # `import envpool` fails as if not installed
     with pytest.raises(

@@ -435,7 +435,7 @@ def test_an_agent_trains_on_a_from_gymnasium_env():
     the compiled loop) on gymnasium's own FrozenLake through
     `envs.make("gymnasium:FrozenLake-v1")`."""
     from rl.config import build_config
-    from rl.train import train_many
+    from rl.run.train import train_many
 
     config = build_config(
         {

@@ -263,7 +263,7 @@ def test_make_errors_name_the_problem():
 
 def test_rl_config_takes_gymnax_ids_and_params():
     from rl.config import build_config
-    from rl.config_parsing import ConfigError
+    from rl.config.parsing import ConfigError
 
     config = build_config(
         {
@@ -294,7 +294,7 @@ def test_rl_config_takes_gymnax_ids_and_params():
 
 def test_a_missing_gymnax_gives_one_error_naming_the_extra(monkeypatch):
     from rl.config import build_config
-    from rl.config_parsing import ConfigError
+    from rl.config.parsing import ConfigError
 
     monkeypatch.setitem(
         sys.modules, "gymnax", None

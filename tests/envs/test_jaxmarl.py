@@ -348,7 +348,7 @@ def test_max_steps_in_episode_sets_jaxmarls_limit(jaxmarl):
 
 def test_unknown_names_raise_one_error_naming_them(jaxmarl):
     from rl.config import EnvConfig
-    from rl.config_parsing import ConfigError
+    from rl.config.parsing import ConfigError
 
     with pytest.raises(ValueError, match=r"unknown map '4m'.*3m, 2s3z, 25m, 3s5z"):
         envs.make("jaxmarl:SMAX", scenario="4m")

@@ -210,7 +210,7 @@ def test_rl_train_takes_the_id_and_its_params(tmp_path, capsys):
 
     import yaml
 
-    from rl.cli import main
+    from rl.cli.main import main
 
     config = {
         "env": {

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from run_helpers import REPO, metric_rows, subprocess_env
 
-from rl.checkpoint_integrity import FILES_MANIFEST
+from rl.run.checkpoint_integrity import FILES_MANIFEST
 
 # The exit status of a run each signal stops (-9: killed).
 EXIT_STATUS = {"SIGKILL": -9, "SIGINT": 130, "SIGTERM": 143}
@@ -36,8 +36,8 @@ INJECT = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from rl import logging as rl_logging
     from rl import train as rl_train
-    from rl.cli import run_command
-    from rl.cli_output import command_output
+    from rl.cli.main import run_command
+    from rl.cli.output import command_output
 
     at_step, fault, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     fired = []
@@ -107,7 +107,7 @@ def fault_env(cache: Path | None = None) -> dict:
 def rl(args, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
     """`rl ARGS` in a subprocess, output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "rl.cli", *map(str, args)],
+        [sys.executable, "-m", "rl.cli.main", *map(str, args)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -178,9 +178,9 @@ def intact(run_dir: Path, killed: bool = False) -> None:
     (the newest one may lack its manifest after a kill -9 that came between orbax finishing it and
     the manifest being written: `killed`), the newest checkpoint restores through `rl eval`'s
     loader, and `rl plot`'s reader reads metrics.jsonl without a warning."""
-    from rl.checkpoint_integrity import verify_files
-    from rl.plot import read_metrics
-    from rl.run_dir import load_params, load_run_config
+    from rl.cli.plot import read_metrics
+    from rl.run.checkpoint_integrity import verify_files
+    from rl.run.run_dir import load_params, load_run_config
 
     steps = checkpoint_steps(run_dir)
     for step in steps:

@@ -77,7 +77,7 @@ def test_damaged_metrics_file_is_rewritten_by_resume(damage, stopped, reference,
     """A metrics.jsonl line removed or garbled: `rl plot`'s reader skips a garbled line with one
     warning; --resume rewrites the file from the checkpoint's history, identical to the
     reference."""
-    from rl.plot import read_metrics
+    from rl.cli.plot import read_metrics
 
     run_dir = copy_run(stopped, tmp_path / "run")
     path = run_dir / "metrics.jsonl"

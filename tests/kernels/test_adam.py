@@ -1,6 +1,6 @@
 """kernels.adam: clipped Adam and the target's Polyak step on flat vectors, against a float64 NumPy
-evaluation of the formula and against optax's own Adam (rl.optimizers.clipped_adam) step by step;
-under jit and nested vmap with per-seed hyperparameters; odd sizes around the block; NaN
+evaluation of the formula and against optax's own Adam (rl.core.optimizers.clipped_adam) step by
+step; under jit and nested vmap with per-seed hyperparameters; odd sizes around the block; NaN
 propagation; one clear error for bad input."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.adam import BLOCK, adam_step
-from rl.optimizers import clipped_adam, flat_step, periodic_polyak
+from rl.core.optimizers import clipped_adam, flat_step, periodic_polyak
 
 B1, B2, EPS = 0.9, 0.999, 1e-8
 
@@ -111,8 +111,8 @@ def test_property_matches_the_float64_step(backend, size, count, lr, clip, tau, 
 
 def test_five_steps_follow_optax(backend):
     """Five steps from a fresh state along changing gradients, against optax's clipped Adam on the
-    same flat vector (rl.optimizers.flat_step) and rl.optimizers.periodic_polyak every other step:
-    the same moments and count, params and target within float32 rounding."""
+    same flat vector (rl.core.optimizers.flat_step) and rl.core.optimizers.periodic_polyak every
+    other step: the same moments and count, params and target within float32 rounding."""
     size = 2 * BLOCK + 3
     params, _, _, _, target = vectors(0, size)
     optimizer = clipped_adam(1e-2, 1.5)

@@ -1,7 +1,7 @@
 """The fused deterministic-policy gradient, kernels.deterministic_policy_grads_flat (TD3's actor
 step through its first critic), against its plain-JAX reference (autodiff) under jit and vmap for
 odd sizes, the reference against a float64 NumPy computation by hand, NaN propagation and
-bad-input errors. The agent side (TD3 through rl.fused_critic) is tests/rl/test_fused_critic.py."""
+bad-input errors. The agent side (TD3 through rl.fused.critic) is tests/rl/test_fused_critic.py."""
 
 import jax
 import jax.numpy as jnp

@@ -298,9 +298,9 @@ def test_shape_helpers():
 
 
 def test_lowering_asks_a_target_only_triton_driver_and_puts_triton_back():
-    """rl.train lowers its programs under `compile_without_torch`: Triton's target comes from the
-    device's compute capability (no torch import through Triton's CUDA driver), and Triton has no
-    active driver afterwards, as before. Elsewhere the block changes nothing."""
+    """rl.run.train lowers its programs under `compile_without_torch`: Triton's target comes from
+    the device's compute capability (no torch import through Triton's CUDA driver), and Triton has
+    no active driver afterwards, as before. Elsewhere the block changes nothing."""
     pytest.importorskip("triton")
     from triton.runtime import driver
 

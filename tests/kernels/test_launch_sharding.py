@@ -125,7 +125,7 @@ SCRIPT = textwrap.dedent(
         )
 
     sharding = NamedSharding(mesh, P(None, "d"))
-    # (out_shardings as rl.programs gives them: a callback's own output is placed on device 0)
+    # (out_shardings as rl.run.programs gives them: a callback's own output is placed on device 0)
     got = jax.jit(jax.vmap(jax.vmap(fold_vmap(host_core))), out_shardings=sharding)(
         jax.device_put(x, sharding)
     )

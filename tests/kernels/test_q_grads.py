@@ -1,7 +1,7 @@
 """The fused Q-network kernels, kernels.q_learning_grads_flat and kernels.q_epsilon_greedy, against
 their plain-JAX references (autodiff of the TD loss; the forward pass and select), under jit and
 vmap, for odd sizes; the reference against a float64 NumPy computation by hand; NaN propagation;
-bad input errors. The agent side (DQN through rl.fused_q) is tests/rl/test_dqn_fused.py."""
+bad input errors. The agent side (DQN through rl.fused.q) is tests/rl/test_dqn_fused.py."""
 
 import jax
 import jax.numpy as jnp

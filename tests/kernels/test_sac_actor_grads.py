@@ -1,7 +1,7 @@
 """The fused SAC actor gradient, kernels.sac_actor_grads_flat (the squashed-Gaussian actor through
 the smaller of the twin critics), against its plain-JAX reference (autodiff) under jit and vmap for
 odd sizes, its loss and entropy against a float64 NumPy forward pass, NaN propagation and
-bad-input errors. The agent side (SAC through rl.fused_critic) is tests/rl/test_fused_critic.py."""
+bad-input errors. The agent side (SAC through rl.fused.critic) is tests/rl/test_fused_critic.py."""
 
 import math
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kernels import sumtree_find_leaves, sumtree_set_leaves
 from kernels.sumtree import sumtree_find_leaves_reference, sumtree_set_leaves_reference
-from rl.buffers import sumtree_from_leaves
+from rl.replay.buffers import sumtree_from_leaves
 
 
 def numpy_tree(leaves: np.ndarray, sizes) -> list[np.ndarray]:

@@ -1,7 +1,7 @@
 """The fused twin-critic gradient, kernels.twin_q_grads_flat, against its plain-JAX reference
 (autodiff of the clipped double-Q loss) under jit and vmap for odd sizes, the reference against a
 float64 NumPy computation by hand, NaN propagation and bad-input errors. The agent side (TD3 and
-SAC through rl.fused_critic) is tests/rl/test_fused_critic.py."""
+SAC through rl.fused.critic) is tests/rl/test_fused_critic.py."""
 
 import jax
 import jax.numpy as jnp

@@ -1,6 +1,6 @@
-"""Batch renormalisation (rl.batch_renorm) against a float64 NumPy transcription of Ioffe (2017)'s
-definition: r and d clipping, the warm-up's plain batch normalisation, the running statistics'
-update, r and d held out of the gradient, the inference branch, and the layer inside a
+"""Batch renormalisation (rl.nn.batch_renorm) against a float64 NumPy transcription of Ioffe
+(2017)'s definition: r and d clipping, the warm-up's plain batch normalisation, the running
+statistics' update, r and d held out of the gradient, the inference branch, and the layer inside a
 `StatefulNetwork` on Flax and Haiku (statistics updated in training, untouched in inference)."""
 
 import jax
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import batch_renorm
-from rl.batch_renorm import D_MAX, EPS, R_MAX
+from rl.nn import batch_renorm
+from rl.nn.batch_renorm import D_MAX, EPS, R_MAX
 
 
 def reference(x, mean, var, steps, momentum, warmup):

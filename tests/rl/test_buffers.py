@@ -17,7 +17,8 @@ from run_helpers import FUSION_EMITTERS
 from scipy import stats
 
 import kernels
-from rl import buffers, packing
+from rl.core import packing
+from rl.replay import buffers
 
 
 def transition(i):
@@ -252,7 +253,7 @@ def test_new_items_enter_at_the_max_priority_seen():
 
 
 def test_beta_schedule_anneals_to_one():
-    from rl.exploration import linear_schedule
+    from rl.core.exploration import linear_schedule
 
     beta = [float(linear_schedule(0.4, 1.0, 100, s)) for s in (0, 50, 100, 1000)]
     np.testing.assert_allclose(beta, [0.4, 0.7, 1.0, 1.0], rtol=1e-6)

@@ -20,7 +20,7 @@ from run_helpers import (
     write_config,
 )
 
-from rl.checkpoint import CheckpointMismatchError, Checkpoints, abstract_like
+from rl.run.checkpoint import CheckpointMismatchError, Checkpoints, abstract_like
 
 
 def assert_same_params(a, b):
@@ -105,8 +105,8 @@ def test_resume_of_a_run_whose_last_chunk_was_saved_trains_nothing(
 
 
 def test_chunked_runner_equals_one_compiled_program(tmp_path_factory):
-    from rl.run_dir import load_run_config
-    from rl.train import train_many
+    from rl.run.run_dir import load_run_config
+    from rl.run.train import train_many
 
     run_dir = trained_run(tmp_path_factory)
     config, grid = load_run_config(run_dir)
@@ -205,7 +205,7 @@ def test_neural_agent_interrupted_and_resumed_equals_uninterrupted(agent, tmp_pa
     import os
     import signal
 
-    from rl import logging as rl_logging
+    from rl.run import logging as rl_logging
 
     config = write_config(
         tmp_path, {**NEURAL[agent], "run": {"seeds": 2, "checkpoint_every": 1, "progress": False}}
@@ -266,7 +266,7 @@ def test_a_failed_orbax_write_is_the_os_error_it_reports(tmp_path):
     as the OSError it names (the CLI prints that in one line); any other failure as it is."""
     import errno
 
-    from rl.checkpoint import _write_error
+    from rl.run.checkpoint import _write_error
 
     full = ValueError(
         'RESOURCE_EXHAUSTED: Error writing "params.w/0.0" in OCDBT database: Failed to write 64 '
@@ -283,7 +283,7 @@ def test_a_failed_orbax_write_is_the_os_error_it_reports(tmp_path):
 def test_checkpoint_files_manifest_finds_any_change(tmp_path):
     """The manifest written once a checkpoint is final names the first file that is missing,
     shorter or has other bytes; a folder without one is reported as unverified (False)."""
-    from rl.checkpoint_integrity import (
+    from rl.run.checkpoint_integrity import (
         CheckpointDamagedError,
         verify_files,
         write_files_manifest,
@@ -309,7 +309,7 @@ def test_checkpoint_files_manifest_finds_any_change(tmp_path):
 
 
 def test_config_difference_names_the_first_changed_key_and_ignores_where_a_run_is_written():
-    from rl.run_dir import config_difference
+    from rl.run.run_dir import config_difference
 
     saved = {
         "agent": {"lr": 0.001, "network": {"hidden": [64, 64]}},
@@ -338,7 +338,7 @@ def test_a_history_of_another_length_than_its_meta_says_is_damage(points, tmp_pa
     """A checkpoint's metric history must hold exactly the log points its meta records: one cut
     short, or one too long, is damage (skipped on --resume, with one warning), never a history
     that --resume would continue with log points missing."""
-    from rl.checkpoint_integrity import CheckpointDamagedError, check_history
+    from rl.run.checkpoint_integrity import CheckpointDamagedError, check_history
 
     history = {"seed": {"step": np.zeros((1, 2, points)), "loss": np.zeros((1, 2, 3))}}
     with pytest.raises(CheckpointDamagedError, match=f"'step' has {points} log points, the meta"):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from rl.cli import main
+from rl.cli.main import main
 
 TINY = {
     "env": {"id": "GridWorld", "params": {"size": 3, "max_steps_in_episode": 20}},
@@ -34,7 +34,7 @@ def write_config(tmp_path, data=None, name="tiny.yaml"):
 
 
 def run_cli(argv):
-    """(exit status, stdout, stderr) of rl.cli.main, whether it returns or exits."""
+    """(exit status, stdout, stderr) of rl.cli.main.main, whether it returns or exits."""
     try:
         return main([str(a) for a in argv])
     except SystemExit as exit:
@@ -87,7 +87,7 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
         serialization.msgpack_restore((run_dir / "final_params.msgpack").read_bytes())
     )
     assert params.shape == (1, 3, 9, 4)
-    from rl.train import train_many
+    from rl.run.train import train_many
 
     final_state, metrics = train_many(config)
     np.testing.assert_array_equal(params, np.asarray(final_state.params))
@@ -133,7 +133,7 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
 
 def _summary_of(metrics, grid=({},)):
     from rl.config import build_config
-    from rl.summary import summarise
+    from rl.run.summary import summarise
 
     config = build_config(TINY)
     return summarise(
@@ -158,7 +158,7 @@ def test_summary_reports_the_greedy_eval_return_when_the_agent_has_one():
         and row["min"] == 30.0
         and row["max"] == 40.0
     )
-    from rl.cli_output import summary_lines
+    from rl.cli.output import summary_lines
 
     lines = summary_lines(summary)
     assert lines[1].startswith("final eval_return, the greedy evaluation return (greedy-policy")
@@ -174,7 +174,7 @@ def test_summary_falls_back_to_episode_return_and_labels_sweep_settings():
     )
     assert summary["metric"] == "episode_return"
     assert [row["per_seed"] for row in summary["settings"]] == [[2.0, 4.0], [6.0, 8.0]]
-    from rl.cli_output import summary_lines
+    from rl.cli.output import summary_lines
 
     assert summary_lines(summary)[3] == "  lr=0.5: 7 +- 1 (median 7, min 6, max 8; 2 seeds)"
 
@@ -351,10 +351,12 @@ def test_existing_run_directory_is_refused_and_left_alone(tmp_path, capsys):
 
 
 def test_console_script_reports_bad_input(tmp_path):
-    """The installed `rl` entry point (or `python -m rl.cli` where it is not installed)."""
+    """The installed `rl` entry point (or `python -m rl.cli.main` where it is not installed)."""
     out = tmp_path / "out"
     argv = ["train", str(write_config(tmp_path)), "agent.gamma=2", "--output-dir", str(out)]
-    command = ["rl", *argv] if _has_console_script() else [sys.executable, "-m", "rl.cli", *argv]
+    command = (
+        ["rl", *argv] if _has_console_script() else [sys.executable, "-m", "rl.cli.main", *argv]
+    )
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stdout == ""
@@ -424,7 +426,7 @@ def test_progress_names_the_run_directory_then_the_compile_never_0_steps_per_s(t
 def test_progress_bar_rate_starts_at_the_second_log_point():
     import io
 
-    from rl.logging import ProgressBar
+    from rl.run.logging import ProgressBar
 
     stream = io.StringIO()
     bar = ProgressBar(300, label="t", min_interval=0.0, stream=stream)
@@ -437,9 +439,9 @@ def test_progress_bar_rate_starts_at_the_second_log_point():
 
 
 def test_smoke_seeds_caps_the_seeds_and_names_a_bad_value(monkeypatch):
-    from rl.cli import build_parser
-    from rl.cli_train import resolve_train_config
-    from rl.config_parsing import ConfigError
+    from rl.cli.main import build_parser
+    from rl.cli.train import resolve_train_config
+    from rl.config.parsing import ConfigError
 
     args = build_parser().parse_args(["train", "configs/qlearning_gridworld.yaml", "--seeds", "16"])
     monkeypatch.setenv("FUSEDRL_SMOKE_SEEDS", "2")
@@ -461,7 +463,7 @@ def test_warnings_are_one_clean_line_without_colour_codes(capsys):
 
     import gymnasium
 
-    from rl.cli_output import command_output
+    from rl.cli.output import command_output
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -499,8 +501,8 @@ def test_a_file_given_as_run_directory_is_named_a_file(command, tmp_path, capsys
 
 def test_counts_of_one_are_singular():
     """'1 seed', '1 episode': rl train's summary and rl eval's lines."""
-    from rl.cli_output import summary_lines
-    from rl.evaluate import evaluation_lines
+    from rl.cli.evaluate import evaluation_lines
+    from rl.cli.output import summary_lines
 
     summary = _summary_of({"step": [[[100, 200]]], "episode_return": [[[1.0, 2.0]]]})
     assert summary_lines(summary)[2].endswith("; 1 seed)")

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from envs.spaces import Box
-from rl import agent_configs, cnn, layers, networks
 from rl.config import build_config
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.nn import cnn, layers, networks
+from rl.nn.network_config import NetworkConfig
 
 pytestmark = pytest.mark.usefixtures(
     "full_precision_matmuls"
@@ -28,7 +29,7 @@ def count(params) -> int:
 
 
 def q_net(torso: str, hidden, obs_space, num_actions: int):
-    config = agent_configs.NetworkConfig(torso=torso, hidden=hidden, activation="relu")
+    config = NetworkConfig(torso=torso, hidden=hidden, activation="relu")
     return networks.with_head(networks.make_torso(config, obs_space), networks.q_head(num_actions))
 
 
@@ -105,7 +106,7 @@ def test_conv_kernels_are_orthogonal_with_gain_sqrt2(backend):
 
 
 def test_actor_critic_with_a_cnn_torso_has_two_conv_stacks():
-    config = agent_configs.NetworkConfig(torso="cnn_minatar", hidden=(128,), activation="relu")
+    config = NetworkConfig(torso="cnn_minatar", hidden=(128,), activation="relu")
     torso = networks.make_torso(config, MINATAR)
     for shared, stacks in ((False, 2), (True, 1)):
         net = layers.build(
@@ -125,7 +126,7 @@ def test_mlp_flattens_image_observations():
 
 
 def test_cnn_torsos_need_images_large_enough():
-    config = agent_configs.NetworkConfig(torso="cnn_minatar")
+    config = NetworkConfig(torso="cnn_minatar")
     with pytest.raises(
         ValueError,
         match=r"torso 'cnn_minatar' needs image observations, a Box of shape "
@@ -135,12 +136,12 @@ def test_cnn_torsos_need_images_large_enough():
     with pytest.raises(ValueError, match="needs image observations"):
         networks.make_torso(config)  # no observation space
     with pytest.raises(ValueError, match=r"images of 10x10 are too small for its 4x4 conv layers"):
-        networks.make_torso(agent_configs.NetworkConfig(torso="nature_cnn"), MINATAR)
+        networks.make_torso(NetworkConfig(torso="nature_cnn"), MINATAR)
     networks.make_torso(
-        agent_configs.NetworkConfig(torso="nature_cnn"), Box(0, 1, (36, 36, 1))
+        NetworkConfig(torso="nature_cnn"), Box(0, 1, (36, 36, 1))
     )  # the smallest it takes
     with pytest.raises(ConfigError, match="^agent.network.torso: torso 'nature_cnn'"):
-        agent_configs.NetworkConfig(torso="nature_cnn").check_obs_space(Box(0, 1, (35, 40, 3)))
+        NetworkConfig(torso="nature_cnn").check_obs_space(Box(0, 1, (35, 40, 3)))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
-"""rl.collection: a rollout's PRNG keys, the scan whose small per-step outputs are stored as one
-packed row, and the scan that runs only where a traced predicate holds (`scan_when`: the gradient
-steps of a replay agent's phase, skipped before learning_starts)."""
+"""rl.core.collection: a rollout's PRNG keys, the scan whose small per-step outputs are stored as
+one packed row, and the scan that runs only where a traced predicate holds (`scan_when`: the
+gradient steps of a replay agent's phase, skipped before learning_starts)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import collection, episodes
+from rl.core import collection, episodes
 
 # ---------------------------------------------------------------- rollout keys
 

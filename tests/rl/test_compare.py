@@ -12,8 +12,8 @@ import pytest
 import yaml
 from run_helpers import run_cli
 
-from rl import evaluation
-from rl.plot import read_metrics
+from rl.cli import evaluation
+from rl.cli.plot import read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STEPS = [1000, 2000, 3000, 4000]

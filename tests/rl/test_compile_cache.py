@@ -1,7 +1,7 @@
-"""The persistent compilation cache of `rl train` (rl.compile_cache) and the one training program
-of a run (rl.train): one compile whatever the chunks, a second run and a resume that load every
-program, bit-identical results with the cache on and off, and a cache that fails without stopping
-the run (one warning line)."""
+"""The persistent compilation cache of `rl train` (rl.run.compile_cache) and the one training
+program of a run (rl.run.train): one compile whatever the chunks, a second run and a resume that
+load every program, bit-identical results with the cache on and off, and a cache that fails without
+stopping the run (one warning line)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from run_helpers import TINY, final_params, run_signalled, subprocess_env, write_config
 
-from rl import compile_cache
-from rl.compile_cache import CacheStats, CheckedFileCache, compilation_cache
 from rl.config import build_config
-from rl.config_parsing import apply_overrides
-from rl.train import run_training
+from rl.config.parsing import apply_overrides
+from rl.run import compile_cache
+from rl.run.compile_cache import CacheStats, CheckedFileCache, compilation_cache
+from rl.run.train import run_training
 
 
 def tiny(tmp_path, name: str, cache, **run) -> tuple:
@@ -100,7 +100,7 @@ def run_subprocess(args):
     from run_helpers import REPO
 
     done = subprocess.run(
-        [sys.executable, "-m", "rl.cli", *map(str, args)],
+        [sys.executable, "-m", "rl.cli.main", *map(str, args)],
         cwd=REPO,
         env=subprocess_env(),
         capture_output=True,
@@ -235,6 +235,6 @@ def test_the_summary_says_what_became_of_the_whole_programs(tmp_path):
 
 
 def compile_cache_keeps_whole_programs(platform: str) -> bool:
-    from rl.program_cache import PLATFORMS
+    from rl.run.program_cache import PLATFORMS
 
     return platform in PLATFORMS

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rl.config import build_config, hyperparams, load_config, parse_sweep, sweepable
-from rl.config_parsing import ConfigError, parse_override
+from rl.config.parsing import ConfigError, parse_override
 
 DEFAULT = "configs/qlearning_gridworld.yaml"
 
@@ -290,7 +290,7 @@ def test_a_gymnasium_env_under_anakin_warns_naming_the_builtin_env_and_sebulba(c
     warns once, naming the built-in JAX env of that id and the actor-learner layout."""
     import warnings
 
-    from rl.cli_output import command_output
+    from rl.cli.output import command_output
     from rl.config import HostEnvWarning
 
     data = {"env": {"id": "gymnasium:CartPole-v1"}, "agent": {"name": "ppo"}}

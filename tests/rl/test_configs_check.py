@@ -14,8 +14,8 @@ import pytest
 
 from benchmarks import configs_check as check
 from benchmarks import configs_tables as tables
-from rl.config_parsing import ConfigError
-from rl.promise import parse_promise
+from rl.config.parsing import ConfigError
+from rl.config.promise import parse_promise
 
 
 def test_a_seeds_final_result_is_its_last_finite_value():

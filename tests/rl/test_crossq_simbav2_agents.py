@@ -9,10 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import actor_critic, environment, fused_critic, losses, simbav2
-from rl.agents import sac, td3
+from rl.agents import actor_critic, sac, td3
 from rl.config import build_config
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.core import environment, losses
+from rl.fused import critic as fused_critic
+from rl.nn import simbav2
 
 CROSSQ = dict(target_networks=False, policy_delay=3, adam_b1=0.5)
 RENORM = {"batch_renorm": True, "renorm_warmup": 20}

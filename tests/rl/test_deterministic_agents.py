@@ -20,10 +20,10 @@ import pytest
 from run_helpers import REPO, subprocess_env
 
 from kernels import launch
-from rl import losses
 from rl.agents import ppo, pqn, rainbow
 from rl.config import build_config, hyperparams, load_config
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.core import losses
 
 TINY_RAINBOW = dict(
     name="rainbow",
@@ -86,7 +86,7 @@ GPU_RUN_TWICE = textwrap.dedent(
     """
     import jax, numpy as np
     from rl.config import build_config
-    from rl.programs import build_program
+    from rl.run.programs import build_program
 
     agent = dict(name="rainbow", total_steps=4096, num_envs=4, buffer_size=2048,
                  learning_starts=512, batch_size=256, train_freq=256, gradient_steps=16,

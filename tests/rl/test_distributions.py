@@ -1,4 +1,4 @@
-"""The action distributions of rl.networks against NumPy references in float64: each
+"""The action distributions of rl.nn.networks against NumPy references in float64: each
 distribution's sample (the formula with the same key, and its frequencies or moments over many
 draws), log_prob_entropy (log-softmax, the Gaussian's closed form, the change of variables through
 tanh), mode and env_action; and the objects pass through jit and vmap as pytrees (the same numbers,
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import networks
+from rl.nn import networks
 
 RNG = np.random.default_rng(0)
 LOGITS = RNG.normal(size=(6, 4)) * 2.0  # float64 references; the distributions see float32

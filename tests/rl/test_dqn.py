@@ -11,10 +11,10 @@ import pytest
 from run_helpers import FUSION_EMITTERS, XLA_DEFAULT_OPTIMIZATION
 
 from envs.cartpole import CartPoleState
-from rl import replay
 from rl.agents import dqn
 from rl.config import build_config, hyperparams
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.replay import loop as replay
 
 SMALL = dict(
     name="dqn",
@@ -227,9 +227,11 @@ def test_policy_is_greedy_in_the_q_network():
     params = dqn.make_trainer(config).init(jax.random.PRNGKey(0), hyperparams(config.agent)).params
     policy = dqn.make_policy(config)
     obs = jnp.array([0.01, -0.02, 0.03, 0.04])
-    from rl import agent_configs, fused_q, layers, networks
+    from rl.fused import q as fused_q
+    from rl.nn import layers, networks
+    from rl.nn.network_config import NetworkConfig
 
-    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(16, 16)))
+    torso = networks.make_torso(NetworkConfig(hidden=(16, 16)))
     net = layers.build(networks.with_head(torso, networks.q_head(2)), "flax")
     tree = fused_q.as_tree(net, obs, params)  # a flat vector where the fused kernels run (a GPU)
     assert int(policy(params, obs, None)) == int(jnp.argmax(net.apply(tree, obs)))

@@ -1,4 +1,4 @@
-"""DQN through the fused Q-network (rl.fused_q): its acting and its gradient equal the unfused
+"""DQN through the fused Q-network (rl.fused.q): its acting and its gradient equal the unfused
 agent's on the same params and keys, a short run on the interpreter learns, its params are one
 flat vector that rl eval's policy reads, rl eval reads a run's final params and checkpoints whether
 they were written through the kernels or not on either backend, and a network the kernels cannot
@@ -13,11 +13,13 @@ import pytest
 from jax.flatten_util import ravel_pytree
 from run_helpers import FUSION_EMITTERS, run_cli, trained_on
 
-from rl import environment, exploration, fused_q, replay
 from rl.agents import dqn
+from rl.cli.evaluate import evaluate
 from rl.config import build_config, hyperparams
-from rl.evaluate import evaluate
-from rl.run_dir import FINAL_PARAMS_FILE, load_params, load_run_config
+from rl.core import environment, exploration
+from rl.fused import q as fused_q
+from rl.replay import loop as replay
+from rl.run.run_dir import FINAL_PARAMS_FILE, load_params, load_run_config
 
 pytest.importorskip("triton")
 pytest.importorskip("torch")

@@ -1,4 +1,4 @@
-"""rl.environment: the training env (`make_env`: Box actions rescaled to [-1, 1], episode
+"""rl.core.environment: the training env (`make_env`: Box actions rescaled to [-1, 1], episode
 statistics), its batched reset and step, `to_env_action`, and the kernel backend as a value."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import envs
 import kernels
 from envs.spaces import Box, Discrete
 from envs.wrappers import EpisodeStatistics, RescaleAction
-from rl import environment
 from rl.agents import ppo
 from rl.config import EnvConfig, KernelsConfig, build_config
+from rl.core import environment
 
 
 def env_config(env_id, **params):

@@ -1,4 +1,4 @@
-"""rl.episodes: the return, length and count of the episodes that end, summed from
+"""rl.core.episodes: the return, length and count of the episodes that end, summed from
 `EpisodeStatistics`'s info (over a whole batch, or per env then summed), and their means."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import episodes
+from rl.core import episodes
 
 
 def test_add_episodes_and_episode_metrics_on_a_hand_made_batch():

@@ -12,8 +12,8 @@ import yaml
 from run_helpers import run_cli, trained_run
 
 import envs
-from rl.evaluate import evaluate
-from rl.run_dir import load_params, load_run_config
+from rl.cli.evaluate import evaluate
+from rl.run.run_dir import load_params, load_run_config
 
 
 def last_metric(run_dir, name):

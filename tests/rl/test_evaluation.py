@@ -1,4 +1,4 @@
-"""rl.evaluation: the aggregates against hand-computed values, against rliable.metrics 1.2.0
+"""rl.cli.evaluation: the aggregates against hand-computed values, against rliable.metrics 1.2.0
 (numbers it computed, kept here) and against scipy; the stratified bootstrap against a plain NumPy
 one; performance profiles and the probability of improvement."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rl import evaluation as ev
+from rl.cli import evaluation as ev
 
 # Score arrays [runs, tasks] with ties, and the aggregates rliable 1.2.0 computed for them:
 # `rliable.metrics.aggregate_iqm(A)`, `aggregate_median`, `aggregate_mean`,

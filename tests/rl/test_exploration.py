@@ -1,4 +1,4 @@
-"""rl.exploration: linear schedules and epsilon-greedy action choice, with first-index and with
+"""rl.core.exploration: linear schedules and epsilon-greedy action choice, with first-index and with
 uniformly random tie-breaking."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl import exploration
+from rl.core import exploration
 
 # ---------------------------------------------------------------- linear schedules
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from run_helpers import final_params, metric_rows, run_cli, run_signalled, trained_run, write_config
 
-import rl.registry
-from rl.checkpoint import Checkpoints
-from rl.config_parsing import hp
-from rl.trainer import Trainer, train_from_trainer
+import rl.config.registry
+from rl.agents.trainer import Trainer, train_from_trainer
+from rl.config.parsing import hp
+from rl.run.checkpoint import Checkpoints
 
 # ---------------------------------------------------------------- a diverging agent
 
@@ -86,7 +86,7 @@ def diverging_agent(monkeypatch):
     module.make_train = lambda config: train_from_trainer(make_trainer(config), config.agent)
     module.make_policy = lambda config: lambda params, obs, key: jnp.int32(0)
     monkeypatch.setitem(sys.modules, "diverging_agent", module)
-    monkeypatch.setitem(rl.registry.AGENTS, "diverging", "diverging_agent")
+    monkeypatch.setitem(rl.config.registry.AGENTS, "diverging", "diverging_agent")
 
 
 def first_overflow(lr: float, log_interval: int, of_loss: bool) -> int:
@@ -177,7 +177,7 @@ SIGINT_TWICE_AT_ONCE = """
 import os, signal, sys
 import numpy as np
 from rl import logging as rl_logging
-from rl.cli import main
+from rl.cli.main import main
 
 sent = []
 
@@ -233,7 +233,7 @@ def test_run_directory_that_cannot_be_created(tmp_path, capsys):
     not Path("/dev/full").exists(), reason="needs /dev/full (Linux) to simulate a full disk"
 )
 def test_full_disk_is_one_clear_line(tmp_path, tmp_path_factory, capsys, monkeypatch):
-    import rl.run_files
+    import rl.run.run_files
 
     run_dir = tmp_path / "copy"
     shutil.copytree(trained_run(tmp_path_factory), run_dir)
@@ -242,9 +242,9 @@ def test_full_disk_is_one_clear_line(tmp_path, tmp_path_factory, capsys, monkeyp
     ).unlink()  # not complete: --resume goes on (a complete run is left alone)
     # metrics.jsonl opened onto /dev/full (every write: ENOSPC); a link to it in the run directory
     # is refused (tests/security)
-    opened = rl.run_files.open_no_follow
+    opened = rl.run.run_files.open_no_follow
     monkeypatch.setattr(
-        rl.run_files,
+        rl.run.run_files,
         "open_no_follow",
         lambda path, *args, **kwargs: (
             open("/dev/full", "w")
@@ -312,8 +312,8 @@ DOUBLE_CTRL_C = """
 import os, signal, sys, time
 import numpy as np
 from rl import logging as rl_logging
-from rl.cli import main
-from rl.interrupts import COALESCE_SECONDS
+from rl.cli.main import main
+from rl.run.interrupts import COALESCE_SECONDS
 
 def send(values):
     step = int(np.max(values["step"]))

@@ -1,7 +1,7 @@
-"""Frames stacked on the actor's device (`arch.frame_stack: device`, rl.frame_stack): `push_frames`
-against a deque of frames per env (hypothesis); with envpool (skipped without it), its rule against
-envpool's own stack_num, step for step through resets and lost lives, and an actor's rollouts equal
-to those of an actor on envpool's stacks; the configs it refuses."""
+"""Frames stacked on the actor's device (`arch.frame_stack: device`, rl.sebulba.frame_stack):
+`push_frames` against a deque of frames per env (hypothesis); with envpool (skipped without it), its
+rule against envpool's own stack_num, step for step through resets and lost lives, and an actor's
+rollouts equal to those of an actor on envpool's stacks; the configs it refuses."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rl.config import build_config, load_config
-from rl.config_parsing import ConfigError
-from rl.frame_stack import initial_stack, push_frames
+from rl.config.parsing import ConfigError
+from rl.sebulba.frame_stack import initial_stack, push_frames
 
 
 @settings(max_examples=40, deadline=None)
@@ -103,9 +103,9 @@ def test_envpools_own_stacks_are_its_frames_pushed_as_rl_frame_stack_pushes_them
 
 
 def test_an_actor_stacking_on_its_device_rolls_out_what_one_on_envpools_stacks_does():
-    from rl import sebulba
     from rl.config import hyperparams
-    from rl.sebulba_agents import make_pieces
+    from rl.sebulba import learner as sebulba
+    from rl.sebulba.pieces import make_pieces
 
     def rollouts(frame_stack):
         cfg = envpool_config({"frame_stack": frame_stack, "actor_threads": 1})

@@ -1,4 +1,4 @@
-"""TD3 and SAC through the fused twin critics (rl.fused_critic): the critic step's gradient (and
+"""TD3 and SAC through the fused twin critics (rl.fused.critic): the critic step's gradient (and
 the actor step's) equals the unfused agent's autodiff on the same params and batch, a short run
 through the kernel (the Triton interpreter) is the unfused run up to float rounding with its
 critics kept as one flat vector, rl eval reads the checkpoints of such a run where the kernels do
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from rl import environment, fused_critic, losses
 from rl.agents import sac, td3
 from rl.config import build_config, hyperparams
+from rl.core import environment, losses
+from rl.fused import critic as fused_critic
 
 pytest.importorskip("triton")
 pytest.importorskip("torch")
@@ -194,7 +195,7 @@ def test_rl_eval_reads_the_checkpoints_of_a_run_with_flat_critics_on_the_referen
     their Adam moments as flat vectors, which the same config.yaml (kernels.backend auto) builds as
     trees on the reference backend; rl eval there reads a chosen checkpoint and, without
     final_params.msgpack, the newest one for their actor params (a tree either way). TD3 (SAC keeps
-    its critics in the same rl.fused_critic vector); no gradient step (learning_starts after the
+    its critics in the same rl.fused.critic vector); no gradient step (learning_starts after the
     run): the checkpoints' layout is what counts."""
     from run_helpers import printed_returns, run_cli, trained_on
 

@@ -14,10 +14,10 @@ from flax import struct
 
 from envs.multi_agent import MultiAgentEnv, TeamEpisodeStatistics
 from envs.spaces import Box, Discrete
-from rl import layers, multi_agent, networks
 from rl.agents import ippo
 from rl.config import build_config, hyperparams
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.nn import layers, multi_agent, networks
 
 pytest.importorskip("jaxmarl")  # the jaxmarl extra (the test extra installs it)
 

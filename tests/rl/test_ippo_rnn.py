@@ -19,9 +19,9 @@ from test_ippo import make_config as ippo_config
 
 from envs.multi_agent import TeamEpisodeStatistics
 from rl.agents import ippo_rnn, mappo, mappo_rnn
+from rl.agents.trainer import train_from_trainer
 from rl.config import hyperparams
-from rl.config_parsing import ConfigError
-from rl.trainer import train_from_trainer
+from rl.config.parsing import ConfigError
 
 pytest.importorskip("jaxmarl")  # the jaxmarl extra (the test extra installs it)
 pytestmark = pytest.mark.usefixtures("full_precision_matmuls")  # float32 comparisons on the GPU
@@ -316,8 +316,8 @@ def test_rl_train_and_rl_eval_of_the_smax_config(config, tmp_path):
     """`rl train configs/CONFIG.yaml` at a tiny budget (small networks too: the compilation, about a
     minute of CPU, is the cost), then `rl eval` of the run: the greedy recurrent team policy plays
     SMAX from a fresh carry each episode, and renders one (2s3z: a team of two unit types)."""
-    from rl.cli import main
-    from rl.evaluate import evaluate_run
+    from rl.cli.evaluate import evaluate_run
+    from rl.cli.main import main
 
     tiny = [
         "agent.total_steps=64",

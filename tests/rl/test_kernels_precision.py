@@ -1,17 +1,17 @@
 """`kernels.precision` (float32 | tf32 | bf16): validated with one error naming the key, mapped to
-the fused MLP kernels' `dot_precision` by `rl.environment.kernel_precision`, carried as a value into
-every agent's fused path (DQN, SAC, TD3, PPO, Rainbow acting), and reported in the run's summary.
-A fused DQN gradient at bf16 on the interpreter is the float32 one to bf16's bound. The kernels'
-numerics themselves: tests/kernels/test_precision.py."""
+the fused MLP kernels' `dot_precision` by `rl.core.environment.kernel_precision`, carried as a value
+into every agent's fused path (DQN, SAC, TD3, PPO, Rainbow acting), and reported in the run's
+summary. A fused DQN gradient at bf16 on the interpreter is the float32 one to bf16's bound. The
+kernels' numerics themselves: tests/kernels/test_precision.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rl import environment
 from rl.config import build_config
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.core import environment
 
 DQN = dict(
     name="dqn",
@@ -77,8 +77,8 @@ def test_the_automatic_backend_never_changes_the_precision():
 def test_each_agent_s_fused_path_carries_the_precision():
     pytest.importorskip("triton")
     pytest.importorskip("torch")
-    from rl import fused_critic
     from rl.agents import dqn, ppo, rainbow, sac, td3
+    from rl.fused import critic as fused_critic
 
     config = make_config("bf16", backend="interpret")
     env, env_params = environment.make_env(config)
@@ -106,7 +106,7 @@ def test_each_agent_s_fused_path_carries_the_precision():
 
 
 def test_a_fused_dqn_gradient_at_bf16_is_the_float32_one_within_bf16_s_bound():
-    """The agent's own fused view (rl.fused_q) at bf16 against the same view at full float32, on
+    """The agent's own fused view (rl.fused.q) at bf16 against the same view at full float32, on
     one minibatch through the interpreter: relative error below tests/kernels' bf16 bound (3e-2)
     and above float32 rounding (the bf16 path really ran)."""
     pytest.importorskip("triton")
@@ -114,8 +114,8 @@ def test_a_fused_dqn_gradient_at_bf16_is_the_float32_one_within_bf16_s_bound():
     import jax
     import jax.numpy as jnp
 
-    from rl import fused_q
     from rl.agents import dqn
+    from rl.fused import q as fused_q
 
     def fused(precision):
         config = make_config(precision, "highest", backend="interpret")
@@ -146,8 +146,8 @@ def test_a_fused_dqn_gradient_at_bf16_is_the_float32_one_within_bf16_s_bound():
 
 
 def test_the_summary_reports_the_precision_and_prints_it_when_not_float32():
-    from rl.cli_output import summary_lines
-    from rl.summary import summarise
+    from rl.cli.output import summary_lines
+    from rl.run.summary import summarise
 
     metrics = {"step": np.asarray([[[256.0]]]), "episode_return": np.asarray([[[9.0]]])}
     plain = summarise(make_config(), [{}], metrics, 1.0, 2.0)

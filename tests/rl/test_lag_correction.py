@@ -17,11 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sebulba import config
 
-from rl import losses, ppo_variants, sebulba
-from rl.agents import ppo
+from rl.agents import ppo, ppo_variants
 from rl.config import build_config, hyperparams
-from rl.config_parsing import ConfigError
-from rl.sebulba_agents import make_pieces
+from rl.config.parsing import ConfigError
+from rl.core import losses
+from rl.sebulba import learner as sebulba
+from rl.sebulba.pieces import make_pieces
 
 CARTPOLE = "gymnasium:CartPole-v1"
 KEY = jax.random.PRNGKey(3)

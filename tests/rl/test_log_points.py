@@ -1,6 +1,6 @@
-"""rl.log_points: the scan over log points (a program without host callbacks, so JAX's persistent
-cache can keep it), the scan over one log period's updates from no finished episodes, and a log
-point's metrics."""
+"""rl.core.log_points: the scan over log points (a program without host callbacks, so JAX's
+persistent cache can keep it), the scan over one log period's updates from no finished episodes, and
+a log point's metrics."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import episodes, log_points
-from rl import logging as rl_logging
+from rl.core import episodes, log_points
+from rl.run import logging as rl_logging
 
 
 def test_scan_log_points_stacks_metrics_and_holds_no_host_callback():

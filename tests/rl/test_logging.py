@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from run_helpers import TINY, trained_run
 
-from rl.logging import ProgressBar, sink
+from rl.run.logging import ProgressBar, sink
 
 
 def tensorboard_scalars(folder, tag):
@@ -70,7 +70,7 @@ def test_tensorboard_event_reader_reads_the_metrics_back(tmp_path_factory):
 
 def test_the_runner_publishes_each_log_point_once_for_all_seeds_and_settings(tmp_path):
     from rl.config import build_config
-    from rl.train import run_training
+    from rl.run.train import run_training
 
     config = build_config({**TINY, "run": {"seeds": 3, "progress": False, "checkpoint_every": 3}})
     calls = []
@@ -91,8 +91,8 @@ def test_run_batch_gives_a_batch_of_seeds_its_settings_axis():
     """The actor-learner loop publishes [seeds]; `run_batch` gives it the settings axis back; a
     one-setting run of the one-program path keeps [settings, seeds] in its outputs."""
     from rl.config import build_config
-    from rl.logging import run_batch
-    from rl.train import train_many
+    from rl.run.logging import run_batch
+    from rl.run.train import train_many
 
     config = build_config({**TINY, "run": {"seeds": 3}})
     _, metrics = jax.block_until_ready(train_many(config))
@@ -105,7 +105,7 @@ def test_run_batch_gives_a_batch_of_seeds_its_settings_axis():
 
 def test_one_setting_alone_equals_the_same_setting_in_a_vmapped_pair():
     from rl.config import build_config
-    from rl.train import train_many
+    from rl.run.train import train_many
 
     config = build_config({**TINY, "run": {"seeds": 2}})
     _, alone = train_many(config, [{"lr": 0.1}])

@@ -1,7 +1,7 @@
-"""rl.losses, PPO's pieces, against hand computations: clipped surrogate, clipped value loss, the
-whole objective and its statistics, truncation-aware GAE coefficients and advantages, the diagonal
-Gaussian's log-probability and entropy, normalisation; and losses.ppo_loss against the kernels'
-own plain-JAX objective and their fused gradient (kernels/ppo_grads.py)."""
+"""rl.core.losses, PPO's pieces, against hand computations: clipped surrogate, clipped value loss,
+the whole objective and its statistics, truncation-aware GAE coefficients and advantages, the
+diagonal Gaussian's log-probability and entropy, normalisation; and losses.ppo_loss against the
+kernels' own plain-JAX objective and their fused gradient (kernels/ppo_grads.py)."""
 
 import math
 from functools import partial
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import kernels
 from kernels import ppo_grads
-from rl import losses
+from rl.core import losses
 
 # ---------------------------------------------------------------- surrogate and value losses
 

@@ -1,5 +1,6 @@
-"""rl.losses, value-based pieces, against hand computations: discounts, bootstrap selection (DQN
-and double-Q), the TD target and losses, C51's Q-values, projection target and cross-entropy."""
+"""rl.core.losses, value-based pieces, against hand computations: discounts, bootstrap selection
+(DQN and double-Q), the TD target and losses, C51's Q-values, projection target and
+cross-entropy."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl import losses
+from rl.core import losses
 
 
 def test_episode_discount_zero_only_on_termination():

@@ -1,4 +1,4 @@
-"""SAC's pieces of rl.losses on hand-computed cases: the tanh log-det-Jacobian, the
+"""SAC's pieces of rl.core.losses on hand-computed cases: the tanh log-det-Jacobian, the
 squashed-Gaussian sample and log-density (against a direct change-of-variables computation), the
 soft values, the twin-Q, actor and temperature losses (what each holds fixed, and the temperature
 gradient's sign)."""
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from run_helpers import XLA_DEFAULT_OPTIMIZATION
 
-from rl import losses, networks
+from rl.core import losses
+from rl.nn import networks
 
 
 def normal_log_pdf(x, mean, std):

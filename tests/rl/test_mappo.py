@@ -14,7 +14,7 @@ from test_ippo import MPE, make_config, numpy_gae, toy_setup
 
 from rl.agents import ippo, mappo
 from rl.config import hyperparams
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
 
 pytest.importorskip("jaxmarl")  # the jaxmarl extra (the test extra installs it)
 

@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rl import layers
 from rl.config import build_config
-from rl.config_parsing import ConfigError
-from rl.precision import at_matmul_precision
-from rl.programs import make_programs, run_mesh
+from rl.config.parsing import ConfigError
+from rl.core.precision import at_matmul_precision
+from rl.nn import layers
+from rl.run.programs import make_programs, run_mesh
 
 DQN = dict(
     name="dqn",

@@ -11,7 +11,7 @@ from PIL import Image
 
 pytest.importorskip("gymnax")  # the gymnax extra (the test extra installs it)
 
-from rl.cli import main  # noqa: E402
+from rl.cli.main import main  # noqa: E402
 from rl.config import load_config  # noqa: E402
 
 # One update each: PPO and PQN, one rollout of 4 x 16 steps; DQN, one gradient step after the

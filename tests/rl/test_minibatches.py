@@ -1,5 +1,6 @@
-"""rl.minibatches.minibatch_epochs: epochs of shuffled minibatches, each epoch a fresh permutation
-of the batch, optionally over a batch refreshed from the carry at each later epoch's start."""
+"""rl.core.minibatches.minibatch_epochs: epochs of shuffled minibatches, each epoch a fresh
+permutation of the batch, optionally over a batch refreshed from the carry at each later epoch's
+start."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl import minibatches
+from rl.core import minibatches
 
 
 def test_each_epoch_passes_once_over_a_fresh_permutation_of_the_batch():

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from envs.spaces import Discrete
-from rl import agent_configs, layers, networks
-from rl.layers import activation, mlp
+from rl.nn import layers, networks
+from rl.nn.layers import activation, mlp
+from rl.nn.network_config import RECURRENT_TORSOS, NetworkConfig
 
 pytestmark = pytest.mark.usefixtures(
     "full_precision_matmuls"
@@ -39,13 +40,13 @@ def noisy_mlp(num_actions=3, hidden=(16,)):
 
 
 def q_net(num_actions, hidden=(64, 64), obs_space=None):
-    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=hidden), obs_space)
+    torso = networks.make_torso(NetworkConfig(hidden=hidden), obs_space)
     return networks.with_head(torso, networks.q_head(num_actions))
 
 
 def rainbow_net(num_actions, hidden, **head):
     return networks.with_head(
-        networks.make_torso(agent_configs.NetworkConfig(hidden=hidden)),
+        networks.make_torso(NetworkConfig(hidden=hidden)),
         networks.rainbow_head(num_actions, **head),
     )
 
@@ -99,14 +100,12 @@ def test_flax_and_haiku_agree_on_shapes_and_parameter_counts(name):
 @pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_actor_critic_and_twin_q_shapes(backend):
     obs = jnp.ones((3, 4))
-    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(8, 8)))
+    torso = networks.make_torso(NetworkConfig(hidden=(8, 8)))
     ac = layers.build(networks.actor_critic(torso, networks.gaussian_policy_head(2)), backend)
     params = ac.init(KEY, obs)
     (mean, log_std), value = ac.apply(params, obs)
     assert mean.shape == log_std.shape == (3, 2) and value.shape == (3,)
-    twin = layers.build(
-        networks.twin_q(networks.make_torso(agent_configs.NetworkConfig(hidden=(8,)))), backend
-    )
+    twin = layers.build(networks.twin_q(networks.make_torso(NetworkConfig(hidden=(8,)))), backend)
     q1, q2 = twin.apply(twin.init(KEY, obs, jnp.ones((3, 2))), obs, jnp.ones((3, 2)))
     assert q1.shape == q2.shape == (3,) and not np.allclose(q1, q2)  # two independent networks
 
@@ -136,7 +135,7 @@ def test_lecun_uniform_init_draws_uniform_weights_of_variance_one_over_fan_in(ba
     from envs.spaces import Box
 
     torso = networks.make_torso(
-        agent_configs.NetworkConfig(torso="cnn_minatar", hidden=(64,)), Box(0.0, 1.0, (10, 10, 4))
+        NetworkConfig(torso="cnn_minatar", hidden=(64,)), Box(0.0, 1.0, (10, 10, 4))
     )
     net = layers.build(
         networks.with_head(torso, networks.categorical_policy_head(6)),
@@ -160,7 +159,7 @@ def test_every_agent_builds_its_networks_with_the_configured_init(agent, monkeyp
     """agent.network.init reaches `layers.build` from every agent that has networks (the agents'
     own network builders, run on a small env)."""
     from rl.config import build_config
-    from rl.registry import get_agent_module
+    from rl.config.registry import get_agent_module
 
     env_id = "Pendulum-v1" if agent in ("sac", "td3") else "CartPole-v1"
     network = {
@@ -265,12 +264,10 @@ def test_bad_backend_and_activation():
 
 def test_network_config_from_yaml_merges_over_the_agents_defaults_and_names_bad_keys():
     from rl.config import build_config
-    from rl.config_parsing import ConfigError
+    from rl.config.parsing import ConfigError
 
     base = {"env": {"id": "CartPole-v1"}, "agent": {"name": "ppo"}}
-    assert build_config(base).agent.network == agent_configs.NetworkConfig(
-        hidden=(64, 64), activation="tanh"
-    )
+    assert build_config(base).agent.network == NetworkConfig(hidden=(64, 64), activation="tanh")
     config = build_config({**base, "agent": {"name": "ppo", "network": {"hidden": [32]}}})
     assert (
         config.agent.network.hidden == (32,) and config.agent.network.activation == "tanh"
@@ -290,7 +287,7 @@ def test_network_config_from_yaml_merges_over_the_agents_defaults_and_names_bad_
 @pytest.mark.parametrize("backend", layers.BACKENDS)
 def test_torso_and_heads_compose(backend):
     """Two torso calls make two torsos; a shared actor-critic has one; heads give their shapes."""
-    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(8,)))
+    torso = networks.make_torso(NetworkConfig(hidden=(8,)))
     obs = jnp.ones((3, 4))
     separate = layers.build(
         networks.actor_critic(torso, networks.categorical_policy_head(5)), backend
@@ -315,7 +312,7 @@ def test_torso_and_heads_compose(backend):
 
 def recurrent_torso(cell, hidden=(8,), size=5, obs_space=None):
     return networks.make_torso(
-        agent_configs.NetworkConfig(torso=cell, hidden=hidden, recurrent_hidden=size), obs_space
+        NetworkConfig(torso=cell, hidden=hidden, recurrent_hidden=size), obs_space
     )
 
 
@@ -326,7 +323,7 @@ def run_torso(backend, torso, carry, obs, reset, key=KEY):
 
 
 @pytest.mark.parametrize("backend", layers.BACKENDS)
-@pytest.mark.parametrize("cell", agent_configs.RECURRENT_TORSOS)
+@pytest.mark.parametrize("cell", RECURRENT_TORSOS)
 def test_recurrent_torso_shapes_on_both_backends(backend, cell):
     """obs [T, *batch, D], reset [T, *batch] -> features [T, *batch, size] and the carry of
     initial_carry(batch) (GRU: h; LSTM: (h, c)); any batch shape, none included."""
@@ -352,7 +349,7 @@ def test_recurrent_torso_shapes_on_both_backends(backend, cell):
     )
 
 
-@pytest.mark.parametrize("cell", agent_configs.RECURRENT_TORSOS)
+@pytest.mark.parametrize("cell", RECURRENT_TORSOS)
 def test_recurrent_flax_and_haiku_agree_on_structure(cell):
     """The same parameters on both backends (shapes and count), for the actor-critic with separate
     cells, and the same output shapes; the recurrent kernels are orthogonal per gate on both."""
@@ -440,7 +437,7 @@ def test_lstm_equals_haiku_lstm():
 
 
 @pytest.mark.parametrize("backend", layers.BACKENDS)
-@pytest.mark.parametrize("cell", agent_configs.RECURRENT_TORSOS)
+@pytest.mark.parametrize("cell", RECURRENT_TORSOS)
 def test_recurrent_reset_puts_the_carry_back_before_the_cell(backend, cell):
     """A hand-made sequence of resets: where reset[t] the step reads the initial carry, whatever
     came before, so the outputs from t on equal a fresh run from the initial carry on obs[t:];
@@ -493,21 +490,17 @@ def test_recurrent_torso_in_a_feedforward_network_says_what_to_use():
 
 
 def test_recurrent_network_config():
-    from rl.config_parsing import ConfigError, build_dataclass
+    from rl.config.parsing import ConfigError, build_dataclass
 
     config = build_dataclass(
-        agent_configs.NetworkConfig,
+        NetworkConfig,
         {"torso": "lstm", "hidden": [], "recurrent_hidden": 32},
         "agent.network",
     )
-    assert config.recurrent and not agent_configs.NetworkConfig().recurrent
+    assert config.recurrent and not NetworkConfig().recurrent
     with pytest.raises(ConfigError, match="agent.network.hidden"):
-        build_dataclass(
-            agent_configs.NetworkConfig, {"torso": "mlp", "hidden": []}, "agent.network"
-        )
+        build_dataclass(NetworkConfig, {"torso": "mlp", "hidden": []}, "agent.network")
     with pytest.raises(ConfigError, match="agent.network.recurrent_hidden"):
-        build_dataclass(
-            agent_configs.NetworkConfig, {"torso": "gru", "recurrent_hidden": 0}, "agent.network"
-        )
+        build_dataclass(NetworkConfig, {"torso": "gru", "recurrent_hidden": 0}, "agent.network")
     with pytest.raises(ConfigError, match="agent.network.torso"):
-        build_dataclass(agent_configs.NetworkConfig, {"torso": "rnn"}, "agent.network")
+        build_dataclass(NetworkConfig, {"torso": "rnn"}, "agent.network")

@@ -1,5 +1,5 @@
-"""rl.optimizers: the global gradient norm and its clip (which can take the squared norm computed
-already), one optimiser step on a flat parameter vector, the annealed step size, and Polyak
+"""rl.core.optimizers: the global gradient norm and its clip (which can take the squared norm
+computed already), one optimiser step on a flat parameter vector, the annealed step size, and Polyak
 averaging of target networks."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.flatten_util import ravel_pytree
 
-from rl import optimizers
+from rl.core import optimizers
 
 # ---------------------------------------------------------------- the global norm and its clip
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from run_helpers import REPO, run_cli
 
-from rl.config_parsing import ConfigError, find_config, packaged_configs
+from rl.config.parsing import ConfigError, find_config, packaged_configs
 
 TINY = ["agent.total_steps=2000", "agent.log_interval=1000", "run.seeds=2", "--no-progress"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from run_helpers import run_cli, trained_run, write_config
 
-from rl.plot import curves, read_metrics
+from rl.cli.plot import curves, read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -85,20 +85,20 @@ def _handmade_run(folder, eval_returns):
 
 def test_plot_defaults_to_the_metric_the_summary_reports(tmp_path, monkeypatch):
     """eval_return (the greedy evaluation) where every run logged one, else episode_return: the
-    summary's rule (rl.summary.summary_metric)."""
-    import rl.plot
+    summary's rule (rl.run.summary.summary_metric)."""
+    import rl.cli.plot
 
     evaluated = _handmade_run(tmp_path / "evaluated", [None, 10.0, 20.0])
     exploring = _handmade_run(tmp_path / "exploring", [None, None, None])
-    assert rl.plot.default_metric([read_metrics(evaluated)]) == "eval_return"
-    assert rl.plot.default_metric([read_metrics(exploring)]) == "episode_return"
+    assert rl.cli.plot.default_metric([read_metrics(evaluated)]) == "eval_return"
+    assert rl.cli.plot.default_metric([read_metrics(exploring)]) == "episode_return"
     both = [read_metrics(evaluated), read_metrics(exploring)]
-    assert rl.plot.default_metric(both) == "episode_return"
+    assert rl.cli.plot.default_metric(both) == "episode_return"
 
     plotted = []
-    original = rl.plot.curves
+    original = rl.cli.plot.curves
     monkeypatch.setattr(
-        rl.plot, "curves", lambda rows, metric: plotted.append(metric) or original(rows, metric)
+        rl.cli.plot, "curves", lambda rows, metric: plotted.append(metric) or original(rows, metric)
     )
     assert run_cli(["plot", evaluated, "-o", tmp_path / "a.png"]) == 0
     assert run_cli(["plot", evaluated, exploring, "-o", tmp_path / "b.png"]) == 0

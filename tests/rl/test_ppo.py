@@ -10,10 +10,10 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import kernels
-from rl import environment, optimizers, ppo_variants
-from rl.agents import ppo
+from rl.agents import ppo, ppo_variants
 from rl.config import build_config, hyperparams
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.core import environment, optimizers
 
 
 def make_config(env_id="CartPole-v1", network=None, kernel_backend=None, **agent):
@@ -302,8 +302,8 @@ def triton_source_backend() -> str:
 def test_fused_gradient_equals_autodiff_of_the_agents_loss(network_backend, kernel_backend):
     """kernels.ppo_actor_critic_grads_flat (through ppo_variants.fused_flat_grads, on ravel_pytree's
     vector laid out by fused_layout) against jax.grad of the agent's own minibatch loss
-    (rl.losses.ppo_loss on the real network), on a random minibatch with some ratios clipped; and
-    its squared norm."""
+    (rl.core.losses.ppo_loss on the real network), on a random minibatch with some ratios clipped;
+    and its squared norm."""
     config = make_config(
         network={"backend": network_backend, "activation": "tanh", "hidden": [16, 8]}
     )

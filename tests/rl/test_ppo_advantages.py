@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from test_ppo import make_config
 
-from rl import losses, ppo_variants
-from rl.agents import ppo
+from rl.agents import ppo, ppo_variants
 from rl.config import hyperparams
+from rl.core import losses
 
 
 def test_gae_horizon_equals_gae_run_on_each_segment_alone():

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl import environment, layers, losses, networks, observation_norm, param_layout, ppo_variants
-from rl.agents import ppo
+from rl.agents import ppo, ppo_variants
 from rl.config import build_config
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.core import environment, losses, observation_norm
+from rl.nn import layers, networks, param_layout
 
 
 def make_config(env_id="Pendulum-v1", network=None, **agent):
@@ -215,8 +216,8 @@ def test_ppo_normalised_observations_reach_the_learner_normalised():
     """The batch an update learns from holds the rollout's observations normalised under the
     statistics merged with that rollout (the batch function sees the rollout as the network reads
     it)."""
-    from rl import episodes
     from rl.config import hyperparams
+    from rl.core import episodes
 
     config = make_config(normalize_obs=True)
     s = ppo.make_setup(config)._replace(backend="reference")
@@ -297,7 +298,7 @@ def test_a_run_with_normalised_observations_checkpoints_and_evaluates_from_the_c
     """The statistics are part of the saved params: `rl eval` of the run reads them back."""
     import yaml
 
-    from rl.cli import main
+    from rl.cli.main import main
 
     config = {
         "env": {"id": "Pendulum-v1"},

@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import episodes
 from rl.agents import ppo_rnn
+from rl.agents.trainer import RecurrentPolicy
 from rl.config import build_config, hyperparams, parse_sweep
-from rl.config_parsing import ConfigError
-from rl.precision import at_matmul_precision
-from rl.train import train_many
-from rl.trainer import RecurrentPolicy
+from rl.config.parsing import ConfigError
+from rl.core import episodes
+from rl.core.precision import at_matmul_precision
+from rl.run.train import train_many
 
 pytestmark = pytest.mark.usefixtures(
     "full_precision_matmuls"
@@ -185,12 +185,12 @@ def test_whole_sequences_rerun_from_their_stored_initial_state_reproduce_the_rol
 def test_ppo_rnn_learns_masked_cartpole(backend, cell, total_steps):
     """CartPole with the velocities hidden, the shipped config's settings (no annealing), 16k steps
     (GRU) or 49k (LSTM, which learns more slowly), 8 seeds in one program, at full float32 matmul
-    precision (`rl.precision.at_matmul_precision`, as `run.matmul_precision: highest`; a no-op on the
-    CPU): with a GPU's TF32 default the LSTM learns more slowly at this budget, which is not what
-    this checks. Over the seeds (medians, because single seeds' curves follow the platform's and the
-    batch size's matmul rounding), the best training return of the second half of the run is at
-    least twice the first (random, ~22), and the best greedy return passes 60. Medians (training /
-    greedy): GRU, CPU 135 / 376 at 24k steps; 124 / 224 at 24k and 98 / 224 at 16k with jax 0.10.2
+    precision (`rl.core.precision.at_matmul_precision`, as `run.matmul_precision: highest`; a no-op
+    on the CPU): with a GPU's TF32 default the LSTM learns more slowly at this budget, which is not
+    what this checks. Over the seeds (medians, because single seeds' curves follow the platform's
+    and the batch size's matmul rounding), the best training return of the second half of the run is
+    at least twice the first (random, ~22), and the best greedy return passes 60. Medians (training
+    / greedy): GRU, CPU 135 / 376 at 24k steps; 124 / 224 at 24k and 98 / 224 at 16k with jax 0.10.2
     on a 2-core CPU, 2026-11-26 (57 / 169 at 12k, too near the bound; the first log point's median
     is 24 there). LSTM at 24k steps: CPU 67 / 105, an H200 without autotuning (as
     `.ci/gpu_suite.sh` runs) 43 / 54, a fail; at 37k: CPU 82 / 158, that H200 67 / 116 (91 / 200
@@ -285,7 +285,7 @@ def test_sweep_gives_one_result_per_setting_equal_to_a_plain_run():
 def test_rl_train_and_rl_eval_from_a_config(tmp_path):
     """`rl train` finds the agent; the run directory keeps env.observe, and `rl eval` replays the
     greedy recurrent policy on the masked env (a fresh carry per episode)."""
-    from rl.cli import main
+    from rl.cli.main import main
 
     config_path = tmp_path / "rnn.yaml"
     config_path.write_text(
@@ -318,7 +318,7 @@ def test_rl_train_and_rl_eval_from_a_config(tmp_path):
         == 0
     )
     assert (tmp_path / "episode.gif").stat().st_size > 0
-    from rl.evaluate import evaluate_run
+    from rl.cli.evaluate import evaluate_run
 
     result = evaluate_run(run_dir, episodes=2)
     row = result["settings"][0]

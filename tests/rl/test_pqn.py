@@ -11,12 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import agent_configs, layers, networks
 from rl.agents import pqn
 from rl.config import build_config, hyperparams
-from rl.config_parsing import ConfigError
-from rl.environment import make_env
-from rl.state import Envs, OnPolicyState
+from rl.config.parsing import ConfigError
+from rl.core.environment import make_env
+from rl.core.state import Envs, OnPolicyState
+from rl.nn import layers, networks
+from rl.nn.network_config import NetworkConfig
 
 SMALL = dict(
     name="pqn",
@@ -64,7 +65,7 @@ def test_q_lambda_targets_by_hand():
 
 @pytest.mark.parametrize("backend", ["flax", "haiku"])
 def test_layer_norm_torso(backend):
-    config = agent_configs.NetworkConfig(hidden=(16, 16), layer_norm=True, backend=backend)
+    config = NetworkConfig(hidden=(16, 16), layer_norm=True, backend=backend)
     net = layers.build(networks.make_torso(config), backend)
     x = jax.random.normal(jax.random.PRNGKey(0), (5, 3)) * 100.0
     params = net.init(jax.random.PRNGKey(1), x)
@@ -157,7 +158,7 @@ def test_kernel_source_gives_the_reference_run():
 
 def test_sweep_gives_one_result_per_setting():
     from rl.config import parse_sweep
-    from rl.train import train_many
+    from rl.run.train import train_many
 
     config = make_config(total_steps=1024, log_interval=2, eval_envs=1)
     grid = parse_sweep(["agent.q_lambda=0.0,0.9", "agent.lr=1e-3,1e-4"], config.agent)

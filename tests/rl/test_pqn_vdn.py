@@ -1,5 +1,5 @@
-"""PQN-VDN / PQN-QMIX (rl/agents/pqn_vdn.py, rl/mixers.py, masked epsilon-greedy in
-rl/exploration.py): masked epsilon-greedy never picks a masked action and has the stated
+"""PQN-VDN / PQN-QMIX (rl/agents/pqn_vdn.py, rl/nn/mixers.py, masked epsilon-greedy in
+rl/core/exploration.py): masked epsilon-greedy never picks a masked action and has the stated
 distribution; VDN is the sum; QMIX is monotonic in every agent's value and matches a NumPy forward
 pass; the team Q(lambda) targets and loss by hand (a per-agent termination, a truncation, a team
 termination, masked bootstraps); VDN learns MPE simple_spread beyond a uniformly random policy on
@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import environment, exploration, mixers, param_layout
 from rl.config import build_config, hyperparams
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.core import environment, exploration
+from rl.nn import mixers, param_layout
 
 pytest.importorskip("jaxmarl")
 
@@ -101,7 +102,7 @@ def test_vdn_is_the_sum():
 
 
 def numpy_qmix(params, agent_q, state, embedding):
-    """QMIX's mixer in NumPy from the dense layers in creation order (rl/mixers.py docstring)."""
+    """QMIX's mixer in NumPy from the dense layers in creation order (rl/nn/mixers.py docstring)."""
     (w1a, b1a), (w1b, b1b), (wb1, bb1), (w2a, b2a), (w2b, b2b), (wva, bva), (wvb, bvb) = [
         (np.asarray(w, np.float64), np.asarray(b, np.float64))
         for w, b in param_layout.dense_layers(params)

@@ -1,4 +1,4 @@
-"""Whole compiled programs kept by what they are built from (rl.program_cache): the key changes
+"""Whole compiled programs kept by what they are built from (rl.run.program_cache): the key changes
 with everything a traced program depends on and with nothing else, only programs a fresh process
 can run are kept, and an entry that is damaged, foreign or does not load is never run."""
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from run_helpers import TINY
 
-from rl import program_cache
-from rl.compile_cache import CacheStats, CheckedFileCache
 from rl.config import build_config
-from rl.run_dir import run_record
+from rl.run import program_cache
+from rl.run.compile_cache import CacheStats, CheckedFileCache
+from rl.run.run_dir import run_record
 
 
 def record(**changes) -> dict:
@@ -63,10 +63,17 @@ def test_the_key_follows_what_the_program_computes(monkeypatch):
 
 
 def test_the_source_digest_covers_every_module_of_the_packages():
-    from pathlib import Path
-
-    root = Path(program_cache.__file__).resolve().parents[1]
-    assert (root / "rl" / "agents" / "ppo.py").exists()
+    files = {
+        path.relative_to(program_cache.SOURCE_ROOT).as_posix()
+        for path in program_cache.source_files()
+    }
+    assert {
+        "rl/agents/ppo.py",
+        "rl/run/program_cache.py",
+        "envs/core.py",
+        "kernels/launch.py",
+    } <= files
+    assert len(files) > 120
     assert len(program_cache.source_digest()) == 64
 
 

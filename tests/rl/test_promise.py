@@ -1,6 +1,6 @@
-"""A config's `promise:` section (rl.promise): parsed and validated with errors naming the key,
-accepted by the config loader without changing the training, stated by every packaged config, and
-judged against per-seed results with returns higher-is-better."""
+"""A config's `promise:` section (rl.config.promise): parsed and validated with errors naming the
+key, accepted by the config loader without changing the training, stated by every packaged config,
+and judged against per-seed results with returns higher-is-better."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 import pytest
 
 from rl.config import build_config, load_config
-from rl.config_parsing import ConfigError, packaged_configs, read_yaml
-from rl.promise import (
+from rl.config.parsing import ConfigError, packaged_configs, read_yaml
+from rl.config.promise import (
     Promise,
     expected_seconds,
     judge,

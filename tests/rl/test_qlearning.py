@@ -14,8 +14,8 @@ import pytest
 from envs.gridworld import GridWorld, make_gridworld_params, move
 from rl.agents import qlearning
 from rl.config import build_config, hyperparams, load_config
-from rl.programs import seed_keys
-from rl.train import train_many
+from rl.run.programs import seed_keys
+from rl.run.train import train_many
 
 
 def make_config(env_params=None, seeds=1, **agent):
@@ -267,14 +267,14 @@ def test_make_policy_is_greedy():
 
 
 def test_rejects_continuous_observation_env():
-    from rl.config_parsing import ConfigError
+    from rl.config.parsing import ConfigError
 
     with pytest.raises(ConfigError, match="env.id: qlearning needs discrete"):
         build_config({"env": {"id": "CartPole-v1"}, "agent": {"name": "qlearning"}})
 
 
 def test_total_steps_must_be_a_multiple_of_log_interval():
-    from rl.config_parsing import ConfigError
+    from rl.config.parsing import ConfigError
 
     with pytest.raises(ConfigError, match="agent.total_steps"):
         make_config(total_steps=1000, log_interval=300)

@@ -13,10 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import agent_configs, buffers, layers, losses, networks, packing
 from rl.agents import rainbow
 from rl.config import build_config, load_config
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.core import losses, packing
+from rl.nn import layers, networks
+from rl.nn.network_config import NetworkConfig
+from rl.replay import buffers
 
 SMALL = dict(
     name="rainbow",
@@ -245,7 +248,7 @@ def test_scalar_loss_bootstraps_on_truncation_only():
 @pytest.mark.parametrize("noisy", [True, False])
 @pytest.mark.parametrize("backend", ["flax", "haiku"])
 def test_head_shapes_dueling_mean_and_noise(dueling, noisy, backend):
-    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(8,)))
+    torso = networks.make_torso(NetworkConfig(hidden=(8,)))
     head = networks.rainbow_head(3, num_atoms=5, dueling=dueling, noisy=noisy, head_hidden=4)
     net = layers.build(networks.with_head(torso, head), backend)
     obs = jnp.ones((7, 4))

@@ -1,4 +1,4 @@
-"""Rainbow's fused acting (rl.fused_rainbow): the kernel's actions are the network's epsilon-greedy
+"""Rainbow's fused acting (rl.fused.rainbow): the kernel's actions are the network's epsilon-greedy
 actions with the noise its apply draws (both layer backends), which configs take the kernel, and a
 run through it (interpreter) against the run through apply. The kernel itself:
 tests/kernels/test_rainbow_act.py."""
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from run_helpers import FUSION_EMITTERS
 
-from rl import environment, exploration, fused_rainbow
 from rl.agents import rainbow
 from rl.config import build_config
+from rl.core import environment, exploration
+from rl.fused import rainbow as fused_rainbow
 
 pytest.importorskip("triton")
 pytest.importorskip("torch")

@@ -16,12 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sebulba import COUNTDOWN, SMALL
 
-from rl import losses, observation_norm, ppo_variants, sebulba
-from rl.arch_config import autoreset_mode
+from rl.agents import ppo_variants
 from rl.config import build_config, hyperparams
-from rl.config_parsing import ConfigError
-from rl.sebulba_agents import make_pieces
-from rl.sebulba_envs import Scores
+from rl.config.arch import autoreset_mode
+from rl.config.parsing import ConfigError
+from rl.core import losses, observation_norm
+from rl.sebulba import learner as sebulba
+from rl.sebulba.host_envs import Scores
+from rl.sebulba.pieces import make_pieces
 
 
 def config(env=COUNTDOWN, arch=None, agent=None, name="ppo"):

@@ -1,4 +1,4 @@
-"""rl.rollout.greedy_episodes against a step-by-step loop over the same keys."""
+"""rl.core.rollout.greedy_episodes against a step-by-step loop over the same keys."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import envs
-from rl.rollout import greedy_episodes
+from rl.core.rollout import greedy_episodes
 
 
 def lean_policy(obs):

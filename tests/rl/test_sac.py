@@ -1,6 +1,6 @@
-"""SAC: the agent's losses (wired to rl.losses) against hand computations (truncation bootstraps,
-termination does not), short training runs, env-space policy actions, chunking and vmap. The loss
-functions themselves are tested in test_losses_sac.py."""
+"""SAC: the agent's losses (wired to rl.core.losses) against hand computations (truncation
+bootstraps, termination does not), short training runs, env-space policy actions, chunking and vmap.
+The loss functions themselves are tested in test_losses_sac.py."""
 
 import contextlib
 import math
@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import environment, losses
 from rl.agents import sac
 from rl.config import build_config, hyperparams
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.core import environment, losses
 
 
 def make_config(env_id="Pendulum-v1", **agent):

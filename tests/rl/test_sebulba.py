@@ -1,5 +1,5 @@
-"""The actor-learner architecture (rl.sebulba): configs it refuses before anything starts, the
-exchange's waits and stalls, an actor's error stopping the run, lag bounded by arch.max_lag,
+"""The actor-learner architecture (rl.sebulba): configs it refuses before anything starts,
+the exchange's waits and stalls, an actor's error stopping the run, lag bounded by arch.max_lag,
 rollouts keeping truncation apart from termination (GAE targets against a hand-built recursion),
 the learner's update against the one-program PPO's, and `rl train` writing (and, after Ctrl-C,
 resuming) a run directory. The CartPole learning check is marked slow."""
@@ -22,13 +22,14 @@ import pytest
 import yaml
 from run_helpers import REPO, run_cli, subprocess_env
 
-from rl import episodes, sebulba
 from rl.agents import ppo
 from rl.config import build_config, hyperparams, load_config
-from rl.config_parsing import ConfigError
-from rl.sebulba_agents import make_pieces
-from rl.sebulba_exchange import Exchange, StallError, Stopped
-from rl.sebulba_run import append_log_point
+from rl.config.parsing import ConfigError
+from rl.core import episodes
+from rl.run.actor_learner import append_log_point
+from rl.sebulba import learner as sebulba
+from rl.sebulba.exchange import Exchange, StallError, Stopped
+from rl.sebulba.pieces import make_pieces
 
 # ---------------------------------------------------------------- a toy gymnasium env
 

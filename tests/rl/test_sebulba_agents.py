@@ -1,7 +1,7 @@
-"""The actor-learner architecture (rl.sebulba) beyond PPO on gymnasium: PQN's actors and learner,
-`rl eval` of a sebulba run, the cnn torso reading envpool's uint8 frames stacked channels first,
-and envpool's Atari envs in an actor (skipped without envpool). The CartPole learning checks are
-marked slow."""
+"""The actor-learner architecture (rl.sebulba) beyond PPO on gymnasium: PQN's actors and
+learner, `rl eval` of a sebulba run, the cnn torso reading envpool's uint8 frames stacked channels
+first, and envpool's Atari envs in an actor (skipped without envpool). The CartPole learning checks
+are marked slow."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import yaml
 from run_helpers import REPO, run_cli
 from test_sebulba import COUNTDOWN, SMALL
 
-from rl import layers, networks, sebulba
-from rl.agent_configs import NetworkConfig
 from rl.agents import pqn
 from rl.config import build_config, hyperparams, load_config
-from rl.sebulba_agents import make_pieces
+from rl.nn import layers, networks
+from rl.nn.network_config import NetworkConfig
+from rl.sebulba import learner as sebulba
+from rl.sebulba.pieces import make_pieces
 
 PQN_SMALL = {**SMALL, "name": "pqn", "epsilon_decay_fraction": 0.5, "reward_scale": 1.0}
 

@@ -1,12 +1,12 @@
-"""DQN through the actor-learner architecture (rl.sebulba): the configs it refuses before anything
-starts, actors that act epsilon-greedy from the first step with the epsilon of the env steps before
-the rollout, a learner whose update stores the rollout's transitions in its replay buffer (a time
-limit kept apart from a termination, s' the observation reached) and takes agent.gradient_steps for
-each agent.train_freq env steps of it once learning_starts are stored, as many gradient steps and
-target syncs as the one-program DQN after as many env steps, and `rl train` writing a run, stopping
-on Ctrl-C with a checkpoint that holds the buffer, resuming and `rl eval` playing it (also a run
-written through the fused kernels, evaluated where they do not run). The CartPole learning check is
-marked slow."""
+"""DQN through the actor-learner architecture (rl.sebulba): the configs it refuses before
+anything starts, actors that act epsilon-greedy from the first step with the epsilon of the env
+steps before the rollout, a learner whose update stores the rollout's transitions in its replay
+buffer (a time limit kept apart from a termination, s' the observation reached) and takes
+agent.gradient_steps for each agent.train_freq env steps of it once learning_starts are stored, as
+many gradient steps and target syncs as the one-program DQN after as many env steps, and `rl train`
+writing a run, stopping on Ctrl-C with a checkpoint that holds the buffer, resuming and `rl eval`
+playing it (also a run written through the fused kernels, evaluated where they do not run). The
+CartPole learning check is marked slow."""
 
 from __future__ import annotations
 
@@ -24,11 +24,13 @@ from run_helpers import (
 )
 from test_sebulba_replay import Slide
 
-from rl import environment, replay, sebulba
 from rl.agents import dqn
 from rl.config import build_config, hyperparams, load_config
-from rl.config_parsing import ConfigError
-from rl.sebulba_agents import make_pieces, rollout_sizes
+from rl.config.parsing import ConfigError
+from rl.core import environment
+from rl.replay import loop as replay
+from rl.sebulba import learner as sebulba
+from rl.sebulba.pieces import make_pieces, rollout_sizes
 
 
 class Flip(Slide):
@@ -80,7 +82,7 @@ def test_an_update_of_part_of_a_training_phase_is_refused_when_loaded():
 
 
 def test_the_replay_agents_refusals_name_dqn():
-    """rl.arch_config.check_rollout_steps's (tests/rl/test_sebulba_replay.py checks them all)."""
+    """rl.config.arch.check_rollout_steps's (tests/rl/test_sebulba_replay.py checks them all)."""
     with pytest.raises(ConfigError, match=r"arch.learner_devices: dqn learns on one device"):
         config(arch={"learner_devices": [0, 1]})
     with pytest.raises(ConfigError, match=r"next_step records reset steps .* dqn's replay buffer"):
@@ -251,9 +253,9 @@ def test_rl_eval_reads_a_run_written_through_the_kernels_on_the_reference_backen
     tmp_path, monkeypatch, capsys
 ):
     """Trained with FUSEDRL_KERNEL_BACKEND=interpret, the learner keeps the Q-network as one flat
-    vector (rl.fused_q), in its final params and checkpoints; rl eval on the reference backend,
-    whose learner builds a tree, reads them as stored (rl.run_dir.load_params) and plays the same
-    greedy policy from both."""
+    vector (rl.fused.q), in its final params and checkpoints; rl eval on the reference backend,
+    whose learner builds a tree, reads them as stored (rl.run.run_dir.load_params) and plays the
+    same greedy policy from both."""
     pytest.importorskip("triton")
     pytest.importorskip("torch")
     data = config(agent={"total_steps": 64, "log_interval": 32}).to_dict()

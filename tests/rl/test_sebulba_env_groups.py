@@ -1,8 +1,8 @@
-"""The actor-learner architecture's env groups (`arch.env_groups`, rl.sebulba.Actor): an actor that
-steps its envs as two groups taking turns (acting for one while the other's envs step) collects the
-rollouts one group collects with the same seeds and actions, on gymnasium's sync vector env (the
-synchronous fallback of rl.sebulba_envs.SplitStep), its async one and envpool's send/recv.
-envpool does not import on the CPU machines CI runs on, so envpool's path runs here on
+"""The actor-learner architecture's env groups (`arch.env_groups`, rl.sebulba.learner.Actor): an
+actor that steps its envs as two groups taking turns (acting for one while the other's envs step)
+collects the rollouts one group collects with the same seeds and actions, on gymnasium's sync vector
+env (the synchronous fallback of rl.sebulba.host_envs.SplitStep), its async one and envpool's
+send/recv. envpool does not import on the CPU machines CI runs on, so envpool's path runs here on
 `FakePool`, a small stand-in with envpool's API and semantics (tests/envs/test_envpool.py checks
 envs.envpool against the real envpool where it imports)."""
 
@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from test_sebulba import COUNTDOWN, SMALL
 
-from rl import sebulba
 from rl.config import build_config
-from rl.config_parsing import ConfigError
-from rl.sebulba_agents import make_pieces
-from rl.sebulba_envs import SplitStep, make_vector_env
+from rl.config.parsing import ConfigError
+from rl.sebulba import learner as sebulba
+from rl.sebulba.host_envs import SplitStep, make_vector_env
+from rl.sebulba.pieces import make_pieces
 
 # ---------------------------------------------------------------- a fake envpool
 

@@ -1,9 +1,9 @@
-"""The actor-learner architecture (rl.sebulba) over several processes joined by jax.distributed, as
-on several hosts: two local CPU processes of one device each, each stepping its own block of the
-envs in its actor threads and holding a shard of the learner, whose update is one program over
-both processes' devices. Both end with the same params, and with those of one process that steps
-every env in twice the threads and splits its learner over two devices (max_lag 0 makes both
-runs deterministic). Envs that do not split over the processes are refused before anything
+"""The actor-learner architecture (rl.sebulba) over several processes joined by
+jax.distributed, as on several hosts: two local CPU processes of one device each, each stepping its
+own block of the envs in its actor threads and holding a shard of the learner, whose update is one
+program over both processes' devices. Both end with the same params, and with those of one process
+that steps every env in twice the threads and splits its learner over two devices (max_lag 0 makes
+both runs deterministic). Envs that do not split over the processes are refused before anything
 starts. An actor that raises or stalls in process 1 stops both processes before the next update,
 process 0 with an error naming process 1; so do a checkpoint that cannot be written on process 1
 and a greedy evaluation that raises on process 0. Under `-m slow`: Ctrl-C reaching one process
@@ -32,7 +32,7 @@ TRAIN = textwrap.dedent(
     import jax
     import numpy as np
     from rl import sebulba
-    from rl.cli import main
+    from rl.cli.main import main
 
     batches, states, global_batch = [], [], sebulba.Learner.global_batch
     run = sebulba.Learner.run
@@ -138,7 +138,9 @@ def test_envs_that_do_not_split_over_the_processes_are_refused_before_anything_s
     """6 envs split over 2 actor threads in one process, not over 2 processes x 2 threads: both
     processes stop with one line naming the key, and no run directory is made."""
     config = sebulba_config(tmp_path, num_envs=6, total_steps=576)
-    script = "import sys; from rl.cli import main; print('RESULT', main(['train', *sys.argv[1:]]))"
+    script = (
+        "import sys; from rl.cli.main import main; print('RESULT', main(['train', *sys.argv[1:]]))"
+    )
     processes = two_processes(script, config, "--name", "bad", "arch.actor_threads=2")
     for process in processes:
         out, err = process.communicate(timeout=300)
@@ -159,7 +161,7 @@ FAULTY = textwrap.dedent(
     import json, sys
     sys.path += ["tests", "tests/rl"]
     import test_sebulba  # registers FusedrlTest/Countdown-v0
-    from rl.cli import main
+    from rl.cli.main import main
 
     at, sleep, woke, only_1 = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
     args = sys.argv[5:]
@@ -212,7 +214,7 @@ LEARNER_FAULT = textwrap.dedent(
     """
     import json, sys
     from rl import checkpoint, sebulba
-    from rl.cli import main
+    from rl.cli.main import main
 
     what, who, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     finish, evaluate, evaluations = checkpoint.Checkpoints._finish, sebulba.Learner.evaluate, []
@@ -274,7 +276,7 @@ INTERRUPTIBLE = textwrap.dedent(
     import json, os, signal, sys
     import numpy as np
     from rl import logging as rl_logging
-    from rl.cli import main
+    from rl.cli.main import main
 
     stop_at, args, sent = int(sys.argv[1]), sys.argv[2:], []
 
@@ -332,7 +334,7 @@ def test_two_processes_learn_cartpole_with_the_shipped_config(tmp_path):
     check, which asks it of 3 seeds of 4). (`-m slow`: a few CPU minutes.)"""
     output = ["--output-dir", tmp_path / "runs", "--no-progress"]
     processes = two_processes(
-        "import sys; from rl.cli import main; print('RESULT', main(['train', *sys.argv[1:]]))",
+        "import sys; from rl.cli.main import main; print('RESULT', main(['train', *sys.argv[1:]]))",
         "configs/ppo_sebulba_cartpole.yaml",
         "--name",
         "learn",

@@ -1,8 +1,8 @@
-"""PPO on gymnasium's MuJoCo envs through the actor-learner architecture (rl.sebulba), as a user
-runs it: configs/ppo_sebulba_halfcheetah.yaml loads with CleanRL's settings, a tiny `rl train` of it
-writes its run directory with finite metrics and learned observation statistics that the actors
-act with, actions reach the env inside its Box bounds, MuJoCo's float64 observations reach the
-network as float32, a time limit is a truncation that GAE bootstraps from the observation it
+"""PPO on gymnasium's MuJoCo envs through the actor-learner architecture (rl.sebulba), as a
+user runs it: configs/ppo_sebulba_halfcheetah.yaml loads with CleanRL's settings, a tiny `rl train`
+of it writes its run directory with finite metrics and learned observation statistics that the
+actors act with, actions reach the env inside its Box bounds, MuJoCo's float64 observations reach
+the network as float32, a time limit is a truncation that GAE bootstraps from the observation it
 reached, and without MuJoCo the config fails with one error naming what to install. The learning
 check (100k steps, about 40 s on 2 CPU cores) is marked slow. Skipped without the mujoco package
 (the brax extra brings it), except the missing-MuJoCo error."""
@@ -18,11 +18,13 @@ import pytest
 from flax import serialization
 from run_helpers import REPO, needs_mujoco, run_cli
 
-from rl import observation_norm, sebulba, sebulba_envs
 from rl.agents import ppo
 from rl.config import build_config, hyperparams, load_config
-from rl.config_parsing import ConfigError
-from rl.sebulba_agents import make_pieces
+from rl.config.parsing import ConfigError
+from rl.core import observation_norm
+from rl.sebulba import host_envs as sebulba_envs
+from rl.sebulba import learner as sebulba
+from rl.sebulba.pieces import make_pieces
 
 CONFIG = REPO / "configs" / "ppo_sebulba_halfcheetah.yaml"
 

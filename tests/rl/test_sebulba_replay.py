@@ -1,7 +1,7 @@
-"""SAC and TD3 through the actor-learner architecture (rl.sebulba): the configs it refuses before
-anything starts, actors that act uniformly at random before `learning_starts` and with the agent's
-exploring action after (SAC's policy sample, TD3's noisy mu), a learner whose update stores the
-rollout's transitions in its replay buffer (a time limit kept apart from a termination, s' the
+"""SAC and TD3 through the actor-learner architecture (rl.sebulba): the configs it refuses
+before anything starts, actors that act uniformly at random before `learning_starts` and with the
+agent's exploring action after (SAC's policy sample, TD3's noisy mu), a learner whose update stores
+the rollout's transitions in its replay buffer (a time limit kept apart from a termination, s' the
 observation reached) and then takes T x gradient_steps of the agent's own gradient steps, and `rl
 train` writing a run, stopping on Ctrl-C with a checkpoint that holds the buffer, resuming and `rl
 eval` playing it. The Pendulum learning checks are marked slow."""
@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 from run_helpers import REPO, interrupted_resumed_and_evaluated, needs_mujoco, run_cli
 
-from rl import actor_critic, environment, sebulba
-from rl.agents import sac, td3
-from rl.arch_config import autoreset_mode
+from rl.agents import actor_critic, sac, td3
 from rl.config import build_config, hyperparams, load_config
-from rl.config_parsing import ConfigError
-from rl.networks import TanhGaussian
-from rl.sebulba_agents import make_pieces, rollout_sizes
-from rl.sebulba_programs import check_devices
+from rl.config.arch import autoreset_mode
+from rl.config.parsing import ConfigError
+from rl.core import environment
+from rl.nn.networks import TanhGaussian
+from rl.sebulba import learner as sebulba
+from rl.sebulba.pieces import make_pieces, rollout_sizes
+from rl.sebulba.programs import check_devices
 
 
 class Slide(gymnasium.Env):

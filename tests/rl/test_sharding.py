@@ -28,10 +28,10 @@ SHARDED = textwrap.dedent(
     """
     import json, sys
     import jax
-    from rl.cli import main
+    from rl.cli.main import main
     from rl.config import load_config
-    from rl.distributed import seed_mesh, select_devices
-    from rl.programs import make_programs
+    from rl.run.distributed import seed_mesh, select_devices
+    from rl.run.programs import make_programs
 
     config_path, out = sys.argv[1], {}
     out["devices"] = len(jax.devices())
@@ -96,7 +96,7 @@ def test_sharded_seeds_equal_unsharded_on_4_cpu_devices(tmp_path):
 MULTI_PROCESS = textwrap.dedent(
     """
     import json, sys
-    from rl.cli import main
+    from rl.cli.main import main
 
     config_path, port, process_id = sys.argv[1], sys.argv[2], sys.argv[3]
     code = main([
@@ -128,7 +128,7 @@ def test_two_processes_through_jax_distributed_equal_one_process(tmp_path):
     one device.)"""
     config = write_config(tmp_path, seeds=4)
     single = run_script(
-        "import sys; from rl.cli import main; "
+        "import sys; from rl.cli.main import main; "
         "print('RESULT', main(['train', sys.argv[1], '--name', 'single']))",
         config,
         devices=1,
@@ -171,10 +171,10 @@ ENV_SHARDED = textwrap.dedent(
     """
     import json, sys
     import jax
-    from rl.cli import main
+    from rl.cli.main import main
     from rl.config import load_config
-    from rl.distributed import seed_mesh, select_devices
-    from rl.programs import make_programs
+    from rl.run.distributed import seed_mesh, select_devices
+    from rl.run.programs import make_programs
 
     config_path, out = sys.argv[1], {}
     out["sharded"] = main(
@@ -190,7 +190,7 @@ ENV_SHARDED = textwrap.dedent(
     state = init(keys, hparams)
     split = lambda x: x.addressable_shards[0].data.shape != x.shape
     leaves = jax.tree_util.tree_leaves_with_path(state)
-    out["per_env"] = ["envs"]  # the state's rl.state.Envs field
+    out["per_env"] = ["envs"]  # the state's rl.core.state.Envs field
     out["split"] = sorted({path[0].name for path, x in leaves if split(x)})
     out["split_shapes"] = sorted({
         (tuple(x.shape), tuple(x.addressable_shards[0].data.shape))
@@ -257,7 +257,7 @@ KILLABLE = textwrap.dedent(
     import json, os, signal, sys
     import numpy as np
     from rl import logging as rl_logging
-    from rl.cli import main
+    from rl.cli.main import main
 
     kill_at, args = int(sys.argv[1]), sys.argv[2:]
 
@@ -299,11 +299,11 @@ def test_two_process_run_killed_mid_chunk_and_resumed_equals_uninterrupted_run(t
     killed from outside. `rl train --resume` on both processes then ends with exactly the params and
     metrics of a one-process run on 4 devices (the same one-seed-per-device program) that never
     stopped."""
-    from rl.checkpoint import Checkpoints
+    from rl.run.checkpoint import Checkpoints
 
     config = write_config(tmp_path, seeds=4)
     uninterrupted = run_script(
-        "import sys; from rl.cli import main; "
+        "import sys; from rl.cli.main import main; "
         "print('RESULT', main(['train', sys.argv[1], '--name', 'whole', '--devices', '4']))",
         config,
     )

@@ -55,8 +55,8 @@ def assert_close_runs(a, b):
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_seed_axis_on_two_gpus_equals_one_gpu(tmp_path, backend):
     from rl.config import load_config
-    from rl.distributed import seed_mesh, select_devices
-    from rl.programs import make_programs
+    from rl.run.distributed import seed_mesh, select_devices
+    from rl.run.programs import make_programs
 
     data = {**PPO, "kernels": {"backend": backend}}
     config_path = write_config(tmp_path, data)

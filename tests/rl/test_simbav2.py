@@ -1,5 +1,5 @@
-"""SimbaV2's torso (rl.simbav2) against a float64 NumPy transcription of the paper's definitions at
-small sizes: the l2 normalisation, the embedding, the residual LERP block and the features; the
+"""SimbaV2's torso (rl.nn.simbav2) against a float64 NumPy transcription of the paper's definitions
+at small sizes: the l2 normalisation, the embedding, the residual LERP block and the features; the
 hyperspherical weights start on the unit sphere, leave it under an Adam step and come back with the
 projection (scalers and heads untouched); the Haiku backend builds the same function."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from rl import layers, simbav2
+from rl.nn import layers, simbav2
 
 
 def normalize(x):

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from rl.cli import main
+from rl.cli.main import main
 from rl.config import build_config, parse_sweep
-from rl.programs import build_program
-from rl.train import train_many
+from rl.run.programs import build_program
+from rl.run.train import train_many
 
 PPO_AGENT = dict(
     name="ppo",
@@ -160,16 +160,16 @@ def test_cli_sweep_prints_and_writes_one_row_per_setting(tmp_path, capsys):
 
 
 def test_a_sweep_built_with_the_library_equals_rl_train_sweep(tmp_path):
-    """The README's library path (`load_config`, `parse_sweep`, then `rl.train.train_many`, or an
-    agent's `make_train` vmapped over `rl.programs.seed_keys` with one setting of
-    `rl.programs.stacked_hyperparams`) trains the same runs as `rl train --sweep` with the same
+    """The README's library path (`load_config`, `parse_sweep`, then `rl.run.train.train_many`, or
+    an agent's `make_train` vmapped over `rl.run.programs.seed_keys` with one setting of
+    `rl.run.programs.stacked_hyperparams`) trains the same runs as `rl train --sweep` with the same
     `run.seed`: seed i of every setting starts from PRNGKey(run.seed + i) on every path."""
     import jax
     from flax import serialization
 
     from rl.agents import qlearning
     from rl.config import load_config
-    from rl.programs import seed_keys, stacked_hyperparams
+    from rl.run.programs import seed_keys, stacked_hyperparams
 
     config_path = tmp_path / "q.yaml"
     config_path.write_text(

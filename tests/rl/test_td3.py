@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from run_helpers import FUSION_EMITTERS
 
-from rl import losses
 from rl.agents import td3
 from rl.config import build_config, hyperparams
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
+from rl.core import losses
 
 SMALL = dict(
     name="td3",
@@ -165,7 +165,7 @@ def test_vmap_over_seeds_equals_per_seed_runs():
 
 def test_sweep_gives_one_result_per_setting():
     from rl.config import parse_sweep
-    from rl.train import train_many
+    from rl.run.train import train_many
 
     config = make_config(total_steps=1000, learning_starts=200, eval_episodes=1)
     grid = parse_sweep(["agent.exploration_noise=0.1,0.3", "agent.lr=1e-3,3e-4"], config.agent)

@@ -1,15 +1,14 @@
-"""`agent.unroll: auto` (rl.unrolling): 1 on the CPU and where no rule is measured, the measured
-unroll on a GPU once a run is long enough to pay for its compile; numbers pass through; anything
-else is one error naming the key."""
+"""`agent.unroll: auto` (rl.config.unrolling): 1 on the CPU and where no rule is measured, the
+measured unroll on a GPU once a run is long enough to pay for its compile; numbers pass through;
+anything else is one error naming the key."""
 
 from __future__ import annotations
 
 import pytest
 
-from rl import unrolling
 from rl.agents import dqn, pqn
-from rl.config import load_config
-from rl.config_parsing import ConfigError
+from rl.config import load_config, unrolling
+from rl.config.parsing import ConfigError
 
 
 def test_auto_is_one_on_the_cpu_and_without_a_rule(monkeypatch):

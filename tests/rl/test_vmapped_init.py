@@ -1,4 +1,4 @@
-"""Vmapped init on the CPU runs one instance at a time (rl.trainer.vmap_sequentially_on_cpu).
+"""Vmapped init on the CPU runs one instance at a time (rl.agents.trainer.vmap_sequentially_on_cpu).
 
 Orthogonal init draws weights with a LAPACK QR. Batched by the sweep x seed vmap, XLA:CPU's LAPACK
 kernel parks a worker thread until the pieces of the batch are done; with as many such QRs running
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from run_helpers import REPO, subprocess_env
 
+from rl.agents.trainer import vmap_sequentially_on_cpu
 from rl.config import build_config, parse_sweep
-from rl.programs import build_program, make_programs, stacked_hyperparams
-from rl.trainer import vmap_sequentially_on_cpu
+from rl.run.programs import build_program, make_programs, stacked_hyperparams
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +111,7 @@ def lapack_batch_dims(hlo_text: str) -> list[int]:
 
 @pytest.mark.parametrize("agent", sorted(TINY_AGENTS))
 def test_sweep_program_has_no_batched_lapack_call(agent):
-    """The one-program sweep x seed run (rl.programs.build_program, i.e.
+    """The one-program sweep x seed run (rl.run.programs.build_program, i.e.
     jax.jit(vmap(vmap(train))))."""
     config = tiny_config(agent)
     program, keys, hparams = build_program(config, [{}, {}])
@@ -123,9 +123,9 @@ def test_sweep_program_has_no_batched_lapack_call(agent):
 
 
 def test_chunked_init_program_has_no_batched_lapack_call():
-    """The init program of `rl train` (rl.programs.make_programs), also vmapped over settings x
+    """The init program of `rl train` (rl.run.programs.make_programs), also vmapped over settings x
     seeds."""
-    from rl.distributed import seed_mesh
+    from rl.run.distributed import seed_mesh
 
     config = tiny_config("sac")
     _, init, _, keys, hparams = make_programs(config, [{}, {}], seed_mesh(jax.devices("cpu")[:1]))
@@ -184,7 +184,7 @@ SAC_SWEEP = textwrap.dedent(
     """
     import jax
     from rl.config import build_config, parse_sweep
-    from rl.programs import build_program
+    from rl.run.programs import build_program
     agent = dict(name="sac", total_steps=8, log_interval=8, learning_starts=8, buffer_size=64,
                  batch_size=8, eval_episodes=0, network={"hidden": [128, 128]})
     config = build_config({"env": {"id": "Pendulum-v1"}, "agent": agent,

@@ -39,7 +39,7 @@ def test_offline_wandb_logs_one_run_per_setting_and_seed(tmp_path, monkeypatch, 
 
 
 def test_scalar_row_keeps_finite_scalars_of_one_instance():
-    from rl.wandb_logger import scalar_row, wandb_run_id
+    from rl.run.wandb_logger import scalar_row, wandb_run_id
 
     values = {
         "step": np.array([[10, 10]]),
@@ -59,7 +59,7 @@ import sys
 
 real = importlib.util.find_spec
 importlib.util.find_spec = lambda name, *a, **k: None if name == "wandb" else real(name, *a, **k)
-from rl.cli import main
+from rl.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -16,7 +16,7 @@ import yaml
 from run_helpers import REPO, TINY, run_cli, subprocess_env, write_config
 
 from rl.config import load_config
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
 
 # ---------------------------------------------------------------- env ids import no module
 
@@ -74,7 +74,7 @@ def test_a_local_coordinator_listens_on_loopback_only():
 def test_the_bind_address_is_the_coordinators_own(monkeypatch):
     import jax
 
-    from rl import distributed
+    from rl.run import distributed
 
     calls = []
     monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append(k))
@@ -128,7 +128,7 @@ def test_seed_keys_are_one_call_per_seed_bit_for_bit():
     import jax.numpy as jnp
     import numpy as np
 
-    from rl.programs import seed_keys
+    from rl.run.programs import seed_keys
 
     for seed, seeds in ((0, 30), (2**31 - 3, 6), (2**32 - 4, 4)):
         config = SimpleNamespace(run=SimpleNamespace(seed=seed, seeds=seeds))
@@ -159,7 +159,7 @@ def test_a_billion_laughs_config_fails_fast(tmp_path):
 
 
 def test_a_billion_laughs_in_a_run_directory_fails_fast(tmp_path):
-    from rl.run_dir import load_run_config
+    from rl.run.run_dir import load_run_config
 
     (tmp_path / "config.yaml").write_text(BOMB)
     start = time.perf_counter()
@@ -169,12 +169,12 @@ def test_a_billion_laughs_in_a_run_directory_fails_fast(tmp_path):
 
 
 def test_a_failed_start_removes_the_run_directory_it_made(tmp_path, monkeypatch):
-    import rl.train
+    import rl.run.train
 
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating the replay buffer")
 
-    monkeypatch.setattr(rl.train, "make_programs", out_of_memory)
+    monkeypatch.setattr(rl.run.train, "make_programs", out_of_memory)
     with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
         run_cli(["train", write_config(tmp_path), "--name", "failed"])
     assert not (tmp_path / "runs" / "failed").exists()
@@ -192,7 +192,7 @@ def train_args(config: Path, name: str) -> SimpleNamespace:
 
 @pytest.mark.parametrize("name", ["null", "~", "#x", "[1]"])
 def test_a_command_line_name_is_a_string(tmp_path, name):
-    from rl.cli_train import resolve_train_config
+    from rl.cli.train import resolve_train_config
 
     config, _ = resolve_train_config(train_args(write_config(tmp_path), name))
     assert config.run.name == name
@@ -213,7 +213,7 @@ def test_a_name_with_control_characters_or_too_long_is_refused(tmp_path, name, c
 
 
 def test_a_multi_process_run_refuses_a_finished_runs_directory(tmp_path):
-    from rl.cli_train import make_run_dir
+    from rl.cli.train import make_run_dir
 
     run_dir = tmp_path / "runs" / "big"
     run_dir.mkdir(parents=True)
@@ -230,7 +230,7 @@ def test_a_multi_process_run_refuses_a_finished_runs_directory(tmp_path):
 
 
 def test_a_crafted_final_params_file_is_one_line(tmp_path):
-    from rl.run_dir import load_params
+    from rl.run.run_dir import load_params
 
     config = load_config(write_config(tmp_path))
     for content in (b"\xc1\xc1 not msgpack", b"\x93\x01\x02\x03", b"\x81\xa1w\xa3str"):
@@ -240,7 +240,7 @@ def test_a_crafted_final_params_file_is_one_line(tmp_path):
 
 
 def test_crafted_metrics_rows_are_skipped_in_one_line(tmp_path):
-    from rl.plot import read_metrics
+    from rl.cli.plot import read_metrics
 
     good = {"setting": 0, "seed": 0, "log_point": 0, "step": 1000, "episode_return": 1.0}
     crafted = [{**good, "step": "x"}, {**good, "seed": [0]}, {**good, "episode_return": {"a": 1}}]
@@ -261,7 +261,7 @@ def test_crafted_metrics_rows_are_skipped_in_one_line(tmp_path):
     ],
 )
 def test_a_crafted_run_config_is_one_line(tmp_path, crafted):
-    from rl.run_dir import load_run_config
+    from rl.run.run_dir import load_run_config
 
     data = {**TINY, **crafted}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
@@ -282,12 +282,12 @@ def test_a_dollar_in_a_sweep_label_plots(tmp_path, capsys):
 
 
 def test_a_read_failure_in_eval_says_read(tmp_path, monkeypatch, capsys):
-    import rl.evaluate
+    import rl.cli.evaluate
 
     def gone(*args, **kwargs):
         raise FileNotFoundError(2, "No such file or directory", str(tmp_path / "checkpoints/4"))
 
-    monkeypatch.setattr(rl.evaluate, "evaluate_run", gone)
+    monkeypatch.setattr(rl.cli.evaluate, "evaluate_run", gone)
     assert run_cli(["eval", tmp_path]) == 1
     assert capsys.readouterr().err.startswith("rl: error: cannot read ")
 
@@ -306,7 +306,7 @@ class _Device:
 
 def test_a_state_beyond_the_device_memory_is_refused_before_anything_runs():
     from rl.config import load_config
-    from rl.config_limits import check_device_memory
+    from rl.config.limits import check_device_memory
 
     config = load_config("dqn_cartpole", ["run.seeds=64", "agent.buffer_size=100000"])
     with pytest.raises(ConfigError, match=r"agent.buffer_size: .* on each device .* small GPU"):

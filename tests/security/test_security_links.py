@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from run_helpers import run_cli, trained_run
 
-from rl.config_parsing import ConfigError
+from rl.config.parsing import ConfigError
 
 SECRET = "the colleague's file, which must stay as it is\n"
 
@@ -90,7 +90,7 @@ def test_resume_refuses_a_linked_tensorboard_folder(stopped_run, outside, capsys
 
 def test_write_final_and_config_replace_links(tmp_path, outside):
     from rl.config import load_config
-    from rl.run_dir import write_final, write_run_config
+    from rl.run.run_dir import write_final, write_run_config
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -153,7 +153,7 @@ def test_reads_refuse_a_config_link_leaving_the_run(tmp_path_factory, tmp_path, 
 
 
 def test_a_streamed_file_refuses_a_link(tmp_path, outside):
-    from rl.logging import RunLogger
+    from rl.run.logging import RunLogger
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
