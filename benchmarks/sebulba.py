@@ -260,19 +260,19 @@ def learner_throughput(config, threads: int, seconds: float) -> dict:
     rollouts = [actor.rollout(p)[0] for actor, p in zip(actors, params)]
     for actor in actors:
         actor.close()
-    params, opt_state, key = state.params, state.opt_state, jax.random.PRNGKey(0)
+    learned, key = state[:3], jax.random.PRNGKey(0)  # params, optimiser and replay state
 
-    def update(params, opt_state):
+    def update(params, opt_state, stored):
         traj = learner.batch(rollouts)
-        return learn(learner.hparams, params, opt_state, traj, key)[:2]
+        return learn(learner.hparams, params, opt_state, stored, traj, key)[:3]
 
-    params, opt_state = jax.block_until_ready(update(params, opt_state))  # warm up (a replay
-    # agent's opt_state is donated: the next update takes the one this returns)
+    learned = jax.block_until_ready(update(*learned))  # warm up (a replay agent's optimiser and
+    # replay state are donated: the next update takes the ones this returns)
     start, updates = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
-        params, opt_state = update(params, opt_state)
+        learned = update(*learned)
         updates += 1
-    jax.block_until_ready(params)
+    jax.block_until_ready(learned)
     wall = time.perf_counter() - start
     return {"sps": updates * rollout_sizes(config).steps / wall, "update_s": wall / updates}
 

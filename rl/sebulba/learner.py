@@ -154,7 +154,9 @@ class Learner:
         traj = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((T, *x.shape), x.dtype, sharding=split), steps
         )
-        lowered = self.programs.learn.lower(self.hparams, state.params, state.opt_state, traj, key)
+        lowered = self.programs.learn.lower(
+            self.hparams, state.params, state.opt_state, state.replay, traj, key
+        )
         self.programs.compiled["learn"] = lowered.compile()
         self.compile_seconds += time.perf_counter() - start
 
@@ -212,14 +214,16 @@ class Learner:
                 period.waited += time.perf_counter() - start
                 traj = self.batch([rollout.traj for rollout in rollouts])
                 key, learn_key = jax.random.split(state.key)
-                learned = learn(self.hparams, state.params, state.opt_state, traj, learn_key)
+                learned = learn(
+                    self.hparams, state.params, state.opt_state, state.replay, traj, learn_key
+                )
                 if self.processes > 1:  # no other collective (gloo on CPUs) may overlap it
                     jax.block_until_ready(learned)
                 step = state.step + self.sizes.steps
-                state = LearnerState(*learned[:2], key, step, state.updates + 1)
+                state = LearnerState(*learned[:3], key, step, state.updates + 1)
                 exchange.publish(local_copy(state.params), update + 1)
                 lags = [update - rollout.version for rollout in rollouts]
-                period.add(learned[2], lags, rollouts, self.sizes.steps)
+                period.add(learned[3], lags, rollouts, self.sizes.steps)
                 if (update + 1) % self.sizes.log_interval == 0:
                     rows.append(self.log_point(state, period))
                     period = new_period()
@@ -350,7 +354,7 @@ class Learner:
         row every process gets. An evaluation that raises on process 0 stops every process here
         (process 0 with its error, the others with a RuntimeError naming it)."""
         row = {"step": int(state.step), **period.metrics(self.processes)}
-        values = self.pieces.log_point(self.hparams, state.opt_state)  # the agent's, at this point
+        values = self.pieces.log_point(self.hparams, state.replay)  # the agent's, at this point
         row.update({name: np.asarray(value).item() for name, value in values.items()})
         error = None
         if self.sizes.eval_envs:

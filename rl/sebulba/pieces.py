@@ -8,8 +8,8 @@ SAC's and TD3's gradient steps on a replay buffer), and the sizes of a rollout a
     key, record, env_action = pieces.act(hparams, params, obs, key, step)   # an actor's step
     traj = pieces.transition(obs, *record, reward, terminated, truncated, final_obs,
                              reset_step=None)                             # [T, E, ...]
-    params, opt_state, stats = pieces.learn(hparams, params, opt_state, traj, key)
-    values = pieces.log_point(hparams, opt_state)                          # at a log point
+    params, opt_state, stored, stats = pieces.learn(hparams, params, opt_state, stored, traj, key)
+    values = pieces.log_point(hparams, stored)                             # at a log point
 
 * PPO: a sample of the policy, recording (action, log pi(action|obs)); Box actions mapped to the
   env's bounds.
@@ -58,19 +58,20 @@ class Pieces(NamedTuple):
     """An agent's pieces of the actor-learner loop (module docstring); functions of values,
     jitted by the caller. `obs_space` is the env's observation space, `obs_dtype` the dtype the
     network reads. `learn`'s stats are each update's means, which a log point averages over its
-    period; `log_point` gives what a log point reads off the optimiser state at its end instead,
+    period; `log_point` gives what a log point reads off the replay state at its end instead,
     as the agent's one program logs it (DQN: epsilon after the env steps so far and the gradient
     steps so far, `replay.log_point_values`; SAC: alpha; TD3: the gradient steps so far)."""
 
     obs_space: Any
     obs_dtype: Any
-    init: Callable  # (key, hparams, obs) -> (params, opt_state)
+    init: Callable  # (key, hparams, obs) -> (params, opt_state, stored: replay state or None)
     act: Callable  # (hparams, params, obs, key, step) -> (key, record, env_action)
     # (obs, *record, reward, terminated, truncated, final_obs, reset_step=None) -> Transition
     transition: Callable
-    learn: Callable  # (hparams, params, opt_state, traj, key) -> (params, opt_state, mean stats)
+    # (hparams, params, opt_state, stored, traj, key) -> (params, opt_state, stored, mean stats)
+    learn: Callable
     greedy: Callable  # (params, obs) -> the env's action, for evaluation
-    log_point: Callable = lambda hparams, opt_state: {}  # -> {name: value at a log point}
+    log_point: Callable = lambda hparams, stored: {}  # -> {name: value at a log point}
 
 
 class Sizes(NamedTuple):
@@ -129,9 +130,9 @@ def ppo_pieces(config) -> Pieces:
         env_action = environment.to_env_action(s.env, s.env_params, pi.env_action(action))
         return key, (action, log_prob), env_action
 
-    def learn(hparams, params, opt_state, traj, key):
+    def learn(hparams, params, opt_state, stored, traj, key):
         learned = ppo.learn(s, grads_fn, batch_fn, hparams, params, opt_state, traj, key)
-        return *learned[:2], jax.tree.map(jnp.mean, learned[2])
+        return *learned[:2], stored, jax.tree.map(jnp.mean, learned[2])
 
     def greedy(params, obs):
         return environment.to_env_action(s.env, s.env_params, ppo.greedy_action(s, params, obs))
@@ -140,7 +141,7 @@ def ppo_pieces(config) -> Pieces:
     return Pieces(
         space,
         obs_dtype(space),
-        lambda key, hparams, obs: ppo.init_params(s, key, hparams, obs),
+        lambda key, hparams, obs: (*ppo.init_params(s, key, hparams, obs), None),
         act,
         ppo.Transition,
         learn,
@@ -158,7 +159,7 @@ def pqn_pieces(config) -> Pieces:
 
     def init(key, hparams, obs):
         params = pqn.make_q_network(agent, env, env_params).init(key, obs)
-        return params, pqn.init_opt_state(agent, hparams, params)
+        return params, pqn.init_opt_state(agent, hparams, params), None
 
     def act(hparams, params, obs, key, step):
         key, act_key = jax.random.split(key)
@@ -166,8 +167,9 @@ def pqn_pieces(config) -> Pieces:
         action = exploration.epsilon_greedy(act_key, apply(params, obs), eps)
         return key, (action,), action
 
-    def learn(hparams, params, opt_state, traj, key):
-        return pqn.learn_rollout(agent, apply, hparams, params, opt_state, traj, key, **kernel)
+    def learn(hparams, params, opt_state, stored, traj, key):
+        learned = pqn.learn_rollout(agent, apply, hparams, params, opt_state, traj, key, **kernel)
+        return *learned[:2], stored, learned[2]
 
     space = env.observation_space(env_params)
     return Pieces(
@@ -204,6 +206,13 @@ class ReplayAgent(NamedTuple):
     phase_gradient_steps: int
 
 
+def replay_state(state):
+    """A replay agent's state (`rl.core.state.ReplayState`, SAC's and TD3's `State`) without its
+    params and optimiser state, which the learner keeps in fields of their own: the replay
+    buffer, target networks, critics and counters."""
+    return state._replace(params=None, opt_state=None)
+
+
 def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
     """The pieces of a replay agent (module docstring): actors act with the agent's `explore`; the
     learner stores each rollout's arch.rollout_steps x num_envs transitions in its buffer, then
@@ -217,7 +226,7 @@ def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
 
     def init(key, hparams, obs):
         state = agent_parts.init(hparams, key, obs)
-        return state.params, state._replace(params=None)
+        return state.params, state.opt_state, replay_state(state)
 
     def act(hparams, params, obs, key, step):
         key, action = agent_parts.explore(hparams, params, obs, key, step)
@@ -230,13 +239,14 @@ def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
         assert reset_step is None, "a replay agent's rollouts have no reset steps"
         return replay.transition(obs, action, reward, final_obs, terminated)
 
-    def learn(hparams, params, state, traj, key):
+    def learn(hparams, params, opt_state, stored, traj, key):
         items = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), traj)  # [T x E, ...]
-        phase_ends = state.step + agent_parts.phase_env_steps * jnp.arange(1, phases + 1)
-        state = state._replace(
+        phase_ends = stored.step + agent_parts.phase_env_steps * jnp.arange(1, phases + 1)
+        state = stored._replace(
             params=params,
-            buffer=buffers.uniform_add(state.buffer, items),
-            step=state.step + items["reward"].shape[0],
+            opt_state=opt_state,
+            buffer=buffers.uniform_add(stored.buffer, items),
+            step=stored.step + items["reward"].shape[0],
         )
         keys = jax.random.split(key, phases * per_phase)
         keys = keys.reshape(phases, per_phase, *keys.shape[1:])
@@ -250,7 +260,8 @@ def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
         state, stats = jax.lax.scan(phase, state, (phase_ends, keys))
         # NaN-skipping: TD3's actor loss reads NaN between its delayed updates; all NaN (before
         # learning_starts) stays NaN
-        return state.params, state._replace(params=None), jax.tree.map(jnp.nanmean, stats)
+        stats = jax.tree.map(jnp.nanmean, stats)
+        return state.params, state.opt_state, replay_state(state), stats
 
     def greedy(params, obs):
         return environment.to_env_action(env, env_params, agent_parts.greedy(params, obs))

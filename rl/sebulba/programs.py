@@ -29,11 +29,14 @@ __all__ = [
 
 
 class LearnerState(NamedTuple):
-    """The learner's training state (`rl.core.state`'s names): params, optimiser state, the PRNG key
-    of the next update, env steps and updates so far. The envs live in the actor threads."""
+    """The learner's training state (`rl.core.state`'s names): params, optimiser state, a replay
+    agent's replay state (its buffer, target networks, critics and counters,
+    `rl.sebulba.pieces.replay_state`; None for PPO and PQN), the PRNG key of the next update, env
+    steps and updates so far. The envs live in the actor threads."""
 
     params: Any
     opt_state: Any
+    replay: Any
     key: jax.Array
     step: jax.Array
     updates: jax.Array
@@ -96,8 +99,9 @@ def local_copy(tree):
 class Programs(NamedTuple):
     """A learning setup's jitted programs (`programs`): the agent's pieces (rl.sebulba.pieces),
     `policy(hparams, params, obs, key, step)` (its `act`), `init(key, hparams) -> LearnerState`,
-    `learn(hparams, params, opt_state, traj, key) -> (params, opt_state, mean loss stats)` (a
-    replay agent's `opt_state`, which holds its buffer, donated: the one passed in is gone after),
+    `learn(hparams, params, opt_state, replay, traj, key) -> (params, opt_state, replay, mean loss
+    stats)` (a replay agent's optimiser and replay state, which holds its buffer, donated: the
+    ones passed in are gone after),
     compiled once (`compiled`), and the shardings of the learner devices' mesh: params replicated,
     rollouts split on the env axis."""
 
@@ -131,14 +135,14 @@ def programs(config, learner_devices) -> Programs:
     def init(key, hparams):
         key, net_key = jax.random.split(key)
         obs = np.zeros(pieces.obs_space.shape, pieces.obs_dtype)
-        params, opt_state = pieces.init(net_key, hparams, obs)
-        return LearnerState(params, opt_state, key, np.int32(0), np.int32(0))
+        params, opt_state, replay = pieces.init(net_key, hparams, obs)
+        return LearnerState(params, opt_state, replay, key, np.int32(0), np.int32(0))
 
     mesh = Mesh(np.array(learner_devices), ("envs",))
     replicated = NamedSharding(mesh, PartitionSpec())
     jitted = lambda fn, **kw: jax.jit(at_matmul_precision(fn, precision), **kw)
-    # a replay agent's optimiser state holds its buffer: updated in place, not copied each update
-    donated = (2,) if config.agent.name in REPLAY_AGENTS else ()
+    # a replay agent's replay state holds its buffer: updated in place, not copied each update
+    donated = (2, 3) if config.agent.name in REPLAY_AGENTS else ()
     _PROGRAMS[key] = Programs(
         pieces,
         jitted(pieces.act),

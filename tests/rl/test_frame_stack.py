@@ -110,7 +110,7 @@ def test_an_actor_stacking_on_its_device_rolls_out_what_one_on_envpools_stacks_d
     def rollouts(frame_stack):
         cfg = envpool_config({"frame_stack": frame_stack, "actor_threads": 1})
         pieces = make_pieces(cfg)
-        params, _ = pieces.init(
+        params, _, _ = pieces.init(
             jax.random.PRNGKey(0), hyperparams(cfg.agent), np.zeros((4, 84, 84), np.uint8)
         )
         actor = sebulba.Actor(

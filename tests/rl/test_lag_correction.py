@@ -93,14 +93,14 @@ def learned(agent, lag):
     cfg = config(CARTPOLE, agent=agent)
     pieces = make_pieces(cfg)
     hparams = hyperparams(cfg.agent)
-    params, opt_state = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros(4, np.float32))
+    params, opt_state, stored = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros(4, np.float32))
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
     noise = [lag * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
     behaviour = jax.tree.unflatten(tree, [x + n for x, n in zip(leaves, noise)])
     traj = rollout(pieces, hparams, behaviour, jax.random.PRNGKey(7))
-    new_params, _, stats = jax.jit(pieces.learn)(
-        hparams, params, opt_state, traj, jax.random.PRNGKey(8)
+    new_params, _, _, stats = jax.jit(pieces.learn)(
+        hparams, params, opt_state, stored, traj, jax.random.PRNGKey(8)
     )
     return stats, new_params
 
@@ -147,7 +147,7 @@ def test_the_loss_and_its_gradient_are_the_decoupled_objectives(weight_max):
     agent = {**ONE_STEP, "lag_correction": True, "lag_weight_max": weight_max}
     cfg = config(CARTPOLE, agent=agent)
     s, pieces, hparams = ppo.make_setup(cfg), make_pieces(cfg), hyperparams(cfg.agent)
-    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros(4, np.float32))
+    params, _, _ = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros(4, np.float32))
     behaviour = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(KEY, x.shape), params)
     traj = rollout(pieces, hparams, behaviour, jax.random.PRNGKey(7))
     batch, advantages, targets = ppo.learn_batch(s, hparams, params, traj)

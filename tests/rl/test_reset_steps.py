@@ -139,21 +139,21 @@ def test_learning_ignores_what_reset_steps_hold(name, agent):
     cfg = config("gymnasium:CartPole-v1", {"autoreset": "next_step"}, agent, name)
     pieces = make_pieces(cfg)
     hparams = hyperparams(cfg.agent)
-    params, opt_state = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros(4, np.float32))
+    params, opt_state, stored = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros(4, np.float32))
     traj = rollout_with_reset_steps(name, pieces, jax.random.PRNGKey(1))
     assert 0 < int(traj.reset_step.sum()) < traj.reset_step.size
     other = garbled(traj, jax.random.PRNGKey(2))
     learn = jax.jit(pieces.learn)
     key = jax.random.PRNGKey(3)
     want, got = (
-        learn(hparams, params, opt_state, traj, key),
-        learn(hparams, params, opt_state, other, key),
+        learn(hparams, params, opt_state, stored, traj, key),
+        learn(hparams, params, opt_state, stored, other, key),
     )
     for a, b in zip(jax.tree.leaves(want[:2]), jax.tree.leaves(got[:2])):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     unmasked = lambda t: t._replace(reset_step=None)
-    learned = learn(hparams, params, opt_state, unmasked(traj), key)
-    changed = learn(hparams, params, opt_state, unmasked(other), key)
+    learned = learn(hparams, params, opt_state, stored, unmasked(traj), key)
+    changed = learn(hparams, params, opt_state, stored, unmasked(other), key)
     differences = [
         float(jnp.abs(a - b).max())
         for a, b in zip(jax.tree.leaves(learned[0]), jax.tree.leaves(changed[0]))

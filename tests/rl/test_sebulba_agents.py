@@ -37,7 +37,7 @@ def test_pqn_actors_act_epsilon_greedy_with_the_epsilon_of_the_steps_before_the_
     config = pqn_config()
     pieces = make_pieces(config)
     hparams = hyperparams(config.agent)
-    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros((1,), np.float32))
+    params, _, _ = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros((1,), np.float32))
     obs = jnp.arange(64, dtype=jnp.float32).reshape(64, 1) / 8
     greedy = np.asarray(pqn.greedy_policy(make_q(config), params)(obs))
     act = jax.jit(pieces.act)
@@ -69,7 +69,7 @@ def test_pqn_targets_bootstrap_a_truncation_from_the_observation_it_reached():
     config = pqn_config(agent={"num_envs": 2, "num_steps": 12, "gamma": 0.9, "total_steps": 1152})
     pieces = make_pieces(config)
     hparams = hyperparams(config.agent)
-    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros((1,), np.float32))
+    params, _, _ = pieces.init(jax.random.PRNGKey(0), hparams, np.zeros((1,), np.float32))
     actor = sebulba.Actor(
         pieces, config, jax.jit(pieces.act), [0, 1], jax.random.PRNGKey(1), jax.devices()[0]
     )

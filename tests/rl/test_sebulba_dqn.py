@@ -107,7 +107,7 @@ def test_actors_act_epsilon_greedy_from_the_first_step_with_the_epsilon_of_their
     pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
     env, env_params = environment.make_env(cfg)
     obs = jax.random.normal(jax.random.PRNGKey(2), (512, 2)) * 3.0
-    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
+    params, _, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
     q_values = dqn.make_learning(cfg, env, env_params).apply  # on the flat vector where fused
     greedy = np.argmax(np.asarray(q_values(params, obs)), axis=-1)
     assert 0 < greedy.sum() < len(greedy)  # both actions greedy somewhere
@@ -131,7 +131,7 @@ def test_an_update_stores_the_rollout_and_its_transitions_keep_the_episode_ends(
     learner = sebulba.Learner(config())
     state = learner.init()
     first, _ = learner.run(state, num_updates=1)
-    dqn_state = first.opt_state
+    dqn_state = first.replay
     assert int(dqn_state.buffer.size) == 32 and int(dqn_state.step) == 32
     assert int(dqn_state.updates) == 0  # 32 of 50 steps stored: no gradient step yet
     jax.tree.map(np.testing.assert_array_equal, first.params, state.params)
@@ -158,8 +158,8 @@ def test_gradient_steps_and_target_syncs_follow_the_one_program_dqn_at_every_upd
     counts, targets = [], []
     for update in (1, 2, 3):
         state, _ = learner.run(state, num_updates=update)
-        counts.append(int(state.opt_state.updates))
-        targets.append(jax.tree.map(np.asarray, state.opt_state.target_params))
+        counts.append(int(state.replay.updates))
+        targets.append(jax.tree.map(np.asarray, state.replay.target_params))
         if update == 2:
             second = jax.tree.map(np.asarray, state.params)
     assert counts == [0, 3, 9]
@@ -195,11 +195,13 @@ def test_the_fused_learner_gates_its_gradient_steps_inside_adams_step_as_the_one
     cfg = config(kernels={"backend": "interpret"})
     pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
     obs = jnp.zeros((16, 2, 2), jnp.float32)  # a rollout [T, E, obs]
-    params, state = pieces.init(jax.random.PRNGKey(0), hparams, obs[0, 0])
+    params, opt_state, stored = pieces.init(jax.random.PRNGKey(0), hparams, obs[0, 0])
     assert params.ndim == 1  # one flat vector: fused
     flag = jnp.zeros((16, 2), bool)
     traj = pieces.transition(obs, flag.astype(jnp.int32), flag.astype(jnp.float32), flag, flag, obs)
-    jaxpr = jax.make_jaxpr(pieces.learn)(hparams, params, state, traj, jax.random.PRNGKey(1))
+    jaxpr = jax.make_jaxpr(pieces.learn)(
+        hparams, params, opt_state, stored, traj, jax.random.PRNGKey(1)
+    )
     names = [eqn.primitive.name for eqn in _equations(jaxpr.jaxpr)]
     assert "scan" in names and "cond" not in names
     selects = [

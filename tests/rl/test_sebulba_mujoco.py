@@ -98,7 +98,7 @@ def rollout(config, params=None, seed=0):
     pieces = make_pieces(config)
     if params is None:
         obs = np.zeros(pieces.obs_space.shape, pieces.obs_dtype)
-        params, _ = pieces.init(jax.random.PRNGKey(seed), hyperparams(config.agent), obs)
+        params, _, _ = pieces.init(jax.random.PRNGKey(seed), hyperparams(config.agent), obs)
     seeds = list(range(config.agent.num_envs))
     actor = sebulba.Actor(
         pieces, config, jax.jit(pieces.act), seeds, jax.random.PRNGKey(seed), jax.devices()[0]

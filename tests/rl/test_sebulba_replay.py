@@ -153,7 +153,7 @@ def test_actors_act_at_random_before_learning_starts_and_explore_after(agent, ex
     pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
     env, env_params = environment.make_env(cfg)
     obs = np.array([[1.0, 0.5], [2.0, -0.5]], np.float32)
-    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
+    params, _, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
     key = jax.random.PRNGKey(3)
     _, explore_key, random_key = jax.random.split(key, 3)
     explore = explored(cfg, env, env_params, params, obs, explore_key)
@@ -170,7 +170,7 @@ def test_td3s_greedy_action_is_mu_on_the_envs_bounds():
     pieces, hparams = make_pieces(cfg), hyperparams(cfg.agent)
     env, env_params = environment.make_env(cfg)
     obs = np.array([[1.0, 0.5], [2.0, -0.5]], np.float32)
-    params, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
+    params, _, _ = pieces.init(jax.random.PRNGKey(0), hparams, obs[0])
     actor, _ = td3.make_networks(cfg.agent, env, env_params)
     mu = np.asarray(actor.apply(params, obs))
     np.testing.assert_allclose(pieces.greedy(params, obs), 2.0 * mu, rtol=1e-5, atol=1e-6)
@@ -184,7 +184,7 @@ def test_an_update_stores_the_rollout_and_takes_t_times_gradient_steps_once_lear
     learner = sebulba.Learner(cfg)
     state = learner.init()
     first, rows = learner.run(state, num_updates=1)
-    sac_state = first.opt_state
+    sac_state = first.replay
     assert int(sac_state.buffer.size) == 16 and int(sac_state.step) == 16
     assert int(sac_state.updates) == 0  # 16 of 24 random steps stored: no gradient step yet
     jax.tree.map(np.testing.assert_array_equal, first.params, state.params)
@@ -200,9 +200,9 @@ def test_an_update_stores_the_rollout_and_takes_t_times_gradient_steps_once_lear
     np.testing.assert_allclose(data["next_obs"][:, 1].reshape(8, 2), 2.0 * actions, rtol=1e-6)
     np.testing.assert_allclose(data["reward"].reshape(8, 2), -((2.0 * actions) ** 2), rtol=1e-5)
     second, rows = learner.run(first, num_updates=2)
-    assert first.opt_state.buffer.storage[0].is_deleted()  # donated: updated in place, no copy
+    assert first.replay.buffer.storage[0].is_deleted()  # donated: updated in place, no copy
     # 32 transitions >= learning_starts: 8 steps x 2 envs x utd 2 = 32 gradient steps
-    assert int(second.opt_state.updates) == 32 and int(second.opt_state.buffer.size) == 32
+    assert int(second.replay.updates) == 32 and int(second.replay.buffer.size) == 32
     changed = jax.tree.map(lambda a, b: not np.allclose(a, b), second.params, first.params)
     assert all(jax.tree.leaves(changed))
 
@@ -212,7 +212,7 @@ def test_a_run_logs_sacs_losses_and_the_lag_within_max_lag():
     one-program SAC logs it."""
     learner = sebulba.Learner(config(arch={"max_lag": 1}))
     state, rows = learner.run(learner.init())
-    assert rows[-1]["alpha"] == pytest.approx(float(np.exp(state.opt_state.log_alpha)), rel=1e-6)
+    assert rows[-1]["alpha"] == pytest.approx(float(np.exp(state.replay.log_alpha)), rel=1e-6)
     assert [row["step"] for row in rows] == [64, 128, 192, 256]
     for row in rows:  # the first period's means skip its first update, before learning_starts
         for name in ("critic_loss", "actor_loss", "q_mean", "entropy", "alpha", "eval_return"):
@@ -237,12 +237,13 @@ def test_rl_train_stops_on_ctrl_c_with_the_buffer_checkpointed_and_resumes(tmp_p
 def test_td3_updates_its_actor_and_targets_every_policy_delay_critic_steps():
     learner = sebulba.Learner(td3_config(learning_starts=24))
     state, _ = learner.run(learner.init(), num_updates=2)
-    td3_state = state.opt_state
+    td3_state = state.replay
     # the second update only: 32 stored >= 24, 8 steps x 2 envs x utd 2 = 32 critic steps
     assert int(td3_state.updates) == 32 and int(td3_state.buffer.size) == 32
     steps = lambda opt_state: {int(x) for x in jax.tree.leaves(opt_state) if np.ndim(x) == 0}
-    assert steps(td3_state.opt_state["critic"]) == {32}  # Adam's step counts
-    assert steps(td3_state.opt_state["actor"]) == {16}
+    assert td3_state.opt_state is None  # the learner keeps it in a field of its own
+    assert steps(state.opt_state["critic"]) == {32}  # Adam's step counts
+    assert steps(state.opt_state["actor"]) == {16}
     for target, online in (
         (td3_state.target_params, state.params),
         (td3_state.target_critic_params, td3_state.critic_params),
@@ -259,7 +260,7 @@ def test_a_td3_run_logs_its_losses():
     state, rows = learner.run(learner.init())
     assert [row["step"] for row in rows] == [64, 128, 192, 256]
     assert [row["gradient_steps"] for row in rows] == [96, 224, 352, 480]
-    assert rows[-1]["gradient_steps"] == int(state.opt_state.updates)
+    assert rows[-1]["gradient_steps"] == int(state.replay.updates)
     for row in rows:
         for name in ("critic_loss", "actor_loss", "q_mean", "eval_return"):
             assert np.isfinite(row[name]), (name, row)
