@@ -107,17 +107,18 @@ def needs_menagerie(name: str) -> bool:
     return name in registry.locomotion.ALL_ENVS or name in registry.manipulation.ALL_ENVS
 
 
-def menagerie_hint(name: str) -> str:
-    """How to provide the Menagerie for task `name`: the path and commit Playground expects."""
+def menagerie_error(name: str, problem: str) -> MissingAssetsError:
+    """The error for task `name` whose Menagerie files are unusable (`problem` says how): the path
+    and commit Playground expects, and how to put them there."""
     mjx_env = sys.modules["mujoco_playground._src.mjx_env"]
     path, commit = mjx_env.MENAGERIE_PATH, mjx_env.MENAGERIE_COMMIT_SHA
-    return (
-        f"{PREFIX}{name} needs MuJoCo Menagerie's robot models at {path} (commit {commit}); "
-        "Playground clones them from GitHub on first use, which this adapter never does. "
-        "On a machine with network access: git clone "
-        f"https://github.com/google-deepmind/mujoco_menagerie {path} && "
-        f"git -C {path} checkout {commit} (or make {path} a link to such a clone). "
-        "The DM Control suite's tasks (CartpoleBalance, CheetahRun, ...) need no download"
+    return MissingAssetsError(
+        f"{PREFIX}{name} needs MuJoCo Menagerie's robot models (commit {commit}) at {path}: "
+        f"{problem}. Playground clones them there from GitHub on first use; this adapter never "
+        f"downloads. With network access: git clone "
+        f"https://github.com/google-deepmind/mujoco_menagerie {path} && git -C {path} checkout "
+        f"{commit} (or link that path to such a clone). The DM Control suite's tasks "
+        "(CartpoleBalance, CheetahRun, ...) ship with Playground"
     )
 
 
@@ -127,7 +128,7 @@ def check_assets(name: str) -> None:
         return
     mjx_env = sys.modules["mujoco_playground._src.mjx_env"]
     if not os.path.isdir(str(mjx_env.MENAGERIE_PATH)):
-        raise MissingAssetsError(f"{menagerie_hint(name)}: the folder does not exist")
+        raise menagerie_error(name, "the folder does not exist")
 
 
 def load(name: str, config_overrides: dict[str, Any]):
@@ -156,8 +157,8 @@ def load(name: str, config_overrides: dict[str, Any]):
             return registry.load(name, config_overrides=config_overrides or None)
     except (OSError, ValueError) as error:  # MuJoCo's "could not open file" is a ValueError
         if needs_menagerie(name) and "file" in str(error).lower():
-            raise MissingAssetsError(
-                f"{menagerie_hint(name)}: loading the model failed, a file missing there? ({error})"
+            raise menagerie_error(
+                name, f"a file is missing there ({' '.join(str(error).split())})"
             ) from error
         raise
 
