@@ -320,6 +320,11 @@ def make(name: str, **kwargs) -> tuple[Playground, PlaygroundParams]:
     """
     overrides = dict(kwargs.pop("config_overrides", None) or {})
     overrides.update(kwargs)
+    if overrides.get("vision"):
+        raise ValueError(
+            f"{PREFIX}{name}: vision=True (pixel observations, rendered by MuJoCo Warp) is not "
+            "supported: the adapter takes array observations or a dict's 'state'"
+        )
     registry = _registry(f"{PREFIX}{name}")
     if name in registry.ALL_ENVS and has_key(registry.get_default_config(name), "impl"):
         overrides.setdefault("impl", DEFAULT_IMPL)
