@@ -291,3 +291,36 @@ def test_missing_extra_names_it(hide_package):
     ):
         envs.make("playground:CheetahRun")
     assert not any(i.startswith("playground:") for i in envs.registered_ids())
+
+
+def test_the_packaged_config_loads_and_sac_trains_one_update_on_playground(tmp_path):
+    """configs/sac_playground_cheetah_run.yaml loads (CheetahRun made and checked); SAC trains for
+    one update at tiny sizes on CartpoleBalance (CheetahRun's contacts take minutes of CPU to
+    compile)."""
+    from rl.config import load_config
+    from rl.train import train_many
+
+    path = "configs/sac_playground_cheetah_run.yaml"
+    assert load_config(path).env.id == "playground:CheetahRun"
+    config = load_config(
+        path,
+        [
+            f"env.id=playground:{NAME}",
+            "env.params.episode_length=8",  # episodes end (truncated) within the run
+            "agent.total_steps=64",
+            "agent.num_envs=4",
+            "agent.log_interval=32",
+            "agent.learning_starts=32",
+            "agent.batch_size=8",
+            "agent.utd_ratio=0.5",
+            "agent.buffer_size=64",
+            "agent.eval_episodes=0",
+            "agent.network.hidden=[16,16]",
+            "run.seeds=1",
+            f"run.output_dir={tmp_path}",
+        ],
+    )
+    _, metrics = train_many(config)
+    assert int(np.asarray(metrics["step"])[0, 0, -1]) == config.agent.total_steps
+    returns = np.asarray(metrics["episode_return"])
+    assert np.isfinite(returns).any()  # episodes ended: 16 steps of each of 4 envs, 8 steps each
