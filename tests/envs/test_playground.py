@@ -68,13 +68,13 @@ def our_functions(env, params):
     return reset, rollout
 
 
-def playground_own(task, reset_keys, step_keys, actions):
+def playground_own(task, params, reset_keys, step_keys, actions):
     """Playground's task in Brax's `EpisodeWrapper` (what `wrap_for_brax_training` puts around it),
     actions clipped to [-1, 1]; on `done`, `task.reset` with the reset half of the step key (the Env
     contract's auto-reset). terminated = done and not `info["truncation"]`."""
     from brax.envs.wrappers import training
 
-    wrapped = training.EpisodeWrapper(task, EPISODE_LENGTH, ACTION_REPEAT)
+    wrapped = training.EpisodeWrapper(task, params.episode_length, params.action_repeat)
 
     def one_step(state, key, action):
         state = wrapped.step(state, jnp.clip(action, -1.0, 1.0))
@@ -98,45 +98,59 @@ def playground_own(task, reset_keys, step_keys, actions):
     return jax.tree.map(np.asarray, run(reset_keys, step_keys, actions))
 
 
-@pytest.fixture(scope="module")
-def cartpole():
-    """(env, params, inputs, our reset and rollout, our rollout's output, Playground's) on
-    CartpoleBalance with a time limit of 3 agent steps: each compiled once for the module."""
+def compare(name, episode_length, action_repeat):
+    """(env, params, inputs, our reset and rollout, our rollout's output, Playground's) for task
+    `name` with the given time limit: each compiled once."""
     env, params = envs.make(
-        f"playground:{NAME}", episode_length=EPISODE_LENGTH, action_repeat=ACTION_REPEAT
+        f"playground:{name}", episode_length=episode_length, action_repeat=action_repeat
     )
     inputs = random_inputs(env.action_space(params).shape[0])
     reset, rollout = our_functions(env, params)
     reset_keys, step_keys, actions = inputs
     mine = rollout(reset(reset_keys), step_keys, actions)
-    theirs = playground_own(env.playground_env, *inputs)
+    theirs = playground_own(env.playground_env, params, *inputs)
     return env, params, inputs, (reset, rollout), mine, theirs
 
 
-def test_stepping_equals_playground_with_the_same_keys(cartpole):
-    *_, mine, theirs = cartpole
+@pytest.fixture(scope="module")
+def cartpole():
+    """CartpoleBalance with a time limit of 3 agent steps of 2 physics steps (`compare`)."""
+    return compare(NAME, EPISODE_LENGTH, ACTION_REPEAT)
+
+
+@pytest.fixture(scope="module")
+def pendulum():
+    """PendulumSwingup (two MJX substeps per control step) with a time limit of 4 steps."""
+    return compare("PendulumSwingup", 4, 1)
+
+
+@pytest.mark.parametrize("task", ["cartpole", "pendulum"])
+def test_stepping_equals_playground_with_the_same_keys(task, request):
+    *_, mine, theirs = request.getfixturevalue(task)
     names = ("obs", "final_obs", "reward", "terminated", "truncated", "qpos")
     for name, a, b in zip(names, mine, theirs):
         if a.dtype == bool:
             np.testing.assert_array_equal(a, b, err_msg=name)
         else:
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
-    assert np.all(mine[2] > 0)  # the dense reward: a product of positive terms
+    assert np.all(mine[2] >= 0)  # the DM Control suite's rewards lie in [0, 1]
 
 
-def test_the_time_limit_truncates_and_never_terminates(cartpole):
-    _, params, _, _, mine, _ = cartpole
+@pytest.mark.parametrize("task, limit", [("cartpole", 3), ("pendulum", 4)])
+def test_the_time_limit_truncates_and_never_terminates(task, limit, request):
+    _, params, _, _, mine, _ = request.getfixturevalue(task)
     obs, final_obs, _, terminated, truncated, _, time = mine
-    assert params.max_steps_in_episode == 3  # ceil(6 / 2): episode_length counts physics steps
-    assert not terminated.any()  # a balancing cartpole's only end is the time limit
-    # truncated exactly at agent steps 3 and 6 of every env (each started at step 0)
+    # cartpole: ceil(6 / 2), episode_length counts physics steps; pendulum: 4
+    assert params.max_steps_in_episode == limit
+    assert not terminated.any()  # these tasks' only end is the time limit
+    # truncated exactly every `limit` agent steps in every env (each started at step 0)
     expected = np.zeros((NUM_STEPS, NUM_ENVS), bool)
-    expected[[2, 5]] = True
+    expected[limit - 1 :: limit] = True
     np.testing.assert_array_equal(truncated, expected)
     # auto-reset: the reached observation is kept in final_obs, the returned one starts anew
     assert not np.allclose(obs[truncated], final_obs[truncated])
     np.testing.assert_array_equal(obs[~truncated], final_obs[~truncated])
-    np.testing.assert_array_equal(time[:, 0], [1, 2, 0, 1, 2, 0, 1, 2])
+    np.testing.assert_array_equal(time[:, 0], (np.arange(NUM_STEPS) + 1) % limit)
 
 
 def test_a_nan_state_terminates_even_at_the_time_limit(cartpole):
