@@ -155,6 +155,8 @@ def load(name: str, config_overrides: dict[str, Any]):
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             return registry.load(name, config_overrides=config_overrides or None)
+    except TypeError as error:  # a config value of the wrong type (ml_collections checks them)
+        raise ValueError(f"{PREFIX}{name}: {error}") from None
     except (OSError, ValueError) as error:  # MuJoCo's "could not open file" is a ValueError
         if needs_menagerie(name) and "file" in str(error).lower():
             raise menagerie_error(

@@ -258,6 +258,8 @@ def test_spaces_params_and_errors():
         envs.make("playground:CheetahRun", no_such_key=1)
     with pytest.raises(ValueError, match=r"unknown keyword\(s\) \['vision_config.nope'\]"):
         envs.make("playground:CartpoleBalance", config_overrides={"vision_config.nope": 1})
+    with pytest.raises(ValueError, match="playground:CheetahRun: .*ctrl_dt"):
+        envs.make("playground:CheetahRun", ctrl_dt="fast")  # a float key
     with pytest.raises(ValueError, match="action_repeat must be an integer >= 1"):
         envs.make("playground:CheetahRun", action_repeat=0)
     with pytest.raises(ValueError, match=r"vision=True \(pixel observations"):
