@@ -26,6 +26,7 @@ LIBRARIES = {
     "craftax:": ("craftax", "craftax"),
     "jumanji:": ("jumanji", "jumanji"),
     "jaxmarl:": ("jaxmarl", "jaxmarl"),
+    "playground:": ("mujoco_playground", "playground"),
     "envpool:": ("envpool", "envpool"),
 }
 MUJOCO_IDS = ("HalfCheetah", "Ant", "Hopper", "Walker2d", "Humanoid", "Swimmer", "Reacher")

@@ -44,6 +44,7 @@ ADAPTERS: dict[str, str] = {
     "craftax": "envs.craftax",
     "jumanji": "envs.jumanji",
     "jaxmarl": "envs.jaxmarl",
+    "playground": "envs.playground",  # MuJoCo Playground: DM Control, locomotion, manipulation
     "envpool": "envs.envpool",  # spaces only: envpool envs step in rl.sebulba's actor threads
 }
 
@@ -78,9 +79,9 @@ def make(env_id: str, **param_overrides):
     unknown param names. An id "gymnasium:<id>" wraps gymnasium's own env through host callbacks,
     `from_gymnasium("<id>", **param_overrides)` (the overrides go to `gymnasium.make`). An id
     "<prefix>:<id>" of `ADAPTERS` ("gymnax:Breakout-MinAtar", "brax:ant", "craftax:<id>",
-    "jumanji:<id>") is that library's env through its adapter (`envs/gymnax.py`, ...; the keywords
-    are documented there); `MissingExtraError` (an ImportError naming the pip extra, e.g.
-    `pip install "fusedrl[brax]"`) if the library is not installed.
+    "jumanji:<id>", "playground:CheetahRun") is that library's env through its adapter
+    (`envs/gymnax.py`, ...; the keywords are documented there); `MissingExtraError` (an ImportError
+    naming the pip extra, e.g. `pip install "fusedrl[brax]"`) if the library is not installed.
     """
     if isinstance(env_id, str) and env_id.startswith("gymnasium:"):
         from envs.gymnasium import from_gymnasium

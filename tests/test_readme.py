@@ -66,6 +66,8 @@ SLOW_BLOCKS = {
     # of CPU for Brax's MJX ant, half of one for Craftax)
     'envs.make("brax:ant", backend="mjx"': "tests/envs/test_brax.py (reset, step, render)",
     'envs.make("craftax:Craftax-Classic-Symbolic-v1"': "tests/envs/test_craftax.py",
+    # (half a minute of CPU: Playground's import, an MJX reset outside jit and a compiled step)
+    'envs.make("playground:CartpoleBalance"': "tests/envs/test_playground.py",
     # bash: overrides, seeds and sweeps on the command line (tests/rl/test_cli.py, test_sweep.py);
     # packaged configs trained with the overrides of their results
     "rl train configs/qlearning_gridworld.yaml --seeds 30": "tests/rl/test_cli.py, test_sweep.py, "
@@ -105,6 +107,7 @@ EXTRAS = {
     "craftax": (("craftax",), ("craftax:", "_craftax_")),
     "jumanji": (("jumanji",), ("jumanji:",)),
     "jaxmarl": (("jaxmarl",), ("jaxmarl:", "_mpe_", "_smax_", "_overcooked_")),
+    "playground": (("mujoco_playground",), ("playground:", "_playground_")),
     "envpool": (("envpool",), ("envpool:", "_atari_")),
     "wandb": (("wandb",), ("run.wandb",)),
     "tensorboard": (("tensorboard",), ("tensorboard --logdir",)),

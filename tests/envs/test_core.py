@@ -280,14 +280,16 @@ def test_space_round_trip_through_gymnasium():
 
 
 def test_import_envs_loads_no_outside_env_library():
-    """The adapters (envs/brax.py, craftax.py, jumanji.py) import their libraries only when used."""
+    """The adapters (envs/brax.py, craftax.py, jumanji.py, playground.py) import their libraries
+    only when used."""
     import subprocess
     import sys
     from pathlib import Path
 
     code = (
-        "import sys, envs, envs.brax, envs.craftax, envs.jumanji, rl.run.train; "
-        "print(sorted({'brax', 'craftax', 'jumanji', 'mujoco'} & set(sys.modules)))"
+        "import sys, envs, envs.brax, envs.craftax, envs.jumanji, envs.playground, rl.run.train; "
+        "print(sorted({'brax', 'craftax', 'jumanji', 'mujoco', 'mujoco_playground', 'warp'} "
+        "& set(sys.modules)))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
