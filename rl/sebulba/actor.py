@@ -4,12 +4,7 @@
     actor = Actor(pieces, config, policy, env_seeds, key, device)
     traj, returns, lengths = actor.rollout(params, step)     # num_steps steps of its envs
     actor.times                                              # where that rollout's time went
-    actor.run(exchange, index, first)                        # rollouts first, first + 1, ... until
-                                                             # the exchange stops (its thread)
-
-Rollout k waits for params of version >= k - arch.max_lag (`Exchange.params_for`) and goes to the
-learner through the actor's queue (`Exchange.put`, with the params' version and the rollout's
-`Times`); an error is handed to the learner's thread (`Exchange.fail`) and raised there.
+    actor.run(exchange, index, first)                        # rollouts until the exchange stops
 """
 
 from __future__ import annotations
@@ -228,8 +223,10 @@ class Actor:
             group.envs.close()
 
     def run(self, exchange: Exchange, index: int, first: int) -> None:
-        """Rollouts first, first + 1, ... into `exchange` until it stops (rl.sebulba's
-        docstring); an error is handed to the learner."""
+        """Rollouts first, first + 1, ... into `exchange` until it stops: rollout k waits for
+        params of version >= k - arch.max_lag (`Exchange.params_for`) and goes to the learner
+        through the actor's queue (`Exchange.put`, with the params' version and its `Times`); an
+        error is handed to the learner's thread (`Exchange.fail`) and raised there."""
         name, batch = f"actor {index}", self.sizes.steps
         try:
             for k in range(first, 2**62):

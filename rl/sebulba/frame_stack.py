@@ -1,14 +1,9 @@
 """Frames stacked on an actor's device as envpool stacks them (`arch.frame_stack: device`,
-rl.sebulba.actor): envpool returns each env's newest frame alone ([E, 1, H, W]: a quarter of a
-4-frame stack's bytes to send to the device each step), and the actor keeps the stacks [E, depth,
-H, W] on its device.
+rl.sebulba.actor): envpool sends each env's newest frame alone ([E, 1, H, W], a quarter of a
+4-frame stack's bytes) and the actor keeps the stacks [E, depth, H, W] on its device.
 
     stack = initial_stack(frames, depth)         # each env's first frame, depth times
     stack = push_frames(stack, frames, refill)   # after a step: its frames pushed in
-
-envpool's rule (tests/rl/test_frame_stack.py checks it against envpool's own stack_num): a new
-game's first frame fills its whole stack; every other frame, the one after a lost life included
-(an episodic-life end does not reset the game), shifts the oldest frame out and itself in.
 """
 
 from __future__ import annotations
@@ -31,7 +26,8 @@ def initial_stack(frames, depth: int):
 def push_frames(stack, frames, refill):
     """The stacks after `frames` [E, 1, ...]: stack[e, k] = frames[e, 0] for every k where
     `refill[e]` (a new game's first frame), else (stack[e, 1], ..., stack[e, depth - 1],
-    frames[e, 0])."""
+    frames[e, 0]). envpool's rule (tests/rl/test_frame_stack.py checks it against its stack_num):
+    the frame after a lost life shifts in like any other (an episodic-life end is no new game)."""
     shifted = jnp.concatenate([stack[:, 1:], frames], axis=1)
     refill = refill.reshape(refill.shape + (1,) * (stack.ndim - 1))
     return jnp.where(refill, jnp.broadcast_to(frames, stack.shape), shifted)

@@ -1,20 +1,7 @@
-"""The host envs of the actor-learner architecture (rl.sebulba): a batch of envs stepped
-outside JAX with gymnasium's vector API, one per actor thread, auto-resetting as `arch.autoreset`
-says (`rl.config.arch.autoreset_mode`): in the step that ends an episode (same_step), or in the next
-one (next_step: envpool's own reset, which the actor records as a reset step the loss leaves out).
-
-* `gymnasium:<id>`: gymnasium's own env (`env.params` its keywords) in a vector env,
-  SyncVectorEnv (stepped in the actor's thread) or AsyncVectorEnv (one process per env) by
-  `arch.vector_env`.
-* `envpool:<id>`: an `envs.envpool.VectorEnv` (`env.params` envpool's options: Atari's frame
-  preprocessing, episodic life, reward clipping ...), whose envs envpool steps on its own threads.
-
-An actor steps its envs as `arch.env_groups` groups, each its own vector env seen through
-`SplitStep` (`step_async(actions)`, then `step_wait()`; gymnasium's split of a vector step), so
-that one group's envs step while the actor acts for another (`make_env_groups`).
-
-Observations keep the dtype the network reads (`obs_dtype`): uint8 frames stay uint8 to the device
-(a quarter of float32's bytes; the cnn torso scales them), Discrete ones are int32, others float32.
+"""The host envs of the actor-learner architecture (rl.sebulba): a batch of envs stepped outside JAX
+with gymnasium's vector API, one per actor thread (`make_vector_env`: `gymnasium:<id>` or
+`envpool:<id>`), split into `arch.env_groups` groups whose steps come in two halves (`SplitStep`,
+`make_env_groups`) so that one group's envs step while the actor acts for another.
 """
 
 from __future__ import annotations
@@ -25,7 +12,9 @@ from envs.spaces import Box, Discrete
 
 
 def obs_dtype(space):
-    """The dtype observations of `space` reach the network in."""
+    """The dtype observations of `space` reach the network in: uint8 frames stay uint8 to the
+    device (a quarter of float32's bytes; the cnn torso scales them), Discrete ones are int32,
+    others float32."""
     if isinstance(space, Discrete):
         return np.int32
     if isinstance(space, Box) and np.dtype(space.dtype) == np.uint8:
@@ -36,7 +25,11 @@ def obs_dtype(space):
 def make_vector_env(
     config, seeds: list[int], mode: str, autoreset: str = "same_step", frames: bool = False
 ):
-    """(vector env, its first observations) of len(seeds) envs of `config.env.id`, seeded by
+    """(vector env, its first observations) of len(seeds) envs of `config.env.id`:
+    `gymnasium:<id>`, gymnasium's env (`env.params` its keywords) in a SyncVectorEnv (stepped in
+    the actor's thread) or AsyncVectorEnv (one process per env) by `arch.vector_env`;
+    `envpool:<id>`, an `envs.envpool.VectorEnv` (`env.params` envpool's options: Atari's frame
+    preprocessing, episodic life, reward clipping ...) stepped on envpool's own threads. Seeded by
     `seeds` (envpool: its first, env i getting seeds[0] + i); `mode` "sync" or "async" for
     gymnasium ids; `autoreset` "same_step" or "next_step" (gymnasium's `AutoresetMode`s);
     `frames` (envpool): each step's newest frame alone (stack_num 1, `rl.sebulba.frame_stack` stacks

@@ -1,73 +1,11 @@
-"""The actor-learner architecture (Sebulba: Hessel et al. 2021, "Podracer architectures for scalable
-reinforcement learning"; Cleanba) for PPO, PQN, DQN, SAC and TD3 on envs stepped outside
-JAX, gymnasium vector envs and envpool (rl.sebulba.host_envs): `arch.name: sebulba`.
+"""The actor-learner architecture (`arch.name: sebulba`; Sebulba of Hessel et al. 2021, Cleanba) for
+PPO, PQN, DQN, SAC and TD3 on envs stepped outside JAX (gymnasium vector envs, envpool):
 
-    actor thread i (of arch.actor_threads)           learner (the calling thread)
-    a vector env of num_envs / threads envs          for update u = first, first + 1, ...:
-    for rollout k = first, first + 1, ...:             take rollout u from every actor's queue
-      wait for params of version >= k - max_lag          (concatenated on the env axis)
-      num_steps steps, acting with the jitted            lag = u - the version it was acted with
-      policy on the thread's actor device                the agent's learning step on the
-                                                         learner device(s)
-      put (rollout k, version) in its queue  ----->      publish params of version u + 1
+    actor thread i, rollout k: wait for params of version >= k - max_lag, step, queue the rollout
+    learner, update u:         take rollout u from every actor, learn, publish version u + 1
 
-* Versions: params of version v are those after v updates. An update takes rollout u from every
-  actor, and an actor starts rollout k only with params of version >= k - arch.max_lag, so every
-  update's lag is in [0, max_lag]: 0 alternates actors and learner (the one-program path's
-  on-policy PPO), 1 lets an actor collect the next rollout while the learner learns from the last
-  (Cleanba's overlap). Each actor's queue holds at most arch.queue_size rollouts.
-* Env groups: an actor steps its envs as arch.env_groups groups taking turns, acting for one
-  while the others' envs step (`rl.sebulba.actor.Actor`: Cleanba's overlap of acting and env
-  steps; envpool's send/recv, gymnasium's step_async/step_wait through
-  rl.sebulba.host_envs.SplitStep); the rollout is the one a single group gives with the same seeds
-  and actions.
-* Episode ends (`arch.autoreset`, rl.config.arch.autoreset_mode): gymnasium's vector envs
-  auto-reset in the step that ends an episode (`AutoresetMode.SAME_STEP`), envpool's in the next
-  step (`AutoresetMode.NEXT_STEP`, envpool's own: that step resets the env and ignores its
-  action). Each step records the observation it reached (`final_obs`: the one before the reset
-  where an episode ended), so GAE (and PQN's Q(lambda)) bootstraps from final_obs at a time limit
-  and not at a termination, as everywhere in fusedrl; a next-step reset's step is recorded with
-  `reset_step` set, and the losses, their means and PPO's advantage normalisation leave it out
-  (no other step's advantage or target reads it: the chains stop at the episode end before it).
-* Acting and learning are the agent's own (rl.sebulba.pieces: PPO's `learn` with its fused kernels
-  where they fit, PQN's Q(lambda) targets and minibatch epochs, the replay agents' (DQN's, SAC's,
-  TD3's) gradient steps on the replay buffer their learner keeps in the optimiser state's place),
-  compiled once before the actors start; the batch is split on its env axis over the learner
-  devices (jax.sharding; XLA reduces the gradients; the replay agents learn on one device).
-  Rollouts are `rollout_sizes(config).num_steps` steps long (PPO's and PQN's agent.num_steps, the
-  replay agents' arch.rollout_steps). Params are never donated: actors read them.
-* Several hosts (jax.distributed, `rl train --coordinator ...`): every process runs its actor
-  threads and a learner shard. agent.num_envs is the run's total: process p's actor i is the
-  run's actor p * actor_threads + i (its block of the envs, its env seeds and key), and the update
-  is one program over every process's learner devices (`learner_mesh_devices`), the batch built
-  from each process's rollouts (`Learner.global_batch`), params replicated, so every process holds
-  the same params; actors read this process's copy (`local_copy`). Each log point sums episodes
-  and lags over the processes.
-* Faults: an actor that raises stops the run with its error, raised in the learner's thread; a side
-  that waits longer than arch.queue_timeout_s for the other raises `StallError` saying which side
-  stalled; every wait polls a stop event, so the learner's end, error or Ctrl-C stops the actors.
-  Several processes vote once per update, each after taking its rollouts and before `learn`
-  (`Learner.take`: one allgather), and once after the last update: OK, STOP (`should_stop()`,
-  Ctrl-C) or FAILED (an actor raised, `take` timed out on a stalled actor, or the process's last
-  log point failed in its sinks or its `on_log_point`, a run's checkpoint). Any FAILED: no process
-  enters `learn`; a failed process raises its own error, every other a RuntimeError naming the
-  failed processes. Else any STOP: no process enters this update; every process stops with the
-  state after the update that was in progress when the stop was asked. Process 0's greedy
-  evaluation, which every process waits for, stops every process at that log point if it raises.
-  One process does not vote: it stops on `should_stop()` after the update in progress, or while
-  it waits for a rollout.
-* Logging: every `rollout_sizes(config).log_interval` updates (PPO's and PQN's agent.log_interval;
-  the replay agents' agent.log_interval counts env steps) a log point (`on_log_point`, which
-  the run sends to the rl.run.logging sinks): the actors' finished episodes (games, for envpool's
-  Atari: `rl.sebulba.host_envs.Scores`), the mean loss stats (NaN-skipping for the replay agents,
-  whose updates before learning_starts take no gradient step), the lag (mean and max over actors and
-  updates), the learner's share of time waiting for rollouts, env steps per second, where the
-  actors' time went (`actor_env_wait` and `actor_act_wait`: their shares waiting for the envs' steps
-  and for their acting's env actions, rl.sebulba.actor.Times; the rest is their host work), and with
-  `agent.eval_envs` (the replay agents' agent.eval_episodes) the greedy return of that many
-  episodes; and what the agent's one program reads off its state at the log point rather than
-  averaging over the period (`Pieces.log_point`: DQN's epsilon and gradient steps so far, SAC's
-  alpha, TD3's gradient steps).
+`Learner` runs the loop (its docstring: versions, episode ends, several hosts, faults); `train`
+is the entry point.
 """
 
 from __future__ import annotations
@@ -112,7 +50,24 @@ __all__ = [
 class Learner:
     """The learner of the actor-learner loop (PPO's, PQN's, DQN's, SAC's or TD3's): `init()` (a
     fresh `LearnerState`), `compile(state)` (its update, once per learning setup: `programs`), then
-    `run(state)` trains with the actor threads it starts (module docstring)."""
+    `run(state)` trains with the actor threads it starts.
+
+    Versions: params of version v are those after v updates; update u takes rollout u from every
+    actor (each actor's queue holds at most `arch.queue_size`), so every lag is in [0, max_lag]
+    (0: actors and learner alternate, on-policy; 1: Cleanba's overlap). An actor steps its envs as
+    `arch.env_groups` groups taking turns (`rl.sebulba.actor.Actor`).
+    Episode ends (`arch.autoreset`): each step records `final_obs`, so a time limit bootstraps and
+    a termination does not; a next-step reset (envpool's) is recorded with `reset_step` set and
+    left out of the losses, their means and PPO's advantage normalisation.
+    The learning step is the agent's own (rl.sebulba.pieces), compiled once before the actors
+    start; the batch is split on its env axis over the learner devices (replay agents: one
+    device). Params are never donated: actors read them.
+    Several hosts (`rl train --coordinator ...`): agent.num_envs is the run's total; process p's
+    actor i is the run's actor p * actor_threads + i; the update is one program over every
+    process's learner devices (`global_batch`), params replicated, actors reading `local_copy`.
+    Faults: an actor's error is raised in the learner's thread; a side waiting longer than
+    `arch.queue_timeout_s` raises `StallError`; with several processes every process votes before
+    each update (`take`, `settle`)."""
 
     def __init__(self, config):
         self.config, self.agent, self.arch = config, config.agent, config.arch
@@ -349,7 +304,12 @@ class Learner:
         return np.asarray(multihost_utils.process_allgather(np.int32(vote))).reshape(-1)
 
     def log_point(self, state: LearnerState, period: "_Period") -> dict:
-        """The log point of `period` (module docstring). With several processes: episodes and
+        """The log point of `period`, every `rollout_sizes(config).log_interval` updates: the
+        actors' finished episodes (envpool Atari: games, `Scores`), the mean loss stats
+        (NaN-skipping for the replay agents), the lag (mean, max), the learner's share of time
+        waiting for rollouts, env steps per second, `actor_env_wait` and `actor_act_wait`
+        (rl.sebulba.actor.Times), the greedy return with `agent.eval_envs` (replay agents:
+        `eval_episodes`), and `Pieces.log_point`'s values. With several processes: episodes and
         lags of every process's actors; the greedy evaluation and the timings of process 0, whose
         row every process gets. An evaluation that raises on process 0 stops every process here
         (process 0 with its error, the others with a RuntimeError naming it)."""

@@ -1,40 +1,11 @@
-"""What each agent the actor-learner architecture (rl.sebulba) trains brings to it, built
-from the agent's own module: how an actor acts, what a rollout step records, and the learner's
-update, which is the agent's own learning step (PPO's `ppo.learn`, PQN's `pqn.learn_rollout`, DQN's,
-SAC's and TD3's gradient steps on a replay buffer), and the sizes of a rollout and of the run
-(`rollout_sizes`).
+"""What each agent the actor-learner architecture (rl.sebulba) trains brings to it, built from the
+agent's own module: how an actor acts, what a rollout step records, the learner's update (the
+agent's own learning step) and the sizes of a rollout and of the run (`rollout_sizes`).
 
     pieces = make_pieces(config)
     key, record, env_action = pieces.act(hparams, params, obs, key, step)   # an actor's step
-    traj = pieces.transition(obs, *record, reward, terminated, truncated, final_obs,
-                             reset_step=None)                             # [T, E, ...]
+    traj = pieces.transition(obs, *record, reward, terminated, truncated, final_obs)  # [T, E, ...]
     params, opt_state, stored, stats = pieces.learn(hparams, params, opt_state, stored, traj, key)
-    values = pieces.log_point(hparams, stored)                             # at a log point
-
-* PPO: a sample of the policy, recording (action, log pi(action|obs)); Box actions mapped to the
-  env's bounds.
-* PQN: epsilon-greedy on Q, epsilon of the env steps before the rollout (`pqn.epsilon` at
-  `step`, as the one-program PQN at the update's start), recording the action; the Q(lambda)
-  targets come from the learner's params when it learns.
-* DQN, SAC and TD3 (`replay_pieces`, from a `ReplayAgent` of the agent's own parts): the agent's
-  acting action after the env steps before the rollout (DQN: epsilon-greedy on Q with their
-  epsilon, from the first step as in its one program; SAC: a sample of the squashed Gaussian or
-  categorical policy, TD3: clip(mu(s) + noise, -1, 1), each uniformly random while those steps are
-  fewer than `learning_starts`), recording the agent's action (in [-1, 1]^|A| for a Box, mapped to
-  the env's bounds for the env). The learner holds the replay buffer and everything but the
-  actor's params (the agent's own state, its envs and key unused); an update adds the rollout's
-  T x E transitions (s, a, r, s' = the observation reached, before a reset, terminated) to the
-  buffer, then takes the agent's own gradient steps (`dqn.make_gradient_step`: Adam on the TD
-  loss, the target synced every `target_update_interval` gradient steps;
-  `sac.make_gradient_step`: critics, actor, temperature, Polyak targets;
-  `td3.make_gradient_step`: critics, and every `policy_delay`-th step the actor and the targets)
-  phase by phase, each phase's once the env steps stored by its end reach `learning_starts`.
-  DQN's phases are its own (`dqn.train_phase`: with the fused Q-network the gate is inside Adam's
-  step, as in its one program), `gradient_steps` every `train_freq` env steps, so at each update's
-  end it has taken as many gradient steps and target syncs as its one program after as many env
-  steps (not the same batches: a phase samples the buffer holding the whole rollout); SAC's and
-  TD3's phase is the whole update, T x `gradient_steps`, so gradient steps per env step are
-  `utd_ratio`.
 """
 
 from __future__ import annotations
@@ -55,7 +26,7 @@ from rl.sebulba.host_envs import obs_dtype
 
 
 class Pieces(NamedTuple):
-    """An agent's pieces of the actor-learner loop (module docstring); functions of values,
+    """An agent's pieces of the actor-learner loop; functions of values,
     jitted by the caller. `obs_space` is the env's observation space, `obs_dtype` the dtype the
     network reads. `learn`'s stats are each update's means, which a log point averages over its
     period; `log_point` gives what a log point reads off the replay state at its end instead,
@@ -119,6 +90,8 @@ def make_pieces(config) -> Pieces:
 
 
 def ppo_pieces(config) -> Pieces:
+    """PPO's pieces: actors sample the policy, recording (action, log pi(action|obs)), Box actions
+    mapped to the env's bounds; the learner runs `ppo.learn`."""
     s = ppo.make_setup(config)
     grads_fn, batch_fn = ppo.learning_pieces(config, s)
 
@@ -150,6 +123,9 @@ def ppo_pieces(config) -> Pieces:
 
 
 def pqn_pieces(config) -> Pieces:
+    """PQN's pieces: actors act epsilon-greedily on Q with the epsilon of the env steps before the
+    rollout (`pqn.epsilon` at `step`, as the one-program PQN at the update's start), recording the
+    action; the learner computes the Q(lambda) targets with its own params (`pqn.learn_rollout`)."""
     agent = config.agent
     env, env_params = environment.make_env(config)
     apply = pqn.make_q_network(agent, env, env_params).apply
@@ -214,11 +190,17 @@ def replay_state(state):
 
 
 def replay_pieces(config, env, env_params, agent_parts: ReplayAgent) -> Pieces:
-    """The pieces of a replay agent (module docstring): actors act with the agent's `explore`; the
-    learner stores each rollout's arch.rollout_steps x num_envs transitions in its buffer, then
-    takes the gradient steps of the training phases they hold, each phase's once the env steps
-    stored by its end reach `learning_starts` (rl.config.arch.check_rollout_steps: an update holds
-    whole phases)."""
+    """The pieces of a replay agent (DQN, SAC, TD3): actors act with the agent's `explore` after
+    the env steps before the rollout (uniformly random for SAC and TD3 while those are fewer than
+    `learning_starts`), recording its action (in [-1, 1]^|A| for a Box, mapped to the env's bounds
+    for the env). The learner holds the replay buffer and everything but the actor's params; it
+    stores each rollout's arch.rollout_steps x num_envs transitions (s' the observation reached,
+    before a reset), then takes the agent's own gradient steps of the training phases they hold,
+    each phase's once the env steps stored by its end reach `learning_starts`
+    (rl.config.arch.check_rollout_steps: an update holds whole phases). DQN's phases are its own
+    (`gradient_steps` every `train_freq` env steps: as many gradient steps and target syncs as its
+    one program after as many env steps, not the same batches); SAC's and TD3's phase is the whole
+    update (`whole_update_phase`)."""
     agent = config.agent
     steps = config.arch.rollout_steps * agent.num_envs
     phases, per_phase = steps // agent_parts.phase_env_steps, agent_parts.phase_gradient_steps
