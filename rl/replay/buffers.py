@@ -1,57 +1,11 @@
-"""Replay buffers in pure JAX: preallocated, functional, usable inside `jit`, `lax.scan` and `vmap`.
+"""Replay buffers in pure JAX, uniform and proportional prioritized (`PrioritizedBuffer`):
+preallocated, functional, usable inside `jit`, `lax.scan` and `vmap`.
 
-    buffer = buffers.uniform_init(example_transition, capacity)
-    buffer = buffers.uniform_add(buffer, batch_of_transitions)        # leading axis: items
-    batch, indices = buffers.uniform_sample(buffer, key, batch_size)
-
-    buffer = buffers.prioritized_init(example_transition, capacity)
-    buffer = buffers.prioritized_add(buffer, batch_of_transitions)    # new items: max priority
-    batch, indices, weights = buffers.prioritized_sample(buffer, key, batch_size, beta)
-    buffer = buffers.prioritized_update(buffer, indices, priorities, alpha)
-
-A transition is any pytree (the agents store `obs, action, reward, next_obs, terminated`, where
-`next_obs = info["final_obs"]`). Items are written circularly: item k of an add goes to row
-`(position + k) % capacity`, overwriting the oldest. `buffer.data` is the stored items as that
-pytree, every leaf with a leading `capacity` axis.
-
-Storage packs the leaves into a few 2-D blocks (`rl.core.packing`), so an add is one scatter per
-block and a sample one gather per block, whatever the number of leaves.
-
-Prioritized replay is proportional PER (Schaul et al. 2016). Item i is stored with the leaf value
-q_i = p_i^alpha and sampled with probability P(i) = q_i / sum_j q_j. A batch of B is stratified:
-the total mass is cut into B equal segments and one target is drawn uniformly inside each. The
-importance weights are w_i = (N P(i))^-beta / max_batch w (N the number of stored items, the max
-taken over the sampled batch), so they only ever scale an update down;
-`rl.core.exploration.linear_schedule` anneals beta to 1. New items enter with the largest leaf value
-stored so far (1 initially), so each is likely to be replayed at least once.
-
-The sum-tree `tree` is a tuple of float32 arrays, one per level, root first: tree[0] = [total],
-tree[1] the root's T children, then levels of FANOUT (16) children per node, down to the leaves
-tree[-1] (`sumtree_layout`: for capacity 100,000, levels of 1, 25, 400, 6,400 and 102,400 nodes).
-The children of node j of a level are entries j F .. j F + F - 1 of the next one, so a node's
-children are one contiguous group. Leaves past `capacity` stay 0.
-
-Sampling descends one level at a time: among the node's children it takes the first whose running
-sum exceeds the target and subtracts the mass before it; 4 levels at capacity 100,000 instead of a
-binary tree's 17 (`kernels.sumtree_find_leaves`). An update writes the new leaves, then sets each
-ancestor on their paths to the sum of its children, level by level (`kernels.sumtree_set_leaves`).
-On the GPU each of the two is one kernel launch; the plain-JAX path (the CPU's) runs one gather and
-one scatter (or running sums and a select) per level. Float32 drift guard: an update never adds a
-delta to an internal node, so every internal node always equals the float32 sum of its current
-children, whatever the number of updates; errors cannot accumulate (tests check this over more than
-a million updates). Duplicate indices in one batched update are resolved deterministically: the LAST
-occurrence in the batch wins (the batch is sorted by index first and the others are dropped before
-the scatter).
-
-Cost note (XLA:CPU, measured on the 2-core VM): the binary tree this replaced cost about 1 ms per
-sample + update at capacity 100,000 inside the training scan. Its 17-level descent was a chain of
-small gathers that XLA fused into every consumer: the O(B^2) duplicate check re-ran the descent for
-each of its B x B entries, and the update's per-level fusions re-read the tree after the first
-in-place scatter into it, so XLA copied the whole tree twice per step to keep those reads valid.
-Here the descent ends in reductions, the update starts with a sort (XLA fuses neither into their
-consumers), and nothing reads the tree after a scatter into it but the recomputation of the
-touched groups; tests compile the replay loop and check that no loop body copies an array of the
-capacity's size.
+    buffer = uniform_add(uniform_init(example_transition, capacity), transitions)  # [items, ...]
+    batch, indices = uniform_sample(buffer, key, batch_size)
+    buffer = prioritized_add(prioritized_init(example_transition, capacity), transitions)
+    batch, indices, weights = prioritized_sample(buffer, key, batch_size, beta)
+    buffer = prioritized_update(buffer, indices, priorities, alpha)
 """
 
 from __future__ import annotations
@@ -66,6 +20,11 @@ from rl.core.packing import StorageLayout, pack, storage_layout, unpack
 
 
 class UniformBuffer(NamedTuple):
+    """Items of any pytree (the agents store `obs, action, reward, next_obs, terminated`,
+    next_obs = info["final_obs"]), written circularly: item k of an add goes to row
+    `(position + k) % capacity`. The leaves are packed into a few 2-D blocks (`rl.core.packing`),
+    so an add is one scatter and a sample one gather per block, whatever the number of leaves."""
+
     storage: tuple  # blocks [capacity, width] (`StorageLayout`)
     position: jax.Array  # int32: where the next item goes
     size: jax.Array  # int32: items stored (<= capacity)
@@ -78,12 +37,16 @@ class UniformBuffer(NamedTuple):
 
 
 class PrioritizedBuffer(NamedTuple):
+    """A `UniformBuffer`'s storage with proportional PER (Schaul et al. 2016): item i is stored
+    with the leaf value q_i = p_i^alpha of a sum-tree and sampled with P(i) = q_i / sum_j q_j; new
+    items enter with the largest leaf value so far (1 initially), so each is likely replayed."""
+
     storage: tuple
     position: jax.Array
     size: jax.Array
     tree: tuple[
         jax.Array, ...
-    ]  # float32 levels, root first (`sumtree_layout`); see the module docstring
+    ]  # float32 levels, root first (`sumtree_layout`); a node's children are one contiguous group
     max_leaf: jax.Array  # float32: largest leaf value (priority^alpha) seen; new items get it
     layout: StorageLayout
 
@@ -337,7 +300,9 @@ def prioritized_sample(
     buffer: PrioritizedBuffer, key, batch_size: int, beta, *, backend: str | None = None
 ):
     """A stratified batch: (items, indices, importance weights). Target k is uniform in the k-th of
-    `batch_size` equal segments of the total mass. Empty buffer: row 0 and weights 1.
+    `batch_size` equal segments of the total mass. Empty buffer: row 0 and weights 1. The weights
+    (`importance_weights`) only scale an update down; agents anneal beta to 1
+    (`rl.core.exploration.linear_schedule`).
     `backend`: the kernels backend of the descent (`kernels.sumtree_find_leaves`)."""
     total = sumtree_total(buffer.tree)
     u = (

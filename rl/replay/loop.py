@@ -1,16 +1,8 @@
-"""The plain pieces of the value-based replay agents (DQN, Rainbow), whose loops live in their agent
-files. Their loop (`rl.config.loops.ReplayLoopConfig`):
-
-    phase       env_iterations = train_freq // num_envs steps of all envs, each storing its
-                transitions; then, once learning_starts env steps are stored, gradient_steps
-                gradient steps (their statistics NaN before);
-    log period  num_phases = log_interval // train_freq phases, then the log point's metrics and
-                eval_episodes greedy episodes on fresh envs;
-    run         total_steps // log_interval log periods (`rl.core.log_points.scan_log_points`).
-
-Here: the loop's sizes and loop trips, the envs' reset and step, a transition, the epsilon schedule,
-the state at the start, one Adam step with the periodic target update, the keys of a phase, the
-scan over a log period's phases, the log point's metrics and the greedy evaluation return.
+"""The plain pieces of the value-based replay agents' loop (DQN, Rainbow:
+`rl.config.loops.ReplayLoopConfig`), whose loops live in their agent files: the loop's sizes
+(`Loop`), the envs' reset and step, a transition, the epsilon schedule, the state at the start, one
+Adam step with the periodic target update, the keys and scan of a log period's phases, the log
+point's metrics and the greedy evaluation return.
 """
 
 from __future__ import annotations
@@ -29,7 +21,12 @@ from rl.core.state import Envs, ReplayState
 
 
 class Loop(NamedTuple):
-    """The sizes of the replay loop and its loop trips (`rl.config.loops.UNROLL_DOC`): a phase's
+    """The sizes of the replay loop and its loop trips. A phase: env_iterations = train_freq //
+    num_envs steps of all envs, each storing its transitions, then, once learning_starts env
+    steps are stored, gradient_steps gradient steps (their statistics NaN before). A log period:
+    num_phases = log_interval // train_freq phases, then the log point's metrics and
+    eval_episodes greedy episodes. A run: total_steps // log_interval log periods
+    (`rl.core.log_points.scan_log_points`). Loop trips (`rl.config.loops.UNROLL_DOC`): a phase's
     env and gradient loops unroll min(unroll, n) iterations per trip; the loop over phases
     max(1, unroll // max(env_iterations, gradient_steps)), at most num_phases."""
 
