@@ -1,27 +1,8 @@
-"""DQN (Mnih et al. 2015) with optional double-Q (van Hasselt et al. 2016), compiled end to end.
-
-For a sampled transition (s, a, r, s', terminated), s' = info["final_obs"] (the state actually
-reached, before any auto-reset: a time-limit truncation still bootstraps, only termination stops
-it):
-
-    y    = r + gamma (1 - terminated) Q_target(s', a*),
-    a*   = argmax_a Q_target(s', a)      (DQN)   or   argmax_a Q_online(s', a)   (double-Q),
-    loss = mean_batch huber(Q_online(s, a) - y)   (or the squared error),
-
-minimised by Adam on gradients clipped to a global norm. The loop (`rl.config.loops.
-ReplayLoopConfig`, `rl.replay.loop`): `num_envs` envs step together with epsilon-greedy actions
-(epsilon decays linearly over `epsilon_decay_steps` env steps) into a uniform replay buffer; every
-`train_freq` env steps come `gradient_steps` gradient steps once `learning_starts` steps are
-stored; the target network follows the online one every `target_update_interval` gradient steps.
-At each log point `eval_episodes` greedy episodes run on separate eval envs inside the compiled
-program ("eval_return"; none if 0).
-
-With `fused_network` on a Triton kernel backend (`rl.fused.q`), the online and target params are
-one flat vector each: acting is one kernel launch, a gradient step's loss and backward another, and
-Adam with the target's step one more (`kernels.adam_step`). Off the CPU, and always when fused,
-the training phase runs its gradient steps every phase and keeps their results only once
-`learning_starts` steps are stored (no host round trip per phase: `collection.scan_when`'s
-branchless form, or, fused, `collection.scan_gated` with the gate inside Adam's step).
+"""DQN (Mnih et al. 2015) with optional double-Q (van Hasselt et al. 2016), compiled end to end: a
+Q-network learns from a uniform replay buffer of epsilon-greedy transitions (`q_loss`), its target
+network following it every `target_update_interval` gradient steps; the loop is
+`rl.config.loops.ReplayLoopConfig`'s (`rl.replay.loop`). With `fused_network` on a Triton kernel
+backend, acting, a gradient step and Adam's step are one kernel launch each (`rl.fused.q`).
 """
 
 from __future__ import annotations
@@ -74,7 +55,13 @@ def make_q_network(config, env, env_params) -> Network:
 
 
 def q_loss(apply, params, target_params, batch, gamma, double_q: bool, kind: str):
-    """(mean TD loss, (TD errors, Q(s, a))) of a batch of transitions (the module docstring)."""
+    """(mean TD loss, (TD errors, Q(s, a))) of a batch of transitions (s, a, r, s', terminated),
+    s' = info["final_obs"] (reached before any auto-reset: a time limit still bootstraps):
+
+        y    = r + gamma (1 - terminated) Q_target(s', a*),
+        a*   = argmax_a Q_target(s', a)   (DQN)   or   argmax_a Q_online(s', a)   (double_q),
+        loss = mean_batch huber(Q_online(s, a) - y)   (kind "mse": the squared error).
+    """
     q_taken = losses.action_value(apply(params, batch["obs"]), batch["action"])
     q_next_target = apply(target_params, batch["next_obs"])
     q_next_selector = apply(params, batch["next_obs"]) if double_q else q_next_target
@@ -192,7 +179,8 @@ def train_phase(learning: Learning, gradient_step, hparams, state, started, keys
     where the traced bool `started` holds (`learning_starts` env steps stored), else the state
     unchanged and their statistics NaN. `collection.scan_when`, or, fused, `collection.scan_gated`:
     the gate inside Adam's step, no select of the params, target and Adam moments after the phase.
-    Returns (state, statistics [len(keys)])."""
+    Off the CPU, and always when fused, the steps run every phase and their results are kept only
+    once `started` (no host round trip per phase). Returns (state, statistics [len(keys)])."""
     learn = partial(gradient_step, hparams)
     scan = collection.scan_when if learning.fused is None else collection.scan_gated
     return scan(started, learn, state, keys, unroll=unroll)

@@ -1,27 +1,8 @@
-"""PQN (Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning"): Q-learning from many
-parallel envs with Q(lambda) targets, no replay buffer and no target network; LayerNorm in the
-Q-network keeps the bootstrapped targets stable. Compiled end to end.
-
-One update (`rl.config.loops.OnPolicyLoopConfig`):
-
-    rollout   num_envs envs step num_steps times, epsilon-greedy on Q (epsilon decays linearly from
-              epsilon_start to epsilon_end over the first epsilon_decay_fraction of the run)
-    targets   G = truncation_aware_q_lambda(r * reward_scale, max_a Q(final_obs, a), terminated,
-              truncated):
-
-        G_t = r_t + d_t [(1 - lambda_t) max_a Q(final_obs_t, a) + lambda_t G_{t+1}],
-        d_t = gamma (1 - terminated_t),   lambda_t = q_lambda (1 - (terminated_t | truncated_t)),
-
-              through the fused kernel `kernels.q_lambda_returns`, with the network of the rollout
-              (a time-limit end still bootstraps from the observation it reached)
-    learn     num_epochs passes over the batch in num_minibatches shuffled minibatches, each an Adam
-              step (gradients clipped to max_grad_norm, step size annealed to 0 if anneal_lr) on
-
-        L = 0.5 mean_batch (Q(s_t, a_t) - G_t)^2,   G held fixed.
-
-Greedy evaluation (`eval_envs` > 0) takes argmax_a Q. The sweepable hyperparameters (lr, gamma,
-q_lambda, reward_scale, max_grad_norm, epsilon_start, epsilon_end) are read from `hparams` inside
-the compiled program.
+"""PQN (Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning"), compiled end to end:
+Q-learning from many parallel envs with Q(lambda) targets (`q_lambda_targets`), no replay buffer
+and no target network; LayerNorm in the Q-network keeps the bootstrapped targets stable. One
+update (`rl.config.loops.OnPolicyLoopConfig`): num_envs envs step num_steps times epsilon-greedily
+(`epsilon`), then num_epochs passes of num_minibatches Adam steps on `q_loss` (`learn`).
 """
 
 from __future__ import annotations
@@ -111,9 +92,12 @@ def epsilon(agent: Config, hparams, step):
 
 
 def q_lambda_targets(apply, params, traj: Transition, hparams, backend: str, deterministic=False):
-    """G [T, E]: the Q(lambda) targets of the rollout `traj` (the module docstring), bootstrapped
-    from max_a Q(final_obs, a) = max_a apply(params, final_obs)[a]. `deterministic`: the kernel's
-    fixed-order scan."""
+    """G [T, E]: the Q(lambda) targets of the rollout `traj` with the network of the rollout,
+
+        G = truncation_aware_q_lambda(r * reward_scale, max_a Q(final_obs, a), term, trunc)
+
+    (a time-limit end still bootstraps from the observation it reached), through the fused kernel
+    `kernels.q_lambda_returns`. `deterministic`: the kernel's fixed-order scan."""
     next_values = apply(params, traj.final_obs).max(axis=-1)
     return losses.truncation_aware_q_lambda(
         traj.reward * hparams["reward_scale"],
@@ -128,8 +112,8 @@ def q_lambda_targets(apply, params, traj: Transition, hparams, backend: str, det
 
 
 def q_loss(apply, params, minibatch):
-    """(0.5 mean (Q(s, a) - G)^2, mean Q(s, a)) of a minibatch (obs, action, target, mask), the
-    means over the rows `mask` sets (None: all; `losses.masked_mean`)."""
+    """(0.5 mean (Q(s, a) - G)^2, mean Q(s, a)) of a minibatch (obs, action, target G held fixed,
+    mask), the means over the rows `mask` sets (None: all; `losses.masked_mean`)."""
     obs, action, target, mask = minibatch
     q_taken = losses.action_value(apply(params, obs), action)
     loss = 0.5 * losses.masked_mean(jnp.square(q_taken - target), mask)

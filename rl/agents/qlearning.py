@@ -1,21 +1,6 @@
-"""Tabular Q-learning with epsilon-greedy exploration, compiled end to end.
-
-For a transition (s, a, r, s', terminated) with s' = info["final_obs"] (the state reached, before
-any auto-reset, so a time-limit truncation still bootstraps):
-
-    Q(s, a) <- Q(s, a) + lr * (r + gamma * (1 - terminated) * max_a' Q(s', a') - Q(s, a))
-
-Actions are epsilon-greedy, epsilon decaying linearly from `epsilon_start` to `epsilon_end` over
-`epsilon_decay_steps`; the greedy action breaks ties uniformly at random among the maximal
-Q-values (`exploration.epsilon_greedy_random_ties`: with argmax's first-index ties an agent on an
-all-zero table would always pick action 0).
-
-One env steps; the run is one `lax.scan` over log points, each a `lax.scan` over `log_interval` env
-steps, so `jax.vmap(train)(keys)` trains many agents in one compiled program. Observations must be
-discrete. Each env step draws two uniforms, drawn for the whole log period at once. At each log
-point the greedy policy (argmax, first index on ties) plays `eval_episodes` episodes on fresh envs
-(`eval_return`, `eval_length`), and one episode from the env's PRNGKey(0) reset
-(`greedy_episode_length`); both stop as soon as their episodes end (a `while_loop`).
+"""Tabular Q-learning with epsilon-greedy exploration, compiled end to end: one env on discrete
+observations, one TD(0) update of the table per env step (`q_update`), the run a `lax.scan` over
+log points, so `jax.vmap(train)(keys)` trains many agents in one compiled program.
 """
 
 from __future__ import annotations
@@ -83,7 +68,8 @@ class QLearningState(NamedTuple):
 
 def q_update(q, obs, action, reward, next_obs, terminated, lr, gamma):
     """One TD(0) update of the table:
-    Q(s, a) += lr * (r + gamma * (1 - terminated) * max_a' Q(s', a') - Q(s, a)).
+    Q(s, a) += lr * (r + gamma * (1 - terminated) * max_a' Q(s', a') - Q(s, a)),
+    s' = `next_obs` = info["final_obs"] (before any auto-reset: a time limit still bootstraps).
 
     Written so that a vmapped and an unbatched program round identically (seed i of a batch equals
     seed i alone): XLA:CPU contracts `x + y * z` into a fused multiply-add in some fusions and not
@@ -132,6 +118,12 @@ def greedy_episode_length(q, env, params, max_steps):
 
 
 def make_trainer(config) -> Trainer:
+    """Q-learning's Trainer: each log point a `lax.scan` over `log_interval` env steps, acting
+    epsilon-greedily with ties broken uniformly at random (`exploration.epsilon_greedy_random_ties`:
+    with argmax's first-index ties an agent on an all-zero table would always pick action 0), the
+    log period's uniforms (two per step) drawn at once. At each log point the greedy policy plays
+    `eval_episodes` episodes on fresh envs (`eval_return`, `eval_length`) and the episode from the
+    env's PRNGKey(0) reset (`greedy_episode_length`), each stopping when its episodes end."""
     agent = config.agent
     env, env_params = environment.make_env(config)
     num_states = env.observation_space(env_params).n

@@ -1,44 +1,9 @@
-"""Rainbow (Hessel et al. 2018) with every component switchable, compiled end to end.
-
-Components (config keys): `distributional` (C51 over `num_atoms` atoms on [v_min, v_max]),
-`dueling` streams, `noisy` factorised-Gaussian head layers (exploration by parameter noise; keep
-epsilon at 0 with them), `n_step` returns, prioritized replay (`per`), `double_q` action selection.
-Switching them off one at a time gives Rainbow's ablations from config files alone; all off
-(num_atoms irrelevant, n_step 1) is DQN with a dueling-free MLP.
-
-N-step transitions. Each env keeps a window of its last n steps. Once full, the oldest step t
-becomes one stored transition (obs_t, a_t, R, s_boot, terminated_L, L + 1): with L the first step
-in the window where the episode ended (terminated or truncated), or n - 1,
-
-    R = sum_{k=0..L} gamma^k r_{t+k}
-        (kernels.discounted_returns with discounts gamma * (1 - done)),
-    s_boot = info["final_obs"] of step t+L (pre-reset: a truncated episode bootstraps from it),
-
-and the bootstrap discount is gamma^(L+1) * (1 - terminated_{t+L}). So truncation bootstraps and
-termination does not, at any position in the window. (The last n - 1 steps of a run are never
-stored.)
-
-Targets, for a sampled transition, with the next action a* = argmax_a Q_online(s_boot, a) (double-Q)
-or argmax_a Q_target(s_boot, a), and discount d = gamma^(L+1) (1 - terminated):
-
-    distributional: m = project(R + d z, p_target(s_boot, a*)) onto the support z
-                    (kernels.categorical_projection, probabilities by kernels.softmax),
-                    loss_i = -sum_k m_k log p_online(s, a)_k (log-softmax for stability),
-                    priority_i = KL(m || p_online(s, a));
-    scalar:         y = R + d Q_target(s_boot, a*),
-                    loss_i = huber (or squared) TD error, priority_i = |TD|.
-
-The batch loss is mean_i w_i loss_i with PER's importance weights w (1 for uniform replay); sampled
-items get priority_i + per_eps. Noisy layers draw independent noise for acting (once per step,
-shared by the envs), for the online net, the online next-state net and the target net; greedy
-evaluation uses the noise-free mean network. The loop is DQN's (`rl.replay.loop`: phases of
-`train_freq` env steps then `gradient_steps` gradient steps, eval at log points, a log period's keys
-split at once by `replay.period_keys`); each env's window of its last n steps travels with the env
-as `state.envs.memory`, its steps packed into `rl.core.packing` blocks [envs, n, width]
-(`window_layout`), so that an env step appends to it with one concatenation per block (one block, or
-two where the observations are large narrow-dtype images), whatever the number of fields. With
-`fused_acting` on a Triton kernel backend, acting is one launch (`rl.fused.rainbow`): the same
-noise, the same actions up to float rounding (off by default: slower at rainbow_cartpole's shapes).
+"""Rainbow (Hessel et al. 2018) with every component switchable, compiled end to end:
+`distributional` (C51), `dueling`, `noisy` head layers (keep epsilon at 0 with them), `n_step`
+returns, prioritized replay (`per`) and `double_q` selection are config keys, so Rainbow's
+ablations are config files (all off, n_step 1: DQN with a dueling-free MLP). The loop is DQN's
+(`rl.replay.loop`); each env carries a window of its last n steps (`push_window`) from which
+`n_step_transitions` stores a transition, and `rainbow_loss` learns from a sampled batch.
 """
 
 from __future__ import annotations
@@ -217,8 +182,9 @@ def empty_window(layout: packing.StorageLayout, num_envs: int, n: int) -> tuple:
 
 
 def push_window(window, step, layout: packing.StorageLayout):
-    """Each env's window of its last n steps (packed blocks [envs, n, width]) drops its oldest step
-    and appends `step` (a `window_step` [envs, ...])."""
+    """Each env's window of its last n steps (packed blocks [envs, n, width], `state.envs.memory`)
+    drops its oldest step and appends `step` (a `window_step` [envs, ...]): one concatenation per
+    block (one block, or two where the observations are large narrow-dtype images)."""
     return tuple(
         jnp.concatenate([w[:, 1:], x[:, None]], axis=1)
         for w, x in zip(window, packing.pack(layout, step))
@@ -227,7 +193,9 @@ def push_window(window, step, layout: packing.StorageLayout):
 
 def n_step_transitions(setup: Setup, window, gamma):
     """The n-step transition of the oldest step of each env's window [envs, n, ...]
-    (`losses.n_step_transition`, which reads the window time-major)."""
+    (`losses.n_step_transition`, which reads the window time-major): truncation bootstraps and
+    termination does not, at any position in the window. The last n - 1 steps of a run are never
+    stored."""
     time_major = jax.tree.map(lambda w: jnp.swapaxes(w, 0, 1), window)
     return losses.n_step_transition(
         time_major, gamma, backend=setup.backend, deterministic=setup.deterministic
@@ -235,7 +203,17 @@ def n_step_transitions(setup: Setup, window, gamma):
 
 
 def rainbow_loss(setup: Setup, params, target_params, batch, weights, keys, gamma):
-    """(mean_i w_i loss_i, (priorities, Q(s, a))) of a batch (the module docstring)."""
+    """(mean_i w_i loss_i, (priorities, Q(s, a))) of a batch of n-step transitions, w PER's
+    importance weights (1 for uniform replay), a* = argmax_a Q_online(s_boot, a) (double_q) or
+    argmax_a Q_target(s_boot, a), d = gamma^(L+1) (1 - terminated) (`losses.n_step_discount`):
+
+        distributional: m = project(R + d z, p_target(s_boot, a*)) onto the support z,
+                        loss_i = -sum_k m_k log p_online(s, a)_k,   priority_i = KL(m || p_online)
+        scalar:         y = R + d Q_target(s_boot, a*),
+                        loss_i = huber (or squared) TD error,      priority_i = |TD|
+
+    The caller adds per_eps to the priorities. `keys`: independent noise of the noisy layers for
+    the online, online next-state and target nets."""
     k_online, k_next, k_target = keys
     apply, agent = setup.network.apply, setup.agent
     rows = jnp.arange(batch["action"].shape[0])
@@ -289,6 +267,10 @@ def greedy_action(setup: Setup, params, obs):
 
 
 def make_trainer(config) -> Trainer:
+    """Rainbow's Trainer. Noisy layers draw independent noise for acting (once per step, shared by
+    the envs) and for each net of the loss; greedy evaluation uses the noise-free mean network.
+    With `fused_acting` (`rl.fused.rainbow`) acting is one kernel launch: the same noise, the same
+    actions up to float rounding."""
     setup = make_setup(config)
     agent, env, env_params = setup.agent, setup.env, setup.env_params
     network, loop = setup.network, replay.loop_of(agent)
