@@ -1,29 +1,9 @@
-"""Independent PPO (IPPO; de Witt et al. 2020, JaxMARL's ippo_ff baselines): every agent of a team
-learns PPO on its own observations and rewards, compiled end to end.
-
-Agent i (of A, the env's `agent_ids`) acts on its observation o_i with a categorical policy
-pi(a_i | o_i, m_i) restricted to the actions its mask m_i allows (`networks.Categorical.masked`:
-the masked logits set to a large negative finite value), and a critic V(o_i) scores it. The actor
-and the critic are two networks (`agent.network`'s torso, a policy head, a value head); the team
-shares one set of their parameters (`agent.share_parameters`, the agents axis one more batch axis),
-or each agent has its own (every leaf stacked on a leading agents axis, the networks vmapped over
-it: `multi_agent.per_agent`). With `agent.agent_id_input` both read [o_i, e_i], e_i agent i's
-one-hot index.
-
-One update: num_envs envs step num_steps times under the masked policy (`rollout`), storing each
-step's observations and masks (the loss scores the same masked policy that acted); then
-truncation-aware GAE per agent, over time, the agents an extra batch axis (`learn_batch`; rewards,
-terminated and truncated are per agent, [T, E, A], and V(final_obs_ti) bootstraps):
-
-    delta_ti = r_ti + gamma (1 - term_ti) V(o'_ti) - V(o_ti),
-    A_ti = delta_ti + gamma lambda (1 - term_ti) (1 - trunc_ti) A_(t+1)i,   R_ti = A_ti + V(o_ti);
-
-then num_epochs passes of num_minibatches shuffled minibatches of env steps (each with all A
-agents), an Adam step each along PPO's clipped objective (`ppo.ppo_objective`, `losses.ppo_loss`)
-averaged over the agent steps. The rewards learned from are r_ti, plus w info["shaped_reward"]_ti
-with `agent.shaped_reward_anneal_steps` (Overcooked's shaping; w = max(0, 1 - step / anneal steps),
-JaxMARL's schedule); returns are logged unshaped, as the team's (sum_t mean_i r_ti). The critic
-is a piece of `Setup`: MAPPO (rl/agents/mappo.py) is this loop with a critic on the global state.
+"""Independent PPO (IPPO; de Witt et al. 2020, JaxMARL's ippo_ff baselines), compiled end to end:
+every agent of a team learns PPO on its own observations and rewards. Agent i acts with a
+categorical policy restricted to the actions its mask allows (`policy`) and a critic V(o_i) scores
+it; one update is a rollout (`rollout`), truncation-aware GAE per agent (`team_gae`) and PPO's
+clipped objective over the agent steps (`minibatch_loss`). The critic is a piece of `Setup`: MAPPO
+(rl/agents/mappo.py) is this loop with a critic on the global state.
 """
 
 from __future__ import annotations
@@ -368,7 +348,8 @@ def greedy_evaluation(s: Setup, params, key) -> dict:
 
 def trainer(s: Setup) -> Trainer:
     """init, and run = log points of `agent.log_interval` updates each (their team episodes and
-    mean loss stats, and the greedy team return of `agent.eval_envs` fresh envs)."""
+    mean loss stats, and the greedy team return of `agent.eval_envs` fresh envs). Returns are
+    logged unshaped, as the team's: sum_t mean_i r_ti."""
     agent = s.agent
 
     def log_period(hparams, state: OnPolicyState):

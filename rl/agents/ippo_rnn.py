@@ -1,34 +1,9 @@
-"""Recurrent IPPO (JaxMARL's ippo_rnn baselines): IPPO (rl/agents/ippo.py) whose agents remember,
-on recurrent PPO's GRU or LSTM torso (rl/agents/ppo_rnn.py), compiled end to end.
-
-Agent i carries a hidden state: h_ti = cell(h_(t-1)i, x_ti), put back to the initial (zero) state
-first where agent i's previous step ended its episode (terminated or truncated: every agent when
-the team's episode ends, a SMAX unit that died on every step it stays out), and acts with its
-masked categorical policy pi(a_i | h_ti, m_ti). x_ti is its observation o_ti (with its one-hot id
-appended under `agent.agent_id_input`). The critic reads the same x_ti through a torso of its own,
-or through the actor's (`agent.shared_network`, as JaxMARL's ippo_rnn); MAPPO-RNN
-(rl/agents/mappo_rnn.py) gives it the global state with agent i's id instead. Layers: the torso's
-(`agent.network`: dense layers, then the cell), then `agent.head_hidden` dense layers in each of
-the policy and the value heads (`multi_agent.recurrent_team`). The team shares one set of
-parameters, or each agent has its own (`agent.share_parameters`: the network vmapped over the
-agents axis, `multi_agent.per_agent_recurrent`). One update:
-
-    collect      num_envs envs step num_steps times, every agent sampling its masked policy and
-                 carrying its state; a step stores the Observation (masks included), the reset
-                 flags, the carry after it (h_t) and the value; the carry the rollout began with,
-                 h_(-1), is kept as the initial state of each env's sequences
-    bootstrap    V(final_obs_ti) read from h_ti, the pre-reset state, in one T = 1 pass
-    advantages   IPPO's truncation-aware GAE per agent (rewards, terminated, truncated [T, E, A])
-    learn        num_epochs passes over num_minibatches groups of whole env sequences (each env's
-                 agents together), the network re-run from h_(-1) with the stored resets and
-                 masks, PPO's clipped objective over the agent steps (`ppo.ppo_objective`), one
-                 Adam step each on the flat parameters (`minibatches.adam_epochs`)
-
-Greedy evaluation and `make_policy` (a `RecurrentPolicy` for the team: `initial_carry()` [A, ...],
-`step(params, carry, obs [A, ...], key, action_mask [A, n])`) run the actor alone, every episode
-from the initial state. Unlike JaxMARL's ippo_rnn: GAE per agent with truncation bootstrapped
-(JaxMARL's uses the team's done for every agent: `agent.team_returns`, which the SMAX configs set),
-minibatches of envs (JaxMARL's, of agents).
+"""Recurrent IPPO (JaxMARL's ippo_rnn baselines), compiled end to end: IPPO (rl/agents/ippo.py)
+whose agents remember, on recurrent PPO's GRU or LSTM torso (rl/agents/ppo_rnn.py). Agent i's
+carry is reset where its previous step ended its episode; the critic reads the same inputs through
+a torso of its own, or the actor's (`agent.shared_network`); minibatches are whole env sequences
+(`update`). Unlike JaxMARL's: GAE per agent with truncation bootstrapped (JaxMARL's team done:
+`agent.team_returns`, which the SMAX configs set), minibatches of envs (JaxMARL's: of agents).
 """
 
 from __future__ import annotations
@@ -287,8 +262,13 @@ def minibatch_loss(s: Setup, hparams, params, minibatch):
 
 
 def update(s: Setup, hparams, state: OnPolicyState, totals):
-    """One recurrent IPPO update: collect a rollout, every agent's advantages, then epochs of Adam
-    steps over minibatches of whole env sequences. Returns (state, totals, mean loss stats)."""
+    """One recurrent IPPO update: collect a rollout (every agent sampling its masked policy and
+    carrying its state; the carry it began with, h_(-1), kept as each sequence's initial state),
+    V(final_obs_ti) read from the pre-reset state h_ti (`bootstrap_values`), every agent's
+    truncation-aware GAE, then num_epochs passes over num_minibatches groups of whole env
+    sequences (each env's agents together), the network re-run from h_(-1) with the stored resets
+    and masks, one Adam step each on the flat parameters along `ppo.ppo_objective`. Returns
+    (state, totals, mean loss stats)."""
     agent = s.agent
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
     # collect, from the carry the envs hold

@@ -1,19 +1,7 @@
-"""Multi-agent PPO (MAPPO; Yu et al. 2022, JaxMARL's mappo baselines): IPPO (rl/agents/ippo.py) with
-a centralised critic, compiled end to end.
-
-The actors are IPPO's: agent i acts on its own observation o_i with its masked policy
-pi(a_i | o_i, m_i). The critic reads the team's global state s (`env.global_state`, e.g. SMAX's
-world state, MPE's observations of every agent; flattened) with agent i's one-hot index e_i
-appended, and gives each agent its own value V(s, e_i) (the agent-specific global state of MAPPO's
-paper, JaxMARL's `world_state` with agent ids), so that advantages stay per agent:
-
-    delta_ti = r_ti + gamma (1 - term_ti) V(s'_t, e_i) - V(s_t, e_i)
-
-with s'_t the global state the step reached (info["final_global_state"]), then IPPO's per-agent
-truncation-aware GAE, PPO epochs and logging. Actor and critic parameters take one Adam step on one
-flat vector, clipped to one global norm (JaxMARL clips and steps each network apart). The critic's
-parameters are shared by the team, or one set per agent, as the actor's (`agent.share_parameters`).
-The env must have a global state (`env.has_global_state`).
+"""Multi-agent PPO (MAPPO; Yu et al. 2022, JaxMARL's mappo baselines), compiled end to end: IPPO
+(rl/agents/ippo.py) with a centralised critic V(s, e_i) on the team's global state s
+(`env.global_state`) with agent i's one-hot id appended (`world_view`: MAPPO's agent-specific
+global state), so that advantages stay per agent. The env must have a global state.
 """
 
 from __future__ import annotations
@@ -59,7 +47,11 @@ def world_view(num_agents: int, state_rank: int, seen: ippo.Observation):
 
 
 def make_setup(config) -> ippo.Setup:
-    """IPPO's Setup with the critic V(s, e_i) on the global state."""
+    """IPPO's Setup with the critic V(s, e_i) on the global state: GAE's delta_ti = r_ti +
+    gamma (1 - term_ti) V(s'_t, e_i) - V(s_t, e_i), s'_t the global state the step reached
+    (info["final_global_state"]). The critic's params are shared or per agent as the actor's
+    (`agent.share_parameters`); actor and critic take one Adam step on one flat vector, clipped to
+    one global norm (JaxMARL clips and steps each network apart)."""
     env, env_params = environment.make_env(config)
     critic = central_critic(config.agent, env, env_params)
     return ippo.setup(config, env, env_params, *critic, global_state=True)

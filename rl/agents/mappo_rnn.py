@@ -1,20 +1,7 @@
-"""Recurrent MAPPO (JaxMARL's mappo_rnn baselines): recurrent IPPO (rl/agents/ippo_rnn.py) with a
-centralised recurrent critic, compiled end to end.
-
-The actors are recurrent IPPO's: agent i's cell reads its own observations o_ti and it acts with
-its masked policy pi(a_i | h_ti, m_ti). The critic is a recurrent torso of its own reading the
-team's global state s_t (`env.global_state`, flattened) with agent i's one-hot id e_i appended
-(`mappo.world_view`: MAPPO's agent-specific global state, JaxMARL's world_state with agent ids), so
-each agent has its own critic state, reset where its actor's is, and its own value V(h^c_ti):
-
-    h^c_ti = cell(h^c_(t-1)i, [s_t, e_i]),
-    delta_ti = r_ti + gamma (1 - term_ti) V(cell(h^c_ti, [s'_t, e_i])) - V(h^c_ti)
-
-with s'_t the global state the step reached (info["final_global_state"]), then recurrent IPPO's
-per-agent truncation-aware GAE, epochs over whole env sequences and logging. Actor and critic
-parameters take one Adam step on one flat vector, clipped to one global norm (JaxMARL clips and
-steps each network apart). The env must have a global state; the actor and the critic read
-different inputs, so they cannot share a torso (`agent.shared_network` is refused).
+"""Recurrent MAPPO (JaxMARL's mappo_rnn baselines), compiled end to end: recurrent IPPO
+(rl/agents/ippo_rnn.py) with a centralised recurrent critic on `mappo.world_view` of the global
+state, so each agent has its own critic state, reset where its actor's is. The actor and the
+critic read different inputs, so they cannot share a torso (`agent.shared_network` is refused).
 """
 
 from __future__ import annotations
@@ -40,7 +27,10 @@ check_env = mappo.check_env  # a global state, separate actor and critic, IPPO's
 
 
 def make_setup(config) -> ippo_rnn.Setup:
-    """Recurrent IPPO's Setup with the critic's torso on `mappo.world_view` of the global state."""
+    """Recurrent IPPO's Setup with the critic's torso on `mappo.world_view` of the global state:
+    h^c_ti = cell(h^c_(t-1)i, [s_t, e_i]), bootstrapping from V(cell(h^c_ti, [s'_t, e_i])) with
+    s'_t = info["final_global_state"]. Actor and critic take one Adam step on one flat vector,
+    clipped to one global norm (JaxMARL clips and steps each network apart)."""
     env, env_params = environment.make_env(config)
     critic_view = mappo.world_input(env, env_params)
     return ippo_rnn.setup(config, env, env_params, critic_view, global_state=True)

@@ -1,31 +1,11 @@
 """Proximal Policy Optimisation (PPO, clipped objective; Schulman et al. 2017) with truncation-aware
 GAE, discrete and continuous actions, compiled end to end (PureJaxRL's make_train is the model).
 
-One update: num_envs envs step num_steps times under the policy (`rollout`); the critic's V(s_t)
-and V(final_obs_t) give the advantages and value targets of `losses.truncation_aware_gae`
-(`learn_batch`: a time limit still bootstraps, no advantage chain crosses an episode end, nor with
-`agent.gae_horizon` H > 0 a multiple of H steps, as in Brax's unrolls); then num_epochs passes of
-num_minibatches shuffled minibatches, each an Adam step (gradient clipped to max_grad_norm, step
-size annealed to 0 with anneal_lr) along the gradient of `losses.ppo_loss`, the advantages
-normalised per minibatch:
-
-    L = -mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A))
-        + vf_coef 0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2))
-        - ent_coef mean(H[pi]),          rho = pi(a|s) / pi_old(a|s).
-
-Variants, picked once (`learning_pieces`): the gradient from the fused kernel
-`kernels.ppo_actor_critic_grads_flat`, minibatches of whole H-step segments whose loss computes
-their advantages (`agent.minibatch_advantages`, Brax's PPO; both in rl/agents/ppo_variants.py), the
-batch recomputed before every epoch (`agent.recompute_advantages`), decoupled PPO for rollouts
-collected with older params (`agent.lag_correction`, rl.sebulba's `arch.max_lag`: rho = pi /
-pi_prox, pi_prox the policy at the update's start, each row's surrogate weighted by
-min(agent.lag_weight_max, pi_prox(a|s) / pi_behaviour(a|s))), and observations normalised by
-the running statistics of every rollout so far, kept in the params as `{"network": ...,
-"obs_stats": {"mean", "var", "count"}}` (`agent.normalize_obs`).
-
-Policies (`rl.nn.networks`): categorical; for Box actions a Gaussian with a learned log-std or
-a tanh-squashed one (`agent.continuous_policy: tanh_gaussian`, Brax's), scored at the stored
-pre-squash sample u; the env receives L + (clip(a, -1, 1) + 1) (H - L) / 2, a = u or tanh(u).
+One update (`update`): num_envs envs step num_steps times under the policy (`rollout`), the
+advantages and value targets of `losses.truncation_aware_gae` (`learn_batch`), then num_epochs
+passes of num_minibatches Adam steps on `losses.ppo_loss` (`learn`, `ppo_objective`). Variants
+(the fused gradient, segment minibatches, decoupled PPO, observation normalisation) are picked
+once (`learning_pieces`, rl/agents/ppo_variants.py).
 """
 
 from __future__ import annotations
@@ -106,7 +86,9 @@ def make_network(agent: Config, env, env_params):
 
 
 def network_params(agent: Config, params):
-    """The network's params within the policy's (`{"network", "obs_stats"}`, or themselves)."""
+    """The network's params within the policy's: `{"network": ..., "obs_stats": {"mean", "var",
+    "count"}}` with `agent.normalize_obs` (the running statistics of every rollout so far), else
+    the params themselves."""
     return params["network"] if agent.normalize_obs else params
 
 

@@ -1,29 +1,9 @@
 """Recurrent PPO: PPO (rl/agents/ppo.py) on a GRU or LSTM torso, so that the policy and the value
-read the history of observations, not only the last one (for partially observable envs, e.g.
-CartPole with its velocities hidden: `env.observe: positions`, `envs.MaskObservation`).
-
-The network carries a hidden state h (`recurrent.RecurrentTorso`): h_t = cell(h_{t-1}, obs_t), with
-h_{t-1} put back to the initial (zero) state first where obs_t begins an episode, i.e. where the
-previous step ended one, terminated or truncated (and at the very start). pi(.|h_t) and V(h_t) act
-and value step t. One update:
-
-    collect      num_envs envs step num_steps times under the policy, carrying h (each env's
-                 carry and episode-start flag live in its `Envs.memory`); the carry at the start
-                 of the rollout, h_{-1}, is kept with it (the initial state of each sequence)
-    bootstrap    V(final_obs_t) = V(cell(h_t, final_obs_t)) for every step in one batched pass: the
-                 observation the transition reached, read with the pre-reset state h_t (what the
-                 agent would have read next had the episode gone on)
-    advantages   A, R = truncation_aware_gae(r * reward_scale, V(h_t), V(final_obs_t), terminated,
-                 truncated)
-    learn        num_epochs passes; each shuffles the envs into num_minibatches groups and keeps
-                 their whole sequences in time order; the network re-runs each sequence from its
-                 stored initial state, resetting at the same steps, and the minibatch loss is PPO's
-                 (`ppo.ppo_objective`, `losses.ppo_loss`), one Adam step on the flat parameters
-
-Discrete actions (categorical) and bounded Box actions (diagonal Gaussian in [-1, 1]^d, as PPO).
-Separate actor and critic torsos (two cells, the carry a pair) unless `shared_network`. The greedy
-policy (evaluation, `make_policy`, a `rl.agents.trainer.RecurrentPolicy`) starts every episode from
-the initial state and takes the argmax / the mean. The sweepable hyperparameters are PPO's.
+read the history of observations (for partially observable envs, e.g. CartPole with its
+velocities hidden: `env.observe: positions`). The carry h_t = cell(h_{t-1}, obs_t) is put back to
+the initial (zero) state where obs_t begins an episode (`Memory`); separate actor and critic
+torsos unless `shared_network`. Minibatches are whole env sequences (`update`); the greedy policy
+(`make_policy`, a `rl.agents.trainer.RecurrentPolicy`) starts every episode from the initial state.
 """
 
 from __future__ import annotations
@@ -270,8 +250,13 @@ def minibatch_loss(s: Setup, hparams, params, minibatch):
 
 
 def update(s: Setup, hparams, state: OnPolicyState, totals: episodes.EpisodeTotals):
-    """One recurrent PPO update: rollout, advantages, epochs of Adam steps on the flat parameter
-    vector over minibatches of env sequences. Returns (state, totals, mean loss stats)."""
+    """One recurrent PPO update: the rollout, carrying h (its carry at the start, h_{-1}, kept as
+    each sequence's initial state); V(final_obs_t) read with the pre-reset state h_t
+    (`bootstrap_values`); A, R = truncation_aware_gae(r * reward_scale, V(h_t), V(final_obs_t),
+    terminated, truncated); then num_epochs passes, each shuffling the envs into num_minibatches
+    groups of whole sequences in time order, the network re-run from each stored initial state
+    with the same resets, one Adam step per minibatch on the flat parameter vector along
+    `ppo.ppo_objective`. Returns (state, totals, mean loss stats)."""
     agent = s.agent
     key, rollout_key, shuffle_key = jax.random.split(state.key, 3)
     # collect

@@ -1,18 +1,9 @@
 """Variants of PPO's update (`rl.agents.ppo`), pieces its `make_trainer` picks once, and their
-settings (`VariantsConfig`, a base of PPO's `Config`).
-
-The fused minibatch gradient: `kernels.ppo_actor_critic_grads_flat` computes the gradient of
-`rl.core.losses.ppo_loss` for a categorical actor-critic of two separate two-layer MLPs, reading the
-weights from the optimiser's flat parameter vector (`jax.flatten_util.ravel_pytree`) and writing
-the gradient and its squared norm (for the norm clip) into one: `fused_update_fits` says whether
-a config takes it, `fused_layout` where the vector holds each array, `fused_flat_grads` is the
-gradient.
-
-Segment minibatches (`agent.minibatch_advantages`, Brax's PPO): the rollout [T, N] is cut into
-segments of H = `agent.gae_horizon` consecutive steps of one env (`segments`, `segment_batch`),
-minibatches hold whole segments, and each minibatch's loss computes its segments' advantages and
-value targets with the network being trained (`segment_outputs`), GAE within each segment,
-which bootstraps from V(final_obs) at its last step.
+settings (`VariantsConfig`, a base of PPO's `Config`): the fused minibatch gradient
+(`kernels.ppo_actor_critic_grads_flat` on the flat parameter vector: `fused_update_fits`,
+`fused_layout`, `fused_flat_grads`), and segment minibatches (`agent.minibatch_advantages`, Brax's
+PPO: whole `agent.gae_horizon`-step segments whose loss computes their advantages with the
+network being trained: `segments`, `segment_batch`, `segment_outputs`).
 """
 
 from __future__ import annotations

@@ -1,35 +1,9 @@
-"""Value decomposition with PQN (PQN-VDN and PQN-QMIX, as JaxMARL's PQN-VDN baselines train them):
-one Q-network shared by every agent (its observation, and with `agent_id` a one-hot of its index,
-in; one Q-value per action out; LayerNorm in the torso), a mixer that makes the team's value of
-the agents' (`rl.nn.mixers`: vdn, Q_tot = sum_i Q_i; qmix, QMIX's monotonic mixer on the global
-state), trained PQN-style: Q(lambda) targets on the team reward from many parallel envs, no replay
-buffer, no target network. Compiled end to end; a multi-agent agent (`MULTI_AGENT`).
-
-One update (`rl.config.loops.OnPolicyLoopConfig`), agents i = 1..A:
-
-    rollout   num_envs envs step num_steps times; each agent acts epsilon-greedily on its own
-              Q_i among its available actions (`exploration.masked_epsilon_greedy`; epsilon as in
-              PQN). Agent i is in the team at s_t (alive_{t,i}) from the episode's start until the
-              step it terminates on.
-    targets   the team's reward r_t = sum_i r_{t,i} (`team_reward: sum`, JaxMARL's for MPE) or
-              mean_i r_{t,i} (`mean`: SMAX's shared reward), and the bootstrap
-
-        V_t = Mix((1 - terminated_{t,i}) max_{a available at final_obs} Q_i(final_obs_{t,i}, a),
-                  final_global_state_t),
-
-              in G = truncation_aware_q_lambda(r * reward_scale, V, team terminated, team
-              truncated) (`losses.truncation_aware_q_lambda`): the team terminates when every agent
-              has (d_t = 0), is truncated when the episode ends otherwise (a time limit
-              bootstraps), and an agent's own end neither stops the lambda chain nor the team's
-              bootstrap: only its own value drops out. Computed with the network of the rollout.
-    learn     num_epochs passes of num_minibatches shuffled minibatches, one Adam step each on
-
-        L = 0.5 mean_batch (Q_tot(s_t, a_t) - G_t)^2,
-        Q_tot(s_t, a_t) = Mix(alive_{t,i} Q_i(o_{t,i}, a_{t,i}), global_state_t),   G fixed.
-
-Greedy evaluation (`eval_envs` > 0) and `make_policy` take each agent's argmax of Q_i over its
-available actions (`exploration.masked_argmax`), which is the argmax of Q_tot for both mixers.
-The sweepable hyperparameters are PQN's (`rl.agents.pqn.Config`).
+"""Value decomposition with PQN (PQN-VDN and PQN-QMIX, as JaxMARL's PQN-VDN baselines train them),
+compiled end to end; a multi-agent agent (`MULTI_AGENT`). One Q-network shared by every agent
+(`make_q_network`), a mixer that makes the team's value of the agents' (`make_mixer`: vdn or
+qmix, rl.nn.mixers), trained PQN-style: epsilon-greedy over each agent's available actions,
+Q(lambda) targets on the team reward (`team_q_lambda_targets`), minibatch epochs on
+`team_q_loss`, no replay buffer, no target network.
 """
 
 from __future__ import annotations
@@ -163,9 +137,17 @@ def team_reward(reward, how: str):
 def team_q_lambda_targets(
     q_values, mix, params, traj: Transition, hparams, how: str, backend: str, deterministic=False
 ):
-    """G [T, E]: the Q(lambda) targets of the rollout `traj` on the team reward (the module
-    docstring). `q_values(params, obs [..., A, ...]) -> [..., A, n]`, `mix(params, agent_values
-    [..., A], global_state) -> [...]`; `how` is `agent.team_reward`."""
+    """G [T, E]: the Q(lambda) targets of the rollout `traj` on the team reward r_t (`team_reward`:
+    sum_i r_ti, JaxMARL's for MPE, or the mean, SMAX's shared reward), computed with the network of
+    the rollout: G = truncation_aware_q_lambda(r * reward_scale, V, team terminated, truncated),
+
+        V_t = Mix((1 - terminated_ti) max_{a available at final_obs} Q_i(final_obs_ti, a),
+                  final_global_state_t).
+
+    The team terminates when every agent has, is truncated when the episode ends otherwise (a time
+    limit bootstraps); an agent's own end stops neither the lambda chain nor the team's
+    bootstrap: only its own value drops out. `q_values(params, obs [..., A, ...]) -> [..., A, n]`,
+    `mix(params, agent_values [..., A], global_state) -> [...]`; `how` is `agent.team_reward`."""
     best = masked_max(q_values(params, traj.final_obs), traj.final_action_mask)
     next_values = mix(params, jnp.where(traj.terminated, 0.0, best), traj.final_global_state)
     terminated = jnp.all(traj.terminated, axis=-1)
@@ -183,7 +165,9 @@ def team_q_lambda_targets(
 
 def team_q_loss(q_values, mix, params, minibatch):
     """(0.5 mean (Q_tot(s, a) - G)^2, mean Q_tot(s, a)) of a minibatch (obs, action, alive,
-    global_state, target); agents out of the team add nothing to Q_tot."""
+    global_state, target G held fixed), Q_tot(s_t, a_t) = Mix(alive_ti Q_i(o_ti, a_ti),
+    global_state_t): agent i is alive from its episode's start until the step it terminates on;
+    agents out of the team add nothing to Q_tot."""
     obs, action, alive, global_state, target = minibatch
     q_taken = losses.action_value(q_values(params, obs), action)
     q_tot = mix(params, jnp.where(alive, q_taken, 0.0), global_state)
@@ -192,7 +176,7 @@ def team_q_loss(q_values, mix, params, minibatch):
 
 def greedy_policy(q_values, params):
     """(obs [..., A, ...], mask [..., A, n]) -> each agent's argmax of Q_i over its available
-    actions [..., A]."""
+    actions [..., A] (`exploration.masked_argmax`): the argmax of Q_tot for both mixers."""
     return lambda obs, mask: exploration.masked_argmax(q_values(params, obs), mask)
 
 

@@ -1,23 +1,8 @@
-"""The contract between an agent and the runner, and the two helpers every agent's `make_train`
-uses.
-
-An agent module exposes `Config` (a frozen dataclass of hyperparameters), `make_trainer(config) ->
-Trainer`, `make_train(config) -> train(key, hparams=None) -> (final_state, metrics)` and
-`make_policy(config) -> policy(params, obs, key) -> action`. An agent whose policy has memory (a
-recurrent torso) declares `RECURRENT = True` and its `make_policy` returns a `RecurrentPolicy`.
-
-A `Trainer` splits a run so it can be checkpointed and resumed between compiled chunks:
-`init(key, hparams) -> state` (the whole training state, typed as `rl.core.state` says: params,
-optimiser state, envs, buffers, PRNG key, counters) and `run(state, hparams, num_log_points) ->
-(state, metrics)`, a `lax.scan` over log points; `train(key) = run(init(key), all log points)`.
-The runner reads `state.params`, and shards what the state holds in an `rl.core.state.Envs` over
-devices with `--shard envs`.
-
-`train` is pure: `jax.jit(jax.vmap(train))(keys)` trains many seeds in one program, and
-`jax.vmap(train, in_axes=(None, 0))(key, grid)` sweeps the sweepable hyperparameters (a dict of
-float32 scalars, see `rl.config.hyperparams`). `metrics` is a dict of arrays whose leading axis is
-the log point; it always has "step" (env steps so far), "episode_return" and "episode_length" (means
-over the episodes that ended since the previous log point, NaN where none ended).
+"""The contract between an agent and the runner, and the helpers every agent's `make_train` uses.
+An agent module exposes `Config` (a frozen dataclass of hyperparameters), `make_trainer(config)
+-> Trainer`, `make_train(config) -> train(key, hparams=None) -> (final_state, metrics)` and
+`make_policy(config) -> policy(params, obs, key) -> action` (an agent with memory declares
+`RECURRENT = True` and returns a `RecurrentPolicy`).
 """
 
 from __future__ import annotations
@@ -52,6 +37,12 @@ def as_recurrent(policy) -> RecurrentPolicy:
 
 
 class Trainer(NamedTuple):
+    """A run split so it can be checkpointed and resumed between compiled chunks: `init(key,
+    hparams) -> state` (the whole training state, typed as `rl.core.state` says) and `run(state,
+    hparams, num_log_points) -> (state, metrics)`, a `lax.scan` over log points; `train(key) =
+    run(init(key), all log points)`. The runner reads `state.params`, and shards what the state
+    holds in an `rl.core.state.Envs` over devices with `--shard envs`."""
+
     init: Callable  # (key, hparams) -> state: a NamedTuple with `params` (see rl.core.state)
     run: Callable  # (state, hparams, num_log_points) -> (state, metrics); num_log_points is static
     num_log_points: int  # log points in a whole run
@@ -119,7 +110,12 @@ def _depends_on(fn, arg_tree, leaves, flags) -> list[bool]:
 
 def train_from_trainer(trainer: Trainer, agent_config) -> Callable:
     """`train(key, hparams=None) -> (final_state, metrics)` running every log point of `trainer`
-    (its init vmapped sequentially on the CPU: see `vmap_sequentially_on_cpu`)."""
+    (its init vmapped sequentially on the CPU: see `vmap_sequentially_on_cpu`). `train` is pure:
+    `jax.jit(jax.vmap(train))(keys)` trains many seeds in one program, and `jax.vmap(train,
+    in_axes=(None, 0))(key, grid)` sweeps the sweepable hyperparameters (a dict of float32
+    scalars, `rl.config.hyperparams`). `metrics` is a dict of arrays whose leading axis is the log
+    point; it always has "step" (env steps so far), "episode_return" and "episode_length" (means
+    over the episodes that ended since the previous log point, NaN where none ended)."""
     init = vmap_sequentially_on_cpu(trainer.init)
 
     def train(key, hparams=None):
