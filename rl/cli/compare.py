@@ -1,29 +1,10 @@
 """`rl compare`: runs compared the way the field reports learning (Agarwal et al., 2021): the
 interquartile mean, the median and the optimality gap of each group of runs with 95%
-stratified-bootstrap intervals, and the probability that one group's run beats another's.
+stratified-bootstrap intervals (rl.cli.evaluation), and the probability that one group's run beats
+another's.
 
     rl compare RUN_DIR [RUN_DIR ...] [--by name|config] [--metric eval_return] [--at STEPS]
                [--normalize LOW,HIGH|REF.yaml] [--plot DIR] [--reps 50000] [--seed 0]
-
-A run is one seed of one sweep setting of a run directory (its `metrics.jsonl`, read as it is).
-A score is the run's `--metric` (default: the one its end-of-run summary reports, `eval_return`
-where every run has one, else `episode_return`) at the log point of env step `--at` (default: each
-run directory's last log point). Runs are grouped `--by name` (default: the run directory's name
-and the sweep setting; directories of the same name in different folders pool their runs, their
-envs being the tasks) or `--by config` (the resolved config without its `run` and `env` sections,
-with the sweep setting: directories of one config pool their seeds). Each env is a task, its
-runs resampled within it (rl.cli.evaluation).
-
-Returns of different envs are not on one scale: runs of several envs (or metrics) are refused
-unless `--normalize` gives each env a low and a high score, `LOW,HIGH` for all or a YAML file
-`{env id: [low, high]}`; scores become `(x - low) / (high - low)` and the optimality gap (the mean
-shortfall below 1) is shown. With one env, the median is the median of the runs; with several,
-the median over envs of each env's mean (rliable's aggregate). NaN scores (no episode ended by
-that log point) are left out and counted; groups of fewer than 3 runs get a warning.
-
-`--plot DIR` writes `aggregates.png` (each group's intervals), `profile.png` (the fraction of runs
-above each score, with bands) and `iqm_curve.png` (the IQM over env steps with its band, from
-`min(--reps, 5000)` resamples per log point).
 """
 
 from __future__ import annotations
@@ -154,8 +135,8 @@ def _label_envs(units: list[Unit]) -> None:
 
 
 def group_units(units: list[Unit], by: str) -> list[Group]:
-    """Units grouped `by` "name" (run directory name and setting) or "config" (module
-    docstring), in the order first seen."""
+    """Units grouped `by` "name" (run directory name and setting) or "config" (`compare`), in
+    the order first seen."""
     groups: dict[str, Group] = {}
     if by == "config":
         configs = [json.loads(u.config_key) for u in units]
@@ -247,7 +228,18 @@ class Comparison:
 def compare(
     run_dirs, by="name", metric=None, at=None, normalize=None, reps=50_000, seed=0, warn=None
 ):
-    """Read, group and score the runs (module docstring); returns a Comparison."""
+    """Read, group and score the runs; returns a Comparison.
+
+    A run is one seed of one sweep setting of a run directory (its `metrics.jsonl`). Its score is
+    `metric` (default: the one its end-of-run summary reports, `eval_return` where every run has
+    one, else `episode_return`) at the log point of env step `at` (default: each run directory's
+    last). Groups: `by` "name" (the run directory's name and the sweep setting; directories of
+    one name in different folders pool their runs, their envs being the tasks) or "config" (the
+    resolved config without `run` and `env`, with the sweep setting). Each env is a task, its runs
+    resampled within it. Runs of several envs (or metrics) are refused unless `normalize` gives
+    each env (low, high): scores become (x - low) / (high - low) and the optimality gap is shown.
+    NaN scores (no episode ended by then) are left out and counted; groups of fewer than 3 runs
+    get a warning."""
     warn = warn or (lambda message: None)
     metric, units = read_units(run_dirs, metric, warn)
     envs = sorted({u.env for u in units})

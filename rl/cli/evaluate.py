@@ -2,33 +2,8 @@
 
     rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif]
 
-The run's config and params come from the run directory (rl.run.run_dir): the params from
-`RUN_DIR/final_params.msgpack`, or from the checkpoint at env step STEP, or (a run that was
-stopped before the end) from the newest checkpoint, as the files hold them (a run trained through
-the fused kernels, its params or critics flat vectors, evaluates where they do not run, and the
-other way: `rl.run.run_dir.load_params`). The policy is the agent module's
-`make_policy(config) -> policy(params, obs, key) -> action` (or, for a recurrent agent, a
-`rl.agents.trainer.RecurrentPolicy` whose carry starts fresh each episode), which takes the raw
-env's observations and returns actions in the raw env's action space (`config.env.make()`: the env
-with its observation masked if `env.observe` is set, no training wrappers). The agent reads its
-kernel backend from `config.kernels` itself. Every (setting, seed) plays `episodes` episodes in one
-compiled program (vmapped over settings, seeds and episodes); each episode runs the env's own
-transition `step_env` from `reset` until it terminates or is truncated (`env.truncation`:
-`max_steps_in_episode` unless the env says otherwise; no auto-reset, so the final state can be
-rendered), and its return is the undiscounted sum of rewards.
-
-Rendering calls the env's host-side `env.render(state, params) -> uint8[H, W, 3]` on every state of
-one episode of setting 0, seed 0 (the reset state, then the state after each step, the terminal
-one included), written as a GIF with Pillow.
-
-An actor-learner run (`arch.name: sebulba`) keeps its learner's state in its checkpoints, and its
-params are read into that (`learner_state_shapes`); its episodes are played on its host envs
-(`evaluate_on_host`: a gymnasium vector env or envpool's), not rendered.
-
-A multi-agent env's policy (`make_policy(config) -> policy(params, obs[A, ...], key,
-action_mask[A, n]) -> actions[A]`, or a `RecurrentPolicy` whose step also takes the mask) reads the
-env's action masks; an episode's return is the team's, the sum over steps of the mean reward over
-agents, and it ends when every agent has terminated or is truncated.
+Every (setting, seed) plays `episodes` episodes of the raw env (no training wrappers) in one
+compiled program (`evaluate`); an actor-learner run plays on its host envs (`evaluate_on_host`).
 """
 
 from __future__ import annotations
@@ -99,7 +74,10 @@ def rollout(env, env_params, policy, params, key, max_steps: int):
 
 
 def evaluate(config: Config, params, episodes: int, seed: int = 0):
-    """Returns and lengths, each [settings, seeds, episodes], of the deterministic policy."""
+    """Returns and lengths, each [settings, seeds, episodes], of the deterministic policy, vmapped
+    over settings, seeds and episodes in one compiled program: each episode runs the env's own
+    `step_env` from `reset` until it terminates or is truncated (`env.truncation`:
+    `max_steps_in_episode` unless the env says otherwise; no auto-reset)."""
     if config.arch.name == "sebulba":
         return evaluate_on_host(config, params, episodes, seed)
     env, env_params = make_env(config)
@@ -143,7 +121,9 @@ def evaluate_on_host(config: Config, params, episodes: int, seed: int = 0):
 
 def render_episode(config: Config, params_one, path, seed: int = 0, fps: int = 10) -> int:
     """Write a GIF of one episode of the policy with `params_one` (one seed's params); returns the
-    number of frames."""
+    number of frames. Every state of the episode (the reset state, then the state after each step,
+    the terminal one included) goes through the env's host-side `env.render(state, params) ->
+    uint8[H, W, 3]`, written with Pillow."""
     if config.arch.name == "sebulba":
         raise ConfigError(
             f"--render: not for arch sebulba runs ({config.env.id} steps outside JAX); evaluate "
@@ -213,7 +193,14 @@ def evaluate_run(
     seed: int = 0,
     fps: int = 10,
 ) -> dict:
-    """Evaluate a run directory (see the module docstring); returns a result dict for printing."""
+    """Evaluate a run directory; returns a result dict for printing. The config comes from the
+    run directory, the params from `final_params.msgpack`, or the checkpoint at env step
+    `checkpoint`, or (a run stopped before the end) the newest checkpoint, as the files hold them
+    (fused-kernel params evaluate where the kernels do not run: `rl.run.run_dir.load_params`).
+    The policy is the agent's `make_policy(config)` (a recurrent agent's carry starts fresh each
+    episode), on the raw env's observations and action space; its return is the undiscounted
+    sum of rewards (a team's: the sum over steps of the mean over agents). `render`: a GIF of
+    setting 0, seed 0's first episode (`render_episode`; not for actor-learner runs)."""
     config, grid = load_run_config(run_dir)
     shapes = learner_state_shapes(config) if config.arch.name == "sebulba" else None
     params, source = load_params(run_dir, config, grid, checkpoint, shapes)

@@ -1,30 +1,9 @@
 """Reporting learning results over runs: the protocol of Agarwal et al. (2021), "Deep RL at the
-Edge of the Statistical Precipice", in NumPy.
-
-Scores are the final returns (or any scalar per run) of `M` tasks (envs), each run by several
-seeds: a 2-D array `[runs, tasks]`, a 1-D array `[runs]` (one task), or a sequence of 1-D arrays
-`[runs_t]` when tasks have different numbers of runs. Every score must be finite (drop missing runs
-first: `rl compare` reports and excludes them). With `x_{t,i}` the score of run `i` of task `t`,
-`n_t` runs of task `t` and `N = sum_t n_t` runs in all, the aggregates are rliable's:
-
-    mean            (1/M) sum_t mean_i x_{t,i}            the mean over tasks of each task's mean
-    median          median_t (mean_i x_{t,i})             the median over tasks of each task's mean
-                                                          (with one task: that task's mean)
-    iqm             the interquartile mean of all N runs pooled: with x_(1) <= ... <= x_(N)
-                    sorted and c = floor(N / 4), (1 / (N - 2c)) sum_{j=c+1}^{N-c} x_(j)
-                    (scipy.stats.trim_mean(x, 0.25): c runs cut at each end)
-    optimality_gap  gamma - (1/N) sum_{t,i} min(x_{t,i}, gamma): how far runs fall short of
-                    gamma (1: the reference score, for normalised scores), pooled
-    run_median      the median of all N runs pooled (not one of rliable's aggregates: what a
-                    reader expects of "the median" of one task's seeds)
-
-Confidence intervals come from the stratified bootstrap: each resample draws, within each task
-independently, `n_t` of its runs with replacement, and recomputes the aggregate; the interval is
-the `(1 - confidence) / 2` and `(1 + confidence) / 2` percentiles of the `reps` resampled values
-(the percentile method). A resample is its counts `k_{t,i}` (how often run `i` was drawn), so every
-aggregate is a sum over the pooled runs sorted once: the means are counts times scores, and the
-trimmed sum of the IQM is, with `C_j` the running count up to the `j`-th smallest score,
-`sum_j (clip(C_j, c, N - c) - c) (x_(j) - x_(j+1))` (`x_(N+1) = 0`). No resample is sorted.
+Edge of the Statistical Precipice", in NumPy. Scores are a scalar per run of `M` tasks (envs),
+each run by several seeds: `[runs, tasks]`, `[runs]` (one task) or a sequence of `[runs_t]`
+(`as_tasks`). The aggregates are rliable's (`mean`, `median`, `iqm`, `optimality_gap`; and
+`run_median`), with stratified-bootstrap intervals (`bootstrap_intervals`), performance profiles
+and the probability of improvement.
 """
 
 from __future__ import annotations
@@ -98,7 +77,8 @@ def trimmed_count(n: int) -> int:
 
 def iqm(scores) -> float:
     """Interquartile mean of all runs pooled: the mean of the sorted scores with floor(N/4) cut
-    at each end (scipy.stats.trim_mean(x, 0.25); module docstring). Returns a float."""
+    at each end (scipy.stats.trim_mean(x, 0.25)): with x_(1) <= ... <= x_(N) and c = floor(N / 4),
+    (1 / (N - 2c)) sum_{j=c+1}^{N-c} x_(j). Returns a float."""
     pooled = np.sort(np.concatenate(as_tasks(scores)))
     cut = trimmed_count(pooled.size)
     return float(np.mean(pooled[cut : pooled.size - cut]))
@@ -198,7 +178,9 @@ def _small_products(a: np.ndarray, b: np.ndarray, rows: int = 16) -> np.ndarray:
 def _statistics(pooled: _Pooled, counts, metrics, gamma, weights, below) -> dict[str, np.ndarray]:
     """Each metric of `metrics` [r] (and "profile" [r, taus], the fraction above each tau, whose
     `below` [taus] counts the runs at or below it) for the resamples `counts` [r, N];
-    `weights`: `pooled.weights(gamma)`."""
+    `weights`: `pooled.weights(gamma)`. No resample is sorted: the means are counts times scores,
+    and the IQM's trimmed sum is, with C_j the running count up to the j-th smallest score,
+    sum_j (clip(C_j, c, N - c) - c) (x_(j) - x_(j+1)) (x_(N+1) = 0)."""
     n, values = pooled.n, pooled.values
     out = {}
     if {"mean", "median", "optimality_gap"} & set(metrics):
@@ -255,8 +237,10 @@ def bootstrap_intervals(
     confidence: float = 0.95,
     gamma: float = 1.0,
 ) -> dict[str, Interval]:
-    """Stratified-bootstrap confidence intervals (module docstring) of `metrics` (names from
-    METRICS) on `scores` ([runs, tasks], [runs] or a sequence of [runs_t]).
+    """Stratified-bootstrap confidence intervals of `metrics` (names from METRICS) on `scores`
+    ([runs, tasks], [runs] or a sequence of [runs_t]): each resample draws, within each task, n_t
+    of its runs with replacement and recomputes the metric; the interval is the (1 - confidence)
+    / 2 and (1 + confidence) / 2 percentiles of the `reps` resampled values.
 
     Args:
       reps: number of bootstrap resamples.

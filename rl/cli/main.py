@@ -1,26 +1,11 @@
-"""The `rl` command line.
-
+"""The `rl` command line: the parser, `main`, `rl eval`, `rl plot` and `rl configs` (the others:
+rl.cli.train, rl.cli.compare; what the commands print: rl.cli.output).
     rl configs                  list the packaged configs (rl train NAME trains one)
-    rl train CONFIG.yaml|NAME [--seeds N] [--sweep agent.lr=1e-3,3e-3 ...] [--devices all]
-             [dotted.key=value ...]
+    rl train CONFIG.yaml|NAME [--seeds N] [--sweep agent.lr=1e-3,3e-3 ...] [dotted.key=value ...]
     rl train --resume RUN_DIR   continue a stopped run from its newest good checkpoint
     rl eval RUN_DIR [--episodes 100] [--checkpoint STEP] [--render episode.gif] [--json eval.json]
     rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric eval_return]
-    rl compare RUN_DIR [RUN_DIR ...] [--by name|config] [--metric eval_return] [--at STEPS]
-               [--normalize LOW,HIGH|REF.yaml] [--plot DIR]   IQM, median, optimality gap with
-                                the 95% stratified-bootstrap intervals, probability of improvement
-
-This module holds the parser, `main` and the commands that read runs and the package (`rl eval`,
-`rl plot`, `rl configs`); `rl train` is `rl.cli.train`, `rl compare` `rl.cli.compare`, and what the
-commands print (exit statuses, errors, the end-of-run summary) `rl.cli.output`.
-
-Bad input (missing or unparsable file, unknown key, wrong type, value out of range, unknown env or
-agent, a run directory that cannot be created or is in use by another `rl train`, a `--resume` of a
-checkpoint its edited config.yaml does not fit) prints one line `rl: error: ...` and exits with
-status 2 before anything is written. A run that diverges (NaN or infinite loss or params) or cannot
-write its run directory (disk full, no permission) prints one line and exits with status 1;
-Ctrl-C and SIGTERM save a checkpoint and exit with 130 and 143. Output to a closed pipe is dropped
-without stopping the command.
+    rl compare RUN_DIR [RUN_DIR ...] [--by name|config] [--at STEPS] [--plot DIR]   (IQM, ...)
 """
 
 from __future__ import annotations
@@ -175,8 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """`rl ARGV...` (sys.argv when None); returns the exit status. Output to a reader that has gone
-    (a closed pipe) is dropped without stopping the command (rl.cli.output.command_output)."""
+    """`rl ARGV...` (sys.argv when None); returns the exit status. Bad input (a missing or
+    unparsable file, an unknown key, a wrong type, a value out of range, an unknown env or agent, a
+    run directory that cannot be created or is in use by another `rl train`, a `--resume` of a
+    checkpoint its edited config.yaml does not fit) prints one line `rl: error: ...` and returns 2
+    before anything is written; a run that diverges or cannot write its run directory prints one
+    line and returns 1; Ctrl-C and SIGTERM save a checkpoint and return 130 and 143. Output to a
+    reader that has gone (a closed pipe) is dropped without stopping the command
+    (rl.cli.output.command_output)."""
     with command_output():
         return run_command(argv)
 

@@ -1,15 +1,7 @@
-"""Learning curves of run directories as a PNG, and the figures of `rl compare` (at the end).
+"""Learning curves of run directories as a PNG (`plot_runs`), and the figures of `rl compare`
+(`plot_comparison`), drawn with matplotlib's Agg backend (no display needed).
 
     rl plot RUN_DIR [RUN_DIR ...] [-o curve.png] [--metric eval_return]
-
-One line per run, or per sweep setting of a run: the median over seeds of `metric` (read from each
-run's `metrics.jsonl`) against env steps, with the band between the 25th and 75th percentiles over
-seeds shaded. Log points where a seed has no value (NaN: no episode ended) are left out of that
-seed's statistics. Drawn with matplotlib's Agg backend (no display needed).
-
-By default the metric is the one the end-of-run summary reports (`rl.run.summary.summary_metric`):
-the greedy evaluation return `eval_return` where the agent evaluates, else the return of the
-training episodes, `episode_return`; with several runs, `eval_return` only if every run has one.
 """
 
 from __future__ import annotations
@@ -30,7 +22,8 @@ INTERVAL = (25.0, 75.0)
 
 def default_metric(runs: list[list[dict]]) -> str:
     """The metric the summary of every run in `runs` (each a list of metrics rows) reports:
-    `eval_return` if each run logged at least one finite value of it, else `episode_return`."""
+    `eval_return` (the greedy evaluation return) if each run logged at least one finite value of
+    it, else `episode_return` (the training episodes')."""
     has_eval = [any(row.get("eval_return") is not None for row in rows) for rows in runs]
     return "eval_return" if runs and all(has_eval) else "episode_return"
 
@@ -140,8 +133,11 @@ def _plain_text(label: str) -> str:
 
 
 def plot_runs(run_dirs, output=None, metric: str | None = None, warn=None) -> Path:
-    """Draw the curves of `metric` (default: `default_metric`) of every run (see the module
-    docstring) into `output`; returns its path. Unreadable metrics lines are reported to `warn`."""
+    """Draw the curves of `metric` (default: `default_metric`) of every run into `output`; returns
+    its path. One line per run, or per sweep setting of a run: the median over seeds of `metric`
+    against env steps, the band between the 25th and 75th percentiles over seeds shaded; a seed's
+    NaN log points (no episode ended) are left out of its statistics. Unreadable metrics lines are
+    reported to `warn`."""
     import matplotlib
 
     matplotlib.use("Agg")
