@@ -1,16 +1,8 @@
 """Limits checked from a config alone, before anything runs: sizes that would otherwise sit in a
-loop for minutes or run out of memory after the run directory is made.
-
-- `check_log_points`: a run's log points (agent.total_steps / agent.log_interval), each a row per
-  seed in the metrics, a step of the host loop and an entry of every checkpoint's history, at most
-  MAX_LOG_POINTS.
-- `check_memory`: an estimate of the training state (seeds x (replay buffer + rollout + envs'
-  observations + network parameters with their optimiser copies)) against this machine's memory
-  (every checkpoint copies the state to the host), naming the key that dominates.
-
-The estimate is arithmetic on the config and the env's spaces: a lower bound of what the compiled
-program holds (it leaves out XLA's temporaries), meant to stop the absurd (`buffer_size=1e12`,
-`hidden=[1e8]`), not to plan a run.
+loop for minutes or run out of memory after the run directory is made (`check_log_points`,
+`check_memory`, `check_device_memory`). The memory estimate is arithmetic on the config and the
+env's spaces, a lower bound of what the compiled program holds (it leaves out XLA's temporaries),
+meant to stop the absurd (`buffer_size=1e12`, `hidden=[1e8]`), not to plan a run.
 """
 
 from __future__ import annotations
@@ -30,7 +22,8 @@ PARAM_COPIES = 4
 def check_log_points(agent) -> None:
     """ConfigError naming agent.log_interval where the run would have more than MAX_LOG_POINTS log
     points: total_steps // log_interval, or num_updates // log_interval for the agents that log
-    every `log_interval` updates."""
+    every `log_interval` updates. Each log point is a row per seed in the metrics, a step of the
+    host loop and an entry of every checkpoint's history."""
     total, interval = getattr(agent, "total_steps", None), getattr(agent, "log_interval", None)
     if not isinstance(total, int) or not isinstance(interval, int) or interval < 1:
         return
@@ -104,7 +97,9 @@ def state_estimate(config, env, env_params) -> dict[str, float]:
 
 def check_memory(config, env, env_params, memory: int | None = None, processes: int = 1) -> None:
     """ConfigError naming the key that dominates, with the estimate, where `state_estimate` for the
-    run's seeds (those of one process of `processes`) exceeds `memory` (default: this machine's)."""
+    run's seeds (those of one process of `processes`) exceeds `memory` (default: this machine's):
+    seeds x (replay buffer + rollout + envs' observations + network parameters with their
+    optimiser copies), which every checkpoint copies to the host."""
     memory = host_memory() if memory is None else memory
     if not memory:
         return

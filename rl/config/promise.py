@@ -1,22 +1,9 @@
-"""A packaged config's promise: what it reaches at its budget and how long it takes, in a
-`promise:` section that `rl train` validates and otherwise ignores, and that
+"""A packaged config's promise: what it reaches at its budget and how long it takes, in a `promise:`
+section (`Promise`: each key's meaning) that `rl train` validates and otherwise ignores, and that
 `benchmarks/configs_check.py` checks on seeds set apart for checking (CHECK_SEEDS_FROM and up).
 
-    promise:
-      seeds: 16            # the seeds the result is stated for
-      metric: eval_return  # eval_return (greedy) or episode_return (training episodes)
-      at_least: 475        # a share of seeds at or above a return at the budget ...
-      share: 0.5
-      median: 500          # ... and/or the median over seeds at the budget, and how far below
-      spread: 25           #     it a check's median may fall and still keep the promise
-      cpu_seconds: 40      # `rl train NAME --seeds 1`, 2-core CPU, compile included (null: not run)
-      gpu_seconds: 20      # `rl train NAME --seeds <seeds>`, one H200, compile included (null: ...)
-      pending: ...         # instead of a result: why none is stated yet (a check measures it)
-
-A seed's result is the metric at the last log point where it is finite (rl.run.summary); a seed with
-none counts below every threshold. The promise holds when every stated part holds: the share of
-seeds at or above `at_least` is at least `share`, and the median over seeds is at least
-`median - spread`. Returns are higher-is-better, so doing better never breaks a promise.
+    promise: {seeds: 16, metric: eval_return, at_least: 475, share: 0.5, median: 500, spread: 25,
+              cpu_seconds: 40, gpu_seconds: 20}     # or `pending: why` instead of a result
 """
 
 from __future__ import annotations
@@ -101,8 +88,11 @@ class Verdict(typing.NamedTuple):
 
 
 def judge(promise: Promise, finals) -> Verdict:
-    """Whether per-seed final results `finals` ([seeds]; NaN: a seed without a result) keep
-    `promise` (module docstring)."""
+    """Whether per-seed final results `finals` ([seeds]; NaN: a seed without a result, below every
+    threshold) keep `promise`: it holds when every stated part holds, the share of seeds at or
+    above `at_least` is at least `share`, and the median over seeds is at least `median - spread`.
+    A seed's result is the metric at its last log point where it is finite (rl.run.summary);
+    returns are higher-is-better, so doing better never breaks a promise."""
     values = np.asarray(finals, np.float64).ravel()
     if values.size == 0:
         raise ValueError("finals: no seeds")

@@ -1,23 +1,11 @@
-"""Typed, frozen experiment configs loaded from YAML, with `dotted.key=value` overrides.
-
-A config file has six sections; only `env` and `agent` are required:
-
-    env:     {id: GridWorld, params: {size: 5}}      # envs.make(id, **params); `observe: positions`
-                                                     # (or a list of indices) masks the observation
+"""Typed, frozen experiment configs loaded from YAML, with `dotted.key=value` overrides
+(`load_config`); a file has six sections, of which `env` and `agent` are required:
+    env:     {id: GridWorld, params: {size: 5}}      # envs.make(id, **params); `observe` masks
     agent:   {name: qlearning, lr: 0.1, ...}         # fields of rl.agents.<name>.Config
     run:     {seed: 0, seeds: 30, output_dir: runs}  # RunConfig
     kernels: {backend: auto, deterministic: false, precision: float32}   # KernelsConfig
     arch:    {name: sebulba, actor_threads: 2}       # ArchConfig (default: anakin)
-    promise: {seeds: 16, at_least: 475, share: 0.8}  # rl.config.promise: validated, not used to
-    train
-
-Every agent declares its hyperparameters as a frozen dataclass whose fields carry validation
-metadata (`hp(default, low=..., high=..., sweep=True)`). Loading checks every key and value before
-anything runs: an unknown key is named (with the closest known key suggested), a wrong type or an
-out-of-range value is named with what was expected. All such problems raise `ConfigError`.
-
-Fields marked `sweep=True` are numeric hyperparameters that reach the compiled program as traced
-values (`hyperparams(config.agent)`), so a grid of settings is one more `vmap`.
+    promise: {seeds: 16, at_least: 475, share: 0.8}  # rl.config.promise: validated, not used
 """
 
 from __future__ import annotations
@@ -219,7 +207,11 @@ class Config:
 
 
 def build_config(data: Mapping) -> Config:
-    """A validated Config from a nested mapping (a parsed YAML file with overrides applied)."""
+    """A validated Config from a nested mapping (a parsed YAML file with overrides applied). Every
+    key and value is checked before anything runs, against the fields' validation metadata
+    (`hp(default, low=..., high=..., sweep=True)`): an unknown key is named with the closest known
+    key suggested, a wrong type or an out-of-range value with what was expected; all raise
+    `ConfigError`."""
     from rl.config.promise import parse_promise
     from rl.config.registry import get_agent_module, registered_agents
 
@@ -386,7 +378,8 @@ def sweepable(agent_config) -> list[str]:
 
 
 def hyperparams(agent_config) -> dict:
-    """The sweepable hyperparameters as float32 scalars, the pytree an agent's `train` takes."""
+    """The sweepable hyperparameters (fields marked `sweep=True`) as float32 scalars, the pytree an
+    agent's `train` takes: traced values, so a grid of settings is one more `vmap`."""
     import jax.numpy as jnp
 
     return {name: jnp.float32(getattr(agent_config, name)) for name in sweepable(agent_config)}
