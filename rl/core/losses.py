@@ -1,12 +1,9 @@
-"""One pure function per RL idea, with its maths, in the style of rlax.
-
-Arrays are batched along leading axes unless a docstring says otherwise; `backend=` is the kernel
-backend (see `kernels`) for the functions that run a kernels op, and `deterministic=` picks its
-fixed-order kernels where the op has an order-dependent one. Nothing here holds state, reads a
-config or calls a network: agents compute network outputs and pass arrays in.
-
-Truncation is not termination throughout: a transition's discount is gamma (1 - terminated), so a
-time-limit end still bootstraps from the observation actually reached (`info["final_obs"]`).
+"""One pure function per RL idea, with its maths, in the style of rlax. Arrays are batched along
+leading axes unless a docstring says otherwise; `backend=` is the kernel backend (`kernels`) of
+the functions that run a kernels op, and `deterministic=` picks its fixed-order kernel. Nothing
+here holds state, reads a config or calls a network. Truncation is not termination throughout: a
+transition's discount is gamma (1 - terminated), so a time-limit end still bootstraps from the
+observation actually reached (`info["final_obs"]`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Packed storage: a pytree of per-item leaves laid out as a few 2-D blocks, one row per item, so a
-batch is written with one scatter and read with one gather per block, whatever the number of leaves.
-
-The blocks are [capacity, width] (`StorageLayout`): leaves of a 32-bit dtype are stored bit for bit
-in one uint32 block; leaves of a narrower dtype (bool, 8- and 16-bit ints and floats) join that
-block, their bits widened, when they hold at most `SMALL_LEAF` elements per item, and otherwise
-share a block of their own dtype (a bool image stays one byte per pixel); any other dtype (64-bit)
-gets a block of its own dtype. Float leaves outside the uint32 block are stored as the unsigned ints
-of their width, so every bit survives. For DQN on CartPole that is one block."""
+"""Packed storage: a pytree of per-item leaves laid out as a few 2-D blocks [capacity, width], one
+row per item, so a batch is written with one scatter and read with one gather per block, whatever
+the number of leaves (`storage_layout`, `pack`, `unpack`). For DQN on CartPole that is one block.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +37,12 @@ class StorageLayout:
 
 
 def storage_layout(item) -> StorageLayout:
-    """The packing of one item pytree (the module docstring's rule)."""
+    """The packing of one item pytree: leaves of a 32-bit dtype are stored bit for bit in one
+    uint32 block; leaves of a narrower dtype (bool, 8- and 16-bit ints and floats) join that block,
+    their bits widened, when they hold at most `SMALL_LEAF` elements per item, and otherwise share
+    a block of their own dtype (a bool image stays one byte per pixel); any other dtype (64-bit)
+    gets a block of its own dtype. Float leaves outside the uint32 block are stored as the unsigned
+    ints of their width, so every bit survives."""
     leaves, treedef = jax.tree.flatten(item)
     block_dtypes, widths, slots = ["uint32"], [0], []
     for leaf in leaves:

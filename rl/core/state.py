@@ -1,17 +1,7 @@
-"""Training state as types: one name for one thing across every agent.
-
-    params          what the agent's policy reads (`make_policy`); a Q-table, a network's params,
-                    an actor's params, with observation statistics where the agent keeps them
-    opt_state       the optimiser's state
-    envs            `Envs`: each training env's observation, env state and policy memory
-    key             the PRNG key the next log period splits
-    step            env steps so far, all envs counted
-    updates         updates so far (gradient steps for replay agents, rollout-and-learn updates for
-                    on-policy agents)
-
-An agent's state is a NamedTuple holding these fields (and its own, such as `target_params` or
-`buffer`). The runner reads `state.params`, and shards every leaf under an `Envs` over devices on
-its env axis (`--shard envs`): the rule reads the type, not field names.
+"""Training state as types: one name for one thing across every agent. An agent's state is a
+NamedTuple of the common fields (`OnPolicyState` says what each holds) and its own (such as
+`target_params` or `buffer`). The runner reads `state.params`, and shards every leaf under an
+`Envs` over devices on its env axis (`--shard envs`): the rule reads the type, not field names.
 """
 
 from __future__ import annotations
@@ -31,7 +21,18 @@ class Envs(NamedTuple):
 
 
 class OnPolicyState(NamedTuple):
-    """The state of an agent that learns from its own rollouts (PPO, recurrent PPO, PQN)."""
+    """The state of an agent that learns from its own rollouts (PPO, recurrent PPO, PQN), and the
+    common fields of every agent's:
+
+        params      what the agent's policy reads (`make_policy`): a Q-table, a network's params,
+                    an actor's params, with observation statistics where the agent keeps them
+        opt_state   the optimiser's state
+        envs        `Envs`: each training env's observation, env state and policy memory
+        key         the PRNG key the next log period splits
+        step        env steps so far, all envs counted
+        updates     updates so far (gradient steps for replay agents, rollout-and-learn updates
+                    for on-policy agents)
+    """
 
     params: Any
     opt_state: Any
