@@ -1,15 +1,9 @@
 """The fused twin critics: TD3's and SAC's clipped double-Q critics (`networks.twin_q` over
-concat(obs, action)) kept as one flat parameter vector, which the fused kernel reads directly.
-
-A critic step is `kernels.twin_q_grads_flat` (both target critics on (s', a'), the target, both
-online critics on (s, a), the squared errors and both backward passes in one launch); the optimiser
-then updates the flat vector in one fused step instead of one per array, and the Polyak target is
-one fused step too. Everything else (the actor's loss through Q1 or min(Q1, Q2)) reads the critics
-through `twin_q_values`, which unravels the vector into the network's own params
-(`jax.flatten_util.ravel_pytree`'s layout).
-
-`unfit_reason` says when a config's critics cannot go through the kernel: the agent then keeps
-their params as a tree and runs the network's `apply` and autodiff.
+concat(obs, action)) kept as one flat parameter vector, which the fused kernel reads directly: a
+critic step's forward passes, squared errors and backward passes are one launch (`critic_grads`),
+the optimiser and the Polyak target one fused step each. Everything else reads the critics through
+`twin_q_values`; `unfit_reason` says when a config's critics cannot go through the kernel (the
+agent then keeps a tree and runs `apply` and autodiff). Also the fused actors' views.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The fused Q-network: an MLP Q-network kept as one flat parameter vector, which the fused kernels
-read directly, for the value-based agents.
-
-Acting is `kernels.q_epsilon_greedy` (the forward pass and the epsilon-greedy choice in one launch)
-and a DQN gradient step `kernels.q_learning_grads_flat` (target, selector and online forward passes,
-TD loss and backward in one launch); the optimiser then updates the flat vector in one fused step
-instead of one per array. Everything else reads the network through `q_values`, which unravels the
-vector into the network's own params (`jax.flatten_util.ravel_pytree`'s layout).
-
-`unfit_reason` says when a config's network cannot go through the kernels: the agent then keeps its
-params as a tree and runs the network's `apply` and autodiff.
+read directly, for the value-based agents: acting (`epsilon_greedy`) and a DQN gradient step
+(`q_learning_grads`) are one launch each, the optimiser one fused step on the vector. Everything
+else reads the network through `q_values` (`jax.flatten_util.ravel_pytree`'s layout);
+`unfit_reason` says when a config's network cannot go through the kernels (the agent then keeps
+its params as a tree and runs the network's `apply` and autodiff).
 """
 
 from __future__ import annotations

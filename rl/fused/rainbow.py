@@ -1,14 +1,7 @@
-"""Rainbow's acting through one kernel launch (`kernels.rainbow_epsilon_greedy`): the MLP torso,
-the noisy dueling C51 head, the softmax expectation and the epsilon-greedy choice for all seeds and
-envs at once.
-
-It runs the network `rl.agents.rainbow.make_network` builds, reading its params by name (either
-layer backend): the torso's two dense layers, then noisy layer 0 (the value stream) and noisy layer
-1 (the advantage stream), with the noise the network's own `apply` would draw from the same key
-(`rl.nn.layers.noisy_layer_noise`), so the fused actions are the network's up to float rounding.
-`unfit_reason` says when a config's network is another one (then the agent acts through `apply`).
-Noisy layer i gets the noise of index i, the order the network applies them in, which is also the
-index in its default name (`rainbow_head` names none).
+"""Rainbow's acting through one kernel launch (`kernels.rainbow_epsilon_greedy`): the MLP torso, the
+noisy dueling C51 head, the softmax expectation and the epsilon-greedy choice for all seeds and
+envs at once (`epsilon_greedy`), on the network `rl.agents.rainbow.make_network` builds, read by
+name (either layer backend). `unfit_reason` says when a config's network is another one.
 """
 
 from __future__ import annotations
@@ -70,7 +63,9 @@ def _named(params) -> dict:
 
 
 def noisy_arrays(params, index: int) -> tuple:
-    """(w_mu, w_sigma, b_mu, b_sigma) of noisy layer `index` (`noisy_<index>`, either backend)."""
+    """(w_mu, w_sigma, b_mu, b_sigma) of noisy layer `index` (`noisy_<index>`, either backend):
+    0 the value stream, 1 the advantage stream. Noisy layer i gets the noise of index i, the order
+    the network applies them in (`rainbow_head` names none)."""
     named = _named(params)
     found = []
     for field in NOISY_FIELDS:
@@ -114,7 +109,8 @@ def epsilon_greedy(
 ):
     """Rainbow's epsilon-greedy actions [N] int32 for obs [N, D]: the network's Q-values with the
     noise `apply(params, obs, rng=noise_key)` draws, `rl.core.exploration.epsilon_greedy(act_key, Q,
-    epsilon)`'s uniforms, in one launch (`precision`: `dot_precision`'s)."""
+    epsilon)`'s uniforms, in one launch (`precision`: `dot_precision`'s). The noise is the network's
+    own (`rl.nn.layers.noisy_layer_noise`): the actions are the network's up to float rounding."""
     value, advantage = noisy_arrays(params, 0), noisy_arrays(params, 1)
     hidden = value[0].shape[0]
     noisy = lambda arrays, index: NoisyLinear(
