@@ -1,27 +1,7 @@
 """Batch renormalisation (Ioffe 2017, "Batch Renormalization"), CrossQ's normaliser (Bhatt et al.
-2024), and the networks that carry its running statistics.
-
-Over the batch axes of x [..., F], with running mean mu and variance v (one per feature) and
-eps = `EPS`:
-
-    training:  mu_B = mean(x),  s_B = sqrt(var(x) + eps)     (batch statistics, biased var)
-               s = sqrt(v + eps)
-               r = sg(clip(s_B / s, 1 / r_max, r_max))
-               d = sg(clip((mu_B - mu) / s, -d_max, d_max))
-               x_hat = (x - mu_B) / s_B * r + d     (r = 1, d = 0 for the first `warmup` training
-                                                     passes: plain batch normalisation)
-               mu <- m mu + (1 - m) mu_B,  v <- m v + (1 - m) var(x),  steps <- steps + 1
-    inference: x_hat = (x - mu) / sqrt(v + eps)
-    output:    y = gamma x_hat + beta               (gamma = 1, beta = 0 at first)
-
-sg is stop-gradient: the gradient flows through mu_B and s_B as in batch normalisation, not
-through r and d. r_max = `R_MAX`, d_max = `D_MAX` (fixed, as sbx's CrossQ has them; the paper
-relaxes them over a schedule), m the momentum. The running statistics start at mu = 0, v = 1.
-
-A network with such layers is a `StatefulNetwork`: `init(key, *inputs) -> (params, stats)` and
-`apply(params, stats, *inputs, training) -> (outputs, stats)`. Its statistics are not params (no
-gradient, no optimiser): an agent keeps them in a field of its own state (SAC's and TD3's
-`critic_stats`).
+2024), and the networks that carry its running statistics. A network with such layers is a
+`StatefulNetwork`: its statistics are not params (no gradient, no optimiser), so an agent keeps
+them in a field of its own state (SAC's and TD3's `critic_stats`).
 """
 
 from __future__ import annotations
@@ -52,8 +32,18 @@ def initial_stats(features: int) -> dict:
 
 
 def renorm_train(x, stats: dict, momentum: float, warmup: int):
-    """(x_hat, stats'): the training branch of the module docstring for x [..., F], normalised over
-    every axis but the last, and the running statistics after this batch."""
+    """(x_hat, stats'): x [..., F] normalised over every axis but the last, and the running
+    statistics (mean mu and variance v per feature) after this batch, eps = `EPS`:
+
+        mu_B = mean(x),  s_B = sqrt(var(x) + eps)        (batch statistics, biased var)
+        s = sqrt(v + eps),  r = sg(clip(s_B / s, 1 / r_max, r_max)),
+        d = sg(clip((mu_B - mu) / s, -d_max, d_max))
+        x_hat = (x - mu_B) / s_B * r + d     (r = 1, d = 0 for the first `warmup` training passes)
+        mu <- m mu + (1 - m) mu_B,  v <- m v + (1 - m) var(x),  steps <- steps + 1
+
+    sg is stop-gradient: the gradient flows through mu_B and s_B as in batch normalisation, not
+    through r and d. r_max = `R_MAX`, d_max = `D_MAX` (fixed, as sbx's CrossQ has them; the paper
+    relaxes them over a schedule), m = `momentum`."""
     axes = tuple(range(x.ndim - 1))
     batch_mean = jnp.mean(x, axis=axes)
     batch_var = jnp.mean(jnp.square(x - batch_mean), axis=axes)
@@ -83,8 +73,9 @@ def renorm_eval(x, stats: dict):
 
 
 def batch_renorm(layers, x, momentum: float = 0.99, warmup: int = 100_000):
-    """y = gamma x_hat + beta over the last axis of x: x_hat by the batch (and the running
-    statistics updated) when `layers.training`, else by the running statistics."""
+    """y = gamma x_hat + beta over the last axis of x (gamma = 1, beta = 0 at first): x_hat by the
+    batch (`renorm_train`, the running statistics updated) when `layers.training`, else by the
+    running statistics (`renorm_eval`)."""
     name = layers.unique_name("batch_renorm")
     features = x.shape[-1]
     scale = layers.param(f"{name}_scale", (features,), constant_init(1.0))

@@ -1,23 +1,11 @@
-"""The `Layers` interface networks are written against, its two backends, and `build`.
-
-A network is written ONCE as a plain function `fn(layers, *inputs)` against the tiny `Layers`
-interface (`dense`, `conv`, `noisy_dense`, `layer_norm`, `param`; `state`, `set_state`,
-`unique_name` and `training` for the layers that keep running statistics, `rl.nn.batch_renorm`):
-`FlaxLayers` inside a Flax linen module, `HaikuLayers` inside a Haiku transform; `build` picks one
-and returns the `Network`, a pair of pure functions (`init`, `apply`). Both create the same
-parameters with the same initialisers, so an agent never sees which one it runs on
-(`agent.network.backend: flax | haiku` in a config). Also here: the building blocks every torso
-shares (activations, `mlp`, the observation preprocessing of the torsos).
+"""The `Layers` interface networks are written against, its two backends, and `build`. A network is
+written once as `fn(layers, *inputs)` against `Layers` (`dense`, `conv`, `noisy_dense`,
+`layer_norm`, `param`; `state`, `set_state`, `unique_name`, `training` for running statistics);
+`build` runs it on `FlaxLayers` or `HaikuLayers` (`agent.network.backend`), which create the same
+parameters with the same initialisers. Also here: `mlp`, activations, observation preprocessing.
 
     net = layers.build(networks.with_head(torso, networks.q_head(2)), backend="flax")
-    params = net.init(key, obs)                  # obs: one observation or a batch
-    q_values = net.apply(params, obs)            # noisy layers: net.apply(params, obs, rng=key)
-
-Initialisation (`agent.network.init`, dense and conv layers; biases 0): `orthogonal`, the usual
-PPO/DQN practice, orthogonal weights with a per-layer gain (sqrt(2) for hidden ReLU/tanh layers;
-0.01 for policy logits; 1 for values); or `lecun_uniform`, W ~ U(-sqrt(3 / fan_in), sqrt(3 /
-fan_in)) whatever the layer (Brax's networks), so Var(W) = 1 / fan_in. Noisy layers and recurrent
-kernels keep their own initialisers.
+    q_values = net.apply(net.init(key, obs), obs)   # noisy layers: net.apply(params, obs, rng=key)
 """
 
 from __future__ import annotations
@@ -93,8 +81,7 @@ def _noisy_inits(fan_in: int, sigma0: float):
 
 
 def _kernel_init(init: str, scale: float, variance_scaling: Callable, orthogonal: Callable):
-    """The weight initialiser of a dense or conv layer of gain `scale` under `init` (module
-    docstring)."""
+    """The weight initialiser of a dense or conv layer of gain `scale` under `init` (`build`)."""
     return orthogonal(scale) if init == "orthogonal" else variance_scaling(1.0, "fan_in", "uniform")
 
 
@@ -309,7 +296,11 @@ class Network:
 
 def build(fn: Callable, backend: str = "flax", init: str = "orthogonal") -> Network:
     """A `Network` from `fn(layers, *inputs)`; `backend` is "flax" or "haiku", `init` one of `INITS`
-    (the module docstring's initialisation).
+    (`agent.network.init`, dense and conv layers; biases 0): `orthogonal`, the usual PPO/DQN
+    practice, orthogonal weights with a per-layer gain (sqrt(2) for hidden ReLU/tanh layers, 0.01
+    for policy logits, 1 for values); or `lecun_uniform`, W ~ U(-sqrt(3 / fan_in), sqrt(3 /
+    fan_in)) whatever the layer (Brax's networks), so Var(W) = 1 / fan_in. Noisy layers and
+    recurrent kernels keep their own initialisers.
 
     `apply(params, *inputs, rng=key)` gives noisy layer i (in call order) the noise
     `noisy_layer_noise(key, i, ...)` (no rng: noise-free, the mean net)."""

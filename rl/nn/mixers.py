@@ -1,26 +1,9 @@
 """Mixers of value decomposition: the team's value Q_tot from the agents' values Q_i and the global
-state s, as `Network` pairs `init(key, agent_q, state) -> params`, `apply(params, agent_q, state)
--> q_tot` (agent_q [..., A], state [..., S], q_tot [...]).
+state s (`vdn`: the sum; `qmix`: QMIX's monotonic mixer), as `Network` pairs `init(key, agent_q,
+state) -> params`, `apply(params, agent_q, state) -> q_tot` (agent_q [..., A], state [..., S]).
 
     mixer = mixers.make_mixer("qmix", embedding=32, hypernet_hidden=64)
-    params = mixer.init(key, agent_q, state)
-    q_tot = mixer.apply(params, agent_q, state)
-
-vdn (Sunehag et al. 2018): Q_tot = sum_i Q_i; no parameters, the state is not read.
-
-qmix (Rashid et al. 2018): a one-hidden-layer network on the agents' values whose weights are made
-by hypernetworks from the state, non-negative through an absolute value, so Q_tot is monotonic in
-every Q_i (dQ_tot / dQ_i >= 0) and the argmax of Q_tot is each agent's own argmax:
-
-    W_1 = |hyper_1(s)| [A, E],   b_1 = Linear(s) [E],
-    W_2 = |hyper_2(s)| [E],      b_2 = Linear(ReLU(Linear_E(s))) (a scalar, V(s)),
-    h = ELU(Q W_1 + b_1),        Q_tot = h . W_2 + b_2,
-
-    hyper_k(s) = Linear(ReLU(Linear_H(s))),
-
-with E = `embedding` and H = `hypernet_hidden`. The hidden layers of the hypernetworks are
-initialised as hidden layers (`rl.nn.layers`: gain sqrt 2) and their outputs with gain `init_scale`
-(small: the mixing weights start near 0 and Q_tot near V(s)).
+    q_tot = mixer.apply(mixer.init(key, agent_q, state), agent_q, state)
 """
 
 from __future__ import annotations
@@ -34,7 +17,7 @@ MIXERS = ("vdn", "qmix")
 
 
 def vdn() -> Network:
-    """Q_tot = sum_i Q_i (no parameters; the state is ignored)."""
+    """VDN's mixer (Sunehag et al. 2018): Q_tot = sum_i Q_i (no parameters, the state unread)."""
     return Network(
         init=lambda key, agent_q, state=None: {},
         apply=lambda params, agent_q, state=None: jnp.sum(agent_q, axis=-1),
@@ -42,9 +25,19 @@ def vdn() -> Network:
 
 
 def qmix_fn(embedding: int, hypernet_hidden: int, init_scale: float = 0.01):
-    """`fn(layers, agent_q [..., A], state [..., S]) -> q_tot [...]`: QMIX's monotonic mixer (the
-    module docstring), its layers created in the order W_1's hypernetwork (2), b_1 (1), W_2's
-    hypernetwork (2), b_2's network (2)."""
+    """`fn(layers, agent_q [..., A], state [..., S]) -> q_tot [...]`: QMIX's monotonic mixer
+    (Rashid et al. 2018), a one-hidden-layer network on the agents' values whose weights
+    hypernetworks make from the state, non-negative through an absolute value, so Q_tot is
+    monotonic in every Q_i and the argmax of Q_tot is each agent's own argmax:
+
+        W_1 = |hyper_1(s)| [A, E],   b_1 = Linear(s) [E],
+        W_2 = |hyper_2(s)| [E],      b_2 = Linear(ReLU(Linear_E(s))) (a scalar, V(s)),
+        h = ELU(Q W_1 + b_1),        Q_tot = h . W_2 + b_2,   hyper_k(s) = Linear(ReLU(Linear_H(s)))
+
+    with E = `embedding`, H = `hypernet_hidden`; the hypernetworks' hidden layers are initialised
+    as hidden layers (gain sqrt 2), their outputs with gain `init_scale` (small: Q_tot starts near
+    V(s)). Layers are created in the order W_1's hypernetwork (2), b_1 (1), W_2's hypernetwork
+    (2), b_2's network (2)."""
 
     def hyper(layers, state, out):
         hidden = jax.nn.relu(layers.dense(state, hypernet_hidden))

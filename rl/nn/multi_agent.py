@@ -1,17 +1,9 @@
 """The agents axis of a team's inputs and networks, for agents that train on multi-agent envs
-(`envs.multi_agent`: observations [..., A, *shape], agents in the order of `env.agent_ids`).
-
-    x [..., A, *shape]        an input of every agent: the agents axis sits just before the input's
-                              own shape, whose rank r = len(shape) says where it is
-
-`with_agent_ids` appends each agent's one-hot index to its vector input, `for_each_agent` gives
-every agent the team's global state, and `per_agent` makes one `rl.nn.layers.Network` act for the
-whole team, with one set of parameters that every agent shares or one set per agent;
-`per_agent_recurrent` does the same for a recurrent network (its carry [..., A, ...], its inputs
-time-major), and `recurrent_team` is the recurrent actor-critic of IPPO-RNN and MAPPO-RNN, whose
-critic may read an input of its own. What the team's policy-gradient agents need of their env
-(`check_team_env`) and Overcooked's shaped reward, annealed (`shaping_weight`, `learning_reward`),
-close the module.
+(`envs.multi_agent`: observations [..., A, *shape], agents in the order of `env.agent_ids`; an
+input's agents axis sits just before its own shape): agent ids (`with_agent_ids`), the global
+state for each agent (`for_each_agent`), one network acting for the team with shared or per-agent
+parameters (`per_agent`, `per_agent_recurrent`, `recurrent_team`), the team's env checks
+(`check_team_env`) and Overcooked's annealed shaped reward (`learning_reward`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """SimbaV2's torso (Lee et al. 2025, "Hyperspherical Normalization for Scalable Deep Reinforcement
 Learning"): every feature vector and every weight vector lies on the unit hypersphere, and learned
-scalers set the magnitudes.
-
-With n(x) = x / max(||x||_2, `EPS`) over the last axis, a hyperspherical dense layer h = x W
-(W [in, out], no bias, each column ||W[:, j]|| = 1) and a scaler s(x) = (c / k) a * x (a
-learned vector initialised to k, so the product starts at c: `scaler`):
-
-    embedding:  z0 = n(s_{sqrt(2/w)}(n([x, `SHIFT`]) W_e))       (w the width)
-    block:      m  = n((relu(s_{sqrt(2/w)/2}(z W_1)) + EPS) W_2)  (W_1: w -> 4w, W_2: 4w -> w)
-                z' = n(z + alpha * (m - z))          (alpha a scaler, c = 1 / (blocks + 1),
-                                                      k = 1 / sqrt(w))
-    features:   f  = s_1(z_L W_p)                    (the first half of SimbaV2's heads;
-                                                      the agent's head is the linear rest)
-
-After every optimiser step the agent puts each W back on the sphere (`project`: each column
-divided by its norm), so the weights stay unit-norm; the initial W are orthogonal, then projected.
-The weights are the params named `HYPER_PREFIX`<i>; the scalers are left free. The output layer is
-the agent's usual head (a biased dense layer, not projected): SimbaV2's own heads (a
+scalers set the magnitudes (`torso`). After every optimiser step the agent puts each weight back
+on the sphere (`project`). The output layer is the agent's usual head: SimbaV2's own heads (a
 distributional critic over 101 bins, reward scaling to a bounded return) are not here.
 """
 
@@ -62,7 +47,7 @@ def scaler(layers, x, init: float, scale: float):
 
 def block(layers, z, width: int, num_blocks: int):
     """One residual block: an inverted-bottleneck hyperspherical MLP, then the interpolation
-    z' = n(z + alpha (m - z)) (the module docstring)."""
+    z' = n(z + alpha (m - z)) (`torso`)."""
     s = math.sqrt(2.0 / width) / math.sqrt(EXPANSION)
     m = scaler(layers, hyper_dense(layers, z, width * EXPANSION), s, s)
     m = l2_normalize(hyper_dense(layers, jax.nn.relu(m) + EPS, width))
@@ -72,7 +57,17 @@ def block(layers, z, width: int, num_blocks: int):
 
 def torso(layers, x, hidden: Sequence[int]):
     """Features [..., w] of x [..., D]: the embedding, len(`hidden`) residual blocks of width
-    w = hidden[0] (the widths must be equal), then s_1(z W_p) (the module docstring)."""
+    w = hidden[0] (the widths must be equal), then s_1(z W_p). With n(x) = x / max(||x||_2, `EPS`)
+    over the last axis, hyperspherical dense layers x W (W [in, out], no bias, unit-norm columns,
+    orthogonal then projected at init; params `HYPER_PREFIX`<i>) and scalers s_c(x) = (c / k) a * x
+    (a learned vector initialised to k, so the product starts at c: `scaler`):
+
+        embedding:  z0 = n(s_{sqrt(2/w)}(n([x, `SHIFT`]) W_e))
+        block:      m  = n((relu(s_{sqrt(2/w)/2}(z W_1)) + EPS) W_2)  (W_1: w -> 4w, W_2: 4w -> w)
+                    z' = n(z + alpha * (m - z))       (alpha a scaler, c = 1 / (blocks + 1),
+                                                       k = 1 / sqrt(w))
+        features:   f  = s_1(z_L W_p)                 (the first half of SimbaV2's heads)
+    """
     width, num_blocks = int(hidden[0]), len(hidden)
     s = math.sqrt(2.0 / width)
     x = jnp.asarray(x, jnp.float32)

@@ -102,7 +102,7 @@ def test_vdn_is_the_sum():
 
 
 def numpy_qmix(params, agent_q, state, embedding):
-    """QMIX's mixer in NumPy from the dense layers in creation order (rl/nn/mixers.py docstring)."""
+    """QMIX's mixer in NumPy from the dense layers in creation order (rl/nn/mixers.py, qmix_fn)."""
     (w1a, b1a), (w1b, b1b), (wb1, bb1), (w2a, b2a), (w2b, b2b), (wva, bva), (wvb, bvb) = [
         (np.asarray(w, np.float64), np.asarray(b, np.float64))
         for w, b in param_layout.dense_layers(params)

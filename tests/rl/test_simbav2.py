@@ -24,7 +24,7 @@ def named(params):
 
 
 def reference_torso(p, x, width, blocks):
-    """The module docstring's maths in float64 NumPy, reading the params by creation order:
+    """simbav2.torso's docstring maths in float64 NumPy, reading the params by creation order:
     embedding (hyper_w0, scaler0), block b (hyper_w{2b+1}, scaler{2b+1}, hyper_w{2b+2},
     scaler{2b+2} = alpha), then (hyper_w{2B+1}, scaler{2B+1}). Returns (features, [z after the
     embedding and after each block])."""
