@@ -1,19 +1,6 @@
-"""`rl train` of an actor-learner config (`arch.name: sebulba`, rl.sebulba): the run
-directory that `rl.run.train.run_training` writes (rl.run.run_dir), for the one seed such a run
-trains: config.yaml, the metrics streamed by `rl.run.logging.RunLogger` (so `rl plot` reads them),
-checkpoints of the learner's state every `run.checkpoint_every` log points (rl.run.checkpoint,
-leading axes [settings, seeds] = [1, 1]), final_params.msgpack (which `rl eval` reads) and
-summary.json.
-
-Ctrl-C or SIGTERM stops the loop after the update in progress and saves a checkpoint of it (the
-same signal again stops at once, keeping the checkpoints already written); `rl train --resume
-RUN_DIR` continues from the newest one with fresh episodes: the envs' state lives in the gymnasium
-envs, outside the checkpoint.
-
-Several processes (jax.distributed, `rl train --coordinator ...`): every process trains into the
-same run directory (a shared filesystem) and writes its part of each checkpoint; process 0 alone
-takes the directory's lock and writes config.yaml, the metrics, final_params.msgpack and
-summary.json.
+"""`rl train` of an actor-learner config (`arch.name: sebulba`, rl.sebulba): the run directory that
+`rl.run.train.run_training` writes (rl.run.run_dir), for the one seed such a run trains, with
+checkpoints of the learner's state (leading axes [settings, seeds] = [1, 1]).
 
     from rl.config import load_config
     from rl.run.actor_learner import run_training
@@ -47,7 +34,12 @@ def run_training(config, grid: list[dict], run_dir, *, resume: bool = False) -> 
     """Train the sebulba `config` into `run_dir` (from its newest checkpoint with `resume`) and
     return the summary. Raises ConfigError (a sweep, a device that is not there, the run directory
     in use), CheckpointMismatchError and TrainingInterrupted, as `rl.run.train.run_training`
-    does."""
+    does. Writes config.yaml, the metrics (`rl.run.logging.RunLogger`), checkpoints every
+    `run.checkpoint_every` log points, final_params.msgpack and summary.json. Ctrl-C or SIGTERM
+    stops after the update in progress and checkpoints it (a second signal stops at once); a
+    resume starts fresh episodes (the envs' state lives in the host envs, outside the checkpoint).
+    Several processes write into the same run directory (a shared filesystem), each its part of
+    each checkpoint; process 0 alone takes the lock and writes the other files."""
     if len(grid) != 1:
         raise ConfigError(
             f"--sweep: arch sebulba trains one setting per run, got {len(grid)}; start one run per "

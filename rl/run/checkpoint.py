@@ -1,31 +1,9 @@
 """Checkpoints of a run's whole training state, written with orbax into
-`RUN_DIR/checkpoints/<step>/`.
-
-A checkpoint holds three items:
-
-    state    the Trainer state of every setting and seed (params, optimiser state, target params,
-             buffers, env states, PRNG keys, counters), leading axes [settings, seeds]
-    history  the metrics so far: {"seed": {name: [settings, seeds, log points]},
-             "host": {name: [log points]}} (host-side metrics such as steps_per_second)
-    meta     JSON: log points done, env steps per seed, the agent and env names
-
-`<step>` is the env step count per seed at the checkpoint. Orbax writes each checkpoint into a
-temporary directory and renames it into place only once every file is written (and records
-`commit_success.txt`), so a process killed mid-write leaves a temporary directory that is never
-listed as a checkpoint. Once orbax has finalised it, `FILES_MANIFEST` records every file's size and
-CRC-32 (written atomically beside the items; a checkpoint whose process died before that is used
-unverified). The meta item also holds the stored state's signature (`state_signature`) and whatever
-the caller adds (the run's config).
-
-Restoring tells two failures apart:
-- **mismatch** (`CheckpointMismatchError`): the checkpoint is whole but is not this run's, e.g. the
-  run's config.yaml was edited or another fusedrl version built another state. Nothing is moved;
-  `restore_latest` raises it with the first differing config key or state leaf.
-- **damage** (`CheckpointDamagedError` and anything orbax raises reading it): a file is missing,
-  shorter or has other bytes than the manifest records, or orbax cannot read it. `restore_latest`
-  moves it to `damaged_checkpoints/`, reports one line and falls back to the next older checkpoint.
-
-Typed PRNG keys (`jax.random.key`) are stored as their raw key data and re-wrapped on restore.
+`RUN_DIR/checkpoints/<step>/` (`<step>`: env steps per seed), and restored (`Checkpoints`). A
+checkpoint holds the Trainer state of every setting and seed (leading axes [settings, seeds]), the
+metrics history and JSON meta; orbax's atomic rename and a manifest of every file's size and
+CRC-32 let a restore tell a checkpoint that is not this run's (`CheckpointMismatchError`) from a
+damaged one (`CheckpointDamagedError`, set aside in `damaged_checkpoints/`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """JAX's persistent compilation cache for a run: a second `rl train` of the same config, and a
-resume, load the compiled programs from disk instead of compiling them.
-
-`compilation_cache(setting)` turns the cache on for the calls inside it and puts JAX's settings
-back afterwards. `setting` is `run.compilation_cache`: "auto" (the default) reads the environment
-variable FUSEDRL_COMPILATION_CACHE ("off", or a directory), else uses the per-user directory
-`$XDG_CACHE_HOME/fusedrl/jax` (`~/.cache/fusedrl/jax`); "off" compiles every program afresh; any
-other value is the directory. Entries live in a subfolder per jax and jaxlib version, platform
-and device kind, and JAX's own key hashes the program, its compile options and the XLA flags, so
-an entry compiled elsewhere is never loaded.
-
-A cache that fails never stops a run: a directory that cannot be made or written, a full disk or
-an entry that does not read back whole gives one warning line on stderr, and the program compiles
-as it would without the cache (a damaged entry is replaced). Entries are written to a temporary
-file and renamed into place, so a killed process leaves no half-written entry.
-
-The cache is trusted code: share its directory with no one you would not let run programs on
-your machine (JAX's own warning).
+resume, load the compiled programs from disk instead of compiling them (`compilation_cache`,
+`run.compilation_cache`). A cache that fails never stops a run: it warns in one line and the
+program compiles as without it. The cache is trusted code: share its directory with no one you
+would not let run programs on your machine (JAX's own warning).
 """
 
 from __future__ import annotations
@@ -38,7 +25,10 @@ _LOCK = threading.RLock()  # one run's cache at a time within a process
 
 
 def cache_directory(setting: str | bool) -> Path | None:
-    """The cache directory `setting` names (see the module docstring), or None for "off". YAML
+    """The cache directory `setting` (`run.compilation_cache`) names, or None for "off": "auto"
+    reads the environment variable FUSEDRL_COMPILATION_CACHE ("off", or a directory), else the
+    per-user `$XDG_CACHE_HOME/fusedrl/jax` (`~/.cache/fusedrl/jax`); any other value is the
+    directory, whose entries live in a subfolder per jax, jaxlib, platform and device kind. YAML
     reads an unquoted `off` as false (and `on` as true): false is "off", true is "auto"."""
     if setting is True:
         setting = "auto"
@@ -175,8 +165,9 @@ def _usable_directory(directory: Path, stats: CacheStats) -> Path | None:
 
 @contextmanager
 def compilation_cache(setting: str = "auto"):
-    """Within the block, JAX compiles through the persistent cache `setting` names (see the module
-    docstring); yields the block's `CacheStats`. JAX's cache settings are restored on exit."""
+    """Within the block, JAX compiles through the persistent cache `setting` names
+    (`cache_directory`); yields the block's `CacheStats`. JAX's cache settings are restored on
+    exit."""
     stats = CacheStats()
     directory = cache_directory(setting)
     folder = _usable_directory(directory, stats) if directory is not None else None

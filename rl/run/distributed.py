@@ -1,26 +1,10 @@
-"""Spreading the seed axis of a run over devices (and hosts) with `jax.sharding`.
-
-A run's training state and metrics have leading axes [settings, seeds, ...]. With `--devices N` (or
-`all`), the runner builds a one-axis mesh named "seeds" over N devices and places every array with
-`NamedSharding(mesh, P(None, "seeds"))`: each device holds `seeds / N` seeds of every setting. The
-agent's program is unchanged (`jit` of the vmapped trainer); XLA's SPMD partitioner splits it, and
-since seeds are independent no collective runs inside the training step. After each log point the
-runner (rl.run.train) fetches the small metric scalars of every seed to the host (`to_host`), so the
-sinks receive one call per log point carrying every seed.
-
-`--shard envs` (one large agent) splits the env axis instead: the mesh axis is named "envs", the
-state under the agent's `rl.core.state.Envs` is placed with `P(None, None, "envs")` and the
-rest (params, optimiser state) replicated (`rl.run.programs.env_sharding`).
-
-Multi-host: start one process per host with the same command plus
+"""Spreading the seed axis of a run over devices (and hosts) with `jax.sharding`: with `--devices N`
+(or `all`) every array [settings, seeds, ...] is placed with `NamedSharding(mesh, P(None,
+"seeds"))` over a one-axis mesh "seeds" (`seed_mesh`, `seed_sharding`), so each device holds
+`seeds / N` seeds and XLA splits the unchanged program with no collective in the training step;
+`--shard envs` splits the env axis instead (`rl.run.programs.env_sharding`). Several hosts:
 
     rl train CONFIG --devices all --coordinator HOST0:PORT --num-processes P --process-id I
-
-(`jax.distributed.initialize` under the hood; on SLURM and TPU pods `--coordinator auto` lets JAX
-detect the cluster; `--devices` then defaults to all). The mesh spans every device of every process;
-process 0 writes metrics, logs and final params, and all processes write their shards of each
-checkpoint (orbax) into the same run directory, which must be on a shared filesystem. On CPU hosts
-the cross-process collectives go through gloo.
 """
 
 from __future__ import annotations
@@ -141,7 +125,9 @@ def initialize(
     `coordinator="auto"` lets JAX detect the cluster (SLURM, TPU pods, MPI); otherwise all three
     arguments are required. CPU processes use gloo for their collectives. Process 0's coordinator
     listens on `bind` (`--coordinator-bind HOST:PORT`), by default on the coordinator's own address
-    (`bind_address`), not on every interface.
+    (`bind_address`), not on every interface. The mesh then spans every device of every process;
+    process 0 writes metrics, logs and final params, and every process writes its shards of each
+    checkpoint into the same run directory, which must be on a shared filesystem.
     """
     if coordinator is None:
         if num_processes is not None or process_id is not None or bind is not None:

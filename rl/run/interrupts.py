@@ -1,14 +1,7 @@
 """Ctrl-C (SIGINT) or SIGTERM during a run: the first one stops the runner after the chunk in
-progress (which is checkpointed), a second one stops it at once. The exit status is 128 + the
-signal's number (130 for Ctrl-C, 143 for SIGTERM), as a shell reports a process the signal ended.
-Signals within `COALESCE_SECONDS` of the first count as that one: GNU `timeout -s INT 60 rl train
-...` sends its signal to the process and then again to its process group (which holds it), and a
-terminal's Ctrl-C reaches every process of the foreground group, so one stop request often arrives
-twice within microseconds.
-
-Waiting on a compiled program (a compile, a log point's results) holds the calling thread inside
-XLA until it is done, so the runner waits through `call_interruptibly` (in a worker thread, the
-main thread waiting in short joins) and Python's SIGINT handler runs at once.
+progress (which is checkpointed), a second one stops it at once (`StopSignalGuard`); the exit
+status is 128 + the signal's number (130, 143). Waits on compiled programs go through
+`call_interruptibly`, so Python's SIGINT handler runs at once.
 """
 
 from __future__ import annotations
@@ -69,7 +62,9 @@ class StopSignalGuard:
     and sets `requested` (and `signal_number`), which the runner reads to stop after the chunk in
     progress (saving a checkpoint); a second one raises KeyboardInterrupt, keeping the checkpoints
     already written, unless it comes within `coalesce_seconds` of the first (then it is the first
-    one's copy and is ignored). The previous handlers come back on exit."""
+    one's copy and is ignored: GNU `timeout -s INT` signals the process and then its process
+    group, and a terminal's Ctrl-C reaches every process of the foreground group). The previous
+    handlers come back on exit."""
 
     def __init__(self, message: str, coalesce_seconds: float = COALESCE_SECONDS):
         self.requested = False

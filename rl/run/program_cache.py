@@ -1,21 +1,8 @@
 """A run's compiled programs kept whole, by what they are built from: a second `rl train` of an
 unchanged config, and a resume, load `init` and the log point's program without tracing or
 lowering them (JAX's persistent cache, rl.run.compile_cache, still traces and lowers a program to
-find its entry: seconds before the first step). On GPUs only (`PLATFORMS`): the CPU keeps JAX's
-entries.
-
-An entry's key is the SHA-256 of everything the traced program depends on: the config and sweep
-grid (less the keys that only say where and how a run is written and shown, `RESUMABLE_KEYS`, and
-`run.seed`, which reaches the program as its input), the devices and how the run is split over
-them, the source of the envs, kernels and rl packages, the versions of the libraries a program can
-be traced from, JAX's settings, and the environment variables that steer XLA, Triton, JAX and
-fusedrl. Anything else that differs finds no entry and the run compiles as before.
-
-Entries are the executables JAX serialises (`jax.experimental.serialize_executable`, a pickle),
-stored through rl.run.compile_cache's checked files (digest, atomic rename) in the cache's subfolder
-for this jax, jaxlib and device. Loading one runs code from it, as loading any compiled program
-does: only entries this user wrote are read, and one that fails to load is reported in one
-warning line and the run compiles instead.
+find its entry). On GPUs only (`PLATFORMS`). An entry's key (`program_key`) hashes everything the
+traced program depends on; loading one runs code from it, so only entries this user wrote are read.
 """
 
 from __future__ import annotations

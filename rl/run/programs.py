@@ -1,12 +1,8 @@
 """A run's compiled programs: every seed of every sweep setting of one config, vmapped into one
-program, traced at the run's matmul precision and placed on a device mesh.
-
-A run's training state and metrics have leading axes [settings, seeds, ...]: the agent's `train`
-(or its Trainer's `init` and `run`) is vmapped over the seeds (keys `PRNGKey(run.seed + i)`) and
-over the settings (the stacked sweepable hyperparameters). `build_program` is the one program that
-trains a whole run; `make_programs` splits it into `init` and chunks of log points (`rl train`
-calls the chunk of one log point once per log point), with explicit shardings over a one-axis mesh
-of the seeds or of the envs (`rl.run.distributed` builds the mesh and its shardings).
+program (leading axes [settings, seeds, ...]; seeds keyed `PRNGKey(run.seed + i)`), traced at the
+run's matmul precision and placed on a device mesh. `build_program` trains a whole run;
+`make_programs` splits it into `init` and chunks of log points (`rl train` calls the chunk of one
+log point once per log point), with shardings over the seeds or the envs (rl.run.distributed).
 """
 
 from __future__ import annotations

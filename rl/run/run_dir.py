@@ -1,18 +1,11 @@
 """A run directory: the files `rl train` writes into it, and reading them back (`rl eval`,
-`rl train --resume`).
-
-    config.yaml             the resolved config and the sweep grid (`sweep`: a list of settings)
-    metrics.jsonl           one row per setting, seed and log point (and metrics.csv; both
-                            streamed while training by rl.run.logging.RunLogger)
-    tensorboard/setting_<s>/seed_<i>/    event files
-    checkpoints/<step>/     the whole training state every `run.checkpoint_every` log points
-                            (rl.run.checkpoint)
-    damaged_checkpoints/    checkpoints a resume found damaged, set aside
-    .rl-train.lock          held (flock) by the `rl train` process writing the run
-    final_params.msgpack    flax serialisation of the final params, leading axes [settings, seeds]
-                            (one flat vector per seed where the agent ran the fused kernels,
-                            rl.fused.q; `load_params` reads either)
-    summary.json            what the CLI prints at the end (rl.run.summary)
+`rl train --resume`):
+    config.yaml                 the resolved config and the sweep grid (`sweep`: a list of settings)
+    metrics.jsonl, metrics.csv  one row per setting, seed and log point (rl.run.logging.RunLogger)
+    tensorboard/                event files, setting_<s>/seed_<i>/
+    checkpoints/<step>/         the training state every `run.checkpoint_every` log points
+    final_params.msgpack        the final params, leading axes [settings, seeds] (`load_params`)
+    summary.json, .rl-train.lock   the CLI's end-of-run summary; held by the `rl train` writing it
 """
 
 from __future__ import annotations

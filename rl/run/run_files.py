@@ -1,23 +1,9 @@
-"""Writing and reading the files of a run directory without following links planted in it.
-
-Run directories are shared (zipped for a colleague, copied from a cluster), so one may hold a
-symbolic link where fusedrl writes a file: `metrics.jsonl -> ~/.bashrc`. fusedrl never writes
-through one:
-
-- a file written whole (config.yaml, summary.json, final_params.msgpack, a plot) goes to a new
-  temporary file beside it (`O_EXCL`) that is then renamed over the name: a link there is replaced,
-  its target untouched (`write_atomic`);
-- a file streamed (metrics.jsonl, metrics.csv, the lock) is opened with `O_NOFOLLOW`
-  (`open_no_follow`): a link there is an error, not a target;
-- before `rl train` writes anything, `check_run_dir` refuses a run directory whose own entries or
-  folders (checkpoints/, tensorboard/, ...) are links, in one line naming the link.
-
-Reads refuse a link that leaves the run directory (`check_inside`): a run's config.yaml that points
-at another file is not read. A new run's directory goes when the run fails to start
-(`removed_if_start_fails`), and a multi-process run refuses one that holds a run
-(`check_shared_run_dir`). What a run's files hold is checked as they are read: the sweep of its
-config.yaml (`saved_grid`), its final params (`read_final_params`), each a ConfigError naming the
-file.
+"""Writing and reading the files of a run directory without following links planted in it: run
+directories are shared (zipped, copied from a cluster), so one may hold `metrics.jsonl ->
+~/.bashrc`. Files written whole go through a renamed temporary file (`write_atomic`), streamed
+ones are opened with `O_NOFOLLOW` (`open_no_follow`), a run directory whose entries are links is
+refused before `rl train` writes (`check_run_dir`), and reads refuse a link that leaves the run
+directory (`check_inside`); what a run's files hold is checked as they are read.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""TensorBoard event files, written directly: no TensorFlow, tensorboardX or protobuf import.
-
-An event file is a sequence of TFRecords, each `uint64 length, uint32 masked CRC-32C of the
-length, data, uint32 masked CRC-32C of the data` (little-endian; masked(c) = ((c >> 15 | c << 17)
-+ 0xA282EAD8) mod 2^32), whose data is a serialised `tensorflow.Event` protocol buffer. The three
-events written here are encoded by hand in protobuf's wire format:
-
-    Event   { double wall_time = 1; int64 step = 2; string file_version = 3;
-              Summary summary = 5; SessionLog session_log = 7; }
-    Summary { repeated Value value = 1; }     Value { string tag = 1; float simple_value = 2; }
-    SessionLog { enum status = 1; }           (START = 1)
-
-TensorBoard's own reader reads them back (tests/rl/test_logging.py checks the values).
+"""TensorBoard event files, written directly: no TensorFlow, tensorboardX or protobuf import. An
+event file is a sequence of TFRecords (`record`: length, masked CRC-32C, data, masked CRC-32C)
+whose data is a `tensorflow.Event` protocol buffer encoded by hand (`encode_event`); TensorBoard's
+own reader reads them back (tests/rl/test_logging.py checks the values).
 """
 
 from __future__ import annotations
@@ -45,7 +36,7 @@ def crc32c(data: bytes) -> int:
 
 
 def masked_crc32c(data: bytes) -> int:
-    """TFRecord's masked CRC-32C of `data`."""
+    """TFRecord's masked CRC-32C of `data`: ((c >> 15 | c << 17) + 0xA282EAD8) mod 2^32."""
     crc = crc32c(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
@@ -76,7 +67,13 @@ def encode_event(
     session_start: bool = False,
 ) -> bytes:
     """The wire-format bytes of one Event: scalars {tag: value}, a file version or a session
-    start."""
+    start, encoded by hand from protobuf's wire format:
+
+        Event   { double wall_time = 1; int64 step = 2; string file_version = 3;
+                  Summary summary = 5; SessionLog session_log = 7; }
+        Summary { repeated Value value = 1; }     Value { string tag = 1; float simple_value = 2; }
+        SessionLog { enum status = 1; }           (START = 1)
+    """
     event = _field(1, 1) + struct.pack("<d", wall_time) + _field(2, 0) + _varint(int(step))
     if file_version is not None:
         event += _bytes_field(3, file_version.encode())
@@ -95,7 +92,8 @@ def encode_event(
 
 
 def record(data: bytes) -> bytes:
-    """`data` framed as one TFRecord."""
+    """`data` framed as one TFRecord: `uint64 length, uint32 masked CRC-32C of the length, data,
+    uint32 masked CRC-32C of the data`, little-endian."""
     length = struct.pack("<Q", len(data))
     return (
         length

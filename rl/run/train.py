@@ -1,22 +1,10 @@
 """Train many seeds (and a grid of hyperparameter settings) of one config in one compiled program,
-and write the run directory.
+and write the run directory (`run_training`, what `rl train` runs).
 
     from rl.config import load_config
     from rl.run.train import train_many
     config = load_config("configs/qlearning_gridworld.yaml", ["run.seeds=30"])
     final_state, metrics = train_many(config)       # leading axes: [settings, seeds, ...]
-
-`run_training` (what `rl train` runs) compiles the agent's Trainer as two programs, `init` and
-one log point of `run` (rl.run.programs), through JAX's persistent compilation cache
-(rl.run.compile_cache: a second run of the same config loads them instead of compiling), and calls
-the log point's program once per log point from the host: each call returns its metrics, which go
-to the logs and the progress bar, and the next call is queued before they are read, so the device
-does not wait for the host. Every `run.checkpoint_every` log points it checks that the metrics and
-params are finite (rl.run.divergence) and saves a checkpoint (rl.run.checkpoint). The training
-program is the same for every log point of every run of a config, whatever its total_steps,
-log_interval and checkpoint_every, so a run compiles it once. Chunked runs equal one long run
-exactly (the Trainer contract), so a run resumed from a checkpoint ends with the same params as one
-that was never stopped. What it writes, and where, is rl.run.run_dir's.
 """
 
 from __future__ import annotations
@@ -74,6 +62,13 @@ def run_training(
     shard: str = "seeds",
 ) -> dict:
     """Compile, train chunk by chunk with checkpoints, write the run directory; returns the summary.
+
+    The agent's Trainer compiles as two programs, `init` and one log point of `run`
+    (rl.run.programs), through the compilation caches; the log point's program, the same whatever
+    total_steps, log_interval and checkpoint_every, is called once per log point, the next call
+    queued before the metrics are read. Every `run.checkpoint_every` log points the metrics and
+    params are checked finite (rl.run.divergence) and a checkpoint is saved; chunked runs equal one
+    long run exactly (the Trainer contract), so a resumed run ends with the same params.
 
     `resume=True` continues the run in `run_dir` from its newest good checkpoint (from scratch if
     it has none). `devices`: None (the default device), a count or "all" to shard the seed axis

@@ -1,14 +1,7 @@
-"""Weights & Biases logging, an optional sink beside the run directory's files and TensorBoard.
+"""Weights & Biases logging, an optional sink beside the run directory's files and TensorBoard
+(`WandbLogger`; needs the `wandb` extra).
 
     run: {wandb: {project: my-project, entity: my-team, mode: online}}   # or offline, disabled
-
-One W&B run per sweep setting and seed, all in the W&B group named after the run directory (W&B's
-grouping shows the seeds of a setting together); each carries the resolved config, the setting's
-hyperparameters and the seed in its config. Runs are created when the first log point arrives and
-log every scalar metric at its env step. Their ids derive from the run directory, so a resumed run
-(`rl train --resume`) continues the same W&B runs. W&B files go to `RUN_DIR/wandb/`. The
-environment variable WANDB_MODE, when set, overrides `mode` (CI sets `offline`).
-Needs the `wandb` extra (checked when the config is loaded: `rl.config.WandbConfig.validate`).
 """
 
 from __future__ import annotations
@@ -43,7 +36,12 @@ def scalar_row(values: dict, setting: int, seed: int) -> dict:
 
 
 class WandbLogger:
-    """A sink (see rl.run.logging) logging each log point to one W&B run per (setting, seed)."""
+    """A sink (see rl.run.logging) logging each log point to one W&B run per (setting, seed), all
+    in the W&B group named after the run directory, each carrying the resolved config, the
+    setting's hyperparameters and the seed. Runs are created at the first log point and log every
+    scalar metric at its env step; their ids derive from the run directory, so a resumed run
+    continues them. Files go to `RUN_DIR/wandb/`; WANDB_MODE, when set, overrides `mode`. The
+    `wandb` extra is checked when the config is loaded (`rl.config.WandbConfig.validate`)."""
 
     def __init__(
         self, wandb_config, run_dir, config_dict: dict, grid: list[dict], resume: bool = False
