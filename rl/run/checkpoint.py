@@ -138,7 +138,16 @@ def _manager(directory: Path, keep: int | None = None, read_only: bool = False):
 
 
 class Checkpoints:
-    """Save and restore a run's checkpoints (see the module docstring).
+    """Save and restore a run's checkpoints. A checkpoint holds three items: `state` (params,
+    optimiser state, target params, buffers, env states, PRNG keys, counters; typed keys stored as
+    their key data), `history` ({"seed": {name: [settings, seeds, log points]}, "host": {name:
+    [log points]}}) and `meta` (JSON: log points done, env steps per seed, the agent and env names,
+    the state's signature, what the caller adds). Orbax renames a checkpoint into place once every
+    file is written; then `FILES_MANIFEST` records every file's size and CRC-32. Restoring, a
+    mismatch (whole, but not this run's: an edited config.yaml, another fusedrl version) raises
+    `CheckpointMismatchError` naming the first differing key or leaf, and moves nothing; damage (a
+    file missing, short or other than the manifest, or unreadable) sets the checkpoint aside in
+    `damaged_checkpoints/` with one line, and `restore_latest` falls back to the next older one.
 
     Symbolic links in `checkpoints/` (a step folder or a temporary one that is a link, as a shared
     run directory may hold) are never read, written or deleted through: a writer moves each link
