@@ -202,7 +202,7 @@ SIGNAL_SELF = textwrap.dedent(
     """
     import os, signal, sys
     import numpy as np
-    from rl import logging as rl_logging
+    from rl.run import logging as rl_logging
     from rl.cli.main import main
 
     signal_at, signal_name, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]

@@ -34,8 +34,8 @@ INJECT = textwrap.dedent(
     """
     import os, resource, signal, sys
     import jax, jax.numpy as jnp, numpy as np
-    from rl import logging as rl_logging
-    from rl import train as rl_train
+    from rl.run import logging as rl_logging
+    from rl.run import train as rl_train
     from rl.cli.main import run_command
     from rl.cli.output import command_output
 

@@ -176,7 +176,7 @@ def test_ctrl_c_saves_a_checkpoint_exits_cleanly_and_resumes_exactly(
 SIGINT_TWICE_AT_ONCE = """
 import os, signal, sys
 import numpy as np
-from rl import logging as rl_logging
+from rl.run import logging as rl_logging
 from rl.cli.main import main
 
 sent = []
@@ -311,7 +311,7 @@ def test_resume_bad_input(tmp_path_factory, capsys, args, message):
 DOUBLE_CTRL_C = """
 import os, signal, sys, time
 import numpy as np
-from rl import logging as rl_logging
+from rl.run import logging as rl_logging
 from rl.cli.main import main
 from rl.run.interrupts import COALESCE_SECONDS
 

@@ -420,7 +420,7 @@ def test_ppo_through_the_actor_learner_path_solves_cartpole_on_most_of_4_seeds(e
 
 SPLIT_LEARNER = """
 import json, jax, numpy as np
-from rl import sebulba
+from rl.sebulba import learner as sebulba
 from rl.config import load_config
 
 params = []

@@ -31,7 +31,7 @@ TRAIN = textwrap.dedent(
     import json, sys
     import jax
     import numpy as np
-    from rl import sebulba
+    from rl.sebulba import learner as sebulba
     from rl.cli.main import main
 
     batches, states, global_batch = [], [], sebulba.Learner.global_batch
@@ -213,7 +213,8 @@ def test_an_actor_that_fails_on_one_process_stops_both_before_the_update(
 LEARNER_FAULT = textwrap.dedent(
     """
     import json, sys
-    from rl import checkpoint, sebulba
+    from rl.run import checkpoint
+    from rl.sebulba import learner as sebulba
     from rl.cli.main import main
 
     what, who, args = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -275,7 +276,7 @@ INTERRUPTIBLE = textwrap.dedent(
     """
     import json, os, signal, sys
     import numpy as np
-    from rl import logging as rl_logging
+    from rl.run import logging as rl_logging
     from rl.cli.main import main
 
     stop_at, args, sent = int(sys.argv[1]), sys.argv[2:], []

@@ -256,7 +256,7 @@ KILLABLE = textwrap.dedent(
     """
     import json, os, signal, sys
     import numpy as np
-    from rl import logging as rl_logging
+    from rl.run import logging as rl_logging
     from rl.cli.main import main
 
     kill_at, args = int(sys.argv[1]), sys.argv[2:]

@@ -37,7 +37,7 @@ def test_a_gymnasium_module_id_imports_nothing(tmp_path, monkeypatch):
 
 LISTENING = """
 import sys
-from rl import distributed
+from rl.run import distributed
 port = int(sys.argv[1])
 distributed.initialize(f"127.0.0.1:{port}", 1, 0)
 for name in ("/proc/net/tcp", "/proc/net/tcp6"):
