@@ -3,10 +3,10 @@ et al. 2017): each critic reads concat(obs, action) and puts logits over `num_at
 fixed support z_k = v_min + k (v_max - v_min) / (K - 1), k = 0..K-1; Q_i(s, a) = sum_k
 softmax(l_i)_k z_k is its expected value.
 
-Target, for a sampled transition (s, a, R, s', terminated, n) (`rl.n_step`: R the discounted sum
-of n rewards; n = 1 without n-step returns), discount d = gamma^n (1 - terminated), the next
-action a' (TD3: the smoothed target action; SAC: a' ~ pi(s')) and its bonus b (SAC: -alpha log
-pi(a'|s'), which enters the value before the projection; TD3: 0):
+Target, for a sampled transition (s, a, R, s', terminated, n) (`rl.fast_recipe`: R the
+discounted sum of n rewards; n = 1 without n-step returns), discount d = gamma^n (1 - terminated),
+the next action a' (TD3: the smoothed target action; SAC: a' ~ pi(s')) and its bonus b (SAC:
+-alpha log pi(a'|s'), which enters the value before the projection; TD3: 0):
 
     m_i = Phi(R + d b + d z ; p'_i)          p'_i = softmax(l'_i(s', a')), the target critics'
                                               (Phi: `kernels.categorical_projection` onto z)

@@ -45,6 +45,11 @@ batch statistics are those of both; the running statistics are `State.critic_sta
 actor's loss reads the critics by them. With `agent.policy_delay` k > 1 the actor and temperature
 step every k-th critic step (CrossQ: 3). SimbaV2 (`agent.network.torso: simbav2`, `rl.simbav2`):
 after each actor and critic step the hyperspherical weights are projected back onto the sphere.
+
+FastSAC (`rl.fast_recipe`, continuous actions for the first): `agent.distributional` C51 twin
+critics (`rl.distributional`; the bonus -alpha log pi(a'|s') enters the target value before the
+projection), `agent.n_step` returns that stop at termination and bootstrap at truncation,
+`agent.normalize_obs` (`State.obs_stats`).
 """
 
 from __future__ import annotations

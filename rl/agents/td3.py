@@ -34,6 +34,11 @@ min(Q1, Q2)(s', a') (`actor_critic.joint_q_values`); the running statistics are
 `State.critic_stats`, and the actor's loss reads Q1 by them. SimbaV2 (`agent.network.torso:
 simbav2`, `rl.simbav2`): after each actor and critic step the hyperspherical weights are projected
 back onto the sphere.
+
+FastTD3 (Seo et al. 2025; `rl.fast_recipe`): `agent.distributional` C51 twin critics
+(`rl.distributional`: cross-entropy to the projected target of the twin with the smaller expected
+value; the actor maximises min(Q1, Q2) of the expected values), `agent.n_step` returns that stop at
+termination and bootstrap at truncation, `agent.normalize_obs` (`State.obs_stats`).
 """
 
 from __future__ import annotations
