@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
 from envs.spaces import Box
-from rl import buffers, environment, episodes, losses, observation_norm, packing
+from rl import actor_critic, buffers, environment, episodes, losses, observation_norm, packing
 from rl.agents import rainbow
 from rl.config_parsing import ConfigError, hp
 from rl.state import Envs
@@ -174,6 +175,28 @@ def step_and_store_n_step(
         step=count,
     )
     return state, episodes.add_episodes(totals, info)
+
+
+def make_store(config) -> Callable:
+    """The loop's `store(env, env_params, state, totals, action, key, hparams) -> (state, totals)`:
+    `step_and_store_n_step` with `agent.n_step` > 1 (gamma read from `hparams`), else
+    `actor_critic.step_and_store`."""
+    agent = config.agent
+    if agent.n_step == 1:
+        return lambda *args, hparams: actor_critic.step_and_store(*args)
+    backend, deterministic = environment.kernel_backend(config), config.kernels.deterministic
+    return lambda *args, hparams: step_and_store_n_step(
+        *args, agent.n_step, hparams["gamma"], backend, deterministic
+    )
+
+
+def with_windows(agent, envs: Envs, action) -> Envs:
+    """`envs` with empty windows of their last n steps as their memory (`agent.n_step` > 1, actions
+    like `action`), else as they are."""
+    if agent.n_step == 1:
+        return envs
+    window = empty_window(envs.obs[0], jnp.asarray(action), envs.obs.shape[0], agent.n_step)
+    return envs._replace(memory=window)
 
 
 # ---------------------------------------------------------------- observation normalisation

@@ -545,13 +545,7 @@ def make_trainer(config) -> Trainer:
     learning = make_learning(config, env, env_params)
     variant, actor = learning.variant, learning.variant.actor
     gradient_step = make_gradient_step(agent, learning)
-    if agent.n_step > 1:  # n-step transitions from each env's window of its last n steps
-        backend = environment.kernel_backend(config)
-        store = lambda *args, hparams: fast_recipe.step_and_store_n_step(
-            *args, agent.n_step, hparams["gamma"], backend, config.kernels.deterministic
-        )
-    else:
-        store = lambda *args, hparams: actor_critic.step_and_store(*args)
+    store = fast_recipe.make_store(config)  # one-step or n-step transitions
 
     # ---------------------------------------------------------------- init
 
@@ -560,10 +554,7 @@ def make_trainer(config) -> Trainer:
         buffer, the envs."""
         key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
         envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
-        if agent.n_step > 1:  # each env's window of its last n steps
-            action = jnp.asarray(variant.example_action)
-            window = fast_recipe.empty_window(envs.obs[0], action, agent.num_envs, agent.n_step)
-            envs = envs._replace(memory=window)
+        envs = fast_recipe.with_windows(agent, envs, variant.example_action)  # n-step windows
         return init_learning(
             agent, learning, hparams, actor_key, critic_key, envs.obs[0], envs, key
         )

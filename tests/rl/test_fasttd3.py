@@ -295,7 +295,7 @@ def test_fast_recipe_learns_pendulum(name):
     """configs/fasttd3_pendulum.yaml's recipe (distributional critics, 3-step returns, observation
     normalisation, 4 envs, 2 gradient steps per step of all envs) for 6k env steps on 2 seeds, in
     TD3 and in SAC (FastSAC): the greedy return ends far above a random policy's (about -1200).
-    About a minute of CPU each."""
+    About 3 CPU minutes each (5 min wall on the loaded 2-core machine)."""
     shipped = load_config("configs/fasttd3_pendulum.yaml").agent
     recipe = {key: getattr(shipped, key) for key in (
         "num_envs", "utd_ratio", "batch_size", "lr", "gamma", "tau", "distributional", "num_atoms",
