@@ -79,6 +79,7 @@ SLOW_BLOCKS = {
     "test_ppo_continuous_control.py, test_ppo_advantages.py",
     "rl train configs/td3_pendulum.yaml": "tests/rl/test_td3.py",
     "rl train crossq_pendulum --seeds 4": "tests/rl/test_crossq_simbav2_agents.py",
+    "rl train fasttd3_pendulum --seeds 4": "tests/rl/test_fasttd3.py",
     "rl train configs/pqn_cartpole.yaml --seeds 16": "tests/rl/test_pqn.py",
     "rl train configs/ppo_rnn_cartpole_masked.yaml": "tests/rl/test_ppo_rnn.py (rl train, rl eval)",
     "rl train ippo_mpe_spread": "tests/rl/test_ippo.py",

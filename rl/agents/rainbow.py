@@ -164,13 +164,19 @@ def window_step(obs, action, reward, final_obs, terminated, truncated) -> dict:
     }
 
 
-def window_layout(obs_example) -> packing.StorageLayout:
+def window_layout(obs_example, action_example=None) -> packing.StorageLayout:
     """The packing of one env's `window_step` with observations of `obs_example`'s shape and dtype
     (one env's; an array, a tracer or a `jax.ShapeDtypeStruct`): obs and final_obs, an int32
-    action, a float32 reward and two flags. It depends on that shape and dtype only."""
+    action (or one like `action_example`: a continuous actor-critic's), a float32 reward and two
+    flags. It depends on those shapes and dtypes only."""
     obs = jnp.zeros(obs_example.shape, obs_example.dtype)
+    action = (
+        jnp.int32(0)
+        if action_example is None
+        else jnp.zeros(action_example.shape, action_example.dtype)
+    )
     flag = jnp.bool_(False)
-    return packing.storage_layout(window_step(obs, jnp.int32(0), jnp.float32(0), obs, flag, flag))
+    return packing.storage_layout(window_step(obs, action, jnp.float32(0), obs, flag, flag))
 
 
 def empty_window(layout: packing.StorageLayout, num_envs: int, n: int) -> tuple:

@@ -45,6 +45,11 @@ batch statistics are those of both; the running statistics are `State.critic_sta
 actor's loss reads the critics by them. With `agent.policy_delay` k > 1 the actor and temperature
 step every k-th critic step (CrossQ: 3). SimbaV2 (`agent.network.torso: simbav2`, `rl.nn.simbav2`):
 after each actor and critic step the hyperspherical weights are projected back onto the sphere.
+
+FastSAC (`rl.agents.fast_recipe`, continuous actions for the first): `agent.distributional` C51 twin
+critics (`rl.nn.distributional`; the bonus -alpha log pi(a'|s') enters the target value before the
+projection), `agent.n_step` returns that stop at termination and bootstrap at truncation,
+`agent.normalize_obs` (`State.obs_stats`).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ import numpy as np
 import optax
 
 from envs.spaces import Box
-from rl.agents import actor_critic
+from rl.agents import actor_critic, fast_recipe
 from rl.agents.trainer import Trainer, train_from_trainer
 from rl.config.loops import ReplayActorCriticConfig
 from rl.config.parsing import ConfigError, hp
@@ -69,7 +74,7 @@ from rl.core import collection, environment, losses, optimizers
 from rl.core.log_points import log_point_metrics, scan_log_points
 from rl.core.state import Envs
 from rl.fused import critic as fused_critic
-from rl.nn import networks, simbav2
+from rl.nn import distributional, networks, simbav2
 from rl.nn.layers import Network
 from rl.nn.network_config import ActorCriticNetworkConfig, actor_critic_network_config
 from rl.nn.networks import Categorical, TanhGaussian
@@ -77,7 +82,7 @@ from rl.replay import buffers
 
 
 @dataclass(frozen=True)
-class Config(ReplayActorCriticConfig):
+class Config(fast_recipe.RecipeConfig, ReplayActorCriticConfig):
     """SAC's settings: the replay actor-critic loop's, the temperature's (initial value, Adam step,
     target entropy) and the squashed Gaussian's log-std bounds."""
 
@@ -116,8 +121,10 @@ class Config(ReplayActorCriticConfig):
 
 def check_env(config, env, env_params) -> None:
     """SAC needs Box observations and bounded Box (or Discrete) actions; CrossQ's joint pass
-    (agent.target_networks: false) Box actions."""
+    (agent.target_networks: false) Box actions; FastSAC's options their own
+    (`fast_recipe.check`)."""
     environment.check_bounded_actions(config, env, env_params, discrete_ok=True)
+    fast_recipe.check(config, env, env_params)
     if not config.agent.target_networks and not isinstance(env.action_space(env_params), Box):
         raise ConfigError(
             f"agent.target_networks: false (CrossQ) needs Box actions; {config.env.id} has "
@@ -130,7 +137,8 @@ class State(NamedTuple):
     target copy (None without target networks: CrossQ) and their running statistics (batch
     renormalisation's, `rl.nn.batch_renorm`; {} for critics without), the optimiser states {"actor",
     "critic", "log_alpha"}, log alpha, the replay buffer, the envs, the PRNG key, env steps and
-    gradient steps so far."""
+    gradient steps so far, the running observation statistics (`agent.normalize_obs`, else
+    None)."""
 
     params: Any
     critic_params: Any
@@ -143,6 +151,7 @@ class State(NamedTuple):
     key: jax.Array
     step: jax.Array
     updates: jax.Array
+    obs_stats: Any = None
 
 
 # ---------------------------------------------------------------- losses of one minibatch
@@ -168,7 +177,7 @@ def continuous_losses(actor, critic):
         )
         next_value = jnp.minimum(*critic(target_params, batch["next_obs"], next_action)) + bonus
         target = losses.q_learning_target(
-            batch["reward"], losses.episode_discount(gamma, batch["terminated"]), next_value
+            batch["reward"], fast_recipe.bootstrap_discount(gamma, batch), next_value
         )
         q1, q2 = critic(critic_params, batch["obs"], batch["action"])
         return losses.twin_q_loss(q1, q2, target), jnp.mean(q1)
@@ -178,6 +187,26 @@ def continuous_losses(actor, critic):
         action, log_prob = policy.squashed_sample(key)
         q1, q2 = critic(critic_params, batch["obs"], action)
         return losses.sac_actor_loss(log_prob, q1, q2, alpha), -jnp.mean(log_prob)
+
+    return critic_loss, actor_loss
+
+
+def distributional_losses(actor, critic, z, backend=None):
+    """The pair for FastSAC's distributional twin critics (`rl.nn.distributional`; `critic(params,
+    obs, action) -> (logits_1, logits_2)`): the bonus -alpha log pi(a'|s') enters the target value
+    before the projection, m = Phi(R + d (z - alpha log pi(a'|s'))); the actor's loss is
+    `continuous_losses`' on the expected values."""
+    _, actor_loss = continuous_losses(actor, distributional.twin_values(critic, z, backend=backend))
+
+    def critic_loss(critic_params, actor_params, target_params, alpha, batch, key, gamma):
+        next_action, bonus = next_action_and_bonus(
+            actor, actor_params, alpha, batch["next_obs"], key
+        )
+        discount = fast_recipe.bootstrap_discount(gamma, batch)
+        return distributional.critic_loss(
+            critic, z, critic_params, target_params, batch, next_action, bonus, discount,
+            backend=backend,
+        )  # fmt: skip
 
     return critic_loss, actor_loss
 
@@ -193,7 +222,7 @@ def discrete_losses(actor, critic):
             next_log_pi, *critic(target_params, batch["next_obs"]), alpha
         )
         target = losses.q_learning_target(
-            batch["reward"], losses.episode_discount(gamma, batch["terminated"]), next_value
+            batch["reward"], fast_recipe.bootstrap_discount(gamma, batch), next_value
         )
         q1, q2 = (
             losses.action_value(q, batch["action"]) for q in critic(critic_params, batch["obs"])
@@ -240,7 +269,7 @@ def joint_losses(actor, critic):
         )
         target = losses.q_learning_target(
             batch["reward"],
-            losses.episode_discount(gamma, batch["terminated"]),
+            fast_recipe.bootstrap_discount(gamma, batch),
             jnp.minimum(*next_q) + bonus,
         )
         return losses.twin_q_loss(q1, q2, target), (jnp.mean(q1), stats)
@@ -270,10 +299,11 @@ class Variant(NamedTuple):
     project: Callable  # params -> params after an optimiser step (SimbaV2's sphere; else as is)
 
 
-def make_variant(agent: Config, env, env_params) -> Variant:
+def make_variant(agent: Config, env, env_params, backend: str | None = None) -> Variant:
     """A squashed Gaussian policy and critics reading concat(obs, action) for Box actions (with
     CrossQ's joint losses and critics keeping running statistics where there are no target
-    networks); a categorical policy and critics with one Q per action for Discrete ones."""
+    networks, or FastSAC's distributional critics, their projection on the kernel `backend`); a
+    categorical policy and critics with one Q per action for Discrete ones."""
     space, obs_space = env.action_space(env_params), env.observation_space(env_params)
     project = simbav2.project if agent.network.torso == "simbav2" else (lambda params: params)
     if isinstance(space, Box):
@@ -281,7 +311,12 @@ def make_variant(agent: Config, env, env_params) -> Variant:
         head = networks.squashed_gaussian_head(action_dim, agent.log_std_min, agent.log_std_max)
         actor, critic = actor_critic.actor_and_twin_critic(agent.network, obs_space, head)
         example = np.zeros(space.shape, np.float32)
-        if not agent.target_networks:
+        if agent.distributional:
+            critic = distributional.twin_critic(agent.network, agent.num_atoms)
+            z = distributional.support(agent.v_min, agent.v_max, agent.num_atoms)
+            init_critic = lambda key, obs: (critic.init(key, obs, example), {})
+            pair = without_stats(*distributional_losses(actor.apply, critic.apply, z, backend))
+        elif not agent.target_networks:
             critic = actor_critic.joint_twin_critic(agent.network)
             init_critic = lambda key, obs: critic.init(key, obs, example)
             pair = joint_losses(actor.apply, critic)
@@ -330,7 +365,9 @@ def make_learning(config, env, env_params) -> Learning:
     """The variant of the env's action space, with the twin critics as one flat vector and the
     fused actor step where `rl.fused.critic.for_agent` says the kernels run them."""
     agent = config.agent
-    variant = make_variant(agent, env, env_params)
+    variant = make_variant(agent, env, env_params, environment.kernel_backend(config))
+    if agent.distributional:  # atoms the fused kernels do not hold: through XLA
+        return Learning(variant, None, None)
     fused = fused_critic.for_agent(config, env, env_params, variant.critic)
     if fused is None:
         return Learning(variant, None, None)
@@ -367,6 +404,9 @@ def init_learning(
         "log_alpha": alpha_opt.init(log_alpha),
     }
     buffer = actor_critic.empty_buffer(obs, variant.example_action, agent.buffer_size)
+    if agent.n_step > 1:  # n-step transitions: with the steps each bootstraps ahead
+        example = fast_recipe.example_transition(obs, variant.example_action)
+        buffer = buffers.uniform_init(example, agent.buffer_size)
     counters = jnp.int32(0), jnp.int32(0)
     target = critic_params if agent.target_networks else None
     return State(
@@ -380,6 +420,7 @@ def init_learning(
         envs,
         key,
         *counters,
+        fast_recipe.initial_obs_stats(agent, obs),
     )
 
 
@@ -426,6 +467,7 @@ def make_gradient_step(agent: Config, learning: Learning) -> Callable:
         _, critic_opt, _ = make_optimizers(hparams, agent.adam_b1)
         sample_key, critic_key, actor_key = jax.random.split(key, 3)
         batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
+        batch = fast_recipe.normalized_batch(batch, state.obs_stats, agent.obs_clip)
         alpha = jnp.exp(state.log_alpha)
         # the critics, toward y = r + gamma (1 - terminated) V(s')
         if fused is None:
@@ -448,7 +490,7 @@ def make_gradient_step(agent: Config, learning: Learning) -> Callable:
             )
             grads, sq_norm, stats = fused_critic.critic_grads(
                 fused, state.critic_params, state.target_critic_params, batch,
-                losses.episode_discount(hparams["gamma"], batch["terminated"]), next_action, bonus,
+                fast_recipe.bootstrap_discount(hparams["gamma"], batch), next_action, bonus,
             )  # fmt: skip
             critic_loss, q_mean, critic_stats = stats["loss"], stats["q_mean"], state.critic_stats
         critic_params, critic_state = actor_critic.optimizer_step(
@@ -492,6 +534,7 @@ def make_trainer(config) -> Trainer:
     learning = make_learning(config, env, env_params)
     variant, actor = learning.variant, learning.variant.actor
     gradient_step = make_gradient_step(agent, learning)
+    store = fast_recipe.make_store(config)  # one-step or n-step transitions
 
     # ---------------------------------------------------------------- init
 
@@ -500,23 +543,29 @@ def make_trainer(config) -> Trainer:
         buffer, the envs."""
         key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
         envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
+        envs = fast_recipe.with_windows(agent, envs, variant.example_action)  # n-step windows
         return init_learning(
             agent, learning, hparams, actor_key, critic_key, envs.obs[0], envs, key
         )
 
     # ---------------------------------------------------------------- act
 
-    def act(state: State, totals, key):
+    def act(hparams, state: State, totals, key):
         """All envs take one step with a sample of the policy (in [-1, 1]^|A| for a Box), or
-        uniformly random actions before learning_starts; the transitions go to the buffer."""
+        uniformly random actions before learning_starts (the policy reading the observations
+        normalised by the statistics updated with them, `agent.normalize_obs`); the transitions go
+        to the buffer."""
         act_key, env_key = jax.random.split(key)
         policy_key, random_key = jax.random.split(act_key)
-        policy = variant.distribution.from_head(actor.apply(state.params, state.envs.obs))
+        obs_stats = fast_recipe.collect_obs_stats(state.obs_stats, state.envs.obs)
+        obs = fast_recipe.normalized(obs_stats, state.envs.obs, agent.obs_clip)
+        policy = variant.distribution.from_head(actor.apply(state.params, obs))
         action = policy.env_action(policy.sample(policy_key))
         space = env.action_space(env_params)
         random_action = actor_critic.random_actions(space, random_key, agent.num_envs)
         action = jnp.where(state.step < agent.learning_starts, random_action, action)
-        return actor_critic.step_and_store(env, env_params, state, totals, action, env_key)
+        state = state._replace(obs_stats=obs_stats)
+        return store(env, env_params, state, totals, action, env_key, hparams=hparams)
 
     # ---------------------------------------------------------------- act, then train
 
@@ -524,7 +573,7 @@ def make_trainer(config) -> Trainer:
         """One env step of all envs, then (once learning_starts env steps are stored) the phase's
         gradient steps; their statistics [gradient_steps] read NaN before learning."""
         act_key, train_keys = actor_critic.phase_keys(key, agent.gradient_steps)
-        state, totals = act(*carry, act_key)
+        state, totals = act(hparams, *carry, act_key)
         started = state.step >= agent.learning_starts
         step = partial(gradient_step, hparams)
         unroll = min(unroll_of(agent), agent.gradient_steps)
@@ -543,7 +592,10 @@ def make_trainer(config) -> Trainer:
         )
         metrics = log_point_metrics(state.step, totals, stats, jnp.nanmean)
         if agent.eval_episodes:
-            policy = partial(greedy_action, variant, state.params)
+            stats, clip = state.obs_stats, agent.obs_clip
+            policy = lambda obs: greedy_action(
+                variant, state.params, fast_recipe.normalized(stats, obs, clip)
+            )
             metrics["eval_return"] = actor_critic.eval_return(
                 env, env_params, policy, eval_key, agent.eval_episodes
             )
@@ -566,6 +618,7 @@ def make_policy(config):
     mapped onto the Box bounds, or the argmax of the logits (the key is unused)."""
     env, env_params = environment.make_env(config)
     variant = make_variant(config.agent, env, env_params)
+    fast_recipe.check_policy_params(config)
     return lambda params, obs, key: environment.to_env_action(
         env, env_params, greedy_action(variant, params, obs)
     )

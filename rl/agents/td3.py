@@ -34,6 +34,11 @@ min(Q1, Q2)(s', a') (`actor_critic.joint_q_values`); the running statistics are
 `State.critic_stats`, and the actor's loss reads Q1 by them. SimbaV2 (`agent.network.torso:
 simbav2`, `rl.nn.simbav2`): after each actor and critic step the hyperspherical weights are
 projected back onto the sphere.
+
+FastTD3 (Seo et al. 2025; `rl.agents.fast_recipe`): `agent.distributional` C51 twin critics
+(`rl.nn.distributional`: cross-entropy to the projected target of the twin with the smaller expected
+value; the actor maximises min(Q1, Q2) of the expected values), `agent.n_step` returns that stop at
+termination and bootstrap at truncation, `agent.normalize_obs` (`State.obs_stats`).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.agents import actor_critic
+from rl.agents import actor_critic, fast_recipe
 from rl.agents.trainer import Trainer, train_from_trainer
 from rl.config.loops import ReplayActorCriticConfig
 from rl.config.parsing import hp
@@ -55,13 +60,13 @@ from rl.core import collection, environment, losses, optimizers
 from rl.core.log_points import log_point_metrics, scan_log_points
 from rl.core.state import Envs
 from rl.fused import critic as fused_critic
-from rl.nn import networks, simbav2
+from rl.nn import distributional, networks, simbav2
 from rl.nn.network_config import ActorCriticNetworkConfig, actor_critic_network_config
 from rl.replay import buffers
 
 
 @dataclass(frozen=True)
-class Config(ReplayActorCriticConfig):
+class Config(fast_recipe.RecipeConfig, ReplayActorCriticConfig):
     """TD3's settings: the replay actor-critic loop's, the exploration and target smoothing noise,
     and the policy delay."""
 
@@ -91,8 +96,10 @@ class Config(ReplayActorCriticConfig):
 
 
 def check_env(config, env, env_params) -> None:
-    """TD3 needs Box observations and bounded Box actions."""
+    """TD3 needs Box observations and bounded Box actions; FastTD3's options their own
+    (`fast_recipe.check`)."""
     environment.check_bounded_actions(config, env, env_params)
+    fast_recipe.check(config, env, env_params)
 
 
 class State(NamedTuple):
@@ -100,7 +107,8 @@ class State(NamedTuple):
     critics, each with its target copy (None without target networks: CrossQ); the critics'
     running statistics (batch renormalisation's, `rl.nn.batch_renorm`; {} for critics without); the
     optimiser states {"actor", "critic"}; the replay buffer; the envs; the PRNG key; env steps and
-    gradient steps so far."""
+    gradient steps so far; the running observation statistics (`agent.normalize_obs`, else
+    None)."""
 
     params: Any
     target_params: Any
@@ -113,6 +121,7 @@ class State(NamedTuple):
     key: jax.Array
     step: jax.Array
     updates: jax.Array
+    obs_stats: Any = None
 
 
 def make_networks(agent: Config, env, env_params):
@@ -129,6 +138,7 @@ def make_policy(config):
     bounds."""
     env, env_params = environment.make_env(config)
     actor, _ = make_networks(config.agent, env, env_params)
+    fast_recipe.check_policy_params(config)
     return lambda params, obs, key: environment.to_env_action(
         env, env_params, actor.apply(params, obs)
     )
@@ -161,16 +171,32 @@ def critic_loss(
     next_action = target_action(actor, target_params, batch, key, hparams)
     next_value = jnp.minimum(*critic(target_critic_params, batch["next_obs"], next_action))
     target = losses.q_learning_target(
-        batch["reward"], losses.episode_discount(hparams["gamma"], batch["terminated"]), next_value
+        batch["reward"], fast_recipe.bootstrap_discount(hparams["gamma"], batch), next_value
     )
     q1, q2 = critic(critic_params, batch["obs"], batch["action"])
     return losses.twin_q_loss(q1, q2, target), jnp.mean(q1)
 
 
-def actor_loss(actor, critic, actor_params, critic_params, batch):
-    """-mean Q1(s, mu(s))."""
-    q1, _ = critic(critic_params, batch["obs"], actor(actor_params, batch["obs"]))
-    return losses.deterministic_policy_loss(q1)
+def actor_loss(actor, critic, actor_params, critic_params, batch, pick=lambda q1, q2: q1):
+    """-mean Q1(s, mu(s)); `pick` the value of the twin values (Q1; FastTD3's distributional
+    critics: min(Q1, Q2) of the expected values)."""
+    q = pick(*critic(critic_params, batch["obs"], actor(actor_params, batch["obs"])))
+    return losses.deterministic_policy_loss(q)
+
+
+def distributional_critic_loss(
+    actor, critic, z, backend, critic_params, target_params, target_critic_params, batch, key,
+    hparams,
+):  # fmt: skip
+    """(L_Q, mean Q1) of the distributional twin critics (`rl.nn.distributional`): cross-entropy to
+    the projected target of the twin with the smaller expected value at the smoothed target action
+    (no bonus)."""
+    next_action = target_action(actor, target_params, batch, key, hparams)
+    return distributional.critic_loss(
+        critic, z, critic_params, target_critic_params, batch, next_action,
+        jnp.zeros_like(batch["reward"]), fast_recipe.bootstrap_discount(hparams["gamma"], batch),
+        backend=backend,
+    )  # fmt: skip
 
 
 def joint_critic_loss(
@@ -185,7 +211,7 @@ def joint_critic_loss(
     )
     target = losses.q_learning_target(
         batch["reward"],
-        losses.episode_discount(hparams["gamma"], batch["terminated"]),
+        fast_recipe.bootstrap_discount(hparams["gamma"], batch),
         jnp.minimum(*next_q),
     )
     return losses.twin_q_loss(q1, q2, target), (jnp.mean(q1), stats)
@@ -201,7 +227,8 @@ class Learning(NamedTuple):
     target actor params, target critic params, batch, key, hparams) -> (L_Q, (mean Q1, stats))`
     (target losses or CrossQ's joint one); the fused critic and actor setups (`rl.fused.critic`;
     None where the steps go through apply and autodiff); the action's shape; and the projection
-    after an optimiser step (SimbaV2's sphere, else the identity)."""
+    after an optimiser step (SimbaV2's sphere, else the identity); the value the actor's loss reads
+    of the twin values (`actor_loss`'s `pick`)."""
 
     actor: Any
     critic: Any
@@ -212,16 +239,35 @@ class Learning(NamedTuple):
     fused_actor: Any
     action_shape: tuple
     project: Callable
+    pick: Callable = lambda q1, q2: q1
 
 
 def make_learning(config, env, env_params) -> Learning:
     """The networks of `env`, with the twin critics as one flat vector and the fused actor step
     where `rl.fused.critic.for_agent` says the kernels run them, or CrossQ's critics keeping
-    running statistics where there are no target networks."""
+    running statistics where there are no target networks, or FastTD3's distributional critics
+    (`agent.distributional`, through XLA)."""
     agent = config.agent
     actor, critic = make_networks(agent, env, env_params)
     action_shape = env.action_space(env_params).shape
     project = simbav2.project if agent.network.torso == "simbav2" else (lambda params: params)
+    if agent.distributional:
+        critic = distributional.twin_critic(agent.network, agent.num_atoms)
+        z = distributional.support(agent.v_min, agent.v_max, agent.num_atoms)
+        backend = environment.kernel_backend(config)
+        values = distributional.twin_values(critic.apply, z, backend=backend)
+
+        def loss(params, stats, *args):
+            value, q_mean = distributional_critic_loss(
+                actor.apply, critic.apply, z, backend, params, *args
+            )
+            return value, (q_mean, stats)
+
+        return Learning(
+            actor, critic, lambda key, obs, action: (critic.init(key, obs, action), {}),
+            lambda params, stats, obs, action: values(params, obs, action), loss, None, None,
+            action_shape, project, jnp.minimum,
+        )  # fmt: skip
     if not agent.target_networks:
         critic = actor_critic.joint_twin_critic(agent.network)
         values = partial(actor_critic.eval_q_values, critic)
@@ -262,6 +308,9 @@ def init_learning(
     tx = optimizer(hparams, agent.adam_b1)
     opt_state = {"actor": tx.init(params), "critic": tx.init(critic_params)}
     buffer = actor_critic.empty_buffer(obs, example_action, agent.buffer_size)
+    if agent.n_step > 1:  # n-step transitions: with the steps each bootstraps ahead
+        example = fast_recipe.example_transition(obs, example_action)
+        buffer = buffers.uniform_init(example, agent.buffer_size)
     counters = jnp.int32(0), jnp.int32(0)
     targets = (params, critic_params) if agent.target_networks else (None, None)
     return State(
@@ -275,6 +324,7 @@ def init_learning(
         envs,
         key,
         *counters,
+        fast_recipe.initial_obs_stats(agent, obs),
     )
 
 
@@ -298,7 +348,7 @@ def make_gradient_step(agent: Config, learning: Learning):
             values = partial(learning.critic_values, stats=state.critic_stats)
             critic = lambda params, obs, action: values(params, obs=obs, action=action)
             loss, grads = jax.value_and_grad(partial(actor_loss, actor.apply, critic))(
-                state.params, state.critic_params, batch
+                state.params, state.critic_params, batch, learning.pick
             )
             sq_norm = None
         else:
@@ -326,6 +376,7 @@ def make_gradient_step(agent: Config, learning: Learning):
     def gradient_step(hparams, state: State, key):
         sample_key, noise_key = jax.random.split(key)
         batch, _ = buffers.uniform_sample(state.buffer, sample_key, agent.batch_size)
+        batch = fast_recipe.normalized_batch(batch, state.obs_stats, agent.obs_clip)
         if fused is None:
             target_actor = state.target_params if agent.target_networks else state.params
             (q_loss, (q_mean, critic_stats)), grads = jax.value_and_grad(
@@ -344,7 +395,7 @@ def make_gradient_step(agent: Config, learning: Learning):
             next_action = target_action(actor.apply, state.target_params, batch, noise_key, hparams)
             grads, sq_norm, stats = fused_critic.critic_grads(
                 fused, state.critic_params, state.target_critic_params, batch,
-                losses.episode_discount(hparams["gamma"], batch["terminated"]),
+                fast_recipe.bootstrap_discount(hparams["gamma"], batch),
                 next_action, jnp.zeros_like(batch["reward"]),
             )  # fmt: skip
             q_loss, q_mean, critic_stats = stats["loss"], stats["q_mean"], state.critic_stats
@@ -380,6 +431,7 @@ def make_trainer(config) -> Trainer:
     learning = make_learning(config, env, env_params)
     actor = learning.actor
     gradient_step = make_gradient_step(agent, learning)
+    store = fast_recipe.make_store(config)  # one-step or n-step transitions
 
     # ---------------------------------------------------------------- init
 
@@ -388,6 +440,8 @@ def make_trainer(config) -> Trainer:
         envs."""
         key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
         envs = actor_critic.reset_envs(env, env_params, reset_key, agent.num_envs)
+        action = jnp.zeros(learning.action_shape, jnp.float32)
+        envs = fast_recipe.with_windows(agent, envs, action)  # n-step: each env's last n steps
         return init_learning(
             agent, learning, hparams, actor_key, critic_key, envs.obs[0], envs, key
         )
@@ -396,14 +450,18 @@ def make_trainer(config) -> Trainer:
 
     def act(hparams, state: State, totals, key):
         """All envs take one step with clip(mu(s) + N(0, exploration_noise^2), -1, 1), or uniformly
-        random actions before learning_starts; the transitions go to the buffer."""
+        random actions before learning_starts (mu reading the observations normalised by the
+        statistics updated with them, `agent.normalize_obs`); the transitions go to the buffer."""
         act_key, env_key = jax.random.split(key)
         noise_key, random_key = jax.random.split(act_key)
-        action = exploration_action(hparams, actor, state.params, state.envs.obs, noise_key)
+        obs_stats = fast_recipe.collect_obs_stats(state.obs_stats, state.envs.obs)
+        obs = fast_recipe.normalized(obs_stats, state.envs.obs, agent.obs_clip)
+        action = exploration_action(hparams, actor, state.params, obs, noise_key)
         space = env.action_space(env_params)
         random_action = actor_critic.random_actions(space, random_key, agent.num_envs)
         action = jnp.where(state.step < agent.learning_starts, random_action, action)
-        return actor_critic.step_and_store(env, env_params, state, totals, action, env_key)
+        state = state._replace(obs_stats=obs_stats)
+        return store(env, env_params, state, totals, action, env_key, hparams=hparams)
 
     # ---------------------------------------------------------------- act, then train
 
@@ -435,7 +493,8 @@ def make_trainer(config) -> Trainer:
         metrics = log_point_metrics(state.step, totals, stats, jnp.nanmean)
         metrics["gradient_steps"] = state.updates
         if agent.eval_episodes:
-            policy = partial(actor.apply, state.params)
+            stats, clip = state.obs_stats, agent.obs_clip
+            policy = lambda obs: actor.apply(state.params, fast_recipe.normalized(stats, obs, clip))
             metrics["eval_return"] = actor_critic.eval_return(
                 env, env_params, policy, eval_key, agent.eval_episodes
             )

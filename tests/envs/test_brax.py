@@ -283,6 +283,20 @@ def test_missing_extra_names_it(hide_package):
                 "agent.eval_episodes=0",
             ],
         ),
+        (
+            "configs/fasttd3_brax_humanoid.yaml",
+            [
+                "agent.total_steps=64",
+                "agent.num_envs=4",
+                "agent.log_interval=32",
+                "agent.learning_starts=32",
+                "agent.batch_size=8",
+                "agent.utd_ratio=0.5",
+                "agent.buffer_size=64",
+                "agent.eval_episodes=0",
+                "agent.network.critic_hidden=[16,16]",
+            ],
+        ),
     ],
 )
 def test_one_update_from_the_config(config, overrides, tmp_path):
