@@ -363,7 +363,7 @@ def test_the_learners_update_is_the_one_program_ppo_update(learner):
     learn_key = jax.random.split(state.key, 3)[2]
     traj = jax.device_put(jax.tree.map(np.asarray, traj), learner.programs.split)
     params, opt_state, stored, stats = learner.programs.compiled["learn"](
-        hparams, state.params, state.opt_state, state.replay, traj, learn_key
+        hparams, state.params, state.opt_state, None, traj, learn_key
     )
     assert stored is None  # PPO keeps no replay state
     for got, want in zip(jax.tree.leaves((params, opt_state)), jax.tree.leaves(expected[:2])):
