@@ -42,7 +42,7 @@ from rl.replay import buffers
 @dataclass(frozen=True)
 class RecipeConfig:
     """The recipe's settings, a base of TD3's and SAC's `Config` before
-    `agent_configs.ReplayActorCriticConfig` (its `validate` calls that one's first)."""
+    `rl.config.loops.ReplayActorCriticConfig` (its `validate` calls that one's first)."""
 
     distributional: bool = hp(
         False,

@@ -29,7 +29,7 @@ LAG_WEIGHT_MAX = 100.0  # agent.lag_weight_max's default
 @dataclass(frozen=True)
 class VariantsConfig:
     """The settings of PPO's variants, a base of `rl.agents.ppo.Config` before
-    `agent_configs.PPOLoopConfig` (its `validate` calls that one's first)."""
+    `rl.config.loops.PPOLoopConfig` (its `validate` calls that one's first)."""
 
     normalize_obs: bool = hp(
         False,

@@ -3,7 +3,7 @@ combinations, each written once as a plain function `fn(layers, *inputs)` agains
 interface of `rl.nn.layers`, whose `build` turns it into a `Network` (`init`, `apply`) on Flax
 (default) or Haiku.
 
-    torso = networks.make_torso(agent_configs.NetworkConfig(hidden=(64, 64)), obs_space)
+    torso = networks.make_torso(network_config.NetworkConfig(hidden=(64, 64)), obs_space)
     net = layers.build(networks.actor_critic(torso, networks.categorical_policy_head(2)), "flax")
     logits, value = net.apply(net.init(key, obs), obs)       # obs: one observation or a batch
     pi = networks.Categorical.from_head(logits)
